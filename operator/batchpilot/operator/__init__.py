@@ -1,0 +1,1 @@
+"""batchpilot control plane: reconciles InferenceService resources and runs the SLA autopilot."""

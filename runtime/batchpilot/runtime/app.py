@@ -1,0 +1,295 @@
+"""The REST endpoints: Open Inference Protocol v2, metrics, and the batching admin endpoint.
+
+Endpoints are thin: read the body, hand it to the codec and the data plane, return bytes. Domain
+errors are mapped to status codes in one table (`ERROR_STATUS`); endpoints just raise. The infer
+path parses the body once and never goes through pydantic, because per-request overhead is what
+decides throughput when the model itself is cheap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import math
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from batchpilot.runtime.errors import (
+    DeadlineExceeded,
+    EngineFailure,
+    InferenceError,
+    InvalidRequest,
+    ModelNotFound,
+    Overloaded,
+    RequestTooLarge,
+    ShuttingDown,
+    Unauthorized,
+)
+from batchpilot.runtime.live_settings import batching_doc, parse_batching
+from batchpilot.runtime.metrics import Outcome
+from batchpilot.runtime.protocol import HEADER_LENGTH, decode_request, encode_response
+from batchpilot.runtime.server import ModelServer
+
+log = logging.getLogger(__name__)
+
+ERROR_STATUS: dict[type[InferenceError], tuple[int, Outcome]] = {
+    InvalidRequest: (400, Outcome.INVALID),
+    Unauthorized: (401, Outcome.INVALID),
+    ModelNotFound: (404, Outcome.INVALID),
+    RequestTooLarge: (413, Outcome.INVALID),
+    Overloaded: (503, Outcome.REJECTED),
+    ShuttingDown: (503, Outcome.REJECTED),
+    DeadlineExceeded: (504, Outcome.TIMEOUT),
+    EngineFailure: (500, Outcome.ERROR),
+}
+
+CLIENT_CLOSED_REQUEST = 499
+"""Status recorded (never seen by anyone) when the client went away before its answer."""
+
+
+def _version() -> str:
+    try:
+        return version("batchpilot")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class AppConfig:
+    max_body_bytes: int = 64 * 1024 * 1024
+    admin_token: str | None = None
+    """Bearer token for changing settings; None disables changes through HTTP."""
+    drain_grace_s: float = 25.0
+    """On shutdown, how long queued requests may take to finish."""
+
+
+def status_of(error: InferenceError) -> tuple[int, Outcome]:
+    for cls in type(error).__mro__:
+        if cls in ERROR_STATUS:
+            return ERROR_STATUS[cls]
+    return 500, Outcome.ERROR
+
+
+def error_response(error: InferenceError) -> Response:
+    status, _ = status_of(error)
+    headers = {}
+    if isinstance(error, Overloaded):
+        headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
+    elif isinstance(error, ShuttingDown):
+        headers["Retry-After"] = "1"
+        headers["Connection"] = "close"
+    return _json({"error": str(error)}, status=status, headers=headers)
+
+
+def _json(doc: Any, *, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        orjson.dumps(doc), status_code=status, media_type="application/json", headers=headers
+    )
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise InvalidRequest(f"Content-Length {declared!r} is not a number")
+        if int(declared) > limit:
+            raise RequestTooLarge(f"the body is {declared} bytes; the limit is {limit} bytes")
+        return await request.body()
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestTooLarge(f"the body is over the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _header_length(request: Request) -> int | None:
+    value = request.headers.get(HEADER_LENGTH)
+    if value is None:
+        return None
+    if not value.strip().isdigit():
+        raise InvalidRequest(f"Inference-Header-Content-Length {value!r} is not a number")
+    return int(value)
+
+
+async def _until_disconnected(request: Request, handler: asyncio.Task[Any]) -> None:
+    """Cancel the request's handler when its client goes away (the body is already read)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            handler.cancel(msg="client disconnected")
+            return
+
+
+def create_app(server: ModelServer, *, config: AppConfig | None = None) -> FastAPI:
+    """The HTTP app around one model server; starts its batcher and drains it on shutdown."""
+    config = config or AppConfig()
+    metrics = server.metrics
+    signature = server.signature
+    model_name = signature.name
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        server.start()
+        yield
+        await server.drain(grace_s=config.drain_grace_s)
+        await server.close()
+
+    app = FastAPI(
+        title="batchpilot runtime",
+        version=_version(),
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.server = server
+
+    async def handle_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, InferenceError)
+        return error_response(exc)
+
+    app.add_exception_handler(InferenceError, handle_error)
+
+    def model(name: str) -> None:
+        if name != model_name:
+            raise ModelNotFound(
+                f"model '{name}' is not served here; this server serves '{model_name}'"
+            )
+
+    @app.get("/v2")
+    async def server_metadata() -> Response:
+        return _json(
+            {
+                "name": "batchpilot",
+                "version": _version(),
+                "extensions": ["binary_tensor_data", "batchpilot_batching"],
+            }
+        )
+
+    @app.get("/v2/health/live")
+    async def live() -> Response:
+        return _json({"live": True})
+
+    @app.get("/v2/health/ready")
+    async def ready() -> Response:
+        return _json({"ready": server.ready}, status=200 if server.ready else 503)
+
+    @app.get("/v2/models/{name}")
+    @app.get("/v2/models/{name}/versions/{version}")
+    async def model_metadata(name: str) -> Response:
+        model(name)
+        info = server.engine.info
+        return _json(
+            {
+                "name": model_name,
+                "versions": [signature.version] if signature.version else [],
+                "platform": signature.platform,
+                "inputs": [spec.as_metadata() for spec in signature.inputs],
+                "outputs": [spec.as_metadata() for spec in signature.outputs],
+                "parameters": {
+                    "engine": info.kind,
+                    "device": info.device,
+                    "simulated": info.simulated,
+                    "providers": list(info.providers),
+                    "detail": info.detail,
+                    "max_batch_size": server.batching.max_batch_size,
+                    "max_queue_delay_ms": server.batching.max_queue_delay_s * 1e3,
+                },
+            }
+        )
+
+    @app.get("/v2/models/{name}/ready")
+    @app.get("/v2/models/{name}/versions/{version}/ready")
+    async def model_ready(name: str) -> Response:
+        model(name)
+        return _json(
+            {"name": model_name, "ready": server.ready}, status=200 if server.ready else 503
+        )
+
+    @app.post("/v2/models/{name}/infer")
+    @app.post("/v2/models/{name}/versions/{version}/infer")
+    async def infer(name: str, request: Request) -> Response:
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        metrics.inflight.inc()
+        watcher: asyncio.Task[None] | None = None
+        try:
+            model(name)
+            body = await _read_body(request, config.max_body_bytes)
+            parsed = decode_request(body, header_length=_header_length(request))
+            handler = asyncio.current_task()
+            assert handler is not None
+            watcher = loop.create_task(_until_disconnected(request, handler))
+            try:
+                outputs = await server.infer(parsed)
+            except asyncio.CancelledError:
+                if watcher.done() and handler.uncancel() == 0:
+                    metrics.request_finished(Outcome.CANCELLED)
+                    return Response(status_code=CLIENT_CLOSED_REQUEST)
+                raise
+            content, header_length = encode_response(
+                model_name=model_name,
+                model_version=signature.version,
+                request_id=parsed.id,
+                outputs=outputs,
+                binary=(
+                    [t.name for t in outputs]
+                    if parsed.binary_default and parsed.requested_outputs is None
+                    else parsed.binary_outputs
+                ),
+            )
+        except InferenceError as exc:
+            metrics.request_finished(status_of(exc)[1], time.perf_counter() - started)
+            return error_response(exc)
+        finally:
+            metrics.inflight.dec()
+            if watcher is not None:
+                watcher.cancel()
+        metrics.request_finished(Outcome.SUCCESS, time.perf_counter() - started)
+        if header_length is None:
+            return Response(content, media_type="application/json")
+        return Response(
+            content,
+            media_type="application/octet-stream",
+            headers={"Inference-Header-Content-Length": str(header_length)},
+        )
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/admin/batching")
+    async def get_batching() -> Response:
+        return _json(batching_doc(server.batching))
+
+    @app.put("/admin/batching")
+    async def put_batching(request: Request) -> Response:
+        _authorize(request, config.admin_token)
+        body = await _read_body(request, 64 * 1024)
+        settings = parse_batching(body, current=server.batching)
+        server.set_batching(settings, source="admin endpoint")
+        return _json(batching_doc(settings))
+
+    return app
+
+
+def _authorize(request: Request, token: str | None) -> None:
+    if token is None:
+        raise Unauthorized(
+            "changing settings over HTTP is disabled: the server has no admin token configured"
+        )
+    sent = request.headers.get("authorization", "")
+    scheme, _, value = sent.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(value.encode(), token.encode()):
+        raise Unauthorized("a valid 'Authorization: Bearer <token>' header is required")

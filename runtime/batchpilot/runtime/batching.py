@@ -1,0 +1,324 @@
+"""Dynamic batching: the queue that forms batches and the loop that runs them.
+
+Requests wait in a bounded queue. A batch starts with the oldest request and takes the requests
+behind it whose non-batch dimensions match, until the batch holds `max_batch_size` rows or the
+oldest request has waited `max_queue_delay`. Settings are read once per batch, so they can change
+while serving. A request larger than `max_batch_size` runs alone rather than failing: the
+autopilot may lower the limit while clients keep sending what they always sent.
+
+Every request's future gets exactly one result or exception: an engine error fails the whole
+batch, a wrong number of output rows fails the whole batch, and a request whose caller went away
+(its future cancelled) leaves the queue at once. Waiting is done on events and loop timers, never
+by polling. Durations are read from an injected clock: `time.perf_counter` in the server (uvloop's
+loop clock ticks in whole milliseconds, too coarse for latency metrics), the loop's own clock in
+tests, where `looptime` fakes it.
+
+This module is the pure core of the data plane: numpy and asyncio only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from batchpilot.runtime.engine import Engine
+from batchpilot.runtime.errors import DeadlineExceeded, EngineFailure, Overloaded, ShuttingDown
+
+Arrays = Mapping[str, np.ndarray[Any, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSettings:
+    """The two knobs of dynamic batching; the autopilot turns both while the server runs."""
+
+    max_batch_size: int
+    max_queue_delay_s: float
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be at least 1, got {self.max_batch_size}")
+        if not 0 <= self.max_queue_delay_s <= 10:
+            raise ValueError(
+                f"max_queue_delay must be between 0 and 10 s, got {self.max_queue_delay_s}"
+            )
+
+
+def shape_key(inputs: Arrays) -> Hashable:
+    """Requests with the same key can share a batch: same inputs, dtypes, non-batch dims."""
+    return tuple(sorted((name, a.dtype.str, a.shape[1:]) for name, a in inputs.items()))
+
+
+@dataclass(eq=False, slots=True)
+class Pending:
+    """One queued request. Identity, not value, decides equality: two equal requests are two."""
+
+    inputs: Arrays
+    rows: int
+    key: Hashable
+    future: asyncio.Future[dict[str, np.ndarray[Any, Any]]]
+    enqueued_at: float
+    deadline: float | None
+    seq: int
+    """Arrival order across groups: the oldest request's group forms the next batch."""
+    queued: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    items: tuple[Pending, ...]
+    settings: BatchSettings
+    formed_at: float
+
+    @property
+    def rows(self) -> int:
+        return sum(item.rows for item in self.items)
+
+
+class BatchQueue:
+    """A bounded queue of requests that hands out batches."""
+
+    def __init__(
+        self,
+        *,
+        settings: Callable[[], BatchSettings],
+        capacity: int,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"queue capacity must be at least 1, got {capacity}")
+        self._settings = settings
+        self._capacity = capacity
+        self._clock = clock
+        self._groups: dict[Hashable, deque[Pending]] = {}
+        self._rows: dict[Hashable, int] = {}
+        self._order = itertools.count()
+        self._size = 0
+        self._wakeup = asyncio.Event()
+        self._closed = False
+
+    def __len__(self) -> int:
+        """Requests waiting (not yet in a batch)."""
+        return self._size
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Refuse new requests; the ones already queued are still served."""
+        self._closed = True
+        self._wakeup.set()
+
+    def abandon(self, error: BaseException) -> int:
+        """Fail every queued request with `error` (the server stops without draining)."""
+        count = 0
+        for group in list(self._groups.values()):
+            while group:
+                item = group.popleft()
+                self._dequeued(item, group)
+                if not item.future.done():
+                    item.future.set_exception(error)
+                    count += 1
+        return count
+
+    def put(
+        self, inputs: Arrays, *, rows: int, timeout_s: float | None = None
+    ) -> asyncio.Future[dict[str, np.ndarray[Any, Any]]]:
+        """Queue a request; the future resolves to its own rows of every output."""
+        if self._closed:
+            raise ShuttingDown("the server is shutting down and accepts no new requests")
+        if self._size >= self._capacity:
+            raise Overloaded(
+                f"the queue is full ({self._capacity} requests waiting); retry shortly"
+            )
+        loop = asyncio.get_running_loop()
+        now = self._clock()
+        key = shape_key(inputs)
+        item = Pending(
+            inputs=inputs,
+            rows=rows,
+            key=key,
+            future=loop.create_future(),
+            enqueued_at=now,
+            deadline=None if timeout_s is None else now + timeout_s,
+            seq=next(self._order),
+        )
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = deque()
+            self._rows[key] = 0
+        group.append(item)
+        self._rows[key] += rows
+        self._size += 1
+        item.future.add_done_callback(lambda _: self._forget(item))
+        self._wakeup.set()
+        return item.future
+
+    def _forget(self, item: Pending) -> None:
+        """Drop a request whose caller stopped waiting (disconnect, deadline)."""
+        if item.queued:
+            group = self._groups[item.key]
+            group.remove(item)
+            self._dequeued(item, group)
+
+    def _dequeued(self, item: Pending, group: deque[Pending]) -> None:
+        item.queued = False
+        self._size -= 1
+        self._rows[item.key] -= item.rows
+        if not group:
+            del self._groups[item.key], self._rows[item.key]
+
+    def _oldest_key(self) -> Hashable | None:
+        if not self._groups:
+            return None
+        return min(self._groups, key=lambda key: self._groups[key][0].seq)
+
+    async def next_batch(self) -> Batch | None:
+        """Wait for the next batch. Returns None once the queue is closed and empty."""
+        clock = self._clock
+        while True:
+            key = self._oldest_key()
+            if key is None:
+                if self._closed:
+                    return None
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            settings = self._settings()
+            while key in self._groups and self._rows[key] < settings.max_batch_size:
+                remaining = self._groups[key][0].enqueued_at + settings.max_queue_delay_s
+                remaining -= clock()
+                if remaining <= 0 or self._closed:
+                    break
+                self._wakeup.clear()
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), remaining)
+                except TimeoutError:
+                    break
+            if key not in self._groups:
+                continue  # every request of that group went away while we waited
+            now = clock()
+            items = self._take(key, settings.max_batch_size, now=now)
+            if items:
+                return Batch(items=items, settings=settings, formed_at=now)
+
+    def _take(self, key: Hashable, max_rows: int, *, now: float) -> tuple[Pending, ...]:
+        group = self._groups[key]
+        taken: list[Pending] = []
+        rows = 0
+        while group and (not taken or rows + group[0].rows <= max_rows):
+            item = group.popleft()
+            self._dequeued(item, group)
+            if item.deadline is not None and now >= item.deadline:
+                item.future.set_exception(
+                    DeadlineExceeded("the request's deadline passed while it was queued")
+                )
+                continue
+            taken.append(item)
+            rows += item.rows
+        return tuple(taken)
+
+
+class BatchObserver(Protocol):
+    """Where the batch loop reports what it did (the metrics adapter implements this)."""
+
+    def batch_done(
+        self, *, rows: int, requests: int, compute_s: float, queue_waits_s: Sequence[float]
+    ) -> None: ...
+
+    def batch_failed(self, *, rows: int, requests: int, compute_s: float) -> None: ...
+
+
+class Batcher:
+    """Runs batches from a queue on an engine, one at a time, and answers every request."""
+
+    def __init__(
+        self,
+        queue: BatchQueue,
+        engine: Engine,
+        observer: BatchObserver,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._queue = queue
+        self._clock = clock
+        self._engine = engine
+        self._observer = observer
+        self._busy = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def busy(self) -> bool:
+        return self._busy
+
+    async def run(self) -> None:
+        """Serve batches until the queue is closed and drained."""
+        while (batch := await self._queue.next_batch()) is not None:
+            self._busy = True
+            self._idle.clear()
+            try:
+                await self.run_batch(batch)
+            finally:
+                self._busy = False
+                self._idle.set()
+
+    async def run_batch(self, batch: Batch) -> None:
+        clock = self._clock
+        items = batch.items
+        rows = batch.rows
+        inputs = items[0].inputs if len(items) == 1 else _concatenate(items)
+        started = clock()
+        try:
+            try:
+                outputs = await self._engine.run(inputs)
+            except asyncio.CancelledError:
+                _fail(items, ShuttingDown("the server stopped before the batch finished"))
+                raise
+            for name, array in outputs.items():
+                if array.ndim == 0 or array.shape[0] != rows:
+                    raise EngineFailure(
+                        f"the engine returned {array.shape[0] if array.ndim else 0} rows of "
+                        f"output '{name}' for a batch of {rows} rows"
+                    )
+        except Exception as exc:
+            compute_s = clock() - started
+            self._observer.batch_failed(rows=rows, requests=len(items), compute_s=compute_s)
+            error = exc if isinstance(exc, EngineFailure) else EngineFailure(f"engine error: {exc}")
+            _fail(items, error)
+            return
+        compute_s = clock() - started
+        start = 0
+        for item in items:
+            end = start + item.rows
+            if not item.future.done():
+                item.future.set_result({name: out[start:end] for name, out in outputs.items()})
+            start = end
+        self._observer.batch_done(
+            rows=rows,
+            requests=len(items),
+            compute_s=compute_s,
+            queue_waits_s=[batch.formed_at - item.enqueued_at for item in items],
+        )
+
+
+def _fail(items: Sequence[Pending], error: BaseException) -> None:
+    for item in items:
+        if not item.future.done():
+            item.future.set_exception(error)
+
+
+def _concatenate(items: Sequence[Pending]) -> dict[str, np.ndarray[Any, Any]]:
+    names = items[0].inputs.keys()
+    return {name: np.concatenate([item.inputs[name] for item in items]) for name in names}

@@ -1,0 +1,56 @@
+"""The `batchpilot` command: one entry point, one module per subcommand, imported on use.
+
+Subcommands are listed here by module path, not imported, so `batchpilot --help` is instant and
+an image that lacks one side's dependencies (the operator image has no onnxruntime) can still run
+the other side's commands. Each subcommand module provides `add_arguments(parser)` and
+`main(args) -> int`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
+    ("runtime", "serve"): (
+        "batchpilot.runtime.serve",
+        "serve an ONNX model over the Open Inference Protocol v2 with dynamic batching",
+    ),
+    ("loadgen",): (
+        "batchpilot.runtime.loadgen",
+        "open- or closed-loop load against a v2 endpoint; --find-max sizes a service",
+    ),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: batchpilot COMMAND [options]", "", "commands:"]
+    for words, (_, summary) in COMMANDS.items():
+        lines.append(f"  {' '.join(words):<16}{summary}")
+    lines += ["", "`batchpilot COMMAND --help` describes a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for words, (module_name, summary) in COMMANDS.items():
+        if tuple(argv[: len(words)]) == words:
+            module = importlib.import_module(module_name)
+            parser = argparse.ArgumentParser(
+                prog=f"batchpilot {' '.join(words)}", description=summary
+            )
+            module.add_arguments(parser)
+            args = parser.parse_args(argv[len(words) :])
+            code: int = module.main(args)
+            return code
+    if not argv or argv[0] in {"-h", "--help", "help"}:
+        print(_usage())
+        return 0
+    print(f"batchpilot: unknown command {' '.join(argv[:2])!r}\n\n{_usage()}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""What the server needs from an engine, and the model signature it serves.
+
+The batching core and the HTTP layer talk to an `Engine` and nothing else, so the onnxruntime
+engine and the simulated accelerator are interchangeable, and tests can hand in their own.
+An engine runs one batch at a time; the batcher never calls `run` concurrently on one engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One input or output as the model declares it; -1 marks a dynamic dimension."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def as_metadata(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSignature:
+    """The model as the v2 metadata endpoint describes it. Dimension 0 is the batch axis."""
+
+    name: str
+    platform: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    version: str | None = None
+
+    def input(self, name: str) -> TensorSpec | None:
+        for spec in self.inputs:
+            if spec.name == name:
+                return spec
+        return None
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(spec.name for spec in self.outputs)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """How the engine runs, for metadata, logs and the `batchpilot_engine_info` metric."""
+
+    kind: str
+    """"onnxruntime" or "simulated"."""
+    device: str
+    """"gpu" or "cpu"; for the simulated engine, the accelerator it pretends to be."""
+    simulated: bool
+    providers: tuple[str, ...] = ()
+    detail: str = ""
+
+
+class Engine(Protocol):
+    """Runs batches. Arrays in and out have the batch on axis 0."""
+
+    @property
+    def signature(self) -> ModelSignature: ...
+
+    @property
+    def info(self) -> EngineInfo: ...
+
+    async def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
+        """Run one batch; returns every output of the model by name."""
+        ...
+
+    async def close(self) -> None: ...

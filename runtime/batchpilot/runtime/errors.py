@@ -1,0 +1,48 @@
+"""The runtime's error vocabulary.
+
+Every failure a caller can cause or observe is one of these; the HTTP layer maps each class to a
+status code in one table (`app.ERROR_STATUS`), and endpoints just raise. Messages are written for
+the person reading the client's log: they say what was wrong and what was expected.
+"""
+
+from __future__ import annotations
+
+
+class InferenceError(Exception):
+    """Base class: a request could not be served."""
+
+
+class InvalidRequest(InferenceError):
+    """The request is malformed or does not match the model (400)."""
+
+
+class ModelNotFound(InferenceError):
+    """The request names a model this server does not serve (404)."""
+
+
+class RequestTooLarge(InferenceError):
+    """The body is over the configured limit (413)."""
+
+
+class Overloaded(InferenceError):
+    """The queue is full; the client should retry later (503 with Retry-After)."""
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class ShuttingDown(InferenceError):
+    """The server is draining and accepts no new requests (503)."""
+
+
+class DeadlineExceeded(InferenceError):
+    """The request's deadline passed before it could be served (504)."""
+
+
+class EngineFailure(InferenceError):
+    """The engine failed on the batch this request was part of (500)."""
+
+
+class Unauthorized(InferenceError):
+    """The admin endpoint was called without the right token (401)."""

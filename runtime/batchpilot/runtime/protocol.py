@@ -1,0 +1,364 @@
+"""Open Inference Protocol v2 (KServe / Triton REST) codec, with the binary tensor extension.
+
+This module turns request bytes into numpy arrays and arrays into response bytes; it does no I/O,
+so the same code serves the HTTP endpoint, the load generator and the tests. It is on the hot path
+of every request: it parses the JSON header once (orjson), views binary tensor data in place
+(`numpy.frombuffer`, no copy) and validates each input once, with a message a person can act on.
+
+Binary tensor extension, as Triton and tritonclient implement it: when the request carries the
+header ``Inference-Header-Content-Length: N``, the first N bytes of the body are the JSON header
+and the rest is raw little-endian tensor data, in the order of the inputs whose
+``parameters.binary_data_size`` says how many bytes each takes. Outputs are returned in binary
+when the request asks for it (``parameters.binary_data_output`` for all outputs, or
+``outputs[i].parameters.binary_data`` for one).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+import orjson
+
+from batchpilot.runtime.errors import InvalidRequest
+
+HEADER_LENGTH: Final = "inference-header-content-length"
+"""HTTP header that says how many leading body bytes are the JSON header (lower-cased)."""
+
+DATATYPES: Final[Mapping[str, np.dtype[Any]]] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype("<u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+}
+"""v2 datatype names and the little-endian numpy dtypes their binary form uses. BYTES is not
+supported: no tensor model this server runs takes strings."""
+
+_DATATYPE_OF_KIND: Final = {dt.str.lstrip("<|="): name for name, dt in DATATYPES.items()}
+
+
+def datatype_of(dtype: np.dtype[Any]) -> str:
+    """The v2 datatype name of a numpy dtype."""
+    name = _DATATYPE_OF_KIND.get(dtype.newbyteorder("<").str.lstrip("<|="))
+    if name is None:
+        raise InvalidRequest(f"datatype {dtype} has no Open Inference Protocol v2 name")
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    """A named tensor; `data` always has the shape and dtype the v2 header declared."""
+
+    name: str
+    datatype: str
+    data: np.ndarray[Any, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class InferRequest:
+    id: str | None
+    inputs: tuple[Tensor, ...]
+    requested_outputs: tuple[str, ...] | None
+    """Names of the outputs to return, in order; None means all of the model's outputs."""
+    binary_outputs: frozenset[str]
+    """Outputs to return as binary data."""
+    binary_default: bool
+    """Whether outputs not named in the request are returned as binary data."""
+    timeout_s: float | None
+    """Deadline relative to arrival (Triton's ``timeout`` parameter, in microseconds)."""
+
+
+def _fail(message: str) -> InvalidRequest:
+    return InvalidRequest(message)
+
+
+def _as_bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise _fail(f"{where} must be true or false, got {value!r}")
+    return value
+
+
+def _as_params(value: Any, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _fail(f"{where} must be a JSON object")
+    return value
+
+
+def _shape_of(raw: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(raw, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) for d in raw
+    ):
+        raise _fail(f"{where}.shape must be a list of integers, got {raw!r}")
+    if any(d < 0 for d in raw):
+        raise _fail(f"{where}.shape must not have negative dimensions, got {raw}")
+    return tuple(raw)
+
+
+def decode_request(body: bytes, *, header_length: int | None = None) -> InferRequest:
+    """Parse a v2 infer request body. Raises InvalidRequest with the reason."""
+    if header_length is None:
+        header, blob = body, b""
+    else:
+        if header_length < 0 or header_length > len(body):
+            raise _fail(
+                f"Inference-Header-Content-Length is {header_length} but the body has "
+                f"{len(body)} bytes"
+            )
+        header, blob = body[:header_length], body[header_length:]
+    try:
+        doc = orjson.loads(header)
+    except orjson.JSONDecodeError as exc:
+        raise _fail(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise _fail("request body must be a JSON object")
+
+    request_id = doc.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise _fail("id must be a string")
+    params = _as_params(doc.get("parameters"), "parameters")
+    binary_default = _as_bool(params.get("binary_data_output", False), "binary_data_output")
+    timeout_s: float | None = None
+    if "timeout" in params:
+        timeout = params["timeout"]
+        if not isinstance(timeout, int) or isinstance(timeout, bool) or timeout <= 0:
+            raise _fail(f"parameters.timeout must be a positive integer (µs), got {timeout!r}")
+        timeout_s = timeout / 1e6
+
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise _fail("inputs must be a non-empty list")
+    inputs: list[Tensor] = []
+    names: set[str] = set()
+    offset = 0
+    view = memoryview(blob)
+    for i, raw in enumerate(raw_inputs):
+        where = f"inputs[{i}]"
+        if not isinstance(raw, dict):
+            raise _fail(f"{where} must be a JSON object")
+        name = raw.get("name")
+        if not isinstance(name, str) or not name:
+            raise _fail(f"{where}.name must be a non-empty string")
+        where = f"input '{name}'"
+        if name in names:
+            raise _fail(f"{where} appears more than once")
+        names.add(name)
+        datatype = raw.get("datatype")
+        dtype = DATATYPES.get(datatype) if isinstance(datatype, str) else None
+        if dtype is None:
+            raise _fail(
+                f"{where}: datatype {datatype!r} is not supported; use one of "
+                + ", ".join(DATATYPES)
+            )
+        shape = _shape_of(raw.get("shape"), where)
+        count = math.prod(shape)
+        in_params = _as_params(raw.get("parameters"), f"{where}.parameters")
+        size = in_params.get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise _fail(f"{where}: binary_data_size must be a non-negative integer")
+            if "data" in raw:
+                raise _fail(f"{where} has both binary_data_size and JSON data")
+            if size != count * dtype.itemsize:
+                raise _fail(
+                    f"{where}: binary_data_size is {size} bytes but shape {list(shape)} of "
+                    f"{datatype} needs {count * dtype.itemsize}"
+                )
+            if offset + size > len(blob):
+                raise _fail(
+                    f"{where}: binary data ends at byte {offset + size} but only "
+                    f"{len(blob)} bytes follow the JSON header"
+                )
+            array = np.frombuffer(view[offset : offset + size], dtype=dtype).reshape(shape)
+            offset += size
+        else:
+            if "data" not in raw:
+                raise _fail(f"{where} has neither data nor parameters.binary_data_size")
+            array = _json_array(raw["data"], dtype, shape, count, where)
+        inputs.append(Tensor(name, datatype, array))  # type: ignore[arg-type]
+    if offset != len(blob):
+        raise _fail(
+            f"{len(blob) - offset} bytes of binary data follow the inputs that no input claims"
+        )
+
+    requested: tuple[str, ...] | None = None
+    binary_outputs: set[str] = set()
+    raw_outputs = doc.get("outputs")
+    if raw_outputs is not None:
+        if not isinstance(raw_outputs, list):
+            raise _fail("outputs must be a list")
+        out_names: list[str] = []
+        for i, raw in enumerate(raw_outputs):
+            if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+                raise _fail(f"outputs[{i}] must be an object with a string name")
+            out_name = raw["name"]
+            out_params = _as_params(raw.get("parameters"), f"output '{out_name}'.parameters")
+            if "classification" in out_params:
+                raise _fail("the classification extension is not supported")
+            if _as_bool(
+                out_params.get("binary_data", binary_default),
+                f"output '{out_name}' binary_data",
+            ):
+                binary_outputs.add(out_name)
+            out_names.append(out_name)
+        requested = tuple(out_names)
+    return InferRequest(
+        id=request_id,
+        inputs=tuple(inputs),
+        requested_outputs=requested,
+        binary_outputs=frozenset(binary_outputs),
+        binary_default=binary_default,
+        timeout_s=timeout_s,
+    )
+
+
+def _json_array(
+    data: Any, dtype: np.dtype[Any], shape: tuple[int, ...], count: int, where: str
+) -> np.ndarray[Any, Any]:
+    if not isinstance(data, list):
+        raise _fail(f"{where}: data must be a list")
+    try:
+        array = np.asarray(data, dtype=dtype)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise _fail(f"{where}: data does not fit datatype {datatype_of(dtype)}: {exc}") from None
+    if dtype == np.bool_ and not _all_bools(data):
+        raise _fail(f"{where}: BOOL data must be true or false")
+    if array.size != count:
+        raise _fail(f"{where}: shape {list(shape)} needs {count} elements, data has {array.size}")
+    return array.reshape(shape)
+
+
+def _all_bools(data: list[Any]) -> bool:
+    stack: list[Any] = [data]
+    while stack:
+        for item in stack.pop():
+            if isinstance(item, list):
+                stack.append(item)
+            elif not isinstance(item, bool):
+                return False
+    return True
+
+
+def encode_response(
+    *,
+    model_name: str,
+    model_version: str | None,
+    request_id: str | None,
+    outputs: Sequence[Tensor],
+    binary: Iterable[str],
+) -> tuple[bytes, int | None]:
+    """Encode a v2 infer response.
+
+    Returns the body and, when any output is binary, the length of its JSON header (the value of
+    Inference-Header-Content-Length); None means the body is plain JSON.
+    """
+    binary_names = set(binary)
+    doc: dict[str, Any] = {"model_name": model_name}
+    if model_version is not None:
+        doc["model_version"] = model_version
+    if request_id is not None:
+        doc["id"] = request_id
+    chunks: list[bytes] = []
+    entries = []
+    for out in outputs:
+        array = out.data
+        entry: dict[str, Any] = {
+            "name": out.name,
+            "datatype": out.datatype,
+            "shape": list(array.shape),
+        }
+        if out.name in binary_names:
+            raw = np.ascontiguousarray(array, dtype=DATATYPES[out.datatype]).tobytes()
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            entry["data"] = np.ascontiguousarray(
+                array.reshape(-1), dtype=DATATYPES[out.datatype].newbyteorder("=")
+            )
+        entries.append(entry)
+    doc["outputs"] = entries
+    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not chunks:
+        return header, None
+    return b"".join([header, *chunks]), len(header)
+
+
+def encode_request(
+    inputs: Sequence[Tensor],
+    *,
+    binary: bool = True,
+    binary_outputs: bool = True,
+    outputs: Sequence[str] | None = None,
+    request_id: str | None = None,
+    timeout_s: float | None = None,
+) -> tuple[bytes, int | None]:
+    """Encode a v2 infer request (the client side: load generator, tests, benchmarks)."""
+    doc: dict[str, Any] = {}
+    if request_id is not None:
+        doc["id"] = request_id
+    params: dict[str, Any] = {}
+    if binary_outputs:
+        params["binary_data_output"] = True
+    if timeout_s is not None:
+        params["timeout"] = max(1, round(timeout_s * 1e6))
+    if params:
+        doc["parameters"] = params
+    chunks: list[bytes] = []
+    entries = []
+    for tensor in inputs:
+        entry: dict[str, Any] = {
+            "name": tensor.name,
+            "datatype": tensor.datatype,
+            "shape": list(tensor.data.shape),
+        }
+        dtype = DATATYPES[tensor.datatype]
+        if binary:
+            raw = np.ascontiguousarray(tensor.data, dtype=dtype).tobytes()
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            entry["data"] = np.ascontiguousarray(
+                tensor.data.reshape(-1), dtype=dtype.newbyteorder("=")
+            )
+        entries.append(entry)
+    doc["inputs"] = entries
+    if outputs is not None:
+        doc["outputs"] = [
+            {"name": name, "parameters": {"binary_data": binary_outputs}} for name in outputs
+        ]
+    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not chunks:
+        return header, None
+    return b"".join([header, *chunks]), len(header)
+
+
+def decode_response(body: bytes, *, header_length: int | None = None) -> dict[str, Tensor]:
+    """Decode a v2 infer response into tensors by output name (the client side)."""
+    header = body if header_length is None else body[:header_length]
+    blob = memoryview(body)[len(header) :]
+    doc = orjson.loads(header)
+    result: dict[str, Tensor] = {}
+    offset = 0
+    for out in doc["outputs"]:
+        dtype = DATATYPES[out["datatype"]]
+        shape = tuple(out["shape"])
+        size = (out.get("parameters") or {}).get("binary_data_size")
+        if size is not None:
+            array = np.frombuffer(blob[offset : offset + size], dtype=dtype).reshape(shape)
+            offset += size
+        else:
+            array = np.asarray(out["data"], dtype=dtype).reshape(shape)
+        result[out["name"]] = Tensor(out["name"], out["datatype"], array)
+    return result

@@ -1,0 +1,210 @@
+"""`batchpilot runtime serve`: load the model, serve it, drain on SIGTERM.
+
+The model is loaded and warmed up before the port opens, so a pod never answers for a model it
+cannot run: a model that fails to load is one clear log line and exit status 1. On SIGTERM the
+server stops taking new requests (503 with Connection: close, readiness fails), finishes every
+request already queued, and exits 0 within the grace period; a second signal forces the exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import sys
+from collections.abc import AsyncIterator
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+from batchpilot.runtime.app import AppConfig, create_app
+from batchpilot.runtime.batching import BatchSettings
+from batchpilot.runtime.device import DeviceUnavailable, Nvml
+from batchpilot.runtime.engine import Engine
+from batchpilot.runtime.live_settings import ConfigFileWatcher
+from batchpilot.runtime.metrics import RuntimeMetrics
+from batchpilot.runtime.onnx_engine import ModelLoadError, OnnxEngine, SessionConfig
+from batchpilot.runtime.server import ModelServer
+from batchpilot.runtime.settings import RuntimeSettings
+from batchpilot.runtime.simulated import LatencyModel, SimulatedEngine
+
+log = logging.getLogger("batchpilot.runtime")
+
+
+def build_engine(settings: RuntimeSettings, *, nvml: Nvml | None) -> Engine:
+    if settings.engine == "simulated":
+        return SimulatedEngine.load(
+            settings.model_path,
+            name=settings.model_name,
+            latency=LatencyModel.parse(settings.simulated_latency),
+        )
+    return OnnxEngine.load(
+        settings.model_path,
+        name=settings.model_name,
+        device=settings.device,
+        gpu_present=nvml is not None,
+        config=SessionConfig(
+            intra_op_threads=settings.intra_op_threads,
+            inter_op_threads=settings.inter_op_threads,
+            graph_optimization=settings.graph_optimization,
+        ),
+    )
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn, but the first SIGTERM/SIGINT closes the queue before the sockets, and the
+    process exits 0 after a clean drain instead of re-raising the signal."""
+
+    def __init__(self, config: uvicorn.Config, *, model_server: ModelServer) -> None:
+        super().__init__(config)
+        self._model_server = model_server
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: Any = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.should_exit:
+            log.warning("second signal: exiting without finishing queued requests")
+            self.force_exit = True
+            return
+        log.info("signal %d: draining %d queued requests", sig, self._model_server.queued)
+        self.should_exit = True
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._model_server.stop_accepting)
+
+
+def serve(settings: RuntimeSettings) -> int:
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    nvml = Nvml.probe()
+    try:
+        engine = build_engine(settings, nvml=nvml)
+    except (ModelLoadError, DeviceUnavailable, ValueError, OSError) as exc:
+        log.error("model %s cannot be served: %s", settings.model_path, exc)
+        return 1
+    info = engine.info
+    log.info(
+        "serving model '%s' on %s (%s%s), inputs %s",
+        settings.model_name,
+        info.device,
+        info.detail or info.kind,
+        ", SIMULATED: no real accelerator" if info.simulated else "",
+        ", ".join(f"{s.name}:{s.datatype}{list(s.shape)}" for s in engine.signature.inputs),
+    )
+    metrics = RuntimeMetrics(
+        model=settings.model_name,
+        service=settings.isvc_name,
+        namespace=settings.isvc_namespace,
+        engine=info,
+        nvml=nvml,
+    )
+    model_server = ModelServer(
+        engine,
+        batching=BatchSettings(
+            max_batch_size=settings.max_batch_size,
+            max_queue_delay_s=settings.max_queue_delay_ms / 1e3,
+        ),
+        queue_capacity=settings.queue_capacity,
+        metrics=metrics,
+        default_timeout_s=(
+            settings.request_timeout_ms / 1e3 if settings.request_timeout_ms else None
+        ),
+    )
+    app = create_app(
+        model_server,
+        config=AppConfig(
+            max_body_bytes=settings.max_body_bytes,
+            admin_token=settings.token(),
+            drain_grace_s=settings.drain_grace_s,
+        ),
+    )
+    if settings.batching_config is not None:
+        watcher = ConfigFileWatcher(
+            settings.batching_config,
+            current=lambda: model_server.batching,
+            apply=lambda s: model_server.set_batching(s, source=str(settings.batching_config)),
+        )
+        watcher.check()  # the file's settings are in force before the first request
+        _attach_background(app, watcher.run(interval_s=settings.config_poll_s))
+
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        access_log=False,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=max(1, math.ceil(settings.drain_grace_s)),
+        timeout_keep_alive=30,
+    )
+    server = _DrainingServer(config, model_server=model_server)
+    server.run()
+    return 0 if server.started else 1
+
+
+def _attach_background(app: Any, job: Any) -> None:
+    """Run `job` for the app's lifetime, wrapped around the app's own lifespan."""
+    inner = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(a: Any) -> AsyncIterator[None]:
+        task = asyncio.get_running_loop().create_task(job)
+        try:
+            async with inner(a):
+                yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    app.router.lifespan_context = lifespan
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `batchpilot runtime serve`; each overrides its BATCHPILOT_* variable."""
+    a = parser.add_argument
+    a("--model", dest="model_path", help="ONNX model file (BATCHPILOT_MODEL_PATH)")
+    a("--name", dest="model_name", help="model name in the v2 API (default: file stem)")
+    a("--host", help="address to bind (default 127.0.0.1)")
+    a("--port", type=int, help="port (default 8080)")
+    a("--max-batch-size", type=int, help="rows per batch, at most (default 8)")
+    a("--max-queue-delay-ms", type=float, help="longest wait for a batch to fill (default 5)")
+    a("--queue-capacity", type=int, help="requests waiting before 503 (default 1024)")
+    a("--request-timeout-ms", type=float, help="default per-request deadline")
+    a("--engine", choices=["onnx", "simulated"], help="onnx (default) or simulated accelerator")
+    a(
+        "--simulated-latency",
+        metavar="alpha_ms=A,beta_ms=B",
+        help="per-batch time of the simulated accelerator, t(b) = A + B*b milliseconds",
+    )
+    a("--device", choices=["auto", "cpu", "gpu"], help="where onnxruntime runs (default auto)")
+    a("--intra-op-threads", type=int, help="onnxruntime intra-op threads (0: default)")
+    a("--inter-op-threads", type=int, help="onnxruntime inter-op threads (0: default)")
+    a("--graph-optimization", choices=["disabled", "basic", "extended", "all"])
+    a("--max-body-bytes", type=int, help="largest request body accepted (default 64 MiB)")
+    a("--batching-config", help="JSON file with maxBatchSize/maxQueueDelayMs, re-read on change")
+    a("--admin-token-file", help="file holding the bearer token for PUT /admin/batching")
+    a("--drain-grace-s", type=float, help="on SIGTERM, time allowed to finish queued requests")
+    a("--log-level", choices=["debug", "info", "warning", "error"])
+
+
+def main(args: argparse.Namespace) -> int:
+    overrides = {k: v for k, v in vars(args).items() if v is not None and k != "command"}
+    try:
+        settings = RuntimeSettings(**overrides)
+    except ValueError as exc:
+        print(f"batchpilot runtime serve: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    return serve(settings)

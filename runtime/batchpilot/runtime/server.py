@@ -1,0 +1,190 @@
+"""The model server's data plane, independent of HTTP.
+
+It checks each request against the model's signature, queues it for the batcher, waits for its
+rows, and keeps the batching settings that the admin endpoint and the config file change while
+serving. The REST layer (`app.py`) is a thin translation on top of this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import numpy as np
+
+from batchpilot.runtime.batching import Batcher, BatchQueue, BatchSettings
+from batchpilot.runtime.engine import Engine, ModelSignature
+from batchpilot.runtime.errors import DeadlineExceeded, InvalidRequest, ShuttingDown
+from batchpilot.runtime.metrics import RuntimeMetrics
+from batchpilot.runtime.protocol import InferRequest, Tensor
+
+log = logging.getLogger(__name__)
+
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def validate_inputs(signature: ModelSignature, request: InferRequest) -> int:
+    """Check a request against the model; returns its number of rows (batch dimension)."""
+    expected = {spec.name for spec in signature.inputs}
+    sent = {tensor.name for tensor in request.inputs}
+    model_inputs = ", ".join(sorted(expected))
+    if unknown := sorted(sent - expected):
+        raise InvalidRequest(
+            f"model '{signature.name}' has no input {', '.join(repr(n) for n in unknown)}; "
+            f"its inputs are: {model_inputs}"
+        )
+    if missing := sorted(expected - sent):
+        raise InvalidRequest(
+            f"input {', '.join(repr(n) for n in missing)} of model '{signature.name}' is missing"
+        )
+    rows: int | None = None
+    for tensor in request.inputs:
+        spec = signature.input(tensor.name)
+        assert spec is not None
+        if tensor.datatype != spec.datatype:
+            raise InvalidRequest(
+                f"input '{tensor.name}' must be {spec.datatype}, the request sent {tensor.datatype}"
+            )
+        shape = tensor.data.shape
+        if len(shape) != len(spec.shape) or any(
+            want not in (-1, got) for want, got in zip(spec.shape[1:], shape[1:], strict=True)
+        ):
+            raise InvalidRequest(
+                f"input '{tensor.name}' has shape {_shape_text(shape)}, the model expects "
+                f"{_shape_text(spec.shape)} (-1: any size; the first dimension is the batch)"
+            )
+        if shape[0] == 0:
+            raise InvalidRequest(f"input '{tensor.name}' has no rows (batch dimension is 0)")
+        if rows is None:
+            rows = shape[0]
+        elif shape[0] != rows:
+            raise InvalidRequest(
+                f"inputs disagree on the batch dimension: '{tensor.name}' has {shape[0]} rows, "
+                f"others have {rows}"
+            )
+    if request.requested_outputs is not None:
+        outputs = set(signature.output_names)
+        if unknown := [n for n in request.requested_outputs if n not in outputs]:
+            raise InvalidRequest(
+                f"model '{signature.name}' has no output {', '.join(repr(n) for n in unknown)}; "
+                f"its outputs are: {', '.join(signature.output_names)}"
+            )
+    assert rows is not None
+    return rows
+
+
+class ModelServer:
+    """One model behind a dynamic batcher."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        batching: BatchSettings,
+        queue_capacity: int,
+        metrics: RuntimeMetrics,
+        default_timeout_s: float | None = None,
+    ) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self._batching = batching
+        self._default_timeout_s = default_timeout_s
+        self._queue = BatchQueue(settings=lambda: self._batching, capacity=queue_capacity)
+        self._batcher = Batcher(self._queue, engine, metrics)
+        self._task: asyncio.Task[None] | None = None
+        metrics.track_queue_depth(lambda: len(self._queue))
+        metrics.settings_changed(
+            max_batch_size=batching.max_batch_size, max_queue_delay_s=batching.max_queue_delay_s
+        )
+
+    @property
+    def signature(self) -> ModelSignature:
+        return self.engine.signature
+
+    @property
+    def batching(self) -> BatchSettings:
+        return self._batching
+
+    def set_batching(self, settings: BatchSettings, *, source: str) -> None:
+        """Change the batching settings; the next batch formed uses them."""
+        if settings != self._batching:
+            log.info(
+                "batching changed by %s: max_batch_size %d -> %d, max_queue_delay %.1f -> %.1f ms",
+                source,
+                self._batching.max_batch_size,
+                settings.max_batch_size,
+                self._batching.max_queue_delay_s * 1e3,
+                settings.max_queue_delay_s * 1e3,
+            )
+        self._batching = settings
+        self.metrics.settings_changed(
+            max_batch_size=settings.max_batch_size, max_queue_delay_s=settings.max_queue_delay_s
+        )
+
+    @property
+    def ready(self) -> bool:
+        return self._task is not None and not self._task.done() and not self._queue.closed
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._batcher.run(), name="batcher")
+
+    async def infer(self, request: InferRequest) -> list[Tensor]:
+        """Serve one request; raises the runtime's errors for anything but success."""
+        rows = validate_inputs(self.signature, request)
+        timeout_s = request.timeout_s or self._default_timeout_s
+        future = self._queue.put(
+            {t.name: t.data for t in request.inputs}, rows=rows, timeout_s=timeout_s
+        )
+        if timeout_s is None:
+            outputs = await future
+        else:
+            try:
+                outputs = await asyncio.wait_for(future, timeout_s)
+            except TimeoutError:
+                raise DeadlineExceeded(
+                    f"the request was not served within its {timeout_s * 1e3:g} ms deadline"
+                ) from None
+        names = request.requested_outputs or self.signature.output_names
+        specs = {spec.name: spec.datatype for spec in self.signature.outputs}
+        return [Tensor(name, specs[name], _array(outputs[name])) for name in names]
+
+    def stop_accepting(self) -> None:
+        """New requests get 503 and readiness fails; queued requests are still served."""
+        if not self._queue.closed:
+            self._queue.close()
+
+    async def drain(self, *, grace_s: float) -> bool:
+        """Refuse new requests and finish the queued ones. True when all finished in time."""
+        self.stop_accepting()
+        if self._task is None:
+            return True
+        done, _ = await asyncio.wait({self._task}, timeout=grace_s)
+        if not done:
+            log.warning("drain: %d requests still queued after %.1f s", self.queued, grace_s)
+            await self._stop()
+            return False
+        return True
+
+    async def _stop(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._queue.abandon(ShuttingDown("the server stopped before serving the request"))
+
+    async def close(self) -> None:
+        self._queue.close()
+        await self._stop()
+        await self.engine.close()
+
+
+def _array(value: Any) -> np.ndarray[Any, Any]:
+    return value if isinstance(value, np.ndarray) else np.asarray(value)

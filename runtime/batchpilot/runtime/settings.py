@@ -1,0 +1,64 @@
+"""The runtime's settings: environment variables (BATCHPILOT_*), overridden by CLI flags.
+
+In a pod the operator sets these through the Deployment's env and args; on a laptop the CLI
+flags are enough. The InferenceService name and namespace label every metric series.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class RuntimeSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="BATCHPILOT_", extra="ignore")
+
+    model_path: Path = Field(description="ONNX model file")
+    model_name: str = Field(default="", description="name in the v2 API; default: file stem")
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+
+    engine: Literal["onnx", "simulated"] = "onnx"
+    simulated_latency: str = Field(
+        default="alpha_ms=5,beta_ms=1", description="t(b) of the simulated accelerator"
+    )
+    device: Literal["auto", "cpu", "gpu"] = "auto"
+    intra_op_threads: int = Field(default=0, ge=0)
+    inter_op_threads: int = Field(default=0, ge=0)
+    graph_optimization: Literal["disabled", "basic", "extended", "all"] = "all"
+
+    max_batch_size: int = Field(default=8, ge=1)
+    max_queue_delay_ms: float = Field(default=5.0, ge=0, le=10_000)
+    queue_capacity: int = Field(default=1024, ge=1, description="requests waiting, at most")
+    request_timeout_ms: float | None = Field(
+        default=None, gt=0, description="deadline for requests that do not set their own"
+    )
+    max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    batching_config: Path | None = Field(
+        default=None, description="JSON file with maxBatchSize/maxQueueDelayMs, re-read on change"
+    )
+    config_poll_s: float = Field(default=1.0, gt=0)
+    admin_token: SecretStr | None = None
+    admin_token_file: Path | None = None
+    drain_grace_s: float = Field(default=25.0, ge=0)
+
+    isvc_name: str = Field(default="", description="InferenceService this pod serves")
+    isvc_namespace: str = Field(default="", description="its namespace")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @model_validator(mode="after")
+    def _defaults(self) -> RuntimeSettings:
+        if not self.model_name:
+            self.model_name = self.model_path.stem
+        return self
+
+    def token(self) -> str | None:
+        """The admin token, from the variable or from a mounted Secret file."""
+        if self.admin_token is not None:
+            return self.admin_token.get_secret_value()
+        if self.admin_token_file is not None:
+            return self.admin_token_file.read_text().strip() or None
+        return None

@@ -1,0 +1,105 @@
+"""Run `batchpilot runtime serve` as a real process on a loopback port, for tests and benchmarks."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class RuntimeProcess:
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def terminate(self, *, timeout_s: float = 30) -> int:
+        """SIGTERM, then wait for the exit status."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+
+
+def wait_ready(url: str, process: subprocess.Popen[bytes], *, timeout_s: float) -> None:
+    """Wait until /v2/health/ready answers 200; fail early if the process exits."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"runtime exited with status {process.returncode} before ready")
+        try:
+            with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=1) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"runtime at {url} not ready within {timeout_s} s")
+
+
+@contextlib.contextmanager
+def runtime_process(
+    model: Path,
+    *args: str,
+    log_dir: Path,
+    env: dict[str, str] | None = None,
+    ready_timeout_s: float = 30,
+) -> Iterator[RuntimeProcess]:
+    """Start a server for `model` with extra CLI `args`; SIGTERM it on exit."""
+    port = free_port()
+    log_path = log_dir / f"runtime-{port}.log"
+    command: Sequence[str] = [
+        sys.executable,
+        "-m",
+        "batchpilot.runtime.cli",
+        "runtime",
+        "serve",
+        "--model",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *args,
+    ]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        )
+    running = RuntimeProcess(process, port, log_path)
+    try:
+        wait_ready(running.url, process, timeout_s=ready_timeout_s)
+        yield running
+    finally:
+        if process.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                running.terminate(timeout_s=30)
