@@ -1,0 +1,273 @@
+"""The batch queue and the batch loop, with a fake engine and a fake clock (looptime).
+
+Loop time starts at 0 and only moves when every task is waiting, so the waits asserted here are
+exact: a batch that should form after 5 ms forms at 0.005, not "about then".
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from batchpilot.runtime.batching import Batch, Batcher, BatchQueue, BatchSettings
+from batchpilot.runtime.engine import EngineInfo, ModelSignature, TensorSpec
+from batchpilot.runtime.errors import DeadlineExceeded, EngineFailure, Overloaded, ShuttingDown
+
+pytestmark = pytest.mark.looptime
+
+SIGNATURE = ModelSignature(
+    name="double",
+    platform="test",
+    inputs=(TensorSpec("x", "FP32", (-1, -1)),),
+    outputs=(TensorSpec("y", "FP32", (-1, -1)),),
+)
+
+
+class FakeEngine:
+    """Doubles its input after `compute_s` of loop time; records every batch it ran."""
+
+    def __init__(self, *, compute_s: float = 0.0) -> None:
+        self.compute_s = compute_s
+        self.batches: list[int] = []
+        self.fail_with: Exception | None = None
+        self.drop_row = False
+
+    @property
+    def signature(self) -> ModelSignature:
+        return SIGNATURE
+
+    @property
+    def info(self) -> EngineInfo:
+        return EngineInfo(kind="fake", device="cpu", simulated=True)
+
+    async def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
+        x = inputs["x"]
+        self.batches.append(x.shape[0])
+        await asyncio.sleep(self.compute_s)
+        if self.fail_with is not None:
+            raise self.fail_with
+        y = x * 2
+        return {"y": y[:-1] if self.drop_row else y}
+
+    async def close(self) -> None:
+        pass
+
+
+class RecordingObserver:
+    def __init__(self) -> None:
+        self.done: list[tuple[int, int]] = []
+        self.failed: list[tuple[int, int]] = []
+        self.waits: list[float] = []
+
+    def batch_done(
+        self, *, rows: int, requests: int, compute_s: float, queue_waits_s: Sequence[float]
+    ) -> None:
+        self.done.append((rows, requests))
+        self.waits.extend(queue_waits_s)
+
+    def batch_failed(self, *, rows: int, requests: int, compute_s: float) -> None:
+        self.failed.append((rows, requests))
+
+
+class Harness:
+    def __init__(self, *, max_batch_size: int = 4, delay_s: float = 0.005, capacity: int = 100):
+        self.settings = BatchSettings(max_batch_size=max_batch_size, max_queue_delay_s=delay_s)
+        loop = asyncio.get_running_loop()
+        self.queue = BatchQueue(settings=lambda: self.settings, capacity=capacity, clock=loop.time)
+        self.engine = FakeEngine()
+        self.observer = RecordingObserver()
+        self.batcher = Batcher(self.queue, self.engine, self.observer, clock=loop.time)
+
+    def put(self, *values: float, width: int = 1, timeout_s: float | None = None) -> Any:
+        x = np.array([[v] * width for v in values], dtype=np.float32)
+        return self.queue.put({"x": x}, rows=len(values), timeout_s=timeout_s)
+
+    async def __aenter__(self) -> Harness:
+        self.task = asyncio.get_running_loop().create_task(self.batcher.run())
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        self.queue.close()
+        await asyncio.wait_for(self.task, 60)
+
+
+def rows_of(result: dict[str, np.ndarray[Any, Any]]) -> list[float]:
+    return [float(v) for v in result["y"][:, 0]]
+
+
+class TestBatchFormation:
+    async def test_a_lone_request_waits_the_queue_delay_then_runs_alone(self) -> None:
+        async with Harness(max_batch_size=4, delay_s=0.005) as h:
+            loop = asyncio.get_running_loop()
+            result = await h.put(1.0)
+            assert loop.time() == pytest.approx(0.005)
+            assert rows_of(result) == [2.0]
+            assert h.engine.batches == [1]
+
+    async def test_a_full_batch_runs_at_once_without_waiting(self) -> None:
+        async with Harness(max_batch_size=4, delay_s=1.0) as h:
+            loop = asyncio.get_running_loop()
+            results = await asyncio.gather(*(h.put(v) for v in (1, 2, 3, 4)))
+            assert loop.time() == pytest.approx(0.0)
+            assert h.engine.batches == [4]
+            assert [rows_of(r) for r in results] == [[2.0], [4.0], [6.0], [8.0]]
+
+    async def test_requests_are_served_in_arrival_order_in_batches_of_max_size(self) -> None:
+        async with Harness(max_batch_size=3, delay_s=0.01) as h:
+            results = await asyncio.gather(*(h.put(v) for v in range(7)))
+            # 7 requests, at most 3 rows a batch: 3 + 3 + 1 (the last one waits the delay).
+            assert h.engine.batches == [3, 3, 1]
+            assert [rows_of(r) for r in results] == [[2.0 * v] for v in range(7)]
+
+    async def test_multi_row_requests_are_never_split_and_each_gets_its_own_rows(self) -> None:
+        async with Harness(max_batch_size=4, delay_s=0.01) as h:
+            a, b, c = await asyncio.gather(h.put(1, 2), h.put(3, 4, 5), h.put(6, 7))
+            # a (2) + b (3) = 5 > 4, so a runs alone; b (3) + c (2) = 5 > 4, so b runs alone;
+            # c runs last, after waiting the queue delay for company.
+            assert h.engine.batches == [2, 3, 2]
+            assert rows_of(a) == [2.0, 4.0]
+            assert rows_of(b) == [6.0, 8.0, 10.0]
+            assert rows_of(c) == [12.0, 14.0]
+
+    async def test_a_request_larger_than_the_batch_limit_runs_alone(self) -> None:
+        async with Harness(max_batch_size=2, delay_s=0.01) as h:
+            big, small = await asyncio.gather(h.put(1, 2, 3, 4, 5), h.put(6))
+            assert h.engine.batches == [5, 1]
+            assert rows_of(big) == [2.0, 4.0, 6.0, 8.0, 10.0]
+            assert rows_of(small) == [12.0]
+
+    async def test_requests_with_different_shapes_never_share_a_batch(self) -> None:
+        async with Harness(max_batch_size=8, delay_s=0.01) as h:
+            narrow1, wide, narrow2 = await asyncio.gather(
+                h.put(1, width=2), h.put(2, width=3), h.put(3, width=2)
+            )
+            # The oldest request's shape goes first and takes its like; the other waits.
+            assert h.engine.batches == [2, 1]
+            assert narrow1["y"].shape == (1, 2)
+            assert narrow2["y"].shape == (1, 2)
+            assert wide["y"].shape == (1, 3)
+
+    async def test_the_delay_counts_from_the_oldest_request_not_the_newest(self) -> None:
+        async with Harness(max_batch_size=8, delay_s=0.010) as h:
+            loop = asyncio.get_running_loop()
+            first = h.put(1)
+            await asyncio.sleep(0.004)
+            second = h.put(2)
+            await asyncio.gather(first, second)
+            assert loop.time() == pytest.approx(0.010)
+            assert h.engine.batches == [2]
+            assert h.observer.waits == pytest.approx([0.010, 0.006])
+
+
+class TestSettingsChangeWhileServing:
+    async def test_each_batch_reads_the_settings_in_force_when_it_forms(self) -> None:
+        async with Harness(max_batch_size=2, delay_s=0.01) as h:
+            await asyncio.gather(*(h.put(v) for v in range(4)))
+            h.settings = BatchSettings(max_batch_size=4, max_queue_delay_s=0.01)
+            await asyncio.gather(*(h.put(v) for v in range(4)))
+            h.settings = BatchSettings(max_batch_size=1, max_queue_delay_s=0.0)
+            await asyncio.gather(*(h.put(v) for v in range(2)))
+            assert h.engine.batches == [2, 2, 4, 1, 1]
+
+    async def test_zero_delay_runs_what_is_there_immediately(self) -> None:
+        async with Harness(max_batch_size=8, delay_s=0.0) as h:
+            loop = asyncio.get_running_loop()
+            await h.put(1)
+            assert loop.time() == 0.0
+            assert h.engine.batches == [1]
+
+    def test_settings_are_validated(self) -> None:
+        with pytest.raises(ValueError, match="max_batch_size must be at least 1"):
+            BatchSettings(max_batch_size=0, max_queue_delay_s=0.0)
+        with pytest.raises(ValueError, match="max_queue_delay"):
+            BatchSettings(max_batch_size=1, max_queue_delay_s=-1)
+
+
+class TestFailures:
+    async def test_an_engine_error_reaches_every_request_in_the_batch(self) -> None:
+        async with Harness(max_batch_size=3, delay_s=0.01) as h:
+            h.engine.fail_with = RuntimeError("device lost")
+            results = await asyncio.gather(*(h.put(v) for v in range(3)), return_exceptions=True)
+            assert all(isinstance(r, EngineFailure) for r in results)
+            assert "device lost" in str(results[0])
+            assert h.observer.failed == [(3, 3)]
+            h.engine.fail_with = None
+            assert rows_of(await h.put(5)) == [10.0]  # the loop survives
+
+    async def test_a_wrong_number_of_output_rows_fails_the_whole_batch(self) -> None:
+        async with Harness(max_batch_size=2, delay_s=0.01) as h:
+            h.engine.drop_row = True
+            results = await asyncio.gather(h.put(1), h.put(2), return_exceptions=True)
+            assert all(isinstance(r, EngineFailure) for r in results)
+            assert "returned 1 rows of output 'y' for a batch of 2 rows" in str(results[0])
+
+    async def test_a_full_queue_refuses_at_once(self) -> None:
+        h = Harness(max_batch_size=1, delay_s=0.0, capacity=2)
+        h.put(1)
+        h.put(2)
+        with pytest.raises(Overloaded, match="queue is full"):
+            h.put(3)
+        assert len(h.queue) == 2
+
+
+class TestCallersThatGoAway:
+    async def test_a_cancelled_request_leaves_the_queue_and_is_never_computed(self) -> None:
+        async with Harness(max_batch_size=4, delay_s=0.01) as h:
+            gone = h.put(99)
+            kept = h.put(1)
+            gone.cancel()
+            await asyncio.sleep(0)
+            assert len(h.queue) == 1
+            assert rows_of(await kept) == [2.0]
+            assert h.engine.batches == [1]
+
+    async def test_when_every_request_of_a_forming_batch_goes_away_nothing_runs(self) -> None:
+        async with Harness(max_batch_size=4, delay_s=0.01) as h:
+            gone = h.put(1)
+            await asyncio.sleep(0.005)
+            gone.cancel()
+            await asyncio.sleep(0.02)
+            assert h.engine.batches == []
+            assert rows_of(await h.put(2)) == [4.0]
+
+    async def test_a_request_past_its_deadline_fails_instead_of_running(self) -> None:
+        async with Harness(max_batch_size=1, delay_s=0.0) as h:
+            h.engine.compute_s = 0.05
+            first = h.put(1)
+            late = h.put(2, timeout_s=0.01)
+            assert rows_of(await first) == [2.0]
+            with pytest.raises(DeadlineExceeded):
+                await late
+            assert h.engine.batches == [1]
+
+
+class TestShutdown:
+    async def test_closing_refuses_new_requests_and_serves_the_queued_ones(self) -> None:
+        h = Harness(max_batch_size=2, delay_s=0.01)
+        queued = [h.put(v) for v in range(3)]
+        h.queue.close()
+        with pytest.raises(ShuttingDown):
+            h.put(9)
+        await asyncio.wait_for(h.batcher.run(), 1)  # returns once drained
+        assert [rows_of(f.result()) for f in queued] == [[0.0], [2.0], [4.0]]
+
+    async def test_abandoning_fails_every_queued_request(self) -> None:
+        h = Harness()
+        queued = [h.put(v) for v in range(3)]
+        assert h.queue.abandon(ShuttingDown("stop")) == 3
+        assert all(isinstance(f.exception(), ShuttingDown) for f in queued)
+        assert len(h.queue) == 0
+
+    async def test_an_empty_closed_queue_ends_the_batch_loop(self) -> None:
+        h = Harness()
+        h.queue.close()
+        assert await h.queue.next_batch() is None
+
+
+def test_batch_rows_add_up() -> None:
+    settings = BatchSettings(max_batch_size=4, max_queue_delay_s=0.0)
+    assert Batch(items=(), settings=settings, formed_at=0.0).rows == 0

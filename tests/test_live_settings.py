@@ -1,0 +1,92 @@
+"""Batching settings changed while serving: the document, and the mounted file watcher."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from batchpilot.runtime.batching import BatchSettings
+from batchpilot.runtime.errors import InvalidRequest
+from batchpilot.runtime.live_settings import ConfigFileWatcher, batching_doc, parse_batching
+
+CURRENT = BatchSettings(max_batch_size=8, max_queue_delay_s=0.005)
+
+
+class TestDocument:
+    def test_both_keys(self) -> None:
+        settings = parse_batching(b'{"maxBatchSize": 16, "maxQueueDelayMs": 2.5}', current=CURRENT)
+        assert settings == BatchSettings(max_batch_size=16, max_queue_delay_s=0.0025)
+        assert batching_doc(settings) == {"maxBatchSize": 16, "maxQueueDelayMs": 2.5}
+
+    def test_absent_keys_keep_their_value(self) -> None:
+        settings = parse_batching(b'{"maxBatchSize": 2}', current=CURRENT)
+        assert settings == BatchSettings(max_batch_size=2, max_queue_delay_s=0.005)
+
+    @pytest.mark.parametrize(
+        ("body", "message"),
+        [
+            (b"nope", "not valid JSON"),
+            (b"[1]", "must be a JSON object"),
+            (b'{"batchSize": 4}', "unknown batching setting batchSize"),
+            (b'{"maxBatchSize": "4"}', "maxBatchSize must be an integer"),
+            (b'{"maxBatchSize": true}', "maxBatchSize must be an integer"),
+            (b'{"maxBatchSize": 0}', "max_batch_size must be at least 1"),
+            (b'{"maxQueueDelayMs": "5"}', "maxQueueDelayMs must be a number"),
+            (b'{"maxQueueDelayMs": -1}', "max_queue_delay must be between"),
+        ],
+    )
+    def test_refusals(self, body: bytes, message: str) -> None:
+        with pytest.raises(InvalidRequest, match=message):
+            parse_batching(body, current=CURRENT)
+
+
+class TestConfigFileWatcher:
+    def make(self, path: Path) -> tuple[ConfigFileWatcher, list[BatchSettings]]:
+        applied: list[BatchSettings] = []
+        watcher = ConfigFileWatcher(
+            path, current=lambda: applied[-1] if applied else CURRENT, apply=applied.append
+        )
+        return watcher, applied
+
+    def test_applies_the_file_once_and_again_only_when_it_changes(self, tmp_path: Path) -> None:
+        path = tmp_path / "batching.json"
+        path.write_text('{"maxBatchSize": 4}')
+        watcher, applied = self.make(path)
+        assert watcher.check()
+        assert not watcher.check()
+        assert applied == [BatchSettings(max_batch_size=4, max_queue_delay_s=0.005)]
+
+    def test_follows_an_atomic_swap_like_a_configmap_update(self, tmp_path: Path) -> None:
+        # The kubelet writes a new directory and swaps a symlink to it.
+        (tmp_path / "v1").mkdir()
+        (tmp_path / "v1" / "batching.json").write_text('{"maxBatchSize": 4}')
+        os.symlink("v1", tmp_path / "..data")
+        os.symlink("..data/batching.json", tmp_path / "batching.json")
+        watcher, applied = self.make(tmp_path / "batching.json")
+        assert watcher.check()
+        (tmp_path / "v2").mkdir()
+        (tmp_path / "v2" / "batching.json").write_text('{"maxBatchSize": 32}')
+        os.symlink("v2", tmp_path / "..data_tmp")
+        os.replace(tmp_path / "..data_tmp", tmp_path / "..data")
+        assert watcher.check()
+        assert [s.max_batch_size for s in applied] == [4, 32]
+
+    def test_a_broken_file_is_ignored_and_the_settings_stay(
+        self, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        path = tmp_path / "batching.json"
+        path.write_text('{"maxBatchSize": 4}')
+        watcher, applied = self.make(path)
+        watcher.check()
+        path.write_text('{"maxBatchSize": -3, "padding": 1}')
+        assert not watcher.check()
+        assert "batching config" in caplog.text
+        assert "ignored" in caplog.text
+        assert len(applied) == 1
+
+    def test_a_missing_file_changes_nothing(self, tmp_path: Path) -> None:
+        watcher, applied = self.make(tmp_path / "absent.json")
+        assert not watcher.check()
+        assert applied == []

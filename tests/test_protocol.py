@@ -1,0 +1,210 @@
+"""The v2 codec: what goes in as bytes comes out as the same arrays, both ways."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+
+from batchpilot.runtime.errors import InvalidRequest
+from batchpilot.runtime.protocol import (
+    DATATYPES,
+    Tensor,
+    datatype_of,
+    decode_request,
+    decode_response,
+    encode_request,
+    encode_response,
+)
+
+
+def sample(datatype: str, shape: tuple[int, ...] = (2, 3)) -> np.ndarray[Any, Any]:
+    rng = np.random.default_rng(1)
+    dtype = DATATYPES[datatype]
+    if dtype == np.bool_:
+        return rng.integers(0, 2, shape).astype(np.bool_)
+    if dtype.kind in "iu":
+        return rng.integers(0, 100, shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+class TestRoundTrip:
+    @pytest.mark.parametrize("datatype", list(DATATYPES))
+    @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+    def test_request_tensors_survive_encoding(self, datatype: str, binary: bool) -> None:
+        data = sample(datatype)
+        body, header_length = encode_request([Tensor("x", datatype, data)], binary=binary)
+        assert (header_length is not None) == binary
+        decoded = decode_request(body, header_length=header_length)
+        (tensor,) = decoded.inputs
+        assert tensor.datatype == datatype
+        assert tensor.data.dtype == DATATYPES[datatype]
+        np.testing.assert_array_equal(tensor.data, data)
+
+    @pytest.mark.parametrize("datatype", list(DATATYPES))
+    def test_response_tensors_survive_encoding_in_json_and_binary(self, datatype: str) -> None:
+        outs = [Tensor("a", datatype, sample(datatype)), Tensor("b", datatype, sample(datatype))]
+        body, header_length = encode_response(
+            model_name="m", model_version=None, request_id="r1", outputs=outs, binary={"b"}
+        )
+        assert header_length is not None
+        header = orjson.loads(body[:header_length])
+        assert header["id"] == "r1"
+        assert "data" in header["outputs"][0]
+        assert header["outputs"][1]["parameters"]["binary_data_size"] == outs[1].data.nbytes
+        decoded = decode_response(body, header_length=header_length)
+        for out in outs:
+            np.testing.assert_array_equal(decoded[out.name].data, out.data)
+
+    def test_all_json_response_has_no_binary_header(self) -> None:
+        body, header_length = encode_response(
+            model_name="m",
+            model_version="2",
+            request_id=None,
+            outputs=[Tensor("a", "FP32", np.ones((1, 2), np.float32))],
+            binary=(),
+        )
+        assert header_length is None
+        assert orjson.loads(body) == {
+            "model_name": "m",
+            "model_version": "2",
+            "outputs": [{"name": "a", "datatype": "FP32", "shape": [1, 2], "data": [1.0, 1.0]}],
+        }
+
+    def test_several_binary_inputs_are_read_in_order(self) -> None:
+        a, b = sample("FP32", (2, 2)), sample("INT64", (2, 5))
+        body, hl = encode_request([Tensor("a", "FP32", a), Tensor("b", "INT64", b)])
+        decoded = decode_request(body, header_length=hl)
+        np.testing.assert_array_equal(decoded.inputs[0].data, a)
+        np.testing.assert_array_equal(decoded.inputs[1].data, b)
+
+    def test_nested_json_data_is_accepted_like_flat_data(self) -> None:
+        doc = {
+            "inputs": [
+                {"name": "x", "datatype": "INT32", "shape": [2, 2], "data": [[1, 2], [3, 4]]}
+            ]
+        }
+        (tensor,) = decode_request(orjson.dumps(doc)).inputs
+        np.testing.assert_array_equal(tensor.data, [[1, 2], [3, 4]])
+
+    def test_binary_inputs_are_views_of_the_body_not_copies(self) -> None:
+        body, hl = encode_request([Tensor("x", "FP32", sample("FP32", (64, 64)))])
+        (tensor,) = decode_request(body, header_length=hl).inputs
+        assert not tensor.data.flags.owndata
+
+
+class TestRequestOptions:
+    def test_output_selection_and_binary_flags(self) -> None:
+        doc = {
+            "id": "7",
+            "parameters": {"binary_data_output": True, "timeout": 250_000},
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}],
+            "outputs": [{"name": "a"}, {"name": "b", "parameters": {"binary_data": False}}],
+        }
+        request = decode_request(orjson.dumps(doc))
+        assert request.id == "7"
+        assert request.requested_outputs == ("a", "b")
+        assert request.binary_outputs == {"a"}
+        assert request.timeout_s == pytest.approx(0.25)
+
+    def test_defaults(self) -> None:
+        doc = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}]}
+        request = decode_request(orjson.dumps(doc))
+        assert request.requested_outputs is None
+        assert not request.binary_default
+        assert request.timeout_s is None
+
+
+class TestRefusals:
+    @pytest.mark.parametrize(
+        ("doc", "message"),
+        [
+            ([], "must be a JSON object"),
+            ({}, "inputs must be a non-empty list"),
+            ({"inputs": [{"datatype": "FP32", "shape": [1], "data": [1]}]}, "name must be"),
+            (
+                {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "data": ["a"]}]},
+                "datatype 'BYTES' is not supported",
+            ),
+            (
+                {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "data": [1]}]},
+                "needs 2 elements, data has 1",
+            ),
+            (
+                {"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1], "data": [1]}]},
+                "negative",
+            ),
+            (
+                {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "data": ["a", "b"]}]},
+                "does not fit datatype FP32",
+            ),
+            (
+                {"inputs": [{"name": "x", "datatype": "UINT8", "shape": [1], "data": [300]}]},
+                "does not fit datatype UINT8",
+            ),
+            (
+                {"inputs": [{"name": "x", "datatype": "BOOL", "shape": [1], "data": [2]}]},
+                "BOOL data must be true or false",
+            ),
+            (
+                {
+                    "inputs": [
+                        {"name": "x", "datatype": "FP32", "shape": [2, 2], "data": [[1], [2, 3]]}
+                    ]
+                },
+                "does not fit",
+            ),
+            (
+                {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1]}]},
+                "neither data nor parameters.binary_data_size",
+            ),
+            (
+                {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}] * 2},
+                "appears more than once",
+            ),
+            (
+                {
+                    "parameters": {"timeout": -5},
+                    "inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}],
+                },
+                "timeout must be a positive integer",
+            ),
+        ],
+    )
+    def test_malformed_json_requests(self, doc: Any, message: str) -> None:
+        with pytest.raises(InvalidRequest, match=message):
+            decode_request(orjson.dumps(doc))
+
+    def test_not_json(self) -> None:
+        with pytest.raises(InvalidRequest, match="not valid JSON"):
+            decode_request(b"{nope")
+
+    def test_binary_size_that_does_not_match_the_shape(self) -> None:
+        body, hl = encode_request([Tensor("x", "FP32", sample("FP32", (2, 3)))])
+        bad = body.replace(b'"binary_data_size":24', b'"binary_data_size":20')
+        with pytest.raises(InvalidRequest, match="binary_data_size is 20 bytes but shape"):
+            decode_request(bad, header_length=hl)
+
+    def test_binary_data_shorter_than_declared(self) -> None:
+        body, hl = encode_request([Tensor("x", "FP32", sample("FP32", (2, 3)))])
+        with pytest.raises(InvalidRequest, match="only 20 bytes follow"):
+            decode_request(body[:-4], header_length=hl)
+
+    def test_binary_bytes_that_no_input_claims(self) -> None:
+        body, hl = encode_request([Tensor("x", "FP32", sample("FP32", (2, 3)))])
+        with pytest.raises(InvalidRequest, match="4 bytes of binary data"):
+            decode_request(body + b"\0\0\0\0", header_length=hl)
+
+    def test_header_length_past_the_body(self) -> None:
+        with pytest.raises(InvalidRequest, match="Inference-Header-Content-Length is 99"):
+            decode_request(b"{}", header_length=99)
+
+
+def test_datatype_names_of_numpy_dtypes() -> None:
+    assert datatype_of(np.dtype(np.float32)) == "FP32"
+    assert datatype_of(np.dtype(">i8")) == "INT64"
+    assert datatype_of(np.dtype(np.bool_)) == "BOOL"
+    with pytest.raises(InvalidRequest):
+        datatype_of(np.dtype("U3"))
