@@ -51,7 +51,7 @@ def _latency_buckets() -> tuple[float, ...]:
 LATENCY_BUCKETS = _latency_buckets()
 
 # `*_created` series double the series count and nothing here reads them.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 BATCH_SIZE_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512)
 
 
