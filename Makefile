@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 lint: install
 	$(BIN)/ruff check runtime operator tests bench
 	$(BIN)/ruff format --check runtime operator tests bench
-	$(BIN)/mypy runtime/batchpilot
+	$(BIN)/mypy runtime/batchpilot operator/batchpilot
 
 test: install lint
 	$(BIN)/pytest -q

@@ -18,6 +18,14 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "batchpilot.runtime.serve",
         "serve an ONNX model over the Open Inference Protocol v2 with dynamic batching",
     ),
+    ("runtime", "fetch"): (
+        "batchpilot.runtime.fetch",
+        "copy a model from an http(s):// or file:// URI (the pod's init container)",
+    ),
+    ("operator", "run"): (
+        "batchpilot.operator.run",
+        "run the operator: reconcile InferenceServices, run the SLA autopilot",
+    ),
     ("loadgen",): (
         "batchpilot.runtime.loadgen",
         "open- or closed-loop load against a v2 endpoint; --find-max sizes a service",

@@ -1,0 +1,42 @@
+"""The batching ConfigMap: the batch settings new pods start with and running pods re-read.
+
+Its two values are the autopilot's (the reconciler passes in the settings in force); the runtime
+watches the mounted file, and the autopilot also tells ready pods directly through their admin
+endpoint, because a mounted ConfigMap takes up to a minute to reach a pod.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from batchpilot.operator.children.common import BATCHING_FILE, Owner
+
+
+def batching_document(*, batch_size: int, max_queue_delay_ms: float) -> str:
+    return json.dumps(
+        {"maxBatchSize": int(batch_size), "maxQueueDelayMs": float(max_queue_delay_ms)},
+        sort_keys=True,
+    )
+
+
+def build_configmap(owner: Owner, *, batch_size: int, max_queue_delay_ms: float) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": owner.metadata(owner.configmap_name),
+        "data": {
+            BATCHING_FILE: batching_document(
+                batch_size=batch_size, max_queue_delay_ms=max_queue_delay_ms
+            )
+        },
+    }
+
+
+def batching_in(configmap: dict[str, Any]) -> tuple[int, float] | None:
+    """(batch size, max queue delay ms) recorded in an existing ConfigMap, if readable."""
+    try:
+        doc = json.loads(configmap["data"][BATCHING_FILE])
+        return int(doc["maxBatchSize"]), float(doc["maxQueueDelayMs"])
+    except (KeyError, TypeError, ValueError):
+        return None

@@ -1,0 +1,224 @@
+"""The runtime Deployment: the pods that serve the model.
+
+What belongs to whom: everything here comes from the spec and the operator's settings, except
+`spec.replicas`, which the autopilot owns (the reconciler passes in the count in force). Batch
+settings are not in the pod template at all — pods read them from the mounted ConfigMap and the
+admin endpoint — so the autopilot changes the batch size without restarting a single pod.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from batchpilot.operator.children.common import (
+    BATCHING_DIR,
+    BATCHING_FILE,
+    TOKEN_DIR,
+    TOKEN_FILE,
+    Owner,
+)
+from batchpilot.operator.settings import OperatorSettings
+
+MODEL_DIR = "/models"
+RUNTIME_USER = 65532
+
+
+class UnsupportedModelSource(ValueError):
+    """The model URI passed the schema but this operator cannot make pods read it."""
+
+
+def _model_volumes(
+    owner: Owner, settings: OperatorSettings, image: str
+) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(model path in the container, volumes, mounts, init containers) for the model URI."""
+    source = owner.spec.model
+    if source.scheme == "file":
+        return source.file_path(), [], [], []
+    if source.scheme == "pvc":
+        claim, path = source.pvc()
+        volume = {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        mount = {"name": "model", "mountPath": MODEL_DIR, "readOnly": True}
+        return f"{MODEL_DIR}/{path}", [volume], [mount], []
+    # http(s):// and s3:// are fetched into an emptyDir before the runtime starts.
+    target = f"{MODEL_DIR}/model.onnx"
+    fetcher: dict[str, Any]
+    if source.scheme in ("http", "https"):
+        fetcher = {
+            "name": "fetch-model",
+            "image": image,
+            "command": ["batchpilot"],
+            "args": ["runtime", "fetch", source.uri, target],
+        }
+    elif settings.storage_initializer_image:
+        fetcher = {
+            "name": "fetch-model",
+            "image": settings.storage_initializer_image,
+            "args": [source.uri, MODEL_DIR],
+        }
+        target = f"{MODEL_DIR}/{source.uri.rstrip('/').rsplit('/', 1)[-1]}"
+    else:
+        raise UnsupportedModelSource(
+            f"model URI {source.uri} needs a storage initializer image for {source.scheme}://; "
+            "set the operator's storageInitializerImage, or use pvc://, file:// or https://"
+        )
+    fetcher.update(
+        volumeMounts=[{"name": "model", "mountPath": MODEL_DIR}],
+        securityContext=_container_security(),
+        resources={"requests": {"cpu": "100m", "memory": "128Mi"}},
+    )
+    volume = {"name": "model", "emptyDir": {}}
+    mount = {"name": "model", "mountPath": MODEL_DIR, "readOnly": True}
+    return target, [volume], [mount], [fetcher]
+
+
+def _container_security() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def _probe(path: str, *, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+        "timeoutSeconds": 2,
+    }
+
+
+def runtime_args(owner: Owner, settings: OperatorSettings, model_path: str) -> list[str]:
+    runtime = owner.spec.runtime
+    args = [
+        "runtime",
+        "serve",
+        "--model",
+        model_path,
+        "--name",
+        owner.model_name,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(settings.runtime_port),
+        "--device",
+        runtime.device,
+        "--engine",
+        runtime.engine,
+        "--batching-config",
+        f"{BATCHING_DIR}/{BATCHING_FILE}",
+        "--admin-token-file",
+        f"{TOKEN_DIR}/{TOKEN_FILE}",
+        "--drain-grace-s",
+        str(settings.drain_grace_seconds),
+    ]
+    if runtime.engine == "simulated" and runtime.simulated_latency is not None:
+        latency = runtime.simulated_latency
+        args += [
+            "--simulated-latency",
+            f"alpha_ms={latency.alpha_ms:g},beta_ms={latency.beta_ms:g}",
+        ]
+    return args
+
+
+def build_deployment(owner: Owner, settings: OperatorSettings, *, replicas: int) -> dict[str, Any]:
+    runtime = owner.spec.runtime
+    gpu = runtime.device == "gpu"
+    image = runtime.image or (settings.runtime_image_gpu if gpu else settings.runtime_image_cpu)
+    model_path, volumes, mounts, init_containers = _model_volumes(owner, settings, image)
+
+    resources: dict[str, Any] = {
+        key: dict(value) for key, value in (runtime.resources or {}).items() if value
+    }
+    resources.setdefault("requests", {"cpu": "1", "memory": "1Gi"})
+    if gpu:
+        resources.setdefault("limits", {})[settings.gpu_resource] = "1"
+
+    env = [
+        {"name": "BATCHPILOT_ISVC_NAME", "value": owner.name},
+        {"name": "BATCHPILOT_ISVC_NAMESPACE", "value": owner.namespace},
+        *(runtime.env or []),
+    ]
+    container = {
+        "name": "runtime",
+        "image": image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["batchpilot"],
+        "args": runtime_args(owner, settings, model_path),
+        "env": env,
+        "ports": [{"name": "http", "containerPort": settings.runtime_port, "protocol": "TCP"}],
+        "resources": resources,
+        "startupProbe": _probe("/v2/health/live", period=2, failures=150),
+        "readinessProbe": _probe("/v2/health/ready", period=2, failures=2),
+        "livenessProbe": _probe("/v2/health/live", period=10, failures=3),
+        "lifecycle": {
+            "preStop": {"exec": {"command": ["sleep", str(settings.pre_stop_sleep_seconds)]}}
+        },
+        "securityContext": _container_security(),
+        "volumeMounts": [
+            *mounts,
+            {"name": "batching", "mountPath": BATCHING_DIR, "readOnly": True},
+            {"name": "admin-token", "mountPath": TOKEN_DIR, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": [
+            *volumes,
+            {"name": "batching", "configMap": {"name": owner.configmap_name}},
+            {"name": "admin-token", "secret": {"secretName": owner.secret_name}},
+            {"name": "tmp", "emptyDir": {}},
+        ],
+        # Drain (SIGTERM → queued requests finish) after the pre-stop pause, with room to exit.
+        "terminationGracePeriodSeconds": settings.pre_stop_sleep_seconds
+        + settings.drain_grace_seconds
+        + 5,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUNTIME_USER,
+            "runAsGroup": RUNTIME_USER,
+            "fsGroup": RUNTIME_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+    }
+    if init_containers:
+        pod_spec["initContainers"] = init_containers
+    node_selector = runtime.node_selector
+    if node_selector is None and gpu:
+        node_selector = settings.gpu_node_selector
+    if node_selector:
+        pod_spec["nodeSelector"] = dict(node_selector)
+    tolerations = runtime.tolerations
+    if tolerations is None and gpu:
+        tolerations = settings.gpu_tolerations
+    if tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in tolerations]
+
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": owner.metadata(owner.name),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": owner.selector},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            },
+            "template": {
+                "metadata": {
+                    "labels": dict(owner.labels),
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(settings.runtime_port),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": pod_spec,
+            },
+        },
+    }

@@ -1,0 +1,135 @@
+"""kopf glue: every trigger runs the same level-triggered reconcile pass.
+
+Triggers: the InferenceService's create/update/resume, a periodic timer (drift that no event
+reports), and events of the children it owns (someone edits or deletes a Deployment; a pod
+becomes ready). Handlers parse nothing and decide nothing: `Reconciler` does, and they turn its
+outcome into a status patch, Events and kopf's retry vocabulary.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from batchpilot.operator.children.common import ISVC_LABEL, MANAGED_BY
+from batchpilot.operator.kinds import INFERENCESERVICE
+from batchpilot.operator.kube import KubeClient, KubeError
+from batchpilot.operator.reconciler import Outcome, Reconciler
+from batchpilot.operator.settings import OperatorSettings
+from batchpilot.operator.spec import GROUP, PLURAL, VERSION
+
+log = logging.getLogger(__name__)
+ANNOTATION_PREFIX = "batchpilot.io"
+_SETTINGS = OperatorSettings()
+CHILD_FILTER: dict[str, Any] = {
+    "app.kubernetes.io/managed-by": MANAGED_BY,
+    ISVC_LABEL: kopf.PRESENT,
+}
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix=ANNOTATION_PREFIX
+    )
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = f"{ANNOTATION_PREFIX}/finalizer"
+    # kopf would turn its own log lines into Events; the reconciler posts the ones that matter.
+    settings.posting.enabled = False
+    settings.watching.server_timeout = 300
+    memo.reconciler = Reconciler(KubeClient.from_environment(), _SETTINGS)
+
+
+def _post(body: Any, outcome: Outcome) -> None:
+    for event in outcome.events:
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+
+
+def _finish(outcome: Outcome) -> None:
+    if outcome.permanent_error is not None:
+        raise kopf.PermanentError(outcome.permanent_error)
+    if outcome.retry_error is not None:
+        raise kopf.TemporaryError(outcome.retry_error, delay=10)
+
+
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL)
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+    outcome: Outcome = memo.reconciler.reconcile(_plain(body))
+    if outcome.status:
+        patch.status.update(outcome.status)
+    _post(body, outcome)
+    _finish(outcome)
+
+
+@kopf.timer(
+    GROUP,
+    VERSION,
+    PLURAL,
+    interval=_SETTINGS.reconcile_interval_seconds,
+    initial_delay=_SETTINGS.reconcile_interval_seconds,
+)
+def reconcile_periodically(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+    outcome: Outcome = memo.reconciler.reconcile(_plain(body))
+    if outcome.status:
+        patch.status.update(outcome.status)
+    _post(body, outcome)
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
+def deleted(name: str, namespace: str | None, **_: Any) -> None:
+    log.info("InferenceService %s/%s deleted; its children go with it", namespace, name)
+
+
+def _on_child_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    """A child changed: reconcile its owner, so drift is restored and status follows."""
+    obj = event["object"]
+    meta = obj.get("metadata", {})
+    owner_name = meta.get("labels", {}).get(ISVC_LABEL)
+    namespace = meta.get("namespace")
+    if not owner_name or not namespace or "reconciler" not in memo:
+        return
+    reconciler: Reconciler = memo.reconciler
+    kube = reconciler.kube
+    try:
+        owner = kube.get(INFERENCESERVICE, namespace, owner_name)
+        if owner is None or owner["metadata"].get("deletionTimestamp"):
+            return
+        outcome = reconciler.reconcile(owner)
+        if outcome.status:
+            kube.patch(
+                INFERENCESERVICE,
+                namespace,
+                owner_name,
+                {"status": outcome.status},
+                subresource="status",
+            )
+    except KubeError as exc:
+        log.warning("reconciling %s/%s after a child event failed: %s", namespace, owner_name, exc)
+        return
+    _post(owner, outcome)
+
+
+for _group, _version, _plural in (
+    ("apps", "v1", "deployments"),
+    ("", "v1", "services"),
+    ("", "v1", "configmaps"),
+    ("", "v1", "secrets"),
+    ("policy", "v1", "poddisruptionbudgets"),
+):
+    kopf.on.event(_group, _version, _plural, labels=CHILD_FILTER, id=f"child-{_plural}")(
+        _on_child_event
+    )
+
+
+def _plain(body: kopf.Body) -> dict[str, Any]:
+    return {
+        "metadata": dict(body.metadata),
+        "spec": dict(body.spec),
+        "status": dict(body.status),
+    }

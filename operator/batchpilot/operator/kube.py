@@ -1,0 +1,131 @@
+"""The one module that talks to the Kubernetes API for the operator's own reads and writes.
+
+kopf watches and patches the InferenceService itself; everything else — children, the status
+of an InferenceService outside a handler — goes through `KubeClient`. Higher layers see plain
+dicts (the API's JSON) and the small `Kube` protocol, so tests can count or fake calls here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+from batchpilot.operator.kinds import KINDS, Kind
+
+
+class KubeError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+
+
+class Kube(Protocol):
+    def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]: ...
+
+    def replace(self, obj: dict[str, Any]) -> dict[str, Any]: ...
+
+    def patch(
+        self, kind: Kind, namespace: str, name: str, patch: dict[str, Any], *, subresource: str = ""
+    ) -> dict[str, Any]: ...
+
+    def delete(self, kind: Kind, namespace: str, name: str) -> None: ...
+
+
+class KubeClient:
+    """`Kube` over the official client's REST layer (kubeconfig or in-cluster credentials)."""
+
+    def __init__(self, api_client: Any, *, timeout_s: float = 10.0) -> None:
+        self._api = api_client
+        self._timeout_s = timeout_s
+
+    @classmethod
+    def from_environment(cls, *, kubeconfig: str | None = None) -> KubeClient:
+        from kubernetes import client, config
+
+        if kubeconfig is None:
+            try:
+                config.load_incluster_config()  # type: ignore[no-untyped-call]
+            except config.ConfigException:
+                config.load_kube_config()  # type: ignore[no-untyped-call]
+        else:
+            config.load_kube_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+        return cls(client.ApiClient())
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        content_type: str = "application/json",
+    ) -> dict[str, Any] | None:
+        from kubernetes.client.exceptions import ApiException
+
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        params = self._api.param_serialize(
+            method=method,
+            resource_path=path,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        try:
+            response = self._api.call_api(*params[:4], _request_timeout=self._timeout_s)
+            response.read()
+        except ApiException as exc:
+            raise KubeError(exc.status or 0, _reason(exc.body) or str(exc.reason)) from None
+        data = response.data
+        if response.status == 404:
+            return None
+        if response.status >= 400:
+            raise KubeError(response.status, _reason(data) or "request failed")
+        return json.loads(data) if data else {}
+
+    def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._call("GET", f"{kind.collection(namespace)}/{name}")
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        kind = KINDS[obj["kind"]]
+        result = self._call("POST", kind.collection(obj["metadata"]["namespace"]), obj)
+        assert result is not None
+        return result
+
+    def replace(self, obj: dict[str, Any]) -> dict[str, Any]:
+        kind = KINDS[obj["kind"]]
+        meta = obj["metadata"]
+        result = self._call("PUT", f"{kind.collection(meta['namespace'])}/{meta['name']}", obj)
+        if result is None:
+            raise KubeError(404, f"{kind.kind} {meta['name']} is gone")
+        return result
+
+    def patch(
+        self, kind: Kind, namespace: str, name: str, patch: dict[str, Any], *, subresource: str = ""
+    ) -> dict[str, Any]:
+        path = f"{kind.collection(namespace)}/{name}" + (f"/{subresource}" if subresource else "")
+        result = self._call("PATCH", path, patch, content_type="application/merge-patch+json")
+        if result is None:
+            raise KubeError(404, f"{kind.kind} {name} is gone")
+        return result
+
+    def delete(self, kind: Kind, namespace: str, name: str) -> None:
+        try:
+            self._call("DELETE", f"{kind.collection(namespace)}/{name}")
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+
+
+def _reason(data: Any) -> str:
+    try:
+        doc = json.loads(data)
+    except (TypeError, ValueError):
+        return ""
+    return str(doc.get("message", "")) if isinstance(doc, dict) else ""

@@ -1,0 +1,180 @@
+"""Level-triggered reconcile, the pure half: desired children from the spec, compared with what
+exists, gives the writes to make — none when nothing changed.
+
+Who owns what:
+- the spec and the operator's settings own every child field, and drift is put back;
+- the autopilot owns the Deployment's `spec.replicas` and the batching ConfigMap's values while
+  `scaling.mode` is `auto`: reconcile keeps the values in force (clamped into the spec's bounds)
+  and only the autopilot moves them. In `recommend` and `off` the spec decides: `minReplicas`
+  replicas and `batching` as written;
+- the admin token is generated once and kept;
+- an object of a child's name that this InferenceService does not control is never touched.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchpilot.operator.children.common import Owner, owned_by
+from batchpilot.operator.children.configmap import batching_in, build_configmap
+from batchpilot.operator.children.deployment import build_deployment
+from batchpilot.operator.children.pdb import build_pdb
+from batchpilot.operator.children.secret import build_secret, new_token, token_in
+from batchpilot.operator.children.service import build_service
+from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT, PDB, SECRET, SERVICE, Kind
+from batchpilot.operator.settings import OperatorSettings
+
+Obj = dict[str, Any]
+CHILD_KINDS = (SECRET, CONFIGMAP, DEPLOYMENT, SERVICE, PDB)
+"""In creation order: what the pods mount exists before the pods."""
+
+
+@dataclass(frozen=True, slots=True)
+class Owned:
+    """The values reconcile keeps rather than derives."""
+
+    replicas: int
+    batch_size: int
+    max_queue_delay_ms: float
+    token: str
+
+
+@dataclass
+class Plan:
+    create: list[Obj] = field(default_factory=list)
+    replace: list[Obj] = field(default_factory=list)
+    delete: list[tuple[Kind, str]] = field(default_factory=list)
+    conflicts: list[tuple[Kind, str]] = field(default_factory=list)
+    """Children whose name is taken by an object this InferenceService does not control."""
+
+    @property
+    def writes(self) -> int:
+        return len(self.create) + len(self.replace) + len(self.delete)
+
+
+def _clamp(value: int, low: int, high: int) -> int:
+    return max(low, min(high, value))
+
+
+def owned_values(
+    owner: Owner, observed: dict[Kind, Obj | None], *, token: str | None = None
+) -> Owned:
+    """Replicas, batching and token in force: kept from the children where they are ours."""
+    spec = owner.spec
+    scaling = spec.scaling
+    replicas = scaling.min_replicas
+    batch_size, delay_ms = spec.batching.batch_size, spec.batching.max_queue_delay_ms
+    mine = {
+        kind: obj for kind, obj in observed.items() if obj is not None and owned_by(obj, owner.uid)
+    }
+    if scaling.mode == "auto":
+        deployment = mine.get(DEPLOYMENT)
+        if deployment is not None:
+            current = deployment.get("spec", {}).get("replicas")
+            if isinstance(current, int):
+                replicas = _clamp(current, scaling.min_replicas, scaling.max_replicas)
+        configmap = mine.get(CONFIGMAP)
+        recorded = batching_in(configmap) if configmap is not None else None
+        if recorded is not None:
+            batch_size = _clamp(recorded[0], 1, scaling.max_batch_size)
+            delay_ms = recorded[1]
+    secret = mine.get(SECRET)
+    kept = token_in(secret) if secret is not None else None
+    return Owned(
+        replicas=replicas,
+        batch_size=batch_size,
+        max_queue_delay_ms=delay_ms,
+        token=kept or token or new_token(),
+    )
+
+
+def desired_children(
+    owner: Owner, settings: OperatorSettings, owned: Owned
+) -> dict[Kind, Obj | None]:
+    """Every child as it should be; None for a child that should not exist."""
+    return {
+        SECRET: build_secret(owner, token=owned.token),
+        CONFIGMAP: build_configmap(
+            owner, batch_size=owned.batch_size, max_queue_delay_ms=owned.max_queue_delay_ms
+        ),
+        DEPLOYMENT: build_deployment(owner, settings, replicas=owned.replicas),
+        SERVICE: build_service(owner),
+        PDB: build_pdb(owner, replicas=owned.replicas),
+    }
+
+
+def contains(actual: Any, desired: Any) -> bool:
+    """Whether `actual` has every field of `desired` with the same value.
+
+    Fields only in `actual` are what the API server defaulted or assigned; they do not count as
+    drift. Lists must have the same length, and match item by item.
+    """
+    if isinstance(desired, dict):
+        return isinstance(actual, dict) and all(
+            key in actual and contains(actual[key], value) for key, value in desired.items()
+        )
+    if isinstance(desired, list):
+        return (
+            isinstance(actual, list)
+            and len(actual) == len(desired)
+            and all(contains(a, d) for a, d in zip(actual, desired, strict=True))
+        )
+    return bool(actual == desired)
+
+
+_BODY_FIELDS = ("spec", "data", "type")
+
+
+def converged(desired: Obj, actual: Obj) -> bool:
+    meta, actual_meta = desired["metadata"], actual.get("metadata", {})
+    return (
+        contains(actual_meta.get("labels", {}), meta["labels"])
+        and contains(actual_meta.get("ownerReferences", []), meta["ownerReferences"])
+        and all(contains(actual.get(f), desired[f]) for f in _BODY_FIELDS if f in desired)
+    )
+
+
+def replacement(desired: Obj, actual: Obj) -> Obj:
+    """The object to PUT: our fields as desired, the server's and other owners' metadata kept."""
+    result = copy.deepcopy(desired)
+    actual_meta = actual.get("metadata", {})
+    meta = result["metadata"]
+    for key in ("resourceVersion", "uid", "creationTimestamp", "annotations", "finalizers"):
+        if key in actual_meta:
+            meta[key] = copy.deepcopy(actual_meta[key])
+    meta["labels"] = {**actual_meta.get("labels", {}), **meta["labels"]}
+    if desired["kind"] == "Service":
+        # Assigned by the API server once, immutable after.
+        for key in ("clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy"):
+            if key in actual.get("spec", {}):
+                result["spec"][key] = copy.deepcopy(actual["spec"][key])
+    return result
+
+
+def plan(
+    owner: Owner, settings: OperatorSettings, observed: dict[Kind, Obj | None], owned: Owned
+) -> Plan:
+    result = Plan()
+    for kind, desired in desired_children(owner, settings, owned).items():
+        actual = observed.get(kind)
+        name = desired["metadata"]["name"] if desired else _child_name(owner, kind)
+        if actual is not None and not owned_by(actual, owner.uid):
+            result.conflicts.append((kind, name))
+        elif desired is None:
+            if actual is not None:
+                result.delete.append((kind, name))
+        elif actual is None:
+            result.create.append(desired)
+        elif not converged(desired, actual):
+            result.replace.append(replacement(desired, actual))
+    return result
+
+
+def _child_name(owner: Owner, kind: Kind) -> str:
+    return {SECRET: owner.secret_name, CONFIGMAP: owner.configmap_name}.get(kind, owner.name)
+
+
+def child_names(owner: Owner) -> dict[Kind, str]:
+    return {kind: _child_name(owner, kind) for kind in CHILD_KINDS}

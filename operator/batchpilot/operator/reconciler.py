@@ -1,0 +1,197 @@
+"""One reconcile pass of an InferenceService: read the children, plan, write, report.
+
+Free of kopf so that the same pass serves every trigger — the resource's own events, its
+children's events, the periodic level-triggered timer — and so tests can run it directly.
+It returns the status to write (only what changed) and the Events to post; the caller posts them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from batchpilot.operator import conditions, events
+from batchpilot.operator.children.common import Owner
+from batchpilot.operator.children.deployment import UnsupportedModelSource
+from batchpilot.operator.children.service import service_url
+from batchpilot.operator.events import Event
+from batchpilot.operator.kinds import DEPLOYMENT, Kind
+from batchpilot.operator.kube import Kube, KubeError
+from batchpilot.operator.plan import CHILD_KINDS, Plan, child_names, owned_values, plan
+from batchpilot.operator.settings import OperatorSettings
+from batchpilot.operator.spec import InferenceServiceSpec
+
+
+@dataclass
+class Outcome:
+    status: dict[str, Any] = field(default_factory=dict)
+    """Status fields that differ from the current status (empty: write nothing)."""
+    events: list[Event] = field(default_factory=list)
+    permanent_error: str | None = None
+    """The spec cannot work until someone changes it."""
+    retry_error: str | None = None
+    """A write failed; try again."""
+
+
+def describe_validation_error(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors():
+        where = ".".join(str(p) for p in item["loc"])
+        parts.append(f"spec.{where}: {item['msg']}" if where else item["msg"])
+    return "; ".join(parts)
+
+
+def _changed(current: dict[str, Any], wanted: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in wanted.items() if current.get(key) != value}
+
+
+class Reconciler:
+    def __init__(
+        self,
+        kube: Kube,
+        settings: OperatorSettings,
+        *,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._kube = kube
+        self._settings = settings
+        self._clock = clock
+
+    @property
+    def kube(self) -> Kube:
+        return self._kube
+
+    def reconcile(self, body: dict[str, Any]) -> Outcome:
+        meta = body["metadata"]
+        generation = meta.get("generation")
+        status = body.get("status") or {}
+        now = self._clock()
+        try:
+            spec = InferenceServiceSpec.model_validate(body.get("spec") or {})
+        except ValidationError as exc:
+            return self._refuse(status, generation, now, describe_validation_error(exc))
+        owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"], spec=spec)
+
+        names = child_names(owner)
+        observed: dict[Kind, dict[str, Any] | None] = {
+            kind: self._kube.get(kind, owner.namespace, names[kind]) for kind in CHILD_KINDS
+        }
+        owned = owned_values(owner, observed)
+        try:
+            todo = plan(owner, self._settings, observed, owned)
+        except UnsupportedModelSource as exc:
+            return self._refuse(status, generation, now, str(exc), reason="UnsupportedModel")
+
+        outcome = Outcome()
+        try:
+            deployment = self._apply(todo, observed, outcome)
+        except KubeError as exc:
+            outcome.retry_error = f"applying children failed: {exc}"
+            outcome.events.append(Event("Warning", events.APPLY_FAILED, outcome.retry_error))
+            return outcome
+
+        conflict_text = ", ".join(f"{kind.kind} {name}" for kind, name in todo.conflicts)
+        ready = (deployment or {}).get("status", {}).get("readyReplicas") or 0
+        desired = (deployment or {}).get("spec", {}).get("replicas", owned.replicas)
+        if todo.conflicts:
+            ready_condition = (
+                "False",
+                "ChildConflict",
+                f"{conflict_text} already exists and is not controlled by this "
+                "InferenceService; it was left alone. Delete or rename it.",
+            )
+        elif ready >= 1:
+            ready_condition = ("True", "Available", f"{ready} of {desired} replicas ready")
+        else:
+            ready_condition = ("False", "Progressing", "waiting for a replica to become ready")
+        previous = conditions.find(status.get("conditions"), conditions.READY)
+        if todo.conflicts and (previous or {}).get("reason") != "ChildConflict":
+            outcome.events.append(Event("Warning", events.CHILD_CONFLICT, ready_condition[2]))
+        wanted = {
+            "observedGeneration": generation,
+            "replicas": desired,
+            "readyReplicas": ready,
+            "replicasText": f"{ready}/{desired}",
+            "selector": ",".join(f"{k}={v}" for k, v in owner.selector.items()),
+            "url": service_url(owner),
+            "slaText": f"<{spec.sla.latency_p99_ms}ms",
+            "batchSize": owned.batch_size,
+            "maxQueueDelayMs": owned.max_queue_delay_ms,
+            "conditions": conditions.set_condition(
+                status.get("conditions"),
+                type_=conditions.READY,
+                status=ready_condition[0],  # type: ignore[arg-type]
+                reason=ready_condition[1],
+                message=ready_condition[2],
+                generation=generation,
+                now=now,
+            ),
+        }
+        outcome.status = _changed(status, wanted)
+        return outcome
+
+    def _apply(
+        self, todo: Plan, observed: dict[Kind, dict[str, Any] | None], outcome: Outcome
+    ) -> dict[str, Any] | None:
+        """Make the planned writes; returns the Deployment as it is afterwards."""
+        deployment = observed.get(DEPLOYMENT)
+        for obj in todo.create:
+            created = self._kube.create(obj)
+            outcome.events.append(
+                Event("Normal", events.CREATED, f"created {obj['kind']} {obj['metadata']['name']}")
+            )
+            if obj["kind"] == DEPLOYMENT.kind:
+                deployment = created
+        for obj in todo.replace:
+            replaced = self._kube.replace(obj)
+            outcome.events.append(
+                Event(
+                    "Normal",
+                    events.UPDATED,
+                    f"updated {obj['kind']} {obj['metadata']['name']} to match the spec",
+                )
+            )
+            if obj["kind"] == DEPLOYMENT.kind:
+                deployment = replaced
+        for kind, name in todo.delete:
+            self._kube.delete(kind, observed_namespace(observed, kind), name)
+            outcome.events.append(Event("Normal", events.DELETED, f"deleted {kind.kind} {name}"))
+        return deployment
+
+    def _refuse(
+        self,
+        status: dict[str, Any],
+        generation: int | None,
+        now: datetime,
+        message: str,
+        *,
+        reason: str = "InvalidSpec",
+    ) -> Outcome:
+        previous = conditions.find(status.get("conditions"), conditions.READY)
+        outcome = Outcome(permanent_error=message)
+        if previous is None or previous.get("message") != message:
+            outcome.events.append(Event("Warning", events.INVALID_SPEC, message))
+        wanted = {
+            "observedGeneration": generation,
+            "conditions": conditions.set_condition(
+                status.get("conditions"),
+                type_=conditions.READY,
+                status="False",
+                reason=reason,
+                message=message,
+                generation=generation,
+                now=now,
+            ),
+        }
+        outcome.status = _changed(status, wanted)
+        return outcome
+
+
+def observed_namespace(observed: dict[Kind, dict[str, Any] | None], kind: Kind) -> str:
+    obj = observed[kind]
+    assert obj is not None
+    return str(obj["metadata"]["namespace"])

@@ -1,0 +1,44 @@
+"""The operator's settings, from the environment (BATCHPILOT_OPERATOR_*), set by the Helm chart.
+
+Everything a platform team decides once for the cluster lives here — runtime images, where
+Prometheus is, which namespaces to watch, how GPU nodes are selected — so InferenceService specs
+only say what differs per service.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class OperatorSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="BATCHPILOT_OPERATOR_", extra="ignore")
+
+    runtime_image_cpu: str = "ghcr.io/batchpilot/runtime:0.1.0"
+    runtime_image_gpu: str = "ghcr.io/batchpilot/runtime-gpu:0.1.0"
+    storage_initializer_image: str | None = Field(
+        default=None,
+        description="image that fetches s3:// models: args [URI, DEST] (KServe's contract)",
+    )
+    image_pull_policy: str = "IfNotPresent"
+    gpu_resource: str = "nvidia.com/gpu"
+    gpu_node_selector: dict[str, str] = Field(default_factory=dict)
+    gpu_tolerations: list[dict[str, Any]] = Field(
+        default_factory=lambda: [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        ]
+    )
+    runtime_port: int = 8080
+    drain_grace_seconds: int = Field(default=25, ge=1)
+    """How long a runtime pod may take to finish queued requests on SIGTERM."""
+    pre_stop_sleep_seconds: int = Field(default=5, ge=0)
+    """Time for endpoints to drop a terminating pod before it stops accepting requests."""
+
+    prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
+    namespaces: list[str] = Field(default_factory=list, description="empty: all namespaces")
+    autopilot_interval_seconds: float = Field(default=15, gt=0)
+    metrics_window_seconds: int = Field(default=60, ge=10)
+    reconcile_interval_seconds: float = Field(default=60, gt=0)
+    """Periodic level-triggered pass, catching drift that no watch event reports."""

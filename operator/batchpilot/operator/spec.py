@@ -1,0 +1,130 @@
+"""The InferenceService API as Python types: the spec users write and the status the operator
+writes back. Field names, bounds and defaults mirror `crds/inferenceservice.yaml` (a test proves
+they agree), so a spec the API server accepted always parses here.
+
+Pure: pydantic only.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "batchpilot.io"
+VERSION = "v1alpha1"
+KIND = "InferenceService"
+PLURAL = "inferenceservices"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True
+    )
+
+    def dump(self) -> dict[str, Any]:
+        """The camelCase document, as it appears in the resource."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+class ModelSource(_Model):
+    uri: str = Field(
+        max_length=2048,
+        pattern=r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/.+|file:///.+|https?://.+|s3://.+)$",
+    )
+    name: str | None = Field(default=None, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+    @property
+    def scheme(self) -> str:
+        return self.uri.split("://", 1)[0]
+
+    def pvc(self) -> tuple[str, str]:
+        """(claim, path inside the claim) of a pvc:// URI."""
+        claim, _, path = self.uri.removeprefix("pvc://").partition("/")
+        return claim, path
+
+    def file_path(self) -> str:
+        return urlsplit(self.uri).path
+
+
+class SimulatedLatency(_Model):
+    alpha_ms: float = Field(ge=0, le=10_000)
+    beta_ms: float = Field(ge=0, le=10_000)
+
+
+class RuntimeSpec(_Model):
+    device: Literal["gpu", "cpu"] = "gpu"
+    engine: Literal["onnx", "simulated"] = "onnx"
+    simulated_latency: SimulatedLatency | None = None
+    image: str | None = Field(default=None, max_length=1024)
+    resources: dict[str, Any] | None = None
+    node_selector: dict[str, str] | None = None
+    tolerations: list[dict[str, Any]] | None = None
+    env: list[dict[str, Any]] | None = None
+
+
+class UtilizationBand(_Model):
+    min: int = Field(default=70, ge=0, le=100)
+    max: int = Field(default=95, ge=1, le=100)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> UtilizationBand:
+        if not self.min < self.max:
+            raise ValueError("sla.gpuUtilization.min must be below sla.gpuUtilization.max")
+        return self
+
+
+class SLASpec(_Model):
+    latency_p99_ms: int = Field(ge=1, le=600_000, alias="latencyP99Ms")
+    gpu_utilization: UtilizationBand = UtilizationBand()
+
+
+class ScalingSpec(_Model):
+    mode: Literal["auto", "recommend", "off"] = "auto"
+    min_replicas: int = Field(default=1, ge=1, le=1000)
+    max_replicas: int = Field(default=8, ge=1, le=1000)
+    max_batch_size: int = Field(default=64, ge=1, le=4096)
+    scale_down_delay_seconds: int = Field(default=300, ge=0, le=86_400)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ScalingSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("scaling.minReplicas must not exceed scaling.maxReplicas")
+        return self
+
+
+class BatchingSpec(_Model):
+    batch_size: int = Field(default=1, ge=1, le=4096)
+    max_queue_delay_ms: float = Field(default=5, ge=0, le=10_000)
+
+
+class InferenceServiceSpec(_Model):
+    model: ModelSource
+    runtime: RuntimeSpec = RuntimeSpec()
+    sla: SLASpec
+    scaling: ScalingSpec = ScalingSpec()
+    batching: BatchingSpec = BatchingSpec()
+
+    @model_validator(mode="after")
+    def _batch_within_ceiling(self) -> InferenceServiceSpec:
+        if self.batching.batch_size > self.scaling.max_batch_size:
+            raise ValueError("batching.batchSize must not exceed scaling.maxBatchSize")
+        return self
+
+
+class Condition(_Model):
+    """metav1.Condition."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    message: str = ""
+    observed_generation: int | None = None
+    last_transition_time: str
+
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

@@ -1,0 +1,253 @@
+"""One reconcile pass: children converge to the spec; a pass with nothing to do writes nothing."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from batchpilot.operator.children.common import ISVC_LABEL
+from batchpilot.operator.children.configmap import batching_document
+from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT, PDB, SECRET, SERVICE
+from batchpilot.operator.reconciler import Reconciler
+from batchpilot.operator.settings import OperatorSettings
+from tests.operator.fake_kube import FakeKube
+
+NS = "vision"
+T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def isvc(**spec: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "model": {"uri": "pvc://models/resnet50.onnx"},
+        "runtime": {"device": "gpu"},
+        "sla": {"latencyP99Ms": 100},
+        "scaling": {"mode": "auto", "minReplicas": 1, "maxReplicas": 4, "maxBatchSize": 32},
+        "batching": {"batchSize": 1, "maxQueueDelayMs": 5},
+    }
+    for key, value in spec.items():
+        base[key] = {**base.get(key, {}), **value}
+    return {
+        "apiVersion": "batchpilot.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "resnet50", "namespace": NS, "uid": "isvc-uid", "generation": 1},
+        "spec": base,
+        "status": {},
+    }
+
+
+class Cluster:
+    """The fake API plus the InferenceService's status, updated as the operator would."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.kube = FakeKube()
+        self.body = body
+        self.now = T0
+        self.reconciler = Reconciler(self.kube, OperatorSettings(), clock=lambda: self.now)
+
+    def reconcile(self) -> Any:
+        outcome = self.reconciler.reconcile(copy.deepcopy(self.body))
+        self.body["status"] = {**self.body.get("status", {}), **outcome.status}
+        return outcome
+
+    def writes_of(self, fn: Any) -> list[tuple[str, str, str]]:
+        before = len(self.kube.writes)
+        fn()
+        return self.kube.writes[before:]
+
+
+class TestCreate:
+    def test_creates_every_child_with_an_owner_reference(self) -> None:
+        cluster = Cluster(isvc())
+        outcome = cluster.reconcile()
+        assert [w[:2] for w in cluster.kube.writes] == [
+            ("create", "Secret"),
+            ("create", "ConfigMap"),
+            ("create", "Deployment"),
+            ("create", "Service"),
+        ]
+        for kind, name in [
+            (SECRET, "resnet50-admin-token"),
+            (CONFIGMAP, "resnet50-batching"),
+            (DEPLOYMENT, "resnet50"),
+            (SERVICE, "resnet50"),
+        ]:
+            child = cluster.kube.of(kind, NS, name)
+            (ref,) = child["metadata"]["ownerReferences"]
+            assert ref["uid"] == "isvc-uid"
+            assert ref["controller"] is True
+            assert child["metadata"]["labels"][ISVC_LABEL] == "resnet50"
+        assert [e.reason for e in outcome.events] == ["Created"] * 4
+
+    def test_status_reports_progress_until_a_replica_is_ready(self) -> None:
+        cluster = Cluster(isvc())
+        cluster.reconcile()
+        status = cluster.body["status"]
+        assert status["observedGeneration"] == 1
+        assert status["replicasText"] == "0/1"
+        assert status["url"] == "http://resnet50.vision.svc/v2/models/resnet50"
+        (ready,) = status["conditions"]
+        assert (ready["type"], ready["status"], ready["reason"]) == (
+            "Ready",
+            "False",
+            "Progressing",
+        )
+
+        deployment = cluster.kube.objects[("Deployment", NS, "resnet50")]
+        deployment["status"] = {"readyReplicas": 1, "replicas": 1}
+        cluster.now = T0 + timedelta(seconds=30)
+        cluster.reconcile()
+        (ready,) = cluster.body["status"]["conditions"]
+        assert (ready["status"], ready["reason"]) == ("True", "Available")
+        assert ready["lastTransitionTime"] == "2026-11-30T12:00:30Z"
+        assert cluster.body["status"]["replicasText"] == "1/1"
+
+
+class TestDoNothing:
+    def test_a_second_pass_with_nothing_changed_makes_zero_writes(self) -> None:
+        cluster = Cluster(isvc())
+        cluster.reconcile()
+        cluster.now += timedelta(minutes=5)
+        writes = cluster.writes_of(cluster.reconcile)
+        outcome = cluster.reconcile()
+        assert writes == []
+        assert outcome.status == {}
+        assert outcome.events == []
+
+    def test_server_assigned_fields_are_not_drift(self) -> None:
+        cluster = Cluster(isvc())
+        cluster.reconcile()
+        service = cluster.kube.of(SERVICE, NS, "resnet50")
+        assert service["spec"]["clusterIP"] == "10.96.0.10"  # the fake API server defaulted it
+        assert cluster.writes_of(cluster.reconcile) == []
+
+
+class TestDrift:
+    def test_an_edited_deployment_is_restored(self) -> None:
+        cluster = Cluster(isvc())
+        cluster.reconcile()
+        stored = cluster.kube.objects[("Deployment", NS, "resnet50")]
+        stored["spec"]["template"]["spec"]["containers"][0]["image"] = "someone/else:latest"
+        writes = cluster.writes_of(cluster.reconcile)
+        assert writes == [("replace", "Deployment", "resnet50")]
+        restored = cluster.kube.of(DEPLOYMENT, NS, "resnet50")
+        assert restored["spec"]["template"]["spec"]["containers"][0]["image"].startswith(
+            "ghcr.io/batchpilot/runtime-gpu"
+        )
+        # What the server and other controllers own survives the replace.
+        assert restored["metadata"]["annotations"]["deployment.kubernetes.io/revision"] == "1"
+
+    def test_a_deleted_child_is_recreated(self) -> None:
+        cluster = Cluster(isvc())
+        cluster.reconcile()
+        del cluster.kube.objects[("Service", NS, "resnet50")]
+        assert cluster.writes_of(cluster.reconcile) == [("create", "Service", "resnet50")]
+
+    def test_a_spec_change_updates_the_children(self) -> None:
+        cluster = Cluster(isvc())
+        cluster.reconcile()
+        cluster.body["spec"]["runtime"]["image"] = "registry.local/runtime:2"
+        cluster.body["metadata"]["generation"] = 2
+        writes = cluster.writes_of(cluster.reconcile)
+        assert writes == [("replace", "Deployment", "resnet50")]
+        container = cluster.kube.of(DEPLOYMENT, NS, "resnet50")["spec"]["template"]["spec"][
+            "containers"
+        ][0]
+        assert container["image"] == "registry.local/runtime:2"
+        assert cluster.body["status"]["observedGeneration"] == 2
+
+
+class TestAutopilotOwnership:
+    def test_in_auto_mode_replicas_and_batching_in_force_are_kept(self) -> None:
+        cluster = Cluster(isvc())
+        cluster.reconcile()
+        # The autopilot scaled to 3 replicas and batch 8.
+        cluster.kube.objects[("Deployment", NS, "resnet50")]["spec"]["replicas"] = 3
+        cluster.kube.objects[("ConfigMap", NS, "resnet50-batching")]["data"]["batching.json"] = (
+            batching_document(batch_size=8, max_queue_delay_ms=4)
+        )
+        writes = cluster.writes_of(cluster.reconcile)
+        # Only the disruption budget is new: 3 replicas now warrant one.
+        assert writes == [("create", "PodDisruptionBudget", "resnet50")]
+        assert cluster.kube.of(DEPLOYMENT, NS, "resnet50")["spec"]["replicas"] == 3
+        assert cluster.body["status"]["batchSize"] == 8
+        assert cluster.body["status"]["maxQueueDelayMs"] == 4
+
+    def test_values_outside_the_spec_bounds_are_clamped(self) -> None:
+        cluster = Cluster(isvc())
+        cluster.reconcile()
+        cluster.kube.objects[("Deployment", NS, "resnet50")]["spec"]["replicas"] = 40
+        cluster.reconcile()
+        assert cluster.kube.of(DEPLOYMENT, NS, "resnet50")["spec"]["replicas"] == 4  # maxReplicas
+
+    @pytest.mark.parametrize("mode", ["off", "recommend"])
+    def test_outside_auto_mode_the_spec_decides(self, mode: str) -> None:
+        cluster = Cluster(isvc(scaling={"mode": mode, "minReplicas": 2}, batching={"batchSize": 4}))
+        cluster.reconcile()
+        cluster.kube.objects[("Deployment", NS, "resnet50")]["spec"]["replicas"] = 3
+        cluster.reconcile()
+        assert cluster.kube.of(DEPLOYMENT, NS, "resnet50")["spec"]["replicas"] == 2
+        assert cluster.body["status"]["batchSize"] == 4
+
+    def test_the_disruption_budget_follows_the_replica_count(self) -> None:
+        cluster = Cluster(isvc(scaling={"minReplicas": 2}))
+        cluster.reconcile()
+        assert cluster.kube.of(PDB, NS, "resnet50")["spec"]["maxUnavailable"] == 1
+        cluster.body["spec"]["scaling"]["minReplicas"] = 1
+        cluster.kube.objects[("Deployment", NS, "resnet50")]["spec"]["replicas"] = 1
+        assert ("delete", "PodDisruptionBudget", "resnet50") in cluster.writes_of(cluster.reconcile)
+
+    def test_the_admin_token_is_generated_once_and_kept(self) -> None:
+        cluster = Cluster(isvc())
+        cluster.reconcile()
+        token = cluster.kube.of(SECRET, NS, "resnet50-admin-token")["data"]["admin-token"]
+        cluster.reconcile()
+        assert cluster.kube.of(SECRET, NS, "resnet50-admin-token")["data"]["admin-token"] == token
+
+
+class TestForeignObjects:
+    def test_an_object_we_do_not_control_is_left_alone_with_a_warning(self) -> None:
+        cluster = Cluster(isvc())
+        foreign = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "resnet50", "namespace": NS, "labels": {"team": "other"}},
+            "spec": {"selector": {"app": "theirs"}, "ports": [{"port": 9000}]},
+        }
+        cluster.kube.put_object(foreign)
+        outcome = cluster.reconcile()
+        service = cluster.kube.of(SERVICE, NS, "resnet50")
+        assert service["spec"]["selector"] == {"app": "theirs"}
+        assert ("create", "Service", "resnet50") not in cluster.kube.writes
+        (warning,) = [e for e in outcome.events if e.type == "Warning"]
+        assert warning.reason == "ChildConflict"
+        assert "Service resnet50 already exists and is not controlled" in warning.message
+        (ready,) = cluster.body["status"]["conditions"]
+        assert (ready["status"], ready["reason"]) == ("False", "ChildConflict")
+        # The warning is posted once, not on every pass.
+        assert cluster.reconcile().events == []
+
+
+class TestSpecsThatCannotWork:
+    def test_a_spec_that_does_not_parse_is_a_permanent_error_with_a_reason(self) -> None:
+        body = isvc()
+        body["spec"]["scaling"]["minReplicas"] = 9  # above maxReplicas 4
+        cluster = Cluster(body)
+        outcome = cluster.reconcile()
+        assert outcome.permanent_error is not None
+        assert "minReplicas must not exceed" in outcome.permanent_error
+        assert cluster.kube.writes == []
+        (ready,) = cluster.body["status"]["conditions"]
+        assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+        assert [e.reason for e in outcome.events] == ["InvalidSpec"]
+
+    def test_an_s3_model_without_a_storage_initializer_is_refused_with_the_fix(self) -> None:
+        cluster = Cluster(isvc(model={"uri": "s3://bucket/resnet50.onnx"}))
+        outcome = cluster.reconcile()
+        assert outcome.permanent_error is not None
+        assert "storage initializer" in outcome.permanent_error
+        (ready,) = cluster.body["status"]["conditions"]
+        assert ready["reason"] == "UnsupportedModel"
+        assert cluster.kube.writes == []
