@@ -1,0 +1,705 @@
+"""The load generator: its pure parts (schedules, arrivals, statistics, the search) on their own,
+and its HTTP part against a small but honest v2 server.
+
+The server decodes every request with the runtime's own codec and answers with its encoder; its
+behaviour (delay, a single-server queue with a known capacity, shed load, dropped connections) is
+set per test. It runs on its own event loop in a thread, so the client under test does not share
+a loop with it and the synchronous CLI entry point can be tested against it too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from aiohttp import web
+
+from batchpilot.runtime import loadgen
+from batchpilot.runtime.errors import InvalidRequest
+from batchpilot.runtime.loadgen import (
+    LoadConfig,
+    ModelMetadata,
+    RateSchedule,
+    RateSearch,
+    SearchConfig,
+    Target,
+    TargetError,
+    TensorSpec,
+    arrival_times,
+    find_max_rate,
+    latency_stats,
+    random_inputs,
+    run_load,
+)
+from batchpilot.runtime.protocol import HEADER_LENGTH, Tensor, decode_request, encode_response
+
+MODEL = "toy"
+METADATA: dict[str, Any] = {
+    "name": MODEL,
+    "versions": ["1"],
+    "platform": "onnxruntime_onnx",
+    "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
+    "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 4]}],
+}
+
+
+# --- The test server ---------------------------------------------------------------------------
+
+
+@dataclass
+class Behaviour:
+    delay_s: float = 0.0
+    """Every request waits this long before it is answered."""
+    service_s: float | None = None
+    """A single-server FIFO queue with this service time: capacity exactly 1/service_s rps.
+    Kept as a virtual finish time, so timer jitter does not change the capacity."""
+    status_every: tuple[int, int] | None = None
+    """(n, status): every n-th request is answered with this status instead."""
+    drop_connection: bool = False
+    wrong_output: bool = False
+
+
+@dataclass
+class FakeV2Server:
+    url: str = ""
+    behaviour: Behaviour = field(default_factory=Behaviour)
+    infer_count: int = 0
+    shapes_seen: set[tuple[int, ...]] = field(default_factory=set)
+    _free_at: float = 0.0
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/v2/models/{name}", self.metadata)
+        app.router.add_post("/v2/models/{name}/infer", self.infer)
+        return app
+
+    async def metadata(self, request: web.Request) -> web.Response:
+        if request.match_info["name"] != MODEL:
+            return web.json_response({"error": "unknown model"}, status=404)
+        return web.json_response(METADATA)
+
+    async def infer(self, request: web.Request) -> web.StreamResponse:
+        self.infer_count += 1
+        n = self.infer_count
+        body = await request.read()
+        length = request.headers.get(HEADER_LENGTH)
+        try:
+            decoded = decode_request(body, header_length=int(length) if length else None)
+        except InvalidRequest as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        b = self.behaviour
+        if b.drop_connection:
+            assert request.transport is not None
+            request.transport.close()
+            return web.Response(status=500)  # never reaches the client
+        if b.status_every is not None and n % b.status_every[0] == 0:
+            return web.json_response({"error": "shed"}, status=b.status_every[1])
+        loop = asyncio.get_running_loop()
+        if b.service_s is not None:
+            self._free_at = max(loop.time(), self._free_at) + b.service_s
+            await asyncio.sleep(self._free_at - loop.time())
+        if b.delay_s:
+            await asyncio.sleep(b.delay_s)
+        x = decoded.inputs[0].data
+        self.shapes_seen.add(tuple(x.shape))
+        name = "z" if b.wrong_output else "y"
+        out, header_length = encode_response(
+            model_name=MODEL,
+            model_version=None,
+            request_id=decoded.id,
+            outputs=[Tensor(name, "FP32", x * 2)],
+            binary={name} if decoded.binary_default else (),
+        )
+        headers = {} if header_length is None else {HEADER_LENGTH: str(header_length)}
+        return web.Response(body=out, headers=headers, content_type="application/octet-stream")
+
+
+@pytest.fixture
+def server() -> Iterator[FakeV2Server]:
+    fake = FakeV2Server()
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    runner = web.AppRunner(fake.app(), handle_signals=False)
+
+    async def start() -> None:
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        fake.url = f"http://127.0.0.1:{port}"
+        ready.set()
+
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=10)
+    assert ready.wait(10)
+    try:
+        yield fake
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()
+
+
+def target(server: FakeV2Server, **kwargs: Any) -> Target:
+    return Target(url=server.url, model=MODEL, **kwargs)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+# --- Schedules and arrivals ------------------------------------------------------------------
+
+
+class TestSchedule:
+    def test_parse_pairs(self) -> None:
+        schedule = RateSchedule.parse("0:50, 20:400,40:100")
+        assert schedule.points == ((0.0, 50.0), (20.0, 400.0), (40.0, 100.0))
+        assert [schedule.rate_at(t) for t in (0, 19.9, 20, 39, 40, 1e6)] == [
+            50,
+            50,
+            400,
+            400,
+            100,
+            100,
+        ]
+
+    def test_integral_is_piecewise(self) -> None:
+        schedule = RateSchedule.parse("0:50,20:400,40:100")
+        # 50·20 + 400·20 + 100·20 = 11000
+        assert schedule.expected_arrivals(60) == pytest.approx(11000)
+        # 50·20 + 400·5 = 3000: the duration cuts the schedule
+        assert schedule.expected_arrivals(25) == pytest.approx(3000)
+
+    def test_rate_before_first_point_is_zero(self) -> None:
+        schedule = RateSchedule.parse("10:100")
+        assert schedule.rate_at(5) == 0
+        assert schedule.expected_arrivals(20) == pytest.approx(1000)
+
+    @pytest.mark.parametrize(
+        "text", ["", "0:50,0:60", "10:5,5:5", "0:-1", "abc", "0:50:3", "0:nan", "-1:5"]
+    )
+    def test_bad_text_is_refused(self, text: str) -> None:
+        with pytest.raises(ValueError):  # noqa: PT011 - each message is checked by the CLI test
+            RateSchedule.parse(text)
+
+    def test_csv_trace(self, tmp_path: Path) -> None:
+        path = tmp_path / "trace.csv"
+        path.write_text("# a diurnal ramp\nt_seconds,rate_rps,note\n0,10,night\n\n30,200,day\n")
+        assert RateSchedule.from_csv(path).points == ((0.0, 10.0), (30.0, 200.0))
+
+    def test_csv_without_header_is_refused(self, tmp_path: Path) -> None:
+        path = tmp_path / "trace.csv"
+        path.write_text("0,10\n30,200\n")
+        with pytest.raises(ValueError, match="t_seconds and rate_rps"):
+            RateSchedule.from_csv(path)
+
+
+class TestArrivals:
+    def test_poisson_counts_follow_the_integral_of_the_rate(self) -> None:
+        schedule = RateSchedule.parse("0:50,20:400,40:100")
+        times = arrival_times(schedule, duration_s=60, rng=np.random.default_rng(7))
+        assert np.all(np.diff(times) >= 0)
+        assert times.min() >= 0
+        assert times.max() < 60
+        # Each segment's count is Poisson(integral); 5 σ leaves no room for flakes.
+        for lo, hi, expected in ((0, 20, 1000), (20, 40, 8000), (40, 60, 2000)):
+            count = int(np.sum((times >= lo) & (times < hi)))
+            assert abs(count - expected) < 5 * math.sqrt(expected), (lo, hi, count)
+
+    def test_seeded_arrivals_repeat(self) -> None:
+        schedule = RateSchedule.constant(100)
+        first = arrival_times(schedule, duration_s=5, rng=np.random.default_rng(3))
+        second = arrival_times(schedule, duration_s=5, rng=np.random.default_rng(3))
+        np.testing.assert_array_equal(first, second)
+
+    def test_poisson_gaps_are_exponential(self) -> None:
+        times = arrival_times(
+            RateSchedule.constant(1000), duration_s=20, rng=np.random.default_rng(1)
+        )
+        gaps = np.diff(times)
+        assert np.mean(gaps) == pytest.approx(1e-3, rel=0.03)
+        assert np.std(gaps) == pytest.approx(1e-3, rel=0.05)  # exponential: sd == mean
+
+    def test_uniform_arrivals_are_evenly_spaced_per_segment(self) -> None:
+        schedule = RateSchedule.parse("0:10,2:100,3:0,4:20")
+        times = arrival_times(
+            schedule, duration_s=5, rng=np.random.default_rng(0), process="uniform"
+        )
+        counts = [int(np.sum((times >= t) & (times < t + 1))) for t in range(5)]
+        assert counts == [10, 10, 100, 0, 20]
+        np.testing.assert_allclose(np.diff(times[:10]), 0.1)
+
+    def test_a_zero_rate_gives_no_arrivals(self) -> None:
+        times = arrival_times(RateSchedule.constant(0), duration_s=10, rng=np.random.default_rng())
+        assert len(times) == 0
+
+    def test_too_many_arrivals_are_refused(self) -> None:
+        with pytest.raises(ValueError, match="at most"):
+            arrival_times(RateSchedule.constant(1e6), duration_s=3600, rng=np.random.default_rng())
+
+
+# --- Statistics and the search ----------------------------------------------------------------
+
+
+class TestStatistics:
+    def test_nearest_rank_percentiles(self) -> None:
+        samples = np.random.default_rng(0).permutation(np.arange(1, 101)) / 1000.0  # 1..100 ms
+        stats = latency_stats(samples)
+        assert stats is not None
+        percentiles = [stats.p50_ms, stats.p95_ms, stats.p99_ms, stats.max_ms]
+        assert stats.count == 100
+        assert percentiles == pytest.approx([50, 95, 99, 100])
+        assert stats.mean_ms == pytest.approx(50.5)
+
+    def test_p99_of_fewer_than_100_samples_is_the_max(self) -> None:
+        stats = latency_stats([0.001] * 49 + [0.5])
+        assert stats is not None
+        assert stats.p50_ms == pytest.approx(1)
+        assert stats.p99_ms == pytest.approx(500)
+
+    def test_no_samples_no_stats(self) -> None:
+        assert latency_stats([]) is None
+
+    def test_windows_split_offered_and_served(self) -> None:
+        # Three requests: two succeed in window 0 (10 ms, 30 ms), one fails in window 1.
+        outcomes = loadgen.Outcomes(
+            scheduled=np.array([0.1, 0.2, 0.9]),
+            sent=np.array([0.1, 0.2, 0.9]),
+            done=np.array([0.11, 0.23, 1.2]),
+            kind=np.array(["", "", "503"]),
+        )
+        numbers = loadgen.summarize(
+            outcomes, measure_start_s=0.0, duration_s=2.0, window_s=1.0, open_loop=True
+        )
+        assert numbers["errors"] == {"503": 1}
+        assert (numbers["shed"], numbers["failed"], numbers["succeeded"]) == (1, 0, 2)
+        assert numbers["achieved_qps"] == pytest.approx(1.0)  # 2 successes / 2 s
+        w0, w1 = numbers["windows"]
+        assert (w0.start_s, w0.end_s, w1.start_s, w1.end_s) == (0, 1, 1, 2)
+        assert (w0.offered_rps, w0.served_rps, w0.errors) == (3, 2, 0)
+        assert w0.p99_ms == pytest.approx(30)
+        assert (w1.offered_rps, w1.served_rps, w1.errors, w1.p99_ms) == (0, 0, 1, None)
+
+    def test_warmup_requests_are_not_counted(self) -> None:
+        outcomes = loadgen.Outcomes(
+            scheduled=np.array([0.5, 1.5]),
+            sent=np.array([0.5, 1.5]),
+            done=np.array([0.6, 1.52]),
+            kind=np.array(["timeout", ""]),
+        )
+        numbers = loadgen.summarize(
+            outcomes, measure_start_s=1.0, duration_s=1.0, window_s=1.0, open_loop=True
+        )
+        assert (numbers["scheduled"], numbers["succeeded"], numbers["errors"]) == (1, 1, {})
+        latency = numbers["latency_ms"]
+        assert latency is not None
+        assert latency.p99_ms == pytest.approx(20)
+
+
+class TestRateSearch:
+    def test_ramps_then_bisects_to_the_precision(self) -> None:
+        capacity = 100.0
+        search = RateSearch(10, precision=0.05)
+        probed = []
+        while (rate := search.next_rate()) is not None:
+            probed.append(rate)
+            search.record(rate, passed=rate <= capacity)
+            assert len(probed) < 20
+        assert probed[:5] == [10, 20, 40, 80, 160]  # ramp until 160 fails
+        assert 80 < probed[5] < 160  # then bisect between 80 and 160
+        assert search.failed_rps is not None
+        assert search.failed_rps / search.passed_rps - 1 <= 0.05
+        assert capacity / 1.05 <= search.passed_rps <= capacity
+
+    def test_stops_at_the_highest_rate_it_may_offer(self) -> None:
+        search = RateSearch(10, max_rps=50)
+        probed = []
+        while (rate := search.next_rate()) is not None:
+            probed.append(rate)
+            search.record(rate, passed=True)
+        assert probed == [10, 20, 40, 50]
+
+    def test_ramps_down_when_the_first_probe_fails(self) -> None:
+        search = RateSearch(10, min_rps=1)
+        probed = []
+        while (rate := search.next_rate()) is not None:
+            probed.append(rate)
+            search.record(rate, passed=False)
+        assert probed == [10, 5, 2.5, 1.25]
+        assert search.passed_rps == 0
+
+
+# --- Building the request ---------------------------------------------------------------------
+
+
+class TestRequest:
+    metadata = ModelMetadata(
+        name="m",
+        platform="onnxruntime_onnx",
+        inputs=(
+            TensorSpec("image", "FP32", (-1, 3, -1, 8)),
+            TensorSpec("ids", "INT64", (-1,)),
+            TensorSpec("mask", "BOOL", (2,)),
+        ),
+        outputs=(),
+    )
+
+    def test_dynamic_axes_become_rows_on_the_batch_axis_and_one_elsewhere(self) -> None:
+        image, ids, mask = random_inputs(self.metadata, rows=4, shapes={}, seed=0)
+        assert (image.data.shape, image.data.dtype) == ((4, 3, 1, 8), np.float32)
+        assert (ids.data.shape, ids.data.dtype) == ((4,), np.int64)
+        assert ids.data.min() >= 0
+        assert (mask.data.shape, mask.data.dtype) == ((2,), np.bool_)
+
+    def test_explicit_shapes_win(self) -> None:
+        (image, *_) = random_inputs(self.metadata, rows=4, shapes={"image": (1, 3, 5, 8)}, seed=0)
+        assert image.data.shape == (1, 3, 5, 8)
+
+    def test_data_is_seeded(self) -> None:
+        first = random_inputs(self.metadata, rows=2, shapes={}, seed=5)[0].data
+        again = random_inputs(self.metadata, rows=2, shapes={}, seed=5)[0].data
+        other = random_inputs(self.metadata, rows=2, shapes={}, seed=6)[0].data
+        np.testing.assert_array_equal(first, again)
+        assert not np.array_equal(first, other)
+
+    def test_unknown_shape_name_and_fixed_batch_are_refused(self) -> None:
+        with pytest.raises(TargetError, match="nope"):
+            random_inputs(self.metadata, rows=1, shapes={"nope": (1,)}, seed=0)
+        fixed = ModelMetadata("m", "", (TensorSpec("x", "FP32", (1, 4)),), ())
+        with pytest.raises(TargetError, match="no input of 'm' has a dynamic batch axis"):
+            random_inputs(fixed, rows=4, shapes={}, seed=0)
+
+
+# --- Runs against the server ---------------------------------------------------------------
+
+
+async def test_closed_loop_sends_the_capped_number_of_requests(server: FakeV2Server) -> None:
+    report = await run_load(
+        LoadConfig(target=target(server, rows=3), duration_s=10, concurrency=4, max_requests=50)
+    )
+    assert (report.mode, report.sent, report.succeeded, report.errors) == ("closed", 50, 50, {})
+    assert server.infer_count == 50
+    assert server.shapes_seen == {(3, 4)}
+    assert report.inputs == {"x": (3, 4)}
+    assert report.latency_ms is not None
+    assert report.latency_ms.p50_ms <= report.latency_ms.p99_ms <= report.latency_ms.max_ms
+    assert report.elapsed_s < 5  # the cap, not the duration, ended it
+
+
+async def test_closed_loop_keeps_concurrency_requests_in_flight(server: FakeV2Server) -> None:
+    server.behaviour = Behaviour(delay_s=0.1)
+    report = await run_load(LoadConfig(target=target(server), duration_s=0.5, concurrency=5))
+    # 5 workers × ~0.5 s / 0.1 s each ≈ 25 requests; the last round may end after 0.5 s.
+    assert 15 <= report.succeeded <= 35
+    assert report.latency_ms is not None
+    assert report.latency_ms.p50_ms >= 100
+
+
+async def test_open_loop_achieves_the_offered_rate(server: FakeV2Server) -> None:
+    report = await run_load(
+        LoadConfig(
+            target=target(server),
+            duration_s=2,
+            schedule=RateSchedule.constant(200),
+            seed=11,
+        )
+    )
+    assert report.mode == "open"
+    assert report.target_rps == pytest.approx(200)
+    assert report.offered_rps is not None
+    assert report.offered_rps == pytest.approx(200, rel=0.2)
+    assert report.errors == {}
+    assert report.achieved_qps == pytest.approx(report.offered_rps, rel=0.2)
+    assert report.sent == report.scheduled == server.infer_count
+    assert [(w.start_s, w.end_s) for w in report.windows] == [(0, 1), (1, 2)]
+    assert sum(w.offered_rps for w in report.windows) == report.scheduled
+    assert sum(w.served_rps for w in report.windows) == report.succeeded
+
+
+async def test_open_loop_latency_counts_from_the_scheduled_time(server: FakeV2Server) -> None:
+    # The client's own loop stalls for 0.3 s: arrivals due meanwhile go out late. Their latency
+    # counts from when they were due (no coordinated omission); the service latency does not.
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.2, time.sleep, 0.3)
+    report = await run_load(
+        LoadConfig(
+            target=target(server),
+            duration_s=1,
+            schedule=RateSchedule.constant(40),
+            arrivals="uniform",
+        )
+    )
+    assert report.errors == {}
+    assert report.latency_ms is not None
+    assert report.service_latency_ms is not None
+    assert report.latency_ms.max_ms >= 250
+    assert report.service_latency_ms.p99_ms < 100
+
+
+async def test_shed_load_is_counted_apart_from_failures(server: FakeV2Server) -> None:
+    server.behaviour = Behaviour(status_every=(2, 503))
+    report = await run_load(
+        LoadConfig(target=target(server), duration_s=10, concurrency=2, max_requests=40)
+    )
+    assert report.errors == {"503": 20}
+    assert (report.shed, report.failed, report.succeeded) == (20, 0, 20)
+
+
+async def test_other_statuses_are_failures_by_code(server: FakeV2Server) -> None:
+    server.behaviour = Behaviour(status_every=(4, 500))
+    report = await run_load(
+        LoadConfig(target=target(server), duration_s=10, concurrency=2, max_requests=40)
+    )
+    assert report.errors == {"500": 10}
+    assert (report.shed, report.failed) == (0, 10)
+
+
+async def test_slow_responses_time_out(server: FakeV2Server) -> None:
+    server.behaviour = Behaviour(delay_s=0.5)
+    report = await run_load(
+        LoadConfig(
+            target=target(server, timeout_s=0.2), duration_s=0.3, concurrency=2, max_requests=2
+        )
+    )
+    assert report.errors == {"timeout": 2}
+    assert report.latency_ms is None
+
+
+async def test_dropped_connections_are_connection_errors(server: FakeV2Server) -> None:
+    server.behaviour = Behaviour(drop_connection=True)
+    report = await run_load(
+        LoadConfig(target=target(server), duration_s=5, concurrency=1, max_requests=3)
+    )
+    assert report.errors == {"connection": 3}
+    assert report.failed == 3
+
+
+async def test_arrivals_beyond_max_outstanding_are_dropped_by_the_client(
+    server: FakeV2Server,
+) -> None:
+    server.behaviour = Behaviour(delay_s=0.5)
+    report = await run_load(
+        LoadConfig(
+            target=target(server),
+            duration_s=0.3,
+            schedule=RateSchedule.constant(100),
+            arrivals="uniform",
+            max_outstanding=5,
+        )
+    )
+    # 30 arrivals in 0.3 s, none answered before 0.5 s: 5 go out, 25 are dropped.
+    assert report.errors == {"dropped_client": 25}
+    assert (report.sent, report.succeeded, report.scheduled) == (5, 5, 30)
+
+
+async def test_warmup_is_sent_but_not_counted(server: FakeV2Server) -> None:
+    report = await run_load(
+        LoadConfig(
+            target=target(server),
+            duration_s=0.5,
+            warmup_s=0.5,
+            schedule=RateSchedule.constant(40),
+            arrivals="uniform",
+        )
+    )
+    assert report.scheduled == 20
+    assert server.infer_count == 40
+
+
+async def test_json_tensors_and_verify(server: FakeV2Server) -> None:
+    report = await run_load(
+        LoadConfig(
+            target=target(server, json_tensors=True, verify=True, rows=2),
+            duration_s=5,
+            concurrency=2,
+            max_requests=10,
+        )
+    )
+    assert (report.succeeded, report.errors) == (10, {})
+
+
+async def test_verify_catches_a_wrong_response(server: FakeV2Server) -> None:
+    server.behaviour = Behaviour(wrong_output=True)
+    report = await run_load(
+        LoadConfig(target=target(server, verify=True), duration_s=5, concurrency=1, max_requests=3)
+    )
+    assert report.errors == {"invalid_response": 3}
+
+
+async def test_unreachable_target_and_unknown_model_are_target_errors(
+    server: FakeV2Server,
+) -> None:
+    nowhere = Target(url=f"http://127.0.0.1:{free_port()}", model=MODEL, timeout_s=2)
+    with pytest.raises(TargetError, match="cannot reach"):
+        await run_load(LoadConfig(target=nowhere, duration_s=1, concurrency=1))
+    unknown = Target(url=server.url, model="nope")
+    with pytest.raises(TargetError, match="404"):
+        await run_load(LoadConfig(target=unknown, duration_s=1, concurrency=1))
+
+
+# --- Finding the maximum rate -----------------------------------------------------------------
+
+
+async def test_find_max_converges_below_the_saturation_rate(server: FakeV2Server) -> None:
+    # A single-server queue with a 10 ms service time serves at most 100 rps. With evenly spaced
+    # arrivals it never queues below that rate (P99 ≈ 10 ms) and queues without bound above it
+    # (at 1.2x the backlog grows 0.2 s per second), so P99 <= 50 ms holds up to ~100 rps.
+    server.behaviour = Behaviour(service_s=0.010)
+    result = await find_max_rate(
+        SearchConfig(
+            target=target(server, timeout_s=2),
+            sla_ms=50,
+            start_rps=25,
+            probe_duration_s=0.6,
+            precision=0.1,
+            arrivals="uniform",
+            settle_s=0.2,
+            max_total_s=30,
+        )
+    )
+    assert result.stopped_because == "converged"
+    assert result.best_rps is not None
+    assert 60 <= result.best_rps <= 130
+    rates = [p.rate_rps for p in result.probes]
+    assert rates[:3] == [25, 50, 100] or rates[:2] == [25, 50]
+    failed = [p for p in result.probes if not p.passed]
+    assert failed
+    assert all(p.rate_rps > result.best_rps for p in failed)
+    assert any(p.report.aborted for p in failed)  # overloaded probes stop early
+    assert len(result.probes) <= 10
+
+
+async def test_find_max_counts_shed_load_as_failure(server: FakeV2Server) -> None:
+    server.behaviour = Behaviour(status_every=(1, 503))
+    result = await find_max_rate(
+        SearchConfig(
+            target=target(server),
+            sla_ms=100,
+            start_rps=20,
+            probe_duration_s=0.3,
+            settle_s=0,
+            min_rps=5,
+        )
+    )
+    assert result.best_rps is None
+    assert result.stopped_because == "nothing_passes"
+    assert [p.rate_rps for p in result.probes] == [20, 10, 5]
+
+
+async def test_find_max_stops_at_the_probe_budget(server: FakeV2Server) -> None:
+    result = await find_max_rate(
+        SearchConfig(
+            target=target(server),
+            sla_ms=1000,
+            start_rps=5,
+            probe_duration_s=0.2,
+            settle_s=0,
+            max_probes=2,
+        )
+    )
+    assert (result.stopped_because, len(result.probes), result.best_rps) == ("max_probes", 2, 10)
+
+
+# --- Command line ---------------------------------------------------------------------------
+
+
+def test_cli_run_writes_a_json_report(
+    server: FakeV2Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "report.json"
+    argv = ["--url", server.url, "--model", MODEL, "--rate", "50", "--duration", "0.5"]
+    code = loadgen.run_cli([*argv, "--arrivals", "uniform", "--json", str(out)])
+    assert code == 0
+    doc = json.loads(out.read_text())
+    assert doc["mode"] == "open"
+    assert doc["scheduled"] == 25
+    assert doc["succeeded"] == 25
+    assert doc["errors"] == {}
+    assert set(doc["latency_ms"]) == {"count", "mean_ms", "p50_ms", "p95_ms", "p99_ms", "max_ms"}
+    assert doc["windows"] == [
+        {
+            "start_s": 0,
+            "end_s": 0.5,
+            "offered_rps": 50,
+            "served_rps": 50,
+            "errors": 0,
+            "p99_ms": doc["windows"][0]["p99_ms"],
+        }
+    ]
+    assert "achieved" in capsys.readouterr().out
+
+
+def test_cli_json_to_stdout_stays_parseable(
+    server: FakeV2Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--url", server.url, "--model", MODEL, "--concurrency", "2", "--duration", "5"]
+    assert loadgen.run_cli([*argv, "--requests", "6", "--json", "-"]) == 0
+    captured = capsys.readouterr()
+    assert orjson.loads(captured.out)["succeeded"] == 6
+    assert "closed loop" in captured.err
+
+
+def test_cli_find_max(server: FakeV2Server, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--url", server.url, "--model", MODEL, "--find-max", "--sla-ms", "1000"]
+    search = ["--start-rps", "5", "--probe-duration-s", "0.2", "--max-probes", "2"]
+    code = loadgen.run_cli([*argv, *search, "--settle-s", "0", "--json", "-"])
+    assert code == 0
+    doc = orjson.loads(capsys.readouterr().out)
+    assert (doc["best_rps"], doc["stopped_because"], len(doc["probes"])) == (10, "max_probes", 2)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        pytest.param(["--rate", "10"], id="no-duration"),
+        pytest.param(["--duration", "1"], id="no-mode"),
+        pytest.param(["--duration", "1", "--rate", "10", "--concurrency", "2"], id="two-modes"),
+        pytest.param(["--duration", "1", "--schedule", "0:10,0:20"], id="bad-schedule"),
+        pytest.param(["--duration", "1", "--schedule-file", "/nonexistent.csv"], id="no-file"),
+        pytest.param(["--duration", "1", "--rate", "-5"], id="negative-rate"),
+        pytest.param(["--duration", "0", "--rate", "5"], id="zero-duration"),
+        pytest.param(["--duration", "1e9", "--rate", "5"], id="endless"),
+        pytest.param(["--duration", "1", "--concurrency", "0"], id="no-workers"),
+        pytest.param(["--duration", "1", "--rate", "5", "--shape", "x"], id="bad-shape"),
+        pytest.param(["--duration", "1", "--rate", "5", "--rows", "0"], id="no-rows"),
+        pytest.param(["--find-max"], id="find-max-without-sla"),
+        pytest.param(["--duration", "x", "--rate", "5"], id="not-a-number"),
+    ],
+)
+def test_cli_bad_arguments_exit_2(extra: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    # Nothing listens there: a bad argument must be refused before anything is sent.
+    url = f"http://127.0.0.1:{free_port()}"
+    assert loadgen.run_cli(["--url", url, "--model", MODEL, *extra]) == 2
+    assert capsys.readouterr().err
+
+
+def test_cli_unreachable_target_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    argv = ["--url", url, "--model", MODEL, "--rate", "5", "--duration", "1", "--timeout-s", "2"]
+    assert loadgen.run_cli(argv) == 2
+    assert "cannot reach" in capsys.readouterr().err
+
+
+def test_main_takes_the_dispatchers_namespace() -> None:
+    parser = argparse.ArgumentParser()
+    loadgen.add_arguments(parser)
+    args = parser.parse_args(["--url", "http://127.0.0.1:1", "--model", MODEL, "--rate", "1"])
+    assert loadgen.main(args) == 2  # no --duration
