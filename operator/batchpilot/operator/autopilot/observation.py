@@ -1,0 +1,62 @@
+"""What the autopilot sees of a service over one window. Missing is None, never zero."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ComputePoint:
+    """Mean per-batch compute time of the batches in one batch-size bucket."""
+
+    mean_batch: float
+    mean_seconds: float
+    batches: float
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One window of a service's metrics, summed or averaged over its ready replicas.
+
+    A rate of 0.0 means "measured, and nothing happened"; None means the series was absent,
+    NaN or stale — the difference between an idle service and a blind autopilot.
+    """
+
+    at: float
+    """When it was observed (seconds, the decision clock)."""
+    window_s: float
+    p99_s: float | None
+    p95_s: float | None
+    qps: float | None
+    """Requests answered successfully per second."""
+    rejected_qps: float | None
+    """Requests shed with 503 per second: load the service did not serve."""
+    queue_p99_s: float | None
+    utilization: float | None
+    """Device busy fraction per replica, 0-1 (busy-seconds rate, NVML or DCGM)."""
+    mean_batch: float | None
+    compute: tuple[ComputePoint, ...] = ()
+    ready_replicas: int | None = None
+
+    @property
+    def offered_qps(self) -> float | None:
+        """The load the service was asked to carry."""
+        if self.qps is None:
+            return None
+        return self.qps + (self.rejected_qps or 0.0)
+
+    @property
+    def idle(self) -> bool:
+        """Measured and no traffic at all: latency has no samples, and that is fine."""
+        return self.qps == 0.0 and not self.rejected_qps
+
+    def missing(self) -> list[str]:
+        """Names of the signals the decision needs and this window lacks."""
+        absent = []
+        if self.qps is None:
+            absent.append("request rate")
+        if self.p99_s is None and not self.idle:
+            absent.append("P99 latency")
+        if self.ready_replicas is None:
+            absent.append("ready replicas")
+        return absent

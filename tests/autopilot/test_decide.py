@@ -1,0 +1,199 @@
+"""The decision function, tick by tick. Each tick is one control interval of 15 s."""
+
+from __future__ import annotations
+
+import pytest
+
+from batchpilot.operator.autopilot.decide import (
+    Decision,
+    InForce,
+    Policy,
+    State,
+    batch_candidates,
+    decide,
+)
+from batchpilot.operator.autopilot.observation import ComputePoint, Observation
+from batchpilot.operator.autopilot.service_model import LatencyFit
+
+TICK = 15.0
+POLICY = Policy(
+    sla_p99_s=0.100,
+    util_min=70,
+    util_max=95,
+    min_replicas=1,
+    max_replicas=4,
+    max_batch_size=32,
+    scale_down_delay_s=60,
+    max_queue_delay_s=0.005,
+)
+# The service: t(b) = 4 + 2·b ms. Capacity of a replica: batch 1 → 167 rps, batch 32 → 471 rps.
+MODEL = LatencyFit(alpha_s=0.004, beta_s=0.002, confident=True)
+
+
+def seen(
+    *,
+    at: float,
+    qps: float,
+    p99_ms: float | None,
+    ready: int,
+    batch: float = 1.0,
+    rejected: float = 0.0,
+    utilization: float | None = 0.5,
+) -> Observation:
+    return Observation(
+        at=at,
+        window_s=30,
+        p99_s=None if p99_ms is None else p99_ms / 1e3,
+        p95_s=None,
+        qps=qps,
+        rejected_qps=rejected,
+        queue_p99_s=None,
+        utilization=utilization,
+        mean_batch=batch,
+        compute=(ComputePoint(batch, MODEL.batch_seconds(batch), 1000),),
+        ready_replicas=ready,
+    )
+
+
+def step(
+    observation: Observation | None, current: InForce, state: State, now: float
+) -> tuple[Decision, InForce, State]:
+    decision, state = decide(observation, POLICY, current, state, now)
+    return (
+        decision,
+        InForce(decision.replicas, decision.batch_size, decision.max_queue_delay_s),
+        state,
+    )
+
+
+class TestMissingMetrics:
+    def test_no_prometheus_holds_everything(self) -> None:
+        current = InForce(3, 8, 0.005)
+        decision, _state = decide(None, POLICY, current, State(), now=0)
+        assert (decision.replicas, decision.batch_size, decision.action) == (3, 8, "hold")
+        assert not decision.metrics_available
+        assert decision.sla_met is None
+
+    def test_missing_latency_under_traffic_holds_and_names_it(self) -> None:
+        obs = seen(at=0, qps=50, p99_ms=None, ready=3)
+        decision, _ = decide(obs, POLICY, InForce(3, 8, 0.005), State(), now=0)
+        assert decision.action == "hold"
+        assert "P99 latency" in decision.reason
+
+    def test_stale_metrics_hold(self) -> None:
+        obs = seen(at=0, qps=1, p99_ms=10, ready=3)
+        decision, _ = decide(obs, POLICY, InForce(3, 8, 0.005), State(), now=1000)
+        assert decision.action == "hold"
+        assert "old" in decision.reason
+
+    def test_a_metrics_outage_never_scales_down_even_after_the_window(self) -> None:
+        current, state = InForce(3, 8, 0.005), State(recommendations=((0.0, 1),))
+        for tick in range(1, 20):
+            decision, current, state = step(None, current, state, tick * TICK)
+            assert decision.replicas == 3, tick
+
+
+class TestPredictInsteadOfCreep:
+    def test_an_overloaded_batch_1_service_gets_its_batch_raised_in_one_step(self) -> None:
+        # 300 rps on one replica at batch 1: capacity 167 rps, so P99 explodes and 133 rps shed.
+        obs = seen(at=0, qps=167, rejected=133, p99_ms=900, ready=1, utilization=1.0)
+        decision, _ = decide(obs, POLICY, InForce(1, 1, 0.005), State(fit=MODEL), now=0)
+        # 330 rps planned (10 % margin) fits one replica once batches reach 4 or more:
+        # batch 4 → 4 / 12 ms = 333 rps, too close; the plan picks a limit well above that.
+        assert decision.replicas == 1
+        assert decision.batch_size >= 6
+        assert decision.action == "retune"
+        assert decision.predicted_p99_s is not None
+        assert decision.predicted_p99_s <= 0.08
+        assert "batch 1→" in decision.reason
+
+    def test_load_beyond_one_replica_scales_out_at_once(self) -> None:
+        # 1200 rps: even batch 32 (471 rps a replica) needs 3 replicas for 1320 planned rps.
+        obs = seen(at=0, qps=470, rejected=730, p99_ms=2000, ready=1, batch=32, utilization=1.0)
+        decision, _ = decide(obs, POLICY, InForce(1, 32, 0.005), State(fit=MODEL), now=0)
+        assert decision.action == "scale-up"
+        assert decision.replicas in (3, 4)
+
+    def test_at_max_replicas_with_the_sla_broken_it_says_so(self) -> None:
+        obs = seen(at=0, qps=1880, rejected=2000, p99_ms=3000, ready=4, batch=32, utilization=1.0)
+        decision, _ = decide(obs, POLICY, InForce(4, 32, 0.005), State(fit=MODEL), now=0)
+        assert decision.replicas == 4
+        assert decision.scaling_limited is not None
+        assert "maxReplicas 4" in decision.scaling_limited
+        assert decision.sla_met is False
+
+
+class TestPacing:
+    def test_scale_down_waits_for_the_stabilization_window(self) -> None:
+        # Load fell to 50 rps on 3 replicas: one replica suffices, but only after 60 s of it.
+        current, state = InForce(3, 8, 0.005), State(fit=MODEL, recommendations=((0.0, 3),))
+        replicas = []
+        for tick in range(1, 8):
+            obs = seen(at=tick * TICK, qps=50, p99_ms=15, ready=current.replicas)
+            decision, current, state = step(obs, current, state, tick * TICK)
+            replicas.append(decision.replicas)
+        # t=15,30,45: the window still holds the t=0 recommendation of 3 → stay at 3.
+        # t=60: the t=0 entry is now the window's opening value (3) → still 3.
+        # t=75: the window opens at t=15 (1) → every recommendation is 1 → down to 1.
+        assert replicas == [3, 3, 3, 3, 1, 1, 1]
+
+    def test_a_short_dip_does_not_scale_down(self) -> None:
+        current, state = InForce(2, 8, 0.005), State(fit=MODEL)
+        loads = [600, 600, 50, 50, 600, 600, 600, 600]
+        for tick, qps in enumerate(loads):
+            obs = seen(at=tick * TICK, qps=qps, p99_ms=30, ready=current.replicas, batch=8)
+            decision, current, state = step(obs, current, state, tick * TICK)
+            assert decision.replicas >= 2, tick
+
+    def test_no_scale_down_while_replicas_are_starting(self) -> None:
+        state = State(fit=MODEL, recommendations=((0.0, 1),))
+        obs = seen(at=120, qps=50, p99_ms=15, ready=2)
+        decision, _ = decide(obs, POLICY, InForce(3, 8, 0.005), state, now=120)
+        assert decision.replicas == 3
+        assert "still starting" in decision.reason
+
+    def test_never_below_min_or_above_max(self) -> None:
+        obs = seen(at=0, qps=0, p99_ms=None, ready=1)
+        decision, _ = decide(obs, POLICY, InForce(1, 8, 0.005), State(), now=0)
+        assert decision.replicas == 1
+        assert decision.sla_met is None  # no traffic: nothing to judge
+
+
+class TestFeedbackWithoutAModel:
+    def test_over_the_sla_without_compute_points_doubles_the_batch(self) -> None:
+        obs = Observation(
+            at=0,
+            window_s=30,
+            p99_s=0.3,
+            p95_s=None,
+            qps=100,
+            rejected_qps=0,
+            queue_p99_s=None,
+            utilization=None,
+            mean_batch=None,
+            ready_replicas=1,
+        )
+        decision, _ = decide(obs, POLICY, InForce(1, 4, 0.005), State(), now=0)
+        assert decision.batch_size == 8
+        assert "feedback" in decision.reason
+
+
+def test_state_survives_a_round_trip_through_the_resource() -> None:
+    state = State(fit=MODEL, calibration=1.25, recommendations=((10.0, 2), (25.0, 1)))
+    assert State.from_dict(state.to_dict()) == state
+    assert State.from_dict({"fit": {"alphaMs": "x"}}) == State()
+    assert State.from_dict(None) == State()
+
+
+def test_batch_candidates() -> None:
+    assert batch_candidates(32) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
+    assert batch_candidates(1) == [1]
+    assert batch_candidates(10) == [1, 2, 3, 4, 6, 8, 10]
+
+
+@pytest.mark.parametrize("qps", [50, 150, 300, 600, 900])
+def test_the_plan_is_predicted_inside_the_sla(qps: float) -> None:
+    obs = seen(at=0, qps=qps, p99_ms=50, ready=4, batch=4)
+    decision, _ = decide(obs, POLICY, InForce(4, 4, 0.005), State(fit=MODEL), now=0)
+    assert decision.predicted_p99_s is not None
+    assert decision.predicted_p99_s <= 0.8 * POLICY.sla_p99_s
