@@ -1,0 +1,183 @@
+"""Reads one window of a service's metrics from Prometheus (the autopilot's eyes).
+
+Every query is scoped to the InferenceService by the `namespace` and `isvc` labels the runtime
+puts on its series. Results that are empty, NaN or infinite are *missing* (None), never zero:
+an idle service has request rate 0.0 (the counter exists and did not move) but no latency,
+while a service whose metrics are gone has neither. Queries have a timeout and no retries, so a
+dead Prometheus costs one timeout and an observation of None — the autopilot then holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from batchpilot.operator.autopilot.observation import ComputePoint, Observation
+
+log = logging.getLogger(__name__)
+
+UtilizationSource = Literal["busy", "nvml", "dcgm"]
+
+
+class QueryFn(Protocol):
+    def __call__(self, text: str, /, *, at: float | None = None) -> list[dict[str, Any]]:
+        """Evaluate an instant query at `at` (Unix seconds; None: now)."""
+        ...
+
+
+class PrometheusUnavailable(Exception):
+    """Prometheus did not answer, or answered with an error."""
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    namespace: str
+    isvc: str
+
+    @property
+    def selector(self) -> str:
+        return f'namespace="{self.namespace}",isvc="{self.isvc}"'
+
+
+def queries(scope: Scope, *, window_s: int, utilization: UtilizationSource) -> dict[str, str]:
+    """The PromQL for each signal, by name."""
+    sel, w = scope.selector, f"{window_s}s"
+
+    def quantile(q: float, metric: str) -> str:
+        return f"histogram_quantile({q}, sum by (le) (rate({metric}_bucket{{{sel}}}[{w}])))"
+
+    def rate(metric: str, extra: str = "", by: str = "") -> str:
+        grouping = f" by ({by})" if by else ""
+        return f"sum{grouping}(rate({metric}{{{sel}{extra}}}[{w}]))"
+
+    util = {
+        "busy": (
+            f"{rate('batchpilot_device_busy_seconds_total')} / "
+            f"count(batchpilot_device_busy_seconds_total{{{sel}}})"
+        ),
+        "nvml": f"avg(avg_over_time(batchpilot_gpu_utilization_ratio{{{sel}}}[{w}]))",
+        "dcgm": (
+            f'avg(avg_over_time(DCGM_FI_DEV_GPU_UTIL{{namespace="{scope.namespace}",'
+            f'pod=~"{scope.isvc}-.*"}}[{w}])) / 100'
+        ),
+    }[utilization]
+    return {
+        "p99": quantile(0.99, "batchpilot_request_duration_seconds"),
+        "p95": quantile(0.95, "batchpilot_request_duration_seconds"),
+        "queue_p99": quantile(0.99, "batchpilot_queue_wait_seconds"),
+        "qps": rate("batchpilot_requests_total", ',outcome="success"'),
+        "rejected": rate("batchpilot_requests_total", ',outcome="rejected"'),
+        "utilization": util,
+        "mean_batch": (
+            f"{rate('batchpilot_batch_size_sum')} / {rate('batchpilot_batch_size_count')}"
+        ),
+        "compute_seconds": rate("batchpilot_batch_compute_seconds_total", by="batch_bucket"),
+        "compute_rows": rate("batchpilot_batch_rows_total", by="batch_bucket"),
+        "compute_batches": rate("batchpilot_batches_total", by="batch_bucket"),
+        "reporting": f"count(batchpilot_engine_info{{{sel}}})",
+    }
+
+
+def _number(result: list[dict[str, Any]]) -> float | None:
+    """The single value of an instant vector, or None if empty, NaN or infinite."""
+    if not result:
+        return None
+    try:
+        value = float(result[0]["value"][1])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _by_label(result: list[dict[str, Any]], label: str) -> dict[str, float]:
+    values = {}
+    for series in result:
+        key = series.get("metric", {}).get(label)
+        try:
+            value = float(series["value"][1])
+        except (KeyError, IndexError, TypeError, ValueError):
+            continue
+        if key is not None and math.isfinite(value):
+            values[key] = value
+    return values
+
+
+class PrometheusObserver:
+    """Turns PromQL answers into an `Observation`."""
+
+    def __init__(
+        self,
+        query: QueryFn,
+        *,
+        window_s: int = 60,
+        utilization: UtilizationSource = "busy",
+        clock: Callable[[], float],
+    ) -> None:
+        self._query = query
+        self._window_s = window_s
+        self._utilization: UtilizationSource = utilization
+        self._clock = clock
+
+    def observe(
+        self, scope: Scope, *, ready_replicas: int | None, at: float | None = None
+    ) -> Observation | None:
+        """The window ending now (or at `at`), or None if Prometheus cannot be read."""
+        texts = queries(scope, window_s=self._window_s, utilization=self._utilization)
+        try:
+            raw = {name: self._query(text, at=at) for name, text in texts.items()}
+        except PrometheusUnavailable as exc:
+            log.warning("Prometheus unavailable for %s/%s: %s", scope.namespace, scope.isvc, exc)
+            return None
+        if _number(raw["reporting"]) is None:
+            qps = rejected = None  # no replica of this service reports metrics at all
+        else:
+            qps = _number(raw["qps"])
+            rejected = _number(raw["rejected"])
+        seconds = _by_label(raw["compute_seconds"], "batch_bucket")
+        rows = _by_label(raw["compute_rows"], "batch_bucket")
+        batches = _by_label(raw["compute_batches"], "batch_bucket")
+        points = tuple(
+            ComputePoint(
+                mean_batch=rows[bucket] / rate,
+                mean_seconds=seconds[bucket] / rate,
+                batches=rate * self._window_s,
+            )
+            for bucket, rate in sorted(batches.items(), key=lambda kv: int(kv[0]))
+            if rate > 0 and bucket in rows and bucket in seconds
+        )
+        return Observation(
+            at=self._clock(),
+            window_s=self._window_s,
+            p99_s=_number(raw["p99"]),
+            p95_s=_number(raw["p95"]),
+            qps=qps,
+            rejected_qps=rejected,
+            queue_p99_s=_number(raw["queue_p99"]),
+            utilization=_number(raw["utilization"]),
+            mean_batch=_number(raw["mean_batch"]),
+            compute=points,
+            ready_replicas=ready_replicas,
+        )
+
+
+def http_query(url: str, *, timeout_s: float = 5.0) -> QueryFn:
+    """A `QueryFn` over prometheus-api-client: one attempt per query, bounded by `timeout_s`."""
+    from prometheus_api_client import PrometheusConnect
+    from prometheus_api_client.exceptions import PrometheusApiClientException
+    from requests import RequestException
+    from urllib3.util.retry import Retry
+
+    client = PrometheusConnect(url=url, disable_ssl=True, retry=Retry(total=0), timeout=timeout_s)
+
+    def query(text: str, /, *, at: float | None = None) -> list[dict[str, Any]]:
+        params = {} if at is None else {"time": f"{at:.3f}"}
+        try:
+            result: list[dict[str, Any]] = client.custom_query(text, params=params)
+        except (PrometheusApiClientException, RequestException, ValueError) as exc:
+            raise PrometheusUnavailable(str(exc)) from exc
+        return result
+
+    return query

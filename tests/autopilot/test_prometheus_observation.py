@@ -1,0 +1,113 @@
+"""The observation adapter against a real Prometheus scraping a real runtime under real load.
+
+What the load generator measured and what the autopilot reads back must agree: the request rate
+within 10 %, P99 within 25 % or 5 ms of the P99 the client saw from each send to its answer (the
+server's histogram excludes the client's own overhead — milliseconds when both share two busy
+cores — and an interpolated quantile is only as fine as its buckets, 15 % apart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from batchpilot.operator.autopilot.prometheus import (
+    PrometheusObserver,
+    PrometheusUnavailable,
+    Scope,
+    http_query,
+)
+from batchpilot.runtime.loadgen import LoadConfig, RateSchedule, Target, run_load
+from tests.prometheus_process import prometheus_process, wait_for
+from tests.runtime_process import free_port, runtime_process
+
+pytestmark = pytest.mark.slow
+
+SCOPE = Scope(namespace="vision", isvc="resnet50")
+LOAD_S = 8.0
+
+
+def test_rate_and_latency_read_back_agree_with_the_load_generator(
+    image_model: Path, tmp_path: Path
+) -> None:
+    with (
+        runtime_process(
+            image_model,
+            "--engine",
+            "simulated",
+            "--simulated-latency",
+            "alpha_ms=6,beta_ms=1",
+            "--max-batch-size",
+            "8",
+            "--max-queue-delay-ms",
+            "2",
+            log_dir=tmp_path,
+            env={"BATCHPILOT_ISVC_NAME": SCOPE.isvc, "BATCHPILOT_ISVC_NAMESPACE": SCOPE.namespace},
+        ) as runtime,
+        prometheus_process(tmp_path) as prometheus,
+    ):
+        prometheus.set_targets([f"127.0.0.1:{runtime.port}"])
+        wait_for(
+            lambda: prometheus.query("up") and prometheus.query("batchpilot_engine_info"),
+            timeout_s=20,
+            what="the first scrape",
+        )
+        config = LoadConfig(
+            target=Target(url=runtime.url, model="image"),
+            duration_s=LOAD_S,
+            schedule=RateSchedule.constant(120),
+        )
+        report = asyncio.run(run_load(config))
+        ended = time.time()
+        assert report.succeeded > 0.9 * 120 * LOAD_S
+
+        total = f'sum(batchpilot_requests_total{{{SCOPE.selector},outcome="success"}})'
+        wait_for(
+            lambda: (r := prometheus.query(total)) and float(r[0]["value"][1]) >= report.succeeded,
+            timeout_s=10,
+            what="Prometheus to scrape the last requests",
+        )
+        # A window that sits inside the load, ending when it ended.
+        observer = PrometheusObserver(
+            http_query(prometheus.url), window_s=int(LOAD_S) - 2, clock=time.time
+        )
+        observation = observer.observe(SCOPE, ready_replicas=1, at=ended - 0.5)
+
+    assert observation is not None
+    assert observation.qps == pytest.approx(report.achieved_qps, rel=0.10)
+    assert observation.rejected_qps == 0
+    assert observation.p99_s is not None
+    assert report.service_latency_ms is not None
+    measured = report.service_latency_ms.p99_ms
+    assert observation.p99_s * 1e3 == pytest.approx(measured, rel=0.25, abs=5)
+    assert observation.mean_batch is not None
+    assert observation.mean_batch >= 1
+    assert observation.utilization is not None
+    assert 0 < observation.utilization < 1
+    # Compute points: t(b) = 6 + 1·b ms, as the simulated accelerator was told.
+    assert observation.compute
+    for point in observation.compute:
+        assert point.mean_seconds == pytest.approx(0.006 + 0.001 * point.mean_batch, rel=0.1)
+
+
+def test_a_dead_prometheus_is_no_observation_not_a_hang(tmp_path: Path) -> None:
+    query = http_query(f"http://127.0.0.1:{free_port()}", timeout_s=1)
+    with pytest.raises(PrometheusUnavailable):
+        query("up")
+    observer = PrometheusObserver(query, window_s=30, clock=time.time)
+    started = time.monotonic()
+    assert observer.observe(SCOPE, ready_replicas=1) is None
+    assert time.monotonic() - started < 5
+
+
+def test_a_service_without_metrics_is_missing_not_zero(tmp_path: Path) -> None:
+    with prometheus_process(tmp_path) as prometheus:
+        observer = PrometheusObserver(http_query(prometheus.url), window_s=30, clock=time.time)
+        observation = observer.observe(SCOPE, ready_replicas=1)
+    assert observation is not None
+    assert observation.qps is None
+    assert observation.p99_s is None
+    assert observation.missing() == ["request rate", "P99 latency"]
