@@ -8,11 +8,16 @@ outcome into a status patch, Events and kopf's retry vocabulary.
 
 from __future__ import annotations
 
+import functools
 import logging
+import time
 from typing import Any
 
 import kopf
 
+from batchpilot.operator.autopilot.pilot import Autopilot, TickResult
+from batchpilot.operator.autopilot.prometheus import PrometheusObserver, http_query
+from batchpilot.operator.autopilot.push import push_batching
 from batchpilot.operator.children.common import ISVC_LABEL, MANAGED_BY
 from batchpilot.operator.kinds import INFERENCESERVICE
 from batchpilot.operator.kube import KubeClient, KubeError
@@ -41,7 +46,20 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # kopf would turn its own log lines into Events; the reconciler posts the ones that matter.
     settings.posting.enabled = False
     settings.watching.server_timeout = 300
-    memo.reconciler = Reconciler(KubeClient.from_environment(), _SETTINGS)
+    kube = KubeClient.from_environment()
+    memo.reconciler = Reconciler(kube, _SETTINGS)
+    observer = PrometheusObserver(
+        http_query(_SETTINGS.prometheus_url),
+        window_s=_SETTINGS.metrics_window_seconds,
+        utilization=_SETTINGS.utilization_source,
+        clock=time.time,
+    )
+    memo.autopilot = Autopilot(
+        kube,
+        observe=observer.observe,
+        pods=kube,
+        push=functools.partial(push_batching, port=_SETTINGS.runtime_port),
+    )
 
 
 def _post(body: Any, outcome: Outcome) -> None:
@@ -79,6 +97,24 @@ def reconcile_periodically(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, 
     if outcome.status:
         patch.status.update(outcome.status)
     _post(body, outcome)
+
+
+@kopf.timer(
+    GROUP,
+    VERSION,
+    PLURAL,
+    interval=_SETTINGS.autopilot_interval_seconds,
+    initial_delay=_SETTINGS.autopilot_interval_seconds,
+)
+def autopilot(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+    """Observe, decide, act, explain — once per interval per InferenceService."""
+    result: TickResult = memo.autopilot.tick(_plain(body))
+    current = dict(body.status)
+    changed = {k: v for k, v in result.status.items() if current.get(k) != v}
+    if changed:
+        patch.status.update(changed)
+    for event in result.events:
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)

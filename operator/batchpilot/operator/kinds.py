@@ -25,5 +25,6 @@ SERVICE = Kind("Service", "v1", "services")
 CONFIGMAP = Kind("ConfigMap", "v1", "configmaps")
 SECRET = Kind("Secret", "v1", "secrets")
 PDB = Kind("PodDisruptionBudget", "policy/v1", "poddisruptionbudgets")
+POD = Kind("Pod", "v1", "pods")
 INFERENCESERVICE = Kind("InferenceService", f"{GROUP}/{VERSION}", PLURAL)
-KINDS = {k.kind: k for k in (DEPLOYMENT, SERVICE, CONFIGMAP, SECRET, PDB, INFERENCESERVICE)}
+KINDS = {k.kind: k for k in (DEPLOYMENT, SERVICE, CONFIGMAP, SECRET, PDB, POD, INFERENCESERVICE)}

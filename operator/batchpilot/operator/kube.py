@@ -8,9 +8,10 @@ dicts (the API's JSON) and the small `Kube` protocol, so tests can count or fake
 from __future__ import annotations
 
 import json
+import urllib.parse
 from typing import Any, Protocol
 
-from batchpilot.operator.kinds import KINDS, Kind
+from batchpilot.operator.kinds import KINDS, POD, Kind
 
 
 class KubeError(Exception):
@@ -115,12 +116,40 @@ class KubeClient:
             raise KubeError(404, f"{kind.kind} {name} is gone")
         return result
 
+    def list_objects(
+        self, kind: Kind, namespace: str, selector: dict[str, str]
+    ) -> list[dict[str, Any]]:
+        query = urllib.parse.urlencode(
+            {"labelSelector": ",".join(f"{k}={v}" for k, v in sorted(selector.items()))}
+        )
+        result = self._call("GET", f"{kind.collection(namespace)}?{query}")
+        return list((result or {}).get("items", []))
+
+    def ready_pod_ips(self, namespace: str, selector: dict[str, str]) -> list[str]:
+        return ready_pod_ips(self.list_objects(POD, namespace, selector))
+
     def delete(self, kind: Kind, namespace: str, name: str) -> None:
         try:
             self._call("DELETE", f"{kind.collection(namespace)}/{name}")
         except KubeError as exc:
             if exc.status != 404:
                 raise
+
+
+def ready_pod_ips(pods: list[dict[str, Any]]) -> list[str]:
+    """IPs of the pods whose Ready condition is True and that are not terminating."""
+    ips = []
+    for pod in pods:
+        if pod.get("metadata", {}).get("deletionTimestamp"):
+            continue
+        status = pod.get("status", {})
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in status.get("conditions", [])
+        )
+        if ready and status.get("podIP"):
+            ips.append(str(status["podIP"]))
+    return ips
 
 
 def _reason(data: Any) -> str:

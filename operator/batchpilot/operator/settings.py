@@ -7,7 +7,7 @@ only say what differs per service.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -40,5 +40,7 @@ class OperatorSettings(BaseSettings):
     namespaces: list[str] = Field(default_factory=list, description="empty: all namespaces")
     autopilot_interval_seconds: float = Field(default=15, gt=0)
     metrics_window_seconds: int = Field(default=60, ge=10)
+    utilization_source: Literal["busy", "nvml", "dcgm"] = "busy"
+    """Device utilization from the runtime's busy-time counter, its NVML gauge, or DCGM."""
     reconcile_interval_seconds: float = Field(default=60, gt=0)
     """Periodic level-triggered pass, catching drift that no watch event reports."""

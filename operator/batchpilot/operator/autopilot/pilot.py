@@ -1,0 +1,299 @@
+"""One autopilot tick for one InferenceService: observe → decide → act → explain.
+
+Free of kopf (the timer handler calls `tick` and writes what it returns), with its edges behind
+small interfaces: `Kube` for the Deployment, ConfigMap, Secret and Pods, an `Observe` function
+for Prometheus, and a `PushBatching` function that tells a ready pod its new batch settings.
+
+Acting, in mode `auto` only:
+- replicas: patch the Deployment's `spec.replicas` (the field reconcile leaves to the autopilot);
+- batch settings: write them into the batching ConfigMap (what new pods start with, and what
+  running pods re-read within a minute) and PUT them to every ready pod's admin endpoint, so
+  they take effect within seconds. A pod that cannot be told is reported, not fatal: the
+  ConfigMap reaches it anyway.
+In mode `recommend` the decision is computed and reported, never applied.
+
+The autopilot's memory (the t(b) fit, calibration, scale-down recommendations) is kept in
+`status.autopilot`, so an operator restart resumes without a jump.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from batchpilot.operator import conditions, events
+from batchpilot.operator.autopilot.decide import Decision, InForce, Policy, State, decide
+from batchpilot.operator.autopilot.observation import Observation
+from batchpilot.operator.autopilot.prometheus import Scope
+from batchpilot.operator.children.common import ISVC_LABEL, Owner
+from batchpilot.operator.children.configmap import batching_document, batching_in
+from batchpilot.operator.children.secret import token_in
+from batchpilot.operator.events import Event
+from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT, SECRET
+from batchpilot.operator.kube import Kube, KubeError
+from batchpilot.operator.spec import InferenceServiceSpec
+
+log = logging.getLogger(__name__)
+
+DECIDED = "AutopilotDecided"
+RECOMMENDED = "AutopilotRecommends"
+HOLDING = "MetricsUnavailable"
+LIMITED = "ScalingLimited"
+
+
+class Observe(Protocol):
+    def __call__(self, scope: Scope, *, ready_replicas: int | None) -> Observation | None: ...
+
+
+class PushBatching(Protocol):
+    def __call__(self, pod_ip: str, *, token: str, document: str) -> None:
+        """PUT the batching document to one pod; raises on failure."""
+        ...
+
+
+class Pods(Protocol):
+    def ready_pod_ips(self, namespace: str, selector: dict[str, str]) -> list[str]: ...
+
+
+def policy_of(spec: InferenceServiceSpec) -> Policy:
+    return Policy(
+        sla_p99_s=spec.sla.latency_p99_ms / 1e3,
+        util_min=spec.sla.gpu_utilization.min,
+        util_max=spec.sla.gpu_utilization.max,
+        min_replicas=spec.scaling.min_replicas,
+        max_replicas=spec.scaling.max_replicas,
+        max_batch_size=spec.scaling.max_batch_size,
+        scale_down_delay_s=spec.scaling.scale_down_delay_seconds,
+        max_queue_delay_s=spec.batching.max_queue_delay_ms / 1e3,
+    )
+
+
+@dataclass
+class TickResult:
+    status: dict[str, Any] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
+    decision: Decision | None = None
+
+
+def _ms_text(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.0f}ms"
+
+
+def metrics_status(observation: Observation | None, *, now: datetime) -> dict[str, Any]:
+    if observation is None:
+        return {
+            "observedAt": conditions.timestamp(now),
+            "p99Text": "-",
+            "qpsText": "-",
+            "gpuText": "-",
+        }
+
+    def ms(value: float | None) -> float | None:
+        return None if value is None else round(value * 1e3, 2)
+
+    doc: dict[str, Any] = {
+        "p99Ms": ms(observation.p99_s),
+        "p95Ms": ms(observation.p95_s),
+        "queueP99Ms": ms(observation.queue_p99_s),
+        "qps": None if observation.qps is None else round(observation.qps, 1),
+        "rejectedQps": None
+        if observation.rejected_qps is None
+        else round(observation.rejected_qps, 1),
+        "gpuUtilization": None
+        if observation.utilization is None
+        else round(observation.utilization * 100, 1),
+        "meanBatchSize": None
+        if observation.mean_batch is None
+        else round(observation.mean_batch, 2),
+        "window": f"{observation.window_s:.0f}s",
+        "observedAt": conditions.timestamp(now),
+        "p99Text": _ms_text(observation.p99_s),
+        "qpsText": "-" if observation.qps is None else f"{observation.qps:.0f}",
+        "gpuText": "-" if observation.utilization is None else f"{observation.utilization:.0%}",
+    }
+    return {key: value for key, value in doc.items() if value is not None}
+
+
+class Autopilot:
+    def __init__(
+        self,
+        kube: Kube,
+        *,
+        observe: Observe,
+        pods: Pods,
+        push: PushBatching,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        seconds: Callable[[], float] = time.time,
+    ) -> None:
+        self._kube = kube
+        self._observe = observe
+        self._pods = pods
+        self._push = push
+        self._clock = clock
+        # Wall-clock seconds: remembered scale-down recommendations must outlive a restart.
+        self._seconds = seconds
+
+    def tick(self, body: dict[str, Any]) -> TickResult:
+        meta = body["metadata"]
+        status = body.get("status") or {}
+        try:
+            spec = InferenceServiceSpec.model_validate(body.get("spec") or {})
+        except ValueError:
+            return TickResult()  # reconcile reports invalid specs
+        if spec.scaling.mode == "off":
+            return TickResult()
+        owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"], spec=spec)
+        deployment = self._kube.get(DEPLOYMENT, owner.namespace, owner.name)
+        configmap = self._kube.get(CONFIGMAP, owner.namespace, owner.configmap_name)
+        if deployment is None or configmap is None:
+            return TickResult()  # reconcile has not created the children yet
+        replicas = int(deployment.get("spec", {}).get("replicas") or spec.scaling.min_replicas)
+        ready = int(deployment.get("status", {}).get("readyReplicas") or 0)
+        recorded = batching_in(configmap)
+        batch, delay_ms = recorded or (
+            spec.batching.batch_size,
+            spec.batching.max_queue_delay_ms,
+        )
+        current = InForce(replicas=replicas, batch_size=batch, max_queue_delay_s=delay_ms / 1e3)
+
+        now = self._clock()
+        observation = self._observe(Scope(owner.namespace, owner.name), ready_replicas=ready)
+        state = State.from_dict(status.get("autopilot"))
+        decision, new_state = decide(observation, policy_of(spec), current, state, self._seconds())
+
+        result = TickResult(decision=decision)
+        acting = spec.scaling.mode == "auto"
+        if acting and decision.changes(current):
+            self._act(owner, deployment, current, decision, result)
+
+        generation = meta.get("generation")
+        conds = status.get("conditions")
+        conds = conditions.set_condition(
+            conds,
+            type_=conditions.METRICS_AVAILABLE,
+            status="True" if decision.metrics_available else "False",
+            reason="MetricsRead" if decision.metrics_available else "MetricsMissing",
+            message=decision.reason
+            if not decision.metrics_available
+            else "P99, request rate and utilization read from Prometheus",
+            generation=generation,
+            now=now,
+        )
+        sla_status = {True: "True", False: "False", None: "Unknown"}[decision.sla_met]
+        conds = conditions.set_condition(
+            conds,
+            type_=conditions.SLA_MET,
+            status=sla_status,  # type: ignore[arg-type]
+            reason={"True": "WithinSLA", "False": "SLABroken", "Unknown": "NoData"}[sla_status],
+            message=metrics_sentence(observation, spec),
+            generation=generation,
+            now=now,
+        )
+        conds = conditions.set_condition(
+            conds,
+            type_=conditions.SCALING_LIMITED,
+            status="True" if decision.scaling_limited else "False",
+            reason="AtMaxReplicas" if decision.scaling_limited else "WithinLimits",
+            message=decision.scaling_limited or "the autopilot can reach what the SLA needs",
+            generation=generation,
+            now=now,
+        )
+        previous = conditions.find(status.get("conditions"), conditions.SCALING_LIMITED)
+        if decision.scaling_limited and (previous or {}).get("status") != "True":
+            result.events.append(Event("Warning", LIMITED, decision.scaling_limited))
+        was_available = conditions.find(status.get("conditions"), conditions.METRICS_AVAILABLE)
+        if not decision.metrics_available and (was_available or {}).get("status") != "False":
+            result.events.append(Event("Warning", HOLDING, decision.reason))
+
+        if decision.changes(current):
+            reason = DECIDED if acting else RECOMMENDED
+            verb = "" if acting else "recommends: "
+            result.events.append(Event("Normal", reason, f"{verb}{decision.reason}"))
+            result.status["lastDecision"] = {
+                "action": decision.action if acting else f"recommend-{decision.action}",
+                "from": {"replicas": current.replicas, "batchSize": current.batch_size},
+                "to": {"replicas": decision.replicas, "batchSize": decision.batch_size},
+                "reason": decision.reason,
+                "at": conditions.timestamp(now),
+            }
+        if acting and decision.changes(current):
+            result.status["batchSize"] = decision.batch_size
+            result.status["maxQueueDelayMs"] = round(decision.max_queue_delay_s * 1e3, 3)
+        result.status["metrics"] = metrics_status(observation, now=now)
+        result.status["conditions"] = conds
+        result.status["autopilot"] = new_state.to_dict()
+        if not acting:
+            result.status["recommendation"] = {
+                "replicas": decision.replicas,
+                "batchSize": decision.batch_size,
+                "reason": decision.reason,
+            }
+        return result
+
+    def _act(
+        self,
+        owner: Owner,
+        deployment: dict[str, Any],
+        current: InForce,
+        decision: Decision,
+        result: TickResult,
+    ) -> None:
+        if decision.replicas != current.replicas:
+            self._kube.patch(
+                DEPLOYMENT, owner.namespace, owner.name, {"spec": {"replicas": decision.replicas}}
+            )
+        if (decision.batch_size, decision.max_queue_delay_s) != (
+            current.batch_size,
+            current.max_queue_delay_s,
+        ):
+            document = batching_document(
+                batch_size=decision.batch_size,
+                max_queue_delay_ms=round(decision.max_queue_delay_s * 1e3, 3),
+            )
+            self._kube.patch(
+                CONFIGMAP,
+                owner.namespace,
+                owner.configmap_name,
+                {"data": {"batching.json": document}},
+            )
+            self._push_to_pods(owner, document, result)
+
+    def _push_to_pods(self, owner: Owner, document: str, result: TickResult) -> None:
+        secret = self._kube.get(SECRET, owner.namespace, owner.secret_name)
+        token = token_in(secret) if secret is not None else None
+        if token is None:
+            return
+        failed = []
+        try:
+            ips = self._pods.ready_pod_ips(owner.namespace, {ISVC_LABEL: owner.name})
+        except KubeError as exc:
+            log.warning("listing pods of %s/%s failed: %s", owner.namespace, owner.name, exc)
+            return
+        for ip in ips:
+            try:
+                self._push(ip, token=token, document=document)
+            except Exception as exc:  # any failure: the ConfigMap still gets there
+                failed.append(f"{ip} ({exc})")
+        if failed:
+            result.events.append(
+                Event(
+                    "Warning",
+                    events.APPLY_FAILED,
+                    "batch settings could not be pushed to "
+                    + ", ".join(failed)
+                    + "; they will pick them up from the ConfigMap",
+                )
+            )
+
+
+def metrics_sentence(observation: Observation | None, spec: InferenceServiceSpec) -> str:
+    sla = f"{spec.sla.latency_p99_ms} ms"
+    if observation is None or observation.qps is None:
+        return "no metrics to judge the SLA by"
+    if observation.idle:
+        return "no traffic in the window"
+    return f"P99 {_ms_text(observation.p99_s)} against the {sla} SLA at {observation.qps:.0f} rps"

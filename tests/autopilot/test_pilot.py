@@ -1,0 +1,183 @@
+"""One autopilot tick: act on the Deployment, the ConfigMap and the pods; explain in status."""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from batchpilot.operator.autopilot.observation import ComputePoint, Observation
+from batchpilot.operator.autopilot.pilot import Autopilot
+from batchpilot.operator.autopilot.prometheus import Scope
+from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT
+from batchpilot.operator.reconciler import Reconciler
+from batchpilot.operator.settings import OperatorSettings
+from tests.operator.fake_kube import FakeKube
+from tests.operator.test_reconciler import isvc
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+T = 1_800_000_000.0
+
+
+def overloaded(scope: Scope, *, ready_replicas: int | None) -> Observation:
+    # 300 rps offered to one replica at batch 1 whose batches take t(b) = 4 + 2·b ms.
+    return Observation(
+        at=T,
+        window_s=60,
+        p99_s=0.9,
+        p95_s=0.6,
+        qps=167,
+        rejected_qps=133,
+        queue_p99_s=0.85,
+        utilization=1.0,
+        mean_batch=1.0,
+        compute=(ComputePoint(1, 0.006, 10_000), ComputePoint(2, 0.008, 500)),
+        ready_replicas=ready_replicas,
+    )
+
+
+class World:
+    def __init__(self, mode: str = "auto", observe: Any = overloaded) -> None:
+        self.kube = FakeKube()
+        self.body = isvc(scaling={"mode": mode})
+        outcome = Reconciler(self.kube, OperatorSettings()).reconcile(copy.deepcopy(self.body))
+        self.body["status"] = outcome.status
+        deployment = self.kube.objects[("Deployment", "vision", "resnet50")]
+        deployment["status"] = {"readyReplicas": 1, "replicas": 1}
+        self.pushed: list[tuple[str, str, str]] = []
+        self.fail_push = False
+        self.autopilot = Autopilot(
+            self.kube,
+            observe=observe,
+            pods=self,
+            push=self.push,
+            clock=lambda: NOW,
+            seconds=lambda: T,
+        )
+
+    def ready_pod_ips(self, namespace: str, selector: dict[str, str]) -> list[str]:
+        return ["10.0.0.7"]
+
+    def push(self, pod_ip: str, *, token: str, document: str) -> None:
+        if self.fail_push:
+            raise ConnectionError("connection refused")
+        self.pushed.append((pod_ip, token, document))
+
+    def tick(self) -> Any:
+        result = self.autopilot.tick(copy.deepcopy(self.body))
+        self.body["status"] = {**self.body["status"], **result.status}
+        return result
+
+    def condition(self, type_: str) -> dict[str, Any]:
+        (found,) = [c for c in self.body["status"]["conditions"] if c["type"] == type_]
+        return found
+
+
+class TestAuto:
+    def test_an_overloaded_service_gets_a_bigger_batch_on_the_configmap_and_the_pods(self) -> None:
+        world = World()
+        result = world.tick()
+        decision = result.decision
+        assert decision is not None
+        assert decision.batch_size > 1
+        stored = world.kube.of(CONFIGMAP, "vision", "resnet50-batching")
+        assert json.loads(stored["data"]["batching.json"])["maxBatchSize"] == decision.batch_size
+        ((ip, token, document),) = world.pushed
+        assert ip == "10.0.0.7"
+        assert token  # the Secret's token
+        assert json.loads(document)["maxBatchSize"] == decision.batch_size
+        last = world.body["status"]["lastDecision"]
+        assert last["from"]["batchSize"] == 1
+        assert last["to"]["batchSize"] == decision.batch_size
+        assert [e.reason for e in result.events] == ["AutopilotDecided"]
+        assert world.condition("SLAMet")["status"] == "False"
+        assert world.condition("MetricsAvailable")["status"] == "True"
+        assert world.body["status"]["metrics"]["p99Text"] == "900ms"
+
+    def test_a_pod_that_cannot_be_told_is_reported_and_the_configmap_still_changes(self) -> None:
+        world = World()
+        world.fail_push = True
+        result = world.tick()
+        assert [e.reason for e in result.events] == ["ApplyFailed", "AutopilotDecided"]
+        assert "10.0.0.7" in result.events[0].message
+        stored = world.kube.of(CONFIGMAP, "vision", "resnet50-batching")
+        assert json.loads(stored["data"]["batching.json"])["maxBatchSize"] > 1
+
+    def test_the_state_is_kept_in_status_and_a_restart_resumes_from_it(self) -> None:
+        # Three replicas serve a trickle: one would do, after the 300 s stabilization window.
+        clock = {"now": T}
+
+        def trickle(scope: Scope, *, ready_replicas: int | None) -> Observation:
+            return Observation(
+                at=clock["now"],
+                window_s=60,
+                p99_s=0.015,
+                p95_s=0.012,
+                qps=20,
+                rejected_qps=0,
+                queue_p99_s=0.005,
+                utilization=0.05,
+                mean_batch=1.0,
+                compute=(ComputePoint(1, 0.006, 1000), ComputePoint(2, 0.008, 100)),
+                ready_replicas=ready_replicas,
+            )
+
+        def operator(world: World) -> Autopilot:
+            return Autopilot(
+                world.kube,
+                observe=trickle,
+                pods=world,
+                push=world.push,
+                clock=lambda: NOW,
+                seconds=lambda: clock["now"],
+            )
+
+        world = World()
+        deployment = world.kube.objects[("Deployment", "vision", "resnet50")]
+        deployment["spec"]["replicas"] = 3
+        deployment["status"] = {"readyReplicas": 3, "replicas": 3}
+        world.autopilot = operator(world)
+        replicas = []
+        for tick in range(24):  # 15 s apart; the operator restarts at tick 10
+            clock["now"] = T + 15 * tick
+            if tick == 10:
+                world.autopilot = operator(world)  # a fresh process: only status remembers
+            world.tick()
+            replicas.append(world.kube.of(DEPLOYMENT, "vision", "resnet50")["spec"]["replicas"])
+            deployment = world.kube.objects[("Deployment", "vision", "resnet50")]
+            deployment["status"] = {"readyReplicas": deployment["spec"]["replicas"]}
+        # The window opened at tick 0 and is covered 300 s later, at tick 20, restart or not.
+        assert replicas == [3] * 20 + [1] * 4
+        assert world.body["status"]["autopilot"]["fit"]["confident"] is True
+
+
+class TestRecommend:
+    def test_recommend_mode_reports_and_never_acts(self) -> None:
+        world = World(mode="recommend")
+        before = copy.deepcopy(world.kube.objects)
+        result = world.tick()
+        assert world.kube.objects == before
+        assert world.pushed == []
+        assert world.body["status"]["recommendation"]["batchSize"] > 1
+        assert [e.reason for e in result.events] == ["AutopilotRecommends"]
+        assert world.body["status"]["lastDecision"]["action"].startswith("recommend-")
+
+
+class TestBlind:
+    def test_no_prometheus_holds_and_says_so_once(self) -> None:
+        world = World(observe=lambda scope, *, ready_replicas: None)
+        writes = len(world.kube.writes)
+        first = world.tick()
+        second = world.tick()
+        assert len(world.kube.writes) == writes
+        assert world.condition("MetricsAvailable")["status"] == "False"
+        assert world.condition("SLAMet")["status"] == "Unknown"
+        assert [e.reason for e in first.events] == ["MetricsUnavailable"]
+        assert second.events == []
+        assert world.kube.of(DEPLOYMENT, "vision", "resnet50")["spec"]["replicas"] == 1
+
+
+def test_mode_off_does_nothing() -> None:
+    world = World(mode="off")
+    assert world.tick().status == {}
