@@ -56,13 +56,13 @@ class World:
             seconds=lambda: T,
         )
 
-    def ready_pod_ips(self, namespace: str, selector: dict[str, str]) -> list[str]:
-        return ["10.0.0.7"]
+    def ready_pod_endpoints(self, namespace: str, selector: dict[str, str]) -> list[str]:
+        return ["10.0.0.7:8080"]
 
-    def push(self, pod_ip: str, *, token: str, document: str) -> None:
+    def push(self, endpoint: str, *, token: str, document: str) -> None:
         if self.fail_push:
             raise ConnectionError("connection refused")
-        self.pushed.append((pod_ip, token, document))
+        self.pushed.append((endpoint, token, document))
 
     def tick(self) -> Any:
         result = self.autopilot.tick(copy.deepcopy(self.body))
@@ -84,7 +84,7 @@ class TestAuto:
         stored = world.kube.of(CONFIGMAP, "vision", "resnet50-batching")
         assert json.loads(stored["data"]["batching.json"])["maxBatchSize"] == decision.batch_size
         ((ip, token, document),) = world.pushed
-        assert ip == "10.0.0.7"
+        assert ip == "10.0.0.7:8080"
         assert token  # the Secret's token
         assert json.loads(document)["maxBatchSize"] == decision.batch_size
         last = world.body["status"]["lastDecision"]

@@ -11,6 +11,7 @@ import pytest
 from batchpilot.operator.children.common import ISVC_LABEL
 from batchpilot.operator.children.configmap import batching_document
 from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT, PDB, SECRET, SERVICE
+from batchpilot.operator.kube import ready_pod_endpoints
 from batchpilot.operator.reconciler import Reconciler
 from batchpilot.operator.settings import OperatorSettings
 from tests.operator.fake_kube import FakeKube
@@ -251,3 +252,22 @@ class TestSpecsThatCannotWork:
         (ready,) = cluster.body["status"]["conditions"]
         assert ready["reason"] == "UnsupportedModel"
         assert cluster.kube.writes == []
+
+
+def test_ready_pod_endpoints_take_ready_pods_and_their_http_port() -> None:
+    def pod(ip: str, ready: str, *, deleting: bool = False) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": ip}
+        if deleting:
+            meta["deletionTimestamp"] = "2026-11-30T12:00:00Z"
+        return {
+            "metadata": meta,
+            "spec": {"containers": [{"ports": [{"name": "http", "containerPort": 8080}]}]},
+            "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": ready}]},
+        }
+
+    pods = [
+        pod("10.0.0.1", "True"),
+        pod("10.0.0.2", "False"),
+        pod("10.0.0.3", "True", deleting=True),
+    ]
+    assert ready_pod_endpoints(pods) == ["10.0.0.1:8080"]

@@ -8,7 +8,6 @@ outcome into a status patch, Events and kopf's retry vocabulary.
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from typing import Any
@@ -58,7 +57,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         kube,
         observe=observer.observe,
         pods=kube,
-        push=functools.partial(push_batching, port=_SETTINGS.runtime_port),
+        push=push_batching,
     )
 
 

@@ -125,8 +125,8 @@ class KubeClient:
         result = self._call("GET", f"{kind.collection(namespace)}?{query}")
         return list((result or {}).get("items", []))
 
-    def ready_pod_ips(self, namespace: str, selector: dict[str, str]) -> list[str]:
-        return ready_pod_ips(self.list_objects(POD, namespace, selector))
+    def ready_pod_endpoints(self, namespace: str, selector: dict[str, str]) -> list[str]:
+        return ready_pod_endpoints(self.list_objects(POD, namespace, selector))
 
     def delete(self, kind: Kind, namespace: str, name: str) -> None:
         try:
@@ -136,9 +136,10 @@ class KubeClient:
                 raise
 
 
-def ready_pod_ips(pods: list[dict[str, Any]]) -> list[str]:
-    """IPs of the pods whose Ready condition is True and that are not terminating."""
-    ips = []
+def ready_pod_endpoints(pods: list[dict[str, Any]], *, port_name: str = "http") -> list[str]:
+    """`IP:PORT` of the runtime in each pod whose Ready condition is True and that is not
+    terminating; the port is the container port named `port_name`."""
+    endpoints = []
     for pod in pods:
         if pod.get("metadata", {}).get("deletionTimestamp"):
             continue
@@ -147,9 +148,18 @@ def ready_pod_ips(pods: list[dict[str, Any]]) -> list[str]:
             c.get("type") == "Ready" and c.get("status") == "True"
             for c in status.get("conditions", [])
         )
-        if ready and status.get("podIP"):
-            ips.append(str(status["podIP"]))
-    return ips
+        port = next(
+            (
+                p.get("containerPort")
+                for c in pod.get("spec", {}).get("containers", [])
+                for p in c.get("ports", [])
+                if p.get("name") == port_name
+            ),
+            None,
+        )
+        if ready and status.get("podIP") and port:
+            endpoints.append(f"{status['podIP']}:{port}")
+    return endpoints
 
 
 def _reason(data: Any) -> str:

@@ -50,13 +50,13 @@ class Observe(Protocol):
 
 
 class PushBatching(Protocol):
-    def __call__(self, pod_ip: str, *, token: str, document: str) -> None:
-        """PUT the batching document to one pod; raises on failure."""
+    def __call__(self, endpoint: str, *, token: str, document: str) -> None:
+        """PUT the batching document to one pod (`IP:PORT`); raises on failure."""
         ...
 
 
 class Pods(Protocol):
-    def ready_pod_ips(self, namespace: str, selector: dict[str, str]) -> list[str]: ...
+    def ready_pod_endpoints(self, namespace: str, selector: dict[str, str]) -> list[str]: ...
 
 
 def policy_of(spec: InferenceServiceSpec) -> Policy:
@@ -269,15 +269,15 @@ class Autopilot:
             return
         failed = []
         try:
-            ips = self._pods.ready_pod_ips(owner.namespace, {ISVC_LABEL: owner.name})
+            endpoints = self._pods.ready_pod_endpoints(owner.namespace, {ISVC_LABEL: owner.name})
         except KubeError as exc:
             log.warning("listing pods of %s/%s failed: %s", owner.namespace, owner.name, exc)
             return
-        for ip in ips:
+        for endpoint in endpoints:
             try:
-                self._push(ip, token=token, document=document)
+                self._push(endpoint, token=token, document=document)
             except Exception as exc:  # any failure: the ConfigMap still gets there
-                failed.append(f"{ip} ({exc})")
+                failed.append(f"{endpoint} ({exc})")
         if failed:
             result.events.append(
                 Event(

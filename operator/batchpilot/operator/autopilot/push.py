@@ -6,12 +6,10 @@ import urllib.error
 import urllib.request
 
 
-def push_batching(
-    pod_ip: str, *, token: str, document: str, port: int = 8080, timeout_s: float = 2.0
-) -> None:
-    """PUT the batching document to `http://POD_IP:PORT/admin/batching`; raises on failure."""
+def push_batching(endpoint: str, *, token: str, document: str, timeout_s: float = 2.0) -> None:
+    """PUT the batching document to `http://IP:PORT/admin/batching`; raises on failure."""
     request = urllib.request.Request(
-        f"http://{pod_ip}:{port}/admin/batching",
+        f"http://{endpoint}/admin/batching",
         data=document.encode(),
         method="PUT",
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
