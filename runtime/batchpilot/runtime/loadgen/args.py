@@ -1,0 +1,168 @@
+"""The options of `batchpilot loadgen`, and how they become a run or a search.
+
+Turning arguments into a LoadConfig or a SearchConfig is pure and raises ValueError for a bad
+combination, so `main` maps every usage mistake to exit status 2 in one place.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from batchpilot.runtime.loadgen.config import LoadConfig, SearchConfig, Target
+from batchpilot.runtime.loadgen.schedule import RateSchedule
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    target = parser.add_argument_group("target")
+    target.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8080")
+    target.add_argument("--model", required=True, help="model name")
+    target.add_argument("--rows", type=int, default=1, help="batch rows per request (default 1)")
+    target.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="NAME=D,D,...",
+        help="explicit shape of an input (repeatable); wins over the metadata and --rows",
+    )
+    target.add_argument("--seed", type=int, default=0, help="seeds the data and the arrivals")
+    target.add_argument(
+        "--json-tensors", action="store_true", help="send JSON tensor data instead of binary"
+    )
+    target.add_argument("--verify", action="store_true", help="decode and check every response")
+    target.add_argument("--timeout-s", type=float, default=10.0, help="per request (default 10)")
+
+    load = parser.add_argument_group("load")
+    mode = load.add_mutually_exclusive_group()
+    mode.add_argument("--rate", type=float, help="open loop at this constant rate (rps)")
+    mode.add_argument("--schedule", help='open loop, piecewise constant: "0:50,20:400,40:100"')
+    mode.add_argument("--schedule-file", help="open loop from a t_seconds,rate_rps CSV")
+    mode.add_argument("--concurrency", type=int, help="closed loop with this many workers")
+    load.add_argument("--duration", type=float, help="measured seconds (required for a run)")
+    load.add_argument(
+        "--arrivals",
+        choices=["poisson", "uniform"],
+        default="poisson",
+        help="open-loop arrival process (default poisson)",
+    )
+    load.add_argument(
+        "--max-outstanding",
+        type=int,
+        default=2000,
+        help="open loop: arrivals beyond this many in flight count as dropped_client",
+    )
+    load.add_argument("--requests", type=int, help="cap on measured requests")
+    load.add_argument(
+        "--warmup-s", type=float, default=0.0, help="unmeasured lead-in seconds (default 0)"
+    )
+    load.add_argument(
+        "--connections", type=int, help="connection pool size (default: concurrency or outstanding)"
+    )
+    load.add_argument(
+        "--window-s", type=float, default=1.0, help="time-series window seconds (default 1)"
+    )
+
+    search = parser.add_argument_group("find-max")
+    search.add_argument(
+        "--find-max", action="store_true", help="search the highest rate within --sla-ms"
+    )
+    search.add_argument("--sla-ms", type=float, help="P99 latency SLA for --find-max")
+    search.add_argument(
+        "--start-rps", type=float, default=10.0, help="first probe's rate (default 10; or --rate)"
+    )
+    search.add_argument(
+        "--probe-duration-s", type=float, default=5.0, help="seconds per probe (default 5)"
+    )
+    search.add_argument(
+        "--precision", type=float, default=0.05, help="relative precision (default 0.05)"
+    )
+    search.add_argument("--max-probes", type=int, default=16, help="at most this many (16)")
+    search.add_argument(
+        "--max-total-s", type=float, default=600.0, help="time budget of the search (600)"
+    )
+    search.add_argument(
+        "--settle-s", type=float, default=1.0, help="pause between probes (default 1)"
+    )
+
+    parser.add_argument("--json", metavar="OUT", help="write the report as JSON ('-': stdout)")
+
+
+def _parse_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    shapes: dict[str, tuple[int, ...]] = {}
+    for item in items:
+        name, sep, dims = item.partition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            shapes[name] = tuple(int(d) for d in dims.split(",")) if dims.strip() else ()
+        except ValueError:
+            raise ValueError(f"--shape {item!r} is not NAME=D,D,...") from None
+    return shapes
+
+
+def _target_from(args: argparse.Namespace) -> Target:
+    return Target(
+        url=args.url,
+        model=args.model,
+        rows=args.rows,
+        shapes=_parse_shapes(args.shape),
+        seed=args.seed,
+        json_tensors=args.json_tensors,
+        verify=args.verify,
+        timeout_s=args.timeout_s,
+    )
+
+
+def _schedule_from(args: argparse.Namespace) -> RateSchedule | None:
+    if args.rate is not None:
+        return RateSchedule.constant(args.rate)
+    if args.schedule is not None:
+        return RateSchedule.parse(args.schedule)
+    if args.schedule_file is not None:
+        try:
+            return RateSchedule.from_csv(args.schedule_file)
+        except OSError as exc:
+            raise ValueError(f"cannot read --schedule-file: {exc}") from None
+    return None
+
+
+def config_from_args(args: argparse.Namespace) -> LoadConfig | SearchConfig:
+    """Turn parsed arguments into a run or a search; ValueError says what is wrong."""
+    target = _target_from(args)
+    if args.find_max:
+        if args.sla_ms is None:
+            raise ValueError("--find-max needs --sla-ms")
+        if args.concurrency is not None or args.schedule or args.schedule_file:
+            raise ValueError("--find-max probes constant rates; drop --concurrency/--schedule")
+        return SearchConfig(
+            target=target,
+            sla_ms=args.sla_ms,
+            start_rps=args.rate if args.rate is not None else args.start_rps,
+            probe_duration_s=args.probe_duration_s,
+            warmup_s=args.warmup_s,
+            precision=args.precision,
+            max_probes=args.max_probes,
+            max_total_s=args.max_total_s,
+            settle_s=args.settle_s,
+            arrivals=args.arrivals,
+            max_outstanding=args.max_outstanding,
+            seed=args.seed,
+        )
+    if args.duration is None:
+        raise ValueError("--duration is required (seconds)")
+    schedule = _schedule_from(args)
+    if schedule is None and args.concurrency is None:
+        raise ValueError("give one of --rate, --schedule, --schedule-file or --concurrency")
+    return LoadConfig(
+        target=target,
+        duration_s=args.duration,
+        schedule=schedule,
+        concurrency=args.concurrency,
+        arrivals=args.arrivals,
+        max_outstanding=args.max_outstanding,
+        max_requests=args.requests,
+        warmup_s=args.warmup_s,
+        window_s=args.window_s,
+        connections=args.connections,
+        seed=args.seed,
+    )

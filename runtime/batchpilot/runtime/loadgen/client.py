@@ -1,0 +1,104 @@
+"""The HTTP edge of the load generator: the only module that talks to the server.
+
+It reads the model's metadata, opens one pooled aiohttp session per target, and sends the
+prepared request: one `session.post` per request, the body read but not decoded unless
+verifying, so the client stays cheap. Every way a send can fail comes back as an error kind,
+never an exception; a target that cannot be used raises TargetError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import aiohttp
+import orjson
+from yarl import URL
+
+from batchpilot.runtime.loadgen.config import Target
+from batchpilot.runtime.loadgen.errors import CONNECTION, INVALID_RESPONSE, TIMEOUT, TargetError
+from batchpilot.runtime.loadgen.request import (
+    ModelMetadata,
+    PreparedRequest,
+    prepare_request,
+    random_inputs,
+    response_is_valid,
+)
+
+
+async def fetch_metadata(
+    session: aiohttp.ClientSession, url: str, model: str, *, timeout_s: float = 10.0
+) -> ModelMetadata:
+    """GET the v2 model metadata; TargetError says why the target can't be used."""
+    where = URL(url) / "v2" / "models" / model
+    try:
+        async with session.get(where, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            body = await resp.read()
+            if resp.status != 200:
+                text = body[:300].decode(errors="replace")
+                raise TargetError(f"GET {where} answered {resp.status}: {text}")
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        raise TargetError(f"cannot reach {where}: {str(exc) or type(exc).__name__}") from None
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise TargetError(f"GET {where} did not answer JSON: {exc}") from None
+    return ModelMetadata.from_json(doc)
+
+
+async def send_once(
+    session: aiohttp.ClientSession, request: PreparedRequest, *, verify: bool = False
+) -> str:
+    """Send the request once; "" on success, else the error kind. The body is read (the latency
+    includes receiving it) but decoded only when verifying."""
+    try:
+        async with session.post(request.url, data=request.body, headers=request.headers) as resp:
+            body = await resp.read()
+            if not 200 <= resp.status < 300:
+                return str(resp.status)
+            if verify and not response_is_valid(request, body, resp.headers):
+                return INVALID_RESPONSE
+            return ""
+    except TimeoutError:  # before ClientConnectionError: aiohttp's timeouts subclass both
+        return TIMEOUT
+    except (aiohttp.ClientConnectionError, OSError):
+        return CONNECTION
+    except aiohttp.ClientError as exc:
+        return type(exc).__name__
+
+
+class TargetSession:
+    """An HTTP session plus the prepared request for one target; shared by the probes of a
+    find-max search so that connections are reused between them."""
+
+    def __init__(self, target: Target, *, pool_size: int) -> None:
+        self.target = target
+        self._pool_size = pool_size
+        self._stack = contextlib.AsyncExitStack()
+        self.session: aiohttp.ClientSession | None = None
+        self.request: PreparedRequest | None = None
+
+    async def __aenter__(self) -> TargetSession:
+        connector = aiohttp.TCPConnector(limit=self._pool_size)
+        self.session = await self._stack.enter_async_context(
+            aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=self.target.timeout_s),
+            )
+        )
+        try:
+            metadata = await fetch_metadata(
+                self.session, self.target.url, self.target.model, timeout_s=self.target.timeout_s
+            )
+            inputs = random_inputs(
+                metadata, rows=self.target.rows, shapes=self.target.shapes, seed=self.target.seed
+            )
+            self.request = prepare_request(
+                self.target.url, metadata, inputs, binary=not self.target.json_tensors
+            )
+        except BaseException:
+            await self._stack.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()

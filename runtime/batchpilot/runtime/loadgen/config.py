@@ -1,0 +1,125 @@
+"""What a load test is asked to do: the target, a run, a find-max search.
+
+Each is validated once, at construction, so the command line and library callers (the
+benchmark, the tests) get the same ValueErrors, and the code that runs load can trust them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from batchpilot.runtime.loadgen.schedule import MAX_RATE_RPS, ArrivalProcess, RateSchedule
+
+MAX_DURATION_S: Final = 24 * 3600.0
+"""The longest run the generator accepts; every run also stops at duration + timeout."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Target:
+    """What to load and how each request looks."""
+
+    url: str
+    model: str
+    rows: int = 1
+    shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    """Explicit input shapes by name; they win over the metadata and `rows`."""
+    seed: int = 0
+    json_tensors: bool = False
+    verify: bool = False
+    timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.rows < 1:
+            raise ValueError(f"rows must be at least 1, got {self.rows}")
+        if not (0 < self.timeout_s <= 3600):
+            raise ValueError(f"timeout_s must be in (0, 3600], got {self.timeout_s}")
+        for name, shape in self.shapes.items():
+            if any(d < 0 for d in shape):
+                raise ValueError(f"shape of {name!r} must not have negative axes: {shape}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadConfig:
+    """One run: open loop when `schedule` is given, closed loop when `concurrency` is."""
+
+    target: Target
+    duration_s: float
+    schedule: RateSchedule | None = None
+    concurrency: int | None = None
+    arrivals: ArrivalProcess = "poisson"
+    max_outstanding: int = 2000
+    """Open loop: arrivals beyond this many outstanding requests count as dropped_client."""
+    max_requests: int | None = None
+    """A cap on measured requests (the first ones in time)."""
+    warmup_s: float = 0.0
+    """Sent before the measured period (open loop: at the schedule's initial rate), not counted."""
+    window_s: float = 1.0
+    connections: int | None = None
+    """Connection pool size; default: the concurrency, or max_outstanding in an open loop."""
+    seed: int = 0
+    """Seeds the arrival times."""
+    stop_early_sla_ms: float | None = None
+    """Open loop: stop as soon as the run can no longer have P99 <= this with no errors."""
+
+    def __post_init__(self) -> None:
+        if (self.schedule is None) == (self.concurrency is None):
+            raise ValueError("give either a rate schedule (open loop) or a concurrency (closed)")
+        if not (0 < self.duration_s <= MAX_DURATION_S):
+            raise ValueError(
+                f"duration_s must be in (0, {MAX_DURATION_S:g}], got {self.duration_s}"
+            )
+        if not (0 <= self.warmup_s <= MAX_DURATION_S):
+            raise ValueError(f"warmup_s must be in [0, {MAX_DURATION_S:g}], got {self.warmup_s}")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
+        if self.max_outstanding < 1:
+            raise ValueError(f"max_outstanding must be at least 1, got {self.max_outstanding}")
+        if self.max_requests is not None and self.max_requests < 1:
+            raise ValueError(f"max_requests must be at least 1, got {self.max_requests}")
+        if self.connections is not None and self.connections < 1:
+            raise ValueError(f"connections must be at least 1, got {self.connections}")
+        if self.window_s <= 0:
+            raise ValueError(f"window_s must be positive, got {self.window_s}")
+        if self.stop_early_sla_ms is not None and self.schedule is None:
+            raise ValueError("stop_early_sla_ms needs an open loop (a rate schedule)")
+
+    @property
+    def pool_size(self) -> int:
+        if self.connections is not None:
+            return self.connections
+        return self.concurrency if self.concurrency is not None else self.max_outstanding
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchConfig:
+    target: Target
+    sla_ms: float
+    start_rps: float = 10.0
+    probe_duration_s: float = 5.0
+    warmup_s: float = 0.0
+    precision: float = 0.05
+    max_probes: int = 16
+    max_total_s: float = 600.0
+    """No probe starts unless it can finish (duration + warm-up + timeout) within this."""
+    settle_s: float = 1.0
+    """Pause between probes, so the backlog of a failed probe doesn't leak into the next one."""
+    arrivals: ArrivalProcess = "poisson"
+    max_outstanding: int = 2000
+    min_rps: float = 0.5
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.sla_ms <= 0:
+            raise ValueError(f"sla_ms must be positive, got {self.sla_ms}")
+        if not (0 < self.start_rps <= MAX_RATE_RPS):
+            raise ValueError(f"start_rps must be in (0, {MAX_RATE_RPS:g}], got {self.start_rps}")
+        if not (0 < self.probe_duration_s <= MAX_DURATION_S):
+            raise ValueError(f"probe_duration_s must be positive, got {self.probe_duration_s}")
+        if not (0 < self.precision < 1):
+            raise ValueError(f"precision must be in (0, 1), got {self.precision}")
+        if not (1 <= self.max_probes <= 64):
+            raise ValueError(f"max_probes must be in [1, 64], got {self.max_probes}")
+        if self.max_total_s <= 0 or self.settle_s < 0:
+            raise ValueError("max_total_s must be positive and settle_s not negative")

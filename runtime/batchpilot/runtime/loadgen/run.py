@@ -1,0 +1,130 @@
+"""One load test, start to finish: offer the load, record every request, and report.
+
+This is where the pieces meet: the session's prepared request is sent by the open or closed
+loop, each outcome is recorded with the precise clock, and the statistics turn the outcomes into
+a LoadReport. `run_load` is the entry point; a find-max search calls `run_with` once per probe on
+one shared session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from batchpilot.runtime.loadgen.client import TargetSession, send_once
+from batchpilot.runtime.loadgen.config import LoadConfig
+from batchpilot.runtime.loadgen.errors import UNFINISHED
+from batchpilot.runtime.loadgen.loops import (
+    PRECISE_CLOCK,
+    Clock,
+    Recorder,
+    closed_loop,
+    open_loop,
+)
+from batchpilot.runtime.loadgen.stats import LatencyStats, WindowStats, summarize
+
+_HARD_CAP_GRACE_S: Final = 1.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadReport:
+    mode: Literal["open", "closed"]
+    url: str
+    model: str
+    inputs: Mapping[str, tuple[int, ...]]
+    request_bytes: int
+    duration_s: float
+    warmup_s: float
+    elapsed_s: float
+    """From the start of the measured period to the last measured completion (for an open loop
+    at least the duration, which the offered schedule spans)."""
+    target_rps: float | None
+    """The schedule's mean rate over the duration (open loop)."""
+    offered_rps: float | None
+    """Arrivals actually scheduled over the duration (open loop)."""
+    concurrency: int | None
+    scheduled: int
+    sent: int
+    succeeded: int
+    achieved_qps: float
+    errors: Mapping[str, int]
+    shed: int
+    failed: int
+    latency_ms: LatencyStats | None
+    """From the scheduled send time (open loop), over successful requests."""
+    service_latency_ms: LatencyStats | None
+    """From the actual send time, over successful requests."""
+    windows: tuple[WindowStats, ...]
+    window_s: float
+    aborted: bool = False
+    """The run stopped early, once it could no longer meet the SLA (find-max probes)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = dataclasses.asdict(self)
+        doc["inputs"] = {name: list(shape) for name, shape in self.inputs.items()}
+        doc["errors"] = dict(self.errors)
+        return doc
+
+
+async def run_with(
+    client: TargetSession, config: LoadConfig, *, clock: Clock = PRECISE_CLOCK
+) -> LoadReport:
+    """Run one load test on an open session (its target is the one reported)."""
+    assert client.session is not None, "use `async with`"
+    assert client.request is not None, "use `async with`"
+    session, request, verify = client.session, client.request, client.target.verify
+    recorder = Recorder()
+    t0 = clock()
+
+    async def send(scheduled: float) -> None:
+        sent = clock() - t0
+        try:
+            kind = await send_once(session, request, verify=verify)
+        except asyncio.CancelledError:
+            recorder.add(scheduled, sent, clock() - t0, UNFINISHED)
+            raise
+        recorder.add(scheduled, sent, clock() - t0, kind)
+
+    hard_deadline = (
+        t0 + config.warmup_s + config.duration_s + client.target.timeout_s + _HARD_CAP_GRACE_S
+    )
+    if config.schedule is not None:
+        stopped_early = await open_loop(
+            config, config.schedule, send, recorder, clock=clock, t0=t0, deadline=hard_deadline
+        )
+    else:
+        assert config.concurrency is not None
+        stopped_early = await closed_loop(
+            config, config.concurrency, send, clock=clock, t0=t0, deadline=hard_deadline
+        )
+    numbers = summarize(
+        recorder.outcomes(),
+        measure_start_s=config.warmup_s,
+        duration_s=config.duration_s,
+        window_s=config.window_s,
+        open_loop=config.schedule is not None,
+        stopped_early=stopped_early,
+    )
+    return LoadReport(
+        mode="open" if config.schedule is not None else "closed",
+        url=client.target.url,
+        model=client.target.model,
+        inputs=request.inputs,
+        request_bytes=len(request.body),
+        duration_s=config.duration_s,
+        warmup_s=config.warmup_s,
+        target_rps=(config.schedule.mean_rate(config.duration_s) if config.schedule else None),
+        concurrency=config.concurrency,
+        window_s=config.window_s,
+        aborted=stopped_early,
+        **numbers,
+    )
+
+
+async def run_load(config: LoadConfig, *, clock: Clock = PRECISE_CLOCK) -> LoadReport:
+    """Run one load test as configured. Raises TargetError if the target can't be used."""
+    async with TargetSession(config.target, pool_size=config.pool_size) as client:
+        return await run_with(client, config, clock=clock)

@@ -1,0 +1,145 @@
+"""`--find-max`: the highest constant rate whose P99 stays within the SLA with no errors.
+
+The search steps are pure (`RateSearch`: an exponential ramp until a probe fails, then
+bisection) so the tests check them without a server; `find_max_rate` runs one open-loop probe
+per step on one shared session, each probe stopping early once it can no longer pass, the whole
+search bounded in probes and in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from batchpilot.runtime.loadgen.client import TargetSession
+from batchpilot.runtime.loadgen.config import LoadConfig, SearchConfig
+from batchpilot.runtime.loadgen.loops import PRECISE_CLOCK, Clock
+from batchpilot.runtime.loadgen.run import LoadReport, run_with
+from batchpilot.runtime.loadgen.schedule import MAX_RATE_RPS, RateSchedule
+
+
+@dataclass(slots=True)
+class RateSearch:
+    """Exponential ramp until a probe fails, then bisection (geometric, since the precision is
+    relative) between the best passing and the lowest failing rate. Assumes that passing is
+    monotone in the rate, which is what saturation looks like."""
+
+    start_rps: float
+    precision: float = 0.05
+    min_rps: float = 0.5
+    max_rps: float = MAX_RATE_RPS
+    passed_rps: float = 0.0
+    failed_rps: float | None = None
+
+    def next_rate(self) -> float | None:
+        """The next rate to probe, or None once the search is done."""
+        if self.failed_rps is None:
+            if self.passed_rps == 0:
+                return self.start_rps
+            return (
+                min(self.passed_rps * 2, self.max_rps) if self.passed_rps < self.max_rps else None
+            )
+        if self.passed_rps == 0:
+            rate = self.failed_rps / 2
+            return rate if rate >= self.min_rps else None
+        if self.failed_rps / self.passed_rps - 1 <= self.precision:
+            return None
+        return math.sqrt(self.passed_rps * self.failed_rps)
+
+    def record(self, rate_rps: float, *, passed: bool) -> None:
+        if passed:
+            self.passed_rps = max(self.passed_rps, rate_rps)
+        elif self.failed_rps is None or rate_rps < self.failed_rps:
+            self.failed_rps = rate_rps
+
+
+def probe_passes(report: LoadReport, *, sla_ms: float) -> bool:
+    """A probe passes with no error of any kind (shed load included), P99 within the SLA, and
+    the run not stopped early."""
+    return (
+        not report.aborted
+        and report.succeeded > 0
+        and not report.errors
+        and report.latency_ms is not None
+        and report.latency_ms.p99_ms <= sla_ms
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Probe:
+    rate_rps: float
+    passed: bool
+    report: LoadReport
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchResult:
+    sla_ms: float
+    best_rps: float | None
+    """The highest probed rate that passed; None if none did."""
+    stopped_because: Literal["converged", "max_probes", "time_budget", "nothing_passes"]
+    precision: float
+    probes: tuple[Probe, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sla_ms": self.sla_ms,
+            "best_rps": self.best_rps,
+            "stopped_because": self.stopped_because,
+            "precision": self.precision,
+            "probes": [
+                {"rate_rps": p.rate_rps, "passed": p.passed, "report": p.report.to_dict()}
+                for p in self.probes
+            ],
+        }
+
+
+async def find_max_rate(config: SearchConfig, *, clock: Clock = PRECISE_CLOCK) -> SearchResult:
+    """The highest constant open-loop rate with P99 <= SLA and no errors (503s included)."""
+    started = clock()
+    search = RateSearch(config.start_rps, precision=config.precision, min_rps=config.min_rps)
+    probes: list[Probe] = []
+    worst_probe_s = (
+        config.settle_s + config.warmup_s + config.probe_duration_s + config.target.timeout_s
+    )
+    stopped: Literal["converged", "max_probes", "time_budget", "nothing_passes"] = "converged"
+    async with TargetSession(config.target, pool_size=config.max_outstanding) as client:
+        while True:
+            rate = search.next_rate()
+            if rate is None:
+                stopped = "converged" if search.passed_rps > 0 else "nothing_passes"
+                break
+            if len(probes) >= config.max_probes:
+                stopped = "max_probes"
+                break
+            if clock() - started + worst_probe_s > config.max_total_s:
+                stopped = "time_budget"
+                break
+            if probes and config.settle_s > 0:
+                await asyncio.sleep(config.settle_s)
+            report = await run_with(
+                client,
+                LoadConfig(
+                    target=config.target,
+                    duration_s=config.probe_duration_s,
+                    schedule=RateSchedule.constant(rate),
+                    arrivals=config.arrivals,
+                    max_outstanding=config.max_outstanding,
+                    warmup_s=config.warmup_s,
+                    seed=config.seed + len(probes),
+                    stop_early_sla_ms=config.sla_ms,
+                ),
+                clock=clock,
+            )
+            passed = probe_passes(report, sla_ms=config.sla_ms)
+            search.record(rate, passed=passed)
+            probes.append(Probe(rate_rps=rate, passed=passed, report=report))
+    return SearchResult(
+        sla_ms=config.sla_ms,
+        best_rps=search.passed_rps or None,
+        stopped_because=stopped,
+        precision=config.precision,
+        probes=tuple(probes),
+    )
