@@ -23,6 +23,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.requests import ClientDisconnect
 
 from batchpilot.runtime.errors import (
     DeadlineExceeded,
@@ -118,9 +119,12 @@ def _header_length(request: Request) -> int | None:
     value = request.headers.get(HEADER_LENGTH)
     if value is None:
         return None
-    if not value.strip().isdigit():
+    # str.isdigit() accepts Unicode digits such as '²' (a Latin-1 header byte), which int()
+    # refuses: only ASCII decimal digits make a length.
+    text = value.strip()
+    if not (text.isascii() and text.isdecimal()):
         raise InvalidRequest(f"Inference-Header-Content-Length {value!r} is not a number")
-    return int(value)
+    return int(text)
 
 
 async def _until_disconnected(request: Request, handler: asyncio.Task[Any]) -> None:
@@ -245,13 +249,22 @@ def create_app(server: ModelServer, *, config: AppConfig | None = None) -> FastA
                 outputs=outputs,
                 binary=(
                     [t.name for t in outputs]
-                    if parsed.binary_default and parsed.requested_outputs is None
+                    if parsed.binary_default and not parsed.requested_outputs
                     else parsed.binary_outputs
                 ),
             )
         except InferenceError as exc:
             metrics.request_finished(status_of(exc)[1], time.perf_counter() - started)
             return error_response(exc)
+        except ClientDisconnect:  # the client went away while sending the body
+            metrics.request_finished(Outcome.CANCELLED)
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        except Exception:
+            # A bug, not the client's fault: still one JSON answer, and counted as an error so
+            # the error rate the autopilot reads includes it.
+            log.exception("infer request failed unexpectedly")
+            metrics.request_finished(Outcome.ERROR, time.perf_counter() - started)
+            return _json({"error": "internal server error; see the server log"}, status=500)
         finally:
             metrics.inflight.dec()
             if watcher is not None:

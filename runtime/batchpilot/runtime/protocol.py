@@ -181,7 +181,9 @@ def decode_request(body: bytes, *, header_length: int | None = None) -> InferReq
                     f"{where}: binary data ends at byte {offset + size} but only "
                     f"{len(blob)} bytes follow the JSON header"
                 )
-            array = np.frombuffer(view[offset : offset + size], dtype=dtype).reshape(shape)
+            array = _reshaped(
+                np.frombuffer(view[offset : offset + size], dtype=dtype), shape, where
+            )
             offset += size
         else:
             if "data" not in raw:
@@ -237,7 +239,19 @@ def _json_array(
         raise _fail(f"{where}: BOOL data must be true or false")
     if array.size != count:
         raise _fail(f"{where}: shape {list(shape)} needs {count} elements, data has {array.size}")
-    return array.reshape(shape)
+    return _reshaped(array, shape, where)
+
+
+def _reshaped(
+    array: np.ndarray[Any, Any], shape: tuple[int, ...], where: str
+) -> np.ndarray[Any, Any]:
+    """`array` in `shape`. A shape with no elements matches any data size, yet numpy may still
+    refuse it (too many dimensions, a dimension past its index range): that is the client's error.
+    """
+    try:
+        return array.reshape(shape)
+    except ValueError as exc:
+        raise _fail(f"{where}: shape {list(shape)} cannot be used: {exc}") from None
 
 
 def _all_bools(data: list[Any]) -> bool:

@@ -26,7 +26,7 @@ from batchpilot.runtime.batching import BatchSettings
 from batchpilot.runtime.device import DeviceUnavailable, Nvml
 from batchpilot.runtime.engine import Engine
 from batchpilot.runtime.live_settings import ConfigFileWatcher
-from batchpilot.runtime.metrics import RuntimeMetrics
+from batchpilot.runtime.metrics import Outcome, RuntimeMetrics
 from batchpilot.runtime.onnx_engine import ModelLoadError, OnnxEngine, SessionConfig
 from batchpilot.runtime.server import ModelServer
 from batchpilot.runtime.settings import RuntimeSettings
@@ -150,7 +150,24 @@ def serve(settings: RuntimeSettings) -> int:
     )
     server = _DrainingServer(config, model_server=model_server)
     server.run()
-    return 0 if server.started else 1
+    if not server.started:
+        return 1
+    _log_final_tally(metrics)
+    return 0
+
+
+def _log_final_tally(metrics: RuntimeMetrics) -> None:
+    """One line at exit that counts every answered request by outcome, so whoever stopped the
+    server can check that a drain lost nothing: what clients received must add up to this."""
+    tally = dict.fromkeys((outcome.value for outcome in Outcome), 0)
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            if sample.name == "batchpilot_requests_total":
+                tally[sample.labels["outcome"]] += int(sample.value)
+    log.info(
+        "stopped; requests by outcome: %s",
+        " ".join(f"{outcome}={count}" for outcome, count in tally.items()),
+    )
 
 
 def _attach_background(app: Any, job: Any) -> None:
