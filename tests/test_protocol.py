@@ -177,6 +177,25 @@ class TestRefusals:
         with pytest.raises(InvalidRequest, match=message):
             decode_request(orjson.dumps(doc))
 
+    @pytest.mark.parametrize(
+        ("datatype", "data", "message"),
+        [
+            ("FP32", ["1.5"], "FP32 data must be numbers"),
+            ("FP32", [None], "FP32 data must be numbers"),
+            ("FP32", [True], "FP32 data must be numbers"),
+            ("INT64", [1.5], "INT64 data must be integers"),
+            ("UINT8", [-1], "-1 is outside its range 0..255"),
+            ("INT64", [2**63], "9223372036854775808 is outside its range"),
+            ("FP16", [1e6], "values overflow FP16"),
+        ],
+    )
+    def test_json_data_numpy_would_silently_convert(
+        self, datatype: str, data: list[Any], message: str
+    ) -> None:
+        doc = {"inputs": [{"name": "x", "datatype": datatype, "shape": [1], "data": data}]}
+        with pytest.raises(InvalidRequest, match=message):
+            decode_request(orjson.dumps(doc))
+
     def test_not_json(self) -> None:
         with pytest.raises(InvalidRequest, match="not valid JSON"):
             decode_request(b"{nope")

@@ -229,14 +229,35 @@ def decode_request(body: bytes, *, header_length: int | None = None) -> InferReq
 def _json_array(
     data: Any, dtype: np.dtype[Any], shape: tuple[int, ...], count: int, where: str
 ) -> np.ndarray[Any, Any]:
+    """JSON numbers as `dtype`, refusing what numpy would silently convert: strings, nulls,
+    booleans outside BOOL, fractions into integers, values out of the datatype's range."""
     if not isinstance(data, list):
         raise _fail(f"{where}: data must be a list")
+    name = datatype_of(dtype)
     try:
-        array = np.asarray(data, dtype=dtype)
+        raw = np.asarray(data)
     except (ValueError, TypeError, OverflowError) as exc:
-        raise _fail(f"{where}: data does not fit datatype {datatype_of(dtype)}: {exc}") from None
-    if dtype == np.bool_ and not _all_bools(data):
-        raise _fail(f"{where}: BOOL data must be true or false")
+        raise _fail(f"{where}: data does not fit datatype {name}: {exc}") from None
+    kind = raw.dtype.kind if raw.size else dtype.kind
+    if dtype.kind == "b":
+        if kind != "b":
+            raise _fail(f"{where}: BOOL data must be true or false")
+    elif kind not in "iuf":
+        raise _fail(f"{where}: data does not fit datatype {name}: {name} data must be numbers")
+    elif dtype.kind in "iu" and kind == "f":
+        raise _fail(f"{where}: data does not fit datatype {name}: {name} data must be integers")
+    if raw.size and dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        outside = raw[(raw < info.min) | (raw > info.max)]
+        if outside.size:
+            raise _fail(
+                f"{where}: data does not fit datatype {name}: {outside.flat[0]} is outside "
+                f"its range {info.min}..{info.max}"
+            )
+    with np.errstate(over="ignore"):
+        array = raw.astype(dtype)
+    if dtype.kind == "f" and raw.size and not np.array_equal(np.isfinite(array), np.isfinite(raw)):
+        raise _fail(f"{where}: data does not fit datatype {name}: values overflow {name}")
     if array.size != count:
         raise _fail(f"{where}: shape {list(shape)} needs {count} elements, data has {array.size}")
     return _reshaped(array, shape, where)
@@ -252,17 +273,6 @@ def _reshaped(
         return array.reshape(shape)
     except ValueError as exc:
         raise _fail(f"{where}: shape {list(shape)} cannot be used: {exc}") from None
-
-
-def _all_bools(data: list[Any]) -> bool:
-    stack: list[Any] = [data]
-    while stack:
-        for item in stack.pop():
-            if isinstance(item, list):
-                stack.append(item)
-            elif not isinstance(item, bool):
-                return False
-    return True
 
 
 def encode_response(
