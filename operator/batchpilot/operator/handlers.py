@@ -42,8 +42,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
     )
     settings.persistence.finalizer = f"{ANNOTATION_PREFIX}/finalizer"
-    # kopf would turn its own log lines into Events; the reconciler posts the ones that matter.
-    settings.posting.enabled = False
+    # Events come from the reconciler and the autopilot (kopf.event); of kopf's own log lines
+    # only warnings and errors (a handler that failed) become Events too.
+    settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     kube = KubeClient.from_environment()
     memo.reconciler = Reconciler(kube, _SETTINGS)

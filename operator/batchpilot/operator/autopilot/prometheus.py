@@ -177,7 +177,7 @@ def http_query(url: str, *, timeout_s: float = 5.0) -> QueryFn:
         try:
             result: list[dict[str, Any]] = client.custom_query(text, params=params)
         except (PrometheusApiClientException, RequestException, ValueError) as exc:
-            raise PrometheusUnavailable(str(exc)) from exc
+            raise PrometheusUnavailable(f"{url}: {type(exc).__name__}") from exc
         return result
 
     return query
