@@ -33,6 +33,13 @@ CHILD_FILTER: dict[str, Any] = {
 }
 
 
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """In-cluster service account, else $KUBECONFIG as it is now (kopf's client-based login
+    reads it once, at import)."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(

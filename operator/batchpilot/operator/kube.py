@@ -8,6 +8,7 @@ dicts (the API's JSON) and the small `Kube` protocol, so tests can count or fake
 from __future__ import annotations
 
 import json
+import os
 import urllib.parse
 from typing import Any, Protocol
 
@@ -46,12 +47,13 @@ class KubeClient:
     def from_environment(cls, *, kubeconfig: str | None = None) -> KubeClient:
         from kubernetes import client, config
 
+        kubeconfig = kubeconfig or os.environ.get("KUBECONFIG")
         if kubeconfig is None:
             try:
                 config.load_incluster_config()  # type: ignore[no-untyped-call]
             except config.ConfigException:
                 config.load_kube_config()  # type: ignore[no-untyped-call]
-        else:
+        else:  # read now: the client reads $KUBECONFIG once, when it is imported
             config.load_kube_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
         return cls(client.ApiClient())
 
