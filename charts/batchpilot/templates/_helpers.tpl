@@ -1,0 +1,96 @@
+{{/* Names, labels and the operator's permissions, shared by the templates. */}}
+
+{{- define "batchpilot.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "batchpilot.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "batchpilot.operatorSelector" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{/* The labels the operator puts on every runtime pod and Service (children/common.py). */}}
+{{- define "batchpilot.runtimeSelector" -}}
+app.kubernetes.io/name: batchpilot-runtime
+app.kubernetes.io/managed-by: batchpilot
+{{- end -}}
+
+{{- define "batchpilot.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "batchpilot.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "batchpilot.operatorImage" -}}
+{{- $image := .Values.operator.image -}}
+{{- if $image.digest -}}
+{{- printf "%s@%s" $image.repository $image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $image.repository (default .Chart.AppVersion $image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+What the operator does in the namespaces it serves — exactly, nothing more. Derived from the code
+and checked against it by tests/deploy/test_rbac.py:
+- kopf watches InferenceServices, patches them (progress annotations, finalizer) and their
+  status; the operator reads one when a child changes and patches its status then too;
+- kopf watches the children (kopf.on.event); the reconciler reads, creates and replaces them,
+  deletes only the PodDisruptionBudget (none with one replica); the autopilot patches the
+  Deployment's replicas and the batching ConfigMap, and lists pods to reach the ready ones;
+- Events (kopf.event) on the InferenceService.
+*/}}
+{{- define "batchpilot.namespacedRules" -}}
+- apiGroups: ["batchpilot.io"]
+  resources: ["inferenceservices"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["batchpilot.io"]
+  resources: ["inferenceservices/status"]
+  verbs: ["patch"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "update", "patch"]
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "watch", "create", "update", "patch"]
+- apiGroups: [""]
+  resources: ["services", "secrets"]
+  verbs: ["get", "list", "watch", "create", "update"]
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "list", "watch", "create", "update", "delete"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end -}}
+
+{{/* kopf's own observation of the cluster: new CRDs always; namespaces when it serves a list
+of them (to notice namespaces that come and go). Read-only, cluster-scoped by nature. */}}
+{{- define "batchpilot.clusterRules" -}}
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["list", "watch"]
+{{- if .Values.watchNamespaces }}
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["list", "watch"]
+{{- end }}
+{{- end -}}

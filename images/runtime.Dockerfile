@@ -1,0 +1,36 @@
+# syntax=docker/dockerfile:1
+# The batchpilot runtime on the CPU: the batching inference server on onnxruntime (CPU). It
+# installs the project with the `runtime` extra and nothing else. It also serves as the model
+# fetcher (`batchpilot runtime fetch`) in the pods' init container.
+# Build from the repository root: docker build -f images/runtime.Dockerfile -t IMAGE .
+# tests/deploy/test_images.py checks what this file installs, its pins and its user.
+
+# Python 3.12 on Debian bookworm, pinned by version and digest (hack/pin-base-images.sh).
+ARG PYTHON_IMAGE=python:3.12.12-slim-bookworm@sha256:593bd06efe90efa80dc4eee3948be7c0fde4134606dd40d8dd8dbcade98e669c
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+WORKDIR /src
+COPY images/constraints/build.txt images/constraints/runtime.txt /constraints/
+RUN python -m pip install --requirement /constraints/build.txt
+COPY pyproject.toml README.md ./
+COPY runtime/ runtime/
+COPY operator/ operator/
+# The wheel holds only the project's code; its dependencies come from the one extra, at the
+# versions pinned in images/constraints/ (hack/pin-image-deps.py). The venv gets no pip.
+RUN python -m pip wheel --no-deps --no-build-isolation --wheel-dir /wheels . \
+ && python -m venv --without-pip /opt/venv \
+ && python -m pip --python /opt/venv/bin/python install \
+      --constraint /constraints/runtime.txt "$(ls /wheels/batchpilot-*.whl)[runtime]"
+
+FROM ${PYTHON_IMAGE}
+COPY --from=build /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    HOME=/tmp
+# Numeric, so that runAsNonRoot can verify it; the uid the operator runs runtime pods as.
+USER 65532:65532
+EXPOSE 8080
+ENTRYPOINT ["batchpilot"]
+CMD ["runtime", "serve", "--help"]

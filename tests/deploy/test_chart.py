@@ -1,0 +1,232 @@
+"""The Helm chart: it lints, renders valid Kubernetes objects, carries the operator's settings."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from batchpilot.operator.settings import OperatorSettings
+from tests.deploy.chart import (
+    CHART,
+    KUBE_VERSIONS,
+    NAMESPACE,
+    NAMESPACED,
+    ROOT,
+    SCENARIOS,
+    RenderError,
+    find,
+    load,
+    one,
+    operator_deployment,
+    render,
+    run_helm,
+)
+
+MONITORING_KINDS = {"PodMonitor", "ServiceMonitor"}
+"""prometheus-operator kinds: no offline schema; test_monitors checks them field by field."""
+
+
+def env_of(deployment: dict[str, Any]) -> dict[str, str]:
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return {item["name"]: item["value"] for item in container["env"]}
+
+
+def settings_from(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> OperatorSettings:
+    """The operator's settings as the process in the pod would read them."""
+    for name in list(OperatorSettings.model_fields):
+        monkeypatch.delenv(f"BATCHPILOT_OPERATOR_{name.upper()}", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return OperatorSettings()
+
+
+class TestTheChartIsSound:
+    def test_its_crd_is_a_byte_for_byte_copy_of_crds(self) -> None:
+        ours = (CHART / "crds" / "inferenceservice.yaml").read_bytes()
+        assert ours == (ROOT / "crds" / "inferenceservice.yaml").read_bytes(), (
+            "charts/batchpilot/crds/ drifted from crds/: "
+            "cp crds/inferenceservice.yaml charts/batchpilot/crds/"
+        )
+        assert sorted(p.name for p in (CHART / "crds").iterdir()) == sorted(
+            p.name for p in (ROOT / "crds").iterdir()
+        )
+
+    def test_helm_lint_strict_passes(self) -> None:
+        result = run_helm("lint", "--strict", str(CHART))
+        assert result.returncode == 0, result.stdout + result.stderr
+
+    @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+    def test_helm_lint_strict_passes_with_non_default_values(
+        self, scenario: str, tmp_path: Any
+    ) -> None:
+        values = tmp_path / "values.json"
+        values.write_text(json.dumps(SCENARIOS[scenario]))
+        result = run_helm("lint", "--strict", str(CHART), "--values", str(values))
+        assert result.returncode == 0, result.stdout + result.stderr
+
+    def test_the_default_images_follow_the_charts_app_version(self) -> None:
+        chart = load(CHART / "Chart.yaml")
+        values = load(CHART / "values.yaml")
+        app_version = chart["appVersion"]
+        assert values["runtime"]["images"]["cpu"].endswith(f":{app_version}")
+        assert values["runtime"]["images"]["gpu"].endswith(f":{app_version}")
+        image = operator_deployment(render())["spec"]["template"]["spec"]["containers"][0]["image"]
+        assert image == f"ghcr.io/batchpilot/operator:{app_version}"
+
+
+class TestRenderedManifestsAreValid:
+    @pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+    @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+    def test_every_object_validates_strictly(self, scenario: str, kube_version: str) -> None:
+        docs = render(SCENARIOS[scenario], kube_version=kube_version, include_crds=True)
+        problems = []
+        for doc in docs:
+            if doc["kind"] in MONITORING_KINDS:
+                continue
+            try:
+                kubernetes_validate.validate(doc, kube_version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                first_line = str(exc).splitlines()[0]
+                problems.append(f"{doc['kind']} {doc['metadata']['name']}: {first_line}")
+        assert problems == []
+        kinds = {doc["kind"] for doc in docs}
+        assert {"CustomResourceDefinition", "Deployment", "ServiceAccount"} <= kinds or (
+            scenario == "bring-your-own-account"
+        )
+
+    @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+    def test_namespaced_objects_say_where_they_go(self, scenario: str) -> None:
+        cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
+        for doc in render(SCENARIOS[scenario], include_crds=True):
+            if doc["kind"] not in cluster_scoped:
+                assert doc["metadata"].get("namespace"), f"{doc['kind']} has no namespace"
+
+    def test_the_crd_is_rendered_only_from_crds(self) -> None:
+        docs = render(include_crds=True)
+        (crd,) = find(docs, "CustomResourceDefinition")
+        assert crd == load(ROOT / "crds" / "inferenceservice.yaml")
+        assert find(render(), "CustomResourceDefinition") == []
+
+
+class TestTheOperatorDeployment:
+    def test_exactly_one_operator_runs_and_upgrades_stop_the_old_one_first(self) -> None:
+        spec = operator_deployment(render())["spec"]
+        assert spec["replicas"] == 1
+        assert spec["strategy"] == {"type": "Recreate"}
+
+    def test_it_runs_the_operator_with_kopfs_liveness_endpoint(self) -> None:
+        pod = operator_deployment(render())["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        assert container["command"] == ["batchpilot"]
+        assert container["args"] == [
+            "operator",
+            "run",
+            "--liveness",
+            "http://0.0.0.0:8081/healthz",
+        ]
+        probe = container["livenessProbe"]["httpGet"]
+        assert probe["path"] == "/healthz"
+        (port,) = container["ports"]
+        assert probe["port"] == port["name"]
+        assert port["containerPort"] == 8081
+
+    def test_its_service_account_is_the_one_rbac_binds(self) -> None:
+        docs = render(NAMESPACED)
+        account = operator_deployment(docs)["spec"]["template"]["spec"]["serviceAccountName"]
+        assert one(docs, "ServiceAccount")["metadata"]["name"] == account
+        for binding in find(docs, "ClusterRoleBinding") + find(docs, "RoleBinding"):
+            assert binding["subjects"] == [
+                {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}
+            ]
+
+    def test_bring_your_own_account_renders_no_account_and_no_rbac(self) -> None:
+        docs = render(SCENARIOS["bring-your-own-account"])
+        kinds = {doc["kind"] for doc in docs}
+        assert kinds.isdisjoint({"ServiceAccount", "ClusterRole", "Role", "RoleBinding"})
+        pod = operator_deployment(docs)["spec"]["template"]["spec"]
+        assert pod["serviceAccountName"] == "batchpilot-operator"
+        assert pod["containers"][0]["image"] == "ghcr.io/batchpilot/operator:0.1.1"
+
+    def test_a_digest_wins_over_the_tag(self) -> None:
+        pod = operator_deployment(render(NAMESPACED))["spec"]["template"]["spec"]
+        image = pod["containers"][0]["image"]
+        assert image == "registry.example.com/batchpilot/operator@sha256:" + "b" * 64
+        assert pod["containers"][0]["args"][-1] == "--verbose"
+
+
+class TestSettings:
+    def test_every_operator_setting_is_a_chart_value(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        env = env_of(operator_deployment(render(NAMESPACED)))
+        ours = {name for name in env if name.startswith("BATCHPILOT_OPERATOR_")}
+        fields = {f"BATCHPILOT_OPERATOR_{name.upper()}" for name in OperatorSettings.model_fields}
+        assert ours == fields, "the chart and operator/batchpilot/operator/settings.py disagree"
+
+    def test_the_operator_reads_back_what_the_values_say(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        env = env_of(operator_deployment(render(NAMESPACED)))
+        settings = settings_from(env, monkeypatch)
+        runtime, gpu = NAMESPACED["runtime"], NAMESPACED["gpu"]
+        assert settings.namespaces == ["team-a", "team-b"]
+        assert settings.prometheus_url == NAMESPACED["prometheus"]["url"]
+        assert settings.runtime_image_cpu == runtime["images"]["cpu"]
+        assert settings.runtime_image_gpu == runtime["images"]["gpu"]
+        assert settings.image_pull_policy == "Always"
+        assert settings.runtime_port == 9000
+        assert settings.storage_initializer_image == runtime["storageInitializerImage"]
+        assert settings.drain_grace_seconds == 40
+        assert settings.pre_stop_sleep_seconds == 3
+        assert settings.gpu_resource == gpu["resource"]
+        assert settings.gpu_node_selector == gpu["nodeSelector"]
+        assert settings.gpu_tolerations == gpu["tolerations"]
+        assert settings.utilization_source == "dcgm"
+        assert settings.autopilot_interval_seconds == 7.5
+        assert settings.metrics_window_seconds == 120
+        assert settings.reconcile_interval_seconds == 30
+        assert env["TZ"] == "UTC"
+
+    def test_default_values_give_the_operators_defaults(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        env = env_of(operator_deployment(render()))
+        assert "BATCHPILOT_OPERATOR_STORAGE_INITIALIZER_IMAGE" not in env
+        defaults = settings_from({}, monkeypatch)
+        assert settings_from(env, monkeypatch) == defaults
+
+    @pytest.mark.parametrize("source", ["busy", "nvml", "dcgm"])
+    def test_each_gpu_metric_source_reaches_the_operator(
+        self, source: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        env = env_of(operator_deployment(render({"gpu": {"utilizationSource": source}})))
+        assert settings_from(env, monkeypatch).utilization_source == source
+
+
+class TestValuesSchema:
+    @pytest.mark.parametrize(
+        ("values", "complaint"),
+        [
+            ({"gpu": {"utilizationSource": "prometheus"}}, "utilizationSource"),
+            ({"watchNamespaces": ["Team_A"]}, "watchNamespaces"),
+            ({"prometheus": {"url": "prometheus:9090"}}, "prometheus.url"),
+            ({"runtime": {"port": 0}}, "runtime.port"),
+            ({"operator": {"image": {"digest": "latest"}}}, "digest"),
+            ({"autopilot": {"intervalSeconds": 0}}, "intervalSeconds"),
+            ({"monitoring": {"podMonitor": {"enabled": True, "interval": "soon"}}}, "interval"),
+            ({"prometheusUrl": "http://x:9090"}, "prometheusUrl"),
+        ],
+    )
+    def test_wrong_values_are_refused_with_the_key(self, values: Any, complaint: str) -> None:
+        with pytest.raises(RenderError, match=complaint):
+            render(values)
+
+    def test_both_monitors_at_once_are_refused(self) -> None:
+        both = {"podMonitor": {"enabled": True}, "serviceMonitor": {"enabled": True}}
+        with pytest.raises(RenderError, match="not both"):
+            render({"monitoring": both})
+
+    def test_the_chart_refuses_kubernetes_older_than_cel_needs(self) -> None:
+        with pytest.raises(RenderError, match="kubeVersion"):
+            render(kube_version="1.28.0")
