@@ -179,7 +179,14 @@ class TestFeedbackWithoutAModel:
 
 
 def test_state_survives_a_round_trip_through_the_resource() -> None:
-    state = State(fit=MODEL, calibration=1.25, recommendations=((10.0, 2), (25.0, 1)))
+    state = State(
+        fit=MODEL,
+        overhead_s=0.0125,
+        recommendations=((10.0, 2), (25.0, 1)),
+        changed_at=30.0,
+        ready=2,
+        rate=(30.0, 412.5),
+    )
     assert State.from_dict(state.to_dict()) == state
     assert State.from_dict({"fit": {"alphaMs": "x"}}) == State()
     assert State.from_dict(None) == State()

@@ -26,6 +26,14 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "batchpilot.operator.run",
         "run the operator: reconcile InferenceServices, run the SLA autopilot",
     ),
+    ("sandbox", "api"): (
+        "batchpilot.operator.sandbox.apiserver",
+        "a local Kubernetes API (emulator) with the CRDs installed, for tests and the sandbox",
+    ),
+    ("simulate",): (
+        "batchpilot.operator.simulation.cli",
+        "simulate the autopilot and its baselines over a traffic trace",
+    ),
     ("loadgen",): (
         "batchpilot.runtime.loadgen",
         "open- or closed-loop load against a v2 endpoint; --find-max sizes a service",

@@ -1,19 +1,28 @@
 """The decision function: (observation, policy, what is in force, state, now) → (decision, state).
 
 Targets, in order: P99 within the SLA; then device utilization inside its band; then the fewest
-replicas. Batch size moves fast (it takes effect in seconds, with no restart); replicas move
-slower: scale-up at once, but not again while new replicas are still starting, and scale-down
-only after the stabilization window has recommended fewer replicas all along (the highest
-recommendation in the window wins, as in Kubernetes' HPA), and only with a wider margin than
-scale-up needs (hysteresis: no flapping).
+replicas. The last two agree: the fewest replicas is the busiest device. Utilization is not a
+ceiling, though: a batching replica's device is busy nearly all the time long before its P99
+suffers (batches grow to fill the time), so the band's maximum would buy replicas that change
+nothing; latency is what bounds a replica's load. Batch size moves fast (it takes effect in
+seconds, with no restart); replicas move slower: scale-up at once, and scale-down only after the
+stabilization window has recommended fewer replicas all along (the highest recommendation in the
+window wins, as in Kubernetes' HPA), and only with a wider margin than scale-up needs
+(hysteresis: no flapping).
 
 Steps, each small and named:
 1. hold when metrics are missing or stale — never scale down blind;
-2. learn: refit t(b) ≈ α + β·b and the calibration of predicted against observed P99;
-3. plan: the fewest replicas, and for them the batch limit, that the model predicts keep P99
-   under the SLA with headroom at the offered load (+ growth margin);
-4. guard: if P99 is over the SLA and the plan adds no capacity, step up on feedback instead
-   (the model is wrong somewhere; observed latency wins);
+2. learn: refit t(b) ≈ α + β·b; learn the latency spent outside the batcher (observed P99 minus
+   the model's, from windows that describe the settings in force); estimate the load now from
+   the window's rate and its trend (a 60 s window trails a step by 45 s);
+3. plan: for every batch limit, the rate one replica carries with predicted P99 under the SLA
+   with headroom — its capacity; then the fewest replicas that carry the load (+ growth margin),
+   and among limits that need that many, the one with the most capacity. Limits whose full
+   batches alone (one in flight, then one's own) would break the target are never chosen: they
+   buy throughput only in a backlog, where their latency is already too long;
+4. guard: if P99 is over the SLA in a window that describes the present and the plan adds no
+   capacity, add replicas on feedback instead (the model is wrong somewhere; observed latency
+   wins);
 5. pace replicas: cold start, scale-down stabilization, hysteresis, bounds;
 6. explain: action, reason and the condition inputs.
 
@@ -27,15 +36,35 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from batchpilot.operator.autopilot.observation import Observation
-from batchpilot.operator.autopilot.service_model import LatencyFit, Prediction, fit, predict
+from batchpilot.operator.autopilot.service_model import (
+    LatencyFit,
+    Prediction,
+    fit,
+    predict,
+    sla_capacity,
+)
 
 SLA_HEADROOM = 0.8
-"""Plan for predicted P99 at most this fraction of the SLA."""
-SCALE_DOWN_MARGIN = 0.6
-"""Remove a replica only if the rest are predicted at most this fraction of the SLA."""
-GROWTH_MARGIN = 1.1
-"""Plan for 10 % more load than observed: traffic moves between two decisions."""
-CALIBRATION_BOUNDS = (0.5, 3.0)
+"""Plan for predicted P99 at most this fraction of the SLA — of the part the batcher spends: the
+latency outside it (the learned overhead) is the same whatever the replicas and batch limit."""
+SCALE_DOWN_LOAD = 0.95
+"""Remove replicas only if the rest carry the planned load at most at this fraction of their
+capacity (hysteresis: scale-up happens above 100 %)."""
+GROWTH_MARGIN = 1.05
+"""Plan for 5 % more load than observed: traffic moves between two decisions (a rise the
+window shows is extrapolated separately, see the trend)."""
+OVERHEAD_SMOOTHING = 0.2
+"""Weight of a new estimate of the latency outside the batcher against the previous one."""
+LEARN_BELOW_LOAD = 0.9
+"""Learn from observed P99 only below this fraction of saturation: near it, P99 is too steep
+(and too noisy) to tell the model's error from the load's."""
+TREND_SIGNIFICANCE = 3.0
+"""Extrapolate a rising rate only when the rise exceeds this many standard deviations of
+Poisson noise (otherwise noise alone would add replicas)."""
+FEEDBACK_STEP = 0.25
+"""On feedback, add this fraction of the replicas (at least one)."""
+BATCH_STICKINESS = 0.97
+"""Batch limits with at least this fraction of the best limit's capacity count as equally good."""
 STALE_WINDOWS = 3
 """An observation older than this many windows is stale."""
 
@@ -68,13 +97,21 @@ class State:
     """What the autopilot remembers between decisions (persisted across operator restarts)."""
 
     fit: LatencyFit | None = None
-    calibration: float = 1.0
+    overhead_s: float | None = None
+    """Latency spent outside the batcher (decoding, pre- and post-processing): observed P99 minus
+    the model's prediction. None until learned."""
     recommendations: tuple[tuple[float, int], ...] = ()
     """(time, replicas) recommended within the scale-down window."""
+    changed_at: float | None = None
+    """When the capacity in force last changed (batch settings, ready replicas): the metrics
+    window describes the present only a window later."""
+    ready: int | None = None
+    """Ready replicas at the previous decision."""
+    rate: tuple[float, float] | None = None
+    """(time, offered requests per second) at the previous decision, for the trend."""
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
-            "calibration": round(self.calibration, 4),
             "recommendations": [[round(t, 3), r] for t, r in self.recommendations],
         }
         if self.fit is not None:
@@ -83,6 +120,14 @@ class State:
                 "betaMs": round(self.fit.beta_s * 1e3, 4),
                 "confident": self.fit.confident,
             }
+        if self.overhead_s is not None:
+            doc["overheadMs"] = round(self.overhead_s * 1e3, 4)
+        if self.changed_at is not None:
+            doc["changedAt"] = round(self.changed_at, 3)
+        if self.ready is not None:
+            doc["ready"] = self.ready
+        if self.rate is not None:
+            doc["rate"] = [round(self.rate[0], 3), round(self.rate[1], 3)]
         return doc
 
     @classmethod
@@ -102,10 +147,21 @@ class State:
                 else None
             )
             recs = tuple((float(t), int(r)) for t, r in doc.get("recommendations", []))
-            calibration = float(doc.get("calibration", 1.0))
-        except (KeyError, TypeError, ValueError):
+            overhead = doc.get("overheadMs")
+            changed = doc.get("changedAt")
+            ready = doc.get("ready")
+            raw_rate = doc.get("rate")
+            rate = (float(raw_rate[0]), float(raw_rate[1])) if raw_rate is not None else None
+            return cls(
+                fit=model,
+                overhead_s=None if overhead is None else float(overhead) / 1e3,
+                recommendations=recs,
+                changed_at=None if changed is None else float(changed),
+                ready=None if ready is None else int(ready),
+                rate=rate,
+            )
+        except (KeyError, IndexError, TypeError, ValueError):
             return cls()
-        return cls(fit=model, calibration=calibration, recommendations=recs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +178,8 @@ class Decision:
     scaling_limited: str | None = None
     """Why the autopilot cannot do what the SLA needs (at maxReplicas), for the condition."""
     predicted_p99_s: float | None = None
+    capacity_rps: float | None = None
+    """Requests per second one replica carries inside the target at the chosen batch limit."""
     notes: tuple[str, ...] = field(default=())
 
     def changes(self, current: InForce) -> bool:
@@ -155,6 +213,8 @@ class Plan:
     prediction: Prediction
     predicted_p99_s: float
     feasible: bool
+    capacity: float
+    """Requests per second one replica carries at this batch limit inside the target."""
 
 
 def plan_capacity(
@@ -163,29 +223,53 @@ def plan_capacity(
     rate: float,
     policy: Policy,
     delay_s: float,
-    calibration: float,
+    overhead_s: float,
     target_s: float,
+    prefer: int | None = None,
 ) -> Plan:
-    """The fewest replicas whose predicted P99 (calibrated) fits `target_s`, and for them the
-    batch limit with the lowest predicted P99; the best effort at maxReplicas if none fits."""
-    best: Plan | None = None
-    for replicas in range(policy.min_replicas, policy.max_replicas + 1):
-        for batch in batch_candidates(policy.max_batch_size):
-            prediction = predict(
-                model, rate=rate, replicas=replicas, max_batch=batch, delay_s=delay_s
-            )
-            p99 = prediction.p99_s * calibration
-            feasible = p99 <= target_s and prediction.utilization <= policy.util_max
-            candidate = Plan(replicas, batch, prediction, p99, feasible)
-            if best is None or (candidate.feasible, -candidate.predicted_p99_s) > (
-                best.feasible,
-                -best.predicted_p99_s,
-            ):
-                best = candidate
-        if best is not None and best.feasible:
-            return best
-    assert best is not None
-    return best
+    """The fewest replicas that carry `rate` inside `target_s`, and for them the batch limit with
+    the most capacity — among limits nearly as good, `prefer` (the one in force), else the
+    largest; the best effort at maxReplicas if none fits."""
+    options: list[tuple[int, float, int]] = []  # (replicas needed, -capacity, batch limit)
+    for batch in batch_candidates(policy.max_batch_size):
+        if batch > 1 and overhead_s + 2 * model.batch_seconds(batch) > target_s:
+            continue  # a backlog of full batches alone would break the target
+        # Latency, not utilization, bounds a batching replica: its device is busy nearly all the
+        # time long before its P99 suffers (batches grow to fill the time), so a busy-fraction
+        # ceiling would buy replicas that change nothing.
+        per_replica = sla_capacity(
+            model, max_batch=batch, delay_s=delay_s, overhead_s=overhead_s, target_s=target_s
+        )
+        needed = math.ceil(rate / per_replica - 1e-9) if per_replica > 0 else 1 << 30
+        options.append((max(policy.min_replicas, needed), -per_replica, batch))
+    needed, negative_capacity, batch = min(options)
+    # Limits within a few per cent of the best are as good: keep the one in force (no churn),
+    # else take the largest (most throughput when a burst fills the batches).
+    equivalent = [
+        option
+        for option in options
+        if option[0] == needed and -option[1] >= BATCH_STICKINESS * -negative_capacity
+    ]
+    kept = [option for option in equivalent if option[2] == prefer]
+    needed, negative_capacity, batch = (kept or sorted(equivalent, key=lambda o: o[2]))[-1]
+    feasible = needed <= policy.max_replicas
+    replicas = min(needed, policy.max_replicas)
+    prediction = predict(
+        model,
+        rate=rate,
+        replicas=replicas,
+        max_batch=batch,
+        delay_s=delay_s,
+        overhead_s=overhead_s,
+    )
+    return Plan(
+        replicas=replicas,
+        batch_size=batch,
+        prediction=prediction,
+        predicted_p99_s=prediction.p99_s,
+        feasible=feasible,
+        capacity=-negative_capacity,
+    )
 
 
 def _hold(
@@ -230,30 +314,63 @@ def decide(
     sla = policy.sla_p99_s
     p99 = observation.p99_s
     idle = observation.idle
+    ready = observation.ready_replicas
     sla_met = None if idle or p99 is None else p99 <= sla
-    rate = observation.offered_qps or 0.0
+    offered = observation.offered_qps or 0.0
     delay_s = min(policy.max_queue_delay_s, 0.1 * sla)
 
-    # 2. Learn: the fit, and how far its predictions are from what was observed.
+    # 2. Learn: the fit; the latency outside the batcher; the load now.
+    changed_at = state.changed_at
+    if state.ready is not None and ready != state.ready:
+        changed_at = now
+    # The window describes the settings in force once it starts after the change, and after the
+    # backlog of the old settings has drained: allow one decision interval for that.
+    interval = now - state.rate[0] if state.rate is not None else 0.0
+    settled = changed_at is None or now - changed_at >= observation.window_s + interval
     model = fit(observation.compute, state.fit)
-    calibration = state.calibration
-    if model is not None and p99 is not None and not idle:
+    overhead = state.overhead_s
+    if model is not None and p99 is not None and sla_met and settled:
+        # Only healthy windows teach the overhead: an unhealthy one is the guard's business.
         expected = predict(
             model,
-            rate=rate,
-            replicas=max(1, observation.ready_replicas),
+            rate=offered,
+            replicas=max(1, ready),
             max_batch=current.batch_size,
             delay_s=current.max_queue_delay_s,
         )
-        if expected.load < 0.85 and math.isfinite(expected.p99_s) and expected.p99_s > 0:
-            ratio = p99 / expected.p99_s
-            low, high = CALIBRATION_BOUNDS
-            calibration = min(high, max(low, 0.5 * calibration + 0.5 * ratio))
-    learned = replace(state, fit=model, calibration=calibration)
+        if expected.load < LEARN_BELOW_LOAD:
+            residual = min(sla, max(0.0, p99 - expected.p99_s))
+            overhead = (
+                residual
+                if overhead is None
+                else OVERHEAD_SMOOTHING * residual + (1 - OVERHEAD_SMOOTHING) * overhead
+            )
+    # Headroom applies to the part of P99 the knobs move: the latency outside the batcher stays.
+    outside = min(overhead or 0.0, sla)
+    target = outside + SLA_HEADROOM * (sla - outside)
+    rate, trend = offered, ""
+    if settled and state.rate is not None:
+        then, before = state.rate
+        gap = now - then
+        # Poisson counts: the change a window moved by `gap` shows by chance alone.
+        noise = math.sqrt(2 * max(before, 1.0) * gap) / observation.window_s
+        if 0 < gap < observation.window_s and offered - before > TREND_SIGNIFICANCE * noise:
+            # The window moved by `gap`: the newest `gap` seconds carry the whole change.
+            rate = before + (offered - before) * observation.window_s / gap
+            trend = f", rising to {rate:.0f} rps"
+    learned = replace(
+        state,
+        fit=model,
+        overhead_s=overhead,
+        changed_at=changed_at,
+        ready=ready,
+        rate=(now, offered),
+    )
 
     # 3. Plan from the model; or, without one yet, from feedback alone.
     notes: list[str] = []
     predicted: float | None = None
+    capacity_per_replica: float | None = None
     if idle:
         want_replicas, want_batch = policy.min_replicas, current.batch_size
         why = "no traffic"
@@ -265,28 +382,43 @@ def decide(
             rate=rate * GROWTH_MARGIN,
             policy=policy,
             delay_s=delay_s,
-            calibration=calibration,
-            target_s=SLA_HEADROOM * sla,
+            overhead_s=overhead or 0.0,
+            target_s=target,
+            prefer=current.batch_size,
         )
         want_replicas, want_batch = chosen.replicas, chosen.batch_size
         predicted = chosen.predicted_p99_s
+        capacity_per_replica = chosen.capacity
         why = (
             f"model t(b) = {model.alpha_s * 1e3:.2f} + {model.beta_s * 1e3:.2f}·b ms"
-            f"{'' if model.confident else ' (rough)'} predicts P99 {_ms(predicted)} with "
-            f"{chosen.replicas} replicas at batch ≤ {chosen.batch_size} for {rate:.0f} rps"
+            f"{'' if model.confident else ' (rough)'} + {_ms(outside)} outside the batcher: "
+            f"a replica carries "
+            f"{chosen.capacity:.0f} rps at batch ≤ {chosen.batch_size} inside {_ms(target)}, "
+            f"so {chosen.replicas} for {rate * GROWTH_MARGIN:.0f} rps (P99 {_ms(predicted)})"
         )
         if not chosen.feasible:
             notes.append("no configuration within maxReplicas is predicted to meet the SLA")
-        # 4. Guard: over the SLA and the plan adds no capacity → trust the observation.
-        if sla_met is False and not _adds_capacity(model, current, want_replicas, want_batch):
-            want_replicas, want_batch, why = _feedback(observation, policy, current)
-            why = f"P99 over the SLA although the model disagrees; {why}"
+        # 4. Guard: over the SLA in a window of the present, and the plan adds no capacity →
+        # trust the observation.
+        if (
+            sla_met is False
+            and settled
+            and ready >= current.replicas
+            and not _adds_capacity(model, current, want_replicas, want_batch)
+        ):
+            want_replicas = current.replicas + max(1, math.ceil(FEEDBACK_STEP * current.replicas))
+            want_batch = current.batch_size
+            why = (
+                f"P99 over the SLA although the model predicts {_ms(predicted)}; "
+                f"feedback: adding {want_replicas - current.replicas} replicas"
+            )
+    why += trend
 
     # 5. Pace the replicas.
     replicas, recommendations, pace_note = _pace(
         want=want_replicas,
         current=current,
-        ready=observation.ready_replicas,
+        ready=ready,
         sla_met=sla_met,
         policy=policy,
         state=learned,
@@ -295,11 +427,16 @@ def decide(
         rate=rate,
         batch=want_batch,
         delay_s=delay_s,
-        calibration=calibration,
+        overhead_s=overhead or 0.0,
     )
     if pace_note:
         notes.append(pace_note)
-    new_state = replace(learned, recommendations=recommendations)
+    retuned = (want_batch, delay_s) != (current.batch_size, current.max_queue_delay_s)
+    new_state = replace(
+        learned,
+        recommendations=recommendations,
+        changed_at=now if retuned else learned.changed_at,
+    )
 
     # 6. Explain.
     limited = None
@@ -316,14 +453,14 @@ def decide(
         action = "scale-up"
     elif replicas < current.replicas:
         action = "scale-down"
-    elif (want_batch, delay_s) != (current.batch_size, current.max_queue_delay_s):
+    elif retuned:
         action = "retune"
     else:
         action = "steady"
     observed = (
         "no traffic"
         if idle
-        else f"P99 {_ms(p99)} vs SLA {_ms(sla)} at {rate:.0f} rps"
+        else f"P99 {_ms(p99)} vs SLA {_ms(sla)} at {offered:.0f} rps"
         + (
             f", device {observation.utilization * 100:.0f}% busy"
             if observation.utilization is not None
@@ -350,6 +487,7 @@ def decide(
         sla_met=sla_met,
         scaling_limited=limited,
         predicted_p99_s=predicted,
+        capacity_rps=capacity_per_replica,
         notes=tuple(notes),
     )
     return decision, new_state
@@ -367,7 +505,7 @@ def _feedback(observation: Observation, policy: Policy, current: InForce) -> tup
         if current.batch_size < policy.max_batch_size:
             batch = min(policy.max_batch_size, current.batch_size * 2)
             return current.replicas, batch, "feedback: doubling the batch limit"
-        step = max(1, math.ceil(current.replicas * (p99 / sla - 1)))
+        step = max(1, math.ceil(current.replicas * min(1.0, p99 / sla - 1)))
         replicas = min(policy.max_replicas, current.replicas + step)
         return (
             replicas,
@@ -399,7 +537,7 @@ def _pace(
     rate: float,
     batch: int,
     delay_s: float,
-    calibration: float,
+    overhead_s: float,
 ) -> tuple[int, tuple[tuple[float, int], ...], str | None]:
     """Replicas to set now, the recommendations to remember, and a note on any restraint."""
     want = max(policy.min_replicas, min(policy.max_replicas, want))
@@ -429,9 +567,16 @@ def _pace(
             f"({waited:.0f} s so far)",
         )
     if model is not None:
+        # Hysteresis: the replicas that stay must carry the load with room to spare.
         remaining = predict(
-            model, rate=rate * GROWTH_MARGIN, replicas=stable, max_batch=batch, delay_s=delay_s
+            model,
+            rate=rate * GROWTH_MARGIN / SCALE_DOWN_LOAD,
+            replicas=stable,
+            max_batch=batch,
+            delay_s=delay_s,
+            overhead_s=overhead_s,
         )
-        if remaining.p99_s * calibration > SCALE_DOWN_MARGIN * policy.sla_p99_s:
+        outside = min(overhead_s, policy.sla_p99_s)
+        if remaining.p99_s > outside + SLA_HEADROOM * (policy.sla_p99_s - outside):
             return current.replicas, window, "fewer replicas would leave too little headroom"
     return stable, ((now, stable),), None

@@ -12,8 +12,8 @@ Acting, in mode `auto` only:
   ConfigMap reaches it anyway.
 In mode `recommend` the decision is computed and reported, never applied.
 
-The autopilot's memory (the t(b) fit, calibration, scale-down recommendations) is kept in
-`status.autopilot`, so an operator restart resumes without a jump.
+The autopilot's memory (the t(b) fit, the latency outside the batcher, scale-down
+recommendations) is kept in `status.autopilot`, so an operator restart resumes without a jump.
 """
 
 from __future__ import annotations

@@ -1,0 +1,131 @@
+"""`batchpilot simulate`: run the autopilot (and the baselines) over a traffic trace, offline.
+
+    batchpilot simulate --trace examples/traces/diurnal.csv --service textbook \\
+        --policy autopilot,hpa,oracle --sla-ms 100 --json out.json --plot out.png
+
+Prints a comparison table; `--json` writes every interval of every run; `--plot` draws rate,
+P99 against the SLA, replicas and batch limit (needs matplotlib).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import cast
+
+from batchpilot.operator.simulation.cluster import ClusterConfig
+from batchpilot.operator.simulation.report import SimulationResult, table
+from batchpilot.operator.simulation.scenario import POLICIES, PolicyName, Scenario, simulate
+from batchpilot.operator.simulation.service import ServiceTruth
+from batchpilot.operator.simulation.trace import Trace
+
+
+def _policies(text: str) -> list[PolicyName]:
+    names = list(POLICIES) if text.strip() == "all" else [p.strip() for p in text.split(",")]
+    unknown = [name for name in names if name not in POLICIES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown policy {', '.join(unknown)}; choose from {', '.join(POLICIES)} or all"
+        )
+    return [cast(PolicyName, name) for name in names]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trace", required=True, type=Path, help="CSV: t_seconds,rate_rps")
+    parser.add_argument(
+        "--service",
+        default="textbook",
+        help="alpha_ms=A,beta_ms=B[,overhead_ms=C], or 'textbook' (ResNet-50 on an A10: "
+        "α 1.52 ms, β 2.25 ms, 40 ms outside the device); default: textbook",
+    )
+    parser.add_argument(
+        "--overhead-ms",
+        type=float,
+        default=None,
+        help="latency every request spends outside the device (decode, pre/post-processing)",
+    )
+    parser.add_argument(
+        "--policy",
+        type=_policies,
+        default=["autopilot"],
+        help="autopilot, oracle, hpa, static — one, a comma-separated list, or all",
+    )
+    parser.add_argument("--sla-ms", type=float, default=100.0, help="P99 latency SLA")
+    spec = parser.add_argument_group("the InferenceService spec")
+    spec.add_argument("--min-replicas", type=int, default=1)
+    spec.add_argument("--max-replicas", type=int, default=8)
+    spec.add_argument("--start-replicas", type=int, default=1)
+    spec.add_argument("--max-batch-size", type=int, default=64)
+    spec.add_argument("--batch-size", type=int, default=1, help="starting batch limit")
+    spec.add_argument("--max-queue-delay-ms", type=float, default=5.0)
+    spec.add_argument("--scale-down-delay-s", type=float, default=300.0)
+    baselines = parser.add_argument_group("baselines")
+    baselines.add_argument(
+        "--baseline-batch",
+        type=int,
+        default=None,
+        help="fixed batch limit of the HPA and static baselines (default: --batch-size)",
+    )
+    baselines.add_argument("--hpa-target", type=float, default=70.0, help="GPU utilization %%")
+    cluster = parser.add_argument_group("the simulated cluster")
+    cluster.add_argument("--cold-start-s", type=float, default=30.0)
+    cluster.add_argument("--interval-s", type=float, default=15.0, help="control interval")
+    cluster.add_argument("--window-s", type=float, default=60.0, help="metrics window")
+    cluster.add_argument("--queue-capacity", type=int, default=1024)
+    cluster.add_argument("--balancing", choices=["random", "round-robin"], default="random")
+    cluster.add_argument("--seed", type=int, default=0)
+    cluster.add_argument(
+        "--duration-s", type=float, default=None, help="override the trace's length"
+    )
+    parser.add_argument("--json", type=Path, default=None, help="write every interval here")
+    parser.add_argument("--plot", type=Path, default=None, help="write a PNG here")
+
+
+def scenario_of(args: argparse.Namespace) -> Scenario:
+    return Scenario(
+        trace=Trace.from_csv(args.trace, duration_s=args.duration_s),
+        service=ServiceTruth.parse(args.service, overhead_ms=args.overhead_ms),
+        sla_s=args.sla_ms / 1e3,
+        min_replicas=args.min_replicas,
+        max_replicas=args.max_replicas,
+        start_replicas=max(args.min_replicas, args.start_replicas),
+        max_batch_size=args.max_batch_size,
+        batch_size=args.batch_size,
+        max_queue_delay_s=args.max_queue_delay_ms / 1e3,
+        scale_down_delay_s=args.scale_down_delay_s,
+        baseline_batch=args.baseline_batch,
+        hpa_target=args.hpa_target / 100,
+        cluster=ClusterConfig(
+            interval_s=args.interval_s,
+            window_s=args.window_s,
+            cold_start_s=args.cold_start_s,
+            queue_capacity=args.queue_capacity,
+            balancing=args.balancing,
+            seed=args.seed,
+        ),
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        scenario = scenario_of(args)
+    except (OSError, ValueError) as exc:
+        print(f"batchpilot simulate: {exc}", file=sys.stderr)
+        return 2
+    results: list[SimulationResult] = [simulate(scenario, name) for name in args.policy]
+    print(f"{scenario.trace.name}: {scenario.service.describe()}, SLA P99 < {args.sla_ms:g} ms")
+    print(table(results))
+    if args.json is not None:
+        document = {"results": [result.to_dict() for result in results]}
+        args.json.write_text(json.dumps(document, indent=1, allow_nan=False) + "\n")
+    if args.plot is not None:
+        from batchpilot.operator.simulation.plot import plot
+
+        try:
+            plot(results, args.plot)
+        except RuntimeError as exc:
+            print(f"batchpilot simulate: {exc}", file=sys.stderr)
+            return 1
+    return 0

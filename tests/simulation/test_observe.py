@@ -1,0 +1,78 @@
+"""What the autopilot sees: Prometheus' histogram_quantile over the runtime's buckets."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from batchpilot.operator.simulation.observe import (
+    Telemetry,
+    exact_quantile,
+    histogram_quantile,
+)
+from batchpilot.operator.simulation.replica import Served
+from batchpilot.runtime.metrics import LATENCY_BUCKETS
+
+
+class TestHistogramQuantile:
+    def test_interpolates_linearly_inside_the_bucket_that_holds_the_rank(self) -> None:
+        # 100 observations: 50 in (0, 0.1], 40 in (0.1, 0.2], 10 in (0.2, 0.4].
+        # P90: rank 90 is the last of the second bucket → 0.2.
+        # P95: rank 95 is 5 of the 10 in (0.2, 0.4] → 0.2 + 0.2 · 5/10 = 0.3.
+        bounds, counts = [0.1, 0.2, 0.4], [50, 40, 10, 0]
+        assert histogram_quantile(0.90, bounds, counts) == pytest.approx(0.2)
+        assert histogram_quantile(0.95, bounds, counts) == pytest.approx(0.3)
+        # P25: rank 25 of 50 in the first bucket, which starts at 0 → 0.05.
+        assert histogram_quantile(0.25, bounds, counts) == pytest.approx(0.05)
+
+    def test_a_rank_in_the_inf_bucket_is_the_highest_finite_bound(self) -> None:
+        assert histogram_quantile(0.99, [0.1, 0.2], [10, 10, 80]) == 0.2
+
+    def test_no_observations_is_nan(self) -> None:
+        assert math.isnan(histogram_quantile(0.99, [0.1], [0, 0]))
+
+    @pytest.mark.parametrize("seed", [1, 2, 3])
+    def test_agrees_with_the_exact_p99_within_bucket_resolution(self, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        latency = 0.040 + rng.gamma(2.0, 0.012, size=20_000)  # 40 ms fixed + a queueing tail
+        bounds = np.array(LATENCY_BUCKETS)
+        counts = np.bincount(
+            np.searchsorted(bounds, latency, side="left"), minlength=len(bounds) + 1
+        )
+        estimate = histogram_quantile(0.99, bounds.tolist(), counts.tolist())
+        exact = exact_quantile(0.99, latency)
+        assert estimate == pytest.approx(exact, rel=0.15)  # buckets are 15 % apart
+
+
+def test_exact_quantile_counts_shed_requests_as_infinitely_slow() -> None:
+    values = np.linspace(0.001, 0.1, 99)
+    assert exact_quantile(0.99, values, infinite=0) == pytest.approx(0.1)
+    assert math.isinf(exact_quantile(0.99, values, infinite=2))  # 2 of 101 are over 1 %
+
+
+class TestTelemetry:
+    def test_an_observation_is_the_window_seen_through_the_runtime_metrics(self) -> None:
+        telemetry = Telemetry(intervals=8, interval_s=15, sla_s=0.1, overhead_s=0.0)
+        # Batches of 1 and of 3 rows, t(b) = 2 + 1·b ms, in the first 60 s.
+        dispatched = np.arange(0.0, 60.0, 0.5)
+        sizes = np.where(np.arange(len(dispatched)) % 2 == 0, 1, 3)
+        arrivals = np.repeat(dispatched, sizes) - 0.004  # every request waited 4 ms
+        telemetry.record([Served(dispatched, sizes, arrivals, shed=0)], alpha_s=0.002, beta_s=0.001)
+        telemetry.record_shed(6, at=30.0)
+        obs = telemetry.observe(4, window_s=60, ready=2, reporting=2)
+        assert obs.at == 60.0
+        assert obs.qps == pytest.approx(240 / 60)  # 60 batches of 1 + 60 of 3
+        assert obs.rejected_qps == pytest.approx(6 / 60)
+        assert obs.mean_batch == pytest.approx(2.0)
+        # Busy: 60 · 3 ms + 60 · 5 ms = 0.48 s over 60 s, shared by 2 replicas → 0.4 %.
+        assert obs.utilization == pytest.approx(0.48 / 60 / 2)
+        one, four = obs.compute  # batch buckets "1" and "4"
+        assert (one.mean_batch, one.batches, four.mean_batch, four.batches) == (1, 60, 3, 60)
+        assert one.mean_seconds == pytest.approx(0.003)  # t(1) = 2 + 1 ms
+        assert four.mean_seconds == pytest.approx(0.005)  # t(3) = 2 + 3 ms
+        # Latencies are 4 + 3 = 7 ms or 4 + 5 = 9 ms; their P99 is read from 15 %-wide buckets.
+        assert obs.p99_s == pytest.approx(0.009, rel=0.15)
+        assert obs.queue_p99_s == pytest.approx(0.004, rel=0.15)
+        assert obs.ready_replicas == 2

@@ -1,0 +1,108 @@
+"""The baselines' rules, tick by tick. Each tick is one control interval of 15 s."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import pytest
+
+from batchpilot.operator.autopilot.decide import InForce
+from batchpilot.operator.autopilot.observation import Observation
+from batchpilot.operator.simulation.capacity import Capacity
+from batchpilot.operator.simulation.policies import HpaController, oracle_plan
+
+TICK = 15.0
+
+
+def busy(utilization: float | None, *, ready: int, at: float = 0.0) -> Observation:
+    return Observation(
+        at=at,
+        window_s=60,
+        p99_s=0.05,
+        p95_s=None,
+        qps=100,
+        rejected_qps=0,
+        queue_p99_s=None,
+        utilization=utilization,
+        mean_batch=1.0,
+        ready_replicas=ready,
+    )
+
+
+def hpa() -> HpaController:
+    return HpaController(
+        target=0.70,
+        tolerance=0.10,
+        stabilization_s=300,
+        min_replicas=1,
+        max_replicas=10,
+        batch_size=1,
+        max_queue_delay_s=0.005,
+        start_replicas=2,
+    )
+
+
+class TestHpa:
+    def test_desired_is_the_ceiling_of_replicas_times_utilization_over_target(self) -> None:
+        # 2 replicas at 98 %: ceil(2 · 0.98 / 0.70) = ceil(2.8) = 3.
+        command = hpa().decide(busy(0.98, ready=2), InForce(2, 1, 0.005), now=0, interval=1)
+        assert command.replicas == 3
+
+    def test_within_the_tolerance_nothing_moves(self) -> None:
+        # 0.76 / 0.70 = 1.086: within 10 % of the target.
+        command = hpa().decide(busy(0.76, ready=2), InForce(2, 1, 0.005), now=0, interval=1)
+        assert command.replicas == 2
+
+    def test_scale_up_is_at_most_double_or_four_more_per_period(self) -> None:
+        # 2 replicas at 100 % with a 10 % target → 20 wanted, max(2 · 2, 2 + 4) = 6 allowed.
+        controller = hpa()
+        controller.target = 0.10
+        command = controller.decide(busy(1.0, ready=2), InForce(2, 1, 0.005), now=0, interval=1)
+        assert command.replicas == 6
+
+    def test_starting_pods_count_as_idle_when_scaling_up(self) -> None:
+        # 2 of 3 ready at 84 %: 0.84 · 2 / (3 · 0.70) = 0.8 → no scale-up (it would scale down,
+        # but the stabilization window remembers 3).
+        controller = hpa()
+        controller.recommendations = [(0.0, 3)]
+        command = controller.decide(busy(0.84, ready=2), InForce(3, 1, 0.005), now=15, interval=1)
+        assert command.replicas == 3
+
+    def test_scale_down_waits_for_the_stabilization_window(self) -> None:
+        controller, current = hpa(), InForce(4, 1, 0.005)
+        controller.recommendations = [(0.0, 4)]
+        replicas = []
+        for tick in range(1, 24):
+            # 4 replicas at 35 %: ceil(4 · 0.35 / 0.70) = 2 wanted from tick 1 on.
+            command = controller.decide(
+                busy(0.35, ready=current.replicas), current, now=tick * TICK, interval=tick
+            )
+            current = InForce(command.replicas, 1, 0.005)
+            replicas.append(command.replicas)
+        # The t=0 recommendation of 4 leaves the 300 s window at t=300 (tick 20).
+        assert replicas == [4] * 19 + [2] * 4
+
+    def test_missing_utilization_holds(self) -> None:
+        command = hpa().decide(busy(None, ready=2), InForce(3, 1, 0.005), now=0, interval=1)
+        assert command.replicas == 3
+
+
+class TestOracle:
+    TABLE: ClassVar[list[Capacity]] = [Capacity(4, 300.0), Capacity(8, 330.0)]
+
+    @pytest.mark.parametrize(
+        ("peak", "replicas", "batch"),
+        [
+            (0.0, 1, 8),  # nothing to carry: the minimum
+            (300.0, 1, 8),  # 300 / 330 = 0.91 → 1; batch 4 would also do (1.0), 8 has room
+            (331.0, 2, 8),  # 331 / 330 → 2 (batch 4 needs 2 as well, with less room)
+            (900.0, 3, 8),  # 900 / 330 = 2.73 → 3
+        ],
+    )
+    def test_the_fewest_replicas_whose_true_capacity_covers_the_peak(
+        self, peak: float, replicas: int, batch: int
+    ) -> None:
+        assert oracle_plan(peak, self.TABLE, min_replicas=1, max_replicas=8) == (replicas, batch)
+
+    def test_capped_at_max_replicas(self) -> None:
+        assert oracle_plan(5000.0, self.TABLE, min_replicas=1, max_replicas=8) == (8, 8)

@@ -1,0 +1,103 @@
+"""The batch loop against queueing theory and against the runtime batcher's rules."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from batchpilot.operator.simulation.replica import Replica, Served
+
+
+def run(replica: Replica, arrivals: np.ndarray, *, chunk_s: float = 15.0) -> list[Served]:
+    """Feed the arrivals a control interval at a time, then drain."""
+    end = float(arrivals[-1]) + chunk_s
+    served, start = [], 0.0
+    while start < end:
+        stop = start + chunk_s
+        mine = arrivals[(arrivals >= start) & (arrivals < stop)].tolist()
+        served.append(replica.serve(mine, since=start, until=stop))
+        start = stop
+    served.append(replica.serve([], since=start, until=math.inf))
+    return served
+
+
+def waits(served: list[Served]) -> np.ndarray:
+    return np.concatenate([np.repeat(s.dispatched_at, s.sizes) - s.arrivals for s in served])
+
+
+class TestClosedForms:
+    @pytest.mark.parametrize("rho", [0.5, 0.8])
+    def test_batch_1_is_an_md1_queue(self, rho: float) -> None:
+        # M/D/1: mean wait ρ·t / (2(1 - ρ)). t = 4 ms; ρ = 0.5 → 2 ms, ρ = 0.8 → 8 ms.
+        service = 0.004
+        rate = rho / service
+        arrivals = np.cumsum(np.random.default_rng(1).exponential(1 / rate, size=200_000))
+        replica = Replica(alpha_s=service, beta_s=0.0, max_batch=1, delay_s=0.005)
+        mean_wait = float(waits(run(replica, arrivals)).mean())
+        assert mean_wait == pytest.approx(rho * service / (2 * (1 - rho)), rel=0.05)
+
+    def test_a_fixed_batch_limit_caps_throughput_at_b_over_t_b(self) -> None:
+        # t(8) = 2 + 1·8 = 10 ms → at most 8 / 10 ms = 800 rps, whatever is offered (1500 rps).
+        arrivals = np.cumsum(np.random.default_rng(2).exponential(1 / 1500, size=30_000))
+        replica = Replica(alpha_s=0.002, beta_s=0.001, max_batch=8, delay_s=0.0, capacity=10**6)
+        served = run(replica, arrivals)
+        dispatched = np.concatenate([s.dispatched_at for s in served])
+        sizes = np.concatenate([s.sizes for s in served])
+        busy_until = dispatched[-1] + 0.002 + 0.001 * sizes[-1]
+        assert sizes.sum() / busy_until == pytest.approx(800, rel=0.01)
+        assert (sizes == 8).mean() > 0.99  # a backlog always fills the batch
+
+    def test_a_full_queue_sheds_what_exceeds_capacity(self) -> None:
+        # 1000 rps for 10 s against 100 rps of capacity and 50 places: about 9000 - 50 shed.
+        arrivals = np.arange(0, 10, 0.001)
+        replica = Replica(alpha_s=0.01, beta_s=0.0, max_batch=1, delay_s=0.0, capacity=50)
+        served = run(replica, arrivals, chunk_s=10)
+        done = sum(s.batches for s in served)
+        shed = sum(s.shed for s in served)
+        assert done + shed == len(arrivals)
+        assert done == pytest.approx(10 / 0.01 + 50, abs=2)
+
+
+class TestBatcherRules:
+    def make(self, **settings: float) -> Replica:
+        values = {"alpha_s": 0.010, "beta_s": 0.0, "max_batch": 4, "delay_s": 0.005}
+        values.update(settings)
+        return Replica(
+            alpha_s=values["alpha_s"],
+            beta_s=values["beta_s"],
+            max_batch=int(values["max_batch"]),
+            delay_s=values["delay_s"],
+        )
+
+    def test_a_lone_request_waits_the_queue_delay(self) -> None:
+        served = self.make().serve([1.0], since=0.0, until=2.0)
+        assert served.dispatched_at.tolist() == [pytest.approx(1.005)]  # 1.0 + 5 ms
+        assert served.sizes.tolist() == [1]
+
+    def test_a_full_batch_leaves_at_once(self) -> None:
+        served = self.make().serve([1.0, 1.001, 1.002, 1.003], since=0.0, until=2.0)
+        assert served.dispatched_at.tolist() == [pytest.approx(1.003)]  # the 4th arrival
+        assert served.sizes.tolist() == [4]
+
+    def test_a_busy_device_makes_the_next_batch_wait_and_grow(self) -> None:
+        # Batch 1 leaves at 1.005 and runs 10 ms; 1.006, 1.007 and 1.008 wait until 1.015.
+        served = self.make().serve([1.0, 1.006, 1.007, 1.008], since=0.0, until=2.0)
+        assert served.dispatched_at.tolist() == [pytest.approx(1.005), pytest.approx(1.015)]
+        assert served.sizes.tolist() == [1, 3]
+
+    def test_settings_change_between_calls(self) -> None:
+        replica = self.make(delay_s=1.0)
+        first = replica.serve([0.5, 0.6], since=0.0, until=1.0)
+        assert first.batches == 0  # still waiting for company (until 1.5)
+        replica.max_batch = 2
+        second = replica.serve([], since=1.0, until=2.0)
+        assert second.dispatched_at.tolist() == [1.0]  # full under the new limit, from now
+        assert second.sizes.tolist() == [2]
+
+    def test_every_request_is_answered_once_in_arrival_order(self) -> None:
+        arrivals = np.sort(np.random.default_rng(3).uniform(0, 60, 20_000))
+        served = run(self.make(alpha_s=0.001, beta_s=0.0005, max_batch=16), arrivals)
+        answered = np.concatenate([s.arrivals for s in served])
+        assert np.array_equal(answered, arrivals)
