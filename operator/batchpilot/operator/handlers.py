@@ -81,15 +81,19 @@ def _finish(outcome: Outcome) -> None:
         raise kopf.TemporaryError(outcome.retry_error, delay=10)
 
 
-@kopf.on.create(GROUP, VERSION, PLURAL)
-@kopf.on.update(GROUP, VERSION, PLURAL)
-@kopf.on.resume(GROUP, VERSION, PLURAL)
-def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) -> Outcome:
     outcome: Outcome = memo.reconciler.reconcile(_plain(body))
     if outcome.status:
         patch.status.update(outcome.status)
     _post(body, outcome)
-    _finish(outcome)
+    return outcome
+
+
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL)
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+    _finish(_reconcile(body, patch, memo))
 
 
 @kopf.timer(
@@ -100,10 +104,8 @@ def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> 
     initial_delay=_SETTINGS.reconcile_interval_seconds,
 )
 def reconcile_periodically(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
-    outcome: Outcome = memo.reconciler.reconcile(_plain(body))
-    if outcome.status:
-        patch.status.update(outcome.status)
-    _post(body, outcome)
+    """Level-triggered safety net: the same pass, and failures wait for the next period."""
+    _reconcile(body, patch, memo)
 
 
 @kopf.timer(
