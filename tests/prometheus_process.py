@@ -109,12 +109,3 @@ scrape_configs:
     finally:
         running.stop()
         log.close()
-
-
-def wait_for(condition: object, *, timeout_s: float, what: str) -> None:
-    """Poll `condition()` until true; fail with `what` after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.2)

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from batchpilot.operator.sandbox import LocalKubernetesAPI
 from batchpilot.runtime.loadgen import LoadConfig, RateSchedule, Target, run_load
 from tests.prometheus_process import prometheus_process
 from tests.runtime_process import runtime_process
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -49,17 +50,6 @@ def call(url: str, method: str = "GET", body: Any = None, *, patch: bool = False
         if exc.code == 404:
             return None
         raise
-
-
-def wait_until(condition: Callable[[], Any], *, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.25)
 
 
 @contextlib.contextmanager

@@ -22,8 +22,9 @@ from batchpilot.operator.autopilot.prometheus import (
     http_query,
 )
 from batchpilot.runtime.loadgen import LoadConfig, RateSchedule, Target, run_load
-from tests.prometheus_process import prometheus_process, wait_for
+from tests.prometheus_process import prometheus_process
 from tests.runtime_process import free_port, runtime_process
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -51,9 +52,9 @@ def test_rate_and_latency_read_back_agree_with_the_load_generator(
         prometheus_process(tmp_path) as prometheus,
     ):
         prometheus.set_targets([f"127.0.0.1:{runtime.port}"])
-        wait_for(
+        wait_until(
             lambda: prometheus.query("up") and prometheus.query("batchpilot_engine_info"),
-            timeout_s=20,
+            timeout=20,
             what="the first scrape",
         )
         config = LoadConfig(
@@ -66,9 +67,9 @@ def test_rate_and_latency_read_back_agree_with_the_load_generator(
         assert report.succeeded > 0.9 * 80 * LOAD_S
 
         total = f'sum(batchpilot_requests_total{{{SCOPE.selector},outcome="success"}})'
-        wait_for(
+        wait_until(
             lambda: (r := prometheus.query(total)) and float(r[0]["value"][1]) >= report.succeeded,
-            timeout_s=10,
+            timeout=10,
             what="Prometheus to scrape the last requests",
         )
         # A window that sits inside the load, ending when it ended.

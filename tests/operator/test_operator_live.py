@@ -9,7 +9,7 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import yaml
 from kopf.testing import KopfRunner
 
 from batchpilot.operator.sandbox import LocalKubernetesAPI
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -65,17 +66,6 @@ class Cluster:
 
     def child_writes(self) -> int:
         return sum(self.api.writes.count(resource) for resource in CHILD_RESOURCES)
-
-
-def wait_until(condition: Callable[[], Any], *, timeout: float = 20, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)
 
 
 def containing(text: str, part: str) -> str | None:
