@@ -8,7 +8,7 @@ HELM := $(BIN)/helm
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_INSTALL := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends
 
-.PHONY: install test lint bench clean
+.PHONY: install test lint bench demo clean
 
 install: $(STAMP) $(HELM)
 
@@ -38,6 +38,11 @@ lint: install
 
 test: install lint
 	$(BIN)/pytest -q
+
+# The whole system on this machine: local Kubernetes API, Prometheus, the operator, runtime
+# processes and a traffic scenario; live view, then a summary and demo.png.
+demo: install
+	$(BIN)/batchpilot sandbox up --plot demo.png
 
 bench: install
 	$(BIN)/python bench/run.py --json bench/results.json

@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 
 from batchpilot.operator.sandbox import LocalKubernetesAPI
+from batchpilot.operator.sandbox.prometheus import prometheus_process
 from batchpilot.runtime.loadgen import LoadConfig, RateSchedule, Target, run_load
-from tests.prometheus_process import prometheus_process
 from tests.runtime_process import runtime_process
 from tests.waiting import wait_until
 
@@ -140,7 +140,7 @@ def test_decisions_reach_the_runtime_and_blind_or_restarted_operators_hold(
                 wait_until(lambda: call(deployments), timeout=30, what="the Deployment")
                 call(f"{deployments}/status", "PATCH",
                      {"status": {"replicas": 1, "readyReplicas": 1}}, patch=True)  # fmt: skip
-                prometheus.set_targets([f"127.0.0.1:{runtime.port}"])
+                prometheus.set_targets([(f"127.0.0.1:{runtime.port}", {})])
 
                 # 70 rps against a replica that serves 45 rps at batch 1 (t(1) = 22 ms).
                 load = LoadConfig(

@@ -21,8 +21,8 @@ from batchpilot.operator.autopilot.prometheus import (
     Scope,
     http_query,
 )
+from batchpilot.operator.sandbox.prometheus import prometheus_process
 from batchpilot.runtime.loadgen import LoadConfig, RateSchedule, Target, run_load
-from tests.prometheus_process import prometheus_process
 from tests.runtime_process import free_port, runtime_process
 from tests.waiting import wait_until
 
@@ -51,7 +51,7 @@ def test_rate_and_latency_read_back_agree_with_the_load_generator(
         ) as runtime,
         prometheus_process(tmp_path) as prometheus,
     ):
-        prometheus.set_targets([f"127.0.0.1:{runtime.port}"])
+        prometheus.set_targets([(f"127.0.0.1:{runtime.port}", {})])
         wait_until(
             lambda: prometheus.query("up") and prometheus.query("batchpilot_engine_info"),
             timeout=20,

@@ -30,6 +30,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "batchpilot.operator.sandbox.apiserver",
         "a local Kubernetes API (emulator) with the CRDs installed, for tests and the sandbox",
     ),
+    ("sandbox", "up"): (
+        "batchpilot.operator.sandbox.up",
+        "the whole system locally under load: API, Prometheus, operator, pods, live view, plot",
+    ),
     ("simulate",): (
         "batchpilot.operator.simulation.cli",
         "simulate the autopilot and its baselines over a traffic trace",

@@ -1,0 +1,94 @@
+"""The sandbox end to end: `batchpilot sandbox up` run programmatically on a short scenario.
+
+A service starts outside its SLA — batch 1, one replica, offered about twice what one replica
+carries at batch 1 — and the autopilot must bring it inside: at the end SLAMet=True, the P99
+the load generator measured over the final seconds is within the SLA, and every request either
+succeeded or was shed with a counted 503. Then nothing the sandbox started may still run.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from batchpilot.operator.sandbox.up import SandboxOptions, run_sandbox
+from batchpilot.runtime.loadgen import SHED_KINDS
+
+pytestmark = pytest.mark.slow
+
+SLA_MS = 150.0
+
+
+def service() -> dict[str, Any]:
+    # t(b) = 20 + 2·b ms: 45 rps per replica at batch 1, ~220 rps at batch 8.
+    return {
+        "apiVersion": "batchpilot.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "overloaded", "namespace": "default"},
+        "spec": {
+            "model": {"uri": "file:///models/resnet50-signature.onnx"},
+            "runtime": {
+                "device": "cpu",
+                "engine": "simulated",
+                "simulatedLatency": {"alphaMs": 20, "betaMs": 2},
+            },
+            "sla": {"latencyP99Ms": SLA_MS},
+            "scaling": {"minReplicas": 1, "maxReplicas": 2, "maxBatchSize": 16},
+            "batching": {"batchSize": 1, "maxQueueDelayMs": 2},
+        },
+    }
+
+
+def processes_mentioning(text: str) -> list[str]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in args:
+            found.append(f"{cmdline.parent.name}: {args[:200]}")
+    return found
+
+
+@pytest.mark.timeout(175)
+def test_the_autopilot_brings_an_overloaded_service_inside_its_sla(tmp_path: Path) -> None:
+    started = time.monotonic()
+    lines: list[str] = []
+    result = run_sandbox(
+        SandboxOptions(
+            service=service(),
+            scenario="0:80",  # ~1.8x the batch-1 capacity of one replica, from the start
+            duration_s=60,
+            workdir=tmp_path,
+            start_delay_s=1.0,
+            plot=tmp_path / "run.png",
+        ),
+        out=lines.append,
+    )
+    log = "\n".join(lines)
+    load = result.load
+    assert load, f"no load report; output:\n{log}"
+
+    # Outside the SLA at first: the overload is real and batch 1 was the starting point.
+    assert any(s.sla_met == "False" for s in result.samples), log
+    assert result.decisions, log
+    assert result.decisions[0]["from"] == {"replicas": 1, "batchSize": 1}, log
+    # Inside at the end.
+    conditions = {c["type"]: c["status"] for c in result.status.get("conditions", [])}
+    assert conditions.get("SLAMet") == "True", log
+    assert result.final_p99_ms is not None, log
+    assert result.final_p99_ms <= SLA_MS, log
+    # Every request accounted for: succeeded, or shed with a counted 503.
+    assert load["failed"] == 0, (load["errors"], log)
+    assert set(load["errors"]) <= set(SHED_KINDS), load["errors"]
+    assert load["succeeded"] + load["shed"] == load["scheduled"], load
+    assert (tmp_path / "run.png").stat().st_size > 10_000
+
+    # Nothing left behind.
+    assert result.started_pids
+    assert processes_mentioning(str(tmp_path)) == []
+    assert time.monotonic() - started < 180

@@ -1,0 +1,202 @@
+"""The sandbox's kubelet on its own: a Deployment made by hand, no operator.
+
+It must start what the Deployment asks for (after the start-up delay), report the Pod and the
+Deployment status, hand the runtime its ConfigMap (and later changes of it), restart a process
+that crashes, and stop processes when the replicas go down — and leave nothing running.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from batchpilot.operator.sandbox import LocalKubernetesAPI
+from batchpilot.operator.sandbox.podrunner import API, Endpoints, PodRunner, container_command
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+NS = "default"
+DEPLOYMENTS = f"/apis/apps/v1/namespaces/{NS}/deployments"
+
+
+def wait_until(condition: Callable[[], Any], *, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def deployment(replicas: int) -> dict[str, Any]:
+    labels = {"app.kubernetes.io/managed-by": "batchpilot", "batchpilot.io/inferenceservice": "m"}
+    container = {
+        "name": "runtime",
+        "image": "runtime",
+        "args": ["runtime", "serve", "--model", "/models/resnet50-signature.onnx",
+                 "--name", "m", "--host", "0.0.0.0", "--port", "8080",
+                 "--engine", "simulated", "--simulated-latency", "alpha_ms=2,beta_ms=1",
+                 "--batching-config", "/etc/batchpilot/batching/batching.json",
+                 "--admin-token-file", "/var/run/secrets/batchpilot/admin-token"],
+        "env": [{"name": "BATCHPILOT_ISVC_NAME", "value": "m"}],
+    }  # fmt: skip
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "m", "namespace": NS, "labels": labels},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"batchpilot.io/inferenceservice": "m"}},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "containers": [container],
+                    "volumes": [
+                        {"name": "batching", "configMap": {"name": "m-batching"}},
+                        {"name": "admin-token", "secret": {"secretName": "m-admin-token"}},
+                    ],
+                },
+            },
+        },
+    }
+
+
+def batching(max_batch: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "m-batching", "namespace": NS},
+        "data": {"batching.json": json.dumps({"maxBatchSize": max_batch})},
+    }
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_container_args_are_made_local_and_the_rest_kept(tmp_path: Path) -> None:
+    container = deployment(1)["spec"]["template"]["spec"]["containers"][0]
+    command = container_command(container, port=1234, models_dir=tmp_path, directory=tmp_path)
+    args = command[3:]
+    assert args[:2] == ["runtime", "serve"]
+    assert args[args.index("--model") + 1] == str(tmp_path / "resnet50-signature.onnx")
+    assert args[args.index("--host") + 1] == "127.0.0.1"
+    assert args[args.index("--port") + 1] == "1234"
+    assert args[args.index("--batching-config") + 1] == str(tmp_path / "batching.json")
+    assert args[args.index("--simulated-latency") + 1] == "alpha_ms=2,beta_ms=1"
+    assert args.count("--port") == 1
+
+
+def test_the_runner_plays_the_kubelet(tmp_path: Path) -> None:
+    published: list[Endpoints] = []
+    with LocalKubernetesAPI(crds=[ROOT / "crds"]).threaded() as api:
+        rest = API(api.url)
+        rest.call(f"/api/v1/namespaces/{NS}/configmaps", "POST", batching(4))
+        token = base64.b64encode(b"sandbox-token").decode()
+        rest.call(f"/api/v1/namespaces/{NS}/secrets", "POST", {
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "m-admin-token", "namespace": NS},
+            "data": {"admin-token": token},
+        })  # fmt: skip
+        rest.call(DEPLOYMENTS, "POST", deployment(1))
+        runner = PodRunner(
+            api.url,
+            workdir=tmp_path,
+            models_dir=ROOT / "examples" / "models",
+            start_delay_s=0.5,
+            on_endpoints=published.append,
+        )
+        runner.run_in_thread()
+        try:
+            wait_until(
+                lambda: (
+                    (rest.call(f"{DEPLOYMENTS}/m") or {}).get("status", {}).get("readyReplicas")
+                    == 1
+                ),
+                timeout=30,
+                what="readyReplicas 1",
+            )
+            pods = rest.call(f"/api/v1/namespaces/{NS}/pods")["items"]
+            assert len(pods) == 1
+            pod = pods[0]
+            ready = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
+            assert ready["Ready"] == "True"
+            assert pod["status"]["podIP"] == "127.0.0.1"
+            port = pod["spec"]["containers"][0]["ports"][0]["containerPort"]
+            assert published[-1].ready[(NS, "m")] == [f"127.0.0.1:{port}"]
+
+            def runtime_batch() -> int:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/admin/batching") as r:
+                    return int(json.loads(r.read())["maxBatchSize"])
+
+            assert runtime_batch() == 4  # the ConfigMap, handed over as a file
+            rest.call(f"/api/v1/namespaces/{NS}/configmaps/m-batching", "PUT", batching(8))
+            wait_until(lambda: runtime_batch() == 8, timeout=10, what="the ConfigMap change")
+
+            # A crash: the same pod restarts its container.
+            first_pid = runner.pids()[0]
+            os.kill(first_pid, signal.SIGKILL)
+
+            def restarted() -> bool:
+                pod = rest.call(f"/api/v1/namespaces/{NS}/pods/{pods[0]['metadata']['name']}")
+                status = pod["status"]
+                return bool(
+                    status["containerStatuses"][0]["restartCount"] == 1
+                    and status["containerStatuses"][0]["ready"]
+                )
+
+            wait_until(restarted, timeout=30, what="the restarted container, ready")
+
+            # The pod template changes: a rolling update, the new pod ready before the old goes.
+            changed = deployment(1)
+            args = changed["spec"]["template"]["spec"]["containers"][0]["args"]
+            args[args.index("alpha_ms=2,beta_ms=1")] = "alpha_ms=3,beta_ms=1"
+            mark = len(published)
+            rest.call(f"{DEPLOYMENTS}/m", "PUT", changed)
+            old_name = pods[0]["metadata"]["name"]
+
+            def rolled() -> bool:
+                names = [
+                    p["metadata"]["name"]
+                    for p in rest.call(f"/api/v1/namespaces/{NS}/pods")["items"]
+                ]
+                status = (rest.call(f"{DEPLOYMENTS}/m") or {}).get("status", {})
+                return bool(
+                    old_name not in names
+                    and len(names) == 1
+                    and status.get("readyReplicas") == 1
+                    and status.get("updatedReplicas") == 1
+                )
+
+            wait_until(rolled, timeout=30, what="the rolling update")
+            # Never without a ready endpoint while it rolled.
+            assert all(e.ready.get((NS, "m")) for e in published[mark:])
+
+            # Scale to zero: the pod goes, its process drains and exits.
+            rest.call(f"{DEPLOYMENTS}/m", "PATCH", {"spec": {"replicas": 0}}, patch=True)
+            wait_until(
+                lambda: not rest.call(f"/api/v1/namespaces/{NS}/pods")["items"],
+                timeout=10,
+                what="the pod deleted",
+            )
+            wait_until(lambda: not runner.pids(), timeout=30, what="the process gone")
+        finally:
+            runner.stop()
+    assert runner.started_pids
+    assert not [pid for pid in runner.started_pids if alive(pid)]
