@@ -34,6 +34,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "batchpilot.operator.sandbox.up",
         "the whole system locally under load: API, Prometheus, operator, pods, live view, plot",
     ),
+    ("profile",): (
+        "batchpilot.operator.profile",
+        "the performance portrait of an InferenceService, with the next tuning step",
+    ),
     ("simulate",): (
         "batchpilot.operator.simulation.cli",
         "simulate the autopilot and its baselines over a traffic trace",

@@ -19,18 +19,23 @@ environment), so one PromQL selector finds a service's replicas. What each metri
 - `batchpilot_batching_max_batch_size`, `batchpilot_batching_max_queue_delay_seconds` (gauges):
   the settings in force.
 - `batchpilot_engine_info` (gauge, always 1): engine kind, device, and whether it is simulated.
+- `batchpilot_cpu_cores` (gauge) and the standard `process_*` series: CPU utilization of the
+  server, where pre/post-processing shows up before the device does.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Sequence
 from enum import StrEnum
+from pathlib import Path
 
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
+    ProcessCollector,
     disable_created_metrics,
 )
 from prometheus_client.core import GaugeMetricFamily
@@ -53,6 +58,18 @@ LATENCY_BUCKETS = _latency_buckets()
 # `*_created` series double the series count and nothing here reads them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 BATCH_SIZE_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512)
+
+
+def available_cores() -> float:
+    """CPU cores this process may use: its affinity, capped by a cgroup v2 quota if any."""
+    cores = float(len(os.sched_getaffinity(0)))
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+    except (OSError, ValueError):
+        return cores
+    if quota != "max" and float(period) > 0:
+        cores = min(cores, float(quota) / float(period))
+    return cores
 
 
 def batch_bucket(rows: int) -> str:
@@ -107,6 +124,8 @@ class RuntimeMetrics:
         registry: CollectorRegistry | None = None,
     ) -> None:
         self.registry = registry or CollectorRegistry()
+        # process_cpu_seconds_total and friends: the CPU side of the performance portrait.
+        ProcessCollector(registry=self.registry)
         labels = {"model": model, "isvc": service, "namespace": namespace}
         names = list(labels)
         r = self.registry
@@ -183,6 +202,13 @@ class RuntimeMetrics:
             device=engine.device,
             simulated=str(engine.simulated).lower(),
         ).set(1)
+        Gauge(
+            "batchpilot_cpu_cores",
+            "CPU cores this process may use (affinity and cgroup quota): CPU utilization is "
+            "rate(process_cpu_seconds_total) divided by this",
+            names,
+            registry=r,
+        ).labels(**labels).set(available_cores())
         if nvml is not None:
             r.register(_GpuCollector(nvml, labels))
         self._labels = labels
