@@ -46,6 +46,7 @@ demo: install
 
 bench: install
 	$(BIN)/python bench/run.py --json bench/results.json
+	$(BIN)/python bench/operator_scale.py --count 200 --json bench/operator-scale.json
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
