@@ -1,0 +1,101 @@
+"""The servers under test, each its own process on 127.0.0.1, and what they say about batching.
+
+The batching runtime is started with the project's own helper (`tests/runtime_process.py`, the
+real `batchpilot runtime serve`); the plain FastAPI baseline is `bench/plain_server.py`. Both are
+stopped with SIGTERM (then killed if they hang) and waited for, so none outlives the benchmark.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.runtime_process import free_port, runtime_process, wait_ready
+
+from batchpilot.runtime.onnx_engine import SessionConfig
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    url: str
+    pid: int
+
+
+def session_args(config: SessionConfig) -> list[str]:
+    """`batchpilot runtime serve` flags that reproduce `config`."""
+    return [
+        "--intra-op-threads",
+        str(config.intra_op_threads),
+        "--inter-op-threads",
+        str(config.inter_op_threads),
+        "--graph-optimization",
+        config.graph_optimization,
+    ]
+
+
+@contextlib.contextmanager
+def batching_server(model: Path, *args: str, log_dir: Path) -> Iterator[Running]:
+    """`batchpilot runtime serve --model MODEL ARGS...`, logging at warning level."""
+    with runtime_process(
+        model, *args, "--log-level", "warning", log_dir=log_dir, ready_timeout_s=60
+    ) as server:
+        yield Running(server.url, server.process.pid)
+
+
+@contextlib.contextmanager
+def plain_server(model: Path, config: SessionConfig, *, log_dir: Path) -> Iterator[Running]:
+    """bench/plain_server.py with the same session options."""
+    port = free_port()
+    log_path = log_dir / f"plain-{port}.log"
+    command = [
+        sys.executable,
+        str(HERE / "plain_server.py"),
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        "--intra-op-threads",
+        str(config.intra_op_threads),
+        "--inter-op-threads",
+        str(config.inter_op_threads),
+        "--graph-optimization",
+        config.graph_optimization,
+    ]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, process, timeout_s=60)
+        yield Running(url, process.pid)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def batch_stats(url: str) -> dict[str, float] | None:
+    """Batches run and mean rows per batch over the server's life (its Prometheus histogram)."""
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        for name in ("batchpilot_batch_size_sum", "batchpilot_batch_size_count"):
+            if line.startswith((name + "{", name + " ")):
+                values[name] = values.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    count = values.get("batchpilot_batch_size_count", 0.0)
+    if not count:
+        return None
+    return {"batches": count, "mean_rows_per_batch": values["batchpilot_batch_size_sum"] / count}
