@@ -59,6 +59,8 @@ class SessionConfig:
         options.intra_op_num_threads = self.intra_op_threads
         options.inter_op_num_threads = self.inter_op_threads
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        # Idle intra-op threads would spin between batches and take the event loop's core.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.graph_optimization_level = {
             "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
             "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,

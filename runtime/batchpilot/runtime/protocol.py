@@ -109,6 +109,7 @@ def _shape_of(raw: Any, where: str) -> tuple[int, ...]:
 
 def decode_request(body: bytes, *, header_length: int | None = None) -> InferRequest:
     """Parse a v2 infer request body. Raises InvalidRequest with the reason."""
+    blob: bytes | memoryview
     if header_length is None:
         header, blob = body, b""
     else:
@@ -117,7 +118,8 @@ def decode_request(body: bytes, *, header_length: int | None = None) -> InferReq
                 f"Inference-Header-Content-Length is {header_length} but the body has "
                 f"{len(body)} bytes"
             )
-        header, blob = body[:header_length], body[header_length:]
+        # A view, not a copy: tensors are read from the request body in place.
+        header, blob = body[:header_length], memoryview(body)[header_length:]
     try:
         doc = orjson.loads(header)
     except orjson.JSONDecodeError as exc:
