@@ -24,6 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import ClientDisconnect
+from starlette.routing import Route
 
 from batchpilot.runtime.errors import (
     DeadlineExceeded,
@@ -221,9 +222,8 @@ def create_app(server: ModelServer, *, config: AppConfig | None = None) -> FastA
             {"name": model_name, "ready": server.ready}, status=200 if server.ready else 503
         )
 
-    @app.post("/v2/models/{name}/infer")
-    @app.post("/v2/models/{name}/versions/{version}/infer")
-    async def infer(name: str, request: Request) -> Response:
+    async def infer(request: Request) -> Response:
+        name = request.path_params["name"]
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         metrics.inflight.inc()
@@ -277,6 +277,11 @@ def create_app(server: ModelServer, *, config: AppConfig | None = None) -> FastA
             media_type="application/octet-stream",
             headers={"Inference-Header-Content-Length": str(header_length)},
         )
+
+    # The hot path is a plain Starlette route: no dependency solving or response-model work per
+    # request, which is most of FastAPI's overhead when the model itself is cheap.
+    for path in ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"):
+        app.router.routes.append(Route(path, infer, methods=["POST"]))
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
