@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import signal
 import socket
@@ -11,9 +12,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import orjson
 
 
 def free_port() -> int:
@@ -103,3 +107,34 @@ def runtime_process(
         if process.poll() is None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 running.terminate(timeout_s=30)
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    headers: dict[str, str]
+    """Lower-cased names."""
+    body: bytes
+
+    def json(self) -> Any:
+        return orjson.loads(self.body)
+
+
+def send(
+    server: RuntimeProcess,
+    method: str,
+    path: str,
+    body: bytes = b"",
+    headers: Mapping[str, str] | None = None,
+) -> Reply:
+    """One request on its own connection (a 413 may leave a reused one unusable); header bytes
+    go out exactly as given."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        conn.request(method, path, body=body, headers=dict(headers or {}))
+        response = conn.getresponse()
+        return Reply(
+            response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+        )
+    finally:
+        conn.close()

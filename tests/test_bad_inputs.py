@@ -11,7 +11,6 @@ and serve a good request correctly.
 
 from __future__ import annotations
 
-import http.client
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from hypothesis import strategies as st
 
 from tests import onnx_models
 from tests.onnx_models import MULTI_IO_INPUTS
-from tests.runtime_process import RuntimeProcess, runtime_process
+from tests.runtime_process import RuntimeProcess, runtime_process, send
 
 MODEL = "multi_io"
 MAX_BODY_BYTES = 4096
@@ -369,35 +368,6 @@ BAD_REQUESTS: list[tuple[str, BadRequest, int, tuple[str, ...]]] = [
         ("the limit is 4096 bytes",),
     ),
 ]
-
-
-@dataclass(frozen=True)
-class Reply:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return orjson.loads(self.body)
-
-
-def send(
-    server: RuntimeProcess,
-    method: str,
-    path: str,
-    body: bytes = b"",
-    headers: dict[str, Any] | None = None,
-) -> Reply:
-    """One request on its own connection (a 413 may leave the old one unusable)."""
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
-    try:
-        conn.request(method, path, body=body, headers=headers or {})
-        response = conn.getresponse()
-        return Reply(
-            response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
-        )
-    finally:
-        conn.close()
 
 
 @pytest.fixture(scope="module")

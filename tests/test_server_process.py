@@ -13,7 +13,6 @@ own codec, so a codec bug cannot cancel itself out.
 from __future__ import annotations
 
 import asyncio
-import http.client
 import os
 import re
 import signal
@@ -38,7 +37,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests import onnx_models
 from tests.onnx_models import MULTI_IO_INPUTS
-from tests.runtime_process import RuntimeProcess, free_port, runtime_process
+from tests.runtime_process import Reply, RuntimeProcess, free_port, runtime_process, send
 
 pytestmark = pytest.mark.slow
 
@@ -119,36 +118,9 @@ def v2_outputs(body: bytes, header_length: str | None) -> dict[str, Output]:
     return outputs
 
 
-@dataclass(frozen=True)
-class Reply:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return orjson.loads(self.body)
-
-    def outputs(self) -> dict[str, Output]:
-        assert self.status == 200, self.body
-        return v2_outputs(self.body, self.headers.get("inference-header-content-length"))
-
-
-def send(
-    server: RuntimeProcess,
-    method: str,
-    path: str,
-    body: bytes = b"",
-    headers: Mapping[str, str] | None = None,
-) -> Reply:
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
-    try:
-        conn.request(method, path, body=body, headers=dict(headers or {}))
-        response = conn.getresponse()
-        return Reply(
-            response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
-        )
-    finally:
-        conn.close()
+def outputs_of(reply: Reply) -> dict[str, Output]:
+    assert reply.status == 200, reply.body
+    return v2_outputs(reply.body, reply.headers.get("inference-header-content-length"))
 
 
 async def post(
@@ -276,7 +248,7 @@ class TestAnswersEqualOnnxruntime:
                 parameters={"binary_data_output": binary},
             ),
         )
-        outputs = reply.outputs()
+        outputs = outputs_of(reply)
         assert list(outputs) == ["logits"]
         assert outputs["logits"].datatype == "FP32"
         assert outputs["logits"].binary is binary
@@ -312,7 +284,7 @@ class TestAnswersEqualOnnxruntime:
                 parameters={"binary_data_output": binary_data_output},
             ),
         )
-        outputs = reply.outputs()
+        outputs = outputs_of(reply)
         expected = run_directly(multi_io_session, inputs)
         assert list(outputs) == MULTI_IO_OUTPUTS
         for name, want in expected.items():
@@ -340,7 +312,7 @@ class TestAnswersEqualOnnxruntime:
                 ],
             ),
         )
-        outputs = reply.outputs()
+        outputs = outputs_of(reply)
         expected = run_directly(multi_io_session, inputs)
         assert list(outputs) == ["flag_out", "i64_out", "f16_out"]
         assert [o.binary for o in outputs.values()] == [False, True, True]
@@ -357,7 +329,7 @@ class TestAnswersEqualOnnxruntime:
             "/v2/models/multi_io/infer",
             *v2_request(inputs, outputs=[], parameters={"binary_data_output": True}),
         )
-        outputs = reply.outputs()
+        outputs = outputs_of(reply)
         assert list(outputs) == MULTI_IO_OUTPUTS
         assert all(o.binary for o in outputs.values())
         for name, want in run_directly(multi_io_session, inputs).items():
@@ -376,7 +348,7 @@ class TestAnswersEqualOnnxruntime:
         assert reply.headers["content-type"] == "application/json"
         assert "inference-header-content-length" not in reply.headers
         assert [o["name"] for o in reply.json()["outputs"]] == ["u8_out"]
-        np.testing.assert_array_equal(reply.outputs()["u8_out"].array, inputs["u8"])
+        np.testing.assert_array_equal(outputs_of(reply)["u8_out"].array, inputs["u8"])
 
 
 # --- Existing Triton clients work -------------------------------------------------------------
@@ -492,7 +464,7 @@ class TestConcurrentClientsGetTheirOwnRows:
                     *(post(session, server, "/v2/models/mlp/infer", r) for r in requests)
                 )
             for i, (x, reply) in enumerate(zip(inputs, replies, strict=True)):
-                got = reply.outputs()["logits"].array
+                got = outputs_of(reply)["logits"].array
                 want = run_directly(mlp_session, x)["logits"]
                 # rows computed inside a bigger batch may differ from a lone run in the last bit
                 np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"client {i}")
@@ -667,7 +639,7 @@ class TestSimulatedEngine:
                     )
                 )
             for reply in replies:
-                probabilities = reply.outputs()["probabilities"]
+                probabilities = outputs_of(reply)["probabilities"]
                 assert probabilities.array.shape == (1, 1000)
 
             scrape = Scrape(server)
