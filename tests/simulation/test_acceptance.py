@@ -8,11 +8,15 @@ ceiling 64, 5 ms queue delay, 300 s scale-down delay); cold start 30 s.
 
 The bursty trace's flash crowds (1.2-1.5x for 10-45 s, shorter than a cold start) cost more than
 1.15x the oracle: it re-provisions every 15 s with no cold start, while the autopilot keeps the
-replica a spike made it add for the 300 s scale-down delay. See examples/traces/README.md.
+replica a spike made it add for the 300 s scale-down delay. No reactive controller does better:
+one that knows the present rate exactly and the true capacity, with the same cold start and
+scale-down delay, needs more than 1.15x to keep 99 % of intervals (the last test here). See
+examples/traces/README.md.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 
@@ -24,7 +28,9 @@ from batchpilot.operator.simulation.scenario import oracle_gpu_seconds
 TRACES = Path(__file__).parents[2] / "examples" / "traces"
 NAMES = ["textbook", "step", "diurnal", "bursty"]
 FLASH_CROWDS = pytest.mark.xfail(
-    strict=True, reason="flash crowds shorter than a cold start: see examples/traces/README.md"
+    strict=True,
+    reason="flash crowds shorter than a cold start: even a reactive controller that knows the "
+    "present rate needs more than 1.15x to keep 99 % of intervals (see the last test)",
 )
 
 
@@ -65,3 +71,23 @@ def test_hours_of_traffic_in_seconds() -> None:
     result = run("diurnal", "autopilot")  # 4 hours, 9.3 million requests
     assert result.summary.requests > 9_000_000
     assert result.wall_s < 30  # about 5 s on one core
+
+
+@cache
+def reactive(name: str, margin: float) -> SimulationResult:
+    return simulate(replace(scenario(name), reactive_margin=margin), "reactive")
+
+
+def test_no_reactive_controller_meets_both_aims_on_the_bursty_trace() -> None:
+    """The bound behind the xfail above. The reactive controller knows the rate at the moment it
+    decides (exactly, not a window's average) and what a replica truly carries; it pays the cold
+    start and keeps the 300 s scale-down delay, as the autopilot must. Provisioning exactly the
+    present rate costs 1.145x the oracle and misses the SLA in 2 % of intervals; the smallest
+    margin that keeps 99 % (3.5 %) costs 1.20x. More margin only holds more replicas."""
+    oracle = oracle_gpu_seconds(scenario("bursty"))
+    exact = reactive("bursty", 1.0).summary
+    assert exact.interval_attainment < 0.99
+    assert exact.gpu_seconds / oracle > 1.1
+    enough = reactive("bursty", 1.035).summary
+    assert enough.interval_attainment >= 0.99
+    assert enough.gpu_seconds / oracle > 1.15

@@ -9,7 +9,12 @@ import pytest
 from batchpilot.operator.autopilot.decide import InForce
 from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.simulation.capacity import Capacity
-from batchpilot.operator.simulation.policies import HpaController, oracle_plan
+from batchpilot.operator.simulation.policies import (
+    HpaController,
+    ReactiveController,
+    oracle_plan,
+)
+from batchpilot.operator.simulation.trace import Trace
 
 TICK = 15.0
 
@@ -106,3 +111,35 @@ class TestOracle:
 
     def test_capped_at_max_replicas(self) -> None:
         assert oracle_plan(5000.0, self.TABLE, min_replicas=1, max_replicas=8) == (8, 8)
+
+
+class TestReactiveBound:
+    TABLE: ClassVar[list[Capacity]] = [Capacity(8, 330.0)]
+
+    def bound(self, *, margin: float = 1.0, hold_s: float = 60.0) -> ReactiveController:
+        # 300 rps, a spike to 700 rps for 20 s at t=30, then 300 rps again.
+        trace = Trace.from_points([(0.0, 300.0), (30.0, 700.0), (50.0, 300.0)], duration_s=600.0)
+        return ReactiveController(
+            trace=trace,
+            table=self.TABLE,
+            margin=margin,
+            hold_s=hold_s,
+            min_replicas=1,
+            max_replicas=8,
+            max_queue_delay_s=0.005,
+        )
+
+    def test_it_provisions_the_present_rate_and_holds_it_for_the_scale_down_delay(self) -> None:
+        controller, current = self.bound(), InForce(1, 8, 0.005)
+        replicas = [controller.initial().replicas]
+        for tick in range(1, 8):
+            command = controller.decide(None, current, now=tick * TICK, interval=tick)
+            replicas.append(command.replicas)
+        # It sees the spike at t=30 and t=45 (700 / 330 → 3), and holds 3 until the t=45
+        # recommendation leaves the 60 s window (t=105).
+        assert replicas == [1, 1, 3, 3, 3, 3, 3, 1]
+
+    def test_the_margin_multiplies_the_present_rate(self) -> None:
+        # 300 rps: exactly one replica (330); with a 20 % margin, 360 rps → 2.
+        assert self.bound().initial().replicas == 1
+        assert self.bound(margin=1.2).initial().replicas == 2

@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--policy",
         type=_policies,
         default=["autopilot"],
-        help="autopilot, oracle, hpa, static — one, a comma-separated list, or all",
+        help="autopilot, oracle, reactive, hpa, static — one, a comma-separated list, or all",
     )
     parser.add_argument("--sla-ms", type=float, default=100.0, help="P99 latency SLA")
     spec = parser.add_argument_group("the InferenceService spec")
@@ -69,6 +69,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="fixed batch limit of the HPA and static baselines (default: --batch-size)",
     )
     baselines.add_argument("--hpa-target", type=float, default=70.0, help="GPU utilization %%")
+    baselines.add_argument(
+        "--reactive-margin",
+        type=float,
+        default=1.0,
+        help="the reactive bound provisions this many times the present rate (default 1)",
+    )
     cluster = parser.add_argument_group("the simulated cluster")
     cluster.add_argument("--cold-start-s", type=float, default=30.0)
     cluster.add_argument("--interval-s", type=float, default=15.0, help="control interval")
@@ -97,6 +103,7 @@ def scenario_of(args: argparse.Namespace) -> Scenario:
         scale_down_delay_s=args.scale_down_delay_s,
         baseline_batch=args.baseline_batch,
         hpa_target=args.hpa_target / 100,
+        reactive_margin=args.reactive_margin,
         cluster=ClusterConfig(
             interval_s=args.interval_s,
             window_s=args.window_s,

@@ -12,7 +12,13 @@ from pathlib import Path
 
 from batchpilot.operator.simulation.report import SimulationResult
 
-COLORS = {"autopilot": "tab:blue", "oracle": "tab:green", "hpa": "tab:orange", "static": "tab:gray"}
+COLORS = {
+    "autopilot": "tab:blue",
+    "oracle": "tab:green",
+    "reactive": "tab:purple",
+    "hpa": "tab:orange",
+    "static": "tab:gray",
+}
 
 
 def plot(results: Sequence[SimulationResult], path: str | Path) -> None:

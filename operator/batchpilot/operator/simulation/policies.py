@@ -14,6 +14,11 @@ Every controller sees the same thing at each control interval — the Prometheus
 - `OracleController` knows the trace: for each interval it provisions the fewest replicas (and
   the batch limit) whose true capacity at the SLA — measured on the simulated service, see
   `capacity` — covers the interval's peak rate. The simulation runs it without cold starts.
+- `ReactiveController` is the best any reactive policy could hope for, a bound rather than a
+  baseline: it knows the rate at the moment it decides (exactly, not a window's average) and the
+  true capacity, but not the future, and its new replicas pay the cold start. It provisions
+  `margin` times that rate and scales down only to the highest provision of the last `hold_s`
+  seconds (the scale-down delay). What it cannot reach, no controller that reacts can.
 """
 
 from __future__ import annotations
@@ -197,3 +202,39 @@ class OracleController:
         self, observation: Observation | None, current: InForce, *, now: float, interval: int
     ) -> Command:
         return self._for(interval)
+
+
+@dataclass
+class ReactiveController:
+    trace: Trace
+    table: list[Capacity]
+    margin: float
+    hold_s: float
+    min_replicas: int
+    max_replicas: int
+    max_queue_delay_s: float
+    name: str = "reactive"
+    cold_start: bool = True
+    recommendations: list[tuple[float, int]] = field(default_factory=list)
+
+    def _for(self, now: float) -> Command:
+        rate = self.trace.rate_at(now)
+        replicas, batch = oracle_plan(
+            rate * self.margin,
+            self.table,
+            min_replicas=self.min_replicas,
+            max_replicas=self.max_replicas,
+        )
+        self.recommendations = [
+            (t, r) for t, r in self.recommendations if t > now - self.hold_s
+        ] + [(now, replicas)]
+        held = max(r for _, r in self.recommendations)
+        return Command(held, batch, self.max_queue_delay_s, f"knows the present: {rate:.0f} rps")
+
+    def initial(self) -> Command:
+        return self._for(0.0)
+
+    def decide(
+        self, observation: Observation | None, current: InForce, *, now: float, interval: int
+    ) -> Command:
+        return self._for(now)

@@ -24,6 +24,7 @@ from batchpilot.operator.simulation.policies import (
     Controller,
     HpaController,
     OracleController,
+    ReactiveController,
     StaticController,
     oracle_plan,
 )
@@ -35,8 +36,8 @@ ORACLE_CANDIDATES = 2
 """Batch limits the oracle considers: the best by long-run capacity (measuring one's interval
 capacity costs a second of simulation)."""
 
-PolicyName = Literal["autopilot", "oracle", "hpa", "static"]
-POLICIES: tuple[PolicyName, ...] = ("autopilot", "oracle", "hpa", "static")
+PolicyName = Literal["autopilot", "oracle", "reactive", "hpa", "static"]
+POLICIES: tuple[PolicyName, ...] = ("autopilot", "oracle", "reactive", "hpa", "static")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +60,8 @@ class Scenario:
     hpa_target: float = 0.70
     hpa_tolerance: float = 0.10
     hpa_stabilization_s: float = 300.0
+    reactive_margin: float = 1.0
+    """How much more than the present rate the reactive bound provisions (1: exactly it)."""
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def __post_init__(self) -> None:
@@ -127,6 +130,16 @@ class Scenario:
                 trace=self.trace,
                 table=self.capacities(),
                 interval_s=self.cluster.interval_s,
+                min_replicas=self.min_replicas,
+                max_replicas=self.max_replicas,
+                max_queue_delay_s=self.max_queue_delay_s,
+            )
+        if name == "reactive":
+            return ReactiveController(
+                trace=self.trace,
+                table=self.capacities(),
+                margin=self.reactive_margin,
+                hold_s=self.scale_down_delay_s,
                 min_replicas=self.min_replicas,
                 max_replicas=self.max_replicas,
                 max_queue_delay_s=self.max_queue_delay_s,
