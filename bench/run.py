@@ -396,8 +396,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         action="append",
-        choices=["classifier", "mlp", "simulated"],
-        help="measure only this (repeatable)",
+        choices=["classifier", "mlp", "simulated", "instances", "grpc", "optimize"],
+        help="measure only this (repeatable; instances: bench/instances.py, 1 vs 2 instances; "
+        "grpc: bench/grpc_bench.py, gRPC vs REST on the MLP; "
+        "optimize: bench/optimize.py, FP16 and INT8 variants of the classifier)",
     )
     parser.add_argument(
         "--driver",
@@ -434,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         driver = "loadgen"
     if driver == "loadgen" and not loaddriver.loadgen_available():
         parser.error("batchpilot.runtime.loadgen is not installed or lacks run_load")
-    only = set(args.only or ["classifier", "mlp", "simulated"])
+    only = set(args.only or ["classifier", "mlp", "simulated", "instances", "grpc", "optimize"])
     plan = quick_plan() if args.quick else full_plan()
     plan = dataclasses.replace(plan, search=dataclasses.replace(plan.search, sla_ms=args.sla_ms))
     if args.wait_quiet_s is not None:
@@ -505,6 +507,29 @@ def main(argv: list[str] | None = None) -> int:
             )
         if "simulated" in only:
             results["simulated"] = measure_simulated(mlp, plan=plan, driver=driver, log_dir=log_dir)
+        if "instances" in only:
+            import instances
+
+            results["instances"] = instances.measure_all(
+                {"classifier": onnx_models.pretrained_classifier(), "mlp": mlp},
+                config=config,
+                plan=plan,
+                driver=driver,
+                log_dir=log_dir,
+            )
+            print(instances.table(results["instances"], sla_ms=args.sla_ms), flush=True)
+        if "grpc" in only:
+            import grpc_bench
+
+            results["grpc_vs_rest"] = grpc_bench.measure(
+                mlp, log_dir=log_dir, seconds=2.0 if args.quick else 5.0
+            )
+            print(grpc_bench.table(results["grpc_vs_rest"]), flush=True)
+        if "optimize" in only:
+            import optimize
+
+            results["optimize"] = optimize.measure(config=config, quick=args.quick, work=work)
+            print(optimize.table(results["optimize"]), flush=True)
     results["quiet"] = plan.quiet.as_dict()
     results["aims"] = report.aims(results)
     results["elapsed_s"] = time.monotonic() - started

@@ -31,6 +31,8 @@ class RuntimeProcess:
     process: subprocess.Popen[bytes]
     port: int
     log_path: Path
+    grpc_port: int | None = None
+    """The gRPC service's port when started with `grpc=True`."""
 
     @property
     def url(self) -> str:
@@ -74,9 +76,12 @@ def runtime_process(
     log_dir: Path,
     env: dict[str, str] | None = None,
     ready_timeout_s: float = 30,
+    grpc: bool = False,
 ) -> Iterator[RuntimeProcess]:
-    """Start a server for `model` with extra CLI `args`; SIGTERM it on exit."""
+    """Start a server for `model` with extra CLI `args` (and a gRPC port when `grpc`); SIGTERM
+    it on exit."""
     port = free_port()
+    grpc_port = free_port() if grpc else None
     log_path = log_dir / f"runtime-{port}.log"
     command: Sequence[str] = [
         sys.executable,
@@ -90,6 +95,7 @@ def runtime_process(
         "127.0.0.1",
         "--port",
         str(port),
+        *(["--grpc-port", str(grpc_port)] if grpc_port is not None else []),
         *args,
     ]
     with log_path.open("wb") as log:
@@ -99,7 +105,7 @@ def runtime_process(
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
-    running = RuntimeProcess(process, port, log_path)
+    running = RuntimeProcess(process, port, log_path, grpc_port)
     try:
         wait_ready(running.url, process, timeout_s=ready_timeout_s)
         yield running

@@ -122,7 +122,7 @@ BAD_REQUESTS: list[tuple[str, BadRequest, int, tuple[str, ...]]] = [
         "unsupported-datatype-bytes",
         json_body(with_input("f32", datatype="BYTES", data=["a", "b", "c", "d"])),
         400,
-        ("'BYTES' is not supported",),
+        ("must be FP32", "sent BYTES"),
     ),
     (
         "wrong-rank",

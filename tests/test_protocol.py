@@ -125,8 +125,8 @@ class TestRefusals:
             ({}, "inputs must be a non-empty list"),
             ({"inputs": [{"datatype": "FP32", "shape": [1], "data": [1]}]}, "name must be"),
             (
-                {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "data": ["a"]}]},
-                "datatype 'BYTES' is not supported",
+                {"inputs": [{"name": "x", "datatype": "BF16", "shape": [1], "data": [1]}]},
+                "datatype 'BF16' is not supported",
             ),
             (
                 {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "data": [1]}]},

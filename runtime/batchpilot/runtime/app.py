@@ -1,4 +1,5 @@
-"""The REST endpoints: Open Inference Protocol v2, metrics, and the batching admin endpoint.
+"""The REST endpoints: Open Inference Protocol v2 (sync and async infer), metrics, and the
+batching admin endpoint.
 
 Endpoints are thin: read the body, hand it to the codec and the data plane, return bytes. Domain
 errors are mapped to status codes in one table (`ERROR_STATUS`); endpoints just raise. The infer
@@ -14,7 +15,7 @@ import hmac
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -26,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import ClientDisconnect
 from starlette.routing import Route
 
+from batchpilot.runtime.async_jobs import Job, JobNotFound, JobState, JobStore, StoreFull
 from batchpilot.runtime.errors import (
     DeadlineExceeded,
     EngineFailure,
@@ -39,7 +41,13 @@ from batchpilot.runtime.errors import (
 )
 from batchpilot.runtime.live_settings import batching_doc, parse_batching
 from batchpilot.runtime.metrics import Outcome
-from batchpilot.runtime.protocol import HEADER_LENGTH, decode_request, encode_response
+from batchpilot.runtime.protocol import (
+    HEADER_LENGTH,
+    InferRequest,
+    Tensor,
+    decode_request,
+    encode_response,
+)
 from batchpilot.runtime.server import ModelServer
 
 log = logging.getLogger(__name__)
@@ -53,6 +61,8 @@ ERROR_STATUS: dict[type[InferenceError], tuple[int, Outcome]] = {
     ShuttingDown: (503, Outcome.REJECTED),
     DeadlineExceeded: (504, Outcome.TIMEOUT),
     EngineFailure: (500, Outcome.ERROR),
+    StoreFull: (429, Outcome.REJECTED),
+    JobNotFound: (404, Outcome.INVALID),
 }
 
 CLIENT_CLOSED_REQUEST = 499
@@ -73,6 +83,10 @@ class AppConfig:
     """Bearer token for changing settings; None disables changes through HTTP."""
     drain_grace_s: float = 25.0
     """On shutdown, how long queued requests may take to finish."""
+    async_result_ttl_s: float = 300.0
+    """How long a finished async inference result is kept."""
+    async_capacity: int = 1024
+    """Async jobs stored (pending or finished) before submits get 429."""
 
 
 def status_of(error: InferenceError) -> tuple[int, Outcome]:
@@ -143,6 +157,10 @@ def create_app(server: ModelServer, *, config: AppConfig | None = None) -> FastA
     metrics = server.metrics
     signature = server.signature
     model_name = signature.name
+    jobs: JobStore[EncodedResult] = JobStore(
+        capacity=config.async_capacity, ttl_s=config.async_result_ttl_s
+    )
+    metrics.track_async_jobs(jobs.counts, lambda: jobs.expired_total)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -150,6 +168,9 @@ def create_app(server: ModelServer, *, config: AppConfig | None = None) -> FastA
         yield
         await server.drain(grace_s=config.drain_grace_s)
         await server.close()
+        # Async jobs were served by the drain (or failed by the close); let them record it.
+        if work := [job.work for job in jobs.pending() if job.work is not None]:
+            await asyncio.wait(work, timeout=5)
 
     app = FastAPI(
         title="batchpilot runtime",
@@ -208,8 +229,12 @@ def create_app(server: ModelServer, *, config: AppConfig | None = None) -> FastA
                     "simulated": info.simulated,
                     "providers": list(info.providers),
                     "detail": info.detail,
+                    "variant": info.variant,
                     "max_batch_size": server.batching.max_batch_size,
                     "max_queue_delay_ms": server.batching.max_queue_delay_s * 1e3,
+                    "instances": info.instances,
+                    # With a pipeline, inputs/outputs above are its ends; this is the model's.
+                    **({"pipeline": server.pipeline.summary} if server.pipeline else {}),
                 },
             }
         )
@@ -283,6 +308,8 @@ def create_app(server: ModelServer, *, config: AppConfig | None = None) -> FastA
     for path in ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"):
         app.router.routes.append(Route(path, infer, methods=["POST"]))
 
+    _add_async_routes(app, server=server, jobs=jobs, config=config, check_model=model)
+
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
@@ -300,6 +327,182 @@ def create_app(server: ModelServer, *, config: AppConfig | None = None) -> FastA
         return _json(batching_doc(settings))
 
     return app
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedResult:
+    """An infer response as the sync path would send it: JSON, or JSON header + binary."""
+
+    content: bytes
+    header_length: int | None
+
+
+def _encode_result(
+    server: ModelServer, parsed: InferRequest, outputs: list[Tensor]
+) -> EncodedResult:
+    content, header_length = encode_response(
+        model_name=server.signature.name,
+        model_version=server.signature.version,
+        request_id=parsed.id,
+        outputs=outputs,
+        binary=(
+            [t.name for t in outputs]
+            if parsed.binary_default and not parsed.requested_outputs
+            else parsed.binary_outputs
+        ),
+    )
+    return EncodedResult(content, header_length)
+
+
+def _result_response(result: EncodedResult) -> Response:
+    if result.header_length is None:
+        return Response(result.content, media_type="application/json")
+    return Response(
+        result.content,
+        media_type="application/octet-stream",
+        headers={"Inference-Header-Content-Length": str(result.header_length)},
+    )
+
+
+ASYNC_MAX_WAIT_S = 30.0
+"""Longest long poll (`?wait_s=`) of an async result."""
+
+
+def _wait_s(request: Request) -> float:
+    text = request.query_params.get("wait_s")
+    if text is None:
+        return 0.0
+    try:
+        wait_s = float(text)
+    except ValueError:
+        wait_s = math.nan
+    if not 0 <= wait_s <= ASYNC_MAX_WAIT_S:  # NaN fails this too
+        raise InvalidRequest(
+            f"wait_s must be a number of seconds from 0 to {ASYNC_MAX_WAIT_S:g}, got {text!r}"
+        )
+    return wait_s
+
+
+def _add_async_routes(
+    app: FastAPI,
+    *,
+    server: ModelServer,
+    jobs: JobStore[EncodedResult],
+    config: AppConfig,
+    check_model: Callable[[str], None],
+) -> None:
+    """Async inference: submit now (202 + job id), fetch the result later, or discard it.
+
+    A job runs through `ModelServer.infer`, the same batcher as a sync request, from a
+    background task; its outcome is counted in the request metrics like a sync request's, with
+    its latency from submit to completion.
+    """
+    metrics = server.metrics
+    model_name = server.signature.name
+
+    async def run_job(job: Job[EncodedResult], parsed: InferRequest, started: float) -> None:
+        metrics.inflight.inc()
+        try:
+            outputs = await server.infer(parsed)
+            result = _encode_result(server, parsed, outputs)
+        except InferenceError as exc:
+            metrics.request_finished(status_of(exc)[1], time.perf_counter() - started)
+            jobs.fail(job, exc)
+            return
+        except asyncio.CancelledError:
+            metrics.request_finished(Outcome.CANCELLED)
+            raise
+        except Exception:
+            log.exception("async infer job %s failed unexpectedly", job.id)
+            metrics.request_finished(Outcome.ERROR, time.perf_counter() - started)
+            jobs.fail(job, EngineFailure("internal server error; see the server log"))
+            return
+        finally:
+            metrics.inflight.dec()
+        metrics.request_finished(Outcome.SUCCESS, time.perf_counter() - started)
+        jobs.succeed(job, result)
+
+    def location(job_id: str) -> str:
+        return f"/v2/models/{model_name}/infer/async/{job_id}"
+
+    def not_found(job_id: str) -> JobNotFound:
+        return JobNotFound(
+            f"no async job '{job_id}' for model '{model_name}': it was never submitted, was "
+            f"deleted, or its result expired (results are kept {jobs.ttl_s:g} s after they "
+            "finish)"
+        )
+
+    async def submit(request: Request) -> Response:
+        started = time.perf_counter()
+        try:
+            check_model(request.path_params["name"])
+            if not server.ready:
+                raise ShuttingDown("the server is shutting down and accepts no new requests")
+            body = await _read_body(request, config.max_body_bytes)
+            parsed = decode_request(body, header_length=_header_length(request))
+            server.validate(parsed)  # a bad request fails now, not when its job runs
+            job = jobs.submit()
+        except InferenceError as exc:
+            metrics.request_finished(status_of(exc)[1], time.perf_counter() - started)
+            return error_response(exc)
+        except ClientDisconnect:
+            metrics.request_finished(Outcome.CANCELLED)
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        job.work = asyncio.get_running_loop().create_task(
+            run_job(job, parsed, started), name=f"async-job-{job.id}"
+        )
+        return _json(
+            {"id": job.id, "model_name": model_name, "status": "queued"},
+            status=202,
+            headers={"Location": location(job.id)},
+        )
+
+    async def fetch(request: Request) -> Response:
+        job_id = request.path_params["job_id"]
+        try:
+            check_model(request.path_params["name"])
+            wait_s = _wait_s(request)
+            job = jobs.get(job_id)
+            if job is not None and not job.done and wait_s > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(job.finished.wait(), wait_s)
+                job = jobs.get(job_id)
+            if job is None:
+                raise not_found(job_id)
+        except InferenceError as exc:
+            return error_response(exc)
+        if job.state is JobState.PENDING:
+            return _json(
+                {"id": job.id, "model_name": model_name, "status": "pending"},
+                status=202,
+                headers={"Location": location(job.id), "Retry-After": "1"},
+            )
+        if job.state is JobState.FAILED:
+            assert isinstance(job.error, InferenceError)
+            return error_response(job.error)
+        assert job.result is not None
+        return _result_response(job.result)
+
+    async def discard(request: Request) -> Response:
+        job_id = request.path_params["job_id"]
+        try:
+            check_model(request.path_params["name"])
+            job = jobs.discard(job_id)
+            if job is None:
+                raise not_found(job_id)
+        except InferenceError as exc:
+            return error_response(exc)
+        status = "deleted" if job.done else "cancelled"
+        return _json({"id": job_id, "model_name": model_name, "status": status})
+
+    routes = app.router.routes
+    for path in (
+        "/v2/models/{name}/infer/async",
+        "/v2/models/{name}/versions/{version}/infer/async",
+    ):
+        routes.append(Route(path, submit, methods=["POST"]))
+    routes.append(Route("/v2/models/{name}/infer/async/{job_id}", fetch, methods=["GET"]))
+    routes.append(Route("/v2/models/{name}/infer/async/{job_id}", discard, methods=["DELETE"]))
 
 
 def _authorize(request: Request, token: str | None) -> None:

@@ -6,6 +6,11 @@ oldest request has waited `max_queue_delay`. Settings are read once per batch, s
 while serving. A request larger than `max_batch_size` runs alone rather than failing: the
 autopilot may lower the limit while clients keep sending what they always sent.
 
+With several model instances the batcher runs that many workers on the same queue: each takes
+the next batch as soon as it is free, so up to `instances` batches run at once. Busy time is the
+union of the batches' intervals (time when at least one instance computes), so its rate is a
+utilization that never exceeds 1.
+
 Every request's future gets exactly one result or exception: an engine error fails the whole
 batch, a wrong number of output rows fails the whole batch, and a request whose caller went away
 (its future cancelled) leaves the queue at once. Waiting is done on events and loop timers, never
@@ -197,15 +202,18 @@ class BatchQueue:
                 continue
             settings = self._settings()
             while key in self._groups and self._rows[key] < settings.max_batch_size:
-                remaining = self._groups[key][0].enqueued_at + settings.max_queue_delay_s
-                remaining -= clock()
+                oldest = self._groups[key][0]
+                remaining = oldest.enqueued_at + settings.max_queue_delay_s - clock()
                 if remaining <= 0 or self._closed:
                     break
                 self._wakeup.clear()
                 try:
                     await asyncio.wait_for(self._wakeup.wait(), remaining)
                 except TimeoutError:
-                    break
+                    # The delay is up for the request waited on. If another worker took it
+                    # meanwhile, the requests left behind start their own delay.
+                    if key in self._groups and self._groups[key][0] is oldest:
+                        break
             if key not in self._groups:
                 continue  # every request of that group went away while we waited
             now = clock()
@@ -240,8 +248,45 @@ class BatchObserver(Protocol):
     def batch_failed(self, *, rows: int, requests: int, compute_s: float) -> None: ...
 
 
+class BusyTime:
+    """Seconds during which at least one of several overlapping activities ran (their union).
+
+    `begin`/`end` bracket each activity; while any runs, the time since the last mark is busy.
+    Totals are accounted at every `end` and read up to `now`, so a long batch counts while it
+    runs, and two overlapping batches count once.
+    """
+
+    def __init__(self) -> None:
+        self._active = 0
+        self._mark = 0.0
+        self._total = 0.0
+
+    @property
+    def active(self) -> int:
+        return self._active
+
+    def begin(self, now: float) -> None:
+        if self._active == 0:
+            self._mark = now
+        self._active += 1
+
+    def end(self, now: float) -> None:
+        if self._active == 0:
+            raise RuntimeError("BusyTime.end() without a matching begin()")
+        self._total += max(0.0, now - self._mark)
+        self._mark = now
+        self._active -= 1
+
+    def total(self, now: float) -> float:
+        """Busy seconds so far, including the running stretch up to `now`."""
+        if self._active:
+            return self._total + max(0.0, now - self._mark)
+        return self._total
+
+
 class Batcher:
-    """Runs batches from a queue on an engine, one at a time, and answers every request."""
+    """Runs batches from a queue on an engine, up to `instances` at once, and answers every
+    request."""
 
     def __init__(
         self,
@@ -250,29 +295,47 @@ class Batcher:
         observer: BatchObserver,
         *,
         clock: Callable[[], float] = time.perf_counter,
+        instances: int = 1,
     ) -> None:
+        if instances < 1:
+            raise ValueError(f"instances must be at least 1, got {instances}")
         self._queue = queue
         self._clock = clock
         self._engine = engine
         self._observer = observer
-        self._busy = False
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self._instances = instances
+        self._busy = BusyTime()
+
+    @property
+    def instances(self) -> int:
+        return self._instances
 
     @property
     def busy(self) -> bool:
-        return self._busy
+        return self._busy.active > 0
+
+    @property
+    def running(self) -> int:
+        """Batches running now."""
+        return self._busy.active
+
+    def busy_seconds(self) -> float:
+        """Seconds with at least one batch running (the union over instances)."""
+        return self._busy.total(self._clock())
 
     async def run(self) -> None:
-        """Serve batches until the queue is closed and drained."""
+        """Serve batches until the queue is closed and drained. With several instances, every
+        worker finishes its batch before this returns; cancelling it cancels them all."""
+        if self._instances == 1:
+            await self._worker()
+            return
+        async with asyncio.TaskGroup() as workers:
+            for index in range(self._instances):
+                workers.create_task(self._worker(), name=f"batcher-{index}")
+
+    async def _worker(self) -> None:
         while (batch := await self._queue.next_batch()) is not None:
-            self._busy = True
-            self._idle.clear()
-            try:
-                await self.run_batch(batch)
-            finally:
-                self._busy = False
-                self._idle.set()
+            await self.run_batch(batch)
 
     async def run_batch(self, batch: Batch) -> None:
         clock = self._clock
@@ -280,10 +343,12 @@ class Batcher:
         rows = batch.rows
         inputs = items[0].inputs if len(items) == 1 else _concatenate(items)
         started = clock()
+        self._busy.begin(started)
         try:
             try:
                 outputs = await self._engine.run(inputs)
             except asyncio.CancelledError:
+                self._busy.end(clock())
                 _fail(items, ShuttingDown("the server stopped before the batch finished"))
                 raise
             for name, array in outputs.items():
@@ -293,12 +358,16 @@ class Batcher:
                         f"output '{name}' for a batch of {rows} rows"
                     )
         except Exception as exc:
-            compute_s = clock() - started
+            ended = clock()
+            self._busy.end(ended)
+            compute_s = ended - started
             self._observer.batch_failed(rows=rows, requests=len(items), compute_s=compute_s)
             error = exc if isinstance(exc, EngineFailure) else EngineFailure(f"engine error: {exc}")
             _fail(items, error)
             return
-        compute_s = clock() - started
+        ended = clock()
+        self._busy.end(ended)
+        compute_s = ended - started
         start = 0
         for item in items:
             end = start + item.rows

@@ -46,6 +46,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "batchpilot.runtime.loadgen",
         "open- or closed-loop load against a v2 endpoint; --find-max sizes a service",
     ),
+    ("optimize",): (
+        "batchpilot.runtime.optimize.command",
+        "write FP16 and INT8 variants of an ONNX model and compare their speed and outputs",
+    ),
 }
 
 

@@ -15,6 +15,9 @@ from typing import Any, Literal
 log = logging.getLogger(__name__)
 
 DeviceChoice = Literal["auto", "cpu", "gpu"]
+Accelerator = Literal["default", "tensorrt"]
+Provider = str | tuple[str, dict[str, str]]
+"""An onnxruntime provider: its name, or its name and provider options."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,3 +109,68 @@ def choose_providers(
             "(install onnxruntime-gpu, the runtime-gpu extra)"
         )
     return "gpu", ["CUDAExecutionProvider", "CPUExecutionProvider"]
+
+
+TENSORRT = "TensorrtExecutionProvider"
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderChoice:
+    """Where the model runs and the providers to ask for, in order of preference."""
+
+    device: Literal["gpu", "cpu"]
+    providers: list[Provider]
+    warning: str | None = None
+    """Why the accelerator that was asked for is not used (log it as a warning)."""
+
+
+def choose_accelerated_providers(
+    choice: DeviceChoice,
+    *,
+    gpu_present: bool,
+    available: list[str],
+    accelerator: Accelerator,
+    fp16: bool,
+    tensorrt_cache_dir: str,
+) -> ProviderChoice:
+    """`choose_providers`, with TensorRT first when it was asked for and can work here.
+
+    TensorRT takes the subgraphs it supports; CUDA then the CPU run the rest. FP16 kernels are
+    allowed only for an FP16 variant, so a model's numbers never change behind its back. Built
+    engines are cached in `tensorrt_cache_dir`, so a restart does not rebuild them. When TensorRT
+    cannot work (no GPU, the CPU was chosen, no TensorRT provider in this onnxruntime), this is the
+    usual CUDA/CPU choice plus a warning that says why: an accelerator is an optimization, never
+    a reason not to serve.
+    """
+    device, providers = choose_providers(choice, gpu_present=gpu_present, available=available)
+    plain: list[Provider] = list(providers)
+    if accelerator == "default":
+        return ProviderChoice(device, plain)
+    reason = None
+    if device == "cpu":
+        if choice == "cpu":
+            reason = "device cpu was chosen"
+        elif not gpu_present:
+            reason = "NVML sees no NVIDIA GPU"
+        else:
+            reason = "this onnxruntime has no CUDAExecutionProvider (the runtime-gpu extra)"
+    elif TENSORRT not in available:
+        reason = (
+            "this onnxruntime has no TensorrtExecutionProvider (onnxruntime-gpu built with "
+            "TensorRT, and the TensorRT libraries)"
+        )
+    if reason is not None:
+        return ProviderChoice(
+            device,
+            plain,
+            warning=f"accelerator tensorrt was requested but {reason}: running on {device} with "
+            f"{', '.join(providers)}",
+        )
+    options = {
+        "trt_fp16_enable": "True" if fp16 else "False",
+        "trt_engine_cache_enable": "True",
+        "trt_engine_cache_path": tensorrt_cache_dir,
+        "trt_timing_cache_enable": "True",
+        "trt_timing_cache_path": tensorrt_cache_dir,
+    }
+    return ProviderChoice("gpu", [(TENSORRT, options), *plain])

@@ -2,7 +2,10 @@
 
 The batching core and the HTTP layer talk to an `Engine` and nothing else, so the onnxruntime
 engine and the simulated accelerator are interchangeable, and tests can hand in their own.
-An engine runs one batch at a time; the batcher never calls `run` concurrently on one engine.
+An engine declares in `EngineInfo.instances` how many batches it can run at once (model instances,
+like Triton's instance_group count); the batcher calls `run` concurrently at most that many times,
+and with one instance never concurrently. An engine called more often than it has instances must
+queue the extra calls, never fail them.
 """
 
 from __future__ import annotations
@@ -58,6 +61,10 @@ class EngineInfo:
     simulated: bool
     providers: tuple[str, ...] = ()
     detail: str = ""
+    instances: int = 1
+    """Batches the engine runs at once; the batcher runs this many workers."""
+    variant: str = "original"
+    """Which file of the model is served: "original", "fp16" or "int8" (`batchpilot optimize`)."""
 
 
 class Engine(Protocol):
@@ -70,7 +77,8 @@ class Engine(Protocol):
     def info(self) -> EngineInfo: ...
 
     async def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
-        """Run one batch; returns every output of the model by name."""
+        """Run one batch; returns every output of the model by name. Up to `info.instances`
+        calls may be in flight at once."""
         ...
 
     async def close(self) -> None: ...

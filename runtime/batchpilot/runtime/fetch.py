@@ -1,4 +1,5 @@
-"""`batchpilot runtime fetch URI DEST`: copy a model into the pod before the server starts.
+"""`batchpilot runtime fetch URI DEST [URI DEST ...]`: copy a model (and the files that go with
+it: a variant, a labels file, a tokenizer) into the pod before the server starts.
 
 The operator runs it as an init container for http(s):// model URIs. It writes to a temporary
 file beside DEST and renames it, so the server never sees half a model, and it fails loudly
@@ -42,16 +43,25 @@ def fetch(uri: str, dest: Path, *, timeout_s: float = 60.0) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("uri", help="http(s):// or file:// URI of the model")
-    parser.add_argument("dest", type=Path, help="where to write it")
+    parser.add_argument(
+        "pairs",
+        nargs="+",
+        metavar="URI DEST",
+        help="http(s):// or file:// URI and where to write it; several pairs fetch several files",
+    )
     parser.add_argument("--timeout-s", type=float, default=60.0, help="socket timeout")
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
-        size = fetch(args.uri, args.dest, timeout_s=args.timeout_s)
-    except (ValueError, OSError, urllib.error.URLError) as exc:
-        print(f"batchpilot runtime fetch: {exc}", file=sys.stderr)
-        return 1
-    print(f"fetched {args.uri} to {args.dest} ({size} bytes)")
+    pairs: list[str] = args.pairs
+    if len(pairs) % 2:
+        print("batchpilot runtime fetch: give URI DEST pairs", file=sys.stderr)
+        return 2
+    for uri, dest in zip(pairs[::2], pairs[1::2], strict=True):
+        try:
+            size = fetch(uri, Path(dest), timeout_s=args.timeout_s)
+        except (ValueError, OSError, urllib.error.URLError) as exc:
+            print(f"batchpilot runtime fetch: {exc}", file=sys.stderr)
+            return 1
+        print(f"fetched {uri} to {dest} ({size} bytes)")
     return 0

@@ -8,17 +8,26 @@ environment), so one PromQL selector finds a service's replicas. What each metri
   than 15 % (typically a few per cent) anywhere between 2 ms and 2 s.
 - `batchpilot_queue_wait_seconds` (histogram): time from arrival to batch formation.
 - `batchpilot_batch_size` (histogram): rows per batch.
+- `batchpilot_pipeline_seconds` (histogram by `stage`: preprocess, postprocess): time spent
+  decoding, resizing, tokenizing and picking top-k per request, outside the batch; with the
+  request and batch durations it tells end-to-end, server and pure inference time apart.
 - `batchpilot_batch_compute_seconds_total`, `batchpilot_batch_rows_total`,
   `batchpilot_batches_total` (counters by power-of-two `batch_bucket`): mean compute time and
   mean rows per bucket, the points the autopilot fits t(b) ≈ α + β·b to.
 - `batchpilot_requests_total` (counter by `outcome`), `batchpilot_queue_depth`,
   `batchpilot_inflight_requests` (gauges).
 - `batchpilot_device_busy_seconds_total` (counter): its rate is device utilization, for any device.
+  With several model instances it counts the time at least one instance computes (the union of
+  their batches), so its rate stays a utilization between 0 and 1.
+- `batchpilot_engine_instances` (gauge): model instances configured (batches that run at once).
+- `batchpilot_async_jobs` (gauge by `state`: pending, succeeded, failed): async inference jobs
+  stored; `batchpilot_async_jobs_expired_total` (counter): results dropped after their TTL.
 - `batchpilot_gpu_utilization_ratio`, `batchpilot_gpu_memory_used_bytes`,
   `batchpilot_gpu_memory_total_bytes` (gauges, NVML): only when a GPU exists.
 - `batchpilot_batching_max_batch_size`, `batchpilot_batching_max_queue_delay_seconds` (gauges):
   the settings in force.
-- `batchpilot_engine_info` (gauge, always 1): engine kind, device, and whether it is simulated.
+- `batchpilot_engine_info` (gauge, always 1): engine kind, device, whether it is simulated, and
+  the model variant served (original, fp16, int8).
 - `batchpilot_cpu_cores` (gauge) and the standard `process_*` series: CPU utilization of the
   server, where pre/post-processing shows up before the device does.
 """
@@ -26,7 +35,7 @@ environment), so one PromQL selector finds a service's replicas. What each metri
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
 
@@ -38,7 +47,7 @@ from prometheus_client import (
     ProcessCollector,
     disable_created_metrics,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from batchpilot.runtime.device import Nvml
@@ -110,6 +119,41 @@ class _GpuCollector(Collector):
         yield from (util, used, total)
 
 
+class _LiveValues(Collector):
+    """Series read from the data plane when scraped: busy time (a running union that a plain
+    Counter could only add to after each batch) and the async job store."""
+
+    def __init__(self, labels: dict[str, str]) -> None:
+        self._labels = labels
+        self.busy_seconds: Callable[[], float] = lambda: 0.0
+        self.async_jobs: Callable[[], Mapping[str, int]] = dict
+        self.async_expired: Callable[[], int] = lambda: 0
+
+    def collect(self) -> Iterable[CounterMetricFamily | GaugeMetricFamily]:
+        names, values = list(self._labels), list(self._labels.values())
+        busy = CounterMetricFamily(
+            "batchpilot_device_busy_seconds",
+            "Seconds with at least one batch computing (the union over model instances); its "
+            "rate is device utilization",
+            labels=names,
+        )
+        busy.add_metric(values, self.busy_seconds())
+        jobs = GaugeMetricFamily(
+            "batchpilot_async_jobs",
+            "Async inference jobs stored, by state",
+            labels=[*names, "state"],
+        )
+        for state, count in self.async_jobs().items():
+            jobs.add_metric([*values, state], count)
+        expired = CounterMetricFamily(
+            "batchpilot_async_jobs_expired",
+            "Async inference results dropped after their TTL",
+            labels=names,
+        )
+        expired.add_metric(values, self.async_expired())
+        yield from (busy, jobs, expired)
+
+
 class RuntimeMetrics:
     """Owns one registry; implements the batcher's `BatchObserver`."""
 
@@ -149,6 +193,13 @@ class RuntimeMetrics:
         self.compute = histogram(
             "batchpilot_batch_duration_seconds", "Engine time per batch", LATENCY_BUCKETS
         )
+        self._pipeline = Histogram(
+            "batchpilot_pipeline_seconds",
+            "Time per request in the pre/post-processing pipeline, by stage",
+            [*names, "stage"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         bucketed = [*names, "batch_bucket"]
         self._compute_by_bucket = Counter(
             "batchpilot_batch_compute_seconds",
@@ -167,12 +218,14 @@ class RuntimeMetrics:
         )
         for outcome in Outcome:
             self._outcomes.labels(**labels, outcome=outcome.value)
-        self.device_busy = Counter(
-            "batchpilot_device_busy_seconds",
-            "Seconds the device spent computing batches; its rate is device utilization",
+        self._live = _LiveValues(labels)
+        r.register(self._live)
+        Gauge(
+            "batchpilot_engine_instances",
+            "Model instances configured: batches that may run at once",
             names,
             registry=r,
-        ).labels(**labels)
+        ).labels(**labels).set(engine.instances)
         self.queue_depth = Gauge(
             "batchpilot_queue_depth", "Requests waiting in the queue", names, registry=r
         ).labels(**labels)
@@ -194,13 +247,14 @@ class RuntimeMetrics:
         Gauge(
             "batchpilot_engine_info",
             "The engine serving the model (simulated=true: no real accelerator)",
-            [*names, "engine", "device", "simulated"],
+            [*names, "engine", "device", "simulated", "variant"],
             registry=r,
         ).labels(
             **labels,
             engine=engine.kind,
             device=engine.device,
             simulated=str(engine.simulated).lower(),
+            variant=engine.variant,
         ).set(1)
         Gauge(
             "batchpilot_cpu_cores",
@@ -216,10 +270,25 @@ class RuntimeMetrics:
     def track_queue_depth(self, depth: Callable[[], int]) -> None:
         self.queue_depth.set_function(lambda: float(depth()))
 
+    def track_busy_seconds(self, busy_seconds: Callable[[], float]) -> None:
+        """Where `batchpilot_device_busy_seconds_total` is read from (the batcher's union)."""
+        self._live.busy_seconds = busy_seconds
+
+    def track_async_jobs(
+        self, counts: Callable[[], Mapping[str, int]], expired: Callable[[], int]
+    ) -> None:
+        """Where the async job gauges and the expiry counter are read from (the job store)."""
+        self._live.async_jobs = counts
+        self._live.async_expired = expired
+
     def request_finished(self, outcome: Outcome, duration_s: float | None = None) -> None:
         self._outcomes.labels(**self._labels, outcome=outcome.value).inc()
         if duration_s is not None:
             self.request_duration.observe(duration_s)
+
+    def pipeline_stage_done(self, stage: str, duration_s: float) -> None:
+        """`stage`: "preprocess" or "postprocess"."""
+        self._pipeline.labels(**self._labels, stage=stage).observe(duration_s)
 
     def settings_changed(self, *, max_batch_size: int, max_queue_delay_s: float) -> None:
         self.max_batch_size.set(max_batch_size)
@@ -240,7 +309,6 @@ class RuntimeMetrics:
         bucket = batch_bucket(rows)
         self.batch_size.observe(rows)
         self.compute.observe(compute_s)
-        self.device_busy.inc(compute_s)
         self._compute_by_bucket.labels(**self._labels, batch_bucket=bucket).inc(compute_s)
         self._rows_by_bucket.labels(**self._labels, batch_bucket=bucket).inc(rows)
         self._batches_by_bucket.labels(**self._labels, batch_bucket=bucket).inc()

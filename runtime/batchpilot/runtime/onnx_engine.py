@@ -1,15 +1,25 @@
-"""The onnxruntime engine: one InferenceSession, batches run on a dedicated thread.
+"""The onnxruntime engine: one InferenceSession per model instance, each on its own thread.
 
 `session.run` releases the GIL, so running it on its own thread keeps the event loop free to
-parse, queue and answer requests while the model computes. One thread means one batch at a time,
-which is what the batcher assumes and what an accelerator stream does anyway.
+parse, queue and answer requests while the model computes. One instance means one batch at a time,
+what an accelerator stream does anyway. With N instances (`--instances`) the engine holds N
+sessions, each with its own executor thread (and, on a GPU, its own CUDA stream), so N batches
+run at once: the cores (or the device) stay busy while the event loop forms the next batch and
+splits the last one. Each session holds its own copy of the weights.
+
+N sessions with onnxruntime's default thread count would each start one intra-op thread per
+core and fight over them, so with N > 1 and `intra_op_threads=0` each session gets
+`max(1, cores // N)` intra-op threads (`threads_per_instance`), cores being what this process
+may use (affinity and cgroup quota).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +27,15 @@ from typing import Any, Literal
 
 import numpy as np
 
-from batchpilot.runtime.device import DeviceChoice, choose_providers
+from batchpilot.runtime.device import (
+    TENSORRT,
+    Accelerator,
+    DeviceChoice,
+    Provider,
+    choose_accelerated_providers,
+)
 from batchpilot.runtime.engine import EngineInfo, ModelSignature, TensorSpec
+from batchpilot.runtime.metrics import available_cores
 from batchpilot.runtime.protocol import DATATYPES
 
 log = logging.getLogger(__name__)
@@ -70,6 +87,37 @@ class SessionConfig:
         return options
 
 
+def threads_per_instance(*, instances: int, cores: float) -> int:
+    """Intra-op threads per session, so that `instances` sessions together use each core once."""
+    return max(1, int(cores // instances))
+
+
+def default_tensorrt_cache_dir() -> Path:
+    return Path(tempfile.gettempdir()) / "batchpilot-tensorrt"
+
+
+def _with_cache_dir(providers: list[Provider]) -> list[Provider]:
+    """Create TensorRT's engine cache directory; without one, TensorRT runs uncached (every
+    start rebuilds its engines) rather than not at all."""
+    out = list(providers)
+    for i, provider in enumerate(out):
+        if isinstance(provider, tuple) and provider[0] == TENSORRT:
+            name, options = provider
+            try:
+                Path(options["trt_engine_cache_path"]).mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                log.warning("TensorRT engine cache disabled: %s", exc)
+                out[i] = (
+                    name,
+                    {
+                        **options,
+                        "trt_engine_cache_enable": "False",
+                        "trt_timing_cache_enable": "False",
+                    },
+                )
+    return out
+
+
 class ModelLoadError(RuntimeError):
     """The model file cannot be served; the message says why."""
 
@@ -98,14 +146,14 @@ def signature_of(session: Any, *, name: str, platform: str) -> ModelSignature:
     return ModelSignature(name=name, platform=platform, inputs=inputs, outputs=outputs)
 
 
-def open_session(path: Path, *, providers: list[str], config: SessionConfig) -> Any:
+def open_session(path: Path, *, providers: Sequence[Provider], config: SessionConfig) -> Any:
     import onnxruntime as ort
 
     if not path.is_file():
         raise ModelLoadError(f"model file {path} does not exist")
     try:
         return ort.InferenceSession(
-            str(path), sess_options=config.session_options(), providers=providers
+            str(path), sess_options=config.session_options(), providers=list(providers)
         )
     except Exception as exc:
         raise ModelLoadError(f"onnxruntime cannot load {path}: {exc}") from exc
@@ -121,13 +169,29 @@ def example_inputs(signature: ModelSignature, *, rows: int = 1) -> dict[str, np.
     }
 
 
+@dataclass(frozen=True, slots=True)
+class _Instance:
+    session: Any
+    executor: ThreadPoolExecutor
+
+
 class OnnxEngine:
-    def __init__(self, session: Any, *, signature: ModelSignature, info: EngineInfo) -> None:
-        self._session = session
+    def __init__(
+        self, session: Any | Sequence[Any], *, signature: ModelSignature, info: EngineInfo
+    ) -> None:
+        sessions = list(session) if isinstance(session, Sequence) else [session]
+        if not sessions:
+            raise ValueError("OnnxEngine needs at least one session")
+        self._instances = [
+            _Instance(s, ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"onnxruntime-{i}"))
+            for i, s in enumerate(sessions)
+        ]
         self._signature = signature
         self._info = info
         self._output_names = list(signature.output_names)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onnxruntime")
+        self._free: asyncio.Queue[_Instance] = asyncio.Queue()
+        for instance in self._instances:
+            self._free.put_nowait(instance)
 
     @classmethod
     def load(
@@ -138,29 +202,64 @@ class OnnxEngine:
         device: DeviceChoice = "auto",
         gpu_present: bool = False,
         config: SessionConfig | None = None,
+        instances: int = 1,
+        variant: str = "original",
+        accelerator: Accelerator = "default",
+        tensorrt_cache_dir: Path | None = None,
     ) -> OnnxEngine:
-        """Open the model, check it can be batched, and warm it up (blocking)."""
+        """Open the model (once per instance), check it can be batched, and warm every session
+        up (blocking)."""
         import onnxruntime as ort
 
+        if instances < 1:
+            raise ValueError(f"instances must be at least 1, got {instances}")
         config = config or SessionConfig()
-        chosen, providers = choose_providers(
-            device, gpu_present=gpu_present, available=ort.get_available_providers()
+        if instances > 1 and config.intra_op_threads == 0:
+            threads = threads_per_instance(instances=instances, cores=available_cores())
+            config = dataclasses.replace(config, intra_op_threads=threads)
+        choice = choose_accelerated_providers(
+            device,
+            gpu_present=gpu_present,
+            available=ort.get_available_providers(),
+            accelerator=accelerator,
+            fp16=variant == "fp16",
+            tensorrt_cache_dir=str(tensorrt_cache_dir or default_tensorrt_cache_dir()),
         )
-        session = open_session(path, providers=providers, config=config)
+        if choice.warning is not None:
+            log.warning("%s", choice.warning)
+        chosen, providers = choice.device, _with_cache_dir(choice.providers)
+        sessions = [open_session(path, providers=providers, config=config)]
+        session = sessions[0]
         if chosen == "gpu" and "CUDAExecutionProvider" not in session.get_providers():
             raise ModelLoadError(
                 "the CUDA provider failed to load (see onnxruntime's log above): CUDA and cuDNN "
                 "libraries are missing or do not match this onnxruntime-gpu"
             )
+        trt_requested = any(isinstance(p, tuple) and p[0] == TENSORRT for p in providers)
+        if trt_requested and TENSORRT not in session.get_providers():
+            log.warning(
+                "the TensorRT provider failed to load (see onnxruntime's log above): running on %s",
+                ", ".join(session.get_providers()),
+            )
         signature = signature_of(session, name=name, platform="onnxruntime_onnx")
+        sessions += [
+            open_session(path, providers=providers, config=config) for _ in range(instances - 1)
+        ]
+        layout = (
+            f", {instances} instances, {config.intra_op_threads or 'default'} intra-op threads each"
+            if instances > 1
+            else ""
+        )
         info = EngineInfo(
             kind="onnxruntime",
             device=chosen,
             simulated=False,
             providers=tuple(session.get_providers()),
-            detail=f"onnxruntime {ort.__version__}",
+            detail=f"onnxruntime {ort.__version__}{layout}",
+            instances=instances,
+            variant=variant,
         )
-        engine = cls(session, signature=signature, info=info)
+        engine = cls(sessions, signature=signature, info=info)
         engine.warm_up()
         return engine
 
@@ -172,20 +271,36 @@ class OnnxEngine:
     def info(self) -> EngineInfo:
         return self._info
 
+    @property
+    def instances(self) -> int:
+        return len(self._instances)
+
     def warm_up(self) -> None:
-        """Run a batch before the server reports ready, so the first caller pays no setup."""
+        """Run a batch on every session before the server reports ready, so the first caller
+        pays no setup."""
         try:
-            self._session.run(self._output_names, example_inputs(self._signature))
+            for instance in self._instances:
+                instance.session.run(self._output_names, example_inputs(self._signature))
         except Exception as exc:
             raise ModelLoadError(f"warm-up inference failed: {exc}") from exc
 
-    def _run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
-        results = self._session.run(self._output_names, dict(inputs))
+    def _run_on(self, session: Any, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
+        results = session.run(self._output_names, dict(inputs))
         return dict(zip(self._output_names, results, strict=True))
 
     async def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._run, inputs)
+        """Run the batch on a free instance; with all of them busy, wait for one."""
+        instance = await self._free.get()
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(
+                instance.executor, self._run_on, instance.session, inputs
+            )
+        finally:
+            # A cancelled call leaves its thread finishing the batch; the next call on this
+            # instance queues behind it on the same single-thread executor, never beside it.
+            self._free.put_nowait(instance)
 
     async def close(self) -> None:
-        self._executor.shutdown(wait=True)
+        for instance in self._instances:
+            instance.executor.shutdown(wait=True)

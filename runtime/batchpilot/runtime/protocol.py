@@ -11,11 +11,17 @@ and the rest is raw little-endian tensor data, in the order of the inputs whose
 ``parameters.binary_data_size`` says how many bytes each takes. Outputs are returned in binary
 when the request asks for it (``parameters.binary_data_output`` for all outputs, or
 ``outputs[i].parameters.binary_data`` for one).
+
+BYTES tensors (raw images, text, labels) are numpy object arrays of `bytes`. In JSON their
+elements are strings (UTF-8); in binary each element is a 4-byte little-endian length followed by
+that many bytes, as Triton and KServe encode them. KServe's ``{"b64": …}`` convention belongs to
+its v1 protocol, not to v2, so it is not accepted: send bytes that are not UTF-8 as binary data.
 """
 
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -42,8 +48,15 @@ DATATYPES: Final[Mapping[str, np.dtype[Any]]] = {
     "FP32": np.dtype("<f4"),
     "FP64": np.dtype("<f8"),
 }
-"""v2 datatype names and the little-endian numpy dtypes their binary form uses. BYTES is not
-supported: no tensor model this server runs takes strings."""
+"""v2 datatype names of fixed-size elements and the little-endian numpy dtypes their binary form
+uses. BYTES, the one variable-size datatype, is handled apart (see `BYTES`)."""
+
+BYTES: Final = "BYTES"
+"""v2 datatype of variable-length byte strings; its arrays have dtype object, elements `bytes`."""
+
+SUPPORTED_DATATYPES: Final = (*DATATYPES, BYTES)
+
+_LENGTH = struct.Struct("<I")
 
 _DATATYPE_OF_KIND: Final = {dt.str.lstrip("<|="): name for name, dt in DATATYPES.items()}
 
@@ -159,10 +172,10 @@ def decode_request(body: bytes, *, header_length: int | None = None) -> InferReq
         names.add(name)
         datatype = raw.get("datatype")
         dtype = DATATYPES.get(datatype) if isinstance(datatype, str) else None
-        if dtype is None:
+        if dtype is None and datatype != BYTES:
             raise _fail(
                 f"{where}: datatype {datatype!r} is not supported; use one of "
-                + ", ".join(DATATYPES)
+                + ", ".join(SUPPORTED_DATATYPES)
             )
         shape = _shape_of(raw.get("shape"), where)
         count = math.prod(shape)
@@ -173,6 +186,22 @@ def decode_request(body: bytes, *, header_length: int | None = None) -> InferReq
                 raise _fail(f"{where}: binary_data_size must be a non-negative integer")
             if "data" in raw:
                 raise _fail(f"{where} has both binary_data_size and JSON data")
+        if dtype is None:  # BYTES
+            if size is not None:
+                if offset + size > len(blob):
+                    raise _fail(
+                        f"{where}: binary data ends at byte {offset + size} but only "
+                        f"{len(blob)} bytes follow the JSON header"
+                    )
+                elements = _split_bytes(view[offset : offset + size], count, where)
+                offset += size
+            elif "data" not in raw:
+                raise _fail(f"{where} has neither data nor parameters.binary_data_size")
+            else:
+                elements = _json_bytes(raw["data"], count, shape, where)
+            inputs.append(Tensor(name, BYTES, _reshaped(_object_array(elements), shape, where)))
+            continue
+        if size is not None:
             if size != count * dtype.itemsize:
                 raise _fail(
                     f"{where}: binary_data_size is {size} bytes but shape {list(shape)} of "
@@ -228,6 +257,91 @@ def decode_request(body: bytes, *, header_length: int | None = None) -> InferReq
     )
 
 
+def _object_array(elements: Sequence[bytes]) -> np.ndarray[Any, Any]:
+    array = np.empty(len(elements), dtype=object)
+    array[:] = elements
+    return array
+
+
+def _split_bytes(blob: memoryview, count: int, where: str) -> list[bytes]:
+    """Binary BYTES data: `count` elements, each a 4-byte little-endian length and its bytes."""
+    elements: list[bytes] = []
+    offset, end = 0, len(blob)
+    while offset < end:
+        if offset + 4 > end:
+            raise _fail(
+                f"{where}: BYTES element {len(elements)} has a cut-off length prefix "
+                f"({end - offset} of 4 bytes)"
+            )
+        (length,) = _LENGTH.unpack_from(blob, offset)
+        offset += 4
+        if offset + length > end:
+            raise _fail(
+                f"{where}: BYTES element {len(elements)} says {length} bytes but only "
+                f"{end - offset} remain in its binary data"
+            )
+        elements.append(bytes(blob[offset : offset + length]))
+        offset += length
+    if len(elements) != count:
+        raise _fail(
+            f"{where}: shape needs {count} BYTES elements, the binary data holds {len(elements)}"
+        )
+    return elements
+
+
+def _json_bytes(data: Any, count: int, shape: tuple[int, ...], where: str) -> list[bytes]:
+    """JSON BYTES data: strings (flat or nested), each sent on as its UTF-8 bytes."""
+    if not isinstance(data, list):
+        raise _fail(f"{where}: data must be a list")
+    flat: list[bytes] = []
+    stack: list[Any] = [iter(data)]
+    while stack:
+        item = next(stack[-1], _END)
+        if item is _END:
+            stack.pop()
+        elif isinstance(item, list):
+            stack.append(iter(item))
+        elif isinstance(item, str):
+            flat.append(item.encode())
+        else:
+            raise _fail(
+                f"{where}: BYTES data must be strings, got {type(item).__name__} {item!r:.40}; "
+                "send bytes that are not UTF-8 text as binary data"
+            )
+    if len(flat) != count:
+        raise _fail(f"{where}: shape {list(shape)} needs {count} elements, data has {len(flat)}")
+    return flat
+
+
+_END: Final = object()
+
+
+def encode_bytes(array: np.ndarray[Any, Any]) -> bytes:
+    """Binary form of a BYTES tensor: each element as a 4-byte little-endian length and its
+    bytes, in row-major order (str elements are written as UTF-8)."""
+    chunks: list[bytes] = []
+    for element in array.reshape(-1):
+        raw = element.encode() if isinstance(element, str) else bytes(element)
+        chunks.append(_LENGTH.pack(len(raw)))
+        chunks.append(raw)
+    return b"".join(chunks)
+
+
+def _bytes_as_json(array: np.ndarray[Any, Any], name: str) -> list[str]:
+    texts: list[str] = []
+    for element in array.reshape(-1):
+        if isinstance(element, str):
+            texts.append(element)
+            continue
+        try:
+            texts.append(bytes(element).decode())
+        except UnicodeDecodeError:
+            raise InvalidRequest(
+                f"output '{name}' holds bytes that are not UTF-8 text; ask for it as binary data"
+            ) from None
+    return texts
+
+
 def _json_array(
     data: Any, dtype: np.dtype[Any], shape: tuple[int, ...], count: int, where: str
 ) -> np.ndarray[Any, Any]:
@@ -277,6 +391,37 @@ def _reshaped(
         raise _fail(f"{where}: shape {list(shape)} cannot be used: {exc}") from None
 
 
+def decode_raw_tensor(
+    raw: bytes | memoryview, datatype: str, shape: tuple[int, ...], where: str
+) -> np.ndarray[Any, Any]:
+    """One tensor from its raw bytes, as the binary tensor extension and gRPC's
+    ``raw_input_contents`` lay them out: little-endian elements in row-major order, or for BYTES
+    each element as a 4-byte little-endian length and its bytes. Fixed-size data is viewed in
+    place, not copied. Raises InvalidRequest when the bytes do not fit the shape."""
+    count = math.prod(shape)
+    if datatype == BYTES:
+        return _reshaped(_object_array(_split_bytes(memoryview(raw), count, where)), shape, where)
+    dtype = DATATYPES.get(datatype)
+    if dtype is None:
+        raise _fail(
+            f"{where}: datatype {datatype!r} is not supported; use one of "
+            + ", ".join(SUPPORTED_DATATYPES)
+        )
+    if len(raw) != count * dtype.itemsize:
+        raise _fail(
+            f"{where}: raw data is {len(raw)} bytes but shape {list(shape)} of {datatype} "
+            f"needs {count * dtype.itemsize}"
+        )
+    return _reshaped(np.frombuffer(raw, dtype=dtype), shape, where)
+
+
+def encode_raw_tensor(array: np.ndarray[Any, Any], datatype: str) -> bytes:
+    """The raw bytes of a tensor: the inverse of `decode_raw_tensor`."""
+    if datatype == BYTES:
+        return encode_bytes(array)
+    return np.ascontiguousarray(array, dtype=DATATYPES[datatype]).tobytes()
+
+
 def encode_response(
     *,
     model_name: str,
@@ -305,7 +450,14 @@ def encode_response(
             "datatype": out.datatype,
             "shape": list(array.shape),
         }
-        if out.name in binary_names:
+        if out.datatype == BYTES:
+            if out.name in binary_names:
+                raw = encode_bytes(array)
+                entry["parameters"] = {"binary_data_size": len(raw)}
+                chunks.append(raw)
+            else:
+                entry["data"] = _bytes_as_json(array, out.name)
+        elif out.name in binary_names:
             raw = np.ascontiguousarray(array, dtype=DATATYPES[out.datatype]).tobytes()
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
@@ -349,6 +501,15 @@ def encode_request(
             "datatype": tensor.datatype,
             "shape": list(tensor.data.shape),
         }
+        if tensor.datatype == BYTES:
+            if binary:
+                raw = encode_bytes(tensor.data)
+                entry["parameters"] = {"binary_data_size": len(raw)}
+                chunks.append(raw)
+            else:
+                entry["data"] = _bytes_as_json(tensor.data, tensor.name)
+            entries.append(entry)
+            continue
         dtype = DATATYPES[tensor.datatype]
         if binary:
             raw = np.ascontiguousarray(tensor.data, dtype=dtype).tobytes()
@@ -378,9 +539,19 @@ def decode_response(body: bytes, *, header_length: int | None = None) -> dict[st
     result: dict[str, Tensor] = {}
     offset = 0
     for out in doc["outputs"]:
-        dtype = DATATYPES[out["datatype"]]
         shape = tuple(out["shape"])
         size = (out.get("parameters") or {}).get("binary_data_size")
+        if out["datatype"] == BYTES:
+            where = f"output '{out['name']}'"
+            if size is not None:
+                elements = _split_bytes(blob[offset : offset + size], math.prod(shape), where)
+                offset += size
+            else:
+                elements = _json_bytes(out["data"], math.prod(shape), shape, where)
+            array = _object_array(elements).reshape(shape)
+            result[out["name"]] = Tensor(out["name"], BYTES, array)
+            continue
+        dtype = DATATYPES[out["datatype"]]
         if size is not None:
             array = np.frombuffer(blob[offset : offset + size], dtype=dtype).reshape(shape)
             offset += size

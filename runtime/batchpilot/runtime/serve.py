@@ -17,6 +17,7 @@ import math
 import os
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -29,6 +30,7 @@ from batchpilot.runtime.engine import Engine
 from batchpilot.runtime.live_settings import ConfigFileWatcher
 from batchpilot.runtime.metrics import Outcome, RuntimeMetrics
 from batchpilot.runtime.onnx_engine import ModelLoadError, OnnxEngine, SessionConfig
+from batchpilot.runtime.optimize.variants import missing_variant_message, variant_path
 from batchpilot.runtime.server import ModelServer
 from batchpilot.runtime.settings import RuntimeSettings
 from batchpilot.runtime.simulated import LatencyModel, SimulatedEngine
@@ -36,15 +38,24 @@ from batchpilot.runtime.simulated import LatencyModel, SimulatedEngine
 log = logging.getLogger("batchpilot.runtime")
 
 
+def model_file(settings: RuntimeSettings) -> Path:
+    """The file to serve: the model, or its variant `<stem>.<variant>.onnx` beside it."""
+    path = variant_path(settings.model_path, settings.model_variant)
+    if not path.is_file() and settings.model_variant != "original":
+        raise ModelLoadError(missing_variant_message(settings.model_path, settings.model_variant))
+    return path
+
+
 def build_engine(settings: RuntimeSettings, *, nvml: Nvml | None) -> Engine:
     if settings.engine == "simulated":
         return SimulatedEngine.load(
-            settings.model_path,
+            model_file(settings),
             name=settings.model_name,
             latency=LatencyModel.parse(settings.simulated_latency),
+            instances=settings.instances,
         )
     return OnnxEngine.load(
-        settings.model_path,
+        model_file(settings),
         name=settings.model_name,
         device=settings.device,
         gpu_present=nvml is not None,
@@ -53,6 +64,10 @@ def build_engine(settings: RuntimeSettings, *, nvml: Nvml | None) -> Engine:
             inter_op_threads=settings.inter_op_threads,
             graph_optimization=settings.graph_optimization,
         ),
+        instances=settings.instances,
+        variant=settings.model_variant,
+        accelerator=settings.accelerator,
+        tensorrt_cache_dir=settings.tensorrt_cache_dir,
     )
 
 
@@ -92,6 +107,26 @@ def serve(settings: RuntimeSettings) -> int:
     except (ModelLoadError, DeviceUnavailable, ValueError, OSError) as exc:
         log.error("model %s cannot be served: %s", settings.model_path, exc)
         return 1
+    pipeline = None
+    if settings.pipeline_config is not None:
+        # Imported here: servers without a pipeline never load Pillow or tokenizers.
+        from batchpilot.runtime.pipeline.pipeline import PipelineConfigError, load_pipeline
+
+        try:
+            pipeline = load_pipeline(
+                settings.pipeline_config,
+                engine.signature,
+                model_dir=settings.model_path.absolute().parent,
+            )
+        except PipelineConfigError as exc:
+            log.error("model %s cannot be served: %s", settings.model_path, exc)
+            return 1
+        log.info(
+            "pipeline %s: inputs %s, outputs %s",
+            settings.pipeline_config,
+            ", ".join(f"{s.name}:{s.datatype}{list(s.shape)}" for s in pipeline.signature.inputs),
+            ", ".join(f"{s.name}:{s.datatype}{list(s.shape)}" for s in pipeline.signature.outputs),
+        )
     info = engine.info
     log.info(
         "serving model '%s' on %s (%s%s), inputs %s",
@@ -119,6 +154,8 @@ def serve(settings: RuntimeSettings) -> int:
         default_timeout_s=(
             settings.request_timeout_ms / 1e3 if settings.request_timeout_ms else None
         ),
+        pipeline=pipeline,
+        pipeline_threads=settings.pipeline_threads,
     )
     app = create_app(
         model_server,
@@ -126,6 +163,8 @@ def serve(settings: RuntimeSettings) -> int:
             max_body_bytes=settings.max_body_bytes,
             admin_token=settings.token(),
             drain_grace_s=settings.drain_grace_s,
+            async_result_ttl_s=settings.async_result_ttl_s,
+            async_capacity=settings.async_capacity,
         ),
     )
     if settings.batching_config is not None:
@@ -136,6 +175,22 @@ def serve(settings: RuntimeSettings) -> int:
         )
         watcher.check()  # the file's settings are in force before the first request
         _attach_background(app, watcher.run(interval_s=settings.config_poll_s))
+    if settings.grpc_port is not None:
+        # Imported here: servers without gRPC never load grpcio.
+        from batchpilot.runtime.grpc_api.service import GrpcConfig, GrpcEndpoint, attach
+
+        attach(
+            app,
+            GrpcEndpoint(
+                model_server,
+                GrpcConfig(
+                    host=settings.host,
+                    port=settings.grpc_port,
+                    max_message_bytes=settings.max_body_bytes,
+                    grace_s=settings.drain_grace_s,
+                ),
+            ),
+        )
 
     config = uvicorn.Config(
         app,
@@ -198,8 +253,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
     a("--model", dest="model_path", help="ONNX model file (BATCHPILOT_MODEL_PATH)")
     a("--name", dest="model_name", help="model name in the v2 API (default: file stem)")
+    a(
+        "--variant",
+        dest="model_variant",
+        choices=["original", "fp16", "int8"],
+        help="serve <stem>.<variant>.onnx beside --model, made by `batchpilot optimize` "
+        "(default original; BATCHPILOT_MODEL_VARIANT)",
+    )
     a("--host", help="address to bind (default 127.0.0.1)")
     a("--port", type=int, help="port (default 8080)")
+    a(
+        "--grpc-port",
+        type=int,
+        help="port of the Open Inference Protocol v2 gRPC service, on --host (off when unset; "
+        "BATCHPILOT_GRPC_PORT)",
+    )
     a("--max-batch-size", type=int, help="rows per batch, at most (default 8)")
     a("--max-queue-delay-ms", type=float, help="longest wait for a batch to fill (default 5)")
     a("--queue-capacity", type=int, help="requests waiting before 503 (default 1024)")
@@ -214,8 +282,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--intra-op-threads", type=int, help="onnxruntime intra-op threads (0: default)")
     a("--inter-op-threads", type=int, help="onnxruntime inter-op threads (0: default)")
     a("--graph-optimization", choices=["disabled", "basic", "extended", "all"])
+    a(
+        "--accelerator",
+        choices=["default", "tensorrt"],
+        help="tensorrt: onnxruntime's TensorRT provider before CUDA, where a GPU and the provider "
+        "exist, else a warning and the usual choice (default default; BATCHPILOT_ACCELERATOR)",
+    )
+    a(
+        "--tensorrt-cache-dir",
+        help="where TensorRT keeps built engines (default <tmp>/batchpilot-tensorrt; "
+        "BATCHPILOT_TENSORRT_CACHE_DIR)",
+    )
+    a(
+        "--instances",
+        type=int,
+        help="model instances, batches that run at once (1-16, default 1; BATCHPILOT_INSTANCES)",
+    )
+    a(
+        "--async-result-ttl-s",
+        type=float,
+        help="seconds a finished async inference result is kept (default 300)",
+    )
+    a(
+        "--async-capacity",
+        type=int,
+        help="async jobs stored, pending or finished, before submits get 429 (default 1024)",
+    )
     a("--max-body-bytes", type=int, help="largest request body accepted (default 64 MiB)")
     a("--batching-config", help="JSON file with maxBatchSize/maxQueueDelayMs, re-read on change")
+    a(
+        "--pipeline-config",
+        help="JSON pre/post-processing pipeline: raw images or text in, labelled top-k out "
+        "(BATCHPILOT_PIPELINE_CONFIG)",
+    )
+    a("--pipeline-threads", type=int, help="pre/post-processing threads (default: CPU count)")
     a("--admin-token-file", help="file holding the bearer token for PUT /admin/batching")
     a("--drain-grace-s", type=float, help="on SIGTERM, time allowed to finish queued requests")
     a("--log-level", choices=["debug", "info", "warning", "error"])

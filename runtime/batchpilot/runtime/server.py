@@ -3,6 +3,10 @@
 It checks each request against the model's signature, queues it for the batcher, waits for its
 rows, and keeps the batching settings that the admin endpoint and the config file change while
 serving. The REST layer (`app.py`) is a thin translation on top of this.
+
+With a pipeline (`batchpilot.runtime.pipeline`), clients see the pipeline's signature: requests
+are checked against it, preprocessed per request in a thread pool before they enter the queue
+(the batcher only ever sees ready tensors), and their rows are postprocessed in the same pool.
 """
 
 from __future__ import annotations
@@ -10,17 +14,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+import math
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from batchpilot.runtime.batching import Batcher, BatchQueue, BatchSettings
 from batchpilot.runtime.engine import Engine, ModelSignature
 from batchpilot.runtime.errors import DeadlineExceeded, InvalidRequest, ShuttingDown
-from batchpilot.runtime.metrics import RuntimeMetrics
+from batchpilot.runtime.metrics import RuntimeMetrics, available_cores
 from batchpilot.runtime.protocol import InferRequest, Tensor
 
+if TYPE_CHECKING:  # the pipeline pulls Pillow and tokenizers; servers without one never need them
+    from batchpilot.runtime.pipeline.pipeline import Pipeline
+
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 def _shape_text(shape: tuple[int, ...]) -> str:
@@ -88,13 +101,25 @@ class ModelServer:
         queue_capacity: int,
         metrics: RuntimeMetrics,
         default_timeout_s: float | None = None,
+        pipeline: Pipeline | None = None,
+        pipeline_threads: int = 0,
     ) -> None:
         self.engine = engine
         self.metrics = metrics
+        self.pipeline = pipeline
+        self._pipeline_pool = (
+            ThreadPoolExecutor(
+                max_workers=pipeline_threads or max(1, math.ceil(available_cores())),
+                thread_name_prefix="pipeline",
+            )
+            if pipeline is not None
+            else None
+        )
         self._batching = batching
         self._default_timeout_s = default_timeout_s
         self._queue = BatchQueue(settings=lambda: self._batching, capacity=queue_capacity)
-        self._batcher = Batcher(self._queue, engine, metrics)
+        self._batcher = Batcher(self._queue, engine, metrics, instances=engine.info.instances)
+        metrics.track_busy_seconds(self._batcher.busy_seconds)
         self._task: asyncio.Task[None] | None = None
         metrics.track_queue_depth(lambda: len(self._queue))
         metrics.settings_changed(
@@ -103,7 +128,8 @@ class ModelServer:
 
     @property
     def signature(self) -> ModelSignature:
-        return self.engine.signature
+        """What clients send and get back: the pipeline's ends when there is one."""
+        return self.pipeline.signature if self.pipeline is not None else self.engine.signature
 
     @property
     def batching(self) -> BatchSettings:
@@ -136,13 +162,20 @@ class ModelServer:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._batcher.run(), name="batcher")
 
+    def validate(self, request: InferRequest) -> int:
+        """The checks `infer` makes before it queues a request, without queueing it; returns
+        the request's rows. Async submits use it to refuse a bad request at once."""
+        return validate_inputs(self.signature, request)
+
     async def infer(self, request: InferRequest) -> list[Tensor]:
         """Serve one request; raises the runtime's errors for anything but success."""
         rows = validate_inputs(self.signature, request)
         timeout_s = request.timeout_s or self._default_timeout_s
-        future = self._queue.put(
-            {t.name: t.data for t in request.inputs}, rows=rows, timeout_s=timeout_s
-        )
+        inputs = {t.name: t.data for t in request.inputs}
+        pipeline = self.pipeline
+        if pipeline is not None and pipeline.preprocess is not None:
+            inputs = await self._off_loop("preprocess", pipeline.preprocess, inputs)
+        future = self._queue.put(inputs, rows=rows, timeout_s=timeout_s)
         if timeout_s is None:
             outputs = await future
         else:
@@ -153,8 +186,23 @@ class ModelServer:
                     f"the request was not served within its {timeout_s * 1e3:g} ms deadline"
                 ) from None
         names = request.requested_outputs or self.signature.output_names
+        if pipeline is not None and pipeline.postprocess is not None:
+            return await self._off_loop("postprocess", pipeline.postprocess, outputs, names)
         specs = {spec.name: spec.datatype for spec in self.signature.outputs}
         return [Tensor(name, specs[name], _array(outputs[name])) for name in names]
+
+    async def _off_loop(self, stage: str, func: Callable[..., _T], *args: Any) -> _T:
+        """Run a pipeline stage in the pool, timed into batchpilot_pipeline_seconds{stage}."""
+
+        def timed() -> _T:
+            started = time.perf_counter()
+            try:
+                return func(*args)
+            finally:
+                self.metrics.pipeline_stage_done(stage, time.perf_counter() - started)
+
+        assert self._pipeline_pool is not None
+        return await asyncio.get_running_loop().run_in_executor(self._pipeline_pool, timed)
 
     def stop_accepting(self) -> None:
         """New requests get 503 and readiness fails; queued requests are still served."""
@@ -162,7 +210,8 @@ class ModelServer:
             self._queue.close()
 
     async def drain(self, *, grace_s: float) -> bool:
-        """Refuse new requests and finish the queued ones. True when all finished in time."""
+        """Refuse new requests and finish the queued ones (every instance finishes its batch and
+        the queue runs empty). True when all finished in time."""
         self.stop_accepting()
         if self._task is None:
             return True
@@ -183,6 +232,8 @@ class ModelServer:
     async def close(self) -> None:
         self._queue.close()
         await self._stop()
+        if self._pipeline_pool is not None:
+            self._pipeline_pool.shutdown(wait=False, cancel_futures=True)
         await self.engine.close()
 
 

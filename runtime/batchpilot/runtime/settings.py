@@ -18,8 +18,18 @@ class RuntimeSettings(BaseSettings):
 
     model_path: Path = Field(description="ONNX model file")
     model_name: str = Field(default="", description="name in the v2 API; default: file stem")
+    model_variant: Literal["original", "fp16", "int8"] = Field(
+        default="original",
+        description="serve <stem>.<variant>.onnx beside the model (made by `batchpilot optimize`)",
+    )
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
+    grpc_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="gRPC (Open Inference Protocol v2) port; off: None",
+    )
 
     engine: Literal["onnx", "simulated"] = "onnx"
     simulated_latency: str = Field(
@@ -29,6 +39,16 @@ class RuntimeSettings(BaseSettings):
     intra_op_threads: int = Field(default=0, ge=0)
     inter_op_threads: int = Field(default=0, ge=0)
     graph_optimization: Literal["disabled", "basic", "extended", "all"] = "all"
+    accelerator: Literal["default", "tensorrt"] = Field(
+        default="default",
+        description="tensorrt: onnxruntime's TensorRT provider first, where a GPU and it exist",
+    )
+    tensorrt_cache_dir: Path | None = Field(
+        default=None, description="TensorRT engine cache; default: <tmp>/batchpilot-tensorrt"
+    )
+    instances: int = Field(
+        default=1, ge=1, le=16, description="model instances: batches that may run at once"
+    )
 
     max_batch_size: int = Field(default=8, ge=1)
     max_queue_delay_ms: float = Field(default=5.0, ge=0, le=10_000)
@@ -44,6 +64,19 @@ class RuntimeSettings(BaseSettings):
     admin_token: SecretStr | None = None
     admin_token_file: Path | None = None
     drain_grace_s: float = Field(default=25.0, ge=0)
+    pipeline_config: Path | None = Field(
+        default=None,
+        description="JSON pre/post-processing pipeline (spec.pipeline of the InferenceService)",
+    )
+    pipeline_threads: int = Field(
+        default=0, ge=0, le=256, description="threads for pre/post-processing (0: CPU count)"
+    )
+    async_result_ttl_s: float = Field(
+        default=300.0, gt=0, le=86_400, description="how long a finished async result is kept"
+    )
+    async_capacity: int = Field(
+        default=1024, ge=1, le=1_000_000, description="async jobs stored (pending or finished)"
+    )
 
     isvc_name: str = Field(default="", description="InferenceService this pod serves")
     isvc_namespace: str = Field(default="", description="its namespace")

@@ -5,6 +5,15 @@ on a GPU, where a batch of b rows takes about α + β·b. The model file still d
 outputs (so requests are validated exactly as for the real model); outputs are zeros. The engine
 says it is simulated in the model metadata, in its `batchpilot_engine_info` metric and in the log.
 The batch "runs" on a loop timer, so a simulated replica costs nothing while it computes.
+
+Model instances (`--instances N`) on a simulated accelerator are N instances on one device, never
+N devices: the device runs one batch at a time, so batches of different instances queue for it
+(first come, first served) and the device's throughput is still at most max over b of b / t(b).
+What N instances overlap is the host side: while one batch holds the device, the next is formed,
+concatenated and waiting, and the last one's rows are handed back. This is the conservative
+reading of a real GPU, where two streams can overlap only when a batch leaves the device
+partly idle. With N > 1 the per-batch duration the batcher measures includes the wait for the
+device, as it would include contention on a real one.
 """
 
 from __future__ import annotations
@@ -52,9 +61,15 @@ class LatencyModel:
 
 
 class SimulatedEngine:
-    def __init__(self, signature: ModelSignature, latency: LatencyModel) -> None:
+    def __init__(
+        self, signature: ModelSignature, latency: LatencyModel, *, instances: int = 1
+    ) -> None:
+        if instances < 1:
+            raise ValueError(f"instances must be at least 1, got {instances}")
         self._signature = signature
         self._latency = latency
+        self._device = asyncio.Lock()
+        """The one simulated device: a batch holds it for t(b); asyncio.Lock is FIFO."""
         self._info = EngineInfo(
             kind="simulated",
             device="gpu",
@@ -62,15 +77,19 @@ class SimulatedEngine:
             detail=(
                 f"simulated accelerator: t(b) = {latency.alpha_s * 1e3:g} ms + "
                 f"{latency.beta_s * 1e3:g} ms x b"
+                + (f"; {instances} instances sharing one device" if instances > 1 else "")
             ),
+            instances=instances,
         )
 
     @classmethod
-    def load(cls, path: Path, *, name: str, latency: LatencyModel) -> SimulatedEngine:
+    def load(
+        cls, path: Path, *, name: str, latency: LatencyModel, instances: int = 1
+    ) -> SimulatedEngine:
         """Read the model's signature from its file; the model itself never runs."""
         session = open_session(path, providers=["CPUExecutionProvider"], config=SessionConfig())
         signature = signature_of(session, name=name, platform="simulated")
-        return cls(signature, latency)
+        return cls(signature, latency, instances=instances)
 
     @property
     def signature(self) -> ModelSignature:
@@ -86,7 +105,8 @@ class SimulatedEngine:
 
     async def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
         rows = next(iter(inputs.values())).shape[0]
-        await asyncio.sleep(self._latency.seconds(rows))
+        async with self._device:
+            await asyncio.sleep(self._latency.seconds(rows))
         return {
             spec.name: np.zeros(
                 (rows, *(d if d >= 0 else 1 for d in spec.shape[1:])),

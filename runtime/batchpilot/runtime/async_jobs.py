@@ -1,0 +1,205 @@
+"""The store behind async inference: accepted jobs, their results, and when results expire.
+
+`POST .../infer/async` answers at once with a job id; the job runs through the same batcher as a
+synchronous request, and its result waits here until the client fetches it with `GET`, discards
+it with `DELETE`, or its time-to-live (counted from completion) runs out. The store is bounded:
+a submit when it is full fails at once (the HTTP layer answers 429 with Retry-After), and no job
+is ever dropped to make room. A job that has not finished never expires, so an accepted job is
+never silently lost; it only leaves by finishing and then expiring, or by being discarded.
+
+This module is pure: time comes from an injected clock, expiry happens when the store is used
+(every call expires what is due first), and results are opaque to it. asyncio is used only for
+the event a long-polling reader waits on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Generic, TypeVar
+
+from batchpilot.runtime.errors import InferenceError, Overloaded
+
+R = TypeVar("R")
+
+
+class JobState(StrEnum):
+    PENDING = "pending"
+    """Accepted, not finished: queued for a batch or computing."""
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class StoreFull(Overloaded):
+    """The async job store holds `capacity` jobs; the client should retry later (429)."""
+
+
+class JobNotFound(InferenceError):
+    """No such job: never submitted, discarded, or its result expired (404)."""
+
+
+@dataclass(eq=False, slots=True)
+class Job(Generic[R]):
+    id: str
+    submitted_at: float
+    state: JobState = JobState.PENDING
+    finished_at: float | None = None
+    result: R | None = None
+    error: Exception | None = None
+    work: asyncio.Task[None] | None = None
+    """What computes the job; cancelled when a pending job is discarded."""
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the job finishes or leaves the store: what a long poll waits on."""
+
+    @property
+    def done(self) -> bool:
+        return self.state is not JobState.PENDING
+
+
+class JobStore(Generic[R]):
+    """Bounded, expiring storage of async jobs and their results."""
+
+    def __init__(
+        self,
+        *,
+        capacity: int,
+        ttl_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"async capacity must be at least 1, got {capacity}")
+        if not ttl_s > 0:
+            raise ValueError(f"async result TTL must be positive, got {ttl_s}")
+        self._capacity = capacity
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._new_id = new_id
+        self._jobs: dict[str, Job[R]] = {}
+        self._finished: deque[Job[R]] = deque()
+        """Finished jobs in completion order, which with one TTL is expiry order."""
+        self._pending = 0
+        self.expired_total = 0
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def ttl_s(self) -> float:
+        return self._ttl_s
+
+    def submit(self) -> Job[R]:
+        """Accept a new pending job, or raise StoreFull at once."""
+        now = self._clock()
+        self._expire(now)
+        if len(self._jobs) >= self._capacity:
+            raise StoreFull(
+                f"the async job store is full ({self._capacity} jobs: {self._pending} pending, "
+                f"{len(self._jobs) - self._pending} finished and not yet fetched or expired); "
+                "retry later, or DELETE results you have fetched",
+                retry_after_s=self._room_in(now),
+            )
+        job_id = self._new_id()
+        while job_id in self._jobs:
+            job_id = self._new_id()
+        job: Job[R] = Job(id=job_id, submitted_at=now)
+        self._jobs[job_id] = job
+        self._pending += 1
+        return job
+
+    def _room_in(self, now: float) -> float:
+        """Seconds until the oldest finished result expires; 1 s when every job is pending."""
+        for job in self._finished:
+            if self._jobs.get(job.id) is job:
+                assert job.finished_at is not None
+                return max(1.0, math.ceil(job.finished_at + self._ttl_s - now))
+        return 1.0
+
+    def get(self, job_id: str) -> Job[R] | None:
+        """The job, or None when unknown, discarded or expired."""
+        self._expire(self._clock())
+        return self._jobs.get(job_id)
+
+    def succeed(self, job: Job[R], result: R) -> bool:
+        """Record a result; False when the job had already left the store (discarded)."""
+        return self._finish(job, JobState.SUCCEEDED, result=result)
+
+    def fail(self, job: Job[R], error: Exception) -> bool:
+        """Record the error the client will get; False when the job had left the store."""
+        return self._finish(job, JobState.FAILED, error=error)
+
+    def _finish(
+        self,
+        job: Job[R],
+        state: JobState,
+        *,
+        result: R | None = None,
+        error: Exception | None = None,
+    ) -> bool:
+        if job.done or self._jobs.get(job.id) is not job:
+            return False
+        now = self._clock()
+        job.state, job.result, job.error, job.finished_at = state, result, error, now
+        job.work = None
+        self._pending -= 1
+        self._finished.append(job)
+        job.finished.set()
+        self._expire(now)
+        return True
+
+    def discard(self, job_id: str) -> Job[R] | None:
+        """Remove a job; a pending one has its work cancelled. None when there was none."""
+        self._expire(self._clock())
+        job = self._jobs.pop(job_id, None)
+        if job is None:
+            return None
+        if not job.done:
+            self._pending -= 1
+            if job.work is not None:
+                job.work.cancel()
+        job.finished.set()
+        if len(self._finished) > 2 * len(self._jobs) + 64:
+            # Discarded results leave stale entries behind; don't let them pile up for a TTL.
+            self._finished = deque(j for j in self._finished if self._jobs.get(j.id) is j)
+        return job
+
+    def pending(self) -> list[Job[R]]:
+        return [job for job in self._jobs.values() if not job.done]
+
+    def counts(self) -> dict[str, int]:
+        """Jobs stored by state (every state present), after expiring what is due."""
+        self._expire(self._clock())
+        counts = dict.fromkeys((state.value for state in JobState), 0)
+        for job in self._jobs.values():
+            counts[job.state.value] += 1
+        return counts
+
+    def expire(self) -> int:
+        """Drop the results whose TTL has passed; returns how many."""
+        return self._expire(self._clock())
+
+    def _expire(self, now: float) -> int:
+        dropped = 0
+        while self._finished:
+            job = self._finished[0]
+            if self._jobs.get(job.id) is not job:
+                self._finished.popleft()  # discarded earlier
+                continue
+            assert job.finished_at is not None
+            if job.finished_at + self._ttl_s > now:
+                break
+            self._finished.popleft()
+            del self._jobs[job.id]
+            dropped += 1
+        self.expired_total += dropped
+        return dropped

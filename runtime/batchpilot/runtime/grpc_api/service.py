@@ -1,0 +1,283 @@
+"""The Open Inference Protocol v2 gRPC service, served by grpc.aio beside the REST app.
+
+It runs in the same process and event loop as uvicorn and calls the same `ModelServer`, so gRPC
+and REST requests share one queue, batch together, count in the same metrics and fail with the
+same domain errors, mapped to gRPC status codes in one table (`GRPC_STATUS`) with the REST
+messages. The RPC's deadline is the request's timeout, and a cancelled RPC leaves the queue, as
+a REST request does when its client disconnects.
+
+`attach` ties the gRPC server to the app's lifespan: it starts after the batcher and, on
+shutdown, refuses new RPCs and lets the accepted ones finish within the drain grace before the
+batcher drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, NoReturn
+
+import grpc
+
+from batchpilot.runtime.app import status_of
+from batchpilot.runtime.errors import (
+    DeadlineExceeded,
+    EngineFailure,
+    InferenceError,
+    InvalidRequest,
+    ModelNotFound,
+    Overloaded,
+    RequestTooLarge,
+    ShuttingDown,
+    Unauthorized,
+)
+from batchpilot.runtime.grpc_api import grpc_predict_v2_pb2 as pb
+from batchpilot.runtime.grpc_api import grpc_predict_v2_pb2_grpc as pb_grpc
+from batchpilot.runtime.grpc_api.codec import decode_infer_request, encode_infer_response
+from batchpilot.runtime.metrics import Outcome
+from batchpilot.runtime.server import ModelServer
+
+log = logging.getLogger(__name__)
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+GRPC_STATUS: dict[type[InferenceError], grpc.StatusCode] = {
+    InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
+    Unauthorized: grpc.StatusCode.UNAUTHENTICATED,
+    ModelNotFound: grpc.StatusCode.NOT_FOUND,
+    RequestTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Overloaded: grpc.StatusCode.UNAVAILABLE,
+    ShuttingDown: grpc.StatusCode.UNAVAILABLE,
+    DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
+    EngineFailure: grpc.StatusCode.INTERNAL,
+}
+"""The gRPC status of each domain error (the REST statuses are in `app.ERROR_STATUS`)."""
+
+INTERNAL_MESSAGE = "internal server error; see the server log"
+
+DEADLINE_MARGIN_S = 0.01
+"""A request's timeout ends this long before its RPC's deadline, so the server answers
+DEADLINE_EXCEEDED itself rather than racing the client, which cancels the RPC at that deadline; a
+cancellation that arrives within twice this of the deadline is the deadline, and counts as a
+timeout."""
+
+EXTENSIONS = ("binary_tensor_data", "batchpilot_batching")
+
+
+def grpc_status(error: InferenceError) -> grpc.StatusCode:
+    for cls in type(error).__mro__:
+        if cls in GRPC_STATUS:
+            return GRPC_STATUS[cls]
+    return grpc.StatusCode.INTERNAL
+
+
+def trailing_metadata(error: InferenceError) -> tuple[tuple[str, str], ...]:
+    """When to retry, as REST's Retry-After says it, plus gRPC's own retry pushback for an
+    overloaded server (honoured by clients with a retry policy)."""
+    if isinstance(error, Overloaded):
+        return (
+            ("retry-after", str(max(1, math.ceil(error.retry_after_s)))),
+            ("grpc-retry-pushback-ms", str(max(0, round(error.retry_after_s * 1e3)))),
+        )
+    if isinstance(error, ShuttingDown):
+        return (("retry-after", "1"),)
+    return ()
+
+
+async def _abort(context: Context, error: InferenceError) -> NoReturn:
+    await context.abort(grpc_status(error), str(error), trailing_metadata(error))
+    raise AssertionError("unreachable: abort raises")  # pragma: no cover
+
+
+def _version() -> str:
+    try:
+        return version("batchpilot")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
+    """`inference.GRPCInferenceService` for one model server."""
+
+    def __init__(self, server: ModelServer) -> None:
+        self._server = server
+        self._metrics = server.metrics
+        self._version = _version()
+
+    def _model(self, name: str) -> None:
+        served = self._server.signature.name
+        if name != served:
+            raise ModelNotFound(f"model '{name}' is not served here; this server serves '{served}'")
+
+    async def ServerLive(  # noqa: N802
+        self, request: pb.ServerLiveRequest, context: Context
+    ) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(  # noqa: N802
+        self, request: pb.ServerReadyRequest, context: Context
+    ) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self._server.ready)
+
+    async def ModelReady(  # noqa: N802
+        self, request: pb.ModelReadyRequest, context: Context
+    ) -> pb.ModelReadyResponse:
+        try:
+            self._model(request.name)
+        except InferenceError as exc:
+            await _abort(context, exc)
+        return pb.ModelReadyResponse(ready=self._server.ready)
+
+    async def ServerMetadata(  # noqa: N802
+        self, request: pb.ServerMetadataRequest, context: Context
+    ) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(
+            name="batchpilot", version=self._version, extensions=EXTENSIONS
+        )
+
+    async def ModelMetadata(  # noqa: N802
+        self, request: pb.ModelMetadataRequest, context: Context
+    ) -> pb.ModelMetadataResponse:
+        try:
+            self._model(request.name)
+        except InferenceError as exc:
+            await _abort(context, exc)
+        signature = self._server.signature
+        tensor = pb.ModelMetadataResponse.TensorMetadata
+        return pb.ModelMetadataResponse(
+            name=signature.name,
+            versions=[signature.version] if signature.version else [],
+            platform=signature.platform,
+            inputs=[
+                tensor(name=s.name, datatype=s.datatype, shape=s.shape) for s in signature.inputs
+            ],
+            outputs=[
+                tensor(name=s.name, datatype=s.datatype, shape=s.shape) for s in signature.outputs
+            ],
+        )
+
+    async def ModelInfer(  # noqa: N802
+        self, request: pb.ModelInferRequest, context: Context
+    ) -> pb.ModelInferResponse:
+        metrics = self._metrics
+        started = time.perf_counter()
+        metrics.inflight.inc()
+        try:
+            self._model(request.model_name)
+            remaining = context.time_remaining()
+            parsed = decode_infer_request(
+                request,
+                deadline_s=None if remaining is None else remaining - DEADLINE_MARGIN_S,
+            )
+            outputs = await self._server.infer(parsed)
+            signature = self._server.signature
+            response = encode_infer_response(
+                model_name=signature.name,
+                model_version=signature.version,
+                request_id=parsed.id,
+                outputs=outputs,
+            )
+        except InferenceError as exc:
+            metrics.request_finished(status_of(exc)[1], time.perf_counter() - started)
+            failure: InferenceError | None = exc
+        except asyncio.CancelledError:
+            # The client cancelled the RPC or its deadline passed: the request has left the queue.
+            remaining = context.time_remaining()
+            if remaining is not None and remaining <= 2 * DEADLINE_MARGIN_S:
+                metrics.request_finished(Outcome.TIMEOUT, time.perf_counter() - started)
+            else:
+                metrics.request_finished(Outcome.CANCELLED)
+            raise
+        except Exception:
+            # A bug, not the client's fault: an INTERNAL status, counted as an error so the error
+            # rate the autopilot reads includes it.
+            log.exception("gRPC infer request failed unexpectedly")
+            metrics.request_finished(Outcome.ERROR, time.perf_counter() - started)
+            failure = None
+        else:
+            metrics.request_finished(Outcome.SUCCESS, time.perf_counter() - started)
+            return response
+        finally:
+            metrics.inflight.dec()
+        if failure is not None:
+            await _abort(context, failure)
+        await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcConfig:
+    host: str
+    port: int
+    max_message_bytes: int
+    """Largest request message accepted (--max-body-bytes); larger ones get RESOURCE_EXHAUSTED."""
+    grace_s: float
+    """On shutdown, how long accepted RPCs may take to finish."""
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class GrpcEndpoint:
+    """A grpc.aio server for one model server, in the running event loop."""
+
+    def __init__(self, model_server: ModelServer, config: GrpcConfig) -> None:
+        self._model_server = model_server
+        self._config = config
+        self._server: grpc.aio.Server | None = None
+        self.port: int | None = None
+        """The bound port, once started (differs from the configured one when that is 0)."""
+
+    async def start(self) -> None:
+        limit = self._config.max_message_bytes
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", -1),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(
+            InferenceService(self._model_server), server
+        )
+        address = _address(self._config.host, self._config.port)
+        try:
+            self.port = server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise OSError(f"gRPC cannot listen on {address}: {exc}") from None
+        await server.start()
+        self._server = server
+        log.info(
+            "gRPC (Open Inference Protocol v2) listening on %s",
+            _address(self._config.host, self.port),
+        )
+
+    async def stop(self) -> None:
+        """Refuse new RPCs and wait for accepted ones, at most the grace period."""
+        if self._server is None:
+            return
+        await self._server.stop(self._config.grace_s)
+        self._server = None
+
+
+def attach(app: Any, endpoint: GrpcEndpoint) -> None:
+    """Serve `endpoint` for the app's lifetime: started once the app's lifespan (the batcher)
+    is up, stopped before it drains, so accepted RPCs still reach the batcher."""
+    inner = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(a: Any) -> AsyncIterator[None]:
+        async with inner(a):
+            await endpoint.start()
+            try:
+                yield
+            finally:
+                await endpoint.stop()
+
+    app.router.lifespan_context = lifespan

@@ -1,0 +1,782 @@
+"""The Open Inference Protocol v2 gRPC service, against a real runtime process.
+
+Clients are Triton's own, unmodified: `tritonclient.grpc` for what its API can express, and its
+generated `GRPCInferenceService` stub with its own message classes for requests that API will
+not build (bad ones, typed contents). Answers are checked against numpy (`multi_io_expected`) and
+the REST endpoint of the same process; metrics are read from /metrics, as Prometheus would.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import orjson
+import pytest
+import tritonclient.grpc as tc
+from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+from tritonclient.utils import InferenceServerException
+
+from batchpilot.runtime.errors import InvalidRequest
+from batchpilot.runtime.grpc_api import grpc_predict_v2_pb2 as ours
+from batchpilot.runtime.grpc_api.codec import decode_infer_request, encode_infer_response
+from tests.onnx_models import MULTI_IO_INPUTS, multi_io_expected, random_multi_io
+from tests.runtime_process import RuntimeProcess, free_port, runtime_process, send
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+Array = np.ndarray[Any, Any]
+REPO = Path(__file__).resolve().parent.parent
+GRPC_API = REPO / "runtime" / "batchpilot" / "runtime" / "grpc_api"
+
+
+# --- Helpers ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def channel_to() -> Iterator[Any]:
+    """Opens channels to servers and closes them at the end of the test."""
+    channels: list[grpc.Channel] = []
+
+    def open_channel(server: RuntimeProcess) -> pb_grpc.GRPCInferenceServiceStub:
+        channel = grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}")
+        channels.append(channel)
+        return pb_grpc.GRPCInferenceServiceStub(channel)
+
+    yield open_channel
+    for channel in channels:
+        channel.close()
+
+
+def client(server: RuntimeProcess) -> tc.InferenceServerClient:
+    return tc.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+
+
+def triton_inputs(arrays: dict[str, Array]) -> list[tc.InferInput]:
+    inputs = []
+    for name, array in arrays.items():
+        tensor = tc.InferInput(name, list(array.shape), MULTI_IO_INPUTS[name][1])
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+def raw_request(model: str, arrays: dict[str, Array], datatypes: dict[str, str]) -> Any:
+    """A ModelInferRequest with every input in raw_input_contents."""
+    request = pb.ModelInferRequest(model_name=model)
+    for name, array in arrays.items():
+        request.inputs.add(name=name, datatype=datatypes[name], shape=array.shape)
+        request.raw_input_contents.append(np.ascontiguousarray(array).tobytes())
+    return request
+
+
+def mlp_rows(rows: int, seed: int = 0) -> Array:
+    return np.random.default_rng(seed).standard_normal((rows, 64)).astype(np.float32)
+
+
+def metric(server: RuntimeProcess, name: str, **labels: str) -> float:
+    """The sum of the samples called `name` whose labels include `labels`, from /metrics."""
+    reply = send(server, "GET", "/metrics")
+    assert reply.status == 200
+    values = [
+        sample.value
+        for family in text_string_to_metric_families(reply.body.decode())
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    ]
+    assert values, f"no sample {name}{labels}"
+    return sum(values)
+
+
+def outcomes(server: RuntimeProcess) -> dict[str, float]:
+    return {
+        outcome: metric(server, "batchpilot_requests_total", outcome=outcome)
+        for outcome in ("success", "invalid", "rejected", "timeout", "cancelled", "error")
+    }
+
+
+def rpc_error(call: Any, *args: Any, **kwargs: Any) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as caught:
+        call(*args, **kwargs)
+    return caught.value
+
+
+# --- Servers ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def multi_server(
+    multi_io_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RuntimeProcess]:
+    """Real onnxruntime, six inputs of six datatypes."""
+    with runtime_process(
+        multi_io_model,
+        "--name",
+        "multi",
+        "--device",
+        "cpu",
+        "--max-queue-delay-ms",
+        "1",
+        grpc=True,
+        log_dir=tmp_path_factory.mktemp("multi"),
+    ) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def mlp_server(
+    mlp_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RuntimeProcess]:
+    """Real onnxruntime with the MLP, and a small message limit."""
+    with runtime_process(
+        mlp_model,
+        "--device",
+        "cpu",
+        "--max-queue-delay-ms",
+        "1",
+        "--max-body-bytes",
+        "16384",
+        grpc=True,
+        log_dir=tmp_path_factory.mktemp("mlp"),
+    ) as server:
+        yield server
+
+
+@pytest.fixture
+def slow_server(mlp_model: Path, tmp_path: Path) -> Iterator[RuntimeProcess]:
+    """A simulated accelerator that takes a second per batch of one row, and a queue of one."""
+    with runtime_process(
+        mlp_model,
+        "--engine",
+        "simulated",
+        "--simulated-latency",
+        "alpha_ms=1000,beta_ms=0",
+        "--max-batch-size",
+        "1",
+        "--max-queue-delay-ms",
+        "0",
+        "--queue-capacity",
+        "1",
+        grpc=True,
+        log_dir=tmp_path,
+    ) as server:
+        yield server
+
+
+# --- Every RPC, with tritonclient.grpc -------------------------------------------------------
+
+
+class TestHealthAndMetadata:
+    def test_health(self, multi_server: RuntimeProcess) -> None:
+        with client(multi_server) as triton:
+            assert triton.is_server_live()
+            assert triton.is_server_ready()
+            assert triton.is_model_ready("multi")
+            with pytest.raises(InferenceServerException) as caught:
+                triton.is_model_ready("resnet")
+            assert caught.value.status() == "StatusCode.NOT_FOUND"
+            assert "model 'resnet' is not served here; this server serves 'multi'" in str(
+                caught.value
+            )
+
+    def test_server_metadata(self, multi_server: RuntimeProcess) -> None:
+        rest = send(multi_server, "GET", "/v2").json()
+        with client(multi_server) as triton:
+            metadata = triton.get_server_metadata(as_json=True)
+        assert metadata["name"] == rest["name"] == "batchpilot"
+        assert metadata["version"] == rest["version"]
+        assert metadata["extensions"] == rest["extensions"]
+
+    def test_model_metadata_matches_rest(self, multi_server: RuntimeProcess) -> None:
+        rest = send(multi_server, "GET", "/v2/models/multi").json()
+        with client(multi_server) as triton:
+            metadata = triton.get_model_metadata("multi", as_json=True)
+            with pytest.raises(InferenceServerException) as caught:
+                triton.get_model_metadata("resnet")
+        assert caught.value.status() == "StatusCode.NOT_FOUND"
+        assert metadata["name"] == "multi"
+        assert metadata["platform"] == rest["platform"]
+        for side in ("inputs", "outputs"):
+            # JSON from protobuf writes int64 as strings.
+            got = [{**t, "shape": [int(d) for d in t["shape"]]} for t in metadata[side]]
+            assert got == rest[side]
+
+
+class TestInfer:
+    @pytest.mark.parametrize("rows", [1, 5])
+    def test_every_datatype_several_rows(self, multi_server: RuntimeProcess, rows: int) -> None:
+        arrays = random_multi_io(rows, seed=rows)
+        with client(multi_server) as triton:
+            result = triton.infer("multi", triton_inputs(arrays), request_id=f"req-{rows}")
+        response = result.get_response()
+        assert response.model_name == "multi"
+        assert response.id == f"req-{rows}"
+        assert [o.name for o in response.outputs] == [f"{n}_out" for n in MULTI_IO_INPUTS]
+        for name, expected in multi_io_expected(arrays).items():
+            got = result.as_numpy(name)
+            assert got.dtype == expected.dtype, name
+            np.testing.assert_array_equal(got, expected, err_msg=name)
+
+    def test_requested_outputs_in_their_order(self, multi_server: RuntimeProcess) -> None:
+        arrays = random_multi_io(2, seed=3)
+        wanted = ["flag_out", "f16_out"]
+        with client(multi_server) as triton:
+            result = triton.infer(
+                "multi",
+                triton_inputs(arrays),
+                outputs=[tc.InferRequestedOutput(name) for name in wanted],
+            )
+        assert [o.name for o in result.get_response().outputs] == wanted
+        expected = multi_io_expected(arrays)
+        for name in wanted:
+            np.testing.assert_array_equal(result.as_numpy(name), expected[name])
+
+    def test_same_answer_as_rest(self, mlp_server: RuntimeProcess) -> None:
+        x = mlp_rows(3)
+        body = orjson.dumps(
+            {"inputs": [{"name": "x", "datatype": "FP32", "shape": [3, 64], "data": x.ravel()}]},
+            option=orjson.OPT_SERIALIZE_NUMPY,
+        )
+        rest = send(mlp_server, "POST", "/v2/models/mlp/infer", body).json()["outputs"][0]
+        tensor = tc.InferInput("x", [3, 64], "FP32")
+        tensor.set_data_from_numpy(x)
+        with client(mlp_server) as triton:
+            logits = triton.infer("mlp", [tensor]).as_numpy("logits")
+        assert logits.shape == (3, 16) == tuple(rest["shape"])
+        np.testing.assert_array_equal(logits.ravel(), np.asarray(rest["data"], np.float32))
+
+    def test_typed_contents(self, mlp_server: RuntimeProcess, channel_to: Any) -> None:
+        """Data in InferTensorContents instead of raw bytes gets the same answer."""
+        x = mlp_rows(2, seed=5)
+        stub = channel_to(mlp_server)
+        typed = pb.ModelInferRequest(model_name="mlp")
+        tensor = typed.inputs.add(name="x", datatype="FP32", shape=[2, 64])
+        tensor.contents.fp32_contents.extend(x.ravel().tolist())
+        raw = raw_request("mlp", {"x": x}, {"x": "FP32"})
+        from_typed, from_raw = stub.ModelInfer(typed), stub.ModelInfer(raw)
+        assert from_typed.outputs[0].shape == [2, 16]
+        assert from_typed.raw_output_contents == from_raw.raw_output_contents
+
+    def test_typed_contents_of_integer_and_bool_datatypes(
+        self, multi_server: RuntimeProcess, channel_to: Any
+    ) -> None:
+        """Every input but FP16 (which has no typed field) in contents; FP16 is refused with a
+        message that says to send it raw."""
+        arrays = random_multi_io(2, seed=9)
+        request = pb.ModelInferRequest(model_name="multi")
+        fields = {
+            "f32": "fp32_contents",
+            "i64": "int64_contents",
+            "i32": "int_contents",
+            "u8": "uint_contents",
+            "flag": "bool_contents",
+        }
+        for name, field in fields.items():
+            tensor = request.inputs.add(
+                name=name, datatype=MULTI_IO_INPUTS[name][1], shape=arrays[name].shape
+            )
+            getattr(tensor.contents, field).extend(arrays[name].ravel().tolist())
+        request.inputs.add(name="f16", datatype="FP16", shape=arrays["f16"].shape)
+        error = rpc_error(channel_to(multi_server).ModelInfer, request)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "FP16 has no typed contents field; send it in raw_input_contents" in (
+            error.details()
+        )
+
+
+# --- REST and gRPC share one data plane ------------------------------------------------------
+
+
+def test_rest_and_grpc_requests_batch_together(
+    mlp_model: Path, tmp_path: Path, channel_to: Any
+) -> None:
+    """A batch needs two rows or waits 10 s: one REST and one gRPC request fill it at once."""
+    with runtime_process(
+        mlp_model,
+        "--engine",
+        "simulated",
+        "--simulated-latency",
+        "alpha_ms=1,beta_ms=0",
+        "--max-batch-size",
+        "2",
+        "--max-queue-delay-ms",
+        "10000",
+        grpc=True,
+        log_dir=tmp_path,
+    ) as server:
+        stub = channel_to(server)
+        pending = stub.ModelInfer.future(raw_request("mlp", {"x": mlp_rows(1)}, {"x": "FP32"}))
+        wait_until(
+            lambda: metric(server, "batchpilot_queue_depth") == 1,
+            timeout=10,
+            what="the gRPC request to be queued",
+        )
+        body = orjson.dumps(
+            {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 64], "data": [0.0] * 64}]}
+        )
+        started = time.monotonic()
+        rest = send(server, "POST", "/v2/models/mlp/infer", body)
+        grpc_reply = pending.result(timeout=10)
+        assert time.monotonic() - started < 5, "the batch waited out its delay: no mixed batch"
+        assert rest.status == 200, rest.body
+        assert list(grpc_reply.outputs[0].shape) == [1, 16]
+        assert metric(server, "batchpilot_batch_size_count") == 1
+        assert metric(server, "batchpilot_batch_size_sum") == 2
+        assert outcomes(server)["success"] == 2
+        assert metric(server, "batchpilot_inflight_requests") == 0
+
+
+# --- Bad input -------------------------------------------------------------------------------
+
+
+def _multi_request(edit: Callable[[Any], None] | None = None) -> Any:
+    """A good request for the multi_io model, changed by `edit`."""
+    arrays = random_multi_io(2, seed=1)
+    datatypes = {name: spec[1] for name, spec in MULTI_IO_INPUTS.items()}
+    request = raw_request("multi", arrays, datatypes)
+    if edit is not None:
+        edit(request)
+    return request
+
+
+def _unknown_model(request: Any) -> None:
+    request.model_name = "resnet"
+
+
+def _no_inputs(request: Any) -> None:
+    del request.inputs[:]
+    del request.raw_input_contents[:]
+
+
+def _rename_first(request: Any) -> None:
+    request.inputs[0].name = "pixels"
+
+
+def _reshape_first(request: Any) -> None:
+    request.inputs[0].shape[1] = 5
+    request.raw_input_contents[0] = b"\0" * (2 * 5 * 4)
+
+
+def _wrong_datatype(request: Any) -> None:
+    request.inputs[0].datatype = "FP64"
+    request.raw_input_contents[0] = b"\0" * (2 * 4 * 8)
+
+
+def _unknown_datatype(request: Any) -> None:
+    request.inputs[0].datatype = "BF16"
+
+
+def _short_raw(request: Any) -> None:
+    request.raw_input_contents[0] = request.raw_input_contents[0][:-4]
+
+
+def _missing_raw(request: Any) -> None:
+    del request.raw_input_contents[-1]
+
+
+def _both_contents(request: Any) -> None:
+    request.inputs[0].contents.fp32_contents.extend([0.0] * 8)
+
+
+def _negative_shape(request: Any) -> None:
+    request.inputs[0].shape[0] = -2
+
+
+def _bad_timeout(request: Any) -> None:
+    request.parameters["timeout"].string_param = "soon"
+
+
+def _classification(request: Any) -> None:
+    request.outputs.add(name="f32_out").parameters["classification"].int64_param = 3
+
+
+def _unknown_output(request: Any) -> None:
+    request.outputs.add(name="probabilities")
+
+
+def _duplicate_input(request: Any) -> None:
+    request.inputs[1].name = request.inputs[0].name
+
+
+BAD_REQUESTS = [
+    pytest.param(
+        _unknown_model,
+        grpc.StatusCode.NOT_FOUND,
+        "model 'resnet' is not served here; this server serves 'multi'",
+        id="unknown-model",
+    ),
+    pytest.param(
+        _rename_first,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "model 'multi' has no input 'pixels'; its inputs are: ",
+        id="wrong-tensor-name",
+    ),
+    pytest.param(
+        _reshape_first,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "input 'f32' has shape [2, 5], the model expects [-1, 4]",
+        id="wrong-shape",
+    ),
+    pytest.param(
+        _wrong_datatype,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "input 'f32' must be FP32, the request sent FP64",
+        id="wrong-datatype",
+    ),
+    pytest.param(
+        _unknown_datatype,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "input 'f32': datatype 'BF16' is not supported; use one of BOOL",
+        id="unknown-datatype",
+    ),
+    pytest.param(
+        _short_raw,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "input 'f32' (raw_input_contents): raw data is 28 bytes but shape [2, 4] of FP32 needs 32",
+        id="raw-contents-wrong-length",
+    ),
+    pytest.param(
+        _missing_raw,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "raw_input_contents has 5 entries for 6 inputs",
+        id="raw-contents-missing-entry",
+    ),
+    pytest.param(
+        _both_contents,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "input 'f32' has contents, but the request also has raw_input_contents",
+        id="contents-and-raw-contents",
+    ),
+    pytest.param(
+        _negative_shape,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "input 'f32'.shape must not have negative dimensions, got [-2, 4]",
+        id="negative-shape",
+    ),
+    pytest.param(
+        _duplicate_input,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "input 'f32' appears more than once",
+        id="duplicate-input",
+    ),
+    pytest.param(
+        _bad_timeout,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "parameters.timeout must be a positive integer (µs), got 'soon'",
+        id="bad-timeout-parameter",
+    ),
+    pytest.param(
+        _classification,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "the classification extension is not supported",
+        id="classification",
+    ),
+    pytest.param(
+        _unknown_output,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "model 'multi' has no output 'probabilities'",
+        id="unknown-output",
+    ),
+    pytest.param(
+        _no_inputs,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "inputs must be a non-empty list",
+        id="no-inputs",
+    ),
+]
+
+
+class TestBadInput:
+    @pytest.mark.parametrize(("edit", "code", "message"), BAD_REQUESTS)
+    def test_refused_with_status_and_message(
+        self,
+        multi_server: RuntimeProcess,
+        channel_to: Any,
+        edit: Callable[[Any], None],
+        code: grpc.StatusCode,
+        message: str,
+    ) -> None:
+        stub = channel_to(multi_server)
+        before = outcomes(multi_server)
+        error = rpc_error(stub.ModelInfer, _multi_request(edit), timeout=10)
+        assert error.code() == code, error.details()
+        assert message in error.details()
+        after = outcomes(multi_server)
+        assert after["invalid"] == before["invalid"] + 1
+        # and the server still serves
+        good = stub.ModelInfer(_multi_request(), timeout=10)
+        assert len(good.raw_output_contents) == len(MULTI_IO_INPUTS)
+
+    def test_out_of_range_typed_contents(
+        self, multi_server: RuntimeProcess, channel_to: Any
+    ) -> None:
+        request = pb.ModelInferRequest(model_name="multi")
+        tensor = request.inputs.add(name="u8", datatype="UINT8", shape=[1, 3])
+        tensor.contents.uint_contents.extend([1, 300, 2])
+        error = rpc_error(channel_to(multi_server).ModelInfer, request)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert (
+            "input 'u8': contents do not fit datatype UINT8: 300 is outside its range 0..255"
+            in (error.details())
+        )
+
+    def test_too_large_message(self, mlp_server: RuntimeProcess) -> None:
+        """Over --max-body-bytes (16 KiB here): RESOURCE_EXHAUSTED, and the next one is served."""
+        with client(mlp_server) as triton:
+            big = tc.InferInput("x", [100, 64], "FP32")  # 25.6 kB
+            big.set_data_from_numpy(mlp_rows(100))
+            with pytest.raises(InferenceServerException) as caught:
+                triton.infer("mlp", [big])
+            assert caught.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+            assert "larger than max" in str(caught.value)
+            small = tc.InferInput("x", [2, 64], "FP32")
+            small.set_data_from_numpy(mlp_rows(2))
+            assert triton.infer("mlp", [small]).as_numpy("logits").shape == (2, 16)
+
+
+# --- Overload, deadlines, cancellation --------------------------------------------------------
+
+
+def _fill(server: RuntimeProcess, stub: Any) -> list[Any]:
+    """One request computing (1 s) and one waiting: the queue of one is full."""
+    request = raw_request("mlp", {"x": mlp_rows(1)}, {"x": "FP32"})
+    first = stub.ModelInfer.future(request, timeout=20)
+    wait_until(
+        lambda: (
+            metric(server, "batchpilot_batch_size_count") == 0
+            and metric(server, "batchpilot_inflight_requests") == 1
+            and metric(server, "batchpilot_queue_depth") == 0
+        ),
+        timeout=10,
+        what="the first request to be in a batch",
+    )
+    second = stub.ModelInfer.future(request, timeout=20)
+    wait_until(
+        lambda: metric(server, "batchpilot_queue_depth") == 1,
+        timeout=10,
+        what="the second request to be queued",
+    )
+    return [first, second]
+
+
+class TestLoad:
+    def test_overload_is_unavailable_at_once(
+        self, slow_server: RuntimeProcess, channel_to: Any
+    ) -> None:
+        stub = channel_to(slow_server)
+        accepted = _fill(slow_server, stub)
+        started = time.monotonic()
+        error = rpc_error(
+            stub.ModelInfer, raw_request("mlp", {"x": mlp_rows(1)}, {"x": "FP32"}), timeout=10
+        )
+        assert time.monotonic() - started < 0.5
+        assert error.code() == grpc.StatusCode.UNAVAILABLE
+        assert "queue" in error.details()
+        trailers = dict(error.trailing_metadata() or ())
+        assert int(trailers["retry-after"]) >= 1
+        assert int(trailers["grpc-retry-pushback-ms"]) >= 0
+        for future in accepted:
+            assert list(future.result(timeout=10).outputs[0].shape) == [1, 16]
+        counts = outcomes(slow_server)
+        assert counts["rejected"] == 1
+        assert counts["success"] == 2
+
+    def test_grpc_deadline_is_the_request_timeout(
+        self, slow_server: RuntimeProcess, channel_to: Any
+    ) -> None:
+        with client(slow_server) as triton:
+            tensor = tc.InferInput("x", [1, 64], "FP32")
+            tensor.set_data_from_numpy(mlp_rows(1))
+            started = time.monotonic()
+            with pytest.raises(InferenceServerException) as caught:
+                triton.infer("mlp", [tensor], client_timeout=0.2)
+            assert caught.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+            assert time.monotonic() - started < 0.9
+            # Triton's server-side `timeout` parameter (µs) works too, with the REST message.
+            with pytest.raises(InferenceServerException) as caught:
+                triton.infer("mlp", [tensor], timeout=200_000)
+            assert caught.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+            assert "not served within its 200 ms deadline" in str(caught.value)
+        wait_until(
+            lambda: outcomes(slow_server)["timeout"] == 2,
+            timeout=10,
+            what="both requests to count as timed out",
+        )
+
+    def test_cancelled_rpc_leaves_the_queue(
+        self, slow_server: RuntimeProcess, channel_to: Any
+    ) -> None:
+        stub = channel_to(slow_server)
+        first, second = _fill(slow_server, stub)
+        assert second.cancel()
+        wait_until(
+            lambda: metric(slow_server, "batchpilot_queue_depth") == 0,
+            timeout=5,
+            what="the cancelled request to leave the queue",
+        )
+        assert outcomes(slow_server)["cancelled"] == 1
+        # its place is free again before the first request is done
+        third = stub.ModelInfer.future(raw_request("mlp", {"x": mlp_rows(1)}, {"x": "FP32"}))
+        assert list(first.result(timeout=10).outputs[0].shape) == [1, 16]
+        assert list(third.result(timeout=10).outputs[0].shape) == [1, 16]
+        assert metric(slow_server, "batchpilot_batch_size_count") == 2
+
+
+# --- SIGTERM ---------------------------------------------------------------------------------
+
+
+def test_sigterm_finishes_accepted_rpcs(mlp_model: Path, tmp_path: Path, channel_to: Any) -> None:
+    with runtime_process(
+        mlp_model,
+        "--engine",
+        "simulated",
+        "--simulated-latency",
+        "alpha_ms=300,beta_ms=0",
+        "--max-batch-size",
+        "2",
+        "--max-queue-delay-ms",
+        "0",
+        "--drain-grace-s",
+        "10",
+        grpc=True,
+        log_dir=tmp_path,
+    ) as server:
+        stub = channel_to(server)
+        request = raw_request("mlp", {"x": mlp_rows(1)}, {"x": "FP32"})
+        accepted = [stub.ModelInfer.future(request, timeout=20) for _ in range(6)]
+        wait_until(
+            lambda: metric(server, "batchpilot_inflight_requests") == 6,
+            timeout=10,
+            what="six RPCs in flight",
+        )
+        server.process.send_signal(signal.SIGTERM)
+
+        def refused() -> bool:
+            try:
+                return not stub.ServerReady(pb.ServerReadyRequest(), timeout=5).ready
+            except grpc.RpcError as exc:
+                return bool(exc.code() == grpc.StatusCode.UNAVAILABLE)
+
+        wait_until(refused, timeout=10, what="readiness to fail after SIGTERM")
+        late = rpc_error(stub.ModelInfer, request, timeout=10)
+        assert late.code() == grpc.StatusCode.UNAVAILABLE
+        for future in accepted:
+            assert list(future.result(timeout=15).outputs[0].shape) == [1, 16]
+        assert server.process.wait(timeout=20) == 0
+    log = server.log()
+    tally = re.search(r"stopped; requests by outcome: (.*)", log)
+    assert tally is not None, log
+    counts = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", tally[1])}
+    assert counts["success"] == 6, log
+    assert counts["cancelled"] == counts["error"] == counts["timeout"] == 0, log
+
+
+# --- Startup ---------------------------------------------------------------------------------
+
+
+def test_address_logged_and_busy_port_fails_startup(mlp_model: Path, tmp_path: Path) -> None:
+    with runtime_process(mlp_model, "--device", "cpu", grpc=True, log_dir=tmp_path) as server:
+        assert f"listening on 127.0.0.1:{server.grpc_port}" in server.log()
+        busy = server.grpc_port
+        assert busy is not None
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "batchpilot.runtime.cli",
+                "runtime",
+                "serve",
+                "--model",
+                str(mlp_model),
+                "--port",
+                str(free_port()),
+                "--grpc-port",
+                str(busy),
+            ],
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+    assert result.returncode != 0
+    assert f"gRPC cannot listen on 127.0.0.1:{busy}" in result.stderr.decode()
+
+
+# --- Generated code --------------------------------------------------------------------------
+
+
+def test_generated_code_matches_the_proto(tmp_path: Path) -> None:
+    """hack/gen-grpc.sh regenerates exactly the committed modules."""
+    subprocess.run(
+        ["bash", str(REPO / "hack" / "gen-grpc.sh"), str(tmp_path)],
+        env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    fresh = tmp_path / "batchpilot" / "runtime" / "grpc_api"
+    names = sorted(p.name for p in fresh.iterdir())
+    assert names == [
+        "grpc_predict_v2_pb2.py",
+        "grpc_predict_v2_pb2.pyi",
+        "grpc_predict_v2_pb2_grpc.py",
+        "grpc_predict_v2_pb2_grpc.pyi",
+    ]
+    stale = [n for n in names if (fresh / n).read_text() != (GRPC_API / n).read_text()]
+    assert not stale, f"run hack/gen-grpc.sh: {stale} differ from the .proto"
+
+
+# --- The codec, in process (its messages live in their own descriptor pool, so this module can
+# --- import them beside tritonclient's) --------------------------------------------------------
+
+
+class TestCodec:
+    def test_bytes_raw_and_typed(self) -> None:
+        words = [b"cat", b"", "\u00e9t\u00e9".encode()]
+        raw = b"".join(len(w).to_bytes(4, "little") + w for w in words)
+        for typed in (False, True):
+            message = ours.ModelInferRequest(model_name="m")
+            tensor = message.inputs.add(name="text", datatype="BYTES", shape=[3, 1])
+            if typed:
+                tensor.contents.bytes_contents.extend(words)
+            else:
+                message.raw_input_contents.append(raw)
+            decoded = decode_infer_request(message).inputs[0]
+            assert decoded.data.shape == (3, 1)
+            assert list(decoded.data.ravel()) == words
+        response = encode_infer_response(
+            model_name="m", model_version=None, request_id="7", outputs=[decoded]
+        )
+        assert response.raw_output_contents == [raw]
+        assert response.id == "7"
+
+    def test_the_earlier_of_deadline_and_timeout_parameter_wins(self) -> None:
+        message = ours.ModelInferRequest(model_name="m")
+        message.inputs.add(name="x", datatype="INT64", shape=[1]).contents.int64_contents.append(1)
+        assert decode_infer_request(message).timeout_s is None
+        assert decode_infer_request(message, deadline_s=2.0).timeout_s == 2.0
+        message.parameters["timeout"].int64_param = 500_000
+        assert decode_infer_request(message).timeout_s == 0.5
+        assert decode_infer_request(message, deadline_s=0.1).timeout_s == 0.1
+        assert decode_infer_request(message, deadline_s=0.0).timeout_s == pytest.approx(1e-6)
+
+    def test_typed_contents_must_use_the_datatypes_field(self) -> None:
+        message = ours.ModelInferRequest(model_name="m")
+        message.inputs.add(name="x", datatype="FP32", shape=[2]).contents.fp64_contents.extend(
+            [1.0, 2.0]
+        )
+        with pytest.raises(InvalidRequest, match=r"takes its data in contents.fp32_contents"):
+            decode_infer_request(message)
+        message.inputs[0].ClearField("contents")
+        with pytest.raises(InvalidRequest, match=r"input 'x' has no data"):
+            decode_infer_request(message)
