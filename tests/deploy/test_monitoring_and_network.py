@@ -116,7 +116,11 @@ class TestNetworkPolicies:
         )
         assert policy["spec"]["policyTypes"] == ["Ingress"]
         (rule,) = policy["spec"]["ingress"]
-        assert rule["ports"] == [{"port": 9000, "protocol": "TCP"}]
+        # REST (runtime.port, 9000 in these values) and gRPC (runtime.grpcPort, default 8081)
+        assert rule["ports"] == [
+            {"port": 9000, "protocol": "TCP"},
+            {"port": 8081, "protocol": "TCP"},
+        ]
         operator_peer, prometheus_peer, clients_peer = rule["from"]
         operator_labels = operator_deployment(docs)["spec"]["template"]["metadata"]["labels"]
         assert selects(operator_peer["podSelector"], operator_labels)

@@ -109,3 +109,95 @@ class TestDeployment:
         assert pod["initContainers"][0]["args"] == ["s3://b/r50.onnx", "/models"]
         args = pod["containers"][0]["args"]
         assert args[args.index("--model") + 1] == "/models/r50.onnx"
+
+
+def with_spec(owner: Owner, **changes: Any) -> Owner:
+    """`owner` with its spec changed, parsed again as the API server would hand it over."""
+    spec = {**owner.spec.model_dump(by_alias=True, exclude_none=True, mode="json"), **changes}
+    return Owner(
+        name=owner.name,
+        namespace=owner.namespace,
+        uid=owner.uid,
+        spec=InferenceServiceSpec.model_validate(spec),
+    )
+
+
+def pod_of(owner: Owner, settings: OperatorSettings | None = None) -> dict[str, Any]:
+    deployment = build_deployment(owner, settings or OperatorSettings(), replicas=1)
+    return deployment["spec"]["template"]  # type: ignore[no-any-return]
+
+
+class TestServingPath:
+    """Variants, the pipeline, instances and gRPC reach the runtime's command line and files."""
+
+    def test_an_https_model_fetches_the_variant_and_the_pipelines_files_beside_it(self) -> None:
+        owner = owner_of(ROOT / "examples" / "orientation-cpu.yaml")
+        model = {**owner.spec.model.dump(), "variant": "int8"}
+        template = pod_of(with_spec(owner, model=model))
+        (fetch,) = template["spec"]["initContainers"]
+        assert fetch["args"] == [
+            "runtime",
+            "fetch",
+            "https://models.example.com/rapid_orientation.int8.onnx",
+            "/models/model.int8.onnx",
+            "https://models.example.com/orientation-labels.txt",
+            "/models/orientation-labels.txt",
+        ]
+        args = template["spec"]["containers"][0]["args"]
+        assert args[args.index("--model") + 1] == "/models/model.onnx"
+        assert args[args.index("--variant") + 1] == "int8"
+
+    def test_an_s3_model_with_a_pipeline_fetches_its_whole_folder(self) -> None:
+        owner = owner_of(ROOT / "examples" / "orientation-cpu.yaml")
+        s3 = with_spec(owner, model={"uri": "s3://bucket/orientation/model.onnx"})
+        settings = OperatorSettings(storage_initializer_image="kserve/storage-initializer:v0.14")
+        (fetch,) = pod_of(s3, settings)["spec"]["initContainers"]
+        assert fetch["args"] == ["s3://bucket/orientation/", "/models"]
+
+    def test_a_changed_pipeline_rolls_the_pods_and_reaches_them_in_the_configmap(self) -> None:
+        owner = owner_of(ROOT / "examples" / "orientation-cpu.yaml")
+        assert owner.spec.pipeline is not None
+        pipeline = owner.spec.pipeline.model_dump(by_alias=True, exclude_unset=True, mode="json")
+        pipeline["postprocess"]["topK"]["k"] = 1
+        changed = with_spec(owner, pipeline=pipeline)
+        before, after = pod_of(owner), pod_of(changed)
+        key = "batchpilot.io/pipeline-sha256"
+        assert before["metadata"]["annotations"][key] != after["metadata"]["annotations"][key]
+        configmap = next(c for c in render(changed) if c["kind"] == "ConfigMap")
+        assert yaml.safe_load(configmap["data"]["pipeline.json"]) == pipeline
+        args = after["spec"]["containers"][0]["args"]
+        assert args[args.index("--pipeline-config") + 1] == "/etc/batchpilot/batching/pipeline.json"
+
+    def test_without_a_pipeline_there_is_no_pipeline_file_flag_or_hash(self) -> None:
+        owner = owner_of(ROOT / "examples" / "resnet50-gpu.yaml")
+        assert owner.spec.pipeline is None
+        template = pod_of(owner)
+        assert "batchpilot.io/pipeline-sha256" not in template["metadata"]["annotations"]
+        assert "--pipeline-config" not in template["spec"]["containers"][0]["args"]
+        configmap = next(c for c in render(owner) if c["kind"] == "ConfigMap")
+        assert set(configmap["data"]) == {"batching.json"}
+
+    def test_instances_accelerator_and_async_settings_reach_the_runtime(self) -> None:
+        owner = owner_of(ROOT / "examples" / "resnet50-gpu.yaml")
+        runtime = {
+            **owner.spec.runtime.dump(),
+            "instances": 2,
+            "accelerator": "tensorrt",
+            "asyncInference": {"resultTtlSeconds": 60, "capacity": 10},
+        }
+        args = pod_of(with_spec(owner, runtime=runtime))["spec"]["containers"][0]["args"]
+        flags = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
+        assert flags["--instances"] == "2"
+        assert flags["--accelerator"] == "tensorrt"
+        assert flags["--async-result-ttl-s"] == "60"
+        assert flags["--async-capacity"] == "10"
+
+    def test_grpc_is_a_named_port_of_the_pods_and_the_service(self) -> None:
+        owner = owner_of(ROOT / "examples" / "resnet50-gpu.yaml")
+        children = {c["kind"]: c for c in render(owner)}
+        container = children["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+        assert {"name": "grpc", "containerPort": 8081, "protocol": "TCP"} in container["ports"]
+        assert container["args"][container["args"].index("--grpc-port") + 1] == "8081"
+        (grpc,) = [p for p in children["Service"]["spec"]["ports"] if p["name"] == "grpc"]
+        assert grpc["targetPort"] == "grpc"
+        assert grpc["appProtocol"] == "kubernetes.io/h2c"

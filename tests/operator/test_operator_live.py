@@ -269,6 +269,36 @@ INVALID = [
     ),
     ("negative-delay", {"batching": {"maxQueueDelayMs": -1}}, "spec.batching.maxQueueDelayMs"),
     ("latency-as-text", {"sla": {"latencyP99Ms": "fast"}}, "spec.sla.latencyP99Ms: Invalid value"),
+    (
+        "tensorrt-on-cpu",
+        {"runtime": {"device": "cpu", "accelerator": "tensorrt"}},
+        "runtime.accelerator tensorrt needs runtime.device gpu",
+    ),
+    ("bad-variant", {"model": {"uri": "file:///m.onnx", "variant": "int4"}}, "spec.model.variant"),
+    ("no-instances", {"runtime": {"instances": 0}}, "spec.runtime.instances"),
+    (
+        "image-and-text",
+        {
+            "pipeline": {
+                "preprocess": {
+                    "image": {"input": "data"},
+                    "text": {"tokenizer": "tokenizer.json"},
+                }
+            }
+        },
+        "preprocess takes exactly one of image or text",
+    ),
+    (
+        "softmax-for-nms",
+        {"pipeline": {"postprocess": {"softmax": {}, "nms": {"boxes": "b", "scores": "s"}}}},
+        "softmax applies to topK",
+    ),
+    (
+        "rgb-mean-of-two",
+        {"pipeline": {"preprocess": {"image": {"input": "data", "mean": [0.5, 0.5]}}}},
+        "mean needs 1 value, or one per channel",
+    ),
+    ("empty-pipeline", {"pipeline": {}}, "a pipeline needs preprocess, postprocess or both"),
 ]
 
 

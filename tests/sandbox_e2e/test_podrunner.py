@@ -103,6 +103,19 @@ def test_container_args_are_made_local_and_the_rest_kept(tmp_path: Path) -> None
     assert args.count("--port") == 1
 
 
+def test_a_pod_serving_grpc_gets_its_own_local_grpc_port(tmp_path: Path) -> None:
+    container = deployment(1)["spec"]["template"]["spec"]["containers"][0]
+    container = {**container, "args": [*container["args"], "--grpc-port", "8081"]}
+    command = container_command(
+        container, port=1234, grpc_port=4321, models_dir=tmp_path, directory=tmp_path
+    )
+    args = command[3:]
+    assert args[args.index("--grpc-port") + 1] == "4321"
+    assert args.count("--grpc-port") == 1
+    without = container_command(container, port=1234, models_dir=tmp_path, directory=tmp_path)
+    assert "--grpc-port" not in without
+
+
 def test_the_runner_plays_the_kubelet(tmp_path: Path) -> None:
     published: list[Endpoints] = []
     with LocalKubernetesAPI(crds=[ROOT / "crds"]).threaded() as api:

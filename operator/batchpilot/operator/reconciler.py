@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from batchpilot.operator import conditions, events
 from batchpilot.operator.children.common import Owner
 from batchpilot.operator.children.deployment import UnsupportedModelSource
-from batchpilot.operator.children.service import service_url
+from batchpilot.operator.children.service import grpc_address, service_url
 from batchpilot.operator.events import Event
 from batchpilot.operator.kinds import DEPLOYMENT, Kind
 from batchpilot.operator.kube import Kube, KubeError
@@ -118,6 +118,7 @@ class Reconciler:
             "replicasText": f"{ready}/{desired}",
             "selector": ",".join(f"{k}={v}" for k, v in owner.selector.items()),
             "url": service_url(owner),
+            "grpcAddress": grpc_address(owner),
             "slaText": f"<{spec.sla.latency_p99_ms}ms",
             "batchSize": owned.batch_size,
             "maxQueueDelayMs": owned.max_queue_delay_ms,

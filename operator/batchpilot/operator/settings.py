@@ -31,6 +31,8 @@ class OperatorSettings(BaseSettings):
         ]
     )
     runtime_port: int = 8080
+    runtime_grpc_port: int = 8081
+    """The runtime's gRPC port (container and Service port "grpc")."""
     drain_grace_seconds: int = Field(default=25, ge=1)
     """How long a runtime pod may take to finish queued requests on SIGTERM."""
     pre_stop_sleep_seconds: int = Field(default=5, ge=0)

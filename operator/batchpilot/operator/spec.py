@@ -2,7 +2,8 @@
 writes back. Field names, bounds and defaults mirror `crds/inferenceservice.yaml` (a test proves
 they agree), so a spec the API server accepted always parses here.
 
-Pure: pydantic only.
+Pure: pydantic only (the pipeline document is the runtime's own model, which imports nothing
+else, so operator and runtime read `spec.pipeline` with the same code).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
+
+from batchpilot.runtime.pipeline.config import PipelineConfig
 
 GROUP = "batchpilot.io"
 VERSION = "v1alpha1"
@@ -37,6 +40,9 @@ class ModelSource(_Model):
         pattern=r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/.+|file:///.+|https?://.+|s3://.+)$",
     )
     name: str | None = Field(default=None, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    variant: Literal["original", "fp16", "int8"] = "original"
+    """Which file the runtime serves: the original, or a variant made by `batchpilot optimize`
+    that sits beside it as STEM.VARIANT.onnx."""
 
     @property
     def scheme(self) -> str:
@@ -50,21 +56,43 @@ class ModelSource(_Model):
     def file_path(self) -> str:
         return urlsplit(self.uri).path
 
+    def sibling_uri(self, name: str) -> str:
+        """The URI of a file named `name` in the model's folder (labels, tokenizer, variants)."""
+        return self.uri.rstrip("/").rsplit("/", 1)[0] + "/" + name
+
+    def variant_file_name(self, stem: str) -> str:
+        """The file name of the served variant for a model file with this stem."""
+        return f"{stem}.onnx" if self.variant == "original" else f"{stem}.{self.variant}.onnx"
+
 
 class SimulatedLatency(_Model):
     alpha_ms: float = Field(ge=0, le=10_000)
     beta_ms: float = Field(ge=0, le=10_000)
 
 
+class AsyncInferenceSpec(_Model):
+    result_ttl_seconds: int = Field(default=300, ge=1, le=86_400)
+    capacity: int = Field(default=1024, ge=1, le=100_000)
+
+
 class RuntimeSpec(_Model):
     device: Literal["gpu", "cpu"] = "gpu"
     engine: Literal["onnx", "simulated"] = "onnx"
     simulated_latency: SimulatedLatency | None = None
+    instances: int = Field(default=1, ge=1, le=16)
+    accelerator: Literal["default", "tensorrt"] = "default"
+    async_inference: AsyncInferenceSpec = AsyncInferenceSpec()
     image: str | None = Field(default=None, max_length=1024)
     resources: dict[str, Any] | None = None
     node_selector: dict[str, str] | None = None
     tolerations: list[dict[str, Any]] | None = None
     env: list[dict[str, Any]] | None = None
+
+    @model_validator(mode="after")
+    def _tensorrt_on_gpu(self) -> RuntimeSpec:
+        if self.accelerator == "tensorrt" and self.device != "gpu":
+            raise ValueError("runtime.accelerator tensorrt needs runtime.device gpu")
+        return self
 
 
 class UtilizationBand(_Model):
@@ -108,6 +136,8 @@ class InferenceServiceSpec(_Model):
     sla: SLASpec
     scaling: ScalingSpec = ScalingSpec()
     batching: BatchingSpec = BatchingSpec()
+    pipeline: PipelineConfig | None = None
+    """Pre/post-processing around the model; the runtime's `--pipeline-config` document."""
 
     @model_validator(mode="after")
     def _batch_within_ceiling(self) -> InferenceServiceSpec:

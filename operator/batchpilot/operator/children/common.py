@@ -10,6 +10,8 @@ MANAGED_BY = "batchpilot"
 ISVC_LABEL = "batchpilot.io/inferenceservice"
 BATCHING_FILE = "batching.json"
 BATCHING_DIR = "/etc/batchpilot/batching"
+PIPELINE_FILE = "pipeline.json"
+"""The pipeline document (spec.pipeline), in the same ConfigMap as the batch settings."""
 TOKEN_FILE = "admin-token"
 TOKEN_DIR = "/var/run/secrets/batchpilot"
 

@@ -2,15 +2,18 @@
 
 Its two values are the autopilot's (the reconciler passes in the settings in force); the runtime
 watches the mounted file, and the autopilot also tells ready pods directly through their admin
-endpoint, because a mounted ConfigMap takes up to a minute to reach a pod.
+endpoint, because a mounted ConfigMap takes up to a minute to reach a pod. It also carries the
+pipeline document (spec.pipeline), which the runtime reads once at start: the Deployment's pod
+template holds its hash, so a changed pipeline rolls the pods.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
-from batchpilot.operator.children.common import BATCHING_FILE, Owner
+from batchpilot.operator.children.common import BATCHING_FILE, PIPELINE_FILE, Owner
 
 
 def batching_document(*, batch_size: int, max_queue_delay_ms: float) -> str:
@@ -20,16 +23,34 @@ def batching_document(*, batch_size: int, max_queue_delay_ms: float) -> str:
     )
 
 
+def pipeline_document(owner: Owner) -> str | None:
+    pipeline = owner.spec.pipeline
+    if pipeline is None:
+        return None
+    return json.dumps(
+        pipeline.model_dump(by_alias=True, exclude_unset=True, mode="json"), sort_keys=True
+    )
+
+
+def pipeline_hash(owner: Owner) -> str | None:
+    """A short hash of the pipeline document, for the pod template: changed → pods roll."""
+    document = pipeline_document(owner)
+    return None if document is None else hashlib.sha256(document.encode()).hexdigest()[:16]
+
+
 def build_configmap(owner: Owner, *, batch_size: int, max_queue_delay_ms: float) -> dict[str, Any]:
+    data = {
+        BATCHING_FILE: batching_document(
+            batch_size=batch_size, max_queue_delay_ms=max_queue_delay_ms
+        )
+    }
+    if (pipeline := pipeline_document(owner)) is not None:
+        data[PIPELINE_FILE] = pipeline
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": owner.metadata(owner.configmap_name),
-        "data": {
-            BATCHING_FILE: batching_document(
-                batch_size=batch_size, max_queue_delay_ms=max_queue_delay_ms
-            )
-        },
+        "data": data,
     }
 
 

@@ -4,6 +4,8 @@ What belongs to whom: everything here comes from the spec and the operator's set
 `spec.replicas`, which the autopilot owns (the reconciler passes in the count in force). Batch
 settings are not in the pod template at all — pods read them from the mounted ConfigMap and the
 admin endpoint — so the autopilot changes the batch size without restarting a single pod.
+The pipeline document, which the runtime reads only at start, rolls the pods through a hash
+annotation on the pod template.
 """
 
 from __future__ import annotations
@@ -13,13 +15,17 @@ from typing import Any
 from batchpilot.operator.children.common import (
     BATCHING_DIR,
     BATCHING_FILE,
+    PIPELINE_FILE,
     TOKEN_DIR,
     TOKEN_FILE,
     Owner,
 )
+from batchpilot.operator.children.configmap import pipeline_hash
 from batchpilot.operator.settings import OperatorSettings
 
 MODEL_DIR = "/models"
+PIPELINE_HASH_ANNOTATION = "batchpilot.io/pipeline-sha256"
+"""On the pod template: the pipeline is read at start, so a new pipeline means new pods."""
 RUNTIME_USER = 65532
 
 
@@ -27,10 +33,30 @@ class UnsupportedModelSource(ValueError):
     """The model URI passed the schema but this operator cannot make pods read it."""
 
 
+def model_files(owner: Owner) -> list[str]:
+    """Files the runtime reads from the model's folder besides the model file: the pipeline's
+    labels and tokenizer. They travel with the model (fetched beside it, or mounted with it)."""
+    pipeline = owner.spec.pipeline
+    if pipeline is None:
+        return []
+    named: list[str | None] = []
+    if pipeline.preprocess is not None and pipeline.preprocess.text is not None:
+        named.append(pipeline.preprocess.text.tokenizer)
+    if pipeline.postprocess is not None:
+        top_k, nms = pipeline.postprocess.top_k, pipeline.postprocess.nms
+        named += [top_k.labels if top_k else None, nms.labels if nms else None]
+    # Absolute paths point into the image; only files beside the model travel with it.
+    return sorted({name for name in named if name and not name.startswith("/")})
+
+
 def _model_volumes(
     owner: Owner, settings: OperatorSettings, image: str
 ) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    """(model path in the container, volumes, mounts, init containers) for the model URI."""
+    """(model path in the container, volumes, mounts, init containers) for the model URI.
+
+    The runtime finds a variant (STEM.fp16.onnx) and the pipeline's files beside the model path
+    it is given, so for fetched models exactly those files are fetched into one folder.
+    """
     source = owner.spec.model
     if source.scheme == "file":
         return source.file_path(), [], [], []
@@ -41,19 +67,30 @@ def _model_volumes(
         return f"{MODEL_DIR}/{path}", [volume], [mount], []
     # http(s):// and s3:// are fetched into an emptyDir before the runtime starts.
     target = f"{MODEL_DIR}/model.onnx"
+    extra = model_files(owner)
     fetcher: dict[str, Any]
     if source.scheme in ("http", "https"):
+        stem = source.uri.rstrip("/").rsplit("/", 1)[-1].removesuffix(".onnx")
+        pairs = [
+            source.sibling_uri(source.variant_file_name(stem)),
+            f"{MODEL_DIR}/{source.variant_file_name('model')}",
+        ]
+        for name in extra:
+            pairs += [source.sibling_uri(name), f"{MODEL_DIR}/{name}"]
         fetcher = {
             "name": "fetch-model",
             "image": image,
             "command": ["batchpilot"],
-            "args": ["runtime", "fetch", source.uri, target],
+            "args": ["runtime", "fetch", *pairs],
         }
     elif settings.storage_initializer_image:
+        # KServe's initializer copies one object, or everything under a prefix: the folder when
+        # the runtime needs more than the model file itself.
+        whole_folder = source.variant != "original" or bool(extra)
         fetcher = {
             "name": "fetch-model",
             "image": settings.storage_initializer_image,
-            "args": [source.uri, MODEL_DIR],
+            "args": [source.sibling_uri("") if whole_folder else source.uri, MODEL_DIR],
         }
         target = f"{MODEL_DIR}/{source.uri.rstrip('/').rsplit('/', 1)[-1]}"
     else:
@@ -113,6 +150,22 @@ def runtime_args(owner: Owner, settings: OperatorSettings, model_path: str) -> l
         "--drain-grace-s",
         str(settings.drain_grace_seconds),
     ]
+    args += [
+        "--grpc-port",
+        str(settings.runtime_grpc_port),
+        "--instances",
+        str(runtime.instances),
+        "--variant",
+        owner.spec.model.variant,
+        "--accelerator",
+        runtime.accelerator,
+        "--async-result-ttl-s",
+        str(runtime.async_inference.result_ttl_seconds),
+        "--async-capacity",
+        str(runtime.async_inference.capacity),
+    ]
+    if owner.spec.pipeline is not None:
+        args += ["--pipeline-config", f"{BATCHING_DIR}/{PIPELINE_FILE}"]
     if runtime.engine == "simulated" and runtime.simulated_latency is not None:
         latency = runtime.simulated_latency
         args += [
@@ -147,7 +200,10 @@ def build_deployment(owner: Owner, settings: OperatorSettings, *, replicas: int)
         "command": ["batchpilot"],
         "args": runtime_args(owner, settings, model_path),
         "env": env,
-        "ports": [{"name": "http", "containerPort": settings.runtime_port, "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "containerPort": settings.runtime_port, "protocol": "TCP"},
+            {"name": "grpc", "containerPort": settings.runtime_grpc_port, "protocol": "TCP"},
+        ],
         "resources": resources,
         "startupProbe": _probe("/v2/health/live", period=2, failures=150),
         "readinessProbe": _probe("/v2/health/ready", period=2, failures=2),
@@ -198,6 +254,13 @@ def build_deployment(owner: Owner, settings: OperatorSettings, *, replicas: int)
     if tolerations:
         pod_spec["tolerations"] = [dict(t) for t in tolerations]
 
+    annotations = {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(settings.runtime_port),
+        "prometheus.io/path": "/metrics",
+    }
+    if (digest := pipeline_hash(owner)) is not None:
+        annotations[PIPELINE_HASH_ANNOTATION] = digest
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -212,11 +275,7 @@ def build_deployment(owner: Owner, settings: OperatorSettings, *, replicas: int)
             "template": {
                 "metadata": {
                     "labels": dict(owner.labels),
-                    "annotations": {
-                        "prometheus.io/scrape": "true",
-                        "prometheus.io/port": str(settings.runtime_port),
-                        "prometheus.io/path": "/metrics",
-                    },
+                    "annotations": annotations,
                 },
                 "spec": pod_spec,
             },

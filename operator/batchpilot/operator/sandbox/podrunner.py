@@ -38,7 +38,14 @@ from batchpilot.operator.children.common import MANAGED_BY
 from batchpilot.operator.sandbox.prometheus import free_port
 
 SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"
-_REWRITTEN = {"--host", "--port", "--model", "--batching-config", "--admin-token-file"}
+_REWRITTEN = {
+    "--host",
+    "--port",
+    "--grpc-port",
+    "--model",
+    "--batching-config",
+    "--admin-token-file",
+}
 
 
 class API:
@@ -75,6 +82,7 @@ class Replica:
     """The hash of the Deployment's pod template it was made from (pod-template-hash)."""
     container: Mapping[str, Any]
     port: int = 0
+    grpc_port: int = 0
     process: subprocess.Popen[bytes] | None = None
     ready: bool = False
     restarts: int = 0
@@ -94,17 +102,25 @@ class Endpoints:
 
 
 def container_command(
-    container: Mapping[str, Any], *, port: int, models_dir: Path, directory: Path
+    container: Mapping[str, Any],
+    *,
+    port: int,
+    models_dir: Path,
+    directory: Path,
+    grpc_port: int | None = None,
 ) -> list[str]:
-    """The process for a runtime container: its args, with the pod-only parts made local."""
+    """The process for a runtime container: its args, with the pod-only parts made local.
+    A pod that serves gRPC gets `grpc_port` (a free one), or none when that is not given."""
     args = [str(a) for a in container.get("args", [])]
     out: list[str] = []
     model = ""
+    serves_grpc = False
     i = 0
     while i < len(args):
         if args[i] in _REWRITTEN and i + 1 < len(args):
             if args[i] == "--model":
                 model = args[i + 1]
+            serves_grpc = serves_grpc or args[i] == "--grpc-port"
             i += 2
             continue
         out.append(args[i])
@@ -117,6 +133,8 @@ def container_command(
         "--batching-config", str(directory / "batching.json"),
         "--admin-token-file", str(directory / "admin-token"),
     ]  # fmt: skip
+    if serves_grpc and grpc_port is not None:
+        out += ["--grpc-port", str(grpc_port)]
     return [sys.executable, "-m", "batchpilot.runtime.cli", *out]
 
 
@@ -282,7 +300,11 @@ class PodRunner:
             container=dict(containers[0]),
         )
         replica.port = free_port()
-        containers[0]["ports"] = [{"name": "http", "containerPort": replica.port}]
+        replica.grpc_port = free_port()
+        containers[0]["ports"] = [
+            {"name": "http", "containerPort": replica.port},
+            {"name": "grpc", "containerPort": replica.grpc_port},
+        ]
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -316,6 +338,7 @@ class PodRunner:
             command = container_command(
                 container,
                 port=replica.port,
+                grpc_port=replica.grpc_port,
                 models_dir=self.models_dir,
                 directory=replica.directory,
             )
