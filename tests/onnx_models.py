@@ -161,6 +161,50 @@ def image_signature(path: Path, *, classes: int = 1000) -> Path:
     return _save(graph, path)
 
 
+DETECTOR_BOXES = np.array(
+    [[2, 2, 12, 12], [3, 3, 13, 13], [20, 20, 30, 30], [2, 8, 12, 18]], np.float32
+)
+"""The `detector` model's boxes, x1 y1 x2 y2 in pixels of its 32x32 input, the same for every
+image."""
+DETECTOR_SCORES = np.array([[0.9, 0.1], [0.8, 0.6], [0.2, 0.7], [0.5, 0.45]], np.float32)
+"""The `detector` model's scores [boxes, classes] for an image whose mean pixel value is 1."""
+
+
+def detector(path: Path, *, size: int = 32) -> Path:
+    """A detector's signature with outputs a test can predict exactly:
+
+    images FP32 [N, 3, size, size] → boxes FP32 [N, 4, 4] = DETECTOR_BOXES for every image,
+    scores FP32 [N, 4, 2] = DETECTOR_SCORES x the mean of the image's values (over channels,
+    height and width), so a darker image scores lower and keeps fewer boxes.
+    """
+    boxes, classes = DETECTOR_SCORES.shape
+    nodes = [
+        helper.make_node("ReduceMean", ["images"], ["mean"], axes=[1, 2, 3], keepdims=0),
+        helper.make_node("Unsqueeze", ["mean", "mean_axes"], ["mean_nbc"]),
+        helper.make_node("Mul", ["mean_nbc", "base_scores"], ["scores"]),
+        helper.make_node("Shape", ["images"], ["batch"], start=0, end=1),
+        helper.make_node("Concat", ["batch", "box_dims"], ["boxes_shape"], axis=0),
+        helper.make_node("Expand", ["base_boxes", "boxes_shape"], ["boxes"]),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array([1, 2], np.int64), "mean_axes"),
+        numpy_helper.from_array(DETECTOR_SCORES, "base_scores"),
+        numpy_helper.from_array(np.array([boxes, 4], np.int64), "box_dims"),
+        numpy_helper.from_array(DETECTOR_BOXES, "base_boxes"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "detector",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, size, size])],
+        [
+            helper.make_tensor_value_info("boxes", TensorProto.FLOAT, ["batch", boxes, 4]),
+            helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", boxes, classes]),
+        ],
+        inits,
+    )
+    return _save(graph, path)
+
+
 def fixed_batch(path: Path) -> Path:
     """A model whose batch dimension is fixed at 4: it cannot be batched dynamically."""
     graph = helper.make_graph(
