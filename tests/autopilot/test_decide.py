@@ -123,6 +123,72 @@ class TestPredictInsteadOfCreep:
         assert decision.sla_met is False
 
 
+class TestShortWindowsDoNotCreep:
+    """Short control windows (2 s ticks over a 10 s window, as in the full-loop test): the
+    service is t(b) = 20 + 2·b ms, so one replica serves 45 rps at batch 1 and 276 rps inside
+    the target at batch 16; 70 rps arrive."""
+
+    POLICY = Policy(
+        sla_p99_s=0.150,
+        util_min=70,
+        util_max=95,
+        min_replicas=1,
+        max_replicas=2,
+        max_batch_size=16,
+        scale_down_delay_s=60,
+        max_queue_delay_s=0.002,
+    )
+
+    @staticmethod
+    def window(
+        at: float, qps: float, p99_ms: float, batches: list[tuple[float, int]]
+    ) -> Observation:
+        return Observation(
+            at=at,
+            window_s=10,
+            p99_s=p99_ms / 1e3,
+            p95_s=None,
+            qps=qps,
+            rejected_qps=0,
+            queue_p99_s=None,
+            utilization=0.6,
+            mean_batch=None,
+            compute=tuple(ComputePoint(b, 0.020 + 0.002 * b, n) for b, n in batches),
+            ready_replicas=1,
+        )
+
+    def test_the_batch_limit_jumps_to_the_measured_operating_point(self) -> None:
+        # The target is 0.8 × 150 = 120 ms (nothing learned outside the batcher while P99 is over
+        # the SLA); a limit whose two full batches take longer is never chosen.
+        # t=0: the window caught the start of the load: 10 rps, all at batch 1 (22 ms). The rough
+        # fit splits 22 ms as α = β = 11 ms, so 2·t(4) = 110 ms fits and 2·t(6) = 154 ms does
+        # not: batch 1→4, the largest limit it allows, which also measures other batch sizes.
+        # t=2: batches of 1, 2 and 3.5 rows at 22, 24 and 27 ms fit α = 20 ms, β = 2 ms exactly;
+        # 2·t(16) = 104 ms fits, so 4→16 at once. Averaging that fit with the rough guess
+        # (15.5 + 6.5·b, then 17.75 + 4.25·b, 18.9 + 3.1·b, …) would allow 6, 8, 12, 12, 16:
+        # one step a window towards a point the first window with two batch sizes had measured.
+        loads = [
+            (10.0, 2000.0, [(1.0, 100)]),
+            (55.0, 2500.0, [(1.0, 60), (2.0, 40), (3.5, 30)]),
+            (70.0, 2500.0, [(1.0, 60), (2.0, 40), (3.5, 30)]),
+            (70.0, 900.0, [(1.0, 60), (2.0, 60), (3.5, 20)]),
+            (70.0, 80.0, [(1.0, 60), (2.0, 60), (3.5, 20)]),
+            (70.0, 75.0, [(1.0, 60), (2.0, 60), (3.5, 20)]),
+        ]
+        current, state = InForce(1, 1, 0.002), State()
+        decisions = []
+        for tick, (qps, p99_ms, points) in enumerate(loads):
+            now = 2.0 * tick
+            observation = self.window(now, qps, p99_ms, points)
+            decision, state = decide(observation, self.POLICY, current, state, now)
+            current = InForce(decision.replicas, decision.batch_size, decision.max_queue_delay_s)
+            decisions.append(decision)
+        assert [d.batch_size for d in decisions] == [4, 16, 16, 16, 16, 16]
+        assert [d.replicas for d in decisions] == [1] * len(loads)
+        assert "t(b) = 20.00 + 2.00·b ms" in decisions[1].reason
+        assert "batch 4→16" in decisions[1].reason
+
+
 class TestPacing:
     def test_scale_down_waits_for_the_stabilization_window(self) -> None:
         # Load fell to 50 rps on 3 replicas: one replica suffices, but only after 60 s of it.

@@ -31,6 +31,31 @@ class TestFit:
         assert model.alpha_s == pytest.approx(0.0025)
         assert model.beta_s == pytest.approx(0.001)
 
+    def test_the_first_confident_fit_replaces_a_rough_prior(self) -> None:
+        # Batch 1 alone at 22 ms: the rough split is α = β = 11 ms (the truth: 20 + 2·b ms).
+        rough = fit([ComputePoint(1, 0.022, 100)], None)
+        assert rough == LatencyFit(alpha_s=0.011, beta_s=0.011, confident=False)
+        # The next window holds batches of 1, 2 and 3.5 rows on t(b) = 20 + 2·b ms: least squares
+        # gives α = 20 ms, β = 2 ms exactly. Averaged with the guess it would say 15.5 + 6.5·b,
+        # and a batch of 16 would look 119.5 ms long instead of 52 ms.
+        points = [
+            ComputePoint(1, 0.022, 60),
+            ComputePoint(2, 0.024, 40),
+            ComputePoint(3.5, 0.027, 30),
+        ]
+        model = fit(points, rough)
+        assert model is not None
+        assert model.alpha_s == pytest.approx(0.020)
+        assert model.beta_s == pytest.approx(0.002)
+        assert model.confident
+        # From then on, fits are measurements and are smoothed: t(b) = 22 + 2·b ms next window
+        # moves α halfway, to 21 ms.
+        shifted = [ComputePoint(p.mean_batch, p.mean_seconds + 0.002, p.batches) for p in points]
+        again = fit(shifted, model)
+        assert again is not None
+        assert again.alpha_s == pytest.approx(0.021)
+        assert again.beta_s == pytest.approx(0.002)
+
     def test_sparse_buckets_are_ignored(self) -> None:
         prior = LatencyFit(0.001, 0.001, True)
         assert fit([ComputePoint(16, 0.5, 3)], prior) is prior

@@ -46,7 +46,7 @@ Z99 = 2.33
 MIN_BATCHES = 20
 """Buckets with fewer batches in the window are too noisy to fit."""
 SMOOTHING = 0.5
-"""Weight of a new fit against the previous one."""
+"""Weight of a new fit against the previous one (a rough previous one is replaced: see `fit`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +72,12 @@ def fit(points: Sequence[ComputePoint], prior: LatencyFit | None) -> LatencyFit 
     With one batch size only, α and β cannot be told apart: keep the prior's β if it was
     confident, otherwise split the time evenly (α = β·b), and say the fit is not confident.
     Fits that make no physical sense (β ≤ 0, α < 0) are clipped.
+
+    Smoothing averages measurements. A rough prior is no measurement of β, only a guess at how
+    one batch size's time splits, so the first confident fit replaces it outright: averaged in,
+    the guess's error would halve once a window, the largest batch limit the plan allows would
+    rise with it one window at a time, and the autopilot would creep towards the operating
+    point the window had already measured.
     """
     usable = [p for p in points if p.batches >= MIN_BATCHES and p.mean_seconds > 0]
     if not usable:
@@ -95,7 +101,7 @@ def fit(points: Sequence[ComputePoint], prior: LatencyFit | None) -> LatencyFit 
         new = LatencyFit(alpha_s=mean_t - beta * mean_b, beta_s=beta, confident=True)
     else:
         new = LatencyFit(alpha_s=mean_t / 2, beta_s=mean_t / (2 * mean_b), confident=False)
-    if prior is None:
+    if prior is None or (new.confident and not prior.confident):
         return new
     return LatencyFit(
         alpha_s=SMOOTHING * new.alpha_s + (1 - SMOOTHING) * prior.alpha_s,
