@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from batchpilot.operator.autopilot.decide import (
@@ -189,6 +191,110 @@ class TestShortWindowsDoNotCreep:
         assert "batch 4→16" in decisions[1].reason
 
 
+class TestARoughModelTriesTheBatchFirst:
+    """The service of the full-loop test, t(b) = 20 + 2·b ms, at batch 1 on one replica (45 rps
+    at most, t(1) = 22 ms); 2 s ticks over a 10 s window; SLA 150 ms, so the target is
+    0.8 × 150 = 120 ms (nothing is learned outside the batcher while P99 is over the SLA);
+    scale-down delay 300 s, so a replica added by mistake stays five minutes."""
+
+    POLICY = replace(TestShortWindowsDoNotCreep.POLICY, max_replicas=4, scale_down_delay_s=300)
+
+    @staticmethod
+    def window(
+        at: float, qps: float, rejected: float, p99_ms: float, batches: list[tuple[float, int]]
+    ) -> Observation:
+        return Observation(
+            at=at,
+            window_s=10,
+            p99_s=p99_ms / 1e3,
+            p95_s=None,
+            qps=qps,
+            rejected_qps=rejected,
+            queue_p99_s=None,
+            utilization=1.0,
+            mean_batch=None,
+            compute=tuple(ComputePoint(b, 0.020 + 0.002 * b, n) for b, n in batches),
+            ready_replicas=1,
+        )
+
+    def run(
+        self, ticks: list[tuple[float, float, float, list[tuple[float, int]]]]
+    ) -> list[Decision]:
+        current, state = InForce(1, 1, 0.002), State()
+        decisions = []
+        for tick, (qps, rejected, p99_ms, points) in enumerate(ticks):
+            now = 2.0 * tick
+            observation = self.window(now, qps, rejected, p99_ms, points)
+            decision, state = decide(observation, self.POLICY, current, state, now)
+            current = InForce(decision.replicas, decision.batch_size, decision.max_queue_delay_s)
+            decisions.append(decision)
+        return decisions
+
+    def test_the_batch_goes_up_first_and_one_replica_reaches_the_operating_point(self) -> None:
+        # 70 rps offered: 45 served at batch 1, 25 shed; the plan is for 1.05 × 70 = 73.5 rps.
+        # t=0: batch 1 alone: the rough fit splits 22 ms as α = β = 11 ms. It allows batch 4 at
+        # most (2·t(4) = 110 ms ≤ 120 ms; 2·t(6) = 154 ms is not), where a replica runs full
+        # batches at 4 / 55 ms = 72.7 rps < 73.5: two replicas by that guess. But if all 22 ms
+        # were α, every batch would take 22 ms and batch 16 would carry 16 / 22 ms = 727 rps:
+        # one replica may well do, so the batch goes 1→4 and the replicas stay at 1.
+        # t=2: 8 s of batch 1 and 2 s of full batches of 4 (28 ms): α = 20 ms, β = 2 ms, exactly;
+        # 2·t(16) = 104 ms fits, and a replica carries 16 / 52 ms = 308 rps at full batches
+        # (276 inside the target): batch 4→16 on one replica, the operating point.
+        # Then the backlog drains and P99 falls; nothing else moves.
+        decisions = self.run(
+            [
+                (45.0, 25.0, 2000.0, [(1.0, 450)]),
+                (55.0, 15.0, 900.0, [(1.0, 360), (4.0, 70)]),
+                (70.0, 0.0, 300.0, [(1.0, 270), (4.0, 70), (6.0, 60)]),
+                (70.0, 0.0, 80.0, [(1.0, 180), (4.0, 70), (6.0, 120)]),
+                (70.0, 0.0, 70.0, [(1.0, 90), (4.0, 70), (6.0, 180)]),
+            ]
+        )
+        assert [d.batch_size for d in decisions] == [4, 16, 16, 16, 16]
+        assert [d.replicas for d in decisions] == [1] * 5
+        assert decisions[0].action == "retune"
+        assert "(rough)" in decisions[0].reason
+        assert "if every batch took the measured 22 ms" in decisions[0].reason
+        assert "raising the batch limit first and holding 1 replica one interval" in (
+            decisions[0].reason
+        )
+        assert "t(b) = 20.00 + 2.00·b ms" in decisions[1].reason
+        assert "batch 4→16" in decisions[1].reason
+
+    def test_load_no_batch_can_carry_adds_replicas_at_once(self) -> None:
+        # 1600 rps offered, 45 served at batch 1; the plan is for 1.05 × 1600 = 1680 rps. Even if
+        # every batch took the measured 22 ms, batch 16 would carry at most 16 / 22 ms = 727 rps
+        # a replica (704 inside the target): one replica cannot carry 1680 rps whatever α and β
+        # are, so waiting an interval would only delay the replicas. The rough guess (45 rps a
+        # replica inside the target at batch 4) asks for 38; maxReplicas is 4: 1→4, batch 1→4.
+        # t=2: the fit is confident, 20 + 2·b: 276 rps a replica inside the target at batch 16,
+        # so 7 for 1680 rps; still maxReplicas, now at batch 16, and it says it is limited.
+        decisions = self.run(
+            [
+                (45.0, 1555.0, 5000.0, [(1.0, 450)]),
+                (500.0, 1100.0, 5000.0, [(1.0, 360), (4.0, 70)]),
+            ]
+        )
+        assert [(d.replicas, d.batch_size) for d in decisions] == [(4, 4), (4, 16)]
+        assert decisions[0].action == "scale-up"
+        assert "no batch limit lets 1 carry 1680 rps" in decisions[0].reason
+        assert decisions[1].scaling_limited is not None
+
+    def test_a_rough_model_never_scales_down(self) -> None:
+        # Two replicas, 20 rps at batch 1 for longer than the scale-down delay: the rough fit
+        # (α = β = 11 ms) says one replica carries it, but a guess does not remove a device.
+        policy = replace(self.POLICY, scale_down_delay_s=10)
+        current, state = InForce(2, 1, 0.002), State()
+        for tick in range(10):
+            observation = replace(
+                self.window(2.0 * tick, 20.0, 0.0, 40.0, [(1.0, 200)]), ready_replicas=2
+            )
+            decision, state = decide(observation, policy, current, state, 2.0 * tick)
+            current = InForce(decision.replicas, decision.batch_size, decision.max_queue_delay_s)
+            assert decision.replicas == 2, tick
+        assert "not scaling down on a rough model" in decision.reason
+
+
 class TestPacing:
     def test_scale_down_waits_for_the_stabilization_window(self) -> None:
         # Load fell to 50 rps on 3 replicas: one replica suffices, but only after 60 s of it.
@@ -252,6 +358,7 @@ def test_state_survives_a_round_trip_through_the_resource() -> None:
         changed_at=30.0,
         ready=2,
         rate=(30.0, 412.5),
+        batch_first_at=28.0,
     )
     assert State.from_dict(state.to_dict()) == state
     assert State.from_dict({"fit": {"alphaMs": "x"}}) == State()

@@ -23,6 +23,11 @@ Steps, each small and named:
 4. guard: if P99 is over the SLA in a window that describes the present and the plan adds no
    capacity, add replicas on feedback instead (the model is wrong somewhere; observed latency
    wins);
+   batch first on a rough model: a fit from one batch size is a guess at how that batch's time
+   splits between α and β, so while the plan raises the batch limit, replicas wait one interval
+   for the next window to measure the new batch sizes — unless even the most optimistic reading
+   of the guess needs more replicas, which are then added at once; a rough model never scales
+   down;
 5. pace replicas: cold start, scale-down stabilization, hysteresis, bounds;
 6. explain: action, reason and the condition inputs.
 
@@ -109,6 +114,9 @@ class State:
     """Ready replicas at the previous decision."""
     rate: tuple[float, float] | None = None
     """(time, offered requests per second) at the previous decision, for the trend."""
+    batch_first_at: float | None = None
+    """When a rough model raised the batch limit and held the replicas it would have added: it
+    does so once, then the window has measured the new batch sizes (see `_batch_first`)."""
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -128,6 +136,8 @@ class State:
             doc["ready"] = self.ready
         if self.rate is not None:
             doc["rate"] = [round(self.rate[0], 3), round(self.rate[1], 3)]
+        if self.batch_first_at is not None:
+            doc["batchFirstAt"] = round(self.batch_first_at, 3)
         return doc
 
     @classmethod
@@ -152,6 +162,7 @@ class State:
             ready = doc.get("ready")
             raw_rate = doc.get("rate")
             rate = (float(raw_rate[0]), float(raw_rate[1])) if raw_rate is not None else None
+            batch_first = doc.get("batchFirstAt")
             return cls(
                 fit=model,
                 overhead_s=None if overhead is None else float(overhead) / 1e3,
@@ -159,6 +170,7 @@ class State:
                 changed_at=None if changed is None else float(changed),
                 ready=None if ready is None else int(ready),
                 rate=rate,
+                batch_first_at=None if batch_first is None else float(batch_first),
             )
         except (KeyError, IndexError, TypeError, ValueError):
             return cls()
@@ -412,6 +424,25 @@ def decide(
                 f"P99 over the SLA although the model predicts {_ms(predicted)}; "
                 f"feedback: adding {want_replicas - current.replicas} replicas"
             )
+        elif not model.confident:
+            if want_replicas > current.replicas and want_batch > current.batch_size:
+                want_replicas, predicted, batch_first = _batch_first(
+                    model,
+                    chosen,
+                    current=current,
+                    state=state,
+                    rate=rate * GROWTH_MARGIN,
+                    policy=policy,
+                    delay_s=delay_s,
+                    overhead_s=overhead or 0.0,
+                    target_s=target,
+                )
+                why += f"; {batch_first}"
+                if want_replicas == current.replicas:
+                    learned = replace(learned, batch_first_at=now)
+            elif want_replicas < current.replicas:
+                want_replicas = current.replicas
+                notes.append("not scaling down on a rough model")
     why += trend
 
     # 5. Pace the replicas.
@@ -491,6 +522,83 @@ def decide(
         notes=tuple(notes),
     )
     return decision, new_state
+
+
+def _optimistic(model: LatencyFit) -> LatencyFit:
+    """The most optimistic reading of a rough fit: α and β are only known to add up to the
+    measured time at the batch size the guess splits evenly (b₀ = α/β, where α = β·b₀); the
+    reading that gives every larger batch the most capacity puts all of that time in α (β = 0),
+    so every batch takes t(b₀)."""
+    if model.beta_s <= 0:
+        return model
+    return LatencyFit(
+        alpha_s=model.batch_seconds(model.alpha_s / model.beta_s),
+        beta_s=0.0,
+        confident=False,
+    )
+
+
+def _batch_first(
+    model: LatencyFit,
+    chosen: Plan,
+    *,
+    current: InForce,
+    state: State,
+    rate: float,
+    policy: Policy,
+    delay_s: float,
+    overhead_s: float,
+    target_s: float,
+) -> tuple[int, float, str]:
+    """Replicas to ask for when a rough model's plan raises the batch limit and adds replicas,
+    the P99 predicted for them, and why.
+
+    Raising the batch limit takes effect in seconds and costs nothing; a replica costs a device
+    for at least the scale-down delay. The next window measures the new batch sizes and makes
+    the fit confident, so replicas wait that one interval — unless even the most optimistic
+    reading of the fit (`_optimistic`) needs more of them. Then no batch limit can carry the load
+    whatever α and β turn out to be, the SLA stays broken until new replicas are ready, and
+    waiting would only make them an interval later: the plan is followed at once (P99 comes
+    before the fewest replicas). The wait happens once: if the fit is still
+    rough after it, the plan is followed."""
+    optimistic = _optimistic(model)
+    best = plan_capacity(
+        optimistic,
+        rate=rate,
+        policy=policy,
+        delay_s=delay_s,
+        overhead_s=overhead_s,
+        target_s=target_s,
+    )
+    measured = _ms(optimistic.alpha_s)
+    reading = (
+        f"if every batch took the measured {measured} a replica would carry "
+        f"{best.capacity:.0f} rps at batch ≤ {best.batch_size}"
+    )
+    if best.replicas > current.replicas:
+        why = (
+            f"the fit is a guess from one batch size, but even {reading}: no batch limit lets "
+            f"{current.replicas} carry {rate:.0f} rps, so replicas are added at once"
+        )
+        return chosen.replicas, chosen.predicted_p99_s, why
+    if state.batch_first_at is not None:
+        why = "still a guess after an interval at a new batch limit: following it"
+        return chosen.replicas, chosen.predicted_p99_s, why
+    held = predict(
+        model,
+        rate=rate,
+        replicas=current.replicas,
+        max_batch=chosen.batch_size,
+        delay_s=delay_s,
+        overhead_s=overhead_s,
+    )
+    plural = "s" if current.replicas > 1 else ""
+    why = (
+        f"the fit is a guess from one batch size and {reading}: raising the batch limit first "
+        f"and holding {current.replicas} replica{plural} one interval, until the next window "
+        f"has measured the new batch sizes (the guess puts P99 at {_ms(held.p99_s)} meanwhile)"
+    )
+    return current.replicas, held.p99_s, why
 
 
 def _adds_capacity(model: LatencyFit, current: InForce, replicas: int, batch: int) -> bool:
