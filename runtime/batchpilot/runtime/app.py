@@ -3,8 +3,9 @@ batching admin endpoint.
 
 Endpoints are thin: read the body, hand it to the codec and the data plane, return bytes. Domain
 errors are mapped to status codes in one table (`ERROR_STATUS`); endpoints just raise. The infer
-path parses the body once and never goes through pydantic, because per-request overhead is what
-decides throughput when the model itself is cheap.
+path parses the body once and never goes through pydantic, FastAPI's middleware or its router
+(`RuntimeApp` hands it the request directly), because per-request overhead is what decides
+throughput when the model itself is cheap.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import contextlib
 import hmac
 import logging
 import math
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -24,8 +26,10 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette._utils import get_route_path
 from starlette.requests import ClientDisconnect
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from batchpilot.runtime.async_jobs import Job, JobNotFound, JobState, JobStore, StoreFull
 from batchpilot.runtime.errors import (
@@ -114,24 +118,39 @@ def _json(doc: Any, *, status: int = 200, headers: dict[str, str] | None = None)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
+    return await _receive_body(request.headers.get("content-length"), request.receive, limit)
+
+
+async def _receive_body(declared: str | None, receive: Receive, limit: int) -> bytes:
+    """The request body, refused past `limit` bytes (by its Content-Length when it declares one);
+    raises ClientDisconnect when the client goes away while sending it."""
     if declared is not None:
         if not declared.isdigit():
             raise InvalidRequest(f"Content-Length {declared!r} is not a number")
         if int(declared) > limit:
             raise RequestTooLarge(f"the body is {declared} bytes; the limit is {limit} bytes")
-        return await request.body()
+        limit = -1
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise RequestTooLarge(f"the body is over the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise ClientDisconnect()
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if 0 <= limit < size:
+                raise RequestTooLarge(f"the body is over the limit of {limit} bytes")
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _header_length(request: Request) -> int | None:
-    value = request.headers.get(HEADER_LENGTH)
+    return _parse_header_length(request.headers.get(HEADER_LENGTH))
+
+
+def _parse_header_length(value: str | None) -> int | None:
     if value is None:
         return None
     # str.isdigit() accepts Unicode digits such as '²' (a Latin-1 header byte), which int()
@@ -142,13 +161,105 @@ def _header_length(request: Request) -> int | None:
     return int(text)
 
 
-async def _until_disconnected(request: Request, handler: asyncio.Task[Any]) -> None:
+_CONTENT_LENGTH = b"content-length"
+_HEADER_LENGTH = HEADER_LENGTH.encode()
+
+
+def _body_headers(scope: Scope) -> tuple[str | None, str | None]:
+    """Content-Length and Inference-Header-Content-Length (the first of each), as Starlette's
+    `Request.headers` reads them."""
+    content_length = header_length = None
+    for key, value in scope["headers"]:
+        if key == _CONTENT_LENGTH:
+            if content_length is None:
+                content_length = value.decode("latin-1")
+        elif key == _HEADER_LENGTH and header_length is None:
+            header_length = value.decode("latin-1")
+    return content_length, header_length
+
+
+async def _send_answer(send: Send, content: bytes, header_length: int | None) -> None:
+    """A 200 infer answer: the headers Starlette's `Response` would send, in its order."""
+    size = str(len(content)).encode()
+    if header_length is None:
+        headers = [(b"content-length", size), (b"content-type", b"application/json")]
+    else:
+        headers = [
+            (_HEADER_LENGTH, str(header_length).encode()),
+            (b"content-length", size),
+            (b"content-type", b"application/octet-stream"),
+        ]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": content})
+
+
+async def _until_disconnected(receive: Receive, handler: asyncio.Task[Any]) -> None:
     """Cancel the request's handler when its client goes away (the body is already read)."""
     while True:
-        message = await request.receive()
+        message = await receive()
         if message["type"] == "http.disconnect":
             handler.cancel(msg="client disconnected")
             return
+
+
+class _AsgiEndpoint:
+    """Makes Starlette's `Route` call an `(scope, receive, send)` function as an ASGI app rather
+    than as a request-response endpoint."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._app(scope, receive, send)
+
+
+INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
+"""The sync infer endpoint's paths, as its two routes match them."""
+
+
+class RuntimeApp(FastAPI):
+    """FastAPI, with `POST /v2/models/{name}[/versions/{version}]/infer` handed straight to its
+    endpoint.
+
+    A request otherwise passes through a dozen ASGI layers (error, telemetry, body-limit and
+    exception middleware, the exit stack, route matching against every route), each one a
+    coroutine frame resumed at every await of the request: a large share of a request's cost
+    when the model is cheap. The endpoint answers every error itself, so those layers have
+    nothing to do for it. Anything they would do differently goes the usual way: other methods
+    and paths, apps with user middleware, and apps with FastAPI's OpenTelemetry instrumentation
+    switched on. That last is decided once, at the first infer request, with the check
+    `FastAPI.__call__` makes (OpenTelemetry providers are set once, at process start).
+    """
+
+    infer_endpoint: ASGIApp | None = None
+    _telemetry_on: bool | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        endpoint = self.infer_endpoint
+        if (
+            endpoint is not None
+            and scope["type"] == "http"
+            and scope["method"] == "POST"
+            and not self.user_middleware
+        ):
+            if self.root_path:
+                scope["root_path"] = self.root_path
+            match = INFER_PATH.fullmatch(get_route_path(scope))
+            if match is not None and not self._telemetry_enabled():
+                scope["app"] = self
+                params = match.groupdict()
+                if params["version"] is None:
+                    del params["version"]
+                scope["path_params"] = params
+                await endpoint(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+    def _telemetry_enabled(self) -> bool:
+        if self._telemetry_on is None:
+            telemetry = getattr(self, "_native_telemetry", None)
+            self._telemetry_on = telemetry is not None and bool(telemetry.enabled())
+        return self._telemetry_on
 
 
 def create_app(server: ModelServer, *, config: AppConfig | None = None) -> FastAPI:
@@ -172,7 +283,7 @@ def create_app(server: ModelServer, *, config: AppConfig | None = None) -> FastA
         if work := [job.work for job in jobs.pending() if job.work is not None]:
             await asyncio.wait(work, timeout=5)
 
-    app = FastAPI(
+    app = RuntimeApp(
         title="batchpilot runtime",
         version=_version(),
         lifespan=lifespan,
@@ -247,66 +358,70 @@ def create_app(server: ModelServer, *, config: AppConfig | None = None) -> FastA
             {"name": model_name, "ready": server.ready}, status=200 if server.ready else 503
         )
 
-    async def infer(request: Request) -> Response:
-        name = request.path_params["name"]
-        loop = asyncio.get_running_loop()
+    async def infer(scope: Scope, receive: Receive, send: Send) -> None:
+        """POST /v2/models/{name}[/versions/{version}]/infer, as a plain ASGI app: the request
+        path of every sync inference, so it reads headers from the scope and writes a success
+        straight to `send`, without Starlette's request and response objects."""
         started = time.perf_counter()
         metrics.inflight.inc()
         watcher: asyncio.Task[None] | None = None
+        failure: Response | None = None
+        content, header_length = b"", None
         try:
-            model(name)
-            body = await _read_body(request, config.max_body_bytes)
-            parsed = decode_request(body, header_length=_header_length(request))
+            model(scope["path_params"]["name"])
+            content_length, header_length_text = _body_headers(scope)
+            body = await _receive_body(content_length, receive, config.max_body_bytes)
+            parsed = decode_request(body, header_length=_parse_header_length(header_length_text))
             handler = asyncio.current_task()
             assert handler is not None
-            watcher = loop.create_task(_until_disconnected(request, handler))
+            watcher = asyncio.get_running_loop().create_task(_until_disconnected(receive, handler))
             try:
                 outputs = await server.infer(parsed)
             except asyncio.CancelledError:
-                if watcher.done() and handler.uncancel() == 0:
-                    metrics.request_finished(Outcome.CANCELLED)
-                    return Response(status_code=CLIENT_CLOSED_REQUEST)
-                raise
-            content, header_length = encode_response(
-                model_name=model_name,
-                model_version=signature.version,
-                request_id=parsed.id,
-                outputs=outputs,
-                binary=(
-                    [t.name for t in outputs]
-                    if parsed.binary_default and not parsed.requested_outputs
-                    else parsed.binary_outputs
-                ),
-            )
+                if not (watcher.done() and handler.uncancel() == 0):
+                    raise
+                metrics.request_finished(Outcome.CANCELLED)
+                failure = Response(status_code=CLIENT_CLOSED_REQUEST)
+            else:
+                content, header_length = encode_response(
+                    model_name=model_name,
+                    model_version=signature.version,
+                    request_id=parsed.id,
+                    outputs=outputs,
+                    binary=(
+                        [t.name for t in outputs]
+                        if parsed.binary_default and not parsed.requested_outputs
+                        else parsed.binary_outputs
+                    ),
+                )
+                metrics.request_finished(Outcome.SUCCESS, time.perf_counter() - started)
         except InferenceError as exc:
             metrics.request_finished(status_of(exc)[1], time.perf_counter() - started)
-            return error_response(exc)
+            failure = error_response(exc)
         except ClientDisconnect:  # the client went away while sending the body
             metrics.request_finished(Outcome.CANCELLED)
-            return Response(status_code=CLIENT_CLOSED_REQUEST)
+            failure = Response(status_code=CLIENT_CLOSED_REQUEST)
         except Exception:
             # A bug, not the client's fault: still one JSON answer, and counted as an error so
             # the error rate the autopilot reads includes it.
             log.exception("infer request failed unexpectedly")
             metrics.request_finished(Outcome.ERROR, time.perf_counter() - started)
-            return _json({"error": "internal server error; see the server log"}, status=500)
+            failure = _json({"error": "internal server error; see the server log"}, status=500)
         finally:
             metrics.inflight.dec()
             if watcher is not None:
                 watcher.cancel()
-        metrics.request_finished(Outcome.SUCCESS, time.perf_counter() - started)
-        if header_length is None:
-            return Response(content, media_type="application/json")
-        return Response(
-            content,
-            media_type="application/octet-stream",
-            headers={"Inference-Header-Content-Length": str(header_length)},
-        )
+        if failure is None:
+            await _send_answer(send, content, header_length)
+        else:
+            await failure(scope, receive, send)
 
-    # The hot path is a plain Starlette route: no dependency solving or response-model work per
-    # request, which is most of FastAPI's overhead when the model itself is cheap.
+    # The hot path is a plain ASGI app: no dependency solving, response-model work or request
+    # objects per request, which is most of FastAPI's overhead when the model itself is cheap.
+    # RuntimeApp calls it directly; the routes serve requests that take the usual way.
     for path in ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"):
-        app.router.routes.append(Route(path, infer, methods=["POST"]))
+        app.router.routes.append(Route(path, _AsgiEndpoint(infer), methods=["POST"]))
+    app.infer_endpoint = infer
 
     _add_async_routes(app, server=server, jobs=jobs, config=config, check_model=model)
 

@@ -57,6 +57,9 @@ class BatchSettings:
 
 def shape_key(inputs: Arrays) -> Hashable:
     """Requests with the same key can share a batch: same inputs, dtypes, non-batch dims."""
+    if len(inputs) == 1:
+        ((name, a),) = inputs.items()
+        return ((name, a.dtype.str, a.shape[1:]),)
     return tuple(sorted((name, a.dtype.str, a.shape[1:]) for name, a in inputs.items()))
 
 
@@ -73,6 +76,18 @@ class Pending:
     seq: int
     """Arrival order across groups: the oldest request's group forms the next batch."""
     queued: bool = True
+
+
+@dataclass(eq=False, slots=True)
+class _Waiter:
+    """A worker waiting in `BatchQueue.next_batch`."""
+
+    future: asyncio.Future[bool]
+    """True when its time ran out, False when woken."""
+    group: deque[Pending] | None
+    """The group it waits to fill (None: it waits for any request)."""
+    rows: int
+    """Rows that fill it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +120,7 @@ class BatchQueue:
         self._rows: dict[Hashable, int] = {}
         self._order = itertools.count()
         self._size = 0
-        self._wakeup = asyncio.Event()
+        self._waiters: list[_Waiter] = []
         self._closed = False
 
     def __len__(self) -> int:
@@ -123,7 +138,7 @@ class BatchQueue:
     def close(self) -> None:
         """Refuse new requests; the ones already queued are still served."""
         self._closed = True
-        self._wakeup.set()
+        self._wake()
 
     def abandon(self, error: BaseException) -> int:
         """Fail every queued request with `error` (the server stops without draining)."""
@@ -167,7 +182,8 @@ class BatchQueue:
         self._rows[key] += rows
         self._size += 1
         item.future.add_done_callback(lambda _: self._forget(item))
-        self._wakeup.set()
+        if self._waiters:
+            self._wake(group, self._rows[key])
         return item.future
 
     def _forget(self, item: Pending) -> None:
@@ -197,8 +213,7 @@ class BatchQueue:
             if key is None:
                 if self._closed:
                     return None
-                self._wakeup.clear()
-                await self._wakeup.wait()
+                await self._wait(None, rows=0, timeout_s=None)
                 continue
             settings = self._settings()
             while key in self._groups and self._rows[key] < settings.max_batch_size:
@@ -206,20 +221,64 @@ class BatchQueue:
                 remaining = oldest.enqueued_at + settings.max_queue_delay_s - clock()
                 if remaining <= 0 or self._closed:
                     break
-                self._wakeup.clear()
-                try:
-                    await asyncio.wait_for(self._wakeup.wait(), remaining)
-                except TimeoutError:
-                    # The delay is up for the request waited on. If another worker took it
-                    # meanwhile, the requests left behind start their own delay.
-                    if key in self._groups and self._groups[key][0] is oldest:
-                        break
+                timed_out = await self._wait(
+                    self._groups[key], rows=settings.max_batch_size, timeout_s=remaining
+                )
+                # When the delay is up for the request waited on, the batch is formed. If
+                # another worker took it meanwhile, the requests left behind start their own.
+                if timed_out and key in self._groups and self._groups[key][0] is oldest:
+                    break
             if key not in self._groups:
                 continue  # every request of that group went away while we waited
             now = clock()
             items = self._take(key, settings.max_batch_size, now=now)
             if items:
                 return Batch(items=items, settings=settings, formed_at=now)
+
+    def _wake(self, group: deque[Pending] | None = None, rows: int = 0) -> None:
+        """Wake the workers waiting in `next_batch` that a request just put into `group` (which
+        now holds `rows` rows) concerns, or with no group all of them (the queue closed).
+
+        A worker waiting for any request wakes; so does one waiting for its group to fill,
+        when that group is now full or has gone away (its requests left). One waiting for
+        another group to fill sleeps on: waking it would only send it back to sleep, which a
+        filling batch would otherwise do once for every request that arrives.
+        """
+        waiting = []
+        for waiter in self._waiters:
+            if waiter.future.done():
+                continue
+            if (
+                group is None
+                or waiter.group is None
+                or not waiter.group
+                or (waiter.group is group and rows >= waiter.rows)
+            ):
+                waiter.future.set_result(False)
+            else:
+                waiting.append(waiter)
+        self._waiters = waiting
+
+    async def _wait(
+        self, group: deque[Pending] | None, *, rows: int, timeout_s: float | None
+    ) -> bool:
+        """Wait until `group` holds `rows` rows or goes away (with no group: until any request
+        arrives), the queue closes, or `timeout_s` seconds pass; True when the time ran out.
+
+        One future and one loop timer: `asyncio.wait_for` would add a task and two more futures
+        to every wait.
+        """
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(loop.create_future(), group, rows)
+        self._waiters.append(waiter)
+        timer = None if timeout_s is None else loop.call_later(timeout_s, _time_up, waiter.future)
+        try:
+            return await waiter.future
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if waiter in self._waiters:  # cancelled while waiting
+                self._waiters.remove(waiter)
 
     def _take(self, key: Hashable, max_rows: int, *, now: float) -> tuple[Pending, ...]:
         group = self._groups[key]
@@ -380,6 +439,11 @@ class Batcher:
             compute_s=compute_s,
             queue_waits_s=[batch.formed_at - item.enqueued_at for item in items],
         )
+
+
+def _time_up(waiter: asyncio.Future[bool]) -> None:
+    if not waiter.done():
+        waiter.set_result(True)
 
 
 def _fail(items: Sequence[Pending], error: BaseException) -> None:

@@ -216,8 +216,11 @@ class RuntimeMetrics:
         self._outcomes = Counter(
             "batchpilot_requests", "Requests by outcome", [*names, "outcome"], registry=r
         )
-        for outcome in Outcome:
-            self._outcomes.labels(**labels, outcome=outcome.value)
+        # Children looked up once: `labels()` per request costs more than the increment.
+        self._outcome_counters = {
+            outcome: self._outcomes.labels(**labels, outcome=outcome.value) for outcome in Outcome
+        }
+        self._bucket_counters: dict[str, tuple[Counter, Counter, Counter]] = {}
         self._live = _LiveValues(labels)
         r.register(self._live)
         Gauge(
@@ -282,7 +285,7 @@ class RuntimeMetrics:
         self._live.async_expired = expired
 
     def request_finished(self, outcome: Outcome, duration_s: float | None = None) -> None:
-        self._outcomes.labels(**self._labels, outcome=outcome.value).inc()
+        self._outcome_counters[outcome].inc()
         if duration_s is not None:
             self.request_duration.observe(duration_s)
 
@@ -307,8 +310,16 @@ class RuntimeMetrics:
 
     def _count_batch(self, rows: int, compute_s: float) -> None:
         bucket = batch_bucket(rows)
+        counters = self._bucket_counters.get(bucket)
+        if counters is None:
+            counters = self._bucket_counters[bucket] = (
+                self._compute_by_bucket.labels(**self._labels, batch_bucket=bucket),
+                self._rows_by_bucket.labels(**self._labels, batch_bucket=bucket),
+                self._batches_by_bucket.labels(**self._labels, batch_bucket=bucket),
+            )
+        compute, rows_total, batches = counters
         self.batch_size.observe(rows)
         self.compute.observe(compute_s)
-        self._compute_by_bucket.labels(**self._labels, batch_bucket=bucket).inc(compute_s)
-        self._rows_by_bucket.labels(**self._labels, batch_bucket=bucket).inc(rows)
-        self._batches_by_bucket.labels(**self._labels, batch_bucket=bucket).inc()
+        compute.inc(compute_s)
+        rows_total.inc(rows)
+        batches.inc()

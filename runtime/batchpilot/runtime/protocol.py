@@ -111,11 +111,17 @@ def _as_params(value: Any, where: str) -> Mapping[str, Any]:
 
 
 def _shape_of(raw: Any, where: str) -> tuple[int, ...]:
-    if not isinstance(raw, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) for d in raw
-    ):
+    # A plain loop: on every request, where a generator under all()/any() costs more than
+    # the checks.
+    if not isinstance(raw, list):
         raise _fail(f"{where}.shape must be a list of integers, got {raw!r}")
-    if any(d < 0 for d in raw):
+    negative = False
+    for d in raw:
+        if not isinstance(d, int) or isinstance(d, bool):
+            raise _fail(f"{where}.shape must be a list of integers, got {raw!r}")
+        if d < 0:
+            negative = True
+    if negative:
         raise _fail(f"{where}.shape must not have negative dimensions, got {raw}")
     return tuple(raw)
 

@@ -16,14 +16,14 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from batchpilot.runtime.batching import Batcher, BatchQueue, BatchSettings
-from batchpilot.runtime.engine import Engine, ModelSignature
+from batchpilot.runtime.engine import Engine, ModelSignature, TensorSpec
 from batchpilot.runtime.errors import DeadlineExceeded, InvalidRequest, ShuttingDown
 from batchpilot.runtime.metrics import RuntimeMetrics, available_cores
 from batchpilot.runtime.protocol import InferRequest, Tensor
@@ -42,33 +42,25 @@ def _shape_text(shape: tuple[int, ...]) -> str:
 
 def validate_inputs(signature: ModelSignature, request: InferRequest) -> int:
     """Check a request against the model; returns its number of rows (batch dimension)."""
-    expected = {spec.name for spec in signature.inputs}
-    sent = {tensor.name for tensor in request.inputs}
-    model_inputs = ", ".join(sorted(expected))
-    if unknown := sorted(sent - expected):
-        raise InvalidRequest(
-            f"model '{signature.name}' has no input {', '.join(repr(n) for n in unknown)}; "
-            f"its inputs are: {model_inputs}"
-        )
-    if missing := sorted(expected - sent):
-        raise InvalidRequest(
-            f"input {', '.join(repr(n) for n in missing)} of model '{signature.name}' is missing"
-        )
+    inputs = request.inputs
+    specs: Sequence[TensorSpec | None] = signature.inputs
+    if not _in_model_order(inputs, signature.inputs):  # match them by name
+        specs = [signature.input(tensor.name) for tensor in inputs]
+        if None in specs or len({tensor.name for tensor in inputs}) != len(signature.inputs):
+            _check_input_names(signature, request)
     rows: int | None = None
-    for tensor in request.inputs:
-        spec = signature.input(tensor.name)
+    for tensor, spec in zip(inputs, specs, strict=True):
         assert spec is not None
         if tensor.datatype != spec.datatype:
             raise InvalidRequest(
                 f"input '{tensor.name}' must be {spec.datatype}, the request sent {tensor.datatype}"
             )
         shape = tensor.data.shape
-        if len(shape) != len(spec.shape) or any(
-            want not in (-1, got) for want, got in zip(spec.shape[1:], shape[1:], strict=True)
-        ):
+        want = spec.shape
+        if not _shape_fits(shape, want):
             raise InvalidRequest(
                 f"input '{tensor.name}' has shape {_shape_text(shape)}, the model expects "
-                f"{_shape_text(spec.shape)} (-1: any size; the first dimension is the batch)"
+                f"{_shape_text(want)} (-1: any size; the first dimension is the batch)"
             )
         if shape[0] == 0:
             raise InvalidRequest(f"input '{tensor.name}' has no rows (batch dimension is 0)")
@@ -88,6 +80,46 @@ def validate_inputs(signature: ModelSignature, request: InferRequest) -> int:
             )
     assert rows is not None
     return rows
+
+
+# Plain loops: on the path of every request, where a generator under any()/all() costs more
+# than the comparisons themselves.
+
+
+def _in_model_order(inputs: Sequence[Tensor], specs: Sequence[TensorSpec]) -> bool:
+    """Whether the request names exactly the model's inputs, in the model's order."""
+    if len(inputs) != len(specs):
+        return False
+    for tensor, spec in zip(inputs, specs, strict=True):  # noqa: SIM110
+        if tensor.name != spec.name:
+            return False
+    return True
+
+
+def _shape_fits(shape: tuple[int, ...], want: tuple[int, ...]) -> bool:
+    """Same rank, and every non-batch dimension as declared (-1: any size)."""
+    if len(shape) != len(want):
+        return False
+    for i in range(1, len(want)):  # noqa: SIM110
+        if want[i] != -1 and want[i] != shape[i]:
+            return False
+    return True
+
+
+def _check_input_names(signature: ModelSignature, request: InferRequest) -> None:
+    """Raise for an input the model lacks or a model input the request lacks."""
+    expected = {spec.name for spec in signature.inputs}
+    sent = {tensor.name for tensor in request.inputs}
+    model_inputs = ", ".join(sorted(expected))
+    if unknown := sorted(sent - expected):
+        raise InvalidRequest(
+            f"model '{signature.name}' has no input {', '.join(repr(n) for n in unknown)}; "
+            f"its inputs are: {model_inputs}"
+        )
+    if missing := sorted(expected - sent):
+        raise InvalidRequest(
+            f"input {', '.join(repr(n) for n in missing)} of model '{signature.name}' is missing"
+        )
 
 
 class ModelServer:
@@ -117,6 +149,8 @@ class ModelServer:
         )
         self._batching = batching
         self._default_timeout_s = default_timeout_s
+        self._output_names = self.signature.output_names
+        self._output_datatypes = {spec.name: spec.datatype for spec in self.signature.outputs}
         self._queue = BatchQueue(settings=lambda: self._batching, capacity=queue_capacity)
         self._batcher = Batcher(self._queue, engine, metrics, instances=engine.info.instances)
         metrics.track_busy_seconds(self._batcher.busy_seconds)
@@ -185,11 +219,11 @@ class ModelServer:
                 raise DeadlineExceeded(
                     f"the request was not served within its {timeout_s * 1e3:g} ms deadline"
                 ) from None
-        names = request.requested_outputs or self.signature.output_names
+        names = request.requested_outputs or self._output_names
         if pipeline is not None and pipeline.postprocess is not None:
             return await self._off_loop("postprocess", pipeline.postprocess, outputs, names)
-        specs = {spec.name: spec.datatype for spec in self.signature.outputs}
-        return [Tensor(name, specs[name], _array(outputs[name])) for name in names]
+        datatypes = self._output_datatypes
+        return [Tensor(name, datatypes[name], _array(outputs[name])) for name in names]
 
     async def _off_loop(self, stage: str, func: Callable[..., _T], *args: Any) -> _T:
         """Run a pipeline stage in the pool, timed into batchpilot_pipeline_seconds{stage}."""

@@ -1,0 +1,166 @@
+"""The infer endpoint answers the same through its direct dispatch and through FastAPI's usual
+stack (taken when the app has user middleware): same status, headers and body, for successes and
+for every kind of error. Driven in-process over ASGI, with a simulated engine at zero latency."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.requests import Request
+from starlette.responses import Response
+
+from batchpilot.runtime.app import RuntimeApp, create_app
+from batchpilot.runtime.batching import BatchSettings
+from batchpilot.runtime.metrics import RuntimeMetrics
+from batchpilot.runtime.protocol import HEADER_LENGTH
+from batchpilot.runtime.server import ModelServer
+from batchpilot.runtime.simulated import LatencyModel, SimulatedEngine
+from tests import onnx_models
+
+Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
+
+
+def model_server(model: Path) -> ModelServer:
+    engine = SimulatedEngine.load(model, name="mlp", latency=LatencyModel(alpha_s=0.0, beta_s=0.0))
+    metrics = RuntimeMetrics(model="mlp", service="", namespace="", engine=engine.info, nvml=None)
+    return ModelServer(
+        engine,
+        batching=BatchSettings(max_batch_size=4, max_queue_delay_s=0.0),
+        queue_capacity=16,
+        metrics=metrics,
+    )
+
+
+async def call(app: RuntimeApp, path: str, body: bytes, headers: dict[str, str]) -> Answer:
+    """One HTTP request through the app's ASGI interface; the client stays connected until the
+    answer is complete."""
+    scope: dict[str, Any] = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+        "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 8080),
+    }
+    sent_body = False
+    answered: list[dict[str, Any]] = []
+    done = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent_body
+        if not sent_body:
+            sent_body = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        answered.append(message)
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            done.set()
+
+    await app(scope, receive, send)
+    start = next(m for m in answered if m["type"] == "http.response.start")
+    content = b"".join(m.get("body", b"") for m in answered if m["type"] == "http.response.body")
+    return start["status"], list(start["headers"]), content
+
+
+@pytest.fixture
+async def apps(tmp_path: Path) -> AsyncIterator[tuple[RuntimeApp, RuntimeApp]]:
+    """The same app twice: as created (direct dispatch), and with a pass-through middleware."""
+    model = onnx_models.mlp(tmp_path / "mlp.onnx", features=4, hidden=8, classes=3)
+    servers = [model_server(model), model_server(model)]
+    direct, stacked = (create_app(s) for s in servers)
+    assert isinstance(direct, RuntimeApp)
+    assert isinstance(stacked, RuntimeApp)
+
+    async def passthrough(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        stacked.state.through_middleware += 1
+        return await call_next(request)
+
+    stacked.state.through_middleware = 0
+
+    stacked.add_middleware(BaseHTTPMiddleware, dispatch=passthrough)
+    for server in servers:
+        server.start()
+    yield direct, stacked
+    for server in servers:
+        await server.close()
+
+
+def json_request(rows: int, **extra: Any) -> bytes:
+    data = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4).tolist()
+    return orjson.dumps(
+        {
+            "id": "r1",
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [rows, 4], "data": data}],
+        }
+        | extra
+    )
+
+
+def binary_request() -> tuple[bytes, dict[str, str]]:
+    header = orjson.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "datatype": "FP32",
+                    "shape": [2, 4],
+                    "parameters": {"binary_data_size": 32},
+                }
+            ],
+            "parameters": {"binary_data_output": True},
+        }
+    )
+    body = header + np.ones((2, 4), np.float32).tobytes()
+    return body, {HEADER_LENGTH: str(len(header)), "content-length": str(len(body))}
+
+
+CASES: dict[str, tuple[str, bytes, dict[str, str], int]] = {
+    "json": ("/v2/models/mlp/infer", json_request(2), {}, 200),
+    "versioned": ("/v2/models/mlp/versions/1/infer", json_request(1), {}, 200),
+    "binary": ("/v2/models/mlp/infer", *binary_request(), 200),
+    "malformed": ("/v2/models/mlp/infer", b"{not json", {}, 400),
+    "wrong-shape": (
+        "/v2/models/mlp/infer",
+        orjson.dumps(
+            {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}]}
+        ),
+        {},
+        400,
+    ),
+    "unknown-model": ("/v2/models/other/infer", json_request(1), {}, 404),
+    "too-large": ("/v2/models/mlp/infer", b"x", {"content-length": str(1 << 40)}, 413),
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+async def test_direct_dispatch_answers_exactly_as_the_usual_stack(
+    apps: tuple[RuntimeApp, RuntimeApp], case: str
+) -> None:
+    path, body, headers, status = CASES[case]
+    headers = {"content-type": "application/json", **headers}
+    direct, stacked = apps
+    fast = await call(direct, path, body, headers)
+    usual = await call(stacked, path, body, headers)
+    assert stacked.state.through_middleware == 1  # the usual stack did run
+    assert fast[0] == status, fast
+    assert fast == usual
+    if status >= 400:
+        assert orjson.loads(fast[2])["error"]
