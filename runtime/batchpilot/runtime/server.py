@@ -207,14 +207,24 @@ class ModelServer:
         timeout_s = request.timeout_s or self._default_timeout_s
         inputs = {t.name: t.data for t in request.inputs}
         pipeline = self.pipeline
+        remaining_s = timeout_s
         if pipeline is not None and pipeline.preprocess is not None:
+            # The deadline counts from arrival: preprocessing spends the request's own time.
+            arrived = time.perf_counter()
             inputs = await self._off_loop("preprocess", pipeline.preprocess, inputs)
-        future = self._queue.put(inputs, rows=rows, timeout_s=timeout_s)
-        if timeout_s is None:
+            if timeout_s is not None:
+                remaining_s = timeout_s - (time.perf_counter() - arrived)
+                if remaining_s <= 0:
+                    raise DeadlineExceeded(
+                        f"the request's {timeout_s * 1e3:g} ms deadline passed while its "
+                        "inputs were preprocessed"
+                    )
+        future = self._queue.put(inputs, rows=rows, timeout_s=remaining_s)
+        if remaining_s is None:
             outputs = await future
         else:
             try:
-                outputs = await asyncio.wait_for(future, timeout_s)
+                outputs = await asyncio.wait_for(future, remaining_s)
             except TimeoutError:
                 raise DeadlineExceeded(
                     f"the request was not served within its {timeout_s * 1e3:g} ms deadline"
