@@ -220,7 +220,7 @@ class ModelServer:
                         "inputs were preprocessed"
                     )
         future = self._queue.put(inputs, rows=rows, timeout_s=remaining_s)
-        if remaining_s is None:
+        if timeout_s is None or remaining_s is None:
             outputs = await future
         else:
             try:
