@@ -39,10 +39,10 @@ async def test_the_example_pipeline_fits_the_classifier_and_labels_an_image(
 
     photo = io.BytesIO()
     Image.new("RGB", (640, 480), (230, 230, 230)).save(photo, format="JPEG")
-    tensors = pipeline.preprocess({"x": np.array([photo.getvalue()], dtype=object)})
+    tensors, geometry = pipeline.preprocess({"x": np.array([photo.getvalue()], dtype=object)})
     outputs = await engine.run(tensors)  # the batch the server would run, without the server
     await engine.close()
-    labels, scores, *_ = pipeline.postprocess(outputs, pipeline.signature.output_names)
+    labels, scores, *_ = pipeline.postprocess(outputs, pipeline.signature.output_names, geometry)
     assert labels.data.shape == (1, 2)
     assert {label.decode() for label in labels.data[0]} <= {"0", "90", "180", "270"}
     assert 0.0 <= float(scores.data[0, 1]) <= float(scores.data[0, 0]) <= 1.0

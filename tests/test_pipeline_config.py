@@ -24,7 +24,7 @@ from batchpilot.runtime.pipeline.pipeline import (
 )
 from batchpilot.runtime.protocol import BYTES
 from tests import onnx_models
-from tests.test_pipeline_stages import word_tokenizer
+from tests.test_pipeline_stages import encoded, word_tokenizer
 
 IMAGE = {"image": {"input": "images", "mean": [0.5], "std": [0.5]}}
 
@@ -58,6 +58,21 @@ class TestDocument:
         assert config.postprocess.top_k
         assert config.postprocess.top_k.k == 3
 
+    def test_letterbox_and_box_coordinates(self) -> None:
+        config = PipelineConfig.model_validate(
+            {
+                "preprocess": {"image": {"input": "x", "resize": "letterbox"}},
+                "postprocess": {"nms": {"boxes": "b", "scores": "s"}},
+            }
+        )
+        assert config.preprocess
+        assert config.preprocess.image
+        assert config.preprocess.image.resize == "letterbox"
+        assert config.preprocess.image.pad_value == 114  # as YOLO pads
+        assert config.postprocess
+        assert config.postprocess.nms
+        assert config.postprocess.nms.box_coordinates == "original"
+
     @pytest.mark.parametrize(
         ("doc", "message"),
         [
@@ -70,6 +85,12 @@ class TestDocument:
             ({"preprocess": {"image": {"input": "x", "std": [0]}}}, "std must not contain 0"),
             ({"preprocess": {"image": {"input": "x", "size": [0, 4]}}}, "two positive"),
             ({"preprocess": {"image": {"input": "x", "shorterSide": 9}}}, "only applies to"),
+            ({"preprocess": {"image": {"input": "x", "resize": "fit"}}}, "letterbox"),
+            ({"preprocess": {"image": {"input": "x", "padValue": 256}}}, "less than or equal"),
+            (
+                {"postprocess": {"nms": {"boxes": "b", "scores": "s", "boxCoordinates": "input"}}},
+                "'model' or 'original'",
+            ),
             ({"postprocess": {"softmax": {}}}, "exactly one of topK or nms"),
             ({"postprocess": {"topK": {"k": 0}}}, "greater than 0"),
             (
@@ -117,7 +138,7 @@ class TestFitToModel:
         path, _ = image_model
         (path.parent / "three.txt").write_text("a\nb\nc\n")
         pipeline = fit({"postprocess": {"topK": {"labels": "three.txt"}}}, image_model)
-        out = pipeline.postprocess({"probabilities": np.array([[0.1, 0.9, 0.0]])}, ["labels"])
+        out = pipeline.postprocess({"probabilities": np.array([[0.1, 0.9, 0.0]])}, ["labels"], None)
         assert out[0].data.tolist() == [[b"b", b"a", b"c"]]
 
     @pytest.mark.parametrize(
@@ -204,8 +225,9 @@ class TestTextAndNmsFit:
         assert pipeline.signature.inputs == (TensorSpec("text", BYTES, (-1,)),)
         text = np.empty(1, dtype=object)
         text[:] = [b"world"]
-        out = pipeline.preprocess({"text": text})
+        out, geometry = pipeline.preprocess({"text": text})
         np.testing.assert_array_equal(out["input_ids"], [[3, 0, 0, 0, 0, 0, 0, 0]])
+        assert geometry is None  # only an image preprocess records geometry
 
     def test_text_max_length_must_fit_the_model(self, tmp_path: Path) -> None:
         word_tokenizer(tmp_path / "tokenizer.json")
@@ -248,8 +270,54 @@ class TestTextAndNmsFit:
         boxes = np.array([[[0, 0, 10, 10], [1, 0, 11, 10], [20, 20, 30, 30]]], np.float32)
         scores = np.array([[[0.9, 0.0], [0.8, 0.0], [0.0, 0.6]]], np.float32)
         labels, counts = pipeline.postprocess(
-            {"boxes": boxes, "scores": scores}, ["labels", "num_detections"]
+            {"boxes": boxes, "scores": scores}, ["labels", "num_detections"], None
         )
         # B overlaps A (IoU 0.818) in class 0 and goes; C is class 1.
         assert labels.data.tolist() == [[b"person", b"bike"]]
         assert counts.data.tolist() == [2]
+
+    DETECTOR = ModelSignature(
+        name="det",
+        platform="onnx",
+        inputs=(TensorSpec("images", "FP32", (-1, 3, 32, 32)),),
+        outputs=(
+            TensorSpec("boxes", "FP32", (-1, 2, 4)),
+            TensorSpec("scores", "FP32", (-1, 2)),
+        ),
+    )
+
+    @pytest.mark.parametrize(
+        ("coordinates", "want"),
+        [
+            # 64x48 letterboxed into 32x32: scale 0.5, top (32 - 24) // 2 = 4. Box (2, 2, 12, 12):
+            # x / 0.5 = 4, 24; y (2 - 4) / 0.5 = -4 → 0, (12 - 4) / 0.5 = 16. The 48x64 image:
+            # scale 0.5, left 4: x (2 - 4) / 0.5 = -4 → 0, 16; y 4, 24. Row 1's second entry
+            # is padding and stays zero.
+            ("original", [[[4, 0, 24, 16], [40, 32, 60, 48]], [[0, 4, 16, 24], [0, 0, 0, 0]]]),
+            ("model", [[[2, 2, 12, 12], [20, 20, 30, 30]], [[2, 2, 12, 12], [0, 0, 0, 0]]]),
+        ],
+    )
+    def test_nms_boxes_follow_each_row_back_to_its_image(
+        self, tmp_path: Path, coordinates: str, want: list[Any]
+    ) -> None:
+        config = PipelineConfig.model_validate(
+            {
+                "preprocess": {"image": {"input": "images", "resize": "letterbox"}},
+                "postprocess": {
+                    "nms": {"boxes": "boxes", "scores": "scores", "boxCoordinates": coordinates}
+                },
+            }
+        )
+        pipeline = build_pipeline(config, self.DETECTOR, model_dir=tmp_path)
+        images = np.empty(2, dtype=object)
+        images[:] = [
+            encoded(np.zeros((48, 64, 3), np.uint8)),
+            encoded(np.zeros((64, 48, 3), np.uint8)),
+        ]
+        inputs, geometry = pipeline.preprocess({"images": images})
+        assert inputs["images"].shape == (2, 3, 32, 32)
+        boxes = np.array([[[2, 2, 12, 12], [20, 20, 30, 30]]] * 2, np.float32)
+        scores = np.array([[0.9, 0.8], [0.9, 0.1]], np.float32)  # row 1 keeps one box
+        (got,) = pipeline.postprocess({"boxes": boxes, "scores": scores}, ["boxes"], geometry)
+        np.testing.assert_array_equal(got.data, want)
+        assert got.data.dtype == np.float32

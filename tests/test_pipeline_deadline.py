@@ -39,7 +39,7 @@ async def server(tmp_path: Path) -> AsyncIterator[ModelServer]:
     stage = pipeline.preprocess
     assert stage is not None
 
-    def slow(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    def slow(inputs: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
         time.sleep(SLOW_PREPROCESS_S)  # stands for a large image being decoded and resized
         return stage(inputs)
 

@@ -6,8 +6,9 @@ classes, labels and num_detections, padded per request.
 The model's outputs are simple enough to predict by hand: the same four boxes for every image,
 and per-class scores equal to fixed base scores times the image's mean pixel value (pixels are
 divided by 255, so a white image has mean 1). Solid-colour images therefore give exactly known
-detections; the arithmetic is in the comments below. Responses are decoded here with numpy and
-orjson, not with the runtime's own codec.
+detections; the arithmetic is in the comments below. Boxes come back on each original image
+(`boxCoordinates: original`, the default): the model's boxes mapped back through that image's
+resize. Responses are decoded here with numpy and orjson, not with the runtime's own codec.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ MODEL = "detector"
 OUTPUTS = ["boxes", "scores", "classes", "labels", "num_detections"]
 CONFIG = {
     "preprocess": {"image": {"input": "images"}},  # size 32x32 from the model, stretch, /255
+    # boxCoordinates: original (the default) maps boxes back onto each image
     "postprocess": {
         "nms": {
             "boxes": "boxes",
@@ -77,8 +79,11 @@ WHITE: Row = {
 }
 # Grey 102 image, mean 102 / 255 = 0.4: cat 0.36 0.32 0.08 0.20, dog 0.04 0.24 0.28 0.18.
 # Above 0.3: b0 cat 0.36 and b1 cat 0.32; b0 suppresses b1 (IoU 0.68): one detection.
+# The image is 64x48, stretched to 32x32 (x scale 32/64 = 0.5, y scale 32/48 = 2/3), so b0
+# [2, 2, 12, 12] is, on the image: x 2 / 0.5 = 4, 12 / 0.5 = 24; y 2 / (2/3) = 3, 12 / (2/3) = 18.
+# (The white image is 32x32: its boxes are the model's.)
 GREY_VALUE = 102
-GREY: Row = {"boxes": [[2, 2, 12, 12]], "scores": [0.36], "classes": [0], "labels": ["cat"]}
+GREY: Row = {"boxes": [[4, 3, 24, 18]], "scores": [0.36], "classes": [0], "labels": ["cat"]}
 # Black image, mean 0: every score is 0, nothing is above 0.3: no detection.
 BLACK: Row = {"boxes": [], "scores": [], "classes": [], "labels": []}
 
@@ -420,3 +425,85 @@ def test_corrupt_image_is_a_clear_400_and_the_server_keeps_serving(
     assert error.startswith(message), error
     again = infer(detector, bytes_request([WHITE_PNG, GREY_JPEG], binary_outputs=True))
     assert_detections(arrays(outputs_of(again)), expected(WHITE, GREY))
+
+
+# --- Letterbox: boxes back on images of other shapes ------------------------------------------
+
+# Padding with 255 keeps a white image's mean at exactly 1 after the letterbox, so its
+# detections are WHITE's, in the same order; only the boxes move.
+LETTERBOX_CONFIG = {
+    "preprocess": {"image": {"input": "images", "resize": "letterbox", "padValue": 255}},
+    "postprocess": CONFIG["postprocess"],
+}
+WIDE_PNG = solid(255, "PNG", (64, 48))
+TALL_PNG = solid(255, "PNG", (48, 64))
+# 64x48 into 32x32: scale min(32/64, 32/48) = 0.5 → 32x24, top (32 - 24) // 2 = 4. On the image:
+# x = x' / 0.5, y = (y' - 4) / 0.5, clipped to [0, 64] x [0, 48]:
+#   b0 [ 2,  2, 12, 12] → [ 4, -4 → 0, 24, 16]
+#   b2 [20, 20, 30, 30] → [40, 32, 60, 52 → 48]
+#   b1 [ 3,  3, 13, 13] → [ 6, -2 → 0, 26, 18]
+#   b3 [ 2,  8, 12, 18] → [ 4,  8, 24, 28]
+WIDE: Row = {
+    **WHITE,
+    "boxes": [[4, 0, 24, 16], [40, 32, 60, 48], [6, 0, 26, 18], [4, 8, 24, 28]],
+}
+# 48x64 into 32x32: scale 0.5 → 24x32, left (32 - 24) // 2 = 4. On the image:
+# x = (x' - 4) / 0.5, y = y' / 0.5, clipped to [0, 48] x [0, 64]:
+#   b0 [ 2,  2, 12, 12] → [-4 → 0,  4, 16, 24]
+#   b2 [20, 20, 30, 30] → [32, 40, 52 → 48, 60]
+#   b1 [ 3,  3, 13, 13] → [-2 → 0,  6, 18, 26]
+#   b3 [ 2,  8, 12, 18] → [-4 → 0, 16, 16, 36]
+TALL: Row = {
+    **WHITE,
+    "boxes": [[0, 4, 16, 24], [32, 40, 48, 60], [0, 6, 18, 26], [0, 16, 16, 36]],
+}
+
+
+@pytest.fixture(scope="module")
+def letterboxed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeProcess]:
+    """The same detector behind a letterbox preprocess; batching as for `detector`."""
+    folder = tmp_path_factory.mktemp("letterboxed")
+    model = onnx_models.detector(folder / f"{MODEL}.onnx")
+    (folder / "labels.txt").write_text("\n".join(LABELS) + "\n")
+    config = folder / "pipeline.json"
+    config.write_bytes(orjson.dumps(LETTERBOX_CONFIG))
+    with runtime_process(
+        model,
+        "--pipeline-config",
+        str(config),
+        "--pipeline-threads",
+        "2",
+        "--device",
+        "cpu",
+        "--max-batch-size",
+        "2",
+        "--max-queue-delay-ms",
+        "10000",
+        log_dir=folder,
+    ) as server:
+        yield server
+
+
+class TestLetterbox:
+    def test_each_row_maps_back_onto_its_own_image(self, letterboxed: RuntimeProcess) -> None:
+        reply = infer(letterboxed, bytes_request([WIDE_PNG, TALL_PNG], binary_outputs=True))
+        assert_detections(arrays(outputs_of(reply)), expected(WIDE, TALL))
+
+    def test_an_image_of_the_model_size_keeps_the_model_boxes(
+        self, letterboxed: RuntimeProcess
+    ) -> None:
+        # 32x32 into 32x32: scale 1, no padding.
+        reply = infer(letterboxed, bytes_request([WHITE_PNG, WIDE_PNG], binary_outputs=False))
+        assert_detections(arrays(outputs_of(reply)), expected(WHITE, WIDE))
+
+    async def test_requests_sharing_a_batch_keep_their_own_geometry(
+        self, letterboxed: RuntimeProcess
+    ) -> None:
+        batches, batch_rows = batch_sizes(letterboxed)
+        replies = await post_concurrently(
+            letterboxed,
+            [bytes_request([image], binary_outputs=False) for image in (WIDE_PNG, TALL_PNG)],
+        )
+        assert batch_sizes(letterboxed) == (batches + 1, batch_rows + 2)
+        for reply, row in zip(replies, (WIDE, TALL), strict=True):
+            assert_detections(arrays(outputs_of(reply)), expected(row))

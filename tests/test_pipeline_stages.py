@@ -17,7 +17,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from batchpilot.runtime.errors import InvalidRequest, RequestTooLarge
 from batchpilot.runtime.pipeline import post
 from batchpilot.runtime.pipeline.config import ImagePreprocess, TextPreprocess
-from batchpilot.runtime.pipeline.image import ImageStage
+from batchpilot.runtime.pipeline.image import ImageGeometry, ImageStage, Placement
 from batchpilot.runtime.pipeline.text import TextStage, TokenizerLoadError, load_tokenizer
 
 Array = np.ndarray[Any, Any]
@@ -110,6 +110,48 @@ class TestImage:
         (row,) = stage(objects(encoded(self.STRIP)))
         # Shorter side 2 → 2: factor 1, 4x2 stays; 1x1 crop at left 3 // 2 = 1, top 1 // 2 = 0.
         np.testing.assert_array_equal(row[0], [[20]])
+
+    def test_letterbox_pads_above_and_below_a_wide_image(self) -> None:
+        stage = image_stage(size=(4, 4), scale=1, resize="letterbox", interpolation="nearest")
+        (row,) = stage(objects(encoded(self.STRIP)))
+        # Fitting 4x2 inside 4x4: scale min(4/4, 4/2) = 1, no resize; top (4 - 2) // 2 = 1, the
+        # rest padded with the default padValue 114 in every channel.
+        for channel in row:
+            np.testing.assert_array_equal(
+                channel,
+                [[114, 114, 114, 114], [10, 20, 30, 40], [50, 60, 70, 80], [114, 114, 114, 114]],
+            )
+
+    def test_letterbox_scales_down_to_fit(self) -> None:
+        stage = image_stage(
+            size=(3, 2), scale=1, resize="letterbox", pad_value=7, interpolation="nearest"
+        )
+        (row,) = stage(objects(encoded(self.STRIP)))
+        # Fitting 4x2 inside 2 wide, 3 high: scale min(2/4, 3/2) = 0.5 → 2x1. Nearest samples
+        # source columns floor((x + 0.5) * 2) = 1, 3 of source row floor(0.5 * 2) = 1: 60, 80.
+        # Top (3 - 1) // 2 = 1: one padding row above, one below.
+        np.testing.assert_array_equal(row[0], [[7, 7], [60, 80], [7, 7]])
+
+    def test_letterbox_pads_left_and_right_in_every_channel(self) -> None:
+        stage = image_stage(
+            size=(2, 4), dtype=np.uint8, resize="letterbox", pad_value=0, layout="NHWC"
+        )
+        (row,) = stage(objects(encoded(QUAD)))
+        # 2x2 inside 4 wide, 2 high: scale min(4/2, 2/2) = 1; left (4 - 2) // 2 = 1.
+        black = [0, 0, 0]
+        np.testing.assert_array_equal(
+            row,
+            [
+                [black, [255, 0, 0], [0, 255, 0], black],
+                [black, [0, 0, 255], [255, 255, 255], black],
+            ],
+        )
+
+    def test_letterbox_pads_a_grey_image_with_one_value(self) -> None:
+        stage = image_stage(size=(4, 2), scale=1, resize="letterbox", pad_value=9, color_mode="L")
+        (row,) = stage(objects(encoded(np.full((2, 2, 3), 200, np.uint8))))
+        # 2x2 inside 2 wide, 4 high: scale 1, top (4 - 2) // 2 = 1.
+        np.testing.assert_array_equal(row, [[[9, 9], [200, 200], [200, 200], [9, 9]]])
 
     def test_rows_of_a_request_become_one_batch(self) -> None:
         batch = image_stage(scale=1)(objects(encoded(QUAD), encoded(QUAD[::-1], "BMP")))
@@ -290,3 +332,70 @@ class TestNms:
         # xywh (1, 2, 3, 4) → (1, 2, 4, 6); cxcywh (5, 5, 2, 4) → (4, 3, 6, 7).
         np.testing.assert_array_equal(post.to_xyxy(np.array([1, 2, 3, 4]), "xywh"), [1, 2, 4, 6])
         np.testing.assert_array_equal(post.to_xyxy(np.array([5, 5, 2, 4]), "cxcywh"), [4, 3, 6, 7])
+
+
+def blank(width: int, height: int) -> bytes:
+    return encoded(np.zeros((height, width, 3), np.uint8))
+
+
+class TestBoxesOnTheOriginal:
+    """Each row's placement from `ImageStage.prepare`, and model-input boxes mapped back through
+    it: original = (model - offset) / scale per axis, clipped to the original image."""
+
+    # Two boxes in 32x32 model input pixels, x1 y1 x2 y2.
+    BOXES = np.array([[[2, 2, 12, 12], [20, 20, 30, 30]]], np.float32)
+
+    def geometry(self, width: int, height: int, **config: Any) -> ImageGeometry:
+        _, geometry = image_stage(size=(32, 32), **config).prepare(objects(blank(width, height)))
+        return geometry
+
+    def test_stretch_scales_each_axis(self) -> None:
+        geometry = self.geometry(64, 48)
+        # 64x48 → 32x32: scale x 32/64 = 0.5, y 32/48 = 2/3, no offset.
+        assert geometry.rows == (Placement(64, 48, 0.5, 32 / 48),)
+        # x / 0.5: 2 → 4, 12 → 24, 20 → 40, 30 → 60; y / (2/3): 2 → 3, 12 → 18, 20 → 30, 30 → 45.
+        np.testing.assert_array_equal(
+            geometry.to_original(self.BOXES), [[[4, 3, 24, 18], [40, 30, 60, 45]]]
+        )
+
+    def test_center_crop_adds_back_the_cut_off_part(self) -> None:
+        geometry = self.geometry(128, 64, resize="center-crop")
+        # Covering 32x32: scale max(32/128, 32/64) = 0.5 → 64x32; crop left (64 - 32) // 2 = 16.
+        assert geometry.rows == (Placement(128, 64, 0.5, 0.5, -16.0, 0.0),)
+        # x: (2 + 16) / 0.5 = 36, (12 + 16) / 0.5 = 56, (20 + 16) / 0.5 = 72, (30 + 16) / 0.5 = 92;
+        # y: 2 / 0.5 = 4, 24, 40, 60.
+        np.testing.assert_array_equal(
+            geometry.to_original(self.BOXES), [[[36, 4, 56, 24], [72, 40, 92, 60]]]
+        )
+
+    def test_center_crop_after_the_shorter_side(self) -> None:
+        geometry = self.geometry(40, 20, resize="center-crop", shorter_side=40)
+        # Shorter side 20 → 40: scale 2, 80x40; crop left (80 - 32) // 2 = 24, top (40 - 32) // 2
+        # = 4. Box 0: x (2 + 24) / 2 = 13, (12 + 24) / 2 = 18; y (2 + 4) / 2 = 3, (12 + 4) / 2 = 8.
+        # Box 1: x (20 + 24) / 2 = 22, (30 + 24) / 2 = 27; y (20 + 4) / 2 = 12, (30 + 4) / 2 = 17,
+        # clipped to the height 20: unchanged.
+        assert geometry.rows == (Placement(40, 20, 2.0, 2.0, -24.0, -4.0),)
+        np.testing.assert_array_equal(
+            geometry.to_original(self.BOXES), [[[13, 3, 18, 8], [22, 12, 27, 17]]]
+        )
+
+    def test_letterbox_removes_the_padding_and_clips(self) -> None:
+        geometry = self.geometry(64, 48, resize="letterbox")
+        # Fitting 32x32: scale min(32/64, 32/48) = 0.5 → 32x24; top (32 - 24) // 2 = 4.
+        assert geometry.rows == (Placement(64, 48, 0.5, 0.5, 0.0, 4.0),)
+        # x / 0.5: 4, 24, 40, 60; y: (2 - 4) / 0.5 = -4 → 0 (in the padding), (12 - 4) / 0.5 = 16,
+        # (20 - 4) / 0.5 = 32, (30 - 4) / 0.5 = 52 → 48 (the image's height).
+        np.testing.assert_array_equal(
+            geometry.to_original(self.BOXES), [[[4, 0, 24, 16], [40, 32, 60, 48]]]
+        )
+
+    def test_each_row_has_its_own_placement(self) -> None:
+        stage = image_stage(size=(32, 32), resize="letterbox")
+        _, geometry = stage.prepare(objects(blank(64, 48), blank(16, 32)))
+        # Row 1, 16x32: scale min(32/16, 32/32) = 1; left (32 - 16) // 2 = 8. Box 0: x 2 - 8 =
+        # -6 → 0, 12 - 8 = 4; y 2, 12. Box 1: x 12, 22 → 16 (the width); y 20, 30.
+        assert geometry.rows[1] == Placement(16, 32, 1.0, 1.0, 8.0, 0.0)
+        mapped = geometry.to_original(np.concatenate([self.BOXES, self.BOXES]))
+        np.testing.assert_array_equal(mapped[0], [[4, 0, 24, 16], [40, 32, 60, 48]])
+        np.testing.assert_array_equal(mapped[1], [[0, 2, 4, 12], [12, 20, 16, 30]])
+        assert mapped.dtype == np.float32

@@ -208,10 +208,11 @@ class ModelServer:
         inputs = {t.name: t.data for t in request.inputs}
         pipeline = self.pipeline
         remaining_s = timeout_s
+        geometry = None  # what preprocess records of the request, for its postprocess
         if pipeline is not None and pipeline.preprocess is not None:
             # The deadline counts from arrival: preprocessing spends the request's own time.
             arrived = time.perf_counter()
-            inputs = await self._off_loop("preprocess", pipeline.preprocess, inputs)
+            inputs, geometry = await self._off_loop("preprocess", pipeline.preprocess, inputs)
             if timeout_s is not None:
                 remaining_s = timeout_s - (time.perf_counter() - arrived)
                 if remaining_s <= 0:
@@ -231,7 +232,9 @@ class ModelServer:
                 ) from None
         names = request.requested_outputs or self._output_names
         if pipeline is not None and pipeline.postprocess is not None:
-            return await self._off_loop("postprocess", pipeline.postprocess, outputs, names)
+            return await self._off_loop(
+                "postprocess", pipeline.postprocess, outputs, names, geometry
+            )
         datatypes = self._output_datatypes
         return [Tensor(name, datatypes[name], _array(outputs[name])) for name in names]
 

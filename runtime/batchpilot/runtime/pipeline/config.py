@@ -29,13 +29,20 @@ class ImagePreprocess(_Spec):
         default=None,
         description="[height, width] fed to the model; default: the model input's fixed size",
     )
-    resize: Literal["stretch", "center-crop"] = Field(
+    resize: Literal["stretch", "center-crop", "letterbox"] = Field(
         default="stretch",
         description="stretch: resize to size, ignoring aspect ratio; center-crop: scale to "
-        "cover size (or to shorterSide), then cut the centre",
+        "cover size (or to shorterSide), then cut the centre; letterbox: scale to fit inside "
+        "size keeping the aspect ratio, centred, the rest padded with padValue",
     )
     shorter_side: int | None = Field(
         default=None, gt=0, description="center-crop: scale the shorter side to this first"
+    )
+    pad_value: int = Field(
+        default=114,
+        ge=0,
+        le=255,
+        description="letterbox: the pixel value (every channel) of the padding, before scaling",
     )
     interpolation: Literal["nearest", "bilinear", "bicubic", "lanczos"] = "bilinear"
     color_mode: Literal["RGB", "BGR", "L"] = "RGB"
@@ -144,6 +151,11 @@ class Nms(_Spec):
     score_threshold: float = Field(default=0.3, ge=0)
     max_detections: int = Field(default=100, gt=0, le=10_000)
     labels: str | None = Field(default=None, description="text file, one label per line")
+    box_coordinates: Literal["model", "original"] = Field(
+        default="original",
+        description="original: boxes mapped back through the image preprocess onto each "
+        "original image, clipped to it; model: boxes in the model input's pixels",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Self:

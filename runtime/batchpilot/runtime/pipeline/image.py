@@ -5,6 +5,10 @@ decoded (bytes, then the pixel count from the header, which is how decompression
 caught), then it is decoded with Pillow, converted to the colour mode, resized, scaled,
 normalized and laid out as the model wants. Everything a client can get wrong is an
 InvalidRequest or RequestTooLarge naming the row, never a crash.
+
+Alongside the tensor, `ImageStage.prepare` records each row's geometry (`ImageGeometry`): the
+original size and how the resize placed it in the model input, so that boxes the model finds
+can be mapped back onto the original image.
 """
 
 from __future__ import annotations
@@ -25,6 +29,46 @@ _RESAMPLING: Final = {
     "bicubic": Image.Resampling.BICUBIC,
     "lanczos": Image.Resampling.LANCZOS,
 }
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where one original image lands in the model input: a point (x, y) of the original is at
+    (x * scale_x + offset_x, y * scale_y + offset_y) there. Scales are per axis, as the resize
+    made them (rounding included); an offset is the letterbox padding before the image (> 0) or
+    the part of the scaled image a centre crop cut off (< 0)."""
+
+    width: int
+    height: int
+    scale_x: float
+    scale_y: float
+    offset_x: float = 0.0
+    offset_y: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ImageGeometry:
+    """The placement of every row of one request, in row order."""
+
+    rows: tuple[Placement, ...]
+
+    def to_original(self, boxes: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """Boxes [N, D, 4] (x1 y1 x2 y2, model input pixels) → the same boxes on each row's
+        original image, clipped to it; FP32."""
+        b = np.asarray(boxes, dtype=np.float64)
+        if b.shape[0] != len(self.rows):
+            raise ValueError(f"{b.shape[0]} rows of boxes for {len(self.rows)} images")
+        table = np.array(
+            [(p.scale_x, p.scale_y, p.offset_x, p.offset_y, p.width, p.height) for p in self.rows],
+            dtype=np.float64,
+        ).reshape(len(self.rows), 6)[:, np.newaxis, :]
+        sx, sy, ox, oy, w, h = (table[..., i] for i in range(6))
+        out = np.empty_like(b)
+        out[..., 0] = np.clip((b[..., 0] - ox) / sx, 0, w)
+        out[..., 2] = np.clip((b[..., 2] - ox) / sx, 0, w)
+        out[..., 1] = np.clip((b[..., 1] - oy) / sy, 0, h)
+        out[..., 3] = np.clip((b[..., 3] - oy) / sy, 0, h)
+        return out.astype(np.float32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,13 +93,20 @@ class ImageStage:
 
     def __call__(self, elements: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """A batch [N, …] from N encoded images."""
+        return self.prepare(elements)[0]
+
+    def prepare(self, elements: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], ImageGeometry]:
+        """A batch [N, …] from N encoded images, and where each image landed in its row."""
         out = np.empty((len(elements), *self.row_shape), dtype=self.dtype)
+        placements = []
         for row, element in enumerate(elements):
-            out[row] = self.tensor(self.decode(element, row=row))
-        return out
+            image, placement = self.resize(self.decode(element, row=row))
+            out[row] = self.tensor(image)
+            placements.append(placement)
+        return out, ImageGeometry(tuple(placements))
 
     def decode(self, element: Any, *, row: int = 0) -> Image.Image:
-        """The row's image, checked and decoded, in the configured colour mode and size."""
+        """The row's image, checked and decoded, in the configured colour mode, original size."""
         config = self.config
         if not isinstance(element, bytes):
             raise InvalidRequest(f"image row {row} must be bytes, got {type(element).__name__}")
@@ -92,14 +143,33 @@ class ImageStage:
             image = image.convert("L" if config.color_mode == "L" else "RGB")
         except Exception as exc:  # truncated or corrupt pixel data
             raise InvalidRequest(f"image row {row} is corrupt: {exc}") from None
-        return self._resized(image)
+        return image
 
-    def _resized(self, image: Image.Image) -> Image.Image:
+    def resize(self, image: Image.Image) -> tuple[Image.Image, Placement]:
+        """The decoded image at the model's size, and where the original landed in it."""
         config, size = self.config, (self.width, self.height)
         resample = _RESAMPLING[config.interpolation]
-        if config.resize == "stretch":
-            return image if image.size == size else image.resize(size, resample)
         width, height = image.size
+        if config.resize == "stretch":
+            placement = Placement(width, height, self.width / width, self.height / height)
+            return (image if image.size == size else image.resize(size, resample)), placement
+        if config.resize == "letterbox":
+            # the largest scale at which the whole image fits, the rest padded around its centre
+            factor = min(self.width / width, self.height / height)
+            scaled = (
+                min(self.width, max(1, round(width * factor))),
+                min(self.height, max(1, round(height * factor))),
+            )
+            left, top = (self.width - scaled[0]) // 2, (self.height - scaled[1]) // 2
+            fill = config.pad_value if image.mode == "L" else (config.pad_value,) * 3
+            canvas = Image.new(image.mode, size, fill)
+            canvas.paste(
+                image if scaled == image.size else image.resize(scaled, resample), (left, top)
+            )
+            placement = Placement(
+                width, height, scaled[0] / width, scaled[1] / height, float(left), float(top)
+            )
+            return canvas, placement
         if config.shorter_side is not None:
             factor = config.shorter_side / min(width, height)
         else:  # the smallest scale at which the image covers the target
@@ -108,7 +178,10 @@ class ImageStage:
         if scaled != image.size:
             image = image.resize(scaled, resample)
         left, top = (scaled[0] - self.width) // 2, (scaled[1] - self.height) // 2
-        return image.crop((left, top, left + self.width, top + self.height))
+        placement = Placement(
+            width, height, scaled[0] / width, scaled[1] / height, float(-left), float(-top)
+        )
+        return image.crop((left, top, left + self.width, top + self.height)), placement
 
     def tensor(self, image: Image.Image) -> np.ndarray[Any, Any]:
         """Pixels → one row: colour order, scale, mean/std, layout, dtype."""

@@ -7,7 +7,10 @@ server refuses to start, as it does for a model that cannot be loaded.
 
 Once built, `Pipeline.preprocess` turns a request's outer inputs into the model's inputs and
 `Pipeline.postprocess` turns the model's outputs into the outer outputs. Both are plain
-functions of arrays, run by the server in a thread pool, off the event loop.
+functions of arrays, run by the server in a thread pool, off the event loop. Preprocess also
+returns a side record of the request (an image preprocess: each row's `ImageGeometry`), which
+the server hands to that same request's postprocess, so detections can be mapped back onto the
+images the client sent.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from batchpilot.runtime.pipeline.config import (
     TextPreprocess,
     TopK,
 )
-from batchpilot.runtime.pipeline.image import ImageStage
+from batchpilot.runtime.pipeline.image import ImageGeometry, ImageStage
 from batchpilot.runtime.pipeline.text import TextStage, TokenizerLoadError, load_tokenizer
 from batchpilot.runtime.protocol import BYTES, DATATYPES, Tensor
 
@@ -43,6 +46,14 @@ TOKEN_DATATYPES = ("INT64", "INT32")
 LABELS, SCORES, CLASSES, BOXES, COUNTS = "labels", "scores", "classes", "boxes", "num_detections"
 
 
+PreprocessFn = Callable[[Mapping[str, Array]], tuple[dict[str, Array], ImageGeometry | None]]
+"""A request's outer inputs → the model's inputs, and the request's geometry (image preprocess
+only; None otherwise)."""
+PostprocessFn = Callable[[Mapping[str, Any], Sequence[str], ImageGeometry | None], list[Tensor]]
+"""A request's model outputs, the outer output names wanted, and the geometry its preprocess
+returned (None without one) → the outer outputs."""
+
+
 class PipelineConfigError(ValueError):
     """The pipeline config is invalid, does not fit the model, or names a file that is missing."""
 
@@ -53,8 +64,8 @@ class Pipeline:
     model: ModelSignature
     signature: ModelSignature
     """What clients send and get back: the model's signature with the pipeline's ends."""
-    preprocess: Callable[[Mapping[str, Array]], dict[str, Array]] | None = None
-    postprocess: Callable[[Mapping[str, Any], Sequence[str]], list[Tensor]] | None = None
+    preprocess: PreprocessFn | None = None
+    postprocess: PostprocessFn | None = None
     summary: dict[str, Any] = field(default_factory=dict)
     """For the metadata endpoint and the startup log."""
 
@@ -153,9 +164,7 @@ def _only_input(model: ModelSignature, filled: Sequence[str], where: str) -> Non
         )
 
 
-def _image(
-    config: ImagePreprocess, model: ModelSignature
-) -> tuple[TensorSpec, Callable[[Mapping[str, Array]], dict[str, Array]]]:
+def _image(config: ImagePreprocess, model: ModelSignature) -> tuple[TensorSpec, PreprocessFn]:
     where = "preprocess.image.input"
     spec = _model_input(model, config.input, where)
     _only_input(model, [config.input], "preprocess.image")
@@ -201,8 +210,9 @@ def _image(
         )
     stage = ImageStage(config, size[0], size[1], DATATYPES[spec.datatype])
 
-    def preprocess(inputs: Mapping[str, Array]) -> dict[str, Array]:
-        return {spec.name: stage(inputs[spec.name])}
+    def preprocess(inputs: Mapping[str, Array]) -> tuple[dict[str, Array], ImageGeometry]:
+        tensor, geometry = stage.prepare(inputs[spec.name])
+        return {spec.name: tensor}, geometry
 
     return TensorSpec(spec.name, BYTES, (-1,)), preprocess
 
@@ -214,7 +224,7 @@ def _file(model_dir: Path, name: str) -> Path:
 
 def _text(
     config: TextPreprocess, model: ModelSignature, model_dir: Path
-) -> tuple[TensorSpec, Callable[[Mapping[str, Array]], dict[str, Array]]]:
+) -> tuple[TensorSpec, PreprocessFn]:
     names = {
         "inputIds": config.input_ids,
         "attentionMask": config.attention_mask,
@@ -247,8 +257,8 @@ def _text(
         raise _fail(str(exc)) from None
     stage = TextStage(config, tokenizer, dtypes)
 
-    def preprocess(inputs: Mapping[str, Array]) -> dict[str, Array]:
-        return stage(inputs[config.input])
+    def preprocess(inputs: Mapping[str, Array]) -> tuple[dict[str, Array], None]:
+        return stage(inputs[config.input]), None
 
     return TensorSpec(config.input, BYTES, (-1,)), preprocess
 
@@ -283,7 +293,7 @@ def _check_classes(labels: list[str] | None, classes: int) -> None:
 
 def _top_k(
     config: TopK, model: ModelSignature, model_dir: Path, *, softmax: bool
-) -> tuple[tuple[TensorSpec, ...], Callable[[Mapping[str, Any], Sequence[str]], list[Tensor]]]:
+) -> tuple[tuple[TensorSpec, ...], PostprocessFn]:
     where = "postprocess.topK"
     spec = _model_output(model, config.output, where)
     if len(spec.shape) != 2:
@@ -299,7 +309,9 @@ def _top_k(
         TensorSpec(CLASSES, "INT64", (-1, k)),
     )
 
-    def postprocess(raw: Mapping[str, Any], names: Sequence[str]) -> list[Tensor]:
+    def postprocess(
+        raw: Mapping[str, Any], names: Sequence[str], geometry: ImageGeometry | None
+    ) -> list[Tensor]:
         scores = np.asarray(raw[spec.name], dtype=np.float32)
         _check_classes(labels, scores.shape[1])
         if softmax:
@@ -317,7 +329,7 @@ def _top_k(
 
 def _nms(
     config: Nms, model: ModelSignature, model_dir: Path
-) -> tuple[tuple[TensorSpec, ...], Callable[[Mapping[str, Any], Sequence[str]], list[Tensor]]]:
+) -> tuple[tuple[TensorSpec, ...], PostprocessFn]:
     where = "postprocess.nms"
     boxes = _model_output(model, config.boxes, f"{where}.boxes")
     scores = _model_output(model, config.scores, f"{where}.scores")
@@ -345,7 +357,9 @@ def _nms(
         TensorSpec(COUNTS, "INT64", (-1,)),
     )
 
-    def postprocess(raw: Mapping[str, Any], names: Sequence[str]) -> list[Tensor]:
+    def postprocess(
+        raw: Mapping[str, Any], names: Sequence[str], geometry: ImageGeometry | None
+    ) -> list[Tensor]:
         box_array = np.asarray(raw[boxes.name], dtype=np.float32)
         score_array = np.asarray(raw[scores.name], dtype=np.float32)
         if box_array.shape[:2] != score_array.shape[:2] or box_array.shape[2:] != (4,):
@@ -362,8 +376,18 @@ def _nms(
             score_threshold=config.score_threshold,
             max_detections=config.max_detections,
         )
+        found_boxes = found.boxes
+        if config.box_coordinates == "original" and geometry is not None:
+            if len(geometry.rows) != len(found_boxes):
+                raise EngineFailure(
+                    f"the model produced {len(found_boxes)} rows of boxes for "
+                    f"{len(geometry.rows)} images"
+                )
+            found_boxes = geometry.to_original(found_boxes)
+            # padding stays all zeros, wherever zero maps to on the original
+            found_boxes[np.arange(found_boxes.shape[1]) >= found.counts[:, np.newaxis]] = 0
         made = {
-            BOXES: Tensor(BOXES, "FP32", found.boxes),
+            BOXES: Tensor(BOXES, "FP32", found_boxes),
             SCORES: Tensor(SCORES, "FP32", found.scores),
             CLASSES: Tensor(CLASSES, "INT64", found.classes),
             LABELS: Tensor(LABELS, BYTES, post.label_array(found.classes, labels)),
