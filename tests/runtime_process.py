@@ -115,6 +115,32 @@ def runtime_process(
                 running.terminate(timeout_s=30)
 
 
+def refused_start(*args: str, log_path: Path, timeout_s: float = 15) -> str:
+    """Run `batchpilot runtime serve ARGS` on a free port, expecting it to refuse: exit status 1
+    and the port never opened. Returns the log."""
+    port = free_port()
+    command = [sys.executable, "-m", "batchpilot.runtime.cli", "runtime", "serve", *args,
+               "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        answered = False
+        deadline = time.monotonic() + timeout_s
+        while process.poll() is None and time.monotonic() < deadline:
+            with socket.socket() as probe:
+                answered |= probe.connect_ex(("127.0.0.1", port)) == 0
+            time.sleep(0.02)
+        exit_code = process.wait(timeout=1)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    text = log_path.read_text()
+    assert exit_code == 1, text
+    assert not answered, f"the port opened although the server refused to start:\n{text}"
+    return text
+
+
 @dataclass(frozen=True)
 class Reply:
     status: int

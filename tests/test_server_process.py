@@ -17,8 +17,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Mapping
@@ -37,7 +35,13 @@ from tritonclient.utils import InferenceServerException
 
 from tests import onnx_models
 from tests.onnx_models import MULTI_IO_INPUTS
-from tests.runtime_process import Reply, RuntimeProcess, free_port, runtime_process, send
+from tests.runtime_process import (
+    Reply,
+    RuntimeProcess,
+    refused_start,
+    runtime_process,
+    send,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -1018,40 +1022,9 @@ class TestModelThatCannotLoad:
             path.write_bytes(np.random.default_rng(0).bytes(4096))
         else:
             path = fixed_batch_model
-        port = free_port()
-        log_path = tmp_path / "runtime.log"
-        command = [
-            sys.executable,
-            "-m",
-            "batchpilot.runtime.cli",
-            "runtime",
-            "serve",
-            "--model",
-            str(path),
-            "--engine",
-            engine,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ]
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            answered = False
-            deadline = time.monotonic() + 15
-            while process.poll() is None and time.monotonic() < deadline:
-                with socket.socket() as probe:
-                    answered |= probe.connect_ex(("127.0.0.1", port)) == 0
-                time.sleep(0.02)
-            exit_code = process.wait(timeout=1)
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-        text = log_path.read_text()
-        assert exit_code == 1, text
-        assert not answered, "the port opened for a model that cannot be served"
+        text = refused_start(
+            "--model", str(path), "--engine", engine, log_path=tmp_path / "runtime.log"
+        )
         assert f"model {path} cannot be served" in text
         assert reason in text
         assert "Uvicorn running" not in text

@@ -8,10 +8,6 @@ tested as a table, and on this machine asking for it must degrade to the CPU wit
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +26,7 @@ from batchpilot.runtime.device import (
 from batchpilot.runtime.optimize.variants import Variant, variant_path
 from batchpilot.runtime.settings import RuntimeSettings
 from tests import onnx_models
-from tests.runtime_process import RuntimeProcess, free_port, runtime_process, send
+from tests.runtime_process import RuntimeProcess, refused_start, runtime_process, send
 
 CUDA, CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
 
@@ -105,40 +101,9 @@ class TestServesTheVariant:
         self, tmp_path: Path
     ) -> None:
         model = onnx_models.mlp(tmp_path / "mlp.onnx")
-        port = free_port()
-        log_path = tmp_path / "runtime.log"
-        command = [
-            sys.executable,
-            "-m",
-            "batchpilot.runtime.cli",
-            "runtime",
-            "serve",
-            "--model",
-            str(model),
-            "--variant",
-            "int8",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ]
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            answered = False
-            deadline = time.monotonic() + 15
-            while process.poll() is None and time.monotonic() < deadline:
-                with socket.socket() as probe:
-                    answered |= probe.connect_ex(("127.0.0.1", port)) == 0
-                time.sleep(0.02)
-            exit_code = process.wait(timeout=1)
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-        text = log_path.read_text()
-        assert exit_code == 1, text
-        assert not answered, "the port opened for a variant that does not exist"
+        text = refused_start(
+            "--model", str(model), "--variant", "int8", log_path=tmp_path / "runtime.log"
+        )
         errors = [line for line in text.splitlines() if " ERROR " in line]
         assert len(errors) == 1, text
         assert f"looked for {tmp_path / 'mlp.int8.onnx'}" in errors[0]
