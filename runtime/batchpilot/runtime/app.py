@@ -19,7 +19,6 @@ import re
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import orjson
@@ -52,7 +51,7 @@ from batchpilot.runtime.protocol import (
     decode_request,
     encode_response,
 )
-from batchpilot.runtime.server import ModelServer
+from batchpilot.runtime.server import ModelServer, server_version
 
 log = logging.getLogger(__name__)
 
@@ -71,13 +70,6 @@ ERROR_STATUS: dict[type[InferenceError], tuple[int, Outcome]] = {
 
 CLIENT_CLOSED_REQUEST = 499
 """Status recorded (never seen by anyone) when the client went away before its answer."""
-
-
-def _version() -> str:
-    try:
-        return version("batchpilot")
-    except PackageNotFoundError:
-        return "0+unknown"
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,7 +277,7 @@ def create_app(server: ModelServer, *, config: AppConfig | None = None) -> FastA
 
     app = RuntimeApp(
         title="batchpilot runtime",
-        version=_version(),
+        version=server_version(),
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
@@ -298,18 +290,14 @@ def create_app(server: ModelServer, *, config: AppConfig | None = None) -> FastA
 
     app.add_exception_handler(InferenceError, handle_error)
 
-    def model(name: str) -> None:
-        if name != model_name:
-            raise ModelNotFound(
-                f"model '{name}' is not served here; this server serves '{model_name}'"
-            )
+    model = server.check_model
 
     @app.get("/v2")
     async def server_metadata() -> Response:
         return _json(
             {
                 "name": "batchpilot",
-                "version": _version(),
+                "version": server_version(),
                 "extensions": ["binary_tensor_data", "batchpilot_batching"],
             }
         )
@@ -366,7 +354,7 @@ def create_app(server: ModelServer, *, config: AppConfig | None = None) -> FastA
         metrics.inflight.inc()
         watcher: asyncio.Task[None] | None = None
         failure: Response | None = None
-        content, header_length = b"", None
+        answer: EncodedResult | None = None
         try:
             model(scope["path_params"]["name"])
             content_length, header_length_text = _body_headers(scope)
@@ -383,17 +371,7 @@ def create_app(server: ModelServer, *, config: AppConfig | None = None) -> FastA
                 metrics.request_finished(Outcome.CANCELLED)
                 failure = Response(status_code=CLIENT_CLOSED_REQUEST)
             else:
-                content, header_length = encode_response(
-                    model_name=model_name,
-                    model_version=signature.version,
-                    request_id=parsed.id,
-                    outputs=outputs,
-                    binary=(
-                        [t.name for t in outputs]
-                        if parsed.binary_default and not parsed.requested_outputs
-                        else parsed.binary_outputs
-                    ),
-                )
+                answer = _encode_result(server, parsed, outputs)
                 metrics.request_finished(Outcome.SUCCESS, time.perf_counter() - started)
         except InferenceError as exc:
             metrics.request_finished(status_of(exc)[1], time.perf_counter() - started)
@@ -411,9 +389,10 @@ def create_app(server: ModelServer, *, config: AppConfig | None = None) -> FastA
             metrics.inflight.dec()
             if watcher is not None:
                 watcher.cancel()
-        if failure is None:
-            await _send_answer(send, content, header_length)
+        if answer is not None:
+            await _send_answer(send, answer.content, answer.header_length)
         else:
+            assert failure is not None
             await failure(scope, receive, send)
 
     # The hot path is a plain ASGI app: no dependency solving, response-model work or request

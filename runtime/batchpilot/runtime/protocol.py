@@ -348,6 +348,15 @@ def _bytes_as_json(array: np.ndarray[Any, Any], name: str) -> list[str]:
     return texts
 
 
+def check_integer_range(values: np.ndarray[Any, Any], dtype: np.dtype[Any], *, what: str) -> None:
+    """Refuse integer `values` that `dtype` cannot hold (numpy would wrap them around silently);
+    the error starts with `what`."""
+    info = np.iinfo(dtype)
+    outside = values[(values < info.min) | (values > info.max)]
+    if outside.size:
+        raise _fail(f"{what}: {outside.flat[0]} is outside its range {info.min}..{info.max}")
+
+
 def _json_array(
     data: Any, dtype: np.dtype[Any], shape: tuple[int, ...], count: int, where: str
 ) -> np.ndarray[Any, Any]:
@@ -369,13 +378,7 @@ def _json_array(
     elif dtype.kind in "iu" and kind == "f":
         raise _fail(f"{where}: data does not fit datatype {name}: {name} data must be integers")
     if raw.size and dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        outside = raw[(raw < info.min) | (raw > info.max)]
-        if outside.size:
-            raise _fail(
-                f"{where}: data does not fit datatype {name}: {outside.flat[0]} is outside "
-                f"its range {info.min}..{info.max}"
-            )
+        check_integer_range(raw, dtype, what=f"{where}: data does not fit datatype {name}")
     with np.errstate(over="ignore"):
         array = raw.astype(dtype)
     if dtype.kind == "f" and raw.size and not np.array_equal(np.isfinite(array), np.isfinite(raw)):

@@ -18,13 +18,19 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from batchpilot.runtime.batching import Batcher, BatchQueue, BatchSettings
 from batchpilot.runtime.engine import Engine, ModelSignature, TensorSpec
-from batchpilot.runtime.errors import DeadlineExceeded, InvalidRequest, ShuttingDown
+from batchpilot.runtime.errors import (
+    DeadlineExceeded,
+    InvalidRequest,
+    ModelNotFound,
+    ShuttingDown,
+)
 from batchpilot.runtime.metrics import RuntimeMetrics, available_cores
 from batchpilot.runtime.protocol import InferRequest, Tensor
 
@@ -122,6 +128,14 @@ def _check_input_names(signature: ModelSignature, request: InferRequest) -> None
         )
 
 
+def server_version() -> str:
+    """The batchpilot version the server reports in its metadata (REST and gRPC)."""
+    try:
+        return version("batchpilot")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
 class ModelServer:
     """One model behind a dynamic batcher."""
 
@@ -164,6 +178,12 @@ class ModelServer:
     def signature(self) -> ModelSignature:
         """What clients send and get back: the pipeline's ends when there is one."""
         return self.pipeline.signature if self.pipeline is not None else self.engine.signature
+
+    def check_model(self, name: str) -> None:
+        """Raise ModelNotFound unless `name` is the model this server serves."""
+        served = self.signature.name
+        if name != served:
+            raise ModelNotFound(f"model '{name}' is not served here; this server serves '{served}'")
 
     @property
     def batching(self) -> BatchSettings:

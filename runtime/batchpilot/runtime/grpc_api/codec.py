@@ -24,6 +24,7 @@ from batchpilot.runtime.protocol import (
     SUPPORTED_DATATYPES,
     InferRequest,
     Tensor,
+    check_integer_range,
     decode_raw_tensor,
     encode_raw_tensor,
 )
@@ -168,13 +169,8 @@ def _from_contents(
         if dtype.kind in "iu" and dtype.itemsize < 4:
             # int_contents and uint_contents are 32-bit: narrower types must fit their range.
             wide = np.array(values, dtype=np.int64)
-            info = np.iinfo(dtype)
-            outside = wide[(wide < info.min) | (wide > info.max)]
-            if outside.size:
-                raise InvalidRequest(
-                    f"{where}: contents do not fit datatype {datatype}: {outside[0]} is outside "
-                    f"its range {info.min}..{info.max}"
-                )
+            what = f"{where}: contents do not fit datatype {datatype}"
+            check_integer_range(wide, dtype, what=what)
             array = wide.astype(dtype)
         else:
             array = np.array(values, dtype=dtype)

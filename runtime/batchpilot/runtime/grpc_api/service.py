@@ -20,7 +20,6 @@ import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any, NoReturn
 
 import grpc
@@ -41,7 +40,7 @@ from batchpilot.runtime.grpc_api import grpc_predict_v2_pb2 as pb
 from batchpilot.runtime.grpc_api import grpc_predict_v2_pb2_grpc as pb_grpc
 from batchpilot.runtime.grpc_api.codec import decode_infer_request, encode_infer_response
 from batchpilot.runtime.metrics import Outcome
-from batchpilot.runtime.server import ModelServer
+from batchpilot.runtime.server import ModelServer, server_version
 
 log = logging.getLogger(__name__)
 
@@ -95,25 +94,13 @@ async def _abort(context: Context, error: InferenceError) -> NoReturn:
     raise AssertionError("unreachable: abort raises")  # pragma: no cover
 
 
-def _version() -> str:
-    try:
-        return version("batchpilot")
-    except PackageNotFoundError:
-        return "0+unknown"
-
-
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     """`inference.GRPCInferenceService` for one model server."""
 
     def __init__(self, server: ModelServer) -> None:
         self._server = server
         self._metrics = server.metrics
-        self._version = _version()
-
-    def _model(self, name: str) -> None:
-        served = self._server.signature.name
-        if name != served:
-            raise ModelNotFound(f"model '{name}' is not served here; this server serves '{served}'")
+        self._version = server_version()
 
     async def ServerLive(  # noqa: N802
         self, request: pb.ServerLiveRequest, context: Context
@@ -129,7 +116,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelReadyRequest, context: Context
     ) -> pb.ModelReadyResponse:
         try:
-            self._model(request.name)
+            self._server.check_model(request.name)
         except InferenceError as exc:
             await _abort(context, exc)
         return pb.ModelReadyResponse(ready=self._server.ready)
@@ -145,7 +132,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelMetadataRequest, context: Context
     ) -> pb.ModelMetadataResponse:
         try:
-            self._model(request.name)
+            self._server.check_model(request.name)
         except InferenceError as exc:
             await _abort(context, exc)
         signature = self._server.signature
@@ -169,7 +156,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         started = time.perf_counter()
         metrics.inflight.inc()
         try:
-            self._model(request.model_name)
+            self._server.check_model(request.model_name)
             remaining = context.time_remaining()
             parsed = decode_infer_request(
                 request,
