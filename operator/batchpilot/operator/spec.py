@@ -56,9 +56,14 @@ class ModelSource(_Model):
     def file_path(self) -> str:
         return urlsplit(self.uri).path
 
+    @property
+    def file_name(self) -> str:
+        """The last part of the URI: the model file's name."""
+        return self.uri.rstrip("/").rsplit("/", 1)[-1]
+
     def sibling_uri(self, name: str) -> str:
         """The URI of a file named `name` in the model's folder (labels, tokenizer, variants)."""
-        return self.uri.rstrip("/").rsplit("/", 1)[0] + "/" + name
+        return self.uri.rstrip("/").removesuffix(self.file_name) + name
 
     def variant_file_name(self, stem: str) -> str:
         """The file name of the served variant for a model file with this stem."""

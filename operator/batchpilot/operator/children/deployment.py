@@ -70,7 +70,7 @@ def _model_volumes(
     extra = model_files(owner)
     fetcher: dict[str, Any]
     if source.scheme in ("http", "https"):
-        stem = source.uri.rstrip("/").rsplit("/", 1)[-1].removesuffix(".onnx")
+        stem = source.file_name.removesuffix(".onnx")
         pairs = [
             source.sibling_uri(source.variant_file_name(stem)),
             f"{MODEL_DIR}/{source.variant_file_name('model')}",
@@ -92,7 +92,7 @@ def _model_volumes(
             "image": settings.storage_initializer_image,
             "args": [source.sibling_uri("") if whole_folder else source.uri, MODEL_DIR],
         }
-        target = f"{MODEL_DIR}/{source.uri.rstrip('/').rsplit('/', 1)[-1]}"
+        target = f"{MODEL_DIR}/{source.file_name}"
     else:
         raise UnsupportedModelSource(
             f"model URI {source.uri} needs a storage initializer image for {source.scheme}://; "
