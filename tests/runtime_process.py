@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from prometheus_client.parser import text_string_to_metric_families
 
 
 def free_port() -> int:
@@ -170,3 +171,38 @@ def send(
         )
     finally:
         conn.close()
+
+
+class Scrape:
+    """One scrape of /metrics, parsed by prometheus_client's own parser."""
+
+    def __init__(self, server: RuntimeProcess) -> None:
+        reply = send(server, "GET", "/metrics")
+        assert reply.status == 200
+        self.samples = [
+            sample
+            for family in text_string_to_metric_families(reply.body.decode())
+            for sample in family.samples
+        ]
+
+    def value(self, name: str, **labels: str) -> float:
+        """The sum of every sample called `name` whose labels include `labels`."""
+        values = [
+            s.value
+            for s in self.samples
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+        ]
+        assert values, f"no sample {name}{labels}"
+        return sum(values)
+
+
+def metric(server: RuntimeProcess, name: str, **labels: str) -> float:
+    """The sum of the samples called `name` whose labels include `labels`, from one scrape."""
+    return Scrape(server).value(name, **labels)
+
+
+def outcomes(scrape: Scrape) -> dict[str, float]:
+    return {
+        o: scrape.value("batchpilot_requests_total", outcome=o)
+        for o in ("success", "invalid", "rejected", "timeout", "cancelled", "error")
+    }

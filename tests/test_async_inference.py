@@ -21,7 +21,7 @@ import pytest
 
 from batchpilot.runtime.async_jobs import Job, JobState, JobStore, StoreFull
 from batchpilot.runtime.errors import DeadlineExceeded
-from tests.runtime_process import Reply, RuntimeProcess, runtime_process, send
+from tests.runtime_process import Reply, RuntimeProcess, metric, runtime_process, send
 from tests.waiting import wait_until
 
 
@@ -253,17 +253,6 @@ def submit(server: RuntimeProcess, body: bytes, headers: dict[str, str] | None =
 def fetch(server: RuntimeProcess, job_id: str, *, wait_s: float | None = None) -> Reply:
     query = "" if wait_s is None else f"?wait_s={wait_s:g}"
     return send(server, "GET", f"/v2/models/mlp/infer/async/{job_id}{query}")
-
-
-def metric(server: RuntimeProcess, name: str, **labels: str) -> float:
-    text = send(server, "GET", "/metrics").body.decode()
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name + "{") and not line.startswith(name + " "):
-            continue
-        if all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 @pytest.mark.slow

@@ -22,7 +22,6 @@ import numpy as np
 import orjson
 import pytest
 import tritonclient.grpc as tc
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
@@ -31,7 +30,15 @@ from batchpilot.runtime.errors import InvalidRequest
 from batchpilot.runtime.grpc_api import grpc_predict_v2_pb2 as ours
 from batchpilot.runtime.grpc_api.codec import decode_infer_request, encode_infer_response
 from tests.onnx_models import MULTI_IO_INPUTS, multi_io_expected, random_multi_io
-from tests.runtime_process import RuntimeProcess, free_port, runtime_process, send
+from tests.runtime_process import (
+    RuntimeProcess,
+    Scrape,
+    free_port,
+    metric,
+    outcomes,
+    runtime_process,
+    send,
+)
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -83,27 +90,6 @@ def raw_request(model: str, arrays: dict[str, Array], datatypes: dict[str, str])
 
 def mlp_rows(rows: int, seed: int = 0) -> Array:
     return np.random.default_rng(seed).standard_normal((rows, 64)).astype(np.float32)
-
-
-def metric(server: RuntimeProcess, name: str, **labels: str) -> float:
-    """The sum of the samples called `name` whose labels include `labels`, from /metrics."""
-    reply = send(server, "GET", "/metrics")
-    assert reply.status == 200
-    values = [
-        sample.value
-        for family in text_string_to_metric_families(reply.body.decode())
-        for sample in family.samples
-        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
-    ]
-    assert values, f"no sample {name}{labels}"
-    return sum(values)
-
-
-def outcomes(server: RuntimeProcess) -> dict[str, float]:
-    return {
-        outcome: metric(server, "batchpilot_requests_total", outcome=outcome)
-        for outcome in ("success", "invalid", "rejected", "timeout", "cancelled", "error")
-    }
 
 
 def rpc_error(call: Any, *args: Any, **kwargs: Any) -> grpc.RpcError:
@@ -333,7 +319,7 @@ def test_rest_and_grpc_requests_batch_together(
         assert list(grpc_reply.outputs[0].shape) == [1, 16]
         assert metric(server, "batchpilot_batch_size_count") == 1
         assert metric(server, "batchpilot_batch_size_sum") == 2
-        assert outcomes(server)["success"] == 2
+        assert outcomes(Scrape(server))["success"] == 2
         assert metric(server, "batchpilot_inflight_requests") == 0
 
 
@@ -508,11 +494,11 @@ class TestBadInput:
         message: str,
     ) -> None:
         stub = channel_to(multi_server)
-        before = outcomes(multi_server)
+        before = outcomes(Scrape(multi_server))
         error = rpc_error(stub.ModelInfer, _multi_request(edit), timeout=10)
         assert error.code() == code, error.details()
         assert message in error.details()
-        after = outcomes(multi_server)
+        after = outcomes(Scrape(multi_server))
         assert after["invalid"] == before["invalid"] + 1
         # and the server still serves
         good = stub.ModelInfer(_multi_request(), timeout=10)
@@ -588,7 +574,7 @@ class TestLoad:
         assert int(trailers["grpc-retry-pushback-ms"]) >= 0
         for future in accepted:
             assert list(future.result(timeout=10).outputs[0].shape) == [1, 16]
-        counts = outcomes(slow_server)
+        counts = outcomes(Scrape(slow_server))
         assert counts["rejected"] == 1
         assert counts["success"] == 2
 
@@ -609,7 +595,7 @@ class TestLoad:
             assert caught.value.status() == "StatusCode.DEADLINE_EXCEEDED"
             assert "not served within its 200 ms deadline" in str(caught.value)
         wait_until(
-            lambda: outcomes(slow_server)["timeout"] == 2,
+            lambda: outcomes(Scrape(slow_server))["timeout"] == 2,
             timeout=10,
             what="both requests to count as timed out",
         )
@@ -625,7 +611,7 @@ class TestLoad:
             timeout=5,
             what="the cancelled request to leave the queue",
         )
-        assert outcomes(slow_server)["cancelled"] == 1
+        assert outcomes(Scrape(slow_server))["cancelled"] == 1
         # its place is free again before the first request is done
         third = stub.ModelInfer.future(raw_request("mlp", {"x": mlp_rows(1)}, {"x": "FP32"}))
         assert list(first.result(timeout=10).outputs[0].shape) == [1, 16]

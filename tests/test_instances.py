@@ -27,7 +27,7 @@ from batchpilot.runtime.errors import ShuttingDown
 from batchpilot.runtime.onnx_engine import OnnxEngine, threads_per_instance
 from batchpilot.runtime.settings import RuntimeSettings
 from batchpilot.runtime.simulated import LatencyModel, SimulatedEngine
-from tests.runtime_process import runtime_process, send
+from tests.runtime_process import metric, runtime_process, send
 
 SIGNATURE = ModelSignature(
     name="double",
@@ -362,15 +362,6 @@ def infer_body(x: np.ndarray[Any, Any]) -> bytes:
         {"inputs": [{"name": "x", "datatype": "FP32", "shape": list(x.shape), "data": x.ravel()}]},
         option=orjson.OPT_SERIALIZE_NUMPY,
     )
-
-
-def metric(server: Any, name: str) -> float:
-    text = send(server, "GET", "/metrics").body.decode()
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 @pytest.mark.slow

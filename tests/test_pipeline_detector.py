@@ -26,10 +26,9 @@ import orjson
 import pytest
 import tritonclient.http as triton
 from PIL import Image
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests import onnx_models
-from tests.runtime_process import Reply, RuntimeProcess, runtime_process, send
+from tests.runtime_process import Reply, RuntimeProcess, Scrape, runtime_process, send
 
 pytestmark = pytest.mark.slow
 
@@ -232,15 +231,11 @@ def infer(server: RuntimeProcess, request: tuple[bytes, dict[str, str]]) -> Repl
 
 def batch_sizes(server: RuntimeProcess) -> tuple[float, float]:
     """(batches run, rows in them) so far, from /metrics."""
-    reply = send(server, "GET", "/metrics")
-    assert reply.status == 200
-    values = {
-        sample.name: sample.value
-        for family in text_string_to_metric_families(reply.body.decode())
-        for sample in family.samples
-        if sample.name in ("batchpilot_batch_size_count", "batchpilot_batch_size_sum")
-    }
-    return values["batchpilot_batch_size_count"], values["batchpilot_batch_size_sum"]
+    scrape = Scrape(server)
+    return (
+        scrape.value("batchpilot_batch_size_count"),
+        scrape.value("batchpilot_batch_size_sum"),
+    )
 
 
 @pytest.fixture(scope="module")

@@ -23,10 +23,9 @@ import pytest
 import tritonclient.http as triton
 from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests import onnx_models
-from tests.runtime_process import Reply, RuntimeProcess, free_port, runtime_process, send
+from tests.runtime_process import Reply, RuntimeProcess, Scrape, free_port, runtime_process, send
 from tests.test_pipeline_stages import word_tokenizer
 
 pytestmark = pytest.mark.slow
@@ -206,16 +205,9 @@ class TestImages:
 
     def test_pipeline_time_is_in_the_metrics(self, classifier: RuntimeProcess) -> None:
         infer(classifier, "orientation", *bytes_request("x", [encode(picture(), "PNG")]))
-        text = send(classifier, "GET", "/metrics").body.decode()
-        counts = {
-            sample.labels["stage"]: sample.value
-            for family in text_string_to_metric_families(text)
-            if family.name == "batchpilot_pipeline_seconds"
-            for sample in family.samples
-            if sample.name == "batchpilot_pipeline_seconds_count"
-        }
-        assert counts["preprocess"] >= 1
-        assert counts["postprocess"] >= 1
+        scrape = Scrape(classifier)
+        assert scrape.value("batchpilot_pipeline_seconds_count", stage="preprocess") >= 1
+        assert scrape.value("batchpilot_pipeline_seconds_count", stage="postprocess") >= 1
 
     def json_request(self, data: list[Any], datatype: str = "BYTES") -> bytes:
         return orjson.dumps(

@@ -30,7 +30,6 @@ import onnxruntime as ort
 import orjson
 import pytest
 import tritonclient.http as triton
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from tests import onnx_models
@@ -38,6 +37,8 @@ from tests.onnx_models import MULTI_IO_INPUTS
 from tests.runtime_process import (
     Reply,
     RuntimeProcess,
+    Scrape,
+    outcomes,
     refused_start,
     runtime_process,
     send,
@@ -142,42 +143,12 @@ async def post(
         )
 
 
-class Scrape:
-    """One scrape of /metrics, parsed by prometheus_client's own parser."""
-
-    def __init__(self, server: RuntimeProcess) -> None:
-        reply = send(server, "GET", "/metrics")
-        assert reply.status == 200
-        self.samples = [
-            sample
-            for family in text_string_to_metric_families(reply.body.decode())
-            for sample in family.samples
-        ]
-
-    def value(self, name: str, **labels: str) -> float:
-        """The sum of every sample called `name` whose labels include `labels`."""
-        values = [
-            s.value
-            for s in self.samples
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
-        ]
-        assert values, f"no sample {name}{labels}"
-        return sum(values)
-
-
 def wait_until(condition: Callable[[], bool], *, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what}: not within {timeout_s} s")
         time.sleep(0.02)
-
-
-def outcomes(scrape: Scrape) -> dict[str, float]:
-    return {
-        o: scrape.value("batchpilot_requests_total", outcome=o)
-        for o in ("success", "invalid", "rejected", "timeout", "cancelled", "error")
-    }
 
 
 def error_of(reply: Reply) -> str:
