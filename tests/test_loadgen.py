@@ -5,6 +5,11 @@ The server decodes every request with the runtime's own codec and answers with i
 behaviour (delay, a single-server queue with a known capacity, shed load, dropped connections) is
 set per test. It runs on its own event loop in a thread, so the client under test does not share
 a loop with it and the synchronous CLI entry point can be tested against it too.
+
+Whether a run is valid (its client kept the schedule) is checked by hand-made outcomes and by
+runs that are made invalid on purpose (a stalled client loop, a tiny outstanding cap); tests of
+other things pass PATIENT_LAG_MS, since the machine running them is shared and a scheduler pause
+there is not what they are about.
 """
 
 from __future__ import annotations
@@ -29,7 +34,10 @@ from aiohttp import web
 from batchpilot.runtime import loadgen
 from batchpilot.runtime.errors import InvalidRequest
 from batchpilot.runtime.loadgen import (
+    DROPPED_CLIENT,
+    EXIT_INVALID,
     LoadConfig,
+    LoadReport,
     ModelMetadata,
     RateSchedule,
     RateSearch,
@@ -40,12 +48,15 @@ from batchpilot.runtime.loadgen import (
     arrival_times,
     find_max_rate,
     latency_stats,
+    probe_passes,
     random_inputs,
     run_load,
 )
 from batchpilot.runtime.protocol import HEADER_LENGTH, Tensor, decode_request, encode_response
 
 MODEL = "toy"
+PATIENT_LAG_MS = 1000.0
+"""A send lag limit for tests about something else than the client's punctuality."""
 METADATA: dict[str, Any] = {
     "name": MODEL,
     "versions": ["1"],
@@ -314,6 +325,151 @@ class TestStatistics:
         assert latency.p99_ms == pytest.approx(20)
 
 
+def outcomes_of(rows: list[tuple[float, float, float, str]]) -> loadgen.Outcomes:
+    """Outcomes from (scheduled, sent, done, kind) rows, in seconds."""
+    scheduled, sent, done, kind = zip(*rows, strict=True)
+    return loadgen.Outcomes(
+        scheduled=np.array(scheduled),
+        sent=np.array(sent),
+        done=np.array(done),
+        kind=np.array(kind),
+    )
+
+
+def summary(rows: list[tuple[float, float, float, str]], **kwargs: Any) -> loadgen.Summary:
+    options: dict[str, Any] = {
+        "measure_start_s": 0.0,
+        "duration_s": 2.0,
+        "window_s": 1.0,
+        "open_loop": True,
+    }
+    return loadgen.summarize(outcomes_of(rows), **(options | kwargs))
+
+
+def report_of(numbers: loadgen.Summary) -> LoadReport:
+    return LoadReport(
+        mode="open",
+        url="http://127.0.0.1:1",
+        model=MODEL,
+        inputs={"x": (1, 4)},
+        request_bytes=0,
+        duration_s=2.0,
+        warmup_s=0.0,
+        target_rps=2.0,
+        concurrency=None,
+        window_s=1.0,
+        **numbers,
+    )
+
+
+class TestSendLagAndValidity:
+    def test_send_lag_counts_measured_sends_only(self) -> None:
+        numbers = summary(
+            [
+                (0.5, 0.6, 0.61, ""),  # warm-up: 100 ms late, not counted
+                (1.0, 1.001, 1.011, ""),  # 1 ms late
+                (1.1, 1.103, 1.12, ""),  # 3 ms late
+                (1.2, 1.22, 1.25, ""),  # 20 ms late
+                (1.3, math.nan, 1.3, DROPPED_CLIENT),  # never sent: no lag
+            ],
+            measure_start_s=1.0,
+            duration_s=1.0,
+        )
+        lag = numbers["send_lag_ms"]
+        assert lag is not None
+        # Lags 1, 3, 20 ms: nearest-rank P50 is the 2nd, P99 the 3rd; 1 of 3 is over 10 ms.
+        assert (lag.count, lag.p50_ms, lag.p99_ms, lag.max_ms) == pytest.approx((3, 3, 20, 20))
+        assert numbers["late_send_fraction"] == pytest.approx(1 / 3)
+        assert numbers["scheduled"] == 4
+        assert numbers["sent"] == 3
+
+    def test_an_arrival_dropped_by_the_client_makes_the_run_invalid(self) -> None:
+        numbers = summary(
+            [
+                (0.0, 0.001, 0.01, ""),
+                (0.1, 0.101, 0.11, ""),
+                (0.2, math.nan, 0.2, DROPPED_CLIENT),
+            ]
+        )
+        assert numbers["valid"] is False
+        reason = numbers["invalid_reason"]
+        assert reason is not None
+        assert reason.startswith("the client dropped 1 of 3 arrivals")
+        assert "--max-outstanding" in reason
+        assert "fell behind" not in reason  # the lag itself was fine
+
+    def test_send_lag_over_the_limit_makes_the_run_invalid(self) -> None:
+        rows = [(0.0, 0.001, 0.01, ""), (0.5, 0.5372, 0.55, "")]  # lags 1 ms and 37.2 ms
+        numbers = summary(rows)
+        assert numbers["valid"] is False
+        assert numbers["invalid_reason"] == (
+            "the client fell behind its schedule: send lag P99 37.2 ms > 10 ms (the offered load "
+            "was lower than asked; use a faster client or a lower rate)"
+        )
+        assert numbers["late_send_fraction"] == pytest.approx(0.5)
+        relaxed = summary(rows, max_send_lag_ms=50)
+        assert (relaxed["valid"], relaxed["invalid_reason"]) == (True, None)
+
+    def test_a_closed_loop_has_no_schedule_to_fall_behind(self) -> None:
+        numbers = summary(
+            [(0.0, 0.05, 0.06, ""), (0.1, math.nan, 0.1, DROPPED_CLIENT)], open_loop=False
+        )
+        assert (numbers["valid"], numbers["invalid_reason"]) == (True, None)
+        assert numbers["send_lag_ms"] is None
+        assert (numbers["late_send_fraction"], numbers["max_send_lag_ms"]) == (None, None)
+
+    def test_an_invalid_report_is_no_pass(self) -> None:
+        rows = [(0.0, 0.001, 0.01, ""), (0.5, 0.5372, 0.55, "")]
+        assert probe_passes(report_of(summary(rows, max_send_lag_ms=50)), sla_ms=100)
+        invalid = report_of(summary(rows))
+        assert not invalid.valid
+        assert not probe_passes(invalid, sla_ms=100)
+        assert "INVALID RUN: the client fell behind" in loadgen.format_report(invalid)
+        doc = invalid.to_dict()
+        assert (doc["valid"], doc["max_send_lag_ms"]) == (False, 10)
+        assert doc["send_lag_ms"]["p99_ms"] == pytest.approx(37.2)
+
+
+class TestRefusalsAndGoodput:
+    def test_refusals_are_timed_from_their_actual_send(self) -> None:
+        numbers = summary(
+            [
+                (0.0, 0.05, 0.052, "503"),  # sent 50 ms late, refused 2 ms after the send
+                (0.1, 0.1, 0.104, "429"),  # refused in 4 ms
+                (0.2, 0.2, 0.9, "500"),  # a failure, not a refusal
+                (0.3, 0.3, 0.31, ""),
+            ]
+        )
+        shed = numbers["shed_latency_ms"]
+        assert shed is not None
+        assert (shed.count, shed.p50_ms, shed.p99_ms, shed.max_ms) == pytest.approx((2, 2, 4, 4))
+        assert (numbers["shed"], numbers["failed"]) == (2, 1)
+
+    def test_no_refusals_no_refusal_latency(self) -> None:
+        assert summary([(0.0, 0.0, 0.01, "")])["shed_latency_ms"] is None
+
+    def test_goodput_counts_successes_within_the_sla_from_the_scheduled_time(self) -> None:
+        rows = [
+            (0.0, 0.0, 0.010, ""),  # 10 ms
+            (0.1, 0.1, 0.150, ""),  # 50 ms
+            (0.2, 0.29, 0.299, ""),  # 99 ms from the schedule (9 ms service)
+            (0.3, 0.39, 0.401, ""),  # 101 ms from the schedule (11 ms service): late
+            (0.4, 0.4, 0.402, "503"),  # fast, but refused
+        ]
+        numbers = summary(rows, sla_ms=100)
+        # 3 answers within 100 ms over the 2 s measured (elapsed = max(last done, duration)):
+        # 3 / 2 s = 1.5 rps, while 4 successes / 2 s = 2 rps achieved.
+        assert numbers["elapsed_s"] == 2.0
+        assert numbers["goodput_rps"] == pytest.approx(1.5)
+        assert numbers["achieved_qps"] == pytest.approx(2.0)
+        assert summary(rows)["goodput_rps"] is None  # no SLA, no goodput
+
+    def test_goodput_arithmetic(self) -> None:
+        latency = np.array([0.01, 0.2, 0.05])
+        assert loadgen.goodput(latency, sla_ms=100, over_s=4.0) == 0.5  # 2 within / 4 s
+        assert loadgen.goodput(latency, sla_ms=100, over_s=0.0) == 0.0
+
+
 class TestRateSearch:
     def test_ramps_then_bisects_to_the_precision(self) -> None:
         capacity = 100.0
@@ -452,6 +608,14 @@ async def test_open_loop_latency_counts_from_the_scheduled_time(server: FakeV2Se
     assert report.service_latency_ms is not None
     assert report.latency_ms.max_ms >= 250
     assert report.service_latency_ms.p99_ms < 100
+    # And the run says so: the arrivals due during the stall went out up to 0.3 s late.
+    assert report.send_lag_ms is not None
+    assert report.send_lag_ms.max_ms >= 250
+    assert report.late_send_fraction is not None
+    assert report.late_send_fraction >= 0.1  # ~12 of the 40 arrivals were due in the stall
+    assert not report.valid
+    assert report.invalid_reason is not None
+    assert report.invalid_reason.startswith("the client fell behind its schedule: send lag P99")
 
 
 async def test_shed_load_is_counted_apart_from_failures(server: FakeV2Server) -> None:
@@ -508,6 +672,68 @@ async def test_arrivals_beyond_max_outstanding_are_dropped_by_the_client(
     # 30 arrivals in 0.3 s, none answered before 0.5 s: 5 go out, 25 are dropped.
     assert report.errors == {"dropped_client": 25}
     assert (report.sent, report.succeeded, report.scheduled) == (5, 5, 30)
+    assert not report.valid
+    assert report.invalid_reason is not None
+    assert report.invalid_reason.startswith("the client dropped 25 of 30 arrivals")
+    assert report.send_lag_ms is not None
+    assert report.send_lag_ms.count == 5  # the dropped ones were never sent: no lag
+
+
+async def test_refusals_are_timed_and_goodput_counts_answers_within_the_sla(
+    server: FakeV2Server,
+) -> None:
+    server.behaviour = Behaviour(status_every=(2, 503))
+    report = await run_load(
+        LoadConfig(
+            target=target(server),
+            duration_s=0.4,
+            schedule=RateSchedule.constant(50),
+            arrivals="uniform",
+            sla_ms=1000,
+            max_send_lag_ms=PATIENT_LAG_MS,
+        )
+    )
+    # 20 arrivals, every 2nd refused at once: 10 refusals answered in far less than a timeout.
+    assert (report.scheduled, report.shed, report.succeeded) == (20, 10, 10)
+    assert report.shed_latency_ms is not None
+    assert report.shed_latency_ms.count == 10
+    assert report.shed_latency_ms.max_ms < 1000
+    # Every success of this instant server is within 1 s: goodput is the achieved rate.
+    assert report.sla_ms == 1000
+    assert report.goodput_rps == pytest.approx(report.achieved_qps)
+    text = loadgen.format_report(report)
+    assert "refused in" in text
+    assert "goodput" in text
+
+
+async def test_find_max_stops_at_an_invalid_probe(server: FakeV2Server) -> None:
+    # Two requests may be outstanding and none is answered for 0.5 s: the probe's third arrival
+    # is dropped by the client, so the probe measured less than 100 rps and says nothing.
+    server.behaviour = Behaviour(delay_s=0.5)
+    result = await find_max_rate(
+        SearchConfig(
+            target=target(server, timeout_s=2),
+            sla_ms=1000,
+            start_rps=100,
+            probe_duration_s=0.3,
+            arrivals="uniform",
+            max_outstanding=2,
+            settle_s=0,
+        )
+    )
+    assert (result.stopped_because, result.best_rps, len(result.probes)) == (
+        "invalid_probe",
+        None,
+        1,
+    )
+    (probe,) = result.probes
+    assert not probe.passed
+    assert not probe.report.valid
+    assert result.invalid_reason == probe.report.invalid_reason
+    assert result.invalid_reason is not None
+    assert result.invalid_reason.startswith("the client dropped")
+    assert result.to_dict()["invalid_reason"] == result.invalid_reason
+    assert "INVALID PROBE, search stopped: the client dropped" in loadgen.format_search(result)
 
 
 async def test_warmup_is_sent_but_not_counted(server: FakeV2Server) -> None:
@@ -573,6 +799,7 @@ async def test_find_max_converges_below_the_saturation_rate(server: FakeV2Server
             arrivals="uniform",
             settle_s=0.2,
             max_total_s=30,
+            max_send_lag_ms=PATIENT_LAG_MS,
         )
     )
     assert result.stopped_because == "converged"
@@ -597,6 +824,7 @@ async def test_find_max_counts_shed_load_as_failure(server: FakeV2Server) -> Non
             probe_duration_s=0.3,
             settle_s=0,
             min_rps=5,
+            max_send_lag_ms=PATIENT_LAG_MS,
         )
     )
     assert result.best_rps is None
@@ -613,6 +841,7 @@ async def test_find_max_stops_at_the_probe_budget(server: FakeV2Server) -> None:
             probe_duration_s=0.2,
             settle_s=0,
             max_probes=2,
+            max_send_lag_ms=PATIENT_LAG_MS,
         )
     )
     assert (result.stopped_because, len(result.probes), result.best_rps) == ("max_probes", 2, 10)
@@ -626,7 +855,8 @@ def test_cli_run_writes_a_json_report(
 ) -> None:
     out = tmp_path / "report.json"
     argv = ["--url", server.url, "--model", MODEL, "--rate", "50", "--duration", "0.5"]
-    code = loadgen.run_cli([*argv, "--arrivals", "uniform", "--json", str(out)])
+    patient = ["--max-send-lag-ms", str(PATIENT_LAG_MS)]
+    code = loadgen.run_cli([*argv, *patient, "--arrivals", "uniform", "--json", str(out)])
     assert code == 0
     doc = json.loads(out.read_text())
     assert doc["mode"] == "open"
@@ -644,7 +874,13 @@ def test_cli_run_writes_a_json_report(
             "p99_ms": doc["windows"][0]["p99_ms"],
         }
     ]
-    assert "achieved" in capsys.readouterr().out
+    assert (doc["valid"], doc["invalid_reason"]) == (True, None)
+    assert doc["send_lag_ms"]["count"] == 25
+    assert (doc["shed_latency_ms"], doc["sla_ms"], doc["goodput_rps"]) == (None, None, None)
+    out_text = capsys.readouterr().out
+    assert "achieved" in out_text
+    assert "send lag" in out_text
+    assert "INVALID" not in out_text
 
 
 def test_cli_json_to_stdout_stays_parseable(
@@ -660,10 +896,38 @@ def test_cli_json_to_stdout_stays_parseable(
 def test_cli_find_max(server: FakeV2Server, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--url", server.url, "--model", MODEL, "--find-max", "--sla-ms", "1000"]
     search = ["--start-rps", "5", "--probe-duration-s", "0.2", "--max-probes", "2"]
-    code = loadgen.run_cli([*argv, *search, "--settle-s", "0", "--json", "-"])
+    patient = ["--max-send-lag-ms", str(PATIENT_LAG_MS)]
+    code = loadgen.run_cli([*argv, *search, *patient, "--settle-s", "0", "--json", "-"])
     assert code == 0
     doc = orjson.loads(capsys.readouterr().out)
     assert (doc["best_rps"], doc["stopped_because"], len(doc["probes"])) == (10, "max_probes", 2)
+
+
+def test_cli_invalid_run_exits_3_with_its_report(
+    server: FakeV2Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 12 arrivals in 0.3 s, 2 may be outstanding, none answered for 0.5 s: 10 are dropped.
+    server.behaviour = Behaviour(delay_s=0.5)
+    out = tmp_path / "report.json"
+    argv = ["--url", server.url, "--model", MODEL, "--rate", "40", "--duration", "0.3"]
+    load = ["--arrivals", "uniform", "--max-outstanding", "2", "--sla-ms", "100"]
+    assert loadgen.run_cli([*argv, *load, "--json", str(out)]) == EXIT_INVALID == 3
+    doc = json.loads(out.read_text())
+    assert doc["valid"] is False
+    assert doc["invalid_reason"].startswith("the client dropped 10 of 12 arrivals")
+    assert doc["send_lag_ms"]["count"] == 2
+    # Both answers took ~0.5 s, beyond the 100 ms SLA: nothing good was put out.
+    assert (doc["sla_ms"], doc["goodput_rps"]) == (100, 0)
+    text = capsys.readouterr().out
+    assert "INVALID RUN: the client dropped 10 of 12 arrivals" in text
+    assert "goodput      0.0 rps" in text
+
+
+def test_cli_help_documents_the_exit_statuses(capsys: pytest.CaptureFixture[str]) -> None:
+    assert loadgen.run_cli(["--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "3 the run completed but is INVALID" in help_text
+    assert "--max-send-lag-ms" in help_text
 
 
 @pytest.mark.parametrize(
@@ -682,6 +946,8 @@ def test_cli_find_max(server: FakeV2Server, capsys: pytest.CaptureFixture[str]) 
         pytest.param(["--duration", "1", "--rate", "5", "--rows", "0"], id="no-rows"),
         pytest.param(["--find-max"], id="find-max-without-sla"),
         pytest.param(["--duration", "x", "--rate", "5"], id="not-a-number"),
+        pytest.param(["--duration", "1", "--rate", "5", "--max-send-lag-ms", "0"], id="no-lag"),
+        pytest.param(["--duration", "1", "--rate", "5", "--sla-ms", "-1"], id="negative-sla"),
     ],
 )
 def test_cli_bad_arguments_exit_2(extra: list[str], capsys: pytest.CaptureFixture[str]) -> None:

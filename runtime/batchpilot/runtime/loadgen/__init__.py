@@ -10,21 +10,26 @@ generators lie, and this one is built around avoiding them:
   send time (the service latency from the actual send time is kept too).
 - **A client that is the bottleneck.** It shares a small machine with the server under test, so
   the request body is encoded once and reused, responses are read but not decoded (unless
-  `--verify`), and each request costs one `session.post`.
+  `--verify`), and each request costs one `session.post`. And it checks that it kept up: the
+  send lag of every request (actual minus scheduled send time) is reported, and an open-loop
+  run whose lag P99 exceeds `--max-send-lag-ms` or whose client dropped arrivals is reported
+  as INVALID (exit status 3), not as a result — it offered less load than it names.
 - **Averages.** The report gives exact nearest-rank percentiles from every recorded sample,
-  errors by kind (load shed with 503/429 counted apart from real failures), and per-window
-  time series for plotting.
+  errors by kind (load shed with 503/429 counted apart from real failures), how fast the shed
+  requests were refused, goodput within `--sla-ms`, and per-window time series for plotting.
 
 `--find-max --sla-ms 100` searches the highest constant rate whose P99 stays within the SLA with
 no errors: exponential ramp, then bisection, each probe stopping early once it can no longer
-pass. Schedules, arrival times, statistics and the search steps are pure functions, so the tests
-check them without a server; the HTTP part is a thin layer around them.
+pass; an invalid probe stops the search. Schedules, arrival times, statistics and the search
+steps are pure functions, so the tests check them without a server; the HTTP part is a thin
+layer around them.
 
 The modules, lowest layer first (each imports only those above it): `errors` (the error-kind
-vocabulary), `schedule` (rates and arrival times), `stats` (percentiles, summaries, windows),
-`config` (target, run and search settings), `request` (the request built from the metadata),
-`client` (HTTP), `loops` (open and closed loop), `run` (one load test), `search` (find-max),
-`report` (tables), `args` and `cli` (the command). This package re-exports their public names.
+vocabulary, exit statuses), `schedule` (rates and arrival times), `stats` (percentiles,
+summaries, windows, send lag and validity), `config` (target, run and search settings),
+`request` (the request built from the metadata), `client` (HTTP), `loops` (open and closed
+loop), `run` (one load test), `search` (find-max), `report` (tables), `args` and `cli` (the
+command). This package re-exports their public names.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from batchpilot.runtime.loadgen.config import MAX_DURATION_S, LoadConfig, Search
 from batchpilot.runtime.loadgen.errors import (
     CONNECTION,
     DROPPED_CLIENT,
+    EXIT_INVALID,
     INVALID_RESPONSE,
     SHED_KINDS,
     TIMEOUT,
@@ -69,18 +75,24 @@ from batchpilot.runtime.loadgen.search import (
     probe_passes,
 )
 from batchpilot.runtime.loadgen.stats import (
+    DEFAULT_MAX_SEND_LAG_MS,
     LatencyStats,
     Outcomes,
     Summary,
     WindowStats,
+    goodput,
+    invalid_reason,
     latency_stats,
     nearest_rank,
+    send_lag,
     summarize,
 )
 
 __all__ = [
     "CONNECTION",
+    "DEFAULT_MAX_SEND_LAG_MS",
     "DROPPED_CLIENT",
+    "EXIT_INVALID",
     "INVALID_RESPONSE",
     "MAX_ARRIVALS",
     "MAX_DURATION_S",
@@ -114,6 +126,8 @@ __all__ = [
     "find_max_rate",
     "format_report",
     "format_search",
+    "goodput",
+    "invalid_reason",
     "latency_stats",
     "main",
     "nearest_rank",
@@ -124,6 +138,7 @@ __all__ = [
     "response_is_valid",
     "run_cli",
     "run_load",
+    "send_lag",
     "send_once",
     "summarize",
 ]

@@ -1,19 +1,39 @@
 """The options of `batchpilot loadgen`, and how they become a run or a search.
 
 Turning arguments into a LoadConfig or a SearchConfig is pure and raises ValueError for a bad
-combination, so `main` maps every usage mistake to exit status 2 in one place.
+combination, so `main` maps every usage mistake to exit status 2 in one place. The exit
+statuses are described in the help's epilog, since scripts depend on them.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from typing import Final
 
 from batchpilot.runtime.loadgen.config import LoadConfig, SearchConfig, Target
+from batchpilot.runtime.loadgen.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_INVALID,
+    EXIT_OK,
+    EXIT_USAGE,
+)
 from batchpilot.runtime.loadgen.schedule import RateSchedule
+from batchpilot.runtime.loadgen.stats import DEFAULT_MAX_SEND_LAG_MS
+
+EPILOG: Final = (
+    f"exit status: {EXIT_OK} the run (or search) completed and is a result, server errors and "
+    f"shed load included; {EXIT_INVALID} the run completed but is INVALID: the open loop's "
+    "client dropped arrivals (--max-outstanding) or its send lag P99 exceeded "
+    "--max-send-lag-ms, so it offered less load than asked (for --find-max: a probe was "
+    f"invalid and stopped the search); {EXIT_USAGE} bad arguments or an unusable target; "
+    f"{EXIT_INTERRUPTED} interrupted."
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    if parser.epilog is None:
+        parser.epilog = EPILOG
     target = parser.add_argument_group("target")
     target.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8080")
     target.add_argument("--model", required=True, help="model name")
@@ -51,6 +71,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=2000,
         help="open loop: arrivals beyond this many in flight count as dropped_client",
     )
+    load.add_argument(
+        "--max-send-lag-ms",
+        type=float,
+        default=DEFAULT_MAX_SEND_LAG_MS,
+        help="open loop: a send lag P99 above this makes the run invalid, exit status "
+        f"{EXIT_INVALID} (default {DEFAULT_MAX_SEND_LAG_MS:g})",
+    )
     load.add_argument("--requests", type=int, help="cap on measured requests")
     load.add_argument(
         "--warmup-s", type=float, default=0.0, help="unmeasured lead-in seconds (default 0)"
@@ -66,7 +93,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     search.add_argument(
         "--find-max", action="store_true", help="search the highest rate within --sla-ms"
     )
-    search.add_argument("--sla-ms", type=float, help="P99 latency SLA for --find-max")
+    search.add_argument(
+        "--sla-ms",
+        type=float,
+        help="P99 latency SLA: what --find-max searches within; for a run, goodput counts "
+        "the answers within it",
+    )
     search.add_argument(
         "--start-rps", type=float, default=10.0, help="first probe's rate (default 10; or --rate)"
     )
@@ -147,6 +179,7 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig | SearchConfig:
             arrivals=args.arrivals,
             max_outstanding=args.max_outstanding,
             seed=args.seed,
+            max_send_lag_ms=args.max_send_lag_ms,
         )
     if args.duration is None:
         raise ValueError("--duration is required (seconds)")
@@ -165,4 +198,6 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig | SearchConfig:
         window_s=args.window_s,
         connections=args.connections,
         seed=args.seed,
+        sla_ms=args.sla_ms,
+        max_send_lag_ms=args.max_send_lag_ms,
     )

@@ -1,7 +1,9 @@
 """The `batchpilot loadgen` process: event loop, open-file limit, exit status and output.
 
 `add_arguments` and `main` are what the `batchpilot` dispatcher calls; `run_cli` parses its own
-argv (the tests and `python -m batchpilot.runtime.loadgen` use it).
+argv (the tests and `python -m batchpilot.runtime.loadgen` use it). An invalid open-loop run
+still prints and writes its report, but exits with its own status, so that a script cannot
+mistake a client that fell behind for a measurement (the statuses: `args.EPILOG`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,13 @@ import orjson
 
 from batchpilot.runtime.loadgen.args import add_arguments, config_from_args
 from batchpilot.runtime.loadgen.config import SearchConfig
-from batchpilot.runtime.loadgen.errors import TargetError
+from batchpilot.runtime.loadgen.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_INVALID,
+    EXIT_OK,
+    EXIT_USAGE,
+    TargetError,
+)
 from batchpilot.runtime.loadgen.report import format_report, format_search
 from batchpilot.runtime.loadgen.run import run_load
 from batchpilot.runtime.loadgen.search import find_max_rate
@@ -61,14 +69,16 @@ def _allow_open_files(count: int) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """`batchpilot loadgen`: 0 after a completed run (server errors are in the report), 2 on bad
-    arguments or an unusable target."""
+    """`batchpilot loadgen`: 0 after a completed run (server errors are in the report), 3 after
+    a completed but invalid one (open loop behind its schedule; a search stopped by such a
+    probe), 2 on bad arguments or an unusable target."""
     try:
         config = config_from_args(args)
     except ValueError as exc:
         print(f"batchpilot loadgen: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     doc: dict[str, Any]
+    valid: bool
     _allow_open_files(
         config.max_outstanding if isinstance(config, SearchConfig) else config.pool_size
     )
@@ -77,16 +87,18 @@ def main(args: argparse.Namespace) -> int:
             search_config = config
             result = _run_async(lambda: find_max_rate(search_config))
             table, doc = format_search(result), result.to_dict()
+            valid = result.stopped_because != "invalid_probe"
         else:
             load_config = config
             report = _run_async(lambda: run_load(load_config))
             table, doc = format_report(report), report.to_dict()
+            valid = report.valid
     except TargetError as exc:
         print(f"batchpilot loadgen: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("batchpilot loadgen: interrupted; no report", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     # With the JSON on stdout, the table goes to stderr so the JSON stays parseable.
     print(table, file=sys.stderr if args.json == "-" else sys.stdout)
     if args.json is not None:
@@ -95,7 +107,7 @@ def main(args: argparse.Namespace) -> int:
             sys.stdout.write(data.decode() + "\n")
         else:
             Path(args.json).write_bytes(data + b"\n")
-    return 0
+    return EXIT_OK if valid else EXIT_INVALID
 
 
 def run_cli(argv: Sequence[str] | None = None) -> int:
@@ -105,5 +117,5 @@ def run_cli(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 2
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     return main(args)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from batchpilot.runtime.loadgen.schedule import MAX_RATE_RPS, ArrivalProcess, RateSchedule
+from batchpilot.runtime.loadgen.stats import DEFAULT_MAX_SEND_LAG_MS
 
 MAX_DURATION_S: Final = 24 * 3600.0
 """The longest run the generator accepts; every run also stops at duration + timeout."""
@@ -62,6 +63,10 @@ class LoadConfig:
     """Seeds the arrival times."""
     stop_early_sla_ms: float | None = None
     """Open loop: stop as soon as the run can no longer have P99 <= this with no errors."""
+    sla_ms: float | None = None
+    """The latency SLA the report's goodput counts against (answers within it per second)."""
+    max_send_lag_ms: float = DEFAULT_MAX_SEND_LAG_MS
+    """Open loop: a send lag P99 above this makes the run invalid (the client fell behind)."""
 
     def __post_init__(self) -> None:
         if (self.schedule is None) == (self.concurrency is None):
@@ -84,6 +89,10 @@ class LoadConfig:
             raise ValueError(f"window_s must be positive, got {self.window_s}")
         if self.stop_early_sla_ms is not None and self.schedule is None:
             raise ValueError("stop_early_sla_ms needs an open loop (a rate schedule)")
+        if self.sla_ms is not None and not self.sla_ms > 0:
+            raise ValueError(f"sla_ms must be positive, got {self.sla_ms}")
+        if not self.max_send_lag_ms > 0:
+            raise ValueError(f"max_send_lag_ms must be positive, got {self.max_send_lag_ms}")
 
     @property
     def pool_size(self) -> int:
@@ -109,8 +118,12 @@ class SearchConfig:
     max_outstanding: int = 2000
     min_rps: float = 0.5
     seed: int = 0
+    max_send_lag_ms: float = DEFAULT_MAX_SEND_LAG_MS
+    """A probe whose send lag P99 exceeds this is invalid, and stops the search."""
 
     def __post_init__(self) -> None:
+        if not self.max_send_lag_ms > 0:
+            raise ValueError(f"max_send_lag_ms must be positive, got {self.max_send_lag_ms}")
         if self.sla_ms <= 0:
             raise ValueError(f"sla_ms must be positive, got {self.sla_ms}")
         if not (0 < self.start_rps <= MAX_RATE_RPS):

@@ -1,16 +1,46 @@
 """Reports as tables for a terminal; the JSON form is the reports' own `to_dict`.
 
-Kept apart from the runs so that formatting never touches what is measured.
+Kept apart from the runs so that formatting never touches what is measured. An invalid run is
+flagged first and last, so that neither a glance at the top nor at the end of a long window
+table takes it for a result.
 """
 
 from __future__ import annotations
 
 from batchpilot.runtime.loadgen.run import LoadReport
 from batchpilot.runtime.loadgen.search import SearchResult
+from batchpilot.runtime.loadgen.stats import LatencyStats
 
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
+
+
+def _percentiles(stats: LatencyStats) -> str:
+    return f"p50 {stats.p50_ms:.1f}  p99 {stats.p99_ms:.1f}  max {stats.max_ms:.1f} ms"
+
+
+def _overload_lines(report: LoadReport) -> list[str]:
+    """Send lag (open loop), refusal latency and goodput: what an overload benchmark needs."""
+    lines = []
+    if report.send_lag_ms is not None:
+        late = report.late_send_fraction or 0.0
+        limit = "-" if report.max_send_lag_ms is None else f"{report.max_send_lag_ms:g}"
+        lines.append(
+            f"  {'send lag':<12} {_percentiles(report.send_lag_ms)}; {late:.1%} of sends over "
+            f"{limit} ms late (valid while p99 <= {limit} ms)"
+        )
+    if report.shed_latency_ms is not None:
+        lines.append(
+            f"  {'refused in':<12} {_percentiles(report.shed_latency_ms)} "
+            f"({report.shed_latency_ms.count} answered 503/429, from send)"
+        )
+    if report.goodput_rps is not None and report.sla_ms is not None:
+        lines.append(
+            f"  {'goodput':<12} {report.goodput_rps:.1f} rps answered within the "
+            f"{report.sla_ms:g} ms SLA"
+        )
+    return lines
 
 
 def format_report(report: LoadReport, *, max_windows: int = 120) -> str:
@@ -22,8 +52,10 @@ def format_report(report: LoadReport, *, max_windows: int = 120) -> str:
     )
     inputs = ", ".join(f"{name} {list(shape)}" for name, shape in report.inputs.items())
     errors = ", ".join(f"{k}: {v}" for k, v in sorted(report.errors.items())) or "none"
+    invalid = [] if report.valid else [f"  INVALID RUN: {report.invalid_reason}"]
     lines = [
         f"batchpilot loadgen: {report.url} model {report.model} ({mode})",
+        *invalid,
         f"  request      {inputs}, {report.request_bytes} bytes",
         f"  duration     {report.duration_s:.1f} s measured (+{report.warmup_s:.1f} s warm-up), "
         f"elapsed {report.elapsed_s:.2f} s" + (" — stopped early" if report.aborted else ""),
@@ -43,6 +75,7 @@ def format_report(report: LoadReport, *, max_windows: int = 120) -> str:
                 f"  {label:<12} p50 {stats.p50_ms:.1f}  p95 {stats.p95_ms:.1f}  "
                 f"p99 {stats.p99_ms:.1f}  max {stats.max_ms:.1f}  mean {stats.mean_ms:.1f} ms"
             )
+    lines += _overload_lines(report)
     if report.windows:
         if len(report.windows) > max_windows:
             lines.append(f"  {len(report.windows)} windows of {report.window_s:g} s: see --json")
@@ -55,6 +88,8 @@ def format_report(report: LoadReport, *, max_windows: int = 120) -> str:
                     f"  {w.start_s:>10.1f} {w.offered_rps:>9.1f} {w.served_rps:>9.1f} "
                     f"{w.errors:>7} {_ms(w.p99_ms):>9}"
                 )
+    if invalid and len(lines) > 12:  # the first one has scrolled away
+        lines += invalid
     return "\n".join(lines)
 
 
@@ -66,7 +101,13 @@ def format_search(result: SearchResult) -> str:
     for i, probe in enumerate(result.probes, start=1):
         r = probe.report
         p99 = r.latency_ms.p99_ms if r.latency_ms else None
-        verdict = "pass" if probe.passed else ("fail (stopped early)" if r.aborted else "fail")
+        verdict = (
+            "INVALID"
+            if not r.valid
+            else "pass"
+            if probe.passed
+            else ("fail (stopped early)" if r.aborted else "fail")
+        )
         lines.append(
             f"  {i:>5} {probe.rate_rps:>10.1f} {r.achieved_qps:>10.1f} {_ms(p99):>9} "
             f"{sum(r.errors.values()):>7}  {verdict}"
@@ -76,4 +117,6 @@ def format_search(result: SearchResult) -> str:
         f"  best: {best} (search {result.stopped_because.replace('_', ' ')}, "
         f"precision {result.precision:.0%})"
     )
+    if result.invalid_reason is not None:
+        lines.append(f"  INVALID PROBE, search stopped: {result.invalid_reason}")
     return "\n".join(lines)

@@ -3,7 +3,8 @@
 This is where the pieces meet: the session's prepared request is sent by the open or closed
 loop, each outcome is recorded with the precise clock, and the statistics turn the outcomes into
 a LoadReport. `run_load` is the entry point; a find-max search calls `run_with` once per probe on
-one shared session.
+one shared session. A report says whether it is a result at all (`valid`): an open loop whose
+client fell behind or dropped arrivals measured less load than it names.
 """
 
 from __future__ import annotations
@@ -61,6 +62,24 @@ class LoadReport:
     window_s: float
     aborted: bool = False
     """The run stopped early, once it could no longer meet the SLA (find-max probes)."""
+    valid: bool = True
+    """False when an open loop did not offer the load it was asked to (see invalid_reason): its
+    numbers do not describe the load it names, so they are not a result."""
+    invalid_reason: str | None = None
+    """Why the run is invalid, in words (client-side drops, send lag); None when valid."""
+    send_lag_ms: LatencyStats | None = None
+    """Open loop: how late each request went out (sent - scheduled), over measured sends."""
+    late_send_fraction: float | None = None
+    """Open loop: the fraction of measured sends more than max_send_lag_ms late."""
+    max_send_lag_ms: float | None = None
+    """Open loop: the send lag P99 limit the run was judged against."""
+    shed_latency_ms: LatencyStats | None = None
+    """Requests refused with 503/429, from the actual send to the refusal: a server that sheds
+    well answers these in milliseconds instead of letting them time out."""
+    sla_ms: float | None = None
+    """The SLA goodput counts against, when the run was given one."""
+    goodput_rps: float | None = None
+    """With an SLA: successes within it (latency as in latency_ms) per second of elapsed_s."""
 
     def to_dict(self) -> dict[str, Any]:
         doc = dataclasses.asdict(self)
@@ -107,6 +126,8 @@ async def run_with(
         window_s=config.window_s,
         open_loop=config.schedule is not None,
         stopped_early=stopped_early,
+        max_send_lag_ms=config.max_send_lag_ms,
+        sla_ms=config.sla_ms,
     )
     return LoadReport(
         mode="open" if config.schedule is not None else "closed",

@@ -4,6 +4,12 @@ The search steps are pure (`RateSearch`: an exponential ramp until a probe fails
 bisection) so the tests check them without a server; `find_max_rate` runs one open-loop probe
 per step on one shared session, each probe stopping early once it can no longer pass, the whole
 search bounded in probes and in time.
+
+A probe whose client could not keep its schedule (send lag, client-side drops: the report's
+`valid`) is neither a pass nor a fail: it offered some other load than asked, and the lag itself
+counts into its latency, so it says nothing about the asked rate either way. The search stops
+there (`stopped_because="invalid_probe"`, with the probe's reason), keeping the best rate that
+passed before it: a faster client or a lower rate is needed, not another bisection step.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from batchpilot.runtime.loadgen.config import LoadConfig, SearchConfig
 from batchpilot.runtime.loadgen.loops import PRECISE_CLOCK, Clock
 from batchpilot.runtime.loadgen.run import LoadReport, run_with
 from batchpilot.runtime.loadgen.schedule import MAX_RATE_RPS, RateSchedule
+
+StopReason = Literal["converged", "max_probes", "time_budget", "nothing_passes", "invalid_probe"]
 
 
 @dataclass(slots=True)
@@ -56,10 +64,11 @@ class RateSearch:
 
 
 def probe_passes(report: LoadReport, *, sla_ms: float) -> bool:
-    """A probe passes with no error of any kind (shed load included), P99 within the SLA, and
-    the run not stopped early."""
+    """A probe passes with no error of any kind (shed load included), P99 within the SLA, the
+    run not stopped early, and the run valid (an invalid probe never passes)."""
     return (
-        not report.aborted
+        report.valid
+        and not report.aborted
         and report.succeeded > 0
         and not report.errors
         and report.latency_ms is not None
@@ -79,9 +88,11 @@ class SearchResult:
     sla_ms: float
     best_rps: float | None
     """The highest probed rate that passed; None if none did."""
-    stopped_because: Literal["converged", "max_probes", "time_budget", "nothing_passes"]
+    stopped_because: StopReason
     precision: float
     probes: tuple[Probe, ...]
+    invalid_reason: str | None = None
+    """Why the last probe was invalid, when that stopped the search."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -89,6 +100,7 @@ class SearchResult:
             "best_rps": self.best_rps,
             "stopped_because": self.stopped_because,
             "precision": self.precision,
+            "invalid_reason": self.invalid_reason,
             "probes": [
                 {"rate_rps": p.rate_rps, "passed": p.passed, "report": p.report.to_dict()}
                 for p in self.probes
@@ -97,14 +109,16 @@ class SearchResult:
 
 
 async def find_max_rate(config: SearchConfig, *, clock: Clock = PRECISE_CLOCK) -> SearchResult:
-    """The highest constant open-loop rate with P99 <= SLA and no errors (503s included)."""
+    """The highest constant open-loop rate with P99 <= SLA and no errors (503s included); an
+    invalid probe stops the search (see the module docstring)."""
     started = clock()
     search = RateSearch(config.start_rps, precision=config.precision, min_rps=config.min_rps)
     probes: list[Probe] = []
     worst_probe_s = (
         config.settle_s + config.warmup_s + config.probe_duration_s + config.target.timeout_s
     )
-    stopped: Literal["converged", "max_probes", "time_budget", "nothing_passes"] = "converged"
+    stopped: StopReason = "converged"
+    invalid: str | None = None
     async with TargetSession(config.target, pool_size=config.max_outstanding) as client:
         while True:
             rate = search.next_rate()
@@ -130,16 +144,22 @@ async def find_max_rate(config: SearchConfig, *, clock: Clock = PRECISE_CLOCK) -
                     warmup_s=config.warmup_s,
                     seed=config.seed + len(probes),
                     stop_early_sla_ms=config.sla_ms,
+                    sla_ms=config.sla_ms,
+                    max_send_lag_ms=config.max_send_lag_ms,
                 ),
                 clock=clock,
             )
             passed = probe_passes(report, sla_ms=config.sla_ms)
-            search.record(rate, passed=passed)
             probes.append(Probe(rate_rps=rate, passed=passed, report=report))
+            if not report.valid:
+                stopped, invalid = "invalid_probe", report.invalid_reason
+                break
+            search.record(rate, passed=passed)
     return SearchResult(
         sla_ms=config.sla_ms,
         best_rps=search.passed_rps or None,
         stopped_because=stopped,
         precision=config.precision,
         probes=tuple(probes),
+        invalid_reason=invalid,
     )

@@ -3,6 +3,12 @@
 Averages hide what an SLA is about, so these are exact nearest-rank percentiles over every
 recorded sample, errors by kind (shed load apart from failures), and per-window time series for
 plotting. Nothing here does I/O, so the tests check the arithmetic directly.
+
+An open loop is only an open loop while the client keeps its schedule: a client that falls
+behind (send lag) or drops arrivals (its outstanding cap) offers less load than asked, and its
+numbers then describe a gentler test than the one reported. So the same outcomes also say
+whether the run is valid (`invalid_reason`), and, for overload tests, how fast refused requests
+were answered and how much of the load was served within the SLA (goodput).
 """
 
 from __future__ import annotations
@@ -10,11 +16,21 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, Final, TypedDict
 
 import numpy as np
 
 from batchpilot.runtime.loadgen.errors import DROPPED_CLIENT, SHED_KINDS
+
+DEFAULT_MAX_SEND_LAG_MS: Final = 10.0
+"""The send lag P99 beyond which an open-loop run is invalid. A client that cannot keep up (it
+shares a small machine with the server, or its event loop is saturated) throttles the open loop
+into a slower one, and that shows up here and nowhere else: the latency counts from the
+scheduled time either way, so the report would look like a slow server under the asked load
+when the server saw less. 10 ms is small against the SLAs this is used for (tens to hundreds of
+ms), so in a valid run the server saw the asked arrivals to within an event loop's jitter; it is
+a P99, not a max, so a rare GC or scheduler pause of a healthy client does not void a run, but
+a client behind on more than 1 % of its sends does."""
 
 
 def nearest_rank(sorted_values: np.ndarray[Any, Any], percent: float) -> float:
@@ -94,6 +110,58 @@ class Summary(TypedDict):
     latency_ms: LatencyStats | None
     service_latency_ms: LatencyStats | None
     windows: tuple[WindowStats, ...]
+    send_lag_ms: LatencyStats | None
+    late_send_fraction: float | None
+    max_send_lag_ms: float | None
+    shed_latency_ms: LatencyStats | None
+    sla_ms: float | None
+    goodput_rps: float | None
+    valid: bool
+    invalid_reason: str | None
+
+
+def send_lag(outcomes: Outcomes, *, measure_start_s: float) -> np.ndarray[Any, Any]:
+    """How late each measured request went out (sent - scheduled, seconds), over those that
+    were sent: a dropped arrival (sent NaN) has no send to be late."""
+    measured = (outcomes.scheduled >= measure_start_s) & ~np.isnan(outcomes.sent)
+    lag: np.ndarray[Any, Any] = outcomes.sent[measured] - outcomes.scheduled[measured]
+    return lag
+
+
+def goodput(latency_s: np.ndarray[Any, Any], *, sla_ms: float, over_s: float) -> float:
+    """Successful answers within the SLA per second: what the load bought. `latency_s` are the
+    successes' latencies (from the scheduled time in an open loop)."""
+    if over_s <= 0:
+        return 0.0
+    return int(np.sum(latency_s * 1000.0 <= sla_ms)) / over_s
+
+
+def invalid_reason(
+    *,
+    open_loop: bool,
+    arrivals: int,
+    dropped: int,
+    send_lag_ms: LatencyStats | None,
+    max_send_lag_ms: float,
+) -> str | None:
+    """Why an open-loop run did not offer the load it was asked to, in words; None if it did.
+    A closed loop has no schedule to keep, so it is always valid."""
+    if not open_loop:
+        return None
+    reasons = []
+    if dropped:
+        reasons.append(
+            f"the client dropped {dropped} of {arrivals} arrivals because --max-outstanding "
+            "requests were already in flight (the offered load was lower than asked; raise "
+            "--max-outstanding, or lower the rate if the server is this far behind)"
+        )
+    if send_lag_ms is not None and send_lag_ms.p99_ms > max_send_lag_ms:
+        reasons.append(
+            f"the client fell behind its schedule: send lag P99 {send_lag_ms.p99_ms:.1f} ms > "
+            f"{max_send_lag_ms:g} ms (the offered load was lower than asked; use a faster "
+            "client or a lower rate)"
+        )
+    return "; ".join(reasons) or None
 
 
 def summarize(
@@ -104,9 +172,13 @@ def summarize(
     window_s: float,
     open_loop: bool,
     stopped_early: bool = False,
+    max_send_lag_ms: float = DEFAULT_MAX_SEND_LAG_MS,
+    sla_ms: float | None = None,
 ) -> Summary:
     """The numbers of a report, from the raw outcomes: only requests scheduled at or after
-    `measure_start_s` count (the rest are warm-up)."""
+    `measure_start_s` count (the rest are warm-up). The send lag and validity are an open
+    loop's; goodput needs `sla_ms`. Shed requests' latency counts from their actual send: it
+    says how fast the server refused, not how long the request waited to be sent."""
     measured = outcomes.scheduled >= measure_start_s
     scheduled = outcomes.scheduled[measured] - measure_start_s
     sent = outcomes.sent[measured] - measure_start_s
@@ -121,6 +193,17 @@ def summarize(
     succeeded = int(ok.sum())
     # A run stopped early offered its arrivals over the time it ran, not the duration.
     offered_over = elapsed if stopped_early else duration_s
+    lag = send_lag(outcomes, measure_start_s=measure_start_s) if open_loop else None
+    lag_ms = latency_stats(lag) if lag is not None else None
+    shed_mask = np.isin(kind, list(SHED_KINDS))
+    latency = done[ok] - scheduled[ok]
+    reason = invalid_reason(
+        open_loop=open_loop,
+        arrivals=len(kind),
+        dropped=errors.get(DROPPED_CLIENT, 0),
+        send_lag_ms=lag_ms,
+        max_send_lag_ms=max_send_lag_ms,
+    )
     return {
         "scheduled": len(kind),
         "sent": int(np.sum(kind != DROPPED_CLIENT)),
@@ -131,11 +214,21 @@ def summarize(
         "shed": shed,
         "failed": sum(errors.values()) - shed,
         "elapsed_s": elapsed,
-        "latency_ms": latency_stats(done[ok] - scheduled[ok]),
+        "latency_ms": latency_stats(latency),
         "service_latency_ms": latency_stats(done[ok] - sent[ok]),
         "windows": _windows(
             scheduled, done, ok, span_s=min(elapsed, duration_s), window_s=window_s
         ),
+        "send_lag_ms": lag_ms,
+        "max_send_lag_ms": max_send_lag_ms if open_loop else None,
+        "late_send_fraction": (
+            float(np.mean(lag * 1000.0 > max_send_lag_ms)) if lag is not None and len(lag) else None
+        ),
+        "shed_latency_ms": latency_stats(done[shed_mask] - sent[shed_mask]),
+        "sla_ms": sla_ms,
+        "goodput_rps": None if sla_ms is None else goodput(latency, sla_ms=sla_ms, over_s=elapsed),
+        "valid": reason is None,
+        "invalid_reason": reason,
     }
 
 
