@@ -395,12 +395,13 @@ class TestAsyncOverHttp:
             )
             assert metric(server, "batchpilot_queue_depth") == 0  # it left the queue
 
-            # a job that fails keeps its error: here the request's own 50 ms deadline
+            # a job that fails keeps its error: here its own 0.5 ms deadline, shorter than a
+            # batch (1 ms), so it is refused at admission
             late = orjson.loads(json_body(rows(1, 0)))
-            late["parameters"] = {"timeout": 50_000}  # microseconds, as Triton's clients send
+            late["parameters"] = {"timeout": 500}  # microseconds, as Triton's clients send
             job_id = submit(server, orjson.dumps(late)).json()["id"]
             failed = fetch(server, job_id, wait_s=10)
-            assert failed.status == 504, failed.body
+            assert failed.status == 503, failed.body
             assert "deadline" in failed.json()["error"]
 
             # a long poll returns as soon as the job is done (3 s of queue delay here)

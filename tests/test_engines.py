@@ -10,8 +10,9 @@ import onnxruntime as ort
 import pytest
 
 from batchpilot.runtime.device import DeviceUnavailable, Nvml, choose_providers
+from batchpilot.runtime.engine import example_inputs
 from batchpilot.runtime.metrics import batch_bucket
-from batchpilot.runtime.onnx_engine import ModelLoadError, OnnxEngine, example_inputs
+from batchpilot.runtime.onnx_engine import ModelLoadError, OnnxEngine
 from batchpilot.runtime.simulated import LatencyModel, SimulatedEngine
 from tests import onnx_models
 

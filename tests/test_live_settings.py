@@ -18,7 +18,19 @@ class TestDocument:
     def test_both_keys(self) -> None:
         settings = parse_batching(b'{"maxBatchSize": 16, "maxQueueDelayMs": 2.5}', current=CURRENT)
         assert settings == BatchSettings(max_batch_size=16, max_queue_delay_s=0.0025)
-        assert batching_doc(settings) == {"maxBatchSize": 16, "maxQueueDelayMs": 2.5}
+        assert batching_doc(settings) == {
+            "maxBatchSize": 16,
+            "maxQueueDelayMs": 2.5,
+            "deadlineMs": 0.0,
+        }
+
+    def test_the_deadline_is_live_too_and_zero_means_none(self) -> None:
+        settings = parse_batching(b'{"deadlineMs": 80}', current=CURRENT)
+        assert settings == BatchSettings(max_batch_size=8, max_queue_delay_s=0.005, deadline_s=0.08)
+        assert batching_doc(settings)["deadlineMs"] == 80.0
+        assert parse_batching(b'{"deadlineMs": 0}', current=settings).deadline_s is None
+        # absent: the deadline in force stays
+        assert parse_batching(b'{"maxBatchSize": 2}', current=settings).deadline_s == 0.08
 
     def test_absent_keys_keep_their_value(self) -> None:
         settings = parse_batching(b'{"maxBatchSize": 2}', current=CURRENT)
@@ -35,6 +47,9 @@ class TestDocument:
             (b'{"maxBatchSize": 0}', "max_batch_size must be at least 1"),
             (b'{"maxQueueDelayMs": "5"}', "maxQueueDelayMs must be a number"),
             (b'{"maxQueueDelayMs": -1}', "max_queue_delay must be between"),
+            (b'{"deadlineMs": "100"}', "deadlineMs must be a number"),
+            (b'{"deadlineMs": -5}', "deadlineMs must be 0 .no deadline. or more"),
+            (b'{"deadlineMs": 7200000}', "the deadline must be more than 0 and at most 3600 s"),
         ],
     )
     def test_refusals(self, body: bytes, message: str) -> None:

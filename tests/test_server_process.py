@@ -496,10 +496,11 @@ class TestMetricsFollowTheTraffic:
                 "cancelled": 0,
                 "error": 0,
             }
-            # app.py times every answered request, invalid ones included
-            assert scrape.value("batchpilot_request_duration_seconds_count", **labels) == len(
-                sizes
-            ) + len(invalid)
+            # the latency of requests the server took on: invalid ones are not timed
+            assert scrape.value("batchpilot_request_duration_seconds_count", **labels) == len(sizes)
+            # every valid request is an arrival, admitted into the queue
+            assert scrape.value("batchpilot_arrivals_total", **labels) == len(sizes)
+            assert scrape.value("batchpilot_admitted_total", **labels) == len(sizes)
             assert scrape.value("batchpilot_request_duration_seconds_sum", **labels) > 0
             assert scrape.value("batchpilot_batch_size_count", **labels) == len(sizes)
             assert scrape.value("batchpilot_batch_size_sum", **labels) == sum(sizes)
@@ -645,6 +646,11 @@ class TestOverloadIsShedAtOnce:
             "0",
             "--queue-capacity",
             "2",
+            # the queue bound alone, what deadline admission keeps as a last resort
+            "--admission",
+            "queue",
+            "--deadline-ms",
+            "0",
             log_dir=tmp_path,
         ) as server:
             loop = asyncio.get_running_loop()
@@ -714,7 +720,11 @@ class TestBatchingChangesWhileServing:
             def in_force() -> Any:
                 return send(server, "GET", "/admin/batching").json()
 
-            assert in_force() == {"maxBatchSize": 8, "maxQueueDelayMs": 5000.0}
+            assert in_force() == {
+                "maxBatchSize": 8,
+                "maxQueueDelayMs": 5000.0,
+                "deadlineMs": 1000.0,
+            }
             change = b'{"maxBatchSize": 2}'
             for authorization in (None, "Bearer wrong", f"Basic {self.TOKEN}", self.TOKEN):
                 reply = put(change, authorization)
@@ -732,11 +742,19 @@ class TestBatchingChangesWhileServing:
                 reply = put(bad)
                 assert reply.status == 400, bad
                 error_of(reply)
-            assert in_force() == {"maxBatchSize": 8, "maxQueueDelayMs": 5000.0}
+            assert in_force() == {
+                "maxBatchSize": 8,
+                "maxQueueDelayMs": 5000.0,
+                "deadlineMs": 1000.0,
+            }
 
             reply = put(change)  # an absent key keeps its value
             assert reply.status == 200
-            assert reply.json() == {"maxBatchSize": 2, "maxQueueDelayMs": 5000.0}
+            assert reply.json() == {
+                "maxBatchSize": 2,
+                "maxQueueDelayMs": 5000.0,
+                "deadlineMs": 1000.0,
+            }
             assert in_force() == reply.json()
             assert send(server, "GET", "/v2/models/mlp").json()["parameters"]["max_batch_size"] == 2
             scrape = Scrape(server)
@@ -760,10 +778,17 @@ class TestBatchingChangesWhileServing:
             assert scrape.value("batchpilot_batch_size_sum") == 4
 
             reply = put(b'{"maxQueueDelayMs": 2.5}')
-            assert reply.json() == {"maxBatchSize": 2, "maxQueueDelayMs": 2.5}
+            assert reply.json() == {"maxBatchSize": 2, "maxQueueDelayMs": 2.5, "deadlineMs": 1000.0}
             meta = send(server, "GET", "/v2/models/mlp").json()["parameters"]
             assert meta["max_queue_delay_ms"] == 2.5
             assert Scrape(server).value("batchpilot_batching_max_queue_delay_seconds") == 0.0025
+
+            # the default deadline is live too (the operator keeps it at the SLA)
+            reply = put(b'{"deadlineMs": 80}')
+            assert reply.json()["deadlineMs"] == 80.0
+            assert send(server, "GET", "/v2/models/mlp").json()["parameters"]["deadline_ms"] == 80
+            assert Scrape(server).value("batchpilot_deadline_seconds") == 0.08
+            assert "default deadline changed by admin endpoint: 1000 ms -> 80 ms" in server.log()
 
     def test_without_a_configured_token_changes_are_refused(
         self, mlp_server: RuntimeProcess
@@ -801,11 +826,11 @@ class TestBatchingChangesWhileServing:
                 return send(server, "GET", "/admin/batching").json()
 
             # the file wins over the flags, from the first request on
-            assert in_force() == {"maxBatchSize": 4, "maxQueueDelayMs": 2.0}
+            assert in_force() == {"maxBatchSize": 4, "maxQueueDelayMs": 2.0, "deadlineMs": 1000.0}
             assert send(server, "GET", "/v2/models/mlp").json()["parameters"]["max_batch_size"] == 4
 
             configmap.write('{"maxBatchSize": 16, "maxQueueDelayMs": 7}')
-            wanted = {"maxBatchSize": 16, "maxQueueDelayMs": 7.0}
+            wanted = {"maxBatchSize": 16, "maxQueueDelayMs": 7.0, "deadlineMs": 1000.0}
             wait_until(lambda: in_force() == wanted, timeout_s=10, what="new file in force")
             scrape = Scrape(server)
             assert scrape.value("batchpilot_batching_max_batch_size") == 16
@@ -828,7 +853,9 @@ class TestBatchingChangesWhileServing:
 
             configmap.write('{"maxBatchSize": 3}')  # an absent key keeps its value
             wait_until(
-                lambda: in_force() == {"maxBatchSize": 3, "maxQueueDelayMs": 7.0},
+                lambda: (
+                    in_force() == {"maxBatchSize": 3, "maxQueueDelayMs": 7.0, "deadlineMs": 1000.0}
+                ),
                 timeout_s=10,
                 what="repaired file in force",
             )

@@ -267,6 +267,8 @@ def create_app(server: ModelServer, *, config: AppConfig | None = None) -> FastA
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if server.admission == "deadline":
+            await server.calibrate()
         server.start()
         yield
         await server.drain(grace_s=config.drain_grace_s)
@@ -331,6 +333,8 @@ def create_app(server: ModelServer, *, config: AppConfig | None = None) -> FastA
                     "variant": info.variant,
                     "max_batch_size": server.batching.max_batch_size,
                     "max_queue_delay_ms": server.batching.max_queue_delay_s * 1e3,
+                    "deadline_ms": (server.batching.deadline_s or 0.0) * 1e3,
+                    "admission": server.admission,
                     "instances": info.instances,
                     # With a pipeline, inputs/outputs above are its ends; this is the model's.
                     **({"pipeline": server.pipeline.summary} if server.pipeline else {}),

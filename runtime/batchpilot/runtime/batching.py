@@ -11,6 +11,14 @@ the next batch as soon as it is free, so up to `instances` batches run at once. 
 union of the batches' intervals (time when at least one instance computes), so its rate is a
 utilization that never exceeds 1.
 
+With a `Predictor` (deadline admission, the default in the server) the queue also keeps the SLA
+under overload: `put` refuses a request at once (`Overloaded`, reason "predicted_late") when the
+rows ahead of it, the batches running and the measured t(b) say it would finish after its
+deadline; a batch holds no more rows than lets its oldest request meet its deadline, and it
+stops waiting to fill when waiting longer would make that request late; and a request that can
+no longer finish in time, even alone, leaves the queue before it reaches the device. Without one
+the queue bound is the only admission control (the "queue" mode, kept to compare the two).
+
 Every request's future gets exactly one result or exception: an engine error fails the whole
 batch, a wrong number of output rows fails the whole batch, and a request whose caller went away
 (its future cancelled) leaves the queue at once. Waiting is done on events and loop timers, never
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -33,18 +42,26 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from batchpilot.runtime.admission import Predictor
 from batchpilot.runtime.engine import Engine
 from batchpilot.runtime.errors import DeadlineExceeded, EngineFailure, Overloaded, ShuttingDown
 
 Arrays = Mapping[str, np.ndarray[Any, Any]]
 
+START_MARGIN_S = 0.001
+"""A batch waiting to fill starts this long before the latest start its oldest request's
+deadline allows: waking the worker and concatenating the inputs take time too."""
+
 
 @dataclass(frozen=True, slots=True)
 class BatchSettings:
-    """The two knobs of dynamic batching; the autopilot turns both while the server runs."""
+    """The two knobs of dynamic batching, and the default deadline of a request; the autopilot
+    turns all three while the server runs."""
 
     max_batch_size: int
     max_queue_delay_s: float
+    deadline_s: float | None = None
+    """Deadline of a request that does not set its own, from its arrival; None: no deadline."""
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -52,6 +69,10 @@ class BatchSettings:
         if not 0 <= self.max_queue_delay_s <= 10:
             raise ValueError(
                 f"max_queue_delay must be between 0 and 10 s, got {self.max_queue_delay_s}"
+            )
+        if self.deadline_s is not None and not 0 < self.deadline_s <= 3600:
+            raise ValueError(
+                f"the deadline must be more than 0 and at most 3600 s, got {self.deadline_s}"
             )
 
 
@@ -110,12 +131,15 @@ class BatchQueue:
         settings: Callable[[], BatchSettings],
         capacity: int,
         clock: Callable[[], float] = time.perf_counter,
+        predictor: Predictor | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"queue capacity must be at least 1, got {capacity}")
         self._settings = settings
         self._capacity = capacity
         self._clock = clock
+        self._predictor = predictor
+        self._queued_rows = 0
         self._groups: dict[Hashable, deque[Pending]] = {}
         self._rows: dict[Hashable, int] = {}
         self._order = itertools.count()
@@ -160,10 +184,14 @@ class BatchQueue:
             raise ShuttingDown("the server is shutting down and accepts no new requests")
         if self._size >= self._capacity:
             raise Overloaded(
-                f"the queue is full ({self._capacity} requests waiting); retry shortly"
+                f"the queue is full ({self._capacity} requests waiting); retry shortly",
+                reason="queue_full",
             )
-        loop = asyncio.get_running_loop()
         now = self._clock()
+        deadline = None if timeout_s is None else now + timeout_s
+        if deadline is not None and self._predictor is not None:
+            self._admit(rows, now=now, deadline=deadline)
+        loop = asyncio.get_running_loop()
         key = shape_key(inputs)
         item = Pending(
             inputs=inputs,
@@ -171,7 +199,7 @@ class BatchQueue:
             key=key,
             future=loop.create_future(),
             enqueued_at=now,
-            deadline=None if timeout_s is None else now + timeout_s,
+            deadline=deadline,
             seq=next(self._order),
         )
         group = self._groups.get(key)
@@ -180,11 +208,30 @@ class BatchQueue:
             self._rows[key] = 0
         group.append(item)
         self._rows[key] += rows
+        self._queued_rows += rows
         self._size += 1
         item.future.add_done_callback(lambda _: self._forget(item))
         if self._waiters:
             self._wake(group, self._rows[key])
         return item.future
+
+    def _admit(self, rows: int, *, now: float, deadline: float) -> None:
+        """Refuse the request now if it is predicted to finish after its deadline."""
+        assert self._predictor is not None
+        finish = self._predictor.finish_time(
+            queued_rows=self._queued_rows,
+            rows=rows,
+            max_batch_size=self._settings().max_batch_size,
+            now=now,
+        )
+        if finish is not None and finish > deadline:
+            raise Overloaded(
+                f"the server cannot answer within the request's deadline: it would finish in "
+                f"{(finish - now) * 1e3:.0f} ms, {(finish - deadline) * 1e3:.0f} ms too late "
+                f"({self._queued_rows} rows queued ahead); retry shortly or elsewhere",
+                reason="predicted_late",
+                retry_after_s=finish - deadline,
+            )
 
     def _forget(self, item: Pending) -> None:
         """Drop a request whose caller stopped waiting (disconnect, deadline)."""
@@ -197,6 +244,7 @@ class BatchQueue:
         item.queued = False
         self._size -= 1
         self._rows[item.key] -= item.rows
+        self._queued_rows -= item.rows
         if not group:
             del self._groups[item.key], self._rows[item.key]
 
@@ -218,7 +266,7 @@ class BatchQueue:
             settings = self._settings()
             while key in self._groups and self._rows[key] < settings.max_batch_size:
                 oldest = self._groups[key][0]
-                remaining = oldest.enqueued_at + settings.max_queue_delay_s - clock()
+                remaining = self._fill_until(oldest, settings, self._rows[key]) - clock()
                 if remaining <= 0 or self._closed:
                     break
                 timed_out = await self._wait(
@@ -234,6 +282,16 @@ class BatchQueue:
             items = self._take(key, settings.max_batch_size, now=now)
             if items:
                 return Batch(items=items, settings=settings, formed_at=now)
+
+    def _fill_until(self, oldest: Pending, settings: BatchSettings, rows: int) -> float:
+        """Until when a batch may wait for more rows: the queue delay after its oldest request
+        arrived, and with a predictor no later than that request's deadline allows."""
+        until = oldest.enqueued_at + settings.max_queue_delay_s
+        if self._predictor is not None and oldest.deadline is not None:
+            compute = self._predictor.timing.upper(min(rows, settings.max_batch_size))
+            if compute is not None:
+                until = min(until, oldest.deadline - compute - START_MARGIN_S)
+        return until
 
     def _wake(self, group: deque[Pending] | None = None, rows: int = 0) -> None:
         """Wake the workers waiting in `next_batch` that a request just put into `group` (which
@@ -281,20 +339,46 @@ class BatchQueue:
                 self._waiters.remove(waiter)
 
     def _take(self, key: Hashable, max_rows: int, *, now: float) -> tuple[Pending, ...]:
+        """The next batch of the group, oldest first: at most `max_rows` rows and, with a
+        predictor, no more than lets every request in it meet its deadline. Requests that can no
+        longer finish in time are failed here, before they reach the device."""
         group = self._groups[key]
+        timing = self._predictor.timing if self._predictor is not None else None
         taken: list[Pending] = []
         rows = 0
+        due = math.inf  # the earliest deadline in the batch
         while group and (not taken or rows + group[0].rows <= max_rows):
-            item = group.popleft()
-            self._dequeued(item, group)
-            if item.deadline is not None and now >= item.deadline:
-                item.future.set_exception(
-                    DeadlineExceeded("the request's deadline passed while it was queued")
-                )
+            item = group[0]
+            deadline = math.inf if item.deadline is None else item.deadline
+            if now >= deadline:
+                self._expire(item, group, "the request's deadline passed while it was queued")
                 continue
+            if timing is not None and deadline < math.inf:
+                alone = timing.seconds(item.rows)
+                if alone is not None and now + alone > deadline:
+                    self._expire(
+                        item,
+                        group,
+                        f"the request could no longer finish within its deadline: "
+                        f"{(deadline - now) * 1e3:.1f} ms were left, a batch takes "
+                        f"{alone * 1e3:.1f} ms",
+                    )
+                    continue
+                if taken:
+                    with_it = timing.upper(rows + item.rows)
+                    if with_it is not None and now + with_it > min(due, deadline):
+                        break  # it waits for the next batch rather than make this one late
+            group.popleft()
+            self._dequeued(item, group)
             taken.append(item)
             rows += item.rows
+            due = min(due, deadline)
         return tuple(taken)
+
+    def _expire(self, item: Pending, group: deque[Pending], reason: str) -> None:
+        group.popleft()
+        self._dequeued(item, group)
+        item.future.set_exception(DeadlineExceeded(reason))
 
 
 class BatchObserver(Protocol):
@@ -355,9 +439,11 @@ class Batcher:
         *,
         clock: Callable[[], float] = time.perf_counter,
         instances: int = 1,
+        predictor: Predictor | None = None,
     ) -> None:
         if instances < 1:
             raise ValueError(f"instances must be at least 1, got {instances}")
+        self._predictor = predictor
         self._queue = queue
         self._clock = clock
         self._engine = engine
@@ -403,11 +489,15 @@ class Batcher:
         inputs = items[0].inputs if len(items) == 1 else _concatenate(items)
         started = clock()
         self._busy.begin(started)
+        predictor = self._predictor
+        token = predictor.started(rows, started) if predictor is not None else 0
         try:
             try:
                 outputs = await self._engine.run(inputs)
             except asyncio.CancelledError:
                 self._busy.end(clock())
+                if predictor is not None:
+                    predictor.finished(token, rows=rows, seconds=None)
                 _fail(items, ShuttingDown("the server stopped before the batch finished"))
                 raise
             for name, array in outputs.items():
@@ -420,6 +510,8 @@ class Batcher:
             ended = clock()
             self._busy.end(ended)
             compute_s = ended - started
+            if predictor is not None:
+                predictor.finished(token, rows=rows, seconds=None)
             self._observer.batch_failed(rows=rows, requests=len(items), compute_s=compute_s)
             error = exc if isinstance(exc, EngineFailure) else EngineFailure(f"engine error: {exc}")
             _fail(items, error)
@@ -427,6 +519,8 @@ class Batcher:
         ended = clock()
         self._busy.end(ended)
         compute_s = ended - started
+        if predictor is not None:
+            predictor.finished(token, rows=rows, seconds=compute_s)
         start = 0
         for item in items:
             end = start + item.rows

@@ -16,6 +16,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from batchpilot.runtime.protocol import DATATYPES
+
 
 @dataclass(frozen=True, slots=True)
 class TensorSpec:
@@ -82,3 +84,13 @@ class Engine(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+def example_inputs(signature: ModelSignature, *, rows: int = 1) -> dict[str, np.ndarray[Any, Any]]:
+    """Zero-filled inputs with `rows` rows; other dynamic dimensions become 1."""
+    return {
+        spec.name: np.zeros(
+            (rows, *(d if d >= 0 else 1 for d in spec.shape[1:])), dtype=DATATYPES[spec.datatype]
+        )
+        for spec in signature.inputs
+    }

@@ -25,10 +25,15 @@ class RequestTooLarge(InferenceError):
 
 
 class Overloaded(InferenceError):
-    """The queue is full; the client should retry later (503 with Retry-After)."""
+    """The server cannot take the request now; the client should retry later (503 with
+    Retry-After). `reason` says why, in the words of the shed metric: "queue_full" (the queue
+    bound) or "predicted_late" (it would finish after its deadline)."""
 
-    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+    def __init__(
+        self, message: str, *, reason: str = "queue_full", retry_after_s: float = 1.0
+    ) -> None:
         super().__init__(message)
+        self.reason = reason
         self.retry_after_s = retry_after_s
 
 

@@ -1,7 +1,8 @@
 """The batching settings document shared by the admin endpoint and the mounted config file.
 
-`{"maxBatchSize": N, "maxQueueDelayMs": D}` is what the operator PUTs to ready pods and writes
-into the ConfigMap that new pods read; both paths parse it here, so they accept the same thing.
+`{"maxBatchSize": N, "maxQueueDelayMs": D, "deadlineMs": T}` is what the operator PUTs to ready
+pods and writes into the ConfigMap that new pods read; both paths parse it here, so they accept
+the same thing. `deadlineMs` is the default deadline of a request (0: none).
 """
 
 from __future__ import annotations
@@ -20,15 +21,20 @@ from batchpilot.runtime.errors import InvalidRequest
 log = logging.getLogger(__name__)
 
 
+BATCHING_KEYS = ("maxBatchSize", "maxQueueDelayMs", "deadlineMs")
+
+
 def batching_doc(settings: BatchSettings) -> dict[str, Any]:
     return {
         "maxBatchSize": settings.max_batch_size,
         "maxQueueDelayMs": settings.max_queue_delay_s * 1e3,
+        "deadlineMs": (settings.deadline_s or 0.0) * 1e3,
     }
 
 
 def parse_batching(body: bytes, *, current: BatchSettings) -> BatchSettings:
-    """Parse `{"maxBatchSize": N, "maxQueueDelayMs": D}`; absent keys keep their value.
+    """Parse `{"maxBatchSize": N, "maxQueueDelayMs": D, "deadlineMs": T}`; absent keys keep
+    their value.
 
     The same document is what the operator writes into the mounted batching config file.
     """
@@ -38,18 +44,26 @@ def parse_batching(body: bytes, *, current: BatchSettings) -> BatchSettings:
         raise InvalidRequest(f"batching settings are not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise InvalidRequest("batching settings must be a JSON object")
-    if unknown := sorted(set(doc) - {"maxBatchSize", "maxQueueDelayMs"}):
+    if unknown := sorted(set(doc) - set(BATCHING_KEYS)):
         raise InvalidRequest(
-            f"unknown batching setting {', '.join(unknown)}; known: maxBatchSize, maxQueueDelayMs"
+            f"unknown batching setting {', '.join(unknown)}; known: {', '.join(BATCHING_KEYS)}"
         )
     size = doc.get("maxBatchSize", current.max_batch_size)
     delay_ms = doc.get("maxQueueDelayMs", current.max_queue_delay_s * 1e3)
+    deadline_ms = doc.get("deadlineMs", (current.deadline_s or 0.0) * 1e3)
     if not isinstance(size, int) or isinstance(size, bool):
         raise InvalidRequest(f"maxBatchSize must be an integer, got {size!r}")
-    if not isinstance(delay_ms, int | float) or isinstance(delay_ms, bool):
-        raise InvalidRequest(f"maxQueueDelayMs must be a number, got {delay_ms!r}")
+    for key, value in (("maxQueueDelayMs", delay_ms), ("deadlineMs", deadline_ms)):
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise InvalidRequest(f"{key} must be a number, got {value!r}")
+    if deadline_ms < 0:
+        raise InvalidRequest(f"deadlineMs must be 0 (no deadline) or more, got {deadline_ms!r}")
     try:
-        return BatchSettings(max_batch_size=size, max_queue_delay_s=delay_ms / 1e3)
+        return BatchSettings(
+            max_batch_size=size,
+            max_queue_delay_s=delay_ms / 1e3,
+            deadline_s=deadline_ms / 1e3 if deadline_ms else None,
+        )
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None
 

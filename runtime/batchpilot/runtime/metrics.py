@@ -4,8 +4,10 @@ Every series carries the model and the InferenceService/namespace it serves (fro
 environment), so one PromQL selector finds a service's replicas. What each metric is for:
 
 - `batchpilot_request_duration_seconds` (histogram): end-to-end latency inside the server, the
-  SLA's P99. Buckets grow by 15 % from 1 ms to 2.5 s, so an interpolated P99 is off by less
-  than 15 % (typically a few per cent) anywhere between 2 ms and 2 s.
+  SLA's P99, of the requests the server took on (answered, timed out or failed); a refusal at
+  arrival is answered in microseconds and would only hide the latency of the others. Buckets
+  grow by 15 % from 1 ms to 2.5 s, so an interpolated P99 is off by less than 15 % (typically a
+  few per cent) anywhere between 2 ms and 2 s.
 - `batchpilot_queue_wait_seconds` (histogram): time from arrival to batch formation.
 - `batchpilot_batch_size` (histogram): rows per batch.
 - `batchpilot_pipeline_seconds` (histogram by `stage`: preprocess, postprocess): time spent
@@ -16,6 +18,16 @@ environment), so one PromQL selector finds a service's replicas. What each metri
   mean rows per bucket, the points the autopilot fits t(b) ≈ α + β·b to.
 - `batchpilot_requests_total` (counter by `outcome`), `batchpilot_queue_depth`,
   `batchpilot_inflight_requests` (gauges).
+- `batchpilot_arrivals_total` (counter): every valid request for the model, counted when it
+  arrives, whatever happens to it next: its rate is the offered load, measured rather than
+  inferred from what was served. `batchpilot_admitted_total` counts those that entered the
+  queue; `batchpilot_shed_total` (counter by `reason`) those shed: `predicted_late` (refused at
+  arrival, it would have finished after its deadline), `queue_full`, `draining` (refused at
+  arrival), and `expired` (its deadline passed, or could no longer be met, before it reached
+  the device). Every arrival is admitted or refused at arrival, so arrivals = admitted +
+  predicted_late + queue_full + draining + the requests whose deadline passed in preprocessing,
+  before they could be queued.
+- `batchpilot_deadline_seconds` (gauge): the default deadline in force (0: none).
 - `batchpilot_device_busy_seconds_total` (counter): its rate is device utilization, for any device.
   With several model instances it counts the time at least one instance computes (the union of
   their batches), so its rate stays a utilization between 0 and 1.
@@ -93,6 +105,13 @@ class Outcome(StrEnum):
     TIMEOUT = "timeout"
     CANCELLED = "cancelled"  # the client went away
     ERROR = "error"
+
+
+_TIMED_OUTCOMES = frozenset({Outcome.SUCCESS, Outcome.TIMEOUT, Outcome.ERROR})
+"""Outcomes whose duration is a latency of the service (the request was taken on)."""
+
+SHED_REASONS = ("predicted_late", "queue_full", "draining", "expired")
+"""Why a request was shed: the `reason` label of `batchpilot_shed_total`."""
 
 
 class _GpuCollector(Collector):
@@ -216,6 +235,23 @@ class RuntimeMetrics:
         self._outcomes = Counter(
             "batchpilot_requests", "Requests by outcome", [*names, "outcome"], registry=r
         )
+        self.arrivals = Counter(
+            "batchpilot_arrivals",
+            "Valid requests that arrived, whatever became of them: the offered load",
+            names,
+            registry=r,
+        ).labels(**labels)
+        self.admitted = Counter(
+            "batchpilot_admitted", "Requests admitted into the queue", names, registry=r
+        ).labels(**labels)
+        shed = Counter(
+            "batchpilot_shed",
+            "Requests shed, by reason: predicted_late, queue_full, draining (refused at "
+            "arrival), expired (deadline passed before they reached the device)",
+            [*names, "reason"],
+            registry=r,
+        )
+        self._shed = {reason: shed.labels(**labels, reason=reason) for reason in SHED_REASONS}
         # Children looked up once: `labels()` per request costs more than the increment.
         self._outcome_counters = {
             outcome: self._outcomes.labels(**labels, outcome=outcome.value) for outcome in Outcome
@@ -240,6 +276,12 @@ class RuntimeMetrics:
         ).labels(**labels)
         self.max_batch_size = Gauge(
             "batchpilot_batching_max_batch_size", "Batch size limit in force", names, registry=r
+        ).labels(**labels)
+        self.deadline = Gauge(
+            "batchpilot_deadline_seconds",
+            "Default deadline of a request, from its arrival, in force (0: none)",
+            names,
+            registry=r,
         ).labels(**labels)
         self.max_queue_delay = Gauge(
             "batchpilot_batching_max_queue_delay_seconds",
@@ -286,16 +328,23 @@ class RuntimeMetrics:
 
     def request_finished(self, outcome: Outcome, duration_s: float | None = None) -> None:
         self._outcome_counters[outcome].inc()
-        if duration_s is not None:
+        if duration_s is not None and outcome in _TIMED_OUTCOMES:
             self.request_duration.observe(duration_s)
+
+    def shed(self, reason: str) -> None:
+        """One request shed; `reason` is one of `SHED_REASONS`."""
+        self._shed[reason].inc()
 
     def pipeline_stage_done(self, stage: str, duration_s: float) -> None:
         """`stage`: "preprocess" or "postprocess"."""
         self._pipeline.labels(**self._labels, stage=stage).observe(duration_s)
 
-    def settings_changed(self, *, max_batch_size: int, max_queue_delay_s: float) -> None:
+    def settings_changed(
+        self, *, max_batch_size: int, max_queue_delay_s: float, deadline_s: float | None = None
+    ) -> None:
         self.max_batch_size.set(max_batch_size)
         self.max_queue_delay.set(max_queue_delay_s)
+        self.deadline.set(deadline_s or 0.0)
 
     # BatchObserver
     def batch_done(

@@ -34,9 +34,8 @@ from batchpilot.runtime.device import (
     Provider,
     choose_accelerated_providers,
 )
-from batchpilot.runtime.engine import EngineInfo, ModelSignature, TensorSpec
+from batchpilot.runtime.engine import EngineInfo, ModelSignature, TensorSpec, example_inputs
 from batchpilot.runtime.metrics import available_cores
-from batchpilot.runtime.protocol import DATATYPES
 
 log = logging.getLogger(__name__)
 
@@ -157,16 +156,6 @@ def open_session(path: Path, *, providers: Sequence[Provider], config: SessionCo
         )
     except Exception as exc:
         raise ModelLoadError(f"onnxruntime cannot load {path}: {exc}") from exc
-
-
-def example_inputs(signature: ModelSignature, *, rows: int = 1) -> dict[str, np.ndarray[Any, Any]]:
-    """Zero-filled inputs with `rows` rows; other dynamic dimensions become 1."""
-    return {
-        spec.name: np.zeros(
-            (rows, *(d if d >= 0 else 1 for d in spec.shape[1:])), dtype=DATATYPES[spec.datatype]
-        )
-        for spec in signature.inputs
-    }
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,12 @@ It checks each request against the model's signature, queues it for the batcher,
 rows, and keeps the batching settings that the admin endpoint and the config file change while
 serving. The REST layer (`app.py`) is a thin translation on top of this.
 
+Every request has a deadline: its own (the v2 `timeout` parameter, the gRPC deadline) or the
+server's default, which lives in the batching settings so the operator keeps it at the SLA. With
+deadline admission (the default) a request that cannot finish in time is refused at arrival
+(see `batchpilot.runtime.admission`); every arrival and every shed request is counted, so the
+offered load is measured, not inferred from what was served.
+
 With a pipeline (`batchpilot.runtime.pipeline`), clients see the pipeline's signature: requests
 are checked against it, preprocessed per request in a thread pool before they enter the queue
 (the batcher only ever sees ready tensors), and their rows are postprocessed in the same pool.
@@ -19,16 +25,18 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 
+from batchpilot.runtime.admission import Predictor
 from batchpilot.runtime.batching import Batcher, BatchQueue, BatchSettings
-from batchpilot.runtime.engine import Engine, ModelSignature, TensorSpec
+from batchpilot.runtime.engine import Engine, ModelSignature, TensorSpec, example_inputs
 from batchpilot.runtime.errors import (
     DeadlineExceeded,
     InvalidRequest,
     ModelNotFound,
+    Overloaded,
     ShuttingDown,
 )
 from batchpilot.runtime.metrics import RuntimeMetrics, available_cores
@@ -40,6 +48,14 @@ if TYPE_CHECKING:  # the pipeline pulls Pillow and tokenizers; servers without o
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+
+Admission = Literal["deadline", "queue"]
+"""deadline: refuse at arrival what cannot finish in time, size batches to the deadline (the
+default); queue: the queue bound only, full batches (kept to compare the two)."""
+
+CALIBRATION_ROUNDS = 2
+"""Batches of 1 and of max_batch_size rows timed at start-up, each, so that t(b) has a slope
+before the first request: a single measured size cannot tell fixed cost from per-row cost."""
 
 
 def _shape_text(shape: tuple[int, ...]) -> str:
@@ -146,7 +162,7 @@ class ModelServer:
         batching: BatchSettings,
         queue_capacity: int,
         metrics: RuntimeMetrics,
-        default_timeout_s: float | None = None,
+        admission: Admission = "deadline",
         pipeline: Pipeline | None = None,
         pipeline_threads: int = 0,
     ) -> None:
@@ -162,17 +178,25 @@ class ModelServer:
             else None
         )
         self._batching = batching
-        self._default_timeout_s = default_timeout_s
+        self.admission: Admission = admission
         self._output_names = self.signature.output_names
         self._output_datatypes = {spec.name: spec.datatype for spec in self.signature.outputs}
-        self._queue = BatchQueue(settings=lambda: self._batching, capacity=queue_capacity)
-        self._batcher = Batcher(self._queue, engine, metrics, instances=engine.info.instances)
+        instances = engine.info.instances
+        # Measured t(b) in both modes (it is also what calibration fills); only deadline
+        # admission lets the queue use it.
+        self.predictor = Predictor(instances=instances)
+        self._queue = BatchQueue(
+            settings=lambda: self._batching,
+            capacity=queue_capacity,
+            predictor=self.predictor if admission == "deadline" else None,
+        )
+        self._batcher = Batcher(
+            self._queue, engine, metrics, instances=instances, predictor=self.predictor
+        )
         metrics.track_busy_seconds(self._batcher.busy_seconds)
         self._task: asyncio.Task[None] | None = None
         metrics.track_queue_depth(lambda: len(self._queue))
-        metrics.settings_changed(
-            max_batch_size=batching.max_batch_size, max_queue_delay_s=batching.max_queue_delay_s
-        )
+        self._report_settings(batching)
 
     @property
     def signature(self) -> ModelSignature:
@@ -200,9 +224,21 @@ class ModelServer:
                 self._batching.max_queue_delay_s * 1e3,
                 settings.max_queue_delay_s * 1e3,
             )
+        if settings.deadline_s != self._batching.deadline_s:
+            log.info(
+                "default deadline changed by %s: %s -> %s",
+                source,
+                _ms_text(self._batching.deadline_s),
+                _ms_text(settings.deadline_s),
+            )
         self._batching = settings
+        self._report_settings(settings)
+
+    def _report_settings(self, settings: BatchSettings) -> None:
         self.metrics.settings_changed(
-            max_batch_size=settings.max_batch_size, max_queue_delay_s=settings.max_queue_delay_s
+            max_batch_size=settings.max_batch_size,
+            max_queue_delay_s=settings.max_queue_delay_s,
+            deadline_s=settings.deadline_s,
         )
 
     @property
@@ -212,6 +248,31 @@ class ModelServer:
     @property
     def queued(self) -> int:
         return len(self._queue)
+
+    async def calibrate(self, *, rounds: int = CALIBRATION_ROUNDS) -> None:
+        """Time batches of 1 and of max_batch_size rows on the engine before serving, so that
+        admission predicts from the first request on. A model that cannot run a batch this way
+        (an input the zeros do not fit) is served without: t(b) is then learnt from traffic."""
+        sizes = sorted({1, self._batching.max_batch_size})
+        clock = time.perf_counter
+        try:
+            await self.engine.run(example_inputs(self.engine.signature, rows=sizes[-1]))  # warm
+            for _ in range(rounds):
+                for rows in sizes:
+                    inputs = example_inputs(self.engine.signature, rows=rows)
+                    started = clock()
+                    await self.engine.run(inputs)
+                    self.predictor.timing.observe(rows, clock() - started)
+        except Exception as exc:  # any engine error: calibration is an optimisation
+            log.warning("start-up timing of batches skipped: %s", exc)
+            return
+        fit = self.predictor.timing.fit
+        if fit is not None:
+            log.info(
+                "batch time measured at start-up: t(b) = %.2f ms + %.3f ms x b",
+                fit.alpha_s * 1e3,
+                fit.beta_s * 1e3,
+            )
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._batcher.run(), name="batcher")
@@ -224,7 +285,9 @@ class ModelServer:
     async def infer(self, request: InferRequest) -> list[Tensor]:
         """Serve one request; raises the runtime's errors for anything but success."""
         rows = validate_inputs(self.signature, request)
-        timeout_s = request.timeout_s or self._default_timeout_s
+        metrics = self.metrics
+        metrics.arrivals.inc()
+        timeout_s = request.timeout_s or self._batching.deadline_s
         inputs = {t.name: t.data for t in request.inputs}
         pipeline = self.pipeline
         remaining_s = timeout_s
@@ -236,20 +299,32 @@ class ModelServer:
             if timeout_s is not None:
                 remaining_s = timeout_s - (time.perf_counter() - arrived)
                 if remaining_s <= 0:
+                    metrics.shed("expired")
                     raise DeadlineExceeded(
                         f"the request's {timeout_s * 1e3:g} ms deadline passed while its "
                         "inputs were preprocessed"
                     )
-        future = self._queue.put(inputs, rows=rows, timeout_s=remaining_s)
-        if timeout_s is None or remaining_s is None:
+        try:
+            future = self._queue.put(inputs, rows=rows, timeout_s=remaining_s)
+        except Overloaded as exc:
+            metrics.shed(exc.reason)
+            raise
+        except ShuttingDown:
+            metrics.shed("draining")
+            raise
+        metrics.admitted.inc()
+        if remaining_s is None:
             outputs = await future
         else:
+            assert timeout_s is not None
+            timer = asyncio.get_running_loop().call_later(remaining_s, _expire, future, timeout_s)
             try:
-                outputs = await asyncio.wait_for(future, remaining_s)
-            except TimeoutError:
-                raise DeadlineExceeded(
-                    f"the request was not served within its {timeout_s * 1e3:g} ms deadline"
-                ) from None
+                outputs = await future
+            except DeadlineExceeded:
+                metrics.shed("expired")
+                raise
+            finally:
+                timer.cancel()
         names = request.requested_outputs or self._output_names
         if pipeline is not None and pipeline.postprocess is not None:
             return await self._off_loop(
@@ -302,6 +377,20 @@ class ModelServer:
         if self._pipeline_pool is not None:
             self._pipeline_pool.shutdown(wait=False, cancel_futures=True)
         await self.engine.close()
+
+
+def _expire(future: asyncio.Future[Any], timeout_s: float) -> None:
+    """A request's deadline passed: fail it (a queued request leaves the queue with it)."""
+    if not future.done():
+        future.set_exception(
+            DeadlineExceeded(
+                f"the request was not served within its {timeout_s * 1e3:g} ms deadline"
+            )
+        )
+
+
+def _ms_text(seconds: float | None) -> str:
+    return "none" if seconds is None else f"{seconds * 1e3:g} ms"
 
 
 def _array(value: Any) -> np.ndarray[Any, Any]:

@@ -1,0 +1,231 @@
+"""Deadline-aware admission: predict when a request would finish, and refuse it at arrival
+when that is after its deadline.
+
+A server without this keeps the SLA only while it has spare capacity. Past that point every
+request waits behind all the others, its deadline passes while it waits, and the device spends
+its time on answers nobody waits for any more (congestion collapse): at twice the capacity
+nearly every request times out. Refusing the requests that cannot finish in time, at once and
+with 503 + Retry-After, keeps the promise for the ones admitted; the client, or the load
+balancer, retries elsewhere or later.
+
+The prediction uses what the server measures of itself: per-batch compute time t(b) ≈ α + β·b,
+fitted online from the batches it ran (`BatchTiming`), the batches running now and the rows
+queued ahead (`DeviceLedger`). The same prediction lets the batcher form the largest batch
+that still lets its oldest request meet its deadline, rather than a full one that cannot.
+
+Pure core: no I/O, the clock is an argument.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+SIZE_MEMORY_BATCHES = 50
+"""Each batch size's mean time follows its last ~this many batches (an exponential average):
+long enough to average the noise of single batches, short enough to follow a device that slows
+down (thermal throttling, a noisy neighbour) within seconds under load."""
+
+SIZE_WEIGHT_CAP = 10
+"""A batch size weighs in the fit by its number of batches, up to this: a size seen once (a
+burst) counts less than one seen all day, and the commonest size cannot drown the others that
+pin down the slope."""
+
+SPREAD_SIGMAS = 2.0
+"""High estimates add this many standard deviations of the fit's relative one-step-ahead
+error: a batch takes longer than predicted this way about 2-3 % of the time."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """t(b) = alpha_s + beta_s·b, and the relative spread of its prediction errors."""
+
+    alpha_s: float
+    beta_s: float
+    spread: float
+    """Standard deviation of (measured / predicted - 1) over recent batches."""
+    floor_rows: float = 0.0
+    """With one batch size seen (α unknown): batches up to this size take its time."""
+
+
+@dataclass(slots=True)
+class _SizeStat:
+    mean_s: float
+    count: int
+
+
+class BatchTiming:
+    """t(b), fitted online by least squares over the mean time of each batch size run.
+
+    Means are kept per size, so a slope measured once (the start-up calibration, a burst) is
+    not forgotten while the traffic runs a single size for hours; each size follows its own
+    recent batches. The fit is updated in O(1) per batch from running sums over the sizes.
+    Coefficients are clamped (α ≥ 0, β ≥ 0): a noisy fit never predicts a bigger batch faster.
+    """
+
+    def __init__(self) -> None:
+        self._sizes: dict[int, _SizeStat] = {}
+        self._w = self._b = self._t = self._bb = self._bt = 0.0
+        self._err2 = 0.0
+        self._err_w = 0.0
+        self._fit: Fit | None = None
+
+    @property
+    def fit(self) -> Fit | None:
+        """The current fit; None until a batch has been measured."""
+        return self._fit
+
+    def observe(self, rows: int, seconds: float) -> None:
+        """Add one measured batch of `rows` rows that took `seconds`."""
+        if rows < 1 or not math.isfinite(seconds) or seconds < 0:
+            return
+        # Errors count from the first real fit on: a single size's stand-in is no prediction.
+        predicted = self.seconds(rows) if self._fit and not self._fit.floor_rows else None
+        if predicted is not None and predicted > 0:
+            keep = 1.0 - 1.0 / SIZE_MEMORY_BATCHES
+            error = seconds / predicted - 1.0
+            self._err2 = self._err2 * keep + error * error
+            self._err_w = self._err_w * keep + 1.0
+        stat = self._sizes.get(rows)
+        if stat is None:
+            stat = self._sizes[rows] = _SizeStat(mean_s=seconds, count=0)
+        else:
+            self._account(rows, stat, -1.0)
+        stat.count += 1
+        stat.mean_s += (seconds - stat.mean_s) / min(stat.count, SIZE_MEMORY_BATCHES)
+        self._account(rows, stat, 1.0)
+        self._fit = self._solve()
+
+    def _account(self, rows: int, stat: _SizeStat, sign: float) -> None:
+        w = sign * min(stat.count, SIZE_WEIGHT_CAP)
+        self._w += w
+        self._b += w * rows
+        self._t += w * stat.mean_s
+        self._bb += w * rows * rows
+        self._bt += w * rows * stat.mean_s
+
+    def _solve(self) -> Fit:
+        w = self._w
+        mean_b, mean_t = self._b / w, self._t / w
+        variance_b = self._bb / w - mean_b * mean_b
+        spread = math.sqrt(self._err2 / self._err_w) if self._err_w > 0 else 0.0
+        if len(self._sizes) < 2 or variance_b <= 1e-9 * mean_b * mean_b:
+            # One batch size: through the origin and that point for larger batches, that
+            # point's time for smaller ones. Both over-predict when α > 0, so admission errs
+            # on the side of the deadline until a second size is measured.
+            return Fit(alpha_s=0.0, beta_s=mean_t / mean_b, spread=spread, floor_rows=mean_b)
+        beta = (self._bt / w - mean_b * mean_t) / variance_b
+        alpha = mean_t - beta * mean_b
+        if beta < 0:
+            alpha, beta = mean_t, 0.0
+        elif alpha < 0:
+            alpha, beta = 0.0, mean_t / mean_b
+        return Fit(alpha_s=alpha, beta_s=beta, spread=spread)
+
+    def seconds(self, rows: int) -> float | None:
+        """Expected time of a batch of `rows` rows; None before any batch was measured."""
+        fit = self._fit
+        if fit is None:
+            return None
+        return fit.alpha_s + fit.beta_s * max(rows, fit.floor_rows)
+
+    def upper(self, rows: int, *, batches: int = 1) -> float | None:
+        """A high estimate of the time of `batches` batches of `rows` rows run one after the
+        other: their expected time plus `SPREAD_SIGMAS` deviations of the sum (independent
+        errors: the deviation of a sum of n grows as √n)."""
+        expected = self.seconds(rows)
+        if expected is None:
+            return None
+        assert self._fit is not None
+        return batches * expected * (1.0 + SPREAD_SIGMAS * self._fit.spread / math.sqrt(batches))
+
+
+class DeviceLedger:
+    """The batches running now, for the time they leave before an instance is free."""
+
+    def __init__(self, *, instances: int) -> None:
+        if instances < 1:
+            raise ValueError(f"instances must be at least 1, got {instances}")
+        self.instances = instances
+        self._running: dict[int, tuple[float, int]] = {}
+        self._next = 0
+
+    def started(self, rows: int, now: float) -> int:
+        token = self._next
+        self._next += 1
+        self._running[token] = (now, rows)
+        return token
+
+    def finished(self, token: int) -> None:
+        self._running.pop(token, None)
+
+    def busy_s(self, timing: BatchTiming, now: float) -> float:
+        """Compute time the running batches still need, summed over instances."""
+        total = 0.0
+        for started, rows in self._running.values():
+            expected = timing.seconds(rows)
+            if expected is not None:
+                total += max(0.0, started + expected - now)
+        return total
+
+
+def predicted_finish(
+    *,
+    timing: BatchTiming,
+    ledger: DeviceLedger,
+    queued_rows: int,
+    rows: int,
+    max_batch_size: int,
+    now: float,
+) -> float | None:
+    """When a request of `rows` rows arriving `now` behind `queued_rows` queued rows would be
+    answered, or None when nothing has been measured yet (nothing to predict from).
+
+    Running batches finish first. The rows ahead are served in full batches of
+    `max_batch_size`, and so is the request's own when it waits behind anything: the rows that
+    arrive meanwhile fill it. With several instances the work ahead is shared among them; the
+    request's own batch still takes its full time.
+    """
+    total = queued_rows + rows
+    full = max(0, math.ceil(total / max_batch_size) - 1)
+    ahead = ledger.busy_s(timing, now)
+    waits = full > 0 or ahead > 0
+    own = timing.upper(max_batch_size if waits else total)
+    if own is None:
+        return None
+    if full:
+        ahead_full = timing.upper(max_batch_size, batches=full)
+        assert ahead_full is not None
+        ahead += ahead_full
+    return now + ahead / ledger.instances + own
+
+
+class Predictor:
+    """What the queue and the batcher share: t(b) as measured, and the batches running now."""
+
+    def __init__(self, *, instances: int = 1, timing: BatchTiming | None = None) -> None:
+        self.timing = timing or BatchTiming()
+        self.ledger = DeviceLedger(instances=instances)
+
+    def started(self, rows: int, now: float) -> int:
+        """A batch of `rows` rows started at `now`; returns its token for `finished`."""
+        return self.ledger.started(rows, now)
+
+    def finished(self, token: int, *, rows: int, seconds: float | None) -> None:
+        """The batch ended; `seconds` is its compute time, None when it failed (a failure's
+        time says nothing about t(b))."""
+        self.ledger.finished(token)
+        if seconds is not None:
+            self.timing.observe(rows, seconds)
+
+    def finish_time(
+        self, *, queued_rows: int, rows: int, max_batch_size: int, now: float
+    ) -> float | None:
+        return predicted_finish(
+            timing=self.timing,
+            ledger=self.ledger,
+            queued_rows=queued_rows,
+            rows=rows,
+            max_batch_size=max_batch_size,
+            now=now,
+        )

@@ -1,0 +1,321 @@
+"""Deadline-aware admission: the t(b) fit, the finish-time prediction, and the queue that refuses
+at arrival what cannot finish in time and sizes batches to the deadline.
+
+The queue tests run on looptime's fake clock with an engine whose batch takes exactly
+α + β·b of loop time, so every wait and every refusal asserted here is exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pytest
+
+from batchpilot.runtime.admission import (
+    SIZE_MEMORY_BATCHES,
+    BatchTiming,
+    DeviceLedger,
+    Predictor,
+    predicted_finish,
+)
+from batchpilot.runtime.batching import Batcher, BatchQueue, BatchSettings
+from batchpilot.runtime.engine import EngineInfo
+from batchpilot.runtime.errors import DeadlineExceeded, Overloaded
+from tests.test_batching import SIGNATURE, RecordingObserver
+
+
+def exact_timing(alpha_s: float, beta_s: float, sizes: tuple[int, ...] = (1, 8)) -> BatchTiming:
+    timing = BatchTiming()
+    for _ in range(3):
+        for rows in sizes:
+            timing.observe(rows, alpha_s + beta_s * rows)
+    return timing
+
+
+class TestBatchTiming:
+    def test_nothing_measured_predicts_nothing(self) -> None:
+        timing = BatchTiming()
+        assert timing.fit is None
+        assert timing.seconds(4) is None
+        assert timing.upper(4) is None
+
+    def test_two_sizes_recover_alpha_and_beta(self) -> None:
+        timing = exact_timing(0.020, 0.001)
+        fit = timing.fit
+        assert fit is not None
+        assert fit.alpha_s == pytest.approx(0.020)
+        assert fit.beta_s == pytest.approx(0.001)
+        assert timing.seconds(32) == pytest.approx(0.052)  # 20 + 1 * 32 ms
+        assert fit.spread == pytest.approx(0.0, abs=1e-9)  # exact data: no prediction error
+        assert timing.upper(32) == pytest.approx(0.052)
+
+    def test_one_size_is_read_conservatively_both_ways(self) -> None:
+        timing = BatchTiming()
+        for _ in range(5):
+            timing.observe(4, 0.024)  # truly 20 ms + 1 ms x 4
+        # larger: proportional through the one point, 24 / 4 x 8 = 48 ms (truly 28)
+        assert timing.seconds(8) == pytest.approx(0.048)
+        # smaller: that point's time, 24 ms (truly 21)
+        assert timing.seconds(1) == pytest.approx(0.024)
+
+    def test_a_slope_is_not_forgotten_while_traffic_runs_one_size(self) -> None:
+        timing = exact_timing(0.020, 0.001)
+        for _ in range(10 * SIZE_MEMORY_BATCHES):
+            timing.observe(1, 0.021)
+        assert timing.seconds(64) == pytest.approx(0.084)  # 20 + 64 ms
+
+    def test_a_size_follows_its_recent_batches(self) -> None:
+        timing = exact_timing(0.020, 0.001)
+        for _ in range(10 * SIZE_MEMORY_BATCHES):  # the device slowed down: batches of 8 take 2x
+            timing.observe(8, 0.056)
+        assert timing.seconds(8) == pytest.approx(0.056, rel=0.01)
+
+    def test_noise_widens_the_high_estimate(self) -> None:
+        timing = exact_timing(0.010, 0.001)
+        rng = np.random.default_rng(7)
+        for _ in range(400):
+            rows = int(rng.choice([1, 8]))
+            timing.observe(rows, (0.010 + 0.001 * rows) * float(rng.uniform(0.8, 1.2)))
+        fit = timing.fit
+        assert fit is not None
+        # uniform ±20 %: standard deviation 0.4 / √12 ≈ 0.115 of the mean
+        assert fit.spread == pytest.approx(0.115, rel=0.3)
+        expected = timing.seconds(8)
+        upper = timing.upper(8)
+        assert expected is not None
+        assert upper is not None
+        assert upper == pytest.approx(expected * (1 + 2 * fit.spread))
+        # four batches in a row: the sum's deviation grows as √4 = 2, not 4
+        assert timing.upper(8, batches=4) == pytest.approx(4 * expected * (1 + fit.spread))
+
+    def test_a_fit_never_says_a_bigger_batch_is_faster(self) -> None:
+        timing = BatchTiming()
+        for _ in range(3):
+            timing.observe(1, 0.030)
+            timing.observe(8, 0.020)
+        fit = timing.fit
+        assert fit is not None
+        assert fit.beta_s == 0.0
+        assert timing.seconds(64) == pytest.approx(timing.seconds(1) or 0)
+
+
+class TestPredictedFinish:
+    def test_idle_device_one_request_takes_one_batch(self) -> None:
+        timing = exact_timing(0.020, 0.001)
+        ledger = DeviceLedger(instances=1)
+        finish = predicted_finish(
+            timing=timing, ledger=ledger, queued_rows=0, rows=1, max_batch_size=8, now=10.0
+        )
+        assert finish == pytest.approx(10.021)
+
+    def test_backlog_and_running_batch_come_first(self) -> None:
+        timing = exact_timing(0.020, 0.001)
+        ledger = DeviceLedger(instances=1)
+        ledger.started(8, now=9.990)  # 28 ms batch, 18 ms left at 10.0
+        finish = predicted_finish(
+            timing=timing, ledger=ledger, queued_rows=19, rows=1, max_batch_size=8, now=10.0
+        )
+        # 20 rows: two full batches of 8 ahead (2 x 28 ms), then its own, filled to 8 by the
+        # rows arriving meanwhile (28 ms)
+        assert finish == pytest.approx(10.0 + 0.018 + 0.056 + 0.028)
+
+    def test_instances_share_the_work_ahead_but_not_its_own_batch(self) -> None:
+        timing = exact_timing(0.020, 0.001)
+        ledger = DeviceLedger(instances=2)
+        finish = predicted_finish(
+            timing=timing, ledger=ledger, queued_rows=16, rows=8, max_batch_size=8, now=0.0
+        )
+        assert finish == pytest.approx((2 * 0.028) / 2 + 0.028)
+
+    def test_unmeasured_predicts_nothing(self) -> None:
+        finish = predicted_finish(
+            timing=BatchTiming(),
+            ledger=DeviceLedger(instances=1),
+            queued_rows=100,
+            rows=1,
+            max_batch_size=8,
+            now=0.0,
+        )
+        assert finish is None
+
+
+class LinearEngine:
+    """A batch of b rows takes exactly α + β·b of loop time; records every batch it ran."""
+
+    def __init__(self, *, alpha_s: float, beta_s: float) -> None:
+        self.alpha_s = alpha_s
+        self.beta_s = beta_s
+        self.batches: list[int] = []
+
+    @property
+    def signature(self) -> Any:
+        return SIGNATURE
+
+    @property
+    def info(self) -> EngineInfo:
+        return EngineInfo(kind="fake", device="gpu", simulated=True)
+
+    async def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
+        x = inputs["x"]
+        self.batches.append(x.shape[0])
+        await asyncio.sleep(self.alpha_s + self.beta_s * x.shape[0])
+        return {"y": x * 2}
+
+    async def close(self) -> None:
+        pass
+
+
+class Served:
+    """A queue with a predictor, its batcher and engine on the fake clock."""
+
+    def __init__(
+        self,
+        *,
+        alpha_s: float = 0.020,
+        beta_s: float = 0.001,
+        max_batch_size: int = 8,
+        delay_s: float = 0.0,
+        deadline: bool = True,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        self.settings = BatchSettings(max_batch_size=max_batch_size, max_queue_delay_s=delay_s)
+        self.predictor = Predictor(timing=exact_timing(alpha_s, beta_s))
+        self.queue = BatchQueue(
+            settings=lambda: self.settings,
+            capacity=10_000,
+            clock=loop.time,
+            predictor=self.predictor if deadline else None,
+        )
+        self.engine = LinearEngine(alpha_s=alpha_s, beta_s=beta_s)
+        self.batcher = Batcher(
+            self.queue, self.engine, RecordingObserver(), clock=loop.time, predictor=self.predictor
+        )
+
+    def put(self, timeout_s: float | None, rows: int = 1) -> asyncio.Future[Any]:
+        x = np.ones((rows, 1), dtype=np.float32)
+        return self.queue.put({"x": x}, rows=rows, timeout_s=timeout_s)
+
+    async def __aenter__(self) -> Served:
+        self.task = asyncio.get_running_loop().create_task(self.batcher.run())
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        self.queue.close()
+        await asyncio.wait_for(self.task, 60)
+
+
+@pytest.mark.looptime
+class TestAdmission:
+    async def test_a_request_that_would_finish_late_is_refused_at_once(self) -> None:
+        async with Served() as s:
+            # 40 rows ahead: 5 batches of 8 at 28 ms = 140 ms before a 100 ms deadline
+            ahead = [s.put(timeout_s=1.0) for _ in range(40)]
+            with pytest.raises(Overloaded) as refused:
+                s.put(timeout_s=0.100)
+            assert refused.value.reason == "predicted_late"
+            assert "40 rows queued ahead" in str(refused.value)
+            assert refused.value.retry_after_s > 0
+            assert len(s.queue) == 40  # nothing of it was queued
+            await asyncio.gather(*ahead)
+
+    async def test_a_request_that_fits_is_admitted(self) -> None:
+        async with Served() as s:
+            ahead = [s.put(timeout_s=1.0) for _ in range(16)]
+            # 17 rows: 2 batches of 8 (56 ms) then its own of 1 (21 ms) = 77 ms < 100 ms
+            mine = s.put(timeout_s=0.100)
+            await asyncio.gather(*ahead, mine)
+            assert asyncio.get_running_loop().time() <= 0.100
+
+    async def test_without_a_deadline_nothing_is_refused(self) -> None:
+        async with Served() as s:
+            waiting = [s.put(timeout_s=None) for _ in range(200)]
+            await asyncio.gather(*waiting)
+
+    async def test_queue_mode_admits_everything_and_they_expire(self) -> None:
+        async with Served(deadline=False) as s:
+            waiting = [s.put(timeout_s=0.100) for _ in range(80)]
+            results = await asyncio.gather(*waiting, return_exceptions=True)
+            expired = [r for r in results if isinstance(r, DeadlineExceeded)]
+            assert expired  # 10 batches of 28 ms cannot all finish in 100 ms
+
+    async def test_overload_twice_the_capacity_keeps_every_admitted_deadline(self) -> None:
+        # Capacity at batch 8: 8 / 28 ms = 286 rps; offered: 572 rps for 2 s, evenly spaced.
+        async with Served() as s:
+            loop = asyncio.get_running_loop()
+            finished: list[float] = []
+            refused = 0
+            admitted: list[asyncio.Future[Any]] = []
+
+            def record(started: float) -> Any:
+                return lambda _: finished.append(loop.time() - started)
+
+            for i in range(1144):
+                await asyncio.sleep(max(0.0, i / 572 - loop.time()))
+                try:
+                    future = s.put(timeout_s=0.100)
+                except Overloaded:
+                    refused += 1
+                    continue
+                future.add_done_callback(record(loop.time()))
+                admitted.append(future)
+            results = await asyncio.gather(*admitted, return_exceptions=True)
+            late = [r for r in results if isinstance(r, BaseException)]
+            assert late == []  # every admitted request was answered, none expired
+            assert max(finished) <= 0.100
+            served = len(admitted)
+            # about half is refused: what the device can carry is served
+            assert 0.85 * 286 * 2 <= served <= 1.05 * 286 * 2, (served, refused)
+            # no batch ever ran a request past its deadline
+            assert sum(s.engine.batches) == served
+
+
+@pytest.mark.looptime
+class TestBatchesFitTheDeadline:
+    async def test_a_batch_holds_no_more_than_its_oldest_request_allows(self) -> None:
+        # t(b) = 20 + 10·b ms; one request with 50 ms left and 8 behind it with plenty:
+        # a batch of 3 takes 50 ms, of 2 takes 40 ms — the oldest can go with one more only.
+        async with Served(alpha_s=0.020, beta_s=0.010, max_batch_size=8) as s:
+            loop = asyncio.get_running_loop()
+            urgent = s.put(timeout_s=0.045)
+            others = [s.put(timeout_s=5.0) for _ in range(8)]
+            await urgent
+            assert loop.time() <= 0.045
+            await asyncio.gather(*others)
+            assert s.engine.batches[0] == 2
+
+    async def test_a_request_that_cannot_finish_even_alone_never_reaches_the_device(
+        self,
+    ) -> None:
+        async with Served(alpha_s=0.020, beta_s=0.001) as s:
+            blocker = s.put(timeout_s=1.0, rows=8)
+            # admitted: 28 ms for the blocker, then 21 ms alone, inside 60 ms
+            late = s.put(timeout_s=0.060)
+            s.engine.alpha_s = 0.040  # the device slows down: the blocker takes 48 ms
+            with pytest.raises(DeadlineExceeded, match="could no longer finish"):
+                await late  # at 48 ms, 12 ms are left and a batch takes 21
+            await blocker
+            assert s.engine.batches == [8]
+
+    async def test_the_fill_wait_ends_when_the_deadline_needs_the_batch_to_start(
+        self,
+    ) -> None:
+        # A 50 ms queue delay, but a 40 ms deadline and a 21 ms batch: it starts at
+        # 40 - 21 - 1 (the start margin) = 18 ms and is answered at 39 ms.
+        async with Served(alpha_s=0.020, beta_s=0.001, delay_s=0.050) as s:
+            loop = asyncio.get_running_loop()
+            await s.put(timeout_s=0.040)
+            assert loop.time() == pytest.approx(0.039)
+            assert s.engine.batches == [1]
+
+    async def test_queue_mode_forms_full_batches_whatever_the_deadline(self) -> None:
+        async with Served(alpha_s=0.020, beta_s=0.010, deadline=False) as s:
+            loop = asyncio.get_running_loop()
+            urgent = s.put(timeout_s=0.045)
+            others = [s.put(timeout_s=5.0) for _ in range(8)]
+            await urgent
+            assert loop.time() == pytest.approx(0.100)  # 20 + 10 x 8 ms: late
+            await asyncio.gather(*others)
+            assert s.engine.batches[0] == 8
