@@ -3,7 +3,8 @@
 The model is loaded and warmed up before the port opens, so a pod never answers for a model it
 cannot run: a model that fails to load is one clear log line and exit status 1. On SIGTERM the
 server stops taking new requests (503 with Connection: close, readiness fails), finishes every
-request already queued, and exits 0 within the grace period; a second signal forces the exit.
+request already queued, keeps its port open a short linger longer so that no client finds its
+connection reset or refused, and exits 0 within the grace period; a second signal forces the exit.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import gc
 import logging
 import math
 import os
+import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -26,6 +28,7 @@ import uvicorn
 from batchpilot.runtime.app import AppConfig, create_app
 from batchpilot.runtime.batching import BatchSettings
 from batchpilot.runtime.device import DeviceUnavailable, Nvml
+from batchpilot.runtime.draining import CloseWhenDraining
 from batchpilot.runtime.engine import Engine
 from batchpilot.runtime.live_settings import ConfigFileWatcher
 from batchpilot.runtime.metrics import Outcome, RuntimeMetrics
@@ -72,27 +75,90 @@ def build_engine(settings: RuntimeSettings, *, nvml: Nvml | None) -> Engine:
 
 
 class _DrainingServer(uvicorn.Server):
-    """uvicorn, but the first SIGTERM/SIGINT closes the queue before the sockets, and the
-    process exits 0 after a clean drain instead of re-raising the signal."""
+    """uvicorn, but the first SIGTERM/SIGINT starts a drain that resets no connection: the
+    queue closes at once (new requests get 503, readiness fails), gRPC sends GOAWAY, every HTTP
+    answer from then on says `Connection: close`, and the sockets close only once the queue is
+    served and a linger has passed. The process exits 0 after a clean drain instead of
+    re-raising the signal; a second signal forces the exit."""
 
-    def __init__(self, config: uvicorn.Config, *, model_server: ModelServer) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        *,
+        model_server: ModelServer,
+        closing: CloseWhenDraining,
+        grace_s: float,
+        linger_s: float,
+        on_drain: Sequence[Callable[[], Awaitable[None]]] = (),
+    ) -> None:
         super().__init__(config)
         self._model_server = model_server
+        self._closing = closing
+        self._grace_s = grace_s
+        self._linger_s = linger_s
+        self._on_drain = on_drain
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_started: float | None = None
+        self._drain_tasks: list[asyncio.Future[None]] = []
+        self._forced: asyncio.Event | None = None
 
     async def serve(self, sockets: Any = None) -> None:
         self._loop = asyncio.get_running_loop()
+        self._forced = asyncio.Event()
         await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.should_exit:
             log.warning("second signal: exiting without finishing queued requests")
             self.force_exit = True
+            if self._loop is not None and self._forced is not None:
+                self._loop.call_soon_threadsafe(self._forced.set)
             return
         log.info("signal %d: draining %d queued requests", sig, self._model_server.queued)
         self.should_exit = True
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._model_server.stop_accepting)
+            self._loop.call_soon_threadsafe(self._begin_drain)
+
+    def _begin_drain(self) -> None:
+        """Close the queue, answer `Connection: close` from now on, and start gRPC's GOAWAY."""
+        if self._drain_started is not None:
+            return
+        self._drain_started = asyncio.get_running_loop().time()
+        self._model_server.stop_accepting()
+        self._closing.start()
+        self._drain_tasks = [asyncio.ensure_future(stop()) for stop in self._on_drain]
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """Drain before uvicorn's own shutdown, which closes the listening socket and every
+        idle keep-alive connection at once. "Idle" is only the server's view: the client may
+        have a request on the wire right then, and gets "server disconnected without a
+        response", not knowing whether it ran; a client that reconnects finds the port shut.
+
+        So first the batcher serves what is queued (within the grace); meanwhile each answer
+        says `Connection: close`, so busy connections are closed by the server right after a
+        complete answer, and those clients reconnect to a port that still answers 503. Then
+        `linger_s` more with the port open, for clients that have not yet heard (in Kubernetes,
+        endpoints take seconds to drop a terminating pod). Only then uvicorn's shutdown, given
+        what is left of the grace: close the listener and idle connections, wait for answers
+        being written, run the lifespan shutdown (gRPC's stop, the batcher, the engine)."""
+        self._begin_drain()
+        assert self._drain_started is not None
+        assert self._forced is not None
+        loop = asyncio.get_running_loop()
+        deadline = self._drain_started + self._grace_s
+        drained = loop.create_task(
+            self._model_server.drain(grace_s=max(0.0, deadline - loop.time()))
+        )
+        forced = loop.create_task(self._forced.wait())
+        await asyncio.wait({drained, forced}, return_when=asyncio.FIRST_COMPLETED)
+        linger_s = min(self._linger_s, max(0.0, deadline - loop.time()))
+        if drained.done() and linger_s > 0:
+            log.info("drain: queue empty; the port answers 503 for %.1f s more", linger_s)
+            await asyncio.wait({forced}, timeout=linger_s)
+        forced.cancel()
+        # uvicorn's wait for answers still being written; at least 1 s, as uvicorn's own floor.
+        self.config.timeout_graceful_shutdown = max(1, int(deadline - loop.time()))
+        await super().shutdown(sockets)
 
 
 def serve(settings: RuntimeSettings) -> int:
@@ -175,25 +241,26 @@ def serve(settings: RuntimeSettings) -> int:
         )
         watcher.check()  # the file's settings are in force before the first request
         _attach_background(app, watcher.run(interval_s=settings.config_poll_s))
+    on_drain: list[Callable[[], Awaitable[None]]] = []
     if settings.grpc_port is not None:
         # Imported here: servers without gRPC never load grpcio.
         from batchpilot.runtime.grpc_api.service import GrpcConfig, GrpcEndpoint, attach
 
-        attach(
-            app,
-            GrpcEndpoint(
-                model_server,
-                GrpcConfig(
-                    host=settings.host,
-                    port=settings.grpc_port,
-                    max_message_bytes=settings.max_body_bytes,
-                    grace_s=settings.drain_grace_s,
-                ),
+        endpoint = GrpcEndpoint(
+            model_server,
+            GrpcConfig(
+                host=settings.host,
+                port=settings.grpc_port,
+                max_message_bytes=settings.max_body_bytes,
+                grace_s=settings.drain_grace_s,
             ),
         )
+        attach(app, endpoint)
+        on_drain.append(endpoint.stop)  # GOAWAY when the drain starts; the batcher still runs
 
+    closing = CloseWhenDraining(app)
     config = uvicorn.Config(
-        app,
+        closing,
         host=settings.host,
         port=settings.port,
         loop="uvloop",
@@ -204,7 +271,14 @@ def serve(settings: RuntimeSettings) -> int:
         timeout_graceful_shutdown=max(1, math.ceil(settings.drain_grace_s)),
         timeout_keep_alive=30,
     )
-    server = _DrainingServer(config, model_server=model_server)
+    server = _DrainingServer(
+        config,
+        model_server=model_server,
+        closing=closing,
+        grace_s=settings.drain_grace_s,
+        linger_s=settings.drain_linger_s,
+        on_drain=on_drain,
+    )
     # Everything loaded so far lives as long as the process: keep it out of the collector's
     # full passes, which otherwise stall the event loop for tens of milliseconds.
     gc.collect()
@@ -318,6 +392,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--pipeline-threads", type=int, help="pre/post-processing threads (default: CPU count)")
     a("--admin-token-file", help="file holding the bearer token for PUT /admin/batching")
     a("--drain-grace-s", type=float, help="on SIGTERM, time allowed to finish queued requests")
+    a(
+        "--drain-linger-s",
+        type=float,
+        help="on SIGTERM, how long the port stays open once the queue is empty, answering 503 "
+        "with Connection: close; part of --drain-grace-s (default 1; BATCHPILOT_DRAIN_LINGER_S)",
+    )
     a("--log-level", choices=["debug", "info", "warning", "error"])
 
 

@@ -64,6 +64,12 @@ class RuntimeSettings(BaseSettings):
     admin_token: SecretStr | None = None
     admin_token_file: Path | None = None
     drain_grace_s: float = Field(default=25.0, ge=0)
+    drain_linger_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="on SIGTERM, how long the port stays open after the queue is empty, answering "
+        "503; part of drain_grace_s",
+    )
     pipeline_config: Path | None = Field(
         default=None,
         description="JSON pre/post-processing pipeline (spec.pipeline of the InferenceService)",
@@ -86,6 +92,13 @@ class RuntimeSettings(BaseSettings):
     def _defaults(self) -> RuntimeSettings:
         if not self.model_name:
             self.model_name = self.model_path.stem
+        if self.drain_linger_s > self.drain_grace_s:
+            if "drain_linger_s" in self.model_fields_set:
+                raise ValueError(
+                    f"drain_linger_s ({self.drain_linger_s:g} s) must fit inside drain_grace_s "
+                    f"({self.drain_grace_s:g} s): the linger is the end of the drain"
+                )
+            self.drain_linger_s = self.drain_grace_s  # the default shrinks to a short grace
         return self
 
     def token(self) -> str | None:

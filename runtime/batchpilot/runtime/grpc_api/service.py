@@ -8,7 +8,8 @@ a REST request does when its client disconnects.
 
 `attach` ties the gRPC server to the app's lifespan: it starts after the batcher and, on
 shutdown, refuses new RPCs and lets the accepted ones finish within the drain grace before the
-batcher drains.
+batcher drains. `batchpilot runtime serve` calls `GrpcEndpoint.stop` already when the drain
+starts, while the batcher still serves the queue; the lifespan's call then waits for that stop.
 """
 
 from __future__ import annotations
@@ -218,6 +219,7 @@ class GrpcEndpoint:
         self._model_server = model_server
         self._config = config
         self._server: grpc.aio.Server | None = None
+        self._stopping: asyncio.Future[None] | None = None
         self.port: int | None = None
         """The bound port, once started (differs from the configured one when that is 0)."""
 
@@ -246,11 +248,14 @@ class GrpcEndpoint:
         )
 
     async def stop(self) -> None:
-        """Refuse new RPCs and wait for accepted ones, at most the grace period."""
+        """Refuse new RPCs (GOAWAY: clients take new ones elsewhere) and wait for accepted
+        ones, at most the grace period. The server calls it when the drain starts, the lifespan
+        again at shutdown: a later call waits for the first one's stop."""
         if self._server is None:
             return
-        await self._server.stop(self._config.grace_s)
-        self._server = None
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._server.stop(self._config.grace_s))
+        await asyncio.shield(self._stopping)
 
 
 def attach(app: Any, endpoint: GrpcEndpoint) -> None:

@@ -1,0 +1,339 @@
+"""SIGTERM under keep-alive load resets no connection.
+
+A rollout sends SIGTERM to a pod that still has clients on open keep-alive connections. Every
+request read on any of them must get an answer: its result if it was queued, else 503 with
+Retry-After and `Connection: close`; the server then closes that connection itself, after a
+complete answer, and a client that reconnects during the drain still gets a 503 rather than a
+refusal. No client may see "server disconnected without sending a response", which leaves it
+not knowing whether its request ran.
+
+Real server processes on loopback, the simulated accelerator (so the CPU of the machine running
+the tests is not the limit), real clients: aiohttp (asyncio, one keep-alive connection per
+client; httpx, with which the resets were first seen, is not a dependency of this project) and
+Triton's own `tritonclient.http` (geventhttpclient, one connection per client, one thread each as
+it is synchronous).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import re
+import signal
+import socket
+import threading
+import time
+from collections import Counter
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import pytest
+import tritonclient.http as triton
+from pydantic import ValidationError
+from tritonclient.utils import InferenceServerException
+
+from batchpilot.runtime.settings import RuntimeSettings
+from tests.runtime_process import RuntimeProcess, runtime_process, send
+from tests.test_server_process import mlp_rows, v2_request
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+SIMULATED = ("--engine", "simulated", "--simulated-latency", "alpha_ms=2,beta_ms=0.5")
+INFER = "/v2/models/mlp/infer"
+CLIENTS = 64
+WARM_REQUESTS = 3
+"""Successes each client has had before the signal: every connection is in use when it comes."""
+MAX_REQUESTS = 2000
+"""Per client and repetition, a bound on the closed loop that is never reached."""
+LINGER_S = 0.3
+
+
+@dataclass
+class Received:
+    """What the clients of one repetition received, in total."""
+
+    statuses: Counter[int] = field(default_factory=Counter)
+    errors: list[str] = field(default_factory=list)
+    """Requests that got no HTTP answer at all: reset, refused, disconnected, timed out."""
+    bad_503s: list[str] = field(default_factory=list)
+    """503 answers without `Connection: close` and `Retry-After`."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, status: int) -> None:
+        with self.lock:
+            self.statuses[status] += 1
+
+    def fail(self, error: BaseException) -> None:
+        with self.lock:
+            self.errors.append(f"{type(error).__name__}: {error}")
+
+
+def final_tally(log: str) -> dict[str, int]:
+    """The server's `_log_final_tally` line: answered requests by outcome."""
+    tally = re.search(r"stopped; requests by outcome: (.*)", log)
+    assert tally is not None, log
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", tally[1])}
+
+
+def start_draining_server(
+    model: Path, log_dir: Path, *args: str, grpc: bool = False
+) -> AbstractContextManager[RuntimeProcess]:
+    return runtime_process(
+        model,
+        *SIMULATED,
+        "--max-batch-size",
+        "8",
+        "--max-queue-delay-ms",
+        "1",
+        "--drain-grace-s",
+        "10",
+        *args,
+        grpc=grpc,
+        log_dir=log_dir,
+    )
+
+
+# --- clients ----------------------------------------------------------------------------------
+
+
+async def aiohttp_repetition(server: RuntimeProcess) -> Received:
+    """64 asyncio clients, each its own session with one keep-alive connection, closed loop;
+    SIGTERM once each has had WARM_REQUESTS answers; each stops at its first 503."""
+    received = Received()
+    body, headers = v2_request(mlp_rows(1, seed=0), binary_inputs={"x"})
+    url = f"{server.url}{INFER}"
+    warm = 0
+    all_warm = asyncio.Event()
+
+    def ready() -> None:
+        nonlocal warm
+        warm += 1
+        if warm == CLIENTS:
+            all_warm.set()
+
+    async def client() -> None:
+        answered = 0
+        connector = aiohttp.TCPConnector(limit=1)
+        timeout = aiohttp.ClientTimeout(total=20)
+        try:
+            async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+                for _ in range(MAX_REQUESTS):
+                    try:
+                        async with session.post(url, data=body, headers=headers) as response:
+                            await response.read()
+                    except (aiohttp.ClientError, TimeoutError) as exc:
+                        received.fail(exc)
+                        return
+                    received.add(response.status)
+                    answered += 1
+                    if answered == WARM_REQUESTS:
+                        ready()
+                    if response.status == 503:
+                        if not (
+                            response.headers.get("Connection", "").lower() == "close"
+                            and response.headers.get("Retry-After") == "1"
+                        ):
+                            received.bad_503s.append(str(dict(response.headers)))
+                        return  # a real client would go to another replica
+                    if response.status != 200:
+                        return
+        finally:
+            if answered < WARM_REQUESTS:  # it stopped early: the assertions will say why
+                ready()
+
+    clients = [asyncio.create_task(client()) for _ in range(CLIENTS)]
+    try:
+        await asyncio.wait_for(all_warm.wait(), timeout=30)
+        server.process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(asyncio.gather(*clients), timeout=30)
+    finally:
+        for task in clients:
+            task.cancel()
+    return received
+
+
+def triton_repetition(server: RuntimeProcess) -> Received:
+    """The same with Triton's HTTP client: one client (concurrency=1: one connection) per
+    thread, as its API is synchronous."""
+    received = Received()
+    x = mlp_rows(1, seed=0)["x"]
+    warm = threading.Semaphore(0)
+    stop = threading.Event()  # only set when the test gives up
+
+    def client() -> None:
+        tensor = triton.InferInput("x", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x, binary_data=True)
+        connection = triton.InferenceServerClient(
+            f"127.0.0.1:{server.port}",
+            concurrency=1,
+            connection_timeout=20,
+            network_timeout=20,
+        )
+        answered = 0
+        try:
+            for _ in range(MAX_REQUESTS):
+                if stop.is_set():
+                    return
+                try:
+                    connection.infer("mlp", [tensor])
+                except InferenceServerException as exc:
+                    status = exc.status()
+                    if status is None or not status.isdigit():
+                        received.fail(exc)
+                        return
+                    received.add(int(status))
+                    return  # 503: a real client would go to another replica
+                except Exception as exc:  # anything else: the request got no answer
+                    received.fail(exc)
+                    return
+                received.add(200)
+                answered += 1
+                if answered == WARM_REQUESTS:
+                    warm.release()
+        finally:
+            connection.close()
+            if answered < WARM_REQUESTS:  # it stopped early: the assertions will say why
+                warm.release()
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(CLIENTS)]
+    for thread in threads:
+        thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        for _ in range(CLIENTS):
+            assert warm.acquire(timeout=max(0.0, deadline - time.monotonic())), (
+                f"clients did not all get answers before the signal: {received.errors[:3]}"
+            )
+        server.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        for thread in threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        assert not any(t.is_alive() for t in threads), "clients still running 30 s after SIGTERM"
+    finally:
+        stop.set()
+    return received
+
+
+# --- tests ------------------------------------------------------------------------------------
+
+
+class TestSigtermUnderKeepAliveLoad:
+    REPETITIONS = 10
+    """Per client library."""
+
+    async def test_every_request_is_answered_and_no_connection_is_reset(
+        self, mlp_model: Path, tmp_path: Path
+    ) -> None:
+        summary: list[str] = []
+        for kind in ("aiohttp", "tritonclient.http"):
+            totals: Counter[int] = Counter()
+            errors: list[str] = []
+            queued_at_signal = 0
+            started = time.monotonic()
+            for n in range(self.REPETITIONS):
+                log_dir = tmp_path / f"{kind}-{n}"
+                log_dir.mkdir()
+                with start_draining_server(
+                    mlp_model, log_dir, "--drain-linger-s", str(LINGER_S)
+                ) as server:
+                    if kind == "aiohttp":
+                        received = await aiohttp_repetition(server)
+                    else:
+                        received = await asyncio.to_thread(triton_repetition, server)
+                    exit_code = await asyncio.to_thread(server.process.wait, 20)
+                log = server.log()
+                where = f"{kind}, repetition {n}"
+                assert exit_code == 0, f"{where}: exit status {exit_code}\n{log}"
+                assert not received.errors, f"{where}: {received.errors[:5]}\n{log}"
+                assert set(received.statuses) <= {200, 503}, f"{where}: {received.statuses}"
+                assert not received.bad_503s, f"{where}: {received.bad_503s[:3]}"
+                # every client got its 503 (or, had the server gone, an error above)
+                assert received.statuses[503] == CLIENTS, f"{where}: {received.statuses}"
+                counts = final_tally(log)
+                assert counts["success"] == received.statuses[200], (where, counts)
+                assert counts["rejected"] == received.statuses[503], (where, counts)
+                assert counts["cancelled"] == counts["error"] == counts["timeout"] == 0, where
+                assert "timeout graceful shutdown exceeded" not in log, log
+                assert "still queued" not in log, log
+                totals += received.statuses
+                errors += received.errors
+                draining = re.search(r"signal 15: draining (\d+) queued requests", log)
+                assert draining is not None, log
+                queued_at_signal += int(draining[1])
+            # the signals came while requests waited in the queue, and those were served
+            assert queued_at_signal > 0, kind
+            summary.append(
+                f"{kind}: {self.REPETITIONS} SIGTERMs x {CLIENTS} clients, "
+                f"{totals[200]} x 200, {totals[503]} x 503, {len(errors)} connection errors, "
+                f"{queued_at_signal} requests queued at the signals, "
+                f"{time.monotonic() - started:.1f} s"
+            )
+        print("\n" + "\n".join(summary))
+
+
+class TestLinger:
+    LINGER_S = 3.0
+
+    def test_idle_and_new_connections_get_503_with_connection_close(
+        self, mlp_model: Path, tmp_path: Path
+    ) -> None:
+        request = v2_request(mlp_rows(1, seed=0), binary_inputs={"x"})
+        with start_draining_server(
+            mlp_model, tmp_path, "--drain-linger-s", str(self.LINGER_S), grpc=True
+        ) as server:
+            assert server.grpc_port is not None
+            idle = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+            try:
+                idle.request("POST", INFER, body=request[0], headers=request[1])
+                first = idle.getresponse()
+                first.read()
+                assert first.status == 200
+                assert first.getheader("connection") is None  # kept alive
+
+                server.process.send_signal(signal.SIGTERM)
+                wait_until(
+                    lambda: "the port answers 503" in server.log(),
+                    timeout=10,
+                    what="the drain to reach its linger",
+                )
+
+                # the connection opened before the signal, idle since: an answer, not a reset
+                idle.request("POST", INFER, body=request[0], headers=request[1])
+                late = idle.getresponse()
+                body = late.read()
+                assert late.status == 503, body
+                assert late.getheader("connection") == "close"
+                assert late.getheader("retry-after") == "1"
+                assert b"shutting down" in body
+            finally:
+                idle.close()
+
+            # a new connection during the linger: 503, not a refusal
+            fresh = send(server, "POST", INFER, *request)
+            assert fresh.status == 503, fresh.body
+            assert fresh.headers["connection"] == "close"
+            assert fresh.headers["retry-after"] == "1"
+            # every other answer closes its connection too
+            ready = send(server, "GET", "/v2/health/ready")
+            assert (ready.status, ready.headers["connection"]) == (503, "close")
+            live = send(server, "GET", "/v2/health/live")
+            assert (live.status, live.headers["connection"]) == (200, "close")
+            # gRPC sent GOAWAY and closed its port when the drain started, not after the linger
+            with socket.socket() as probe:
+                assert probe.connect_ex(("127.0.0.1", server.grpc_port)) != 0
+            assert "Shutting down" not in server.log(), "the linger ended before the checks"
+
+            assert server.process.wait(timeout=20) == 0
+        counts = final_tally(server.log())
+        assert (counts["success"], counts["rejected"]) == (1, 2), counts
+
+
+def test_the_linger_must_fit_inside_the_grace(mlp_model: Path) -> None:
+    with pytest.raises(ValidationError, match="must fit inside"):
+        RuntimeSettings(model_path=mlp_model, drain_grace_s=0.5, drain_linger_s=1)
+    assert RuntimeSettings(model_path=mlp_model).drain_linger_s == 1.0
+    # the default shrinks to a shorter grace rather than refusing it
+    assert RuntimeSettings(model_path=mlp_model, drain_grace_s=0.5).drain_linger_s == 0.5
