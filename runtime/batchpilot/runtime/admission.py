@@ -200,12 +200,46 @@ def predicted_finish(
     return now + ahead / ledger.instances + own
 
 
+LATENESS_MEMORY = 200
+"""The lateness of predictions follows about the last this many admitted requests."""
+
+
+class Lateness:
+    """How much later than predicted admitted requests finish: the error of the whole prediction,
+    which t(b) alone does not see — an event loop busy with arrivals starts batches late, and
+    under a backlog batches run smaller than full. Admission keeps this margin to the deadline.
+    """
+
+    def __init__(self) -> None:
+        self._mean = 0.0
+        self._square = 0.0
+        self._weight = 0.0
+
+    def observe(self, error_s: float) -> None:
+        """One request finished `error_s` seconds after (negative: before) its prediction."""
+        keep = 1.0 - 1.0 / LATENESS_MEMORY
+        self._weight = self._weight * keep + 1.0
+        share = 1.0 / self._weight
+        self._mean += (error_s - self._mean) * share
+        self._square += (error_s * error_s - self._square) * share
+
+    @property
+    def margin_s(self) -> float:
+        """Mean lateness plus `SPREAD_SIGMAS` deviations, never negative."""
+        if self._weight == 0:
+            return 0.0
+        sigma = math.sqrt(max(0.0, self._square - self._mean * self._mean))
+        return max(0.0, self._mean + SPREAD_SIGMAS * sigma)
+
+
 class Predictor:
-    """What the queue and the batcher share: t(b) as measured, and the batches running now."""
+    """What the queue and the batcher share: t(b) as measured, the batches running now, and how
+    late its predictions turned out."""
 
     def __init__(self, *, instances: int = 1, timing: BatchTiming | None = None) -> None:
         self.timing = timing or BatchTiming()
         self.ledger = DeviceLedger(instances=instances)
+        self.lateness = Lateness()
 
     def started(self, rows: int, now: float) -> int:
         """A batch of `rows` rows started at `now`; returns its token for `finished`."""
@@ -221,7 +255,8 @@ class Predictor:
     def finish_time(
         self, *, queued_rows: int, rows: int, max_batch_size: int, now: float
     ) -> float | None:
-        return predicted_finish(
+        """`predicted_finish`, with the lateness measured so far added."""
+        finish = predicted_finish(
             timing=self.timing,
             ledger=self.ledger,
             queued_rows=queued_rows,
@@ -229,3 +264,4 @@ class Predictor:
             max_batch_size=max_batch_size,
             now=now,
         )
+        return None if finish is None else finish + self.lateness.margin_s

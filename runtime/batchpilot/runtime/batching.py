@@ -97,6 +97,8 @@ class Pending:
     seq: int
     """Arrival order across groups: the oldest request's group forms the next batch."""
     queued: bool = True
+    predicted: float | None = None
+    """When admission predicted it would be answered (its margin excluded)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -189,8 +191,9 @@ class BatchQueue:
             )
         now = self._clock()
         deadline = None if timeout_s is None else now + timeout_s
+        predicted = None
         if deadline is not None and self._predictor is not None:
-            self._admit(rows, now=now, deadline=deadline)
+            predicted = self._admit(rows, now=now, deadline=deadline)
         loop = asyncio.get_running_loop()
         key = shape_key(inputs)
         item = Pending(
@@ -201,6 +204,7 @@ class BatchQueue:
             enqueued_at=now,
             deadline=deadline,
             seq=next(self._order),
+            predicted=predicted,
         )
         group = self._groups.get(key)
         if group is None:
@@ -215,9 +219,11 @@ class BatchQueue:
             self._wake(group, self._rows[key])
         return item.future
 
-    def _admit(self, rows: int, *, now: float, deadline: float) -> None:
-        """Refuse the request now if it is predicted to finish after its deadline."""
+    def _admit(self, rows: int, *, now: float, deadline: float) -> float | None:
+        """Refuse the request now if it is predicted to finish after its deadline; returns the
+        prediction (None: nothing measured yet, admitted)."""
         assert self._predictor is not None
+        margin = self._predictor.lateness.margin_s
         finish = self._predictor.finish_time(
             queued_rows=self._queued_rows,
             rows=rows,
@@ -232,6 +238,7 @@ class BatchQueue:
                 reason="predicted_late",
                 retry_after_s=finish - deadline,
             )
+        return None if finish is None else finish - margin
 
     def _forget(self, item: Pending) -> None:
         """Drop a request whose caller stopped waiting (disconnect, deadline)."""
@@ -290,7 +297,8 @@ class BatchQueue:
         if self._predictor is not None and oldest.deadline is not None:
             compute = self._predictor.timing.upper(min(rows, settings.max_batch_size))
             if compute is not None:
-                until = min(until, oldest.deadline - compute - START_MARGIN_S)
+                margin = START_MARGIN_S + self._predictor.lateness.margin_s
+                until = min(until, oldest.deadline - compute - margin)
         return until
 
     def _wake(self, group: deque[Pending] | None = None, rows: int = 0) -> None:
@@ -349,6 +357,12 @@ class BatchQueue:
         due = math.inf  # the earliest deadline in the batch
         while group and (not taken or rows + group[0].rows <= max_rows):
             item = group[0]
+            if item.future.done():
+                # Its caller stopped waiting (deadline timer, disconnect) and the callback
+                # that removes it has not run yet: it leaves now.
+                group.popleft()
+                self._dequeued(item, group)
+                continue
             deadline = math.inf if item.deadline is None else item.deadline
             if now >= deadline:
                 self._expire(item, group, "the request's deadline passed while it was queued")
@@ -365,7 +379,10 @@ class BatchQueue:
                     )
                     continue
                 if taken:
-                    with_it = timing.upper(rows + item.rows)
+                    # The expected time, not admission's high estimate: admission kept the
+                    # spread in reserve, and cutting batches at the first jitter would cost
+                    # the throughput every request behind was promised.
+                    with_it = timing.seconds(rows + item.rows)
                     if with_it is not None and now + with_it > min(due, deadline):
                         break  # it waits for the next batch rather than make this one late
             group.popleft()
@@ -521,6 +538,9 @@ class Batcher:
         compute_s = ended - started
         if predictor is not None:
             predictor.finished(token, rows=rows, seconds=compute_s)
+            for item in items:
+                if item.predicted is not None:
+                    predictor.lateness.observe(ended - item.predicted)
         start = 0
         for item in items:
             end = start + item.rows

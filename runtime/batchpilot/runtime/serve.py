@@ -214,12 +214,11 @@ def serve(settings: RuntimeSettings) -> int:
         batching=BatchSettings(
             max_batch_size=settings.max_batch_size,
             max_queue_delay_s=settings.max_queue_delay_ms / 1e3,
+            deadline_s=settings.deadline_ms / 1e3 if settings.deadline_ms else None,
         ),
         queue_capacity=settings.queue_capacity,
         metrics=metrics,
-        default_timeout_s=(
-            settings.request_timeout_ms / 1e3 if settings.request_timeout_ms else None
-        ),
+        admission=settings.admission,
         pipeline=pipeline,
         pipeline_threads=settings.pipeline_threads,
     )
@@ -345,7 +344,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--max-batch-size", type=int, help="rows per batch, at most (default 8)")
     a("--max-queue-delay-ms", type=float, help="longest wait for a batch to fill (default 5)")
     a("--queue-capacity", type=int, help="requests waiting before 503 (default 1024)")
-    a("--request-timeout-ms", type=float, help="default per-request deadline")
+    a(
+        "--deadline-ms",
+        type=float,
+        help="deadline of a request that sets none (the v2 `timeout` parameter, the gRPC "
+        "deadline), from its arrival; 0: none (default 1000; changeable live as deadlineMs in "
+        "the batching document; BATCHPILOT_DEADLINE_MS)",
+    )
+    a("--request-timeout-ms", dest="deadline_ms", type=float, help=argparse.SUPPRESS)
+    a(
+        "--admission",
+        choices=["deadline", "queue"],
+        help="deadline: refuse at arrival (503 + Retry-After) a request predicted to finish "
+        "after its deadline, and size batches to it; queue: only the queue bound (default "
+        "deadline; BATCHPILOT_ADMISSION)",
+    )
     a("--engine", choices=["onnx", "simulated"], help="onnx (default) or simulated accelerator")
     a(
         "--simulated-latency",

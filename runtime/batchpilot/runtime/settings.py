@@ -53,8 +53,17 @@ class RuntimeSettings(BaseSettings):
     max_batch_size: int = Field(default=8, ge=1)
     max_queue_delay_ms: float = Field(default=5.0, ge=0, le=10_000)
     queue_capacity: int = Field(default=1024, ge=1, description="requests waiting, at most")
-    request_timeout_ms: float | None = Field(
-        default=None, gt=0, description="deadline for requests that do not set their own"
+    deadline_ms: float = Field(
+        default=1000.0,
+        ge=0,
+        le=3_600_000,
+        description="deadline of a request that does not set its own, from its arrival (0: "
+        "none); the operator sets it from the SLA",
+    )
+    admission: Literal["deadline", "queue"] = Field(
+        default="deadline",
+        description="deadline: refuse at arrival what cannot finish in time; queue: the queue "
+        "bound only",
     )
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     batching_config: Path | None = Field(

@@ -1,0 +1,151 @@
+"""Overload against a real server process: the SLA holds for the requests admitted.
+
+One simulated replica (t(b) = 20 ms + 1 ms·b, max batch 8: about 286 rps) under open-loop
+Poisson load at twice its capacity, from `batchpilot loadgen`'s own client. Without admission
+nearly every request would wait behind all the others and expire (congestion collapse); with
+deadline admission the ones admitted are answered inside their deadline and the rest are
+refused at once with 503 + Retry-After.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+
+from batchpilot.runtime.loadgen import LoadConfig, RateSchedule, Target, run_load
+from batchpilot.runtime.loadgen.errors import SHED_KINDS
+from tests.runtime_process import Reply, RuntimeProcess, Scrape, runtime_process, send
+from tests.test_server_process import mlp_rows, v2_request
+
+ALPHA_MS, BETA_MS, MAX_BATCH = 20.0, 1.0, 8
+CAPACITY_RPS = MAX_BATCH / (ALPHA_MS + BETA_MS * MAX_BATCH) * 1e3  # 8 / 28 ms = 286 rps
+DEADLINE_MS = 100.0
+SIMULATED = (
+    "--engine",
+    "simulated",
+    "--simulated-latency",
+    f"alpha_ms={ALPHA_MS:g},beta_ms={BETA_MS:g}",
+    "--max-batch-size",
+    str(MAX_BATCH),
+    "--max-queue-delay-ms",
+    "2",
+    "--deadline-ms",
+    f"{DEADLINE_MS:g}",
+)
+
+
+def shed_by_reason(scrape: Scrape) -> dict[str, float]:
+    return {
+        reason: scrape.value("batchpilot_shed_total", reason=reason)
+        for reason in ("predicted_late", "queue_full", "draining", "expired")
+    }
+
+
+class TestTwiceTheCapacity:
+    async def test_admitted_requests_keep_the_deadline_and_the_rest_are_refused_at_once(
+        self, mlp_model: Path, tmp_path: Path
+    ) -> None:
+        with runtime_process(mlp_model, *SIMULATED, log_dir=tmp_path) as server:
+            report = await run_load(
+                LoadConfig(
+                    target=Target(url=server.url, model="mlp", timeout_s=5.0),
+                    schedule=RateSchedule.constant(2 * CAPACITY_RPS),
+                    duration_s=4.0,
+                    sla_ms=DEADLINE_MS,
+                    # a loaded 2-core machine: judge the client by a looser schedule, but judge it
+                    max_send_lag_ms=25.0,
+                )
+            )
+            scrape = Scrape(server)
+
+        assert report.valid, report.invalid_reason
+        # every request answered: no client timeouts, no connection errors, no 500s; 503
+        # refusals, and 504 for the few admitted requests that still missed their deadline
+        assert set(report.errors) <= {*SHED_KINDS, "504"}, report.errors
+        assert report.shed > 0.25 * report.scheduled, (report.shed, report.scheduled)
+        expired = report.errors.get("504", 0)
+        assert expired <= 0.01 * report.succeeded, (expired, report.succeeded)
+        # the admitted: answered within the deadline at P99 (from the actual send; the client
+        # on the same two cores adds its own milliseconds)
+        assert report.service_latency_ms is not None
+        assert report.service_latency_ms.p99_ms <= DEADLINE_MS + 10, report.service_latency_ms
+        # refusals come at once, not after waiting
+        assert report.shed_latency_ms is not None
+        assert report.shed_latency_ms.p99_ms < 25, report.shed_latency_ms
+        # what the device can carry is served inside the SLA
+        assert report.goodput_rps is not None
+        assert report.goodput_rps >= 0.75 * CAPACITY_RPS, report.goodput_rps
+
+        # the server's own account adds up
+        arrivals = scrape.value("batchpilot_arrivals_total")
+        admitted = scrape.value("batchpilot_admitted_total")
+        shed = shed_by_reason(scrape)
+        success = scrape.value("batchpilot_requests_total", outcome="success")
+        assert arrivals == admitted + shed["predicted_late"] + shed["queue_full"]
+        assert shed["predicted_late"] > 0
+        assert shed["draining"] == 0
+        assert scrape.value("batchpilot_requests_total", outcome="timeout") == shed["expired"]
+        assert admitted == success + shed["expired"]
+        # nothing that expired reached the device: every row computed was an answer
+        computed = scrape.value("batchpilot_batch_rows_total")
+        assert computed == success
+        # and the offered load is measured: every request the client sent arrived
+        assert arrivals == report.sent
+
+    async def test_queue_admission_collapses_where_deadline_admission_holds(
+        self, mlp_model: Path, tmp_path: Path
+    ) -> None:
+        """The same load with only the queue bound: what the deadline mode is there for."""
+        with runtime_process(
+            mlp_model, *SIMULATED, "--admission", "queue", log_dir=tmp_path
+        ) as server:
+            report = await run_load(
+                LoadConfig(
+                    target=Target(url=server.url, model="mlp", timeout_s=5.0),
+                    schedule=RateSchedule.constant(2 * CAPACITY_RPS),
+                    duration_s=3.0,
+                    sla_ms=DEADLINE_MS,
+                    max_send_lag_ms=25.0,
+                )
+            )
+            scrape = Scrape(server)
+        assert report.goodput_rps is not None
+        assert report.goodput_rps < 0.25 * CAPACITY_RPS, report.goodput_rps
+        assert shed_by_reason(scrape)["expired"] > 0.5 * report.scheduled
+
+
+class TestPerRequestDeadline:
+    async def test_a_requests_own_timeout_is_honoured_and_a_bad_one_refused(
+        self, mlp_model: Path, tmp_path: Path
+    ) -> None:
+        with runtime_process(mlp_model, *SIMULATED, log_dir=tmp_path) as server:
+            body = orjson.loads(v2_request(mlp_rows(1, seed=0))[0])
+            # 5 ms is less than one batch (21 ms): refused at arrival, with the reason
+            body["parameters"] = {"timeout": 5_000}
+            reply = send_json(server, body)
+            assert reply.status == 503
+            assert int(reply.headers["retry-after"]) >= 1
+            assert "deadline" in orjson.loads(reply.body)["error"]
+            # 60 ms is enough on an idle server
+            body["parameters"] = {"timeout": 60_000}
+            assert send_json(server, body).status == 200
+            for bad in (0, -5, 1.5, "soon", True):
+                body["parameters"] = {"timeout": bad}
+                reply = send_json(server, body)
+                assert reply.status == 400, bad
+                assert "parameters.timeout must be a positive integer" in reply.body.decode()
+            scrape = Scrape(server)
+            assert shed_by_reason(scrape)["predicted_late"] == 1
+            # invalid requests are not arrivals: the offered load is of valid requests
+            assert scrape.value("batchpilot_arrivals_total") == 2
+
+
+def send_json(server: RuntimeProcess, body: object) -> Reply:
+    return send(
+        server,
+        "POST",
+        "/v2/models/mlp/infer",
+        orjson.dumps(body),
+        {"Content-Type": "application/json"},
+    )
