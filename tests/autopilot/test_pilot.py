@@ -94,6 +94,26 @@ class TestAuto:
         assert world.condition("SLAMet")["status"] == "False"
         assert world.condition("MetricsAvailable")["status"] == "True"
         assert world.body["status"]["metrics"]["p99Text"] == "900ms"
+        # the pods' default deadline travels with the batch settings: the SLA (nothing learned
+        # outside the batcher yet from a window this broken)
+        assert json.loads(document)["deadlineMs"] == world.body["status"]["deadlineMs"]
+        # the offered load, as the status tells it: served + shed without arrival counts
+        assert world.body["status"]["metrics"]["offeredQps"] == 300
+
+    def test_a_deadline_off_the_sla_is_put_right_and_pushed_even_without_a_decision(
+        self,
+    ) -> None:
+        world = World()
+        world.tick()
+        configmap = world.kube.objects[("ConfigMap", "vision", "resnet50-batching")]
+        doc = json.loads(configmap["data"]["batching.json"])
+        sla = world.body["spec"]["sla"]["latencyP99Ms"]
+        configmap["data"]["batching.json"] = json.dumps({**doc, "deadlineMs": sla * 3})
+        world.pushed.clear()
+        world.tick()
+        fixed = json.loads(configmap["data"]["batching.json"])
+        assert fixed["deadlineMs"] <= sla
+        assert [json.loads(d)["deadlineMs"] for _, _, d in world.pushed] == [fixed["deadlineMs"]]
 
     def test_a_pod_that_cannot_be_told_is_reported_and_the_configmap_still_changes(self) -> None:
         world = World()

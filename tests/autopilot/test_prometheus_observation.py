@@ -81,6 +81,9 @@ def test_rate_and_latency_read_back_agree_with_the_load_generator(
     assert observation is not None
     assert observation.qps == pytest.approx(report.achieved_qps, rel=0.10)
     assert observation.rejected_qps == 0
+    # the offered load, counted at arrival by the runtime: all of it was served here
+    assert observation.arrival_qps == pytest.approx(observation.qps, rel=0.02)
+    assert observation.offered_qps == pytest.approx(report.achieved_qps, rel=0.10)
     assert observation.p99_s is not None
     assert report.service_latency_ms is not None
     measured = report.service_latency_ms.p99_ms
@@ -111,5 +114,6 @@ def test_a_service_without_metrics_is_missing_not_zero(tmp_path: Path) -> None:
         observation = observer.observe(SCOPE, ready_replicas=1)
     assert observation is not None
     assert observation.qps is None
+    assert observation.arrival_qps is None
     assert observation.p99_s is None
     assert observation.missing() == ["request rate", "P99 latency"]

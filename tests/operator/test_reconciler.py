@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -167,7 +168,7 @@ class TestAutopilotOwnership:
         # The autopilot scaled to 3 replicas and batch 8.
         cluster.kube.objects[("Deployment", NS, "resnet50")]["spec"]["replicas"] = 3
         cluster.kube.objects[("ConfigMap", NS, "resnet50-batching")]["data"]["batching.json"] = (
-            batching_document(batch_size=8, max_queue_delay_ms=4)
+            batching_document(batch_size=8, max_queue_delay_ms=4, deadline_ms=100)
         )
         writes = cluster.writes_of(cluster.reconcile)
         # Only the disruption budget is new: 3 replicas now warrant one.
@@ -175,6 +176,27 @@ class TestAutopilotOwnership:
         assert cluster.kube.of(DEPLOYMENT, NS, "resnet50")["spec"]["replicas"] == 3
         assert cluster.body["status"]["batchSize"] == 8
         assert cluster.body["status"]["maxQueueDelayMs"] == 4
+
+    def test_the_pods_deadline_is_the_sla_less_the_latency_learned_outside_the_batcher(
+        self,
+    ) -> None:
+        cluster = Cluster(isvc(sla={"latencyP99Ms": 100}))
+        cluster.reconcile()
+
+        def deadline() -> float:
+            configmap = cluster.kube.of(CONFIGMAP, NS, "resnet50-batching")
+            return float(json.loads(configmap["data"]["batching.json"])["deadlineMs"])
+
+        assert deadline() == 100
+        assert cluster.body["status"]["deadlineMs"] == 100
+        # the autopilot learned 12 ms outside the batcher: 88 ms left for the batcher
+        cluster.body["status"]["autopilot"] = {"overheadMs": 12.0, "recommendations": []}
+        cluster.reconcile()
+        assert deadline() == 88
+        assert cluster.body["status"]["deadlineMs"] == 88
+        # a wobble of a millisecond rewrites nothing
+        cluster.body["status"]["autopilot"]["overheadMs"] = 12.9
+        assert cluster.writes_of(cluster.reconcile) == []
 
     def test_values_outside_the_spec_bounds_are_clamped(self) -> None:
         cluster = Cluster(isvc())

@@ -19,6 +19,7 @@ from typing import Any
 
 from batchpilot.operator.children.common import Owner, owned_by
 from batchpilot.operator.children.configmap import batching_in, build_configmap
+from batchpilot.operator.children.deadline import default_deadline_ms
 from batchpilot.operator.children.deployment import build_deployment
 from batchpilot.operator.children.pdb import build_pdb
 from batchpilot.operator.children.secret import build_secret, new_token, token_in
@@ -39,6 +40,8 @@ class Owned:
     batch_size: int
     max_queue_delay_ms: float
     token: str
+    deadline_ms: float | None = None
+    """The pods' default deadline; None: the SLA itself."""
 
 
 @dataclass
@@ -59,9 +62,15 @@ def _clamp(value: int, low: int, high: int) -> int:
 
 
 def owned_values(
-    owner: Owner, observed: dict[Kind, Obj | None], *, token: str | None = None
+    owner: Owner,
+    observed: dict[Kind, Obj | None],
+    *,
+    token: str | None = None,
+    outside_s: float | None = None,
 ) -> Owned:
-    """Replicas, batching and token in force: kept from the children where they are ours."""
+    """Replicas, batching and token in force: kept from the children where they are ours. The
+    deadline follows the SLA less `outside_s`, the latency the autopilot learned is spent
+    outside the batcher (see `children.deadline`)."""
     spec = owner.spec
     scaling = spec.scaling
     replicas = scaling.min_replicas
@@ -75,11 +84,11 @@ def owned_values(
             current = deployment.get("spec", {}).get("replicas")
             if isinstance(current, int):
                 replicas = _clamp(current, scaling.min_replicas, scaling.max_replicas)
-        configmap = mine.get(CONFIGMAP)
-        recorded = batching_in(configmap) if configmap is not None else None
-        if recorded is not None:
-            batch_size = _clamp(recorded[0], 1, scaling.max_batch_size)
-            delay_ms = recorded[1]
+    configmap = mine.get(CONFIGMAP)
+    recorded = batching_in(configmap) if configmap is not None else None
+    if scaling.mode == "auto" and recorded is not None:
+        batch_size = _clamp(recorded.batch_size, 1, scaling.max_batch_size)
+        delay_ms = recorded.max_queue_delay_ms
     secret = mine.get(SECRET)
     kept = token_in(secret) if secret is not None else None
     return Owned(
@@ -87,6 +96,11 @@ def owned_values(
         batch_size=batch_size,
         max_queue_delay_ms=delay_ms,
         token=kept or token or new_token(),
+        deadline_ms=default_deadline_ms(
+            sla_ms=spec.sla.latency_p99_ms,
+            outside_s=outside_s,
+            in_force_ms=None if recorded is None else recorded.deadline_ms,
+        ),
     )
 
 
@@ -97,7 +111,14 @@ def desired_children(
     return {
         SECRET: build_secret(owner, token=owned.token),
         CONFIGMAP: build_configmap(
-            owner, batch_size=owned.batch_size, max_queue_delay_ms=owned.max_queue_delay_ms
+            owner,
+            batch_size=owned.batch_size,
+            max_queue_delay_ms=owned.max_queue_delay_ms,
+            deadline_ms=(
+                owned.deadline_ms
+                if owned.deadline_ms is not None
+                else default_deadline_ms(sla_ms=owner.spec.sla.latency_p99_ms, outside_s=None)
+            ),
         ),
         DEPLOYMENT: build_deployment(owner, settings, replicas=owned.replicas),
         SERVICE: build_service(owner),

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from batchpilot.operator import conditions, events
+from batchpilot.operator.autopilot.decide import State
 from batchpilot.operator.children.common import Owner
 from batchpilot.operator.children.deployment import UnsupportedModelSource
 from batchpilot.operator.children.service import grpc_address, service_url
@@ -80,7 +81,8 @@ class Reconciler:
         observed: dict[Kind, dict[str, Any] | None] = {
             kind: self._kube.get(kind, owner.namespace, names[kind]) for kind in CHILD_KINDS
         }
-        owned = owned_values(owner, observed)
+        learned = State.from_dict(status.get("autopilot"))
+        owned = owned_values(owner, observed, outside_s=learned.overhead_s)
         try:
             todo = plan(owner, self._settings, observed, owned)
         except UnsupportedModelSource as exc:
@@ -122,6 +124,7 @@ class Reconciler:
             "slaText": f"<{spec.sla.latency_p99_ms}ms",
             "batchSize": owned.batch_size,
             "maxQueueDelayMs": owned.max_queue_delay_ms,
+            "deadlineMs": owned.deadline_ms,
             "conditions": conditions.set_condition(
                 status.get("conditions"),
                 type_=conditions.READY,

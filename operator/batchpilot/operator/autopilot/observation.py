@@ -37,12 +37,18 @@ class Observation:
     mean_batch: float | None
     compute: tuple[ComputePoint, ...] = ()
     ready_replicas: int | None = None
+    arrival_qps: float | None = None
+    """Requests that arrived per second, counted at arrival by the runtime whatever became of
+    them (served, refused, expired); None from runtimes that do not count arrivals."""
 
     @property
     def offered_qps(self) -> float | None:
-        """The load the service was asked to carry."""
+        """The load the service was asked to carry: measured at arrival where the runtime counts
+        arrivals, else inferred as served + shed (which misses requests that expired)."""
         if self.qps is None:
             return None
+        if self.arrival_qps is not None:
+            return max(self.arrival_qps, self.qps)
         return self.qps + (self.rejected_qps or 0.0)
 
     @property

@@ -31,6 +31,7 @@ from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.autopilot.prometheus import Scope
 from batchpilot.operator.children.common import ISVC_LABEL, Owner
 from batchpilot.operator.children.configmap import batching_document, batching_in
+from batchpilot.operator.children.deadline import default_deadline_ms
 from batchpilot.operator.children.secret import token_in
 from batchpilot.operator.events import Event
 from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT, SECRET
@@ -103,6 +104,9 @@ def metrics_status(observation: Observation | None, *, now: datetime) -> dict[st
         "rejectedQps": None
         if observation.rejected_qps is None
         else round(observation.rejected_qps, 1),
+        "offeredQps": None
+        if observation.offered_qps is None
+        else round(observation.offered_qps, 1),
         "gpuUtilization": None
         if observation.utilization is None
         else round(observation.utilization * 100, 1),
@@ -154,9 +158,10 @@ class Autopilot:
         replicas = int(deployment.get("spec", {}).get("replicas") or spec.scaling.min_replicas)
         ready = int(deployment.get("status", {}).get("readyReplicas") or 0)
         recorded = batching_in(configmap)
-        batch, delay_ms = recorded or (
-            spec.batching.batch_size,
-            spec.batching.max_queue_delay_ms,
+        batch, delay_ms = (
+            (recorded.batch_size, recorded.max_queue_delay_ms)
+            if recorded is not None
+            else (spec.batching.batch_size, spec.batching.max_queue_delay_ms)
         )
         current = InForce(replicas=replicas, batch_size=batch, max_queue_delay_s=delay_ms / 1e3)
 
@@ -167,8 +172,22 @@ class Autopilot:
 
         result = TickResult(decision=decision)
         acting = spec.scaling.mode == "auto"
-        if acting and decision.changes(current):
-            self._act(owner, deployment, current, decision, result)
+        in_force_deadline = None if recorded is None else recorded.deadline_ms
+        deadline = default_deadline_ms(
+            sla_ms=spec.sla.latency_p99_ms,
+            outside_s=new_state.overhead_s,
+            in_force_ms=in_force_deadline,
+        )
+        if acting and (decision.changes(current) or deadline != in_force_deadline):
+            self._act(
+                owner,
+                current,
+                decision,
+                result,
+                deadline_ms=deadline,
+                in_force_deadline_ms=in_force_deadline,
+            )
+            result.status["deadlineMs"] = deadline
 
         generation = meta.get("generation")
         conds = status.get("conditions")
@@ -237,22 +256,25 @@ class Autopilot:
     def _act(
         self,
         owner: Owner,
-        deployment: dict[str, Any],
         current: InForce,
         decision: Decision,
         result: TickResult,
+        *,
+        deadline_ms: float,
+        in_force_deadline_ms: float | None,
     ) -> None:
+        """Apply the decision, and the default deadline (which follows the SLA and the latency
+        learned outside the batcher, whatever the decision)."""
         if decision.replicas != current.replicas:
             self._kube.patch(
                 DEPLOYMENT, owner.namespace, owner.name, {"spec": {"replicas": decision.replicas}}
             )
-        if (decision.batch_size, decision.max_queue_delay_s) != (
-            current.batch_size,
-            current.max_queue_delay_s,
-        ):
+        wanted = (decision.batch_size, decision.max_queue_delay_s, deadline_ms)
+        if wanted != (current.batch_size, current.max_queue_delay_s, in_force_deadline_ms):
             document = batching_document(
                 batch_size=decision.batch_size,
                 max_queue_delay_ms=round(decision.max_queue_delay_s * 1e3, 3),
+                deadline_ms=deadline_ms,
             )
             self._kube.patch(
                 CONFIGMAP,

@@ -70,6 +70,7 @@ def queries(scope: Scope, *, window_s: int, utilization: UtilizationSource) -> d
         "queue_p99": quantile(0.99, "batchpilot_queue_wait_seconds"),
         "qps": rate("batchpilot_requests_total", ',outcome="success"'),
         "rejected": rate("batchpilot_requests_total", ',outcome="rejected"'),
+        "arrivals": rate("batchpilot_arrivals_total"),
         "utilization": util,
         "mean_batch": (
             f"{rate('batchpilot_batch_size_sum')} / {rate('batchpilot_batch_size_count')}"
@@ -132,10 +133,11 @@ class PrometheusObserver:
             log.warning("Prometheus unavailable for %s/%s: %s", scope.namespace, scope.isvc, exc)
             return None
         if _number(raw["reporting"]) is None:
-            qps = rejected = None  # no replica of this service reports metrics at all
+            qps = rejected = arrivals = None  # no replica of this service reports at all
         else:
             qps = _number(raw["qps"])
             rejected = _number(raw["rejected"])
+            arrivals = _number(raw["arrivals"])
         seconds = _by_label(raw["compute_seconds"], "batch_bucket")
         rows = _by_label(raw["compute_rows"], "batch_bucket")
         batches = _by_label(raw["compute_batches"], "batch_bucket")
@@ -160,6 +162,7 @@ class PrometheusObserver:
             mean_batch=_number(raw["mean_batch"]),
             compute=points,
             ready_replicas=ready_replicas,
+            arrival_qps=arrivals,
         )
 
 

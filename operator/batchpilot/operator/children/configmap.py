@@ -1,9 +1,9 @@
 """The batching ConfigMap: the batch settings new pods start with and running pods re-read.
 
-Its two values are the autopilot's (the reconciler passes in the settings in force); the runtime
-watches the mounted file, and the autopilot also tells ready pods directly through their admin
-endpoint, because a mounted ConfigMap takes up to a minute to reach a pod. It also carries the
-pipeline document (spec.pipeline), which the runtime reads once at start: the Deployment's pod
+Its batch settings are the autopilot's (the reconciler passes in the settings in force) and its
+default deadline follows the SLA (`deadline.py`); the runtime watches the mounted file, and the
+autopilot also tells ready pods directly through their admin endpoint, because a mounted
+ConfigMap takes up to a minute to reach a pod. It also carries the pipeline document (spec.pipeline), which the runtime reads once at start: the Deployment's pod
 template holds its hash, so a changed pipeline rolls the pods.
 """
 
@@ -11,14 +11,27 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 from batchpilot.operator.children.common import BATCHING_FILE, PIPELINE_FILE, Owner
 
 
-def batching_document(*, batch_size: int, max_queue_delay_ms: float) -> str:
+class Batching(NamedTuple):
+    """The batching document's values."""
+
+    batch_size: int
+    max_queue_delay_ms: float
+    deadline_ms: float | None
+    """None: a document without one (written by an older operator)."""
+
+
+def batching_document(*, batch_size: int, max_queue_delay_ms: float, deadline_ms: float) -> str:
     return json.dumps(
-        {"maxBatchSize": int(batch_size), "maxQueueDelayMs": float(max_queue_delay_ms)},
+        {
+            "maxBatchSize": int(batch_size),
+            "maxQueueDelayMs": float(max_queue_delay_ms),
+            "deadlineMs": float(deadline_ms),
+        },
         sort_keys=True,
     )
 
@@ -38,10 +51,12 @@ def pipeline_hash(owner: Owner) -> str | None:
     return None if document is None else hashlib.sha256(document.encode()).hexdigest()[:16]
 
 
-def build_configmap(owner: Owner, *, batch_size: int, max_queue_delay_ms: float) -> dict[str, Any]:
+def build_configmap(
+    owner: Owner, *, batch_size: int, max_queue_delay_ms: float, deadline_ms: float
+) -> dict[str, Any]:
     data = {
         BATCHING_FILE: batching_document(
-            batch_size=batch_size, max_queue_delay_ms=max_queue_delay_ms
+            batch_size=batch_size, max_queue_delay_ms=max_queue_delay_ms, deadline_ms=deadline_ms
         )
     }
     if (pipeline := pipeline_document(owner)) is not None:
@@ -54,10 +69,15 @@ def build_configmap(owner: Owner, *, batch_size: int, max_queue_delay_ms: float)
     }
 
 
-def batching_in(configmap: dict[str, Any]) -> tuple[int, float] | None:
-    """(batch size, max queue delay ms) recorded in an existing ConfigMap, if readable."""
+def batching_in(configmap: dict[str, Any]) -> Batching | None:
+    """The batching recorded in an existing ConfigMap, if readable."""
     try:
         doc = json.loads(configmap["data"][BATCHING_FILE])
-        return int(doc["maxBatchSize"]), float(doc["maxQueueDelayMs"])
-    except (KeyError, TypeError, ValueError):
+        deadline = doc.get("deadlineMs")
+        return Batching(
+            int(doc["maxBatchSize"]),
+            float(doc["maxQueueDelayMs"]),
+            None if deadline is None else float(deadline),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError):
         return None
