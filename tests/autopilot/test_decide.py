@@ -125,6 +125,35 @@ class TestPredictInsteadOfCreep:
         assert decision.sla_met is False
 
 
+class TestRefusalsAreMissesOfTheSla:
+    """With deadline admission the runtime keeps the admitted requests' P99 inside the SLA
+    however many it refuses: the refused ones are the misses, and the offered load is what the
+    runtime counted at arrival."""
+
+    def test_a_p99_inside_the_sla_with_many_refused_is_not_the_sla_met(self) -> None:
+        # 300 rps arrive at one replica at batch 1 (167 rps): 133 refused, the rest in 60 ms.
+        obs = replace(seen(at=0, qps=167, p99_ms=60, ready=1, utilization=1.0), arrival_qps=300)
+        decision, _ = decide(obs, POLICY, InForce(1, 1, 0.005), State(fit=MODEL), now=0)
+        assert decision.sla_met is False
+        assert "44% unserved" in decision.reason  # 133 / 300
+        # planned for the 300 that arrived, not the 167 served: the batch goes up
+        assert decision.batch_size >= 6
+
+    def test_a_few_refusals_within_the_tolerance_are_the_sla_met(self) -> None:
+        # 0.5 % refused: inside the 1 % a P99 allows
+        obs = replace(seen(at=0, qps=199, p99_ms=60, ready=1), arrival_qps=200)
+        decision, _ = decide(obs, POLICY, InForce(1, 8, 0.005), State(fit=MODEL), now=0)
+        assert decision.sla_met is True
+
+    def test_arrivals_are_the_offered_load_when_the_runtime_counts_them(self) -> None:
+        obs = replace(seen(at=0, qps=100, rejected=10, p99_ms=60, ready=1), arrival_qps=150)
+        # 40 more arrived than were served or refused at arrival: they expired in the queue
+        assert obs.offered_qps == 150
+        assert obs.unserved_share == pytest.approx(1 / 3)
+        older = seen(at=0, qps=100, rejected=10, p99_ms=60, ready=1)
+        assert older.offered_qps == 110  # a runtime without the arrival counter
+
+
 class TestShortWindowsDoNotCreep:
     """Short control windows (2 s ticks over a 10 s window, as in the full-loop test): the
     service is t(b) = 20 + 2·b ms, so one replica serves 45 rps at batch 1 and 276 rps inside

@@ -72,6 +72,10 @@ BATCH_STICKINESS = 0.97
 """Batch limits with at least this fraction of the best limit's capacity count as equally good."""
 STALE_WINDOWS = 3
 """An observation older than this many windows is stale."""
+SHED_TOLERANCE = 0.01
+"""The SLA is met only while at most this share of the offered requests goes unserved (refused
+at arrival, expired): a refused request is a request not answered within the SLA, and the
+runtime's admission keeps the P99 of the admitted ones inside it however many it refuses."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,8 +331,9 @@ def decide(
     p99 = observation.p99_s
     idle = observation.idle
     ready = observation.ready_replicas
-    sla_met = None if idle or p99 is None else p99 <= sla
     offered = observation.offered_qps or 0.0
+    unserved = observation.unserved_share
+    sla_met = None if idle or p99 is None else p99 <= sla and unserved <= SHED_TOLERANCE
     delay_s = min(policy.max_queue_delay_s, 0.1 * sla)
 
     # 2. Learn: the fit; the latency outside the batcher; the load now.
@@ -492,6 +497,7 @@ def decide(
         "no traffic"
         if idle
         else f"P99 {_ms(p99)} vs SLA {_ms(sla)} at {offered:.0f} rps"
+        + (f", {unserved:.0%} unserved" if unserved > SHED_TOLERANCE else "")
         + (
             f", device {observation.utilization * 100:.0f}% busy"
             if observation.utilization is not None

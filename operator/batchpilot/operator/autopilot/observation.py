@@ -52,6 +52,15 @@ class Observation:
         return self.qps + (self.rejected_qps or 0.0)
 
     @property
+    def unserved_share(self) -> float:
+        """The share of the offered requests not answered successfully: refused at arrival,
+        expired in the queue or failed (0 when there was no traffic)."""
+        offered = self.offered_qps
+        if not offered or self.qps is None:
+            return 0.0
+        return max(0.0, 1.0 - self.qps / offered)
+
+    @property
     def idle(self) -> bool:
         """Measured and no traffic at all: latency has no samples, and that is fine."""
         return self.qps == 0.0 and not self.rejected_qps

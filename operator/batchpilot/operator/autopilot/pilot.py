@@ -318,4 +318,10 @@ def metrics_sentence(observation: Observation | None, spec: InferenceServiceSpec
         return "no metrics to judge the SLA by"
     if observation.idle:
         return "no traffic in the window"
-    return f"P99 {_ms_text(observation.p99_s)} against the {sla} SLA at {observation.qps:.0f} rps"
+    sentence = (
+        f"P99 {_ms_text(observation.p99_s)} against the {sla} SLA at {observation.qps:.0f} rps"
+    )
+    if unserved := observation.unserved_share:
+        offered = observation.offered_qps or 0.0
+        sentence += f" served of {offered:.0f} offered ({unserved:.1%} refused or expired)"
+    return sentence
