@@ -82,10 +82,17 @@ def test_the_autopilot_brings_an_overloaded_service_inside_its_sla(tmp_path: Pat
     assert conditions.get("SLAMet") == "True", log
     assert result.final_p99_ms is not None, log
     assert result.final_p99_ms <= SLA_MS, log
-    # Every request accounted for: succeeded, or shed with a counted 503.
-    assert load["failed"] == 0, (load["errors"], log)
-    assert set(load["errors"]) <= set(SHED_KINDS), load["errors"]
-    assert load["succeeded"] + load["shed"] == load["scheduled"], load
+    # Every request accounted for: succeeded, refused at once with a counted 503, or (a few
+    # admitted ones that still missed their deadline) answered 504.
+    assert set(load["errors"]) <= {*SHED_KINDS, "504"}, load["errors"]
+    assert load["failed"] <= 0.01 * load["scheduled"], (load["errors"], log)
+    assert load["succeeded"] + load["shed"] + load["failed"] == load["scheduled"], load
+    # The overload at the start is refused at once rather than queued into a collapse, and the
+    # summary says how many, and how the admitted requests fared.
+    assert load["shed"] > 0, log
+    assert "refused at once while capacity caught up" in log, log
+    assert "the runtimes shed, by reason: " in log, log
+    assert "admitted requests' latency over the run" in log, log
     assert (tmp_path / "run.png").stat().st_size > 10_000
 
     # Nothing left behind.

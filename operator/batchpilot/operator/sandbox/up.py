@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -353,7 +354,8 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
                     )
                 except ImportError as exc:
                     say(f"no plot: {exc} (matplotlib is in the dev extra)")
-            _summary(say, load, result_status, decisions, sla_ms, plot_path)
+            shed = _shed_by_reason(prometheus.url, namespace=namespace, name=name)
+            _summary(say, load, result_status, decisions, sla_ms, plot_path, shed=shed)
         except KeyboardInterrupt:
             say("interrupted: stopping everything")
         finally:
@@ -388,6 +390,21 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
     return result
 
 
+def _shed_by_reason(prometheus_url: str, *, namespace: str, name: str) -> dict[str, float]:
+    """What the runtimes shed over the run, by reason, from their own counters."""
+    query = urllib.parse.quote(
+        f'sum by (reason) (batchpilot_shed_total{{namespace="{namespace}",isvc="{name}"}})'
+    )
+    answer = _get(f"{prometheus_url}/api/v1/query?query={query}") or {}
+    shed = {}
+    for series in (answer.get("data") or {}).get("result") or []:
+        try:
+            shed[series["metric"]["reason"]] = float(series["value"][1])
+        except (KeyError, IndexError, TypeError, ValueError):
+            continue
+    return shed
+
+
 def _summary(
     say: Callable[[str], None],
     load: dict[str, Any],
@@ -395,19 +412,35 @@ def _summary(
     decisions: list[dict[str, Any]],
     sla_ms: float,
     plot: Path | None,
+    *,
+    shed: dict[str, float] | None = None,
 ) -> None:
     say("")
     say("== summary ==")
     latency = load.get("latency_ms") or {}
+    scheduled = int(load.get("scheduled", 0))
+    refused = int(load.get("shed", 0))
     say(
-        f"requests: {load.get('scheduled', 0)} scheduled, {load.get('succeeded', 0)} succeeded, "
-        f"{load.get('shed', 0)} shed (503/429), {load.get('failed', 0)} failed "
+        f"requests: {scheduled} scheduled, {load.get('succeeded', 0)} succeeded, "
+        f"{refused} refused (503 + Retry-After), {load.get('failed', 0)} failed "
         f"{dict(load.get('errors') or {})}"
     )
+    if scheduled and refused:
+        refusal = load.get("shed_latency_ms") or {}
+        say(
+            f"refused at once while capacity caught up: {refused / scheduled:.1%} of the "
+            f"requests, answered in {refusal.get('p99_ms', 0):.1f} ms at P99 (client)"
+        )
+    if shed:
+        say(
+            "the runtimes shed, by reason: "
+            + ", ".join(f"{reason} {count:.0f}" for reason, count in sorted(shed.items()))
+        )
     if latency:
         say(
-            f"client latency over the run: p50 {latency.get('p50_ms', 0):.0f} ms, "
-            f"p99 {latency.get('p99_ms', 0):.0f} ms (SLA {sla_ms:g} ms)"
+            f"admitted requests' latency over the run (client): p50 "
+            f"{latency.get('p50_ms', 0):.0f} ms, p99 {latency.get('p99_ms', 0):.0f} ms "
+            f"(SLA {sla_ms:g} ms)"
         )
     final = _final_p99(list(load.get("windows") or []))
     verdict = "-" if final is None else ("within" if final <= sla_ms else "OUTSIDE")
