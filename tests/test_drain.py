@@ -8,10 +8,9 @@ refusal. No client may see "server disconnected without sending a response", whi
 not knowing whether its request ran.
 
 Real server processes on loopback, the simulated accelerator (so the CPU of the machine running
-the tests is not the limit), real clients: aiohttp (asyncio, one keep-alive connection per
-client; httpx, with which the resets were first seen, is not a dependency of this project) and
-Triton's own `tritonclient.http` (geventhttpclient, one connection per client, one thread each as
-it is synchronous).
+the tests is not the limit), real clients: httpx (asyncio, one keep-alive connection per
+client; the client with which the resets were first seen) and Triton's own `tritonclient.http`
+(geventhttpclient, one connection per client, one thread each as it is synchronous).
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import aiohttp
+import httpx
 import pytest
 import tritonclient.http as triton
 from pydantic import ValidationError
@@ -99,7 +98,7 @@ def start_draining_server(
 # --- clients ----------------------------------------------------------------------------------
 
 
-async def aiohttp_repetition(server: RuntimeProcess) -> Received:
+async def httpx_repetition(server: RuntimeProcess) -> Received:
     """64 asyncio clients, each its own session with one keep-alive connection, closed loop;
     SIGTERM once each has had WARM_REQUESTS answers; each stops at its first 503."""
     received = Received()
@@ -116,29 +115,29 @@ async def aiohttp_repetition(server: RuntimeProcess) -> Received:
 
     async def client() -> None:
         answered = 0
-        connector = aiohttp.TCPConnector(limit=1)
-        timeout = aiohttp.ClientTimeout(total=20)
+        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
         try:
-            async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            async with httpx.AsyncClient(limits=limits, timeout=20) as session:
                 for _ in range(MAX_REQUESTS):
                     try:
-                        async with session.post(url, data=body, headers=headers) as response:
-                            await response.read()
-                    except (aiohttp.ClientError, TimeoutError) as exc:
+                        # "Server disconnected without sending a response" is a
+                        # RemoteProtocolError: an HTTPError like every other transport failure
+                        response = await session.post(url, content=body, headers=headers)
+                    except httpx.HTTPError as exc:
                         received.fail(exc)
                         return
-                    received.add(response.status)
+                    received.add(response.status_code)
                     answered += 1
                     if answered == WARM_REQUESTS:
                         ready()
-                    if response.status == 503:
+                    if response.status_code == 503:
                         if not (
                             response.headers.get("Connection", "").lower() == "close"
                             and response.headers.get("Retry-After") == "1"
                         ):
                             received.bad_503s.append(str(dict(response.headers)))
                         return  # a real client would go to another replica
-                    if response.status != 200:
+                    if response.status_code != 200:
                         return
         finally:
             if answered < WARM_REQUESTS:  # it stopped early: the assertions will say why
@@ -228,7 +227,7 @@ class TestSigtermUnderKeepAliveLoad:
         self, mlp_model: Path, tmp_path: Path
     ) -> None:
         summary: list[str] = []
-        for kind in ("aiohttp", "tritonclient.http"):
+        for kind in ("httpx", "tritonclient.http"):
             totals: Counter[int] = Counter()
             errors: list[str] = []
             queued_at_signal = 0
@@ -239,8 +238,8 @@ class TestSigtermUnderKeepAliveLoad:
                 with start_draining_server(
                     mlp_model, log_dir, "--drain-linger-s", str(LINGER_S)
                 ) as server:
-                    if kind == "aiohttp":
-                        received = await aiohttp_repetition(server)
+                    if kind == "httpx":
+                        received = await httpx_repetition(server)
                     else:
                         received = await asyncio.to_thread(triton_repetition, server)
                     exit_code = await asyncio.to_thread(server.process.wait, 20)

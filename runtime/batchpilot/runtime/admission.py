@@ -159,6 +159,10 @@ class DeviceLedger:
     def finished(self, token: int) -> None:
         self._running.pop(token, None)
 
+    @property
+    def idle(self) -> bool:
+        return not self._running
+
     def busy_s(self, timing: BatchTiming, now: float) -> float:
         """Compute time the running batches still need, summed over instances."""
         total = 0.0
@@ -203,6 +207,12 @@ def predicted_finish(
 LATENESS_MEMORY = 200
 """The lateness of predictions follows about the last this many admitted requests."""
 
+LATENESS_HALF_LIFE_S = 1.0
+"""Without new answers the measured lateness fades by half every this many seconds. A server
+starved of CPU for a while (a noisy neighbour, CFS throttling) learns a large lateness and then
+refuses nearly everything, so few answers come to correct it: it must not stay refused once
+the starvation is over."""
+
 
 class Lateness:
     """How much later than predicted admitted requests finish: the error of the whole prediction,
@@ -214,22 +224,31 @@ class Lateness:
         self._mean = 0.0
         self._square = 0.0
         self._weight = 0.0
+        self._at = 0.0
 
-    def observe(self, error_s: float) -> None:
+    def observe(self, error_s: float, *, now: float) -> None:
         """One request finished `error_s` seconds after (negative: before) its prediction."""
         keep = 1.0 - 1.0 / LATENESS_MEMORY
         self._weight = self._weight * keep + 1.0
         share = 1.0 / self._weight
         self._mean += (error_s - self._mean) * share
         self._square += (error_s * error_s - self._square) * share
+        self._at = now
 
-    @property
-    def margin_s(self) -> float:
-        """Mean lateness plus `SPREAD_SIGMAS` deviations, never negative."""
+    def margin_s(self, now: float) -> float:
+        """Mean lateness plus `SPREAD_SIGMAS` deviations, never negative, fading while no
+        answer comes."""
         if self._weight == 0:
             return 0.0
         sigma = math.sqrt(max(0.0, self._square - self._mean * self._mean))
-        return max(0.0, self._mean + SPREAD_SIGMAS * sigma)
+        fade: float = 0.5 ** (max(0.0, now - self._at) / LATENESS_HALF_LIFE_S)
+        return max(0.0, self._mean + SPREAD_SIGMAS * sigma) * fade
+
+
+PROBE_AFTER_S = 1.0
+"""A device idle for this long with nothing queued takes the next request whatever the
+prediction says: measurements this old may be spoilt (a stall inflated them), and a server
+that refuses everything learns nothing new."""
 
 
 class Predictor:
@@ -240,15 +259,26 @@ class Predictor:
         self.timing = timing or BatchTiming()
         self.ledger = DeviceLedger(instances=instances)
         self.lateness = Lateness()
+        self._last_batch_at: float | None = None
+
+    def must_probe(self, *, queued_rows: int, now: float) -> bool:
+        """Whether the next request is taken whatever the prediction: the device is idle,
+        nothing is queued, and no batch ended for `PROBE_AFTER_S`."""
+        return (
+            queued_rows == 0
+            and self.ledger.idle
+            and (self._last_batch_at is None or now - self._last_batch_at >= PROBE_AFTER_S)
+        )
 
     def started(self, rows: int, now: float) -> int:
         """A batch of `rows` rows started at `now`; returns its token for `finished`."""
         return self.ledger.started(rows, now)
 
-    def finished(self, token: int, *, rows: int, seconds: float | None) -> None:
-        """The batch ended; `seconds` is its compute time, None when it failed (a failure's
-        time says nothing about t(b))."""
+    def finished(self, token: int, *, rows: int, seconds: float | None, now: float) -> None:
+        """The batch ended at `now`; `seconds` is its compute time, None when it failed (a
+        failure's time says nothing about t(b))."""
         self.ledger.finished(token)
+        self._last_batch_at = now
         if seconds is not None:
             self.timing.observe(rows, seconds)
 
@@ -264,4 +294,4 @@ class Predictor:
             max_batch_size=max_batch_size,
             now=now,
         )
-        return None if finish is None else finish + self.lateness.margin_s
+        return None if finish is None else finish + self.lateness.margin_s(now)

@@ -223,14 +223,15 @@ class BatchQueue:
         """Refuse the request now if it is predicted to finish after its deadline; returns the
         prediction (None: nothing measured yet, admitted)."""
         assert self._predictor is not None
-        margin = self._predictor.lateness.margin_s
+        margin = self._predictor.lateness.margin_s(now)
         finish = self._predictor.finish_time(
             queued_rows=self._queued_rows,
             rows=rows,
             max_batch_size=self._settings().max_batch_size,
             now=now,
         )
-        if finish is not None and finish > deadline:
+        probe = self._predictor.must_probe(queued_rows=self._queued_rows, now=now)
+        if finish is not None and finish > deadline and not probe:
             raise Overloaded(
                 f"the server cannot answer within the request's deadline: it would finish in "
                 f"{(finish - now) * 1e3:.0f} ms, {(finish - deadline) * 1e3:.0f} ms too late "
@@ -297,7 +298,7 @@ class BatchQueue:
         if self._predictor is not None and oldest.deadline is not None:
             compute = self._predictor.timing.upper(min(rows, settings.max_batch_size))
             if compute is not None:
-                margin = START_MARGIN_S + self._predictor.lateness.margin_s
+                margin = START_MARGIN_S + self._predictor.lateness.margin_s(oldest.enqueued_at)
                 until = min(until, oldest.deadline - compute - margin)
         return until
 
@@ -514,7 +515,7 @@ class Batcher:
             except asyncio.CancelledError:
                 self._busy.end(clock())
                 if predictor is not None:
-                    predictor.finished(token, rows=rows, seconds=None)
+                    predictor.finished(token, rows=rows, seconds=None, now=clock())
                 _fail(items, ShuttingDown("the server stopped before the batch finished"))
                 raise
             for name, array in outputs.items():
@@ -528,7 +529,7 @@ class Batcher:
             self._busy.end(ended)
             compute_s = ended - started
             if predictor is not None:
-                predictor.finished(token, rows=rows, seconds=None)
+                predictor.finished(token, rows=rows, seconds=None, now=ended)
             self._observer.batch_failed(rows=rows, requests=len(items), compute_s=compute_s)
             error = exc if isinstance(exc, EngineFailure) else EngineFailure(f"engine error: {exc}")
             _fail(items, error)
@@ -537,10 +538,10 @@ class Batcher:
         self._busy.end(ended)
         compute_s = ended - started
         if predictor is not None:
-            predictor.finished(token, rows=rows, seconds=compute_s)
+            predictor.finished(token, rows=rows, seconds=compute_s, now=ended)
             for item in items:
                 if item.predicted is not None:
-                    predictor.lateness.observe(ended - item.predicted)
+                    predictor.lateness.observe(ended - item.predicted, now=ended)
         start = 0
         for item in items:
             end = start + item.rows

@@ -3,8 +3,9 @@
 Its batch settings are the autopilot's (the reconciler passes in the settings in force) and its
 default deadline follows the SLA (`deadline.py`); the runtime watches the mounted file, and the
 autopilot also tells ready pods directly through their admin endpoint, because a mounted
-ConfigMap takes up to a minute to reach a pod. It also carries the pipeline document (spec.pipeline), which the runtime reads once at start: the Deployment's pod
-template holds its hash, so a changed pipeline rolls the pods.
+ConfigMap takes up to a minute to reach a pod. It also carries the pipeline document
+(spec.pipeline), which the runtime reads once at start: the Deployment's pod template holds its
+hash, so a changed pipeline rolls the pods.
 """
 
 from __future__ import annotations
