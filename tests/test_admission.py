@@ -15,9 +15,11 @@ import numpy as np
 import pytest
 
 from batchpilot.runtime.admission import (
+    LATENESS_HALF_LIFE_S,
     SIZE_MEMORY_BATCHES,
     BatchTiming,
     DeviceLedger,
+    Lateness,
     Predictor,
     predicted_finish,
 )
@@ -319,3 +321,36 @@ class TestBatchesFitTheDeadline:
             assert loop.time() == pytest.approx(0.100)  # 20 + 10 x 8 ms: late
             await asyncio.gather(*others)
             assert s.engine.batches[0] == 8
+
+
+class TestRecoveryFromAStall:
+    def test_the_lateness_fades_without_answers(self) -> None:
+        lateness = Lateness()
+        for _ in range(50):
+            lateness.observe(0.200, now=10.0)  # a stall: every answer 200 ms late
+        assert lateness.margin_s(10.0) == pytest.approx(0.200)
+        # no answer for 3 half-lives: an eighth of it is left
+        assert lateness.margin_s(10.0 + 3 * LATENESS_HALF_LIFE_S) == pytest.approx(0.025)
+
+    @pytest.mark.looptime
+    async def test_spoilt_measurements_still_let_a_probe_through(self) -> None:
+        # The measurements say a batch takes 500 ms (a stall spoilt them); the device is back to
+        # 20 ms. Refusing everything would never measure it again.
+        async with Served(alpha_s=0.020, beta_s=0.0) as s:
+            s.predictor.timing = exact_timing(0.500, 0.0)
+            loop = asyncio.get_running_loop()
+            probe = s.put(timeout_s=0.100)  # nothing ran for a while: taken whatever predicted
+            with pytest.raises(Overloaded):
+                s.put(timeout_s=0.100)  # behind it, the prediction holds: refused
+            await probe
+            await asyncio.sleep(0.5)
+            with pytest.raises(Overloaded):
+                s.put(timeout_s=0.100)  # a batch ended 0.5 s ago: measurements fresh enough
+            await asyncio.sleep(0.6)
+            await s.put(timeout_s=0.100)  # a second without batches: the next probe
+            assert loop.time() == pytest.approx(1.1 + 0.020 + 0.021, abs=0.01)
+            assert s.engine.batches == [1, 1]
+            # each probe moved the spoilt mean towards the truth
+            recovered = s.predictor.timing.seconds(1)
+            assert recovered is not None
+            assert recovered < 0.5

@@ -145,6 +145,21 @@ class TestRefusalsAreMissesOfTheSla:
         decision, _ = decide(obs, POLICY, InForce(1, 8, 0.005), State(fit=MODEL), now=0)
         assert decision.sla_met is True
 
+    def test_a_few_refusals_under_light_load_are_reported_not_scaled_for(self) -> None:
+        # 100 rps on 2 replicas at batch 8 (plenty), 2 % refused in a burst
+        obs = replace(seen(at=0, qps=98, p99_ms=40, ready=2, batch=8), arrival_qps=100)
+        decision, _ = decide(obs, POLICY, InForce(2, 8, 0.005), State(fit=MODEL), now=0)
+        assert decision.sla_met is False
+        assert decision.replicas == 2
+        assert "feedback" not in decision.reason
+
+    def test_many_refusals_the_model_cannot_explain_add_replicas(self) -> None:
+        # the model says 2 replicas at batch 8 carry 250 rps; 30 % are refused all the same
+        obs = replace(seen(at=0, qps=175, p99_ms=40, ready=2, batch=8), arrival_qps=250)
+        decision, _ = decide(obs, POLICY, InForce(2, 8, 0.005), State(fit=MODEL), now=0)
+        assert decision.replicas == 3
+        assert "30% of the requests refused or expired although the model" in decision.reason
+
     def test_arrivals_are_the_offered_load_when_the_runtime_counts_them(self) -> None:
         obs = replace(seen(at=0, qps=100, rejected=10, p99_ms=60, ready=1), arrival_qps=150)
         # 40 more arrived than were served or refused at arrival: they expired in the queue

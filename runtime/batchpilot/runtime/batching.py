@@ -99,6 +99,9 @@ class Pending:
     queued: bool = True
     predicted: float | None = None
     """When admission predicted it would be answered (its margin excluded)."""
+    probe: bool = False
+    """Taken whatever the prediction (`Predictor.must_probe`): it runs unless its deadline has
+    passed, so that the measurements it refreshes are taken."""
 
 
 @dataclass(eq=False, slots=True)
@@ -191,9 +194,10 @@ class BatchQueue:
             )
         now = self._clock()
         deadline = None if timeout_s is None else now + timeout_s
-        predicted = None
+        predicted, probe = None, False
         if deadline is not None and self._predictor is not None:
-            predicted = self._admit(rows, now=now, deadline=deadline)
+            probe = self._predictor.must_probe(queued_rows=self._queued_rows, now=now)
+            predicted = self._admit(rows, now=now, deadline=deadline, probe=probe)
         loop = asyncio.get_running_loop()
         key = shape_key(inputs)
         item = Pending(
@@ -205,6 +209,7 @@ class BatchQueue:
             deadline=deadline,
             seq=next(self._order),
             predicted=predicted,
+            probe=probe,
         )
         group = self._groups.get(key)
         if group is None:
@@ -219,9 +224,9 @@ class BatchQueue:
             self._wake(group, self._rows[key])
         return item.future
 
-    def _admit(self, rows: int, *, now: float, deadline: float) -> float | None:
-        """Refuse the request now if it is predicted to finish after its deadline; returns the
-        prediction (None: nothing measured yet, admitted)."""
+    def _admit(self, rows: int, *, now: float, deadline: float, probe: bool) -> float | None:
+        """Refuse the request now if it is predicted to finish after its deadline, unless it is
+        a probe; returns the prediction (None: nothing measured yet, admitted)."""
         assert self._predictor is not None
         margin = self._predictor.lateness.margin_s(now)
         finish = self._predictor.finish_time(
@@ -230,7 +235,6 @@ class BatchQueue:
             max_batch_size=self._settings().max_batch_size,
             now=now,
         )
-        probe = self._predictor.must_probe(queued_rows=self._queued_rows, now=now)
         if finish is not None and finish > deadline and not probe:
             raise Overloaded(
                 f"the server cannot answer within the request's deadline: it would finish in "
@@ -368,7 +372,7 @@ class BatchQueue:
             if now >= deadline:
                 self._expire(item, group, "the request's deadline passed while it was queued")
                 continue
-            if timing is not None and deadline < math.inf:
+            if timing is not None and deadline < math.inf and not item.probe:
                 alone = timing.seconds(item.rows)
                 if alone is not None and now + alone > deadline:
                     self._expire(

@@ -76,6 +76,11 @@ SHED_TOLERANCE = 0.01
 """The SLA is met only while at most this share of the offered requests goes unserved (refused
 at arrival, expired): a refused request is a request not answered within the SLA, and the
 runtime's admission keeps the P99 of the admitted ones inside it however many it refuses."""
+SHED_FEEDBACK = 0.05
+"""Refusals beyond this share, while the model says the replicas in force carry the offered
+load, are evidence against the model and add replicas (as a P99 over the SLA does). Between
+`SHED_TOLERANCE` and this, a burst within the window is the likelier cause: the SLA is
+reported missed, and the plan (which already counts every arrival) decides."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -418,15 +423,20 @@ def decide(
         # 4. Guard: over the SLA in a window of the present, and the plan adds no capacity →
         # trust the observation.
         if (
-            sla_met is False
+            (p99 is not None and p99 > sla or unserved > SHED_FEEDBACK)
             and settled
             and ready >= current.replicas
             and not _adds_capacity(model, current, want_replicas, want_batch)
         ):
             want_replicas = current.replicas + max(1, math.ceil(FEEDBACK_STEP * current.replicas))
             want_batch = current.batch_size
+            what = (
+                "P99 over the SLA"
+                if p99 is not None and p99 > sla
+                else f"{unserved:.0%} of the requests refused or expired"
+            )
             why = (
-                f"P99 over the SLA although the model predicts {_ms(predicted)}; "
+                f"{what} although the model predicts {_ms(predicted)}; "
                 f"feedback: adding {want_replicas - current.replicas} replicas"
             )
         elif not model.confident:
