@@ -75,8 +75,10 @@ class BatchTiming:
         """The current fit; None until a batch has been measured."""
         return self._fit
 
-    def observe(self, rows: int, seconds: float) -> None:
-        """Add one measured batch of `rows` rows that took `seconds`."""
+    def observe(self, rows: int, seconds: float, *, fresh: bool = False) -> None:
+        """Add one measured batch of `rows` rows that took `seconds`. A `fresh` measurement (a
+        probe after a stall, see `Predictor.must_probe`) moves the size's mean halfway to it:
+        what came before it may be spoilt."""
         if rows < 1 or not math.isfinite(seconds) or seconds < 0:
             return
         # Errors count from the first real fit on: a single size's stand-in is no prediction.
@@ -92,7 +94,8 @@ class BatchTiming:
         else:
             self._account(rows, stat, -1.0)
         stat.count += 1
-        stat.mean_s += (seconds - stat.mean_s) / min(stat.count, SIZE_MEMORY_BATCHES)
+        memory = min(stat.count, 2 if fresh else SIZE_MEMORY_BATCHES)
+        stat.mean_s += (seconds - stat.mean_s) / memory
         self._account(rows, stat, 1.0)
         self._fit = self._solve()
 
@@ -186,15 +189,16 @@ def predicted_finish(
     answered, or None when nothing has been measured yet (nothing to predict from).
 
     Running batches finish first. The rows ahead are served in full batches of
-    `max_batch_size`, and so is the request's own when it waits behind anything: the rows that
-    arrive meanwhile fill it. With several instances the work ahead is shared among them; the
-    request's own batch still takes its full time.
+    `max_batch_size`, and so is the request's own when a full batch is ahead of it (the rows that
+    arrive meanwhile fill it); otherwise its batch holds the rows queued now. With several
+    instances the work ahead is shared among them; the request's own batch still takes its full
+    time. What this misses (rows joining a batch that was not full, a busy event loop) is
+    measured as lateness and added by `Predictor.finish_time`.
     """
     total = queued_rows + rows
     full = max(0, math.ceil(total / max_batch_size) - 1)
     ahead = ledger.busy_s(timing, now)
-    waits = full > 0 or ahead > 0
-    own = timing.upper(max_batch_size if waits else total)
+    own = timing.upper(min(total, max_batch_size) if full == 0 else max_batch_size)
     if own is None:
         return None
     if full:
@@ -274,13 +278,15 @@ class Predictor:
         """A batch of `rows` rows started at `now`; returns its token for `finished`."""
         return self.ledger.started(rows, now)
 
-    def finished(self, token: int, *, rows: int, seconds: float | None, now: float) -> None:
+    def finished(
+        self, token: int, *, rows: int, seconds: float | None, now: float, probe: bool = False
+    ) -> None:
         """The batch ended at `now`; `seconds` is its compute time, None when it failed (a
-        failure's time says nothing about t(b))."""
+        failure's time says nothing about t(b)); `probe`: it carried a probe request."""
         self.ledger.finished(token)
         self._last_batch_at = now
         if seconds is not None:
-            self.timing.observe(rows, seconds)
+            self.timing.observe(rows, seconds, fresh=probe)
 
     def finish_time(
         self, *, queued_rows: int, rows: int, max_batch_size: int, now: float

@@ -542,7 +542,13 @@ class Batcher:
         self._busy.end(ended)
         compute_s = ended - started
         if predictor is not None:
-            predictor.finished(token, rows=rows, seconds=compute_s, now=ended)
+            predictor.finished(
+                token,
+                rows=rows,
+                seconds=compute_s,
+                now=ended,
+                probe=any(item.probe for item in items),
+            )
             for item in items:
                 if item.predicted is not None:
                     predictor.lateness.observe(ended - item.predicted, now=ended)
