@@ -332,6 +332,15 @@ class TestRecoveryFromAStall:
         # no answer for 3 half-lives: an eighth of it is left
         assert lateness.margin_s(10.0 + 3 * LATENESS_HALF_LIFE_S) == pytest.approx(0.025)
 
+    def test_answers_earlier_than_predicted_shrink_the_margin(self) -> None:
+        lateness = Lateness()
+        for _ in range(50):
+            lateness.observe(0.200, now=10.0)
+        before = lateness.margin_s(10.0)
+        for _ in range(400):
+            lateness.observe(-0.050, now=10.0)  # pessimistic predictions: early answers
+        assert lateness.margin_s(10.0) < before / 2
+
     @pytest.mark.looptime
     async def test_spoilt_measurements_still_let_a_probe_through(self) -> None:
         # The measurements say a batch takes 500 ms (a stall spoilt them); the device is back to

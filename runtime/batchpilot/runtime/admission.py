@@ -222,6 +222,9 @@ class Lateness:
     """How much later than predicted admitted requests finish: the error of the whole prediction,
     which t(b) alone does not see — an event loop busy with arrivals starts batches late, and
     under a backlog batches run smaller than full. Admission keeps this margin to the deadline.
+
+    Only lateness counts (an early answer counts as zero): answers earlier than predicted say
+    the prediction was pessimistic, which must shrink the margin, not widen its spread.
     """
 
     def __init__(self) -> None:
@@ -232,6 +235,7 @@ class Lateness:
 
     def observe(self, error_s: float, *, now: float) -> None:
         """One request finished `error_s` seconds after (negative: before) its prediction."""
+        error_s = max(0.0, error_s)
         keep = 1.0 - 1.0 / LATENESS_MEMORY
         self._weight = self._weight * keep + 1.0
         share = 1.0 / self._weight
@@ -240,8 +244,7 @@ class Lateness:
         self._at = now
 
     def margin_s(self, now: float) -> float:
-        """Mean lateness plus `SPREAD_SIGMAS` deviations, never negative, fading while no
-        answer comes."""
+        """Mean lateness plus `SPREAD_SIGMAS` deviations, fading while no answer comes."""
         if self._weight == 0:
             return 0.0
         sigma = math.sqrt(max(0.0, self._square - self._mean * self._mean))

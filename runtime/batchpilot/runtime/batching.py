@@ -550,7 +550,8 @@ class Batcher:
                 probe=any(item.probe for item in items),
             )
             for item in items:
-                if item.predicted is not None:
+                # a probe's prediction was not trusted, so its error says nothing about them
+                if item.predicted is not None and not item.probe:
                     predictor.lateness.observe(ended - item.predicted, now=ended)
         start = 0
         for item in items:
