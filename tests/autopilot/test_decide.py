@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from batchpilot.operator.autopilot.decide import (
     Decision,
@@ -16,6 +18,7 @@ from batchpilot.operator.autopilot.decide import (
 )
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation
 from batchpilot.operator.autopilot.service_model import LatencyFit
+from batchpilot.operator.children.configmap import batching_document, batching_in
 
 TICK = 15.0
 POLICY = Policy(
@@ -421,3 +424,41 @@ def test_the_plan_is_predicted_inside_the_sla(qps: float) -> None:
     decision, _ = decide(obs, POLICY, InForce(4, 4, 0.005), State(fit=MODEL), now=0)
     assert decision.predicted_p99_s is not None
     assert decision.predicted_p99_s <= 0.8 * POLICY.sla_p99_s
+
+
+class TestDecisionsReadBackUnchanged:
+    """A decision is written into the batching ConfigMap (milliseconds) and read back on the next
+    tick: what comes back must be exactly what was decided, or every tick is a retune."""
+
+    @given(
+        sla_ms=st.integers(min_value=1, max_value=600_000),
+        max_delay_ms=st.floats(min_value=0, max_value=10_000, allow_nan=False),
+    )
+    def test_the_queue_delay_survives_the_configmap(self, sla_ms: int, max_delay_ms: float) -> None:
+        policy = replace(POLICY, sla_p99_s=sla_ms / 1e3, max_queue_delay_s=max_delay_ms / 1e3)
+        obs = seen(at=0, qps=0, p99_ms=None, ready=1)  # idle: the plan keeps the batch
+        decision, state = decide(obs, policy, InForce(1, 1, 0.005), State(fit=MODEL), now=0)
+        document = batching_document(
+            batch_size=decision.batch_size,
+            max_queue_delay_ms=round(decision.max_queue_delay_s * 1e3, 3),
+            deadline_ms=sla_ms,
+        )
+        recorded = batching_in({"data": {"batching.json": document}})
+        assert recorded is not None
+        in_force = InForce(
+            decision.replicas, recorded.batch_size, recorded.max_queue_delay_ms / 1e3
+        )
+        assert in_force.max_queue_delay_s == decision.max_queue_delay_s
+        again, _ = decide(replace(obs, at=TICK), policy, in_force, state, now=TICK)
+        assert not again.changes(in_force), again.reason
+
+    def test_a_100_ms_sla_no_longer_retunes_every_tick(self) -> None:
+        # 0.1 x 0.1 s is 0.010000000000000002 s; read back from the ConfigMap it was 0.01 s
+        decision, _ = decide(
+            seen(at=0, qps=0, p99_ms=None, ready=1),
+            replace(POLICY, max_queue_delay_s=0.05),
+            InForce(1, 1, 0.005),
+            State(fit=MODEL),
+            now=0,
+        )
+        assert decision.max_queue_delay_s == 10.0 / 1e3

@@ -211,6 +211,14 @@ class Decision:
         )
 
 
+def stored_delay_s(delay_s: float) -> float:
+    """A queue delay as the batching document stores it — milliseconds to three decimals — and
+    as it reads back: a decision in these units is exactly the value in force on the next tick.
+    (0.1 × 0.1 s is 0.010000000000000002 s in floating point, which read back as 10.0 ms would
+    differ from the decision on every tick and rewrite every pod each interval.)"""
+    return round(delay_s * 1e3, 3) / 1e3
+
+
 def _ms(seconds: float | None) -> str:
     if seconds is None:
         return "n/a"
@@ -339,7 +347,7 @@ def decide(
     offered = observation.offered_qps or 0.0
     unserved = observation.unserved_share
     sla_met = None if idle or p99 is None else p99 <= sla and unserved <= SHED_TOLERANCE
-    delay_s = min(policy.max_queue_delay_s, 0.1 * sla)
+    delay_s = stored_delay_s(min(policy.max_queue_delay_s, 0.1 * sla))
 
     # 2. Learn: the fit; the latency outside the batcher; the load now.
     changed_at = state.changed_at
