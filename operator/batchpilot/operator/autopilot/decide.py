@@ -431,7 +431,7 @@ def decide(
         # 4. Guard: over the SLA in a window of the present, and the plan adds no capacity →
         # trust the observation.
         if (
-            (p99 is not None and p99 > sla or unserved > SHED_FEEDBACK)
+            ((p99 is not None and p99 > sla) or unserved > SHED_FEEDBACK)
             and settled
             and ready >= current.replicas
             and not _adds_capacity(model, current, want_replicas, want_batch)
