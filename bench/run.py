@@ -22,7 +22,12 @@ machine the client, the server's event loop and onnxruntime's threads share the 
 that is part of what is measured. Other processes are not: each measurement is metered, and
 repeated when they took the CPU meanwhile (bench/cpu_meter.py).
 
-    .venv/bin/python bench/run.py [--quick] [--only classifier|mlp|simulated] [--json PATH]
+Past the limit: `overload` (bench/overload.py) offers 1.5x, 2x and 4x the simulated
+accelerator's capacity to deadline and queue admission side by side, and `classifier-case`
+(bench/classifier_case.py) compares the classifier's highest QPS within the SLA with the plain
+endpoint's and offers both twice the plain endpoint's: what each still serves within the SLA.
+
+    .venv/bin/python bench/run.py [--quick] [--only classifier|mlp|simulated|...] [--json PATH]
 """
 
 from __future__ import annotations
@@ -82,6 +87,13 @@ class Plan:
     latency_requests: int
     latency_max_s: float
     quiet: QuietPolicy
+    overload_s: float
+    """Each run of the overload section (bench/overload.py): 3 levels x 2 admission modes."""
+    overload_settle_s: float
+    case_search: SearchSettings
+    """The classifier case's find-max (bench/classifier_case.py), for each server."""
+    case_overload_s: float
+    """The classifier case's run at twice the plain endpoint's highest rate, per server."""
 
 
 def full_plan() -> Plan:
@@ -93,6 +105,13 @@ def full_plan() -> Plan:
         latency_requests=3000,
         latency_max_s=10.0,
         quiet=QuietPolicy(max_others_cores=0.25, retries=2, wait_budget_s=300.0),
+        overload_s=60.0,
+        overload_settle_s=1.0,
+        # About a minute per server, so the whole classifier case stays within ~4 minutes.
+        case_search=SearchSettings(
+            probe_s=4.0, warmup_s=0.5, precision=0.1, max_probes=8, budget_s=60.0
+        ),
+        case_overload_s=20.0,
     )
 
 
@@ -105,6 +124,12 @@ def quick_plan() -> Plan:
         latency_requests=300,
         latency_max_s=3.0,
         quiet=QuietPolicy(max_others_cores=0.25, retries=1, wait_budget_s=20.0),
+        overload_s=10.0,
+        overload_settle_s=0.5,
+        case_search=SearchSettings(
+            probe_s=1.5, warmup_s=0.3, precision=0.2, max_probes=7, budget_s=25.0, settle_s=0.3
+        ),
+        case_overload_s=6.0,
     )
 
 
@@ -413,6 +438,18 @@ def _exit_on_sigterm(signum: int, _: Any) -> None:
     raise SystemExit(128 + signum)  # unwinds the context managers, which stop the servers
 
 
+SECTIONS = [
+    "classifier",
+    "mlp",
+    "simulated",
+    "instances",
+    "grpc",
+    "optimize",
+    "overload",
+    "classifier-case",
+]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write every number here")
@@ -420,10 +457,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         action="append",
-        choices=["classifier", "mlp", "simulated", "instances", "grpc", "optimize"],
+        choices=SECTIONS,
         help="measure only this (repeatable; instances: bench/instances.py, 1 vs 2 instances; "
         "grpc: bench/grpc_bench.py, gRPC vs REST on the MLP; "
-        "optimize: bench/optimize.py, FP16 and INT8 variants of the classifier)",
+        "optimize: bench/optimize.py, FP16 and INT8 variants of the classifier; "
+        "overload: bench/overload.py, deadline vs queue admission past the simulated "
+        "accelerator's capacity; classifier-case: bench/classifier_case.py, the classifier's "
+        "max QPS and goodput at twice the plain endpoint's max, against the plain endpoint)",
     )
     parser.add_argument(
         "--driver",
@@ -460,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
         driver = "loadgen"
     if driver == "loadgen" and not loaddriver.loadgen_available():
         parser.error("batchpilot.runtime.loadgen is not installed or lacks run_load")
-    only = set(args.only or ["classifier", "mlp", "simulated", "instances", "grpc", "optimize"])
+    only = set(args.only or SECTIONS)
     plan = quick_plan() if args.quick else full_plan()
     plan = dataclasses.replace(plan, search=dataclasses.replace(plan.search, sla_ms=args.sla_ms))
     if args.wait_quiet_s is not None:
@@ -554,6 +594,29 @@ def main(argv: list[str] | None = None) -> int:
 
             results["optimize"] = optimize.measure(config=config, quick=args.quick, work=work)
             print(optimize.table(results["optimize"]), flush=True)
+        if "overload" in only:
+            import overload
+
+            results["overload"] = overload.measure(
+                mlp,
+                seconds=plan.overload_s,
+                settle_s=plan.overload_settle_s,
+                sla_ms=args.sla_ms,
+                quiet=plan.quiet,
+                log_dir=log_dir,
+            )
+        if "classifier-case" in only:
+            import classifier_case
+
+            results["classifier_case"] = classifier_case.measure(
+                onnx_models.pretrained_classifier(),
+                config=config,
+                plan=plan,
+                search=dataclasses.replace(plan.case_search, sla_ms=args.sla_ms),
+                overload_s=plan.case_overload_s,
+                driver=driver,
+                log_dir=log_dir,
+            )
     results["quiet"] = plan.quiet.as_dict()
     results["aims"] = report.aims(results)
     results["elapsed_s"] = time.monotonic() - started

@@ -99,3 +99,55 @@ def batch_stats(url: str) -> dict[str, float] | None:
     if not count:
         return None
     return {"batches": count, "mean_rows_per_batch": values["batchpilot_batch_size_sum"] / count}
+
+
+SHED_REASONS = ("predicted_late", "queue_full", "draining", "expired")
+"""The `reason` labels of `batchpilot_shed_total` (batchpilot.runtime.metrics.SHED_REASONS)."""
+
+
+def admission_counts(url: str) -> dict[str, float] | None:
+    """The server's own account of its load since it started: arrivals, admitted, shed by
+    reason, requests by outcome, rows computed and seconds the device was busy, from one scrape
+    of /metrics (None if it cannot be read). Two scrapes around a run, subtracted, are what the
+    server saw of it."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    counts: dict[str, float] = {
+        "arrivals": 0.0,
+        "admitted": 0.0,
+        "batch_rows": 0.0,
+        "device_busy_s": 0.0,
+    }
+    counts.update({f"shed_{reason}": 0.0 for reason in SHED_REASONS})
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = {
+                "batchpilot_arrivals_total": "arrivals",
+                "batchpilot_admitted_total": "admitted",
+                "batchpilot_batch_rows_total": "batch_rows",
+                "batchpilot_device_busy_seconds_total": "device_busy_s",
+            }.get(sample.name)
+            if sample.name == "batchpilot_shed_total":
+                key = f"shed_{sample.labels.get('reason', '')}"
+            elif sample.name == "batchpilot_requests_total":
+                key = f"outcome_{sample.labels.get('outcome', '')}"
+            if key is not None:
+                counts[key] = counts.get(key, 0.0) + sample.value
+    return counts
+
+
+def counts_between(
+    before: dict[str, float] | None, after: dict[str, float] | None
+) -> dict[str, float] | None:
+    """What happened between two `admission_counts` scrapes (counts whole, seconds to 1 ms)."""
+    if before is None or after is None:
+        return None
+    return {
+        key: round(value - before.get(key, 0.0), 3 if key.endswith("_s") else None)
+        for key, value in after.items()
+    }
