@@ -305,11 +305,11 @@ class TestBatchesFitTheDeadline:
         self,
     ) -> None:
         # A 50 ms queue delay, but a 40 ms deadline and a 21 ms batch: it starts at
-        # 40 - 21 - 1 (the start margin) = 18 ms and is answered at 39 ms.
+        # 40 - 21 - 2 (the start margin) = 17 ms and is answered at 38 ms.
         async with Served(alpha_s=0.020, beta_s=0.001, delay_s=0.050) as s:
             loop = asyncio.get_running_loop()
             await s.put(timeout_s=0.040)
-            assert loop.time() == pytest.approx(0.039)
+            assert loop.time() == pytest.approx(0.038)
             assert s.engine.batches == [1]
 
     async def test_queue_mode_forms_full_batches_whatever_the_deadline(self) -> None:

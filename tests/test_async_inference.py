@@ -395,19 +395,20 @@ class TestAsyncOverHttp:
             )
             assert metric(server, "batchpilot_queue_depth") == 0  # it left the queue
 
+            # a long poll returns as soon as the job is done (it waits to fill a batch until
+            # its deadline, 1 s by default, needs the batch to start)
+            job_id = submit(server, json_body(rows(1, 0))).json()["id"]
+            assert fetch(server, job_id, wait_s=0.05).status == 202  # not done in 50 ms
+            assert fetch(server, job_id, wait_s=10).status == 200
+
             # a job that fails keeps its error: here its own 0.5 ms deadline, shorter than a
-            # batch (1 ms), so it is refused at admission
+            # batch (1 ms, just measured), so it is refused at admission
             late = orjson.loads(json_body(rows(1, 0)))
             late["parameters"] = {"timeout": 500}  # microseconds, as Triton's clients send
             job_id = submit(server, orjson.dumps(late)).json()["id"]
             failed = fetch(server, job_id, wait_s=10)
             assert failed.status == 503, failed.body
             assert "deadline" in failed.json()["error"]
-
-            # a long poll returns as soon as the job is done (3 s of queue delay here)
-            job_id = submit(server, json_body(rows(1, 0))).json()["id"]
-            assert fetch(server, job_id, wait_s=0.05).status == 202  # not done in 50 ms
-            assert fetch(server, job_id, wait_s=10).status == 200
 
     def test_sigterm_finishes_queued_async_jobs(self, mlp_model: Path, tmp_path: Path) -> None:
         # Two instances: the drain must wait for both workers, and lose nothing.

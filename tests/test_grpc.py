@@ -141,7 +141,8 @@ def mlp_server(
 
 @pytest.fixture
 def slow_server(mlp_model: Path, tmp_path: Path) -> Iterator[RuntimeProcess]:
-    """A simulated accelerator that takes a second per batch of one row, and a queue of one."""
+    """A simulated accelerator that takes a second per batch of one row, and a queue of one; the
+    queue bound alone decides admission (`deadline_server` below has deadline admission)."""
     with runtime_process(
         mlp_model,
         "--engine",
@@ -154,6 +155,29 @@ def slow_server(mlp_model: Path, tmp_path: Path) -> Iterator[RuntimeProcess]:
         "0",
         "--queue-capacity",
         "1",
+        "--admission",
+        "queue",
+        "--deadline-ms",
+        "0",
+        grpc=True,
+        log_dir=tmp_path,
+    ) as server:
+        yield server
+
+
+@pytest.fixture
+def deadline_server(mlp_model: Path, tmp_path: Path) -> Iterator[RuntimeProcess]:
+    """A second per batch of one row, deadline admission (the default)."""
+    with runtime_process(
+        mlp_model,
+        "--engine",
+        "simulated",
+        "--simulated-latency",
+        "alpha_ms=1000,beta_ms=0",
+        "--max-batch-size",
+        "1",
+        "--max-queue-delay-ms",
+        "0",
         grpc=True,
         log_dir=tmp_path,
     ) as server:
@@ -599,6 +623,32 @@ class TestLoad:
             timeout=10,
             what="both requests to count as timed out",
         )
+
+    def test_a_request_predicted_late_is_unavailable_at_once(
+        self, deadline_server: RuntimeProcess, channel_to: Any
+    ) -> None:
+        stub = channel_to(deadline_server)
+        request = raw_request("mlp", {"x": mlp_rows(1)}, {"x": "FP32"})
+        first = stub.ModelInfer.future(request, timeout=20)
+        wait_until(
+            lambda: (
+                metric(deadline_server, "batchpilot_inflight_requests") == 1
+                and metric(deadline_server, "batchpilot_queue_depth") == 0
+            ),
+            timeout=10,
+            what="the first request to be in a batch",
+        )
+        # a 1.2 s RPC deadline behind a batch of a second, needing a second itself: refused at
+        # once (unless the wait above took 0.8 s, the first batch's remaining time is enough)
+        started = time.monotonic()
+        error = rpc_error(stub.ModelInfer, request, timeout=1.2)
+        assert time.monotonic() - started < 0.5
+        assert error.code() == grpc.StatusCode.UNAVAILABLE
+        assert "cannot answer within the request's deadline" in error.details()
+        trailers = dict(error.trailing_metadata() or ())
+        assert int(trailers["retry-after"]) >= 1
+        assert list(first.result(timeout=10).outputs[0].shape) == [1, 16]
+        assert Scrape(deadline_server).value("batchpilot_shed_total", reason="predicted_late") == 1
 
     def test_cancelled_rpc_leaves_the_queue(
         self, slow_server: RuntimeProcess, channel_to: Any

@@ -48,9 +48,11 @@ from batchpilot.runtime.errors import DeadlineExceeded, EngineFailure, Overloade
 
 Arrays = Mapping[str, np.ndarray[Any, Any]]
 
-START_MARGIN_S = 0.001
-"""A batch waiting to fill starts this long before the latest start its oldest request's
-deadline allows: waking the worker and concatenating the inputs take time too."""
+START_MARGIN_S = 0.002
+START_MARGIN_SHARE = 0.02
+"""A batch waiting to fill starts this long (the larger of the two: seconds, share of the oldest
+request's deadline) before the latest start that deadline allows: waking the worker (timers on
+uvloop tick in whole milliseconds), concatenating the inputs and answering take time too."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,7 +304,9 @@ class BatchQueue:
         if self._predictor is not None and oldest.deadline is not None:
             compute = self._predictor.timing.upper(min(rows, settings.max_batch_size))
             if compute is not None:
-                margin = START_MARGIN_S + self._predictor.lateness.margin_s(oldest.enqueued_at)
+                budget = oldest.deadline - oldest.enqueued_at
+                margin = max(START_MARGIN_S, START_MARGIN_SHARE * budget)
+                margin += self._predictor.lateness.margin_s(oldest.enqueued_at)
                 until = min(until, oldest.deadline - compute - margin)
         return until
 

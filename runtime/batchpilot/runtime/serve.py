@@ -74,6 +74,10 @@ def build_engine(settings: RuntimeSettings, *, nvml: Nvml | None) -> Engine:
     )
 
 
+LINGER_STRETCH = 5
+"""The linger lasts while connections are still open, up to this many times `--drain-linger-s`."""
+
+
 class _DrainingServer(uvicorn.Server):
     """uvicorn, but the first SIGTERM/SIGINT starts a drain that resets no connection: the
     queue closes at once (new requests get 503, readiness fails), gRPC sends GOAWAY, every HTTP
@@ -155,6 +159,14 @@ class _DrainingServer(uvicorn.Server):
         if drained.done() and linger_s > 0:
             log.info("drain: queue empty; the port answers 503 for %.1f s more", linger_s)
             await asyncio.wait({forced}, timeout=linger_s)
+            # Connections still open have not had their `Connection: close` answer yet: a
+            # client slower than the linger (a loaded machine) would otherwise send into a
+            # connection being closed. Give them up to LINGER_STRETCH lingers, within the grace.
+            # uvicorn offers no event for a closed connection: look every 50 ms, as its own
+            # shutdown does every 100 ms.
+            stretch = min(deadline, loop.time() + (LINGER_STRETCH - 1) * linger_s)
+            while self.server_state.connections and not forced.done() and loop.time() < stretch:
+                await asyncio.wait({forced}, timeout=0.05)
         forced.cancel()
         # uvicorn's wait for answers still being written; at least 1 s, as uvicorn's own floor.
         self.config.timeout_graceful_shutdown = max(1, int(deadline - loop.time()))
