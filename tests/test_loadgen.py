@@ -48,6 +48,7 @@ from batchpilot.runtime.loadgen import (
     arrival_times,
     find_max_rate,
     latency_stats,
+    loops,
     probe_passes,
     random_inputs,
     run_load,
@@ -417,6 +418,39 @@ class TestSendLagAndValidity:
         assert (numbers["valid"], numbers["invalid_reason"]) == (True, None)
         assert numbers["send_lag_ms"] is None
         assert (numbers["late_send_fraction"], numbers["max_send_lag_ms"]) == (None, None)
+
+    def test_refusals_are_misses_of_the_sla_within_the_one_percent(self) -> None:
+        # 200 requests: nearest-rank P99 allows 2 misses; answered in 10 ms each
+        fast = [(i * 0.01, i * 0.01, i * 0.01 + 0.01, "") for i in range(200)]
+        two_refused = [*fast[:198], *((t, s, d + 0.001, "503") for t, s, d, _ in fast[198:])]
+        numbers = summary(two_refused, sla_ms=100, max_send_lag_ms=50)
+        assert numbers["sla_misses"] == 2
+        assert probe_passes(report_of(numbers), sla_ms=100)
+        # a third miss, late this time: 3 > 2
+        late = [*fast[:197], (1.97, 1.97, 2.2, ""), *two_refused[198:]]
+        assert not probe_passes(
+            report_of(summary(late, sla_ms=100, max_send_lag_ms=50)), sla_ms=100
+        )
+        # any other error fails the probe: a timeout is not a refusal
+        timed_out = [*fast[:199], (1.99, 1.99, 12.0, "timeout")]
+        numbers = summary(timed_out, sla_ms=100, max_send_lag_ms=50)
+        assert not probe_passes(report_of(numbers), sla_ms=100)
+
+    def test_the_breach_watch_counts_refusals_as_late(self) -> None:
+        stopped: list[bool] = []
+        watch = loops.breach_watch(
+            sla_s=0.1, measure_start_s=0.0, planned=200, stop=lambda: stopped.append(True)
+        )
+        watch(0.0, 0.001, "503")
+        watch(0.1, 0.3, "")  # late
+        assert stopped == []  # 2 misses of 200: still possible
+        watch(0.2, 0.201, "429")
+        assert stopped == [True]
+        watch2 = loops.breach_watch(
+            sla_s=0.1, measure_start_s=0.0, planned=200, stop=lambda: stopped.append(False)
+        )
+        watch2(0.0, 0.5, "connection")
+        assert stopped[-1] is False  # any other error stops at once
 
     def test_an_invalid_report_is_no_pass(self) -> None:
         rows = [(0.0, 0.001, 0.01, ""), (0.5, 0.5372, 0.55, "")]

@@ -62,7 +62,8 @@ class LoadConfig:
     seed: int = 0
     """Seeds the arrival times."""
     stop_early_sla_ms: float | None = None
-    """Open loop: stop as soon as the run can no longer have P99 <= this with no errors."""
+    """Open loop: stop as soon as the run can no longer have P99 <= this (refusals counting
+    as misses) with no other error."""
     sla_ms: float | None = None
     """The latency SLA the report's goodput counts against (answers within it per second)."""
     max_send_lag_ms: float = DEFAULT_MAX_SEND_LAG_MS

@@ -18,7 +18,7 @@ from typing import Any, Final
 import numpy as np
 
 from batchpilot.runtime.loadgen.config import LoadConfig
-from batchpilot.runtime.loadgen.errors import DROPPED_CLIENT
+from batchpilot.runtime.loadgen.errors import DROPPED_CLIENT, SHED_KINDS
 from batchpilot.runtime.loadgen.schedule import RateSchedule, arrival_times
 from batchpilot.runtime.loadgen.stats import Outcomes
 
@@ -63,8 +63,9 @@ class Recorder:
 def breach_watch(
     *, sla_s: float, measure_start_s: float, planned: int, stop: Callable[[], None]
 ) -> Callable[[float, float, str], None]:
-    """A callback that calls `stop` once P99 <= SLA with no errors has become impossible: any
-    measured error, or more late successes than the 1 % that nearest-rank P99 allows."""
+    """A callback that calls `stop` once P99 <= SLA has become impossible: any measured error
+    but a refusal, or more late answers and refusals than the 1 % that nearest-rank P99
+    allows."""
     allowed_late = planned - math.ceil(planned * 0.99 - 1e-9)
     late = 0
 
@@ -72,9 +73,9 @@ def breach_watch(
         nonlocal late
         if scheduled < measure_start_s:
             return
-        if kind:
+        if kind and kind not in SHED_KINDS:
             stop()
-        elif done - scheduled > sla_s:
+        elif kind or done - scheduled > sla_s:
             late += 1
             if late > allowed_late:
                 stop()

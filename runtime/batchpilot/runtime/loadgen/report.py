@@ -95,7 +95,8 @@ def format_report(report: LoadReport, *, max_windows: int = 120) -> str:
 
 def format_search(result: SearchResult) -> str:
     lines = [
-        f"batchpilot loadgen --find-max: P99 <= {result.sla_ms:g} ms, no errors",
+        f"batchpilot loadgen --find-max: P99 <= {result.sla_ms:g} ms (refusals are misses), "
+        "no other errors",
         f"  {'probe':>5} {'rate rps':>10} {'achieved':>10} {'p99 ms':>9} {'errors':>7}  result",
     ]
     for i, probe in enumerate(result.probes, start=1):

@@ -79,6 +79,8 @@ class LoadReport:
     sla_ms: float | None = None
     """The SLA goodput counts against, when the run was given one."""
     goodput_rps: float | None = None
+    sla_misses: int | None = None
+    """Requests answered after `sla_ms`, and refused ones (503/429): misses of the SLA."""
     """With an SLA: successes within it (latency as in latency_ms) per second of elapsed_s."""
 
     def to_dict(self) -> dict[str, Any]:

@@ -116,6 +116,7 @@ class Summary(TypedDict):
     shed_latency_ms: LatencyStats | None
     sla_ms: float | None
     goodput_rps: float | None
+    sla_misses: int | None
     valid: bool
     invalid_reason: str | None
 
@@ -227,6 +228,8 @@ def summarize(
         "shed_latency_ms": latency_stats(done[shed_mask] - sent[shed_mask]),
         "sla_ms": sla_ms,
         "goodput_rps": None if sla_ms is None else goodput(latency, sla_ms=sla_ms, over_s=elapsed),
+        # A refused request is one not answered within the SLA, as a late one is.
+        "sla_misses": None if sla_ms is None else int(np.sum(latency * 1000.0 > sla_ms)) + shed,
         "valid": reason is None,
         "invalid_reason": reason,
     }
