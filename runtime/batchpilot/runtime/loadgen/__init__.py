@@ -20,9 +20,9 @@ generators lie, and this one is built around avoiding them:
 
 `--find-max --sla-ms 100` searches the highest constant rate whose P99 stays within the SLA with
 no errors but refusals, which count as misses of the SLA: exponential ramp, then bisection, each
-probe stopping early once it can no longer pass; an invalid probe stops the search. Schedules, arrival times, statistics and the search
-steps are pure functions, so the tests check them without a server; the HTTP part is a thin
-layer around them.
+probe stopping early once it can no longer pass; an invalid probe stops the search. Schedules,
+arrival times, statistics and the search steps are pure functions, so the tests check them
+without a server; the HTTP part is a thin layer around them.
 
 The modules, lowest layer first (each imports only those above it): `errors` (the error-kind
 vocabulary, exit statuses), `schedule` (rates and arrival times), `stats` (percentiles,
