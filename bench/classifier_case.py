@@ -18,6 +18,11 @@ are idle while the other is loaded. The batchpilot run at 2× goes first: the pl
 keeps computing its backlog after its own run (its thread pool does not stop for a client
 that gave up), which would land on whatever ran next.
 
+The plain endpoint's thread pool runs requests' `session.run` calls side by side, one core each;
+batchpilot runs one batch at a time per model instance. So (i) also measures batchpilot with two
+instances (`--instances 2`, the same session options each), which uses both cores as the plain
+endpoint does: on a CPU where batching gains little, that is the comparison of like with like.
+
 bench/run.py runs this section with `--only classifier-case`.
 """
 
@@ -103,6 +108,11 @@ def measure(
         ours = stack.enter_context(batching_server(model, *ours_args, log_dir=log_dir))
         ours_max = run.find_max(ours.url, ours.pid, model, plan, settings, driver)
         print(run.describe("(i) batchpilot, deadline admission", ours_max), flush=True)
+        two = stack.enter_context(
+            batching_server(model, *ours_args, "--instances", "2", log_dir=log_dir)
+        )
+        two_max = run.find_max(two.url, two.pid, model, plan, settings, driver)
+        print(run.describe("(i) batchpilot, 2 instances", two_max), flush=True)
         plain = stack.enter_context(plain_server(model, config, log_dir=log_dir))
         plain_max = run.find_max(plain.url, plain.pid, model, plan, settings, driver)
         print(run.describe("(i) plain FastAPI", plain_max), flush=True)
@@ -115,6 +125,11 @@ def measure(
                 "admission": admission_counts(ours.url),
             },
         )
+        out["batchpilot_2_instances_max"] = run.search_entry(
+            two_max,
+            {"kind": "batchpilot runtime serve --instances 2", "batches": batch_stats(two.url)},
+        )
+        out["max_ratio_2_instances"] = run.ratio(two_max.best_rps, plain_max.best_rps)
         out["plain_max"] = run.search_entry(
             plain_max, {"kind": "plain FastAPI, session.run per request"}
         )

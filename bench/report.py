@@ -139,6 +139,13 @@ def aims(results: dict[str, Any]) -> list[dict[str, Any]]:
             case["max_ratio"],
             AIM_CASE_MAX_RATIO,
         )
+        if "max_ratio_2_instances" in case:
+            aim(
+                "classifier case: batchpilot with 2 instances (both cores, as the plain "
+                "endpoint's thread pool) / plain FastAPI, highest QPS at P99 <= SLA",
+                case["max_ratio_2_instances"],
+                AIM_CASE_MAX_RATIO,
+            )
         ours = (case.get("overload") or {}).get("batchpilot")
         note = case.get("overload_skipped", "")
         if ours:
@@ -409,6 +416,12 @@ def classifier_case_lines(case: dict[str, Any]) -> list[str]:
         f"processes up to {_num(ours['search']['worst_others_cores'], '.2f')} / "
         f"{_num(plain['search']['worst_others_cores'], '.2f')} cores",
     ]
+    if (two := case.get("batchpilot_2_instances_max")) is not None:
+        lines.append(
+            f"      batchpilot with 2 instances (one core each, as the plain endpoint's thread "
+            f"pool uses both): {_num(two['qps'])} (P99 {_num(two['p99_ms'], '.1f')} ms): ratio "
+            f"{_num(case['max_ratio_2_instances'], '.2f')}"
+        )
     entries = case.get("overload")
     if not entries:
         lines.append(f"  (ii) not run: {case.get('overload_skipped', '')}")

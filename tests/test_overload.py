@@ -85,6 +85,11 @@ class TestTwiceTheCapacity:
         assert arrivals == admitted + shed["predicted_late"] + shed["queue_full"]
         assert shed["predicted_late"] > 0
         assert shed["draining"] == 0
+        # inside the server a refusal takes well under 5 ms at P99 (the client adds its own)
+        refusals = scrape.value("batchpilot_refusal_duration_seconds_count")
+        assert refusals == shed["predicted_late"]
+        within_5ms = scrape.value("batchpilot_refusal_duration_seconds_bucket", le="0.005")
+        assert within_5ms >= 0.99 * refusals, (within_5ms, refusals)
         assert scrape.value("batchpilot_requests_total", outcome="timeout") == shed["expired"]
         assert admitted == success + shed["expired"]
         # every row computed was an answer, but for requests whose deadline passed while their

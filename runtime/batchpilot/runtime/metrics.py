@@ -9,6 +9,8 @@ environment), so one PromQL selector finds a service's replicas. What each metri
   grow by 15 % from 1 ms to 2.5 s, so an interpolated P99 is off by less than 15 % (typically a
   few per cent) anywhere between 2 ms and 2 s.
 - `batchpilot_queue_wait_seconds` (histogram): time from arrival to batch formation.
+- `batchpilot_refusal_duration_seconds` (histogram): time from arrival to a 503 refusal, inside
+  the server: what a refused caller waits before it can go elsewhere.
 - `batchpilot_batch_size` (histogram): rows per batch.
 - `batchpilot_pipeline_seconds` (histogram by `stage`: preprocess, postprocess): time spent
   decoding, resizing, tokenizing and picking top-k per request, outside the batch; with the
@@ -75,6 +77,8 @@ def _latency_buckets() -> tuple[float, ...]:
 
 
 LATENCY_BUCKETS = _latency_buckets()
+REFUSAL_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 1.0)
+"""Refusals take microseconds to milliseconds: the latency buckets start too high for them."""
 
 # `*_created` series double the series count and nothing here reads them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -200,6 +204,11 @@ class RuntimeMetrics:
             "batchpilot_request_duration_seconds",
             "Time from request arrival to response, inside the server",
             LATENCY_BUCKETS,
+        )
+        self.refusal_duration = histogram(
+            "batchpilot_refusal_duration_seconds",
+            "Time from request arrival to a refusal (503), inside the server",
+            REFUSAL_BUCKETS,
         )
         self.queue_wait = histogram(
             "batchpilot_queue_wait_seconds",
@@ -328,8 +337,11 @@ class RuntimeMetrics:
 
     def request_finished(self, outcome: Outcome, duration_s: float | None = None) -> None:
         self._outcome_counters[outcome].inc()
-        if duration_s is not None and outcome in _TIMED_OUTCOMES:
-            self.request_duration.observe(duration_s)
+        if duration_s is not None:
+            if outcome in _TIMED_OUTCOMES:
+                self.request_duration.observe(duration_s)
+            elif outcome is Outcome.REJECTED:
+                self.refusal_duration.observe(duration_s)
 
     def shed(self, reason: str) -> None:
         """One request shed; `reason` is one of `SHED_REASONS`."""
