@@ -47,7 +47,8 @@ WARM_REQUESTS = 3
 """Successes each client has had before the signal: every connection is in use when it comes."""
 MAX_REQUESTS = 2000
 """Per client and repetition, a bound on the closed loop that is never reached."""
-LINGER_S = 0.3
+LINGER_S = 1.0
+"""The default linger: a client on a loaded machine may take longer than 0.3 s to send again."""
 
 
 @dataclass

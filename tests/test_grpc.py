@@ -139,48 +139,34 @@ def mlp_server(
         yield server
 
 
+SECOND_PER_BATCH = (
+    "--engine",
+    "simulated",
+    "--simulated-latency",
+    "alpha_ms=1000,beta_ms=0",
+    "--max-batch-size",
+    "1",
+    "--max-queue-delay-ms",
+    "0",
+)
+"""A simulated accelerator that takes a second per batch of one row."""
+
+
 @pytest.fixture
 def slow_server(mlp_model: Path, tmp_path: Path) -> Iterator[RuntimeProcess]:
-    """A simulated accelerator that takes a second per batch of one row, and a queue of one; the
-    queue bound alone decides admission (`deadline_server` below has deadline admission)."""
+    """A second per batch and a queue of one; the queue bound alone decides admission
+    (`deadline_server` below has deadline admission)."""
+    queue_only = ("--queue-capacity", "1", "--admission", "queue", "--deadline-ms", "0")
     with runtime_process(
-        mlp_model,
-        "--engine",
-        "simulated",
-        "--simulated-latency",
-        "alpha_ms=1000,beta_ms=0",
-        "--max-batch-size",
-        "1",
-        "--max-queue-delay-ms",
-        "0",
-        "--queue-capacity",
-        "1",
-        "--admission",
-        "queue",
-        "--deadline-ms",
-        "0",
-        grpc=True,
-        log_dir=tmp_path,
+        mlp_model, *SECOND_PER_BATCH, *queue_only, grpc=True, log_dir=tmp_path
     ) as server:
         yield server
 
 
 @pytest.fixture
 def deadline_server(mlp_model: Path, tmp_path: Path) -> Iterator[RuntimeProcess]:
-    """A second per batch of one row, deadline admission (the default)."""
-    with runtime_process(
-        mlp_model,
-        "--engine",
-        "simulated",
-        "--simulated-latency",
-        "alpha_ms=1000,beta_ms=0",
-        "--max-batch-size",
-        "1",
-        "--max-queue-delay-ms",
-        "0",
-        grpc=True,
-        log_dir=tmp_path,
-    ) as server:
+    """A second per batch, deadline admission (the default)."""
+    with runtime_process(mlp_model, *SECOND_PER_BATCH, grpc=True, log_dir=tmp_path) as server:
         yield server
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import orjson
 
-from batchpilot.runtime.loadgen import LoadConfig, RateSchedule, Target, run_load
+from batchpilot.runtime.loadgen import LoadConfig, LoadReport, RateSchedule, Target, run_load
 from batchpilot.runtime.loadgen.errors import SHED_KINDS
 from tests.runtime_process import Reply, RuntimeProcess, Scrape, runtime_process, send
 from tests.test_server_process import mlp_rows, v2_request
@@ -35,6 +35,25 @@ SIMULATED = (
 )
 
 
+async def twice_the_capacity(
+    model: Path, log_dir: Path, *args: str, seconds: float
+) -> tuple[LoadReport, Scrape]:
+    """Open-loop Poisson load at twice the capacity for `seconds`; the client's report and the
+    server's metrics after it."""
+    with runtime_process(model, *SIMULATED, *args, log_dir=log_dir) as server:
+        report = await run_load(
+            LoadConfig(
+                target=Target(url=server.url, model="mlp", timeout_s=5.0),
+                schedule=RateSchedule.constant(2 * CAPACITY_RPS),
+                duration_s=seconds,
+                sla_ms=DEADLINE_MS,
+                # a loaded 2-core machine: judge the client by a looser schedule, but judge it
+                max_send_lag_ms=25.0,
+            )
+        )
+        return report, Scrape(server)
+
+
 def shed_by_reason(scrape: Scrape) -> dict[str, float]:
     return {
         reason: scrape.value("batchpilot_shed_total", reason=reason)
@@ -46,19 +65,7 @@ class TestTwiceTheCapacity:
     async def test_admitted_requests_keep_the_deadline_and_the_rest_are_refused_at_once(
         self, mlp_model: Path, tmp_path: Path
     ) -> None:
-        with runtime_process(mlp_model, *SIMULATED, log_dir=tmp_path) as server:
-            report = await run_load(
-                LoadConfig(
-                    target=Target(url=server.url, model="mlp", timeout_s=5.0),
-                    schedule=RateSchedule.constant(2 * CAPACITY_RPS),
-                    duration_s=4.0,
-                    sla_ms=DEADLINE_MS,
-                    # a loaded 2-core machine: judge the client by a looser schedule, but judge it
-                    max_send_lag_ms=25.0,
-                )
-            )
-            scrape = Scrape(server)
-
+        report, scrape = await twice_the_capacity(mlp_model, tmp_path, seconds=4.0)
         assert report.valid, report.invalid_reason
         # every request answered: no client timeouts, no connection errors, no 500s; 503
         # refusals, and 504 for the few admitted requests that still missed their deadline
@@ -103,19 +110,9 @@ class TestTwiceTheCapacity:
         self, mlp_model: Path, tmp_path: Path
     ) -> None:
         """The same load with only the queue bound: what the deadline mode is there for."""
-        with runtime_process(
-            mlp_model, *SIMULATED, "--admission", "queue", log_dir=tmp_path
-        ) as server:
-            report = await run_load(
-                LoadConfig(
-                    target=Target(url=server.url, model="mlp", timeout_s=5.0),
-                    schedule=RateSchedule.constant(2 * CAPACITY_RPS),
-                    duration_s=3.0,
-                    sla_ms=DEADLINE_MS,
-                    max_send_lag_ms=25.0,
-                )
-            )
-            scrape = Scrape(server)
+        report, scrape = await twice_the_capacity(
+            mlp_model, tmp_path, "--admission", "queue", seconds=3.0
+        )
         assert report.goodput_rps is not None
         assert report.goodput_rps < 0.25 * CAPACITY_RPS, report.goodput_rps
         expired = shed_by_reason(scrape)["expired"]

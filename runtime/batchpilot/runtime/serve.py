@@ -167,6 +167,11 @@ class _DrainingServer(uvicorn.Server):
             stretch = min(deadline, loop.time() + (LINGER_STRETCH - 1) * linger_s)
             while self.server_state.connections and not forced.done() and loop.time() < stretch:
                 await asyncio.wait({forced}, timeout=0.05)
+            if self.server_state.connections:
+                log.info(
+                    "drain: closing %d connections that sent nothing since the signal",
+                    len(self.server_state.connections),
+                )
         forced.cancel()
         # uvicorn's wait for answers still being written; at least 1 s, as uvicorn's own floor.
         self.config.timeout_graceful_shutdown = max(1, int(deadline - loop.time()))
