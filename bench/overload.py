@@ -36,7 +36,14 @@ from typing import Any
 import loaddriver
 from batchpilot.runtime.loadgen import LoadConfig, LoadReport, RateSchedule, Target, run_load
 from cpu_meter import CpuMeter, QuietPolicy
-from servers import Running, admission_counts, batch_stats, batching_server, counts_between
+from servers import (
+    Running,
+    admission_counts,
+    batch_stats,
+    batching_server,
+    counts_between,
+    quantile_bound_ms,
+)
 
 ALPHA_MS = 20.0
 BETA_MS = 1.0
@@ -120,6 +127,7 @@ def offered_load(
         quiet.disturbed += 1
     errors = dict(report.errors)
     latency = report.latency_ms
+    server = counts_between(before, after)
     return {
         "rate_rps": round(rate_rps, 1),
         "offered_rps": None if report.offered_rps is None else round(report.offered_rps, 1),
@@ -145,7 +153,10 @@ def offered_load(
         "goodput_rps": None if report.goodput_rps is None else round(report.goodput_rps, 1),
         "refusal_p99_ms": _ms(report.shed_latency_ms),
         "refusal_max_ms": _ms(report.shed_latency_ms, "max_ms"),
-        "server": counts_between(before, after),
+        # the server's own measures, to its histogram's bucket edges: what the client adds shows
+        "server_admitted_p99_le_ms": quantile_bound_ms(server, "latency", 0.99),
+        "server_refusal_p99_le_ms": quantile_bound_ms(server, "refusal", 0.99),
+        "server": server,
         "cpu": None if use is None else use.as_dict(),
         "disturbed": disturbed,
         "loadgen": {k: v for k, v in report.to_dict().items() if k != "windows"},
@@ -175,8 +186,14 @@ def describe(label: str, cell: dict[str, Any], *, reference_rps: float) -> str:
         f"{head}: admitted P99 {'-' if p99 is None else f'{p99:.1f}'} ms, goodput "
         f"{goodput:,.0f} rps ({goodput / reference_rps:.2f}), refusals P99 "
         f"{'-' if refusal is None else f'{refusal:.1f}'} ms; 200/503/504 {status['200']}/"
-        f"{status['503']}/{status['504']}; send lag P99 {cell['send_lag_p99_ms']} ms"
+        f"{status['503']}/{status['504']}; send lag P99 {cell['send_lag_p99_ms']} ms; in the "
+        f"server P99 <= {_text(cell.get('server_admitted_p99_le_ms'))} ms admitted, <= "
+        f"{_text(cell.get('server_refusal_p99_le_ms'))} ms refused"
     )
+
+
+def _text(ms: float | None) -> str:
+    return "-" if ms is None else f"{ms:.1f}"
 
 
 def _warm(server: Running, model: Path) -> None:

@@ -105,6 +105,34 @@ SHED_REASONS = ("predicted_late", "queue_full", "draining", "expired")
 """The `reason` labels of `batchpilot_shed_total` (batchpilot.runtime.metrics.SHED_REASONS)."""
 
 
+_HISTOGRAMS = {
+    "batchpilot_request_duration_seconds_bucket": "latency",
+    "batchpilot_refusal_duration_seconds_bucket": "refusal",
+}
+"""Histograms whose cumulative buckets `admission_counts` keeps, to read a quantile's bound."""
+
+
+def quantile_bound_ms(counts: dict[str, float] | None, name: str, q: float) -> float | None:
+    """The upper bound of the histogram bucket holding the `q` quantile, in ms, from the
+    `<name>_le_<bound>` counts of `admission_counts` (or of two, subtracted): the server's own
+    measure, exact to its bucket edges. None without observations."""
+    if not counts:
+        return None
+    prefix = f"{name}_le_"
+    buckets = sorted(
+        (float(key[len(prefix) :]), value)
+        for key, value in counts.items()
+        if key.startswith(prefix)
+    )
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    total = buckets[-1][1]  # +Inf
+    for bound, cumulative in buckets:
+        if cumulative >= q * total:
+            return bound * 1e3
+    return None
+
+
 def admission_counts(url: str) -> dict[str, float] | None:
     """The server's own account of its load since it started: arrivals, admitted, shed by
     reason, requests by outcome, rows computed and seconds the device was busy, from one scrape
@@ -134,6 +162,8 @@ def admission_counts(url: str) -> dict[str, float] | None:
             }.get(sample.name)
             if sample.name == "batchpilot_shed_total":
                 key = f"shed_{sample.labels.get('reason', '')}"
+            elif sample.name in _HISTOGRAMS:
+                key = f"{_HISTOGRAMS[sample.name]}_le_{sample.labels.get('le', '')}"
             elif sample.name == "batchpilot_requests_total":
                 key = f"outcome_{sample.labels.get('outcome', '')}"
             if key is not None:
