@@ -10,8 +10,11 @@ balancer, retries elsewhere or later.
 
 The prediction uses what the server measures of itself: per-batch compute time t(b) ≈ α + β·b,
 fitted online from the batches it ran (`BatchTiming`), the batches running now and the rows
-queued ahead (`DeviceLedger`). The same prediction lets the batcher form the largest batch
-that still lets its oldest request meet its deadline, rather than a full one that cannot.
+queued ahead (`DeviceLedger`), and how late its own predictions turned out (`Lateness`, kept as
+a margin to the deadline). The same prediction lets the batcher form the largest batch that
+still lets its oldest request meet its deadline, rather than a full one that cannot. A server
+whose measurements a stall spoilt still takes a probe request now and then (`Predictor.
+must_probe`), so that it learns the stall is over.
 
 Pure core: no I/O, the clock is an argument.
 """
@@ -294,8 +297,9 @@ class Predictor:
     def finish_time(
         self, *, queued_rows: int, rows: int, max_batch_size: int, now: float
     ) -> float | None:
-        """`predicted_finish`, with the lateness measured so far added."""
-        finish = predicted_finish(
+        """`predicted_finish` from this server's measurements (the lateness margin is the
+        caller's to add: it also records the prediction without it)."""
+        return predicted_finish(
             timing=self.timing,
             ledger=self.ledger,
             queued_rows=queued_rows,
@@ -303,4 +307,3 @@ class Predictor:
             max_batch_size=max_batch_size,
             now=now,
         )
-        return None if finish is None else finish + self.lateness.margin_s(now)

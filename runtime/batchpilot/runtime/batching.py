@@ -230,14 +230,16 @@ class BatchQueue:
         """Refuse the request now if it is predicted to finish after its deadline, unless it is
         a probe; returns the prediction (None: nothing measured yet, admitted)."""
         assert self._predictor is not None
-        margin = self._predictor.lateness.margin_s(now)
-        finish = self._predictor.finish_time(
+        predicted = self._predictor.finish_time(
             queued_rows=self._queued_rows,
             rows=rows,
             max_batch_size=self._settings().max_batch_size,
             now=now,
         )
-        if finish is not None and finish > deadline and not probe:
+        if predicted is None:
+            return None
+        finish = predicted + self._predictor.lateness.margin_s(now)
+        if finish > deadline and not probe:
             raise Overloaded(
                 f"the server cannot answer within the request's deadline: it would finish in "
                 f"{(finish - now) * 1e3:.0f} ms, {(finish - deadline) * 1e3:.0f} ms too late "
@@ -245,7 +247,7 @@ class BatchQueue:
                 reason="predicted_late",
                 retry_after_s=finish - deadline,
             )
-        return None if finish is None else finish - margin
+        return predicted
 
     def _forget(self, item: Pending) -> None:
         """Drop a request whose caller stopped waiting (disconnect, deadline)."""
