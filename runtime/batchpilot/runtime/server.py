@@ -56,6 +56,9 @@ default); queue: the queue bound only, full batches (kept to compare the two).""
 CALIBRATION_ROUNDS = 2
 """Batches of 1 and of max_batch_size rows timed at start-up, each, so that t(b) has a slope
 before the first request: a single measured size cannot tell fixed cost from per-row cost."""
+CALIBRATION_MAX_ROWS = 64
+"""The larger calibration batch holds at most this many rows: a limit of 512 image rows would
+cost start-up seconds and hundreds of MB for a slope that 64 rows measure as well."""
 
 
 def _shape_text(shape: tuple[int, ...]) -> str:
@@ -253,7 +256,7 @@ class ModelServer:
         """Time batches of 1 and of max_batch_size rows on the engine before serving, so that
         admission predicts from the first request on. A model that cannot run a batch this way
         (an input the zeros do not fit) is served without: t(b) is then learnt from traffic."""
-        sizes = sorted({1, self._batching.max_batch_size})
+        sizes = sorted({1, min(self._batching.max_batch_size, CALIBRATION_MAX_ROWS)})
         clock = time.perf_counter
         try:
             await self.engine.run(example_inputs(self.engine.signature, rows=sizes[-1]))  # warm
