@@ -544,8 +544,8 @@ class TestBadInput:
 # --- Overload, deadlines, cancellation --------------------------------------------------------
 
 
-def _fill(server: RuntimeProcess, stub: Any) -> list[Any]:
-    """One request computing (1 s) and one waiting: the queue of one is full."""
+def _one_computing(server: RuntimeProcess, stub: Any) -> tuple[Any, Any]:
+    """One request sent and in a batch (a second on the device); the request and its future."""
     request = raw_request("mlp", {"x": mlp_rows(1)}, {"x": "FP32"})
     first = stub.ModelInfer.future(request, timeout=20)
     wait_until(
@@ -557,6 +557,12 @@ def _fill(server: RuntimeProcess, stub: Any) -> list[Any]:
         timeout=10,
         what="the first request to be in a batch",
     )
+    return request, first
+
+
+def _fill(server: RuntimeProcess, stub: Any) -> list[Any]:
+    """One request computing (1 s) and one waiting: the queue of one is full."""
+    request, first = _one_computing(server, stub)
     second = stub.ModelInfer.future(request, timeout=20)
     wait_until(
         lambda: metric(server, "batchpilot_queue_depth") == 1,
@@ -614,16 +620,7 @@ class TestLoad:
         self, deadline_server: RuntimeProcess, channel_to: Any
     ) -> None:
         stub = channel_to(deadline_server)
-        request = raw_request("mlp", {"x": mlp_rows(1)}, {"x": "FP32"})
-        first = stub.ModelInfer.future(request, timeout=20)
-        wait_until(
-            lambda: (
-                metric(deadline_server, "batchpilot_inflight_requests") == 1
-                and metric(deadline_server, "batchpilot_queue_depth") == 0
-            ),
-            timeout=10,
-            what="the first request to be in a batch",
-        )
+        request, first = _one_computing(deadline_server, stub)
         # a 1.2 s RPC deadline behind a batch of a second, needing a second itself: refused at
         # once (unless the wait above took 0.8 s, the first batch's remaining time is enough)
         started = time.monotonic()
