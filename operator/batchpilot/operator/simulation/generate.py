@@ -1,0 +1,431 @@
+"""Traffic-trace generators: one seeded, pure function per kind of traffic the autopilot must face.
+
+Why a module and not only a script: a policy tuned on the shipped traces has to be judged on
+traces it has never seen, so every trace must come back from (kind, seed, parameters) alone —
+written by `examples/traces/make_traces.py`, simulated by `batchpilot simulate --trace-gen
+onoff:7`, checked by tests. Nothing here reads a clock or a file; `write_csv` is the one writer.
+
+Every generator is `kind(seed, *, duration_s, base_rps, …) -> rows`: `(t_seconds, rate_rps)`
+pairs, one per change of rate, from t = 0; the last row ends the trace (its rate is not used),
+exactly as in the CSV. The kinds:
+
+- `textbook`, `diurnal`, `step`, `bursty` — the four shipped since the simulator's first day
+  (their defaults rewrite the shipped files byte for byte);
+- `onoff` — minute-scale on/off bursts from a low or zero base: the autopilot's hardest case;
+- `flash` — a flash crowd (5–8x within seconds, held for minutes, decaying), once or twice;
+- `ramp` — a steady linear ramp 1 → 6x over 30 minutes and back;
+- `realistic` — a smooth production-like day in 2 hours with correlated (AR(1)) noise;
+- `steps6` — one 6x step up and, later, one down.
+
+The newer kinds take `amplitude` (how many times `base_rps` the traffic peaks at) and round times
+to whole seconds and rates to 0.1 rps, so a generated trace equals its CSV exactly.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+Rows = list[tuple[float, float]]
+"""`(t_seconds, rate_rps)`, one row per change of rate; the last row ends the trace."""
+
+
+# --- the four shipped first -------------------------------------------------------------------
+
+
+def textbook(seed: int, *, duration_s: float = 3600.0, base_rps: float = 300.0) -> Rows:
+    """Flat: `base_rps` for `duration_s`. Nothing random: `seed` is not used."""
+    del seed
+    return [(0.0, float(base_rps)), (float(duration_s), float(base_rps))]
+
+
+def diurnal(seed: int, *, duration_s: float = 4 * 3600.0, peak_rps: float = 1400.0) -> Rows:
+    """A day's shape compressed into `duration_s` (4 hours: ramps 6x steeper than a real day's):
+    a night trough, a morning ramp, a lunch dip, an evening peak, minute by minute, with 3 %
+    multiplicative noise. `peak_rps` is nominal: the evening reaches about 0.96 of it."""
+    rng = np.random.default_rng(seed)
+    rows: Rows = []
+    minutes = round(duration_s / 60)
+    for m in range(minutes):
+        hour = (3 + m / minutes * 24) % 24  # the hour of the compressed day, from 03:00
+        base = 0.5 - 0.5 * math.cos(2 * math.pi * (hour - 4) / 24)  # trough at 04:00
+        evening = math.exp(-(((hour - 20) / 2.5) ** 2))
+        lunch = -0.15 * math.exp(-(((hour - 13) / 1.0) ** 2))
+        shape = 0.08 + 0.75 * base + 0.35 * evening + lunch
+        rate = peak_rps * shape / 1.1 * (1 + 0.03 * rng.standard_normal())
+        rows.append((m * 60.0, max(20.0, rate)))
+    rows.append((minutes * 60.0, rows[-1][1]))
+    return rows
+
+
+STEP_LEVELS = (1.0, 1.3, 1.75, 2.25, 3.0, 4.0, 3.0, 2.25, 1.5)
+"""`step`'s levels, times `base_rps`: up by about 1.3x at a time, then down."""
+
+
+def step(seed: int, *, duration_s: float = 3 * 3600.0, base_rps: float = 200.0) -> Rows:
+    """Flat levels joined by sudden steps (`STEP_LEVELS`), each held a ninth of `duration_s`.
+    Nothing random: `seed` is not used."""
+    del seed
+    held = duration_s / len(STEP_LEVELS)
+    rows = [(i * held, base_rps * level) for i, level in enumerate(STEP_LEVELS)]
+    rows.append((len(STEP_LEVELS) * held, rows[-1][1]))
+    return rows
+
+
+SPIKE = (1.2, 1.5)
+"""`bursty`'s spikes multiply the base by this much (uniform)."""
+SPIKES_PER_HOUR = 8.0
+JITTER = 0.05
+"""Lognormal sigma of `bursty`'s jumps every 10-60 s."""
+
+
+def _bursty_spikes(rng: np.random.Generator, duration_s: float) -> list[tuple[float, float, float]]:
+    spikes: list[tuple[float, float, float]] = []
+    t = 0.0
+    for _ in range(1000):  # bounded: at most 1000 spikes
+        t += rng.exponential(3600 / SPIKES_PER_HOUR)
+        if t >= duration_s - 60:
+            break
+        factor = float(rng.uniform(*SPIKE))
+        spikes.append((round(t), round(t + rng.uniform(10, 45)), factor))
+    return spikes
+
+
+def bursty_spikes(seed: int, *, duration_s: float = 2 * 3600.0) -> int:
+    """How many spikes `bursty(seed, duration_s=…)` has (for its description)."""
+    return len(_bursty_spikes(np.random.default_rng(seed), duration_s))
+
+
+def bursty(seed: int, *, duration_s: float = 2 * 3600.0, base_rps: float = 450.0) -> Rows:
+    """After a 5-minute ramp from a third of `base_rps`, a base drifting ±1/3 around it (a 90-minute
+    sine) whose rate jumps every 10-60 s (lognormal, 5 %), with spikes of 1.2-1.5x lasting 10-45 s
+    about eight times an hour."""
+    rng = np.random.default_rng(seed)
+    spikes = _bursty_spikes(rng, duration_s)
+    rows: Rows = []
+    t = 0.0
+    for _ in range(100_000):  # bounded: one row per 10-60 s
+        if t >= duration_s:
+            break
+        if t >= 300:
+            base = base_rps + base_rps / 3 * math.sin(2 * math.pi * t / 5400)
+        else:
+            base = base_rps / 3 + t * (2 * base_rps / 3) / 300
+        factor = max((f for s, e, f in spikes if s <= t < e), default=1.0)
+        rows.append((t, base * factor * math.exp(JITTER * rng.standard_normal())))
+        t = float(round(t + rng.uniform(10, 60)))
+        nxt = min((s for s, _, _ in spikes if s > rows[-1][0]), default=math.inf)
+        t = min(t, nxt)  # a spike starts on its own row
+    rows.append((float(duration_s), rows[-1][1]))
+    return rows
+
+
+# --- the kinds the autopilot is weakest on ----------------------------------------------------
+
+
+class _Rows:
+    """Rows built forward in time, whole seconds and 0.1 rps, cut at the trace's end."""
+
+    def __init__(self, duration_s: float) -> None:
+        self.end = float(round(duration_s))
+        if self.end < 60:
+            raise ValueError("a generated trace lasts at least 60 s")
+        self.rows: Rows = []
+
+    def add(self, t: float, rate: float) -> None:
+        t, rate = float(round(t)), round(max(0.0, rate), 1)
+        if t >= self.end:
+            return
+        if self.rows and t <= self.rows[-1][0]:
+            self.rows[-1] = (self.rows[-1][0], rate)  # same second: the later rate wins
+        else:
+            self.rows.append((t, rate))
+
+    def done(self) -> Rows:
+        return [*self.rows, (self.end, self.rows[-1][1])]
+
+
+def _noisy(rng: np.random.Generator, level: float, noise: float) -> float:
+    """`level` times a uniform factor in [1 - noise, 1 + noise]: bounded, so bounds are testable."""
+    return level * (1 + noise * float(rng.uniform(-1, 1)))
+
+
+ONOFF_QUIET_S = (120, 900)
+ONOFF_BURST_S = (60, 360)
+ONOFF_ZERO_SHARE = 0.25
+"""The share of quiet stretches with no traffic at all."""
+ONOFF_NOISE = 0.10
+
+
+def onoff(
+    seed: int,
+    *,
+    duration_s: float = 5400.0,
+    base_rps: float = 100.0,
+    amplitude: float = 10.0,
+) -> Rows:
+    """Minute-scale on/off bursts. Quiet stretches of 2-15 minutes at `base_rps` (±10 %, a row
+    every 30-90 s) — or, one in four, at nothing — alternate with bursts of 1-6 minutes at
+    `amplitude`/2 to `amplitude` times `base_rps` (±10 %, a row every 10-30 s), which rise in
+    4-8 s and stop at once. Starts quiet. Rates stay within [0, 1.1 · amplitude · base_rps];
+    with the defaults the quiet level is about a tenth of the bursts' highest."""
+    if amplitude < 1:
+        raise ValueError("onoff: the amplitude is at least 1")
+    rng = np.random.default_rng(seed)
+    out = _Rows(duration_s)
+    t, level = 0.0, 0.0
+    while t < out.end:
+        quiet_end = t + int(rng.integers(ONOFF_QUIET_S[0], ONOFF_QUIET_S[1] + 1))
+        silent = rng.random() < ONOFF_ZERO_SHARE
+        while t < quiet_end:
+            level = 0.0 if silent else _noisy(rng, base_rps, ONOFF_NOISE)
+            out.add(t, level)
+            t = min(quiet_end, t + int(rng.integers(30, 91)))
+        burst_end = t + int(rng.integers(ONOFF_BURST_S[0], ONOFF_BURST_S[1] + 1))
+        target = base_rps * float(rng.uniform(amplitude / 2, amplitude))
+        rise_s = int(rng.integers(4, 9))
+        for k in range(4):  # the rise, in four rows
+            out.add(t + k * rise_s // 4, level + (target - level) * (k + 1) / 4)
+        t += rise_s
+        while t < burst_end:
+            out.add(t, _noisy(rng, target, ONOFF_NOISE))
+            t = min(burst_end, t + int(rng.integers(10, 31)))
+    return out.done()
+
+
+FLASH_RISE_S = (10, 30)
+FLASH_HOLD_S = (300, 1200)
+FLASH_DECAY_S = (120, 300)
+FLASH_SEGMENT_S = 2200
+"""Each flash crowd gets a stretch of the trace this long at least (5 min quiet either side)."""
+
+
+def flash(
+    seed: int,
+    *,
+    duration_s: float = 5400.0,
+    base_rps: float = 200.0,
+    amplitude: float = 8.0,
+) -> Rows:
+    """A flash crowd, or two (half the seeds, if the trace has room): a steady base (±3 %, a row
+    every 30-90 s), then within 10-30 s a rise to 5/8 of `amplitude` to `amplitude` times
+    `base_rps`, held 5-20 minutes (±10 %, a row every 10-30 s), decaying geometrically back to
+    the base over 2-5 minutes (a row every 15 s). Needs at least 2200 s."""
+    if duration_s < FLASH_SEGMENT_S:
+        raise ValueError(f"flash: a trace with a flash crowd lasts at least {FLASH_SEGMENT_S} s")
+    if amplitude < 1:
+        raise ValueError("flash: the amplitude is at least 1")
+    rng = np.random.default_rng(seed)
+    out = _Rows(duration_s)
+    crowds = 2 if rng.random() < 0.5 and out.end >= 2 * FLASH_SEGMENT_S else 1
+    segment = out.end / crowds
+    t = 0.0
+
+    def steady(until: float) -> None:
+        nonlocal t
+        while t < until:
+            out.add(t, _noisy(rng, base_rps, 0.03))
+            t = min(until, t + int(rng.integers(30, 91)))
+
+    for i in range(crowds):
+        rise = int(rng.integers(FLASH_RISE_S[0], FLASH_RISE_S[1] + 1))
+        hold = int(rng.integers(FLASH_HOLD_S[0], FLASH_HOLD_S[1] + 1))
+        decay = int(rng.integers(FLASH_DECAY_S[0], FLASH_DECAY_S[1] + 1))
+        factor = float(rng.uniform(amplitude * 5 / 8, amplitude))
+        latest = i * segment + segment - (rise + hold + decay) - 300
+        steady(round(float(rng.uniform(i * segment + 300, latest))))
+        steps = max(2, rise // 5)
+        for k in range(steps):  # the rise, a row every ~5 s
+            out.add(t + k * rise / steps, base_rps * (1 + (factor - 1) * (k + 1) / steps))
+        t += rise
+        hold_end = t + hold
+        while t < hold_end:
+            out.add(t, _noisy(rng, base_rps * factor, 0.10))
+            t = min(hold_end, t + int(rng.integers(10, 31)))
+        for k in range(math.ceil(decay / 15)):  # geometric decay: base · factor^(1 - τ/decay)
+            out.add(t + 15 * k, base_rps * factor ** (1 - 15 * k / decay))
+        t += decay
+    steady(out.end)
+    return out.done()
+
+
+RAMP_STEP_S = 15
+"""`ramp` changes its rate this often while ramping."""
+
+
+def ramp(
+    seed: int,
+    *,
+    duration_s: float = 5400.0,
+    base_rps: float = 200.0,
+    amplitude: float = 6.0,
+    ramp_s: float = 1800.0,
+) -> Rows:
+    """A steady linear ramp: flat at `base_rps`, up to `amplitude` times it over `ramp_s` (a step
+    every 15 s), flat at the top, down over `ramp_s`, flat again — the three flats share what
+    is left of `duration_s` (10 minutes each by default). 2 % noise (a row a minute when flat)."""
+    flat = (duration_s - 2 * ramp_s) / 3
+    if flat < 0:
+        raise ValueError("ramp: the trace must last at least twice the ramp")
+    rng = np.random.default_rng(seed)
+    out = _Rows(duration_s)
+    steps = max(1, round(ramp_s / RAMP_STEP_S))
+    top = base_rps * amplitude
+
+    def hold(start: float, level: float) -> None:
+        for k in range(math.ceil(flat / 60)):
+            out.add(start + 60 * k, _noisy(rng, level, 0.02))
+
+    def slope(start: float, low: float, high: float) -> None:
+        for k in range(steps):
+            out.add(
+                start + k * ramp_s / steps, _noisy(rng, low + (high - low) * (k + 1) / steps, 0.02)
+            )
+
+    hold(0, base_rps)
+    slope(flat, base_rps, top)
+    hold(flat + ramp_s, top)
+    slope(2 * flat + ramp_s, top, base_rps)
+    hold(2 * flat + 2 * ramp_s, base_rps)
+    return out.done()
+
+
+REALISTIC_STEP_S = 30
+REALISTIC_SIGMA = 0.10
+"""Stationary standard deviation of the log-rate's AR(1) noise."""
+REALISTIC_TAU_S = 600.0
+"""Correlation time of that noise: 10 minutes."""
+
+
+def _day_shape(hour: float) -> float:
+    """diurnal's day, without its floor: trough at 04:00, lunch dip, evening peak."""
+    base = 0.5 - 0.5 * math.cos(2 * math.pi * (hour - 4) / 24)
+    evening = math.exp(-(((hour - 20) / 2.5) ** 2))
+    lunch = -0.15 * math.exp(-(((hour - 13) / 1.0) ** 2))
+    return 0.75 * base + 0.35 * evening + lunch
+
+
+_DAY = [_day_shape(h / 10) for h in range(240)]
+_DAY_LOW, _DAY_HIGH = min(_DAY), max(_DAY)
+
+
+def realistic(
+    seed: int,
+    *,
+    duration_s: float = 7200.0,
+    base_rps: float = 150.0,
+    amplitude: float = 6.0,
+) -> Rows:
+    """A smooth production-like day compressed into `duration_s`, from 03:00: a trough at
+    `base_rps`, a peak at `amplitude` times it in the evening, a lunch dip, and an AR(1) noise on
+    the log-rate (10 % deviation, 10-minute correlation) instead of jumps — nothing on/off. A
+    row every 30 s."""
+    if amplitude < 1:
+        raise ValueError("realistic: the amplitude is at least 1")
+    rng = np.random.default_rng(seed)
+    out = _Rows(duration_s)
+    phi = math.exp(-REALISTIC_STEP_S / REALISTIC_TAU_S)
+    innovation = REALISTIC_SIGMA * math.sqrt(1 - phi**2)
+    x = REALISTIC_SIGMA * float(rng.standard_normal())
+    for k in range(math.ceil(out.end / REALISTIC_STEP_S)):
+        t = k * REALISTIC_STEP_S
+        hour = (3 + t / out.end * 24) % 24
+        shape = (_day_shape(hour) - _DAY_LOW) / (_DAY_HIGH - _DAY_LOW)
+        out.add(t, base_rps * (1 + (amplitude - 1) * shape) * math.exp(x))
+        x = phi * x + innovation * float(rng.standard_normal())
+    return out.done()
+
+
+def steps6(
+    seed: int,
+    *,
+    duration_s: float = 3600.0,
+    base_rps: float = 150.0,
+    amplitude: float = 6.0,
+) -> Rows:
+    """One step up from `base_rps` to `amplitude` times it, 20-35 % into the trace, and one step
+    back down 30-40 % of the trace later; 2 % noise, a row every 30-90 s."""
+    rng = np.random.default_rng(seed)
+    out = _Rows(duration_s)
+    up = round(out.end * float(rng.uniform(0.20, 0.35)))
+    down = up + round(out.end * float(rng.uniform(0.30, 0.40)))
+    t = 0.0
+    for until, level in ((up, base_rps), (down, base_rps * amplitude), (out.end, base_rps)):
+        while t < until:
+            out.add(t, _noisy(rng, level, 0.02))
+            t = min(until, t + int(rng.integers(30, 91)))
+    return out.done()
+
+
+# --- the catalogue and the writer -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    make: Callable[..., Rows]
+    seed: int
+    """The seed of the shipped file (or the default one)."""
+    summary: str
+
+    @property
+    def parameters(self) -> tuple[str, ...]:
+        """The keyword parameters `make` takes besides the seed."""
+        return tuple(inspect.signature(self.make).parameters)[1:]
+
+
+KINDS: dict[str, Kind] = {
+    "textbook": Kind(textbook, 0, "flat"),
+    "diurnal": Kind(diurnal, 20240601, "a day's shape compressed, a row a minute"),
+    "step": Kind(step, 0, "flat levels joined by sudden steps of about 1.3x"),
+    "bursty": Kind(bursty, 11, "a drifting base with 10-45 s spikes of 1.2-1.5x"),
+    "onoff": Kind(onoff, 1, "minute-scale on/off bursts from a low or zero base"),
+    "flash": Kind(flash, 2, "a flash crowd or two: up within 10-30 s, held 5-20 min, decaying"),
+    "ramp": Kind(ramp, 3, "a linear ramp up over 30 minutes and back"),
+    "realistic": Kind(realistic, 4, "a production-like day, AR(1) noise on the log-rate"),
+    "steps6": Kind(steps6, 5, "one step up, and later one down"),
+}
+
+
+def generate(name: str, seed: int | None = None, **parameters: float) -> Rows:
+    """The rows of kind `name` (its default seed if None), with the parameters given."""
+    kind = KINDS.get(name)
+    if kind is None:
+        raise ValueError(f"unknown trace kind {name!r}; choose from {', '.join(KINDS)}")
+    unknown = sorted(set(parameters) - set(kind.parameters))
+    if unknown:
+        raise ValueError(
+            f"{name} takes no {', '.join(unknown)}; it takes {', '.join(kind.parameters)}"
+        )
+    return kind.make(kind.seed if seed is None else seed, **parameters)
+
+
+def describe(name: str, seed: int, rows: Rows, parameters: dict[str, float] | None = None) -> str:
+    """One line on what a generated trace is (kind, seed, parameters not left at their
+    defaults) and what its numbers are."""
+    given = "".join(f", {key} {value:g}" for key, value in (parameters or {}).items())
+    duration = rows[-1][0]
+    spans = [(b[0] - a[0], a[1]) for a, b in itertools.pairwise(rows)]
+    mean = sum(span * rate for span, rate in spans) / duration
+    rates = [rate for _, rate in rows[:-1]]
+    return (
+        f"{name}, seed {seed}{given}: {KINDS[name].summary}. {duration:.10g} s, {len(rows)} rows, "
+        f"{min(rates):.0f}-{max(rates):.0f} rps, mean {mean:.0f} rps."
+    )
+
+
+def csv_text(rows: Rows, comment: str) -> str:
+    """The trace CSV: `comment` as `#` lines, the header, one `t,rate` row per change."""
+    lines = [f"# {line}" for line in comment.strip().splitlines()]
+    lines.append("t_seconds,rate_rps")
+    lines += [f"{t:.10g},{r:.1f}" for t, r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(path: str | Path, rows: Rows, comment: str) -> None:
+    Path(path).write_text(csv_text(rows, comment))
