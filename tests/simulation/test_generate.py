@@ -3,6 +3,7 @@ are exactly what `make_traces.py` writes."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import itertools
 import math
@@ -11,7 +12,7 @@ from types import ModuleType
 
 import pytest
 
-from batchpilot.operator.simulation import generate
+from batchpilot.operator.simulation import cli, generate
 from batchpilot.operator.simulation.generate import KINDS, Rows
 from batchpilot.operator.simulation.trace import Trace
 
@@ -231,3 +232,37 @@ class TestMakeTraces:
     ) -> None:
         assert make_traces.main(["textbook", "--amplitude", "3"]) == 2
         assert "textbook takes no --amplitude" in capsys.readouterr().err
+
+
+class TestSimulateTraceGen:
+    @staticmethod
+    def parse(*argv: str) -> argparse.Namespace:
+        parser = argparse.ArgumentParser()
+        cli.add_arguments(parser)
+        return parser.parse_args(argv)
+
+    def test_a_kind_without_a_seed_is_the_shipped_file(self) -> None:
+        generated = cli.trace_of(self.parse("--trace-gen", "onoff"))
+        assert generated == Trace.from_csv(TRACES / "onoff.csv")
+
+    def test_a_seed_names_the_trace(self) -> None:
+        trace = cli.trace_of(self.parse("--trace-gen", "flash:9", "--duration-s", "3000"))
+        assert trace.name == "flash-9"
+        assert trace.duration_s == 3000
+
+    @pytest.mark.parametrize(
+        "argv",
+        [
+            ["--trace-gen", "sawtooth"],
+            ["--trace-gen", "onoff:x"],
+            ["--trace-gen", "onoff", "--trace", "x.csv"],
+            [],
+        ],
+    )
+    def test_bad_or_conflicting_sources_are_refused(self, argv: list[str]) -> None:
+        with pytest.raises(SystemExit):
+            self.parse(*argv)
+
+    def test_simulate_runs_a_generated_trace(self, capsys: pytest.CaptureFixture[str]) -> None:
+        assert cli.main(self.parse("--trace-gen", "steps6:3", "--duration-s", "120")) == 0
+        assert "steps6-3" in capsys.readouterr().out

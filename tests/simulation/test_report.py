@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
+from batchpilot.operator.simulation import cli
 from batchpilot.operator.simulation.report import (
     IntervalRecord,
     SimulationResult,
@@ -174,3 +178,28 @@ class TestShown:
         assert cell("budget") == "0.75"  # 1.5 % missed of 2 % allowed
         assert cell("worst s") == "45"
         assert cell("flaps") == "1"
+
+
+class TestSimulateObjective:
+    @staticmethod
+    def parse(*argv: str) -> argparse.Namespace:
+        parser = argparse.ArgumentParser()
+        cli.add_arguments(parser)
+        return parser.parse_args(argv)
+
+    def test_the_budget_is_reported_against_the_objective_given(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        trace, out = tmp_path / "flat.csv", tmp_path / "out.json"
+        trace.write_text("t_seconds,rate_rps\n0,150\n120,150\n")
+        args = self.parse("--trace", str(trace), "--objective-percent", "99.5", "--json", str(out))
+        assert cli.main(args) == 0
+        assert "in 99.5 % of intervals" in capsys.readouterr().out
+        summary = json.loads(out.read_text())["results"][0]["summary"]
+        assert summary["objective"] == 0.995
+        assert {"errorBudgetUsed", "flaps", "worstStreakS"} <= set(summary)
+
+    @pytest.mark.parametrize("percent", ["0", "100", "101"])
+    def test_an_objective_outside_0_100_is_refused(self, percent: str) -> None:
+        with pytest.raises(SystemExit):
+            self.parse("--trace", "x.csv", "--objective-percent", percent)
