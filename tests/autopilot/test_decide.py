@@ -9,15 +9,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from batchpilot.operator.autopilot.decide import (
+    DEFAULT_COLD_START_S,
+    DEFAULT_INTERVAL_S,
     Decision,
     InForce,
     Policy,
     State,
     batch_candidates,
     decide,
+    reaction_horizon,
 )
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation
 from batchpilot.operator.autopilot.service_model import LatencyFit
+from batchpilot.operator.autopilot.slo import Objective
 from batchpilot.operator.children.configmap import batching_document, batching_in
 
 TICK = 15.0
@@ -462,3 +466,79 @@ class TestDecisionsReadBackUnchanged:
             now=0,
         )
         assert decision.max_queue_delay_s == 10.0 / 1e3
+
+
+class TestFastSignal:
+    def test_a_rise_the_short_window_sees_scales_out_before_the_window_shows_it(self) -> None:
+        # 15 s into a step from 150 to 600 rps: the 30 s window shows 375, the last 10 s 600.
+        state = State(fit=MODEL, rate=(0.0, 150.0))
+        obs = replace(
+            seen(at=TICK, qps=375, p99_ms=30, ready=1, batch=8),
+            arrival_qps=375,
+            recent_qps=600,
+            recent_window_s=10,
+        )
+        decision, _ = decide(obs, POLICY, InForce(1, 8, 0.005), state, now=TICK)
+        assert decision.replicas == 2  # 2 × 471 rps ≥ 600 × 1.05 at the best batch limit
+        assert "rising: 600 rps over the last 10 s" in decision.reason
+
+    def test_noise_in_the_short_window_is_not_a_rise(self) -> None:
+        obs = replace(
+            seen(at=TICK, qps=300, p99_ms=30, ready=1, batch=8),
+            arrival_qps=300,
+            recent_qps=315,  # 1.1 σ of Poisson noise over 10 s
+            recent_window_s=10,
+        )
+        decision, _ = decide(obs, POLICY, InForce(1, 8, 0.005), State(fit=MODEL), now=TICK)
+        assert "rising" not in decision.reason
+
+    def test_a_fall_waits_for_the_window(self) -> None:
+        obs = replace(
+            seen(at=TICK, qps=600, p99_ms=30, ready=2, batch=8),
+            arrival_qps=600,
+            recent_qps=10,
+            recent_window_s=10,
+        )
+        decision, _ = decide(obs, POLICY, InForce(2, 8, 0.005), State(fit=MODEL), now=TICK)
+        assert decision.replicas == 2
+
+
+class TestLearnedColdStart:
+    def test_the_time_new_replicas_take_is_learned_and_sets_the_horizon(self) -> None:
+        current, state = InForce(1, 8, 0.005), State(fit=MODEL)
+        loads = [600, 600, 600, 600, 600]
+        readiness = [1, 1, 1, 2, 2]  # the second replica is ready at the fourth tick
+        for tick, (qps, ready) in enumerate(zip(loads, readiness, strict=True)):
+            obs = seen(at=tick * TICK, qps=qps, p99_ms=40, ready=ready, batch=8)
+            _, current, state = step(obs, current, state, tick * TICK)
+        assert current.replicas == 2
+        assert state.pending_since is None
+        # asked for at t = 0, seen ready at t = 45: 45 s less half an interval
+        assert state.cold_start_s == pytest.approx(37.5)
+        assert reaction_horizon(state, interval=TICK) == pytest.approx(52.5)
+
+    def test_until_measured_a_minute_is_assumed(self) -> None:
+        assert reaction_horizon(State(), interval=0) == DEFAULT_INTERVAL_S + DEFAULT_COLD_START_S
+
+
+class TestObjective:
+    def test_every_window_judged_goes_into_the_books(self) -> None:
+        current, state = InForce(2, 8, 0.005), State(fit=MODEL)
+        p99s = [30, 30, 130, 130, 30]
+        for tick, p99 in enumerate(p99s):
+            obs = seen(at=tick * TICK, qps=300, p99_ms=p99, ready=2, batch=8)
+            _, current, state = step(obs, current, state, tick * TICK)
+        report = state.slo.report(4 * TICK)
+        assert report.attainment == pytest.approx(0.5)  # two bad of four judged intervals
+
+    def test_a_blind_tick_is_not_judged(self) -> None:
+        state = State(fit=MODEL)
+        _, state = decide(None, POLICY, InForce(1, 8, 0.005), state, now=0)
+        assert state.slo.report(0).attainment is None
+        assert state.slo.last_at == 0
+
+    def test_the_objective_comes_from_the_policy(self) -> None:
+        policy = replace(POLICY, objective=Objective(0.95, 600))
+        obs = seen(at=TICK, qps=300, p99_ms=30, ready=2, batch=8)
+        _, state = decide(obs, policy, InForce(2, 8, 0.005), State(fit=MODEL), now=TICK)
+        assert state.slo.objective == Objective(0.95, 600)

@@ -74,7 +74,7 @@ def test_rate_and_latency_read_back_agree_with_the_load_generator(
         )
         # A window that sits inside the load, ending when it ended.
         observer = PrometheusObserver(
-            http_query(prometheus.url), window_s=int(LOAD_S) - 2, clock=time.time
+            http_query(prometheus.url), window_s=int(LOAD_S) - 2, recent_s=3, clock=time.time
         )
         observation = observer.observe(SCOPE, ready_replicas=1, at=ended - 0.5)
 
@@ -84,6 +84,9 @@ def test_rate_and_latency_read_back_agree_with_the_load_generator(
     # the offered load, counted at arrival by the runtime: all of it was served here
     assert observation.arrival_qps == pytest.approx(observation.qps, rel=0.02)
     assert observation.offered_qps == pytest.approx(report.achieved_qps, rel=0.10)
+    # the fast signal: arrivals over the last 3 s only, the same load
+    assert observation.recent_window_s == 3
+    assert observation.recent_qps == pytest.approx(report.achieved_qps, rel=0.25)
     assert observation.p99_s is not None
     assert report.service_latency_ms is not None
     measured = report.service_latency_ms.p99_ms

@@ -58,6 +58,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     observer = PrometheusObserver(
         http_query(_SETTINGS.prometheus_url),
         window_s=_SETTINGS.metrics_window_seconds,
+        recent_s=_SETTINGS.recent_window_seconds,
         utilization=_SETTINGS.utilization_source,
         clock=time.time,
     )

@@ -42,6 +42,9 @@ class OperatorSettings(BaseSettings):
     namespaces: list[str] = Field(default_factory=list, description="empty: all namespaces")
     autopilot_interval_seconds: float = Field(default=15, gt=0)
     metrics_window_seconds: int = Field(default=60, ge=10)
+    recent_window_seconds: int = Field(default=30, ge=2)
+    """The fast signal's window: arrivals over the last this many seconds, to see a rise before
+    the metrics window does. At least two Prometheus scrapes must fit in it."""
     utilization_source: Literal["busy", "nvml", "dcgm"] = "busy"
     """Device utilization from the runtime's busy-time counter, its NVML gauge, or DCGM."""
     reconcile_interval_seconds: float = Field(default=60, gt=0)

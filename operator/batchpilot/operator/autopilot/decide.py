@@ -40,6 +40,11 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from batchpilot.operator.autopilot.headroom import (
+    RateHistory,
+    exceedance,
+    plan_rate,
+)
 from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.autopilot.service_model import (
     LatencyFit,
@@ -48,6 +53,7 @@ from batchpilot.operator.autopilot.service_model import (
     predict,
     sla_capacity,
 )
+from batchpilot.operator.autopilot.slo import Objective, SloLedger
 
 SLA_HEADROOM = 0.8
 """Plan for predicted P99 at most this fraction of the SLA — of the part the batcher spends: the
@@ -55,9 +61,6 @@ latency outside it (the learned overhead) is the same whatever the replicas and 
 SCALE_DOWN_LOAD = 0.95
 """Remove replicas only if the rest carry the planned load at most at this fraction of their
 capacity (hysteresis: scale-up happens above 100 %)."""
-GROWTH_MARGIN = 1.05
-"""Plan for 5 % more load than observed: traffic moves between two decisions (a rise the
-window shows is extrapolated separately, see the trend)."""
 OVERHEAD_SMOOTHING = 0.2
 """Weight of a new estimate of the latency outside the batcher against the previous one."""
 LEARN_BELOW_LOAD = 0.9
@@ -71,6 +74,11 @@ FEEDBACK_STEP = 0.25
 BATCH_STICKINESS = 0.97
 """Batch limits with at least this fraction of the best limit's capacity count as equally good."""
 STALE_WINDOWS = 3
+DEFAULT_COLD_START_S = 60.0
+"""Until a scale-up has been watched, assume new replicas take a minute to take traffic."""
+COLD_START_SMOOTHING = 0.3
+"""Weight of a new cold-start measurement against the previous estimate."""
+DEFAULT_INTERVAL_S = 15.0
 """An observation older than this many windows is stale."""
 SHED_TOLERANCE = 0.01
 """The SLA is met only while at most this share of the offered requests goes unserved (refused
@@ -95,6 +103,8 @@ class Policy:
     max_batch_size: int
     scale_down_delay_s: float
     max_queue_delay_s: float
+    objective: Objective = field(default_factory=Objective)
+    """How often the SLA must hold (`spec.sla.objectivePercent` over `spec.sla.window`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,11 +136,25 @@ class State:
     batch_first_at: float | None = None
     """When a rough model raised the batch limit and held the replicas it would have added: it
     does so once, then the window has measured the new batch sizes (see `_batch_first`)."""
+    slo: SloLedger = field(default_factory=SloLedger)
+    """Every decision's verdict on its window, for attainment, error budget and burn rate."""
+    history: RateHistory = field(default_factory=RateHistory)
+    """The offered rate over the last hour, for the headroom (see `headroom`)."""
+    cold_start_s: float | None = None
+    """How long new replicas took to become ready, learned; None until measured."""
+    pending_since: float | None = None
+    """When the replicas still starting were asked for."""
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
             "recommendations": [[round(t, 3), r] for t, r in self.recommendations],
+            "slo": self.slo.to_dict(),
+            "history": self.history.to_dict(),
         }
+        if self.cold_start_s is not None:
+            doc["coldStartS"] = round(self.cold_start_s, 3)
+        if self.pending_since is not None:
+            doc["pendingSince"] = round(self.pending_since, 3)
         if self.fit is not None:
             doc["fit"] = {
                 "alphaMs": round(self.fit.alpha_s * 1e3, 4),
@@ -180,6 +204,10 @@ class State:
                 ready=None if ready is None else int(ready),
                 rate=rate,
                 batch_first_at=None if batch_first is None else float(batch_first),
+                slo=SloLedger.from_dict(doc.get("slo")),
+                history=RateHistory.from_dict(doc.get("history")),
+                cold_start_s=_number(doc.get("coldStartS")),
+                pending_since=_number(doc.get("pendingSince")),
             )
         except (KeyError, IndexError, TypeError, ValueError):
             return cls()
@@ -209,6 +237,10 @@ class Decision:
             current.batch_size,
             current.max_queue_delay_s,
         )
+
+
+def _number(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def stored_delay_s(delay_s: float) -> float:
@@ -326,15 +358,18 @@ def decide(
     now: float,
 ) -> tuple[Decision, State]:
     # 1. Missing or stale metrics: hold everything, say why.
+    blind = replace(
+        state, slo=state.slo.for_objective(policy.objective).record(now, None, covers_s=0)
+    )
     if observation is None:
-        return _hold(current, state, "holding: Prometheus did not answer", available=False)
+        return _hold(current, blind, "holding: Prometheus did not answer", available=False)
     if now - observation.at > STALE_WINDOWS * observation.window_s:
         age = now - observation.at
-        return _hold(current, state, f"holding: metrics are {age:.0f} s old", available=False)
+        return _hold(current, blind, f"holding: metrics are {age:.0f} s old", available=False)
     if missing := observation.missing():
         return _hold(
             current,
-            state,
+            blind,
             f"holding: no {', '.join(missing)} in Prometheus; never scaling on missing metrics",
             available=False,
         )
@@ -346,58 +381,44 @@ def decide(
     ready = observation.ready_replicas
     offered = observation.offered_qps or 0.0
     unserved = observation.unserved_share
-    sla_met = None if idle or p99 is None else p99 <= sla and unserved <= SHED_TOLERANCE
     delay_s = stored_delay_s(min(policy.max_queue_delay_s, 0.1 * sla))
 
-    # 2. Learn: the fit; the latency outside the batcher; the load now.
-    changed_at = state.changed_at
-    if state.ready is not None and ready != state.ready:
-        changed_at = now
-    # The window describes the settings in force once it starts after the change, and after the
-    # backlog of the old settings has drained: allow one decision interval for that.
-    interval = now - state.rate[0] if state.rate is not None else 0.0
-    settled = changed_at is None or now - changed_at >= observation.window_s + interval
-    model = fit(observation.compute, state.fit)
-    overhead = state.overhead_s
-    if model is not None and p99 is not None and sla_met and settled:
-        # Only healthy windows teach the overhead: an unhealthy one is the guard's business.
-        expected = predict(
-            model,
-            rate=offered,
-            replicas=max(1, ready),
-            max_batch=current.batch_size,
-            delay_s=current.max_queue_delay_s,
-        )
-        if expected.load < LEARN_BELOW_LOAD:
-            residual = min(sla, max(0.0, p99 - expected.p99_s))
-            overhead = (
-                residual
-                if overhead is None
-                else OVERHEAD_SMOOTHING * residual + (1 - OVERHEAD_SMOOTHING) * overhead
-            )
-    # Headroom applies to the part of P99 the knobs move: the latency outside the batcher stays.
-    outside = min(overhead or 0.0, sla)
-    target = outside + SLA_HEADROOM * (sla - outside)
-    rate, trend = offered, ""
-    if settled and state.rate is not None:
-        then, before = state.rate
-        gap = now - then
-        # Poisson counts: the change a window moved by `gap` shows by chance alone.
-        noise = math.sqrt(2 * max(before, 1.0) * gap) / observation.window_s
-        if 0 < gap < observation.window_s and offered - before > TREND_SIGNIFICANCE * noise:
-            # The window moved by `gap`: the newest `gap` seconds carry the whole change.
-            rate = before + (offered - before) * observation.window_s / gap
-            trend = f", rising to {rate:.0f} rps"
-    learned = replace(
-        state,
-        fit=model,
-        overhead_s=overhead,
-        changed_at=changed_at,
-        ready=ready,
-        rate=(now, offered),
+    # 2. Judge the window, and keep the books of the objective.
+    sla_met = judge(observation, policy)
+    slo = state.slo.for_objective(policy.objective).record(
+        now, True if idle else sla_met, covers_s=observation.window_s
     )
 
-    # 3. Plan from the model; or, without one yet, from feedback alone.
+    # 3. Learn: the fit; the latency outside the batcher; the cold start; the load now.
+    learned = learn(observation, policy, current, state, now, sla_met=sla_met)
+    model, overhead, settled = learned.fit, learned.overhead_s, learned.settled
+    outside = min(overhead or 0.0, sla)
+    # Headroom applies to the part of P99 the knobs move: the latency outside the batcher stays.
+    target = outside + SLA_HEADROOM * (sla - outside)
+    rate, trend = present_load(observation, state, now, settled=settled)
+    history = state.history.add(now, rate)
+    horizon = reaction_horizon(learned.state, interval=learned.interval)
+    headroom = plan_rate(
+        rate,
+        history,
+        horizon_s=horizon,
+        exceedance=exceedance(policy.objective, slo.report(now)),
+        absorbed=(
+            1.0
+            if model is None
+            else absorbed_rise(
+                model,
+                batch=current.batch_size,
+                delay_s=delay_s,
+                overhead_s=overhead or 0.0,
+                target_s=target,
+                sla_s=sla,
+            )
+        ),
+    )
+    learned_state = replace(learned.state, slo=slo, history=history, rate=(now, offered))
+
+    # 4. Plan from the model; or, without one yet, from feedback alone.
     notes: list[str] = []
     predicted: float | None = None
     capacity_per_replica: float | None = None
@@ -409,7 +430,7 @@ def decide(
     else:
         chosen = plan_capacity(
             model,
-            rate=rate * GROWTH_MARGIN,
+            rate=headroom.rate,
             policy=policy,
             delay_s=delay_s,
             overhead_s=overhead or 0.0,
@@ -424,11 +445,11 @@ def decide(
             f"{'' if model.confident else ' (rough)'} + {_ms(outside)} outside the batcher: "
             f"a replica carries "
             f"{chosen.capacity:.0f} rps at batch ≤ {chosen.batch_size} inside {_ms(target)}, "
-            f"so {chosen.replicas} for {rate * GROWTH_MARGIN:.0f} rps (P99 {_ms(predicted)})"
+            f"so {chosen.replicas} for {headroom.rate:.0f} rps (P99 {_ms(predicted)})"
         )
         if not chosen.feasible:
             notes.append("no configuration within maxReplicas is predicted to meet the SLA")
-        # 4. Guard: over the SLA in a window of the present, and the plan adds no capacity →
+        # 5. Guard: over the SLA in a window of the present, and the plan adds no capacity →
         # trust the observation.
         if (
             ((p99 is not None and p99 > sla) or unserved > SHED_FEEDBACK)
@@ -454,7 +475,7 @@ def decide(
                     chosen,
                     current=current,
                     state=state,
-                    rate=rate * GROWTH_MARGIN,
+                    rate=headroom.rate,
                     policy=policy,
                     delay_s=delay_s,
                     overhead_s=overhead or 0.0,
@@ -462,23 +483,24 @@ def decide(
                 )
                 why += f"; {batch_first}"
                 if want_replicas == current.replicas:
-                    learned = replace(learned, batch_first_at=now)
+                    learned_state = replace(learned_state, batch_first_at=now)
             elif want_replicas < current.replicas:
                 want_replicas = current.replicas
                 notes.append("not scaling down on a rough model")
+        why += headroom.note
     why += trend
 
-    # 5. Pace the replicas.
+    # 6. Pace the replicas.
     replicas, recommendations, pace_note = _pace(
         want=want_replicas,
         current=current,
         ready=ready,
         sla_met=sla_met,
         policy=policy,
-        state=learned,
+        state=learned_state,
         now=now,
         model=model,
-        rate=rate,
+        rate=headroom.rate,
         batch=want_batch,
         delay_s=delay_s,
         overhead_s=overhead or 0.0,
@@ -487,12 +509,193 @@ def decide(
         notes.append(pace_note)
     retuned = (want_batch, delay_s) != (current.batch_size, current.max_queue_delay_s)
     new_state = replace(
-        learned,
+        learned_state,
         recommendations=recommendations,
-        changed_at=now if retuned else learned.changed_at,
+        changed_at=now if retuned else learned_state.changed_at,
+        pending_since=(
+            now
+            if replicas > current.replicas and learned_state.pending_since is None
+            else learned_state.pending_since
+        ),
     )
 
-    # 6. Explain.
+    # 7. Explain.
+    return explain(
+        observation,
+        policy,
+        current,
+        replicas=replicas,
+        want_replicas=want_replicas,
+        batch=want_batch,
+        delay_s=delay_s,
+        sla_met=sla_met,
+        why=why,
+        notes=notes,
+        predicted=predicted,
+        capacity=capacity_per_replica,
+        retuned=retuned,
+    ), new_state
+
+
+def judge(observation: Observation, policy: Policy) -> bool | None:
+    """Whether the window was inside the SLA: P99 under it and at most `SHED_TOLERANCE` of the
+    offered requests unserved; None when unknown (no traffic, no latency)."""
+    if observation.idle or observation.p99_s is None:
+        return None
+    return observation.p99_s <= policy.sla_p99_s and observation.unserved_share <= SHED_TOLERANCE
+
+
+@dataclass(frozen=True, slots=True)
+class Learned:
+    state: State
+    """The state with what was learned (fit, overhead, change, readiness, cold start)."""
+    fit: LatencyFit | None
+    overhead_s: float | None
+    settled: bool
+    """Whether the window describes the settings in force."""
+    interval: float
+    """Seconds since the previous decision (0 at the first)."""
+
+
+def learn(
+    observation: Observation,
+    policy: Policy,
+    current: InForce,
+    state: State,
+    now: float,
+    *,
+    sla_met: bool | None,
+) -> Learned:
+    """Refit t(b); learn the latency outside the batcher from healthy windows of the present;
+    note when the capacity in force changed and how long new replicas took to start."""
+    assert observation.ready_replicas is not None
+    ready = observation.ready_replicas
+    changed_at = state.changed_at
+    if state.ready is not None and ready != state.ready:
+        changed_at = now
+    # The window describes the settings in force once it starts after the change, and after the
+    # backlog of the old settings has drained: allow one decision interval for that.
+    interval = now - state.rate[0] if state.rate is not None else 0.0
+    settled = changed_at is None or now - changed_at >= observation.window_s + interval
+    model = fit(observation.compute, state.fit)
+    overhead = state.overhead_s
+    p99 = observation.p99_s
+    if model is not None and p99 is not None and sla_met and settled:
+        # Only healthy windows teach the overhead: an unhealthy one is the guard's business.
+        expected = predict(
+            model,
+            rate=observation.offered_qps or 0.0,
+            replicas=max(1, ready),
+            max_batch=current.batch_size,
+            delay_s=current.max_queue_delay_s,
+        )
+        if expected.load < LEARN_BELOW_LOAD:
+            residual = min(policy.sla_p99_s, max(0.0, p99 - expected.p99_s))
+            overhead = (
+                residual
+                if overhead is None
+                else OVERHEAD_SMOOTHING * residual + (1 - OVERHEAD_SMOOTHING) * overhead
+            )
+    cold_start, pending = state.cold_start_s, state.pending_since
+    if pending is not None and ready >= current.replicas:
+        # They became ready within the last interval: count half of it.
+        sample = max(0.0, now - pending - interval / 2)
+        cold_start = (
+            sample
+            if cold_start is None
+            else COLD_START_SMOOTHING * sample + (1 - COLD_START_SMOOTHING) * cold_start
+        )
+        pending = None
+    return Learned(
+        state=replace(
+            state,
+            fit=model,
+            overhead_s=overhead,
+            changed_at=changed_at,
+            ready=ready,
+            cold_start_s=cold_start,
+            pending_since=pending,
+        ),
+        fit=model,
+        overhead_s=overhead,
+        settled=settled,
+        interval=interval,
+    )
+
+
+def present_load(
+    observation: Observation, state: State, now: float, *, settled: bool
+) -> tuple[float, str]:
+    """The offered rate now, and a note when it is not the window's.
+
+    The window's rate trails a sudden rise by half the window. The runtime's arrival counter
+    over a short recent window shows it a few seconds in: taken when it is significantly above
+    the window's (more than `TREND_SIGNIFICANCE` standard deviations of Poisson noise over the
+    short window); a fall waits for the window (never scale down on a few seconds). Without the
+    short window, a rising window's trend is extrapolated: the window moved by one interval, so
+    the newest interval carries the whole change."""
+    offered = observation.offered_qps or 0.0
+    recent, span = observation.recent_qps, observation.recent_window_s
+    if recent is not None and span:
+        noise = math.sqrt(max(offered, 1.0) / span)
+        if recent - offered > TREND_SIGNIFICANCE * noise:
+            return recent, f"; rising: {recent:.0f} rps over the last {span:.0f} s"
+        return offered, ""
+    if settled and state.rate is not None:
+        then, before = state.rate
+        gap = now - then
+        noise = math.sqrt(2 * max(before, 1.0) * gap) / observation.window_s
+        if 0 < gap < observation.window_s and offered - before > TREND_SIGNIFICANCE * noise:
+            rate = before + (offered - before) * observation.window_s / gap
+            return rate, f", rising to {rate:.0f} rps"
+    return offered, ""
+
+
+def absorbed_rise(
+    model: LatencyFit,
+    *,
+    batch: int,
+    delay_s: float,
+    overhead_s: float,
+    target_s: float,
+    sla_s: float,
+) -> float:
+    """How many times its planned load a replica carries before its P99 reaches the SLA itself:
+    the rise the latency headroom absorbs without a new replica."""
+    planned = sla_capacity(
+        model, max_batch=batch, delay_s=delay_s, overhead_s=overhead_s, target_s=target_s
+    )
+    limit = sla_capacity(
+        model, max_batch=batch, delay_s=delay_s, overhead_s=overhead_s, target_s=sla_s
+    )
+    return limit / planned if planned > 0 else 1.0
+
+
+def reaction_horizon(state: State, *, interval: float) -> float:
+    """How long until capacity asked for now could take traffic: up to one interval to notice,
+    plus the cold start (learned; `DEFAULT_COLD_START_S` until measured)."""
+    cold = state.cold_start_s if state.cold_start_s is not None else DEFAULT_COLD_START_S
+    return (interval or DEFAULT_INTERVAL_S) + cold
+
+
+def explain(
+    observation: Observation,
+    policy: Policy,
+    current: InForce,
+    *,
+    replicas: int,
+    want_replicas: int,
+    batch: int,
+    delay_s: float,
+    sla_met: bool | None,
+    why: str,
+    notes: list[str],
+    predicted: float | None,
+    capacity: float | None,
+    retuned: bool,
+) -> Decision:
+    """The decision with its action, reason and condition inputs."""
+    sla, p99 = policy.sla_p99_s, observation.p99_s
     limited = None
     if (
         sla_met is False
@@ -511,10 +714,11 @@ def decide(
         action = "retune"
     else:
         action = "steady"
+    unserved = observation.unserved_share
     observed = (
         "no traffic"
-        if idle
-        else f"P99 {_ms(p99)} vs SLA {_ms(sla)} at {offered:.0f} rps"
+        if observation.idle
+        else f"P99 {_ms(p99)} vs SLA {_ms(sla)} at {observation.offered_qps or 0.0:.0f} rps"
         + (f", {unserved:.0%} unserved" if unserved > SHED_TOLERANCE else "")
         + (
             f", device {observation.utilization * 100:.0f}% busy"
@@ -525,16 +729,16 @@ def decide(
     changes = []
     if replicas != current.replicas:
         changes.append(f"replicas {current.replicas}→{replicas}")
-    if want_batch != current.batch_size:
-        changes.append(f"batch {current.batch_size}→{want_batch}")
+    if batch != current.batch_size:
+        changes.append(f"batch {current.batch_size}→{batch}")
     if delay_s != current.max_queue_delay_s:
         changes.append(f"queue delay {_ms(current.max_queue_delay_s)}→{_ms(delay_s)}")
     reason = f"{observed}; {why}" + (f"; {', '.join(changes)}" if changes else "; no change")
     if notes:
         reason += f" ({'; '.join(notes)})"
-    decision = Decision(
+    return Decision(
         replicas=replicas,
-        batch_size=want_batch,
+        batch_size=batch,
         max_queue_delay_s=delay_s,
         action=action,
         reason=reason,
@@ -542,10 +746,9 @@ def decide(
         sla_met=sla_met,
         scaling_limited=limited,
         predicted_p99_s=predicted,
-        capacity_rps=capacity_per_replica,
+        capacity_rps=capacity,
         notes=tuple(notes),
     )
-    return decision, new_state
 
 
 def _optimistic(model: LatencyFit) -> LatencyFit:
@@ -702,7 +905,7 @@ def _pace(
         # Hysteresis: the replicas that stay must carry the load with room to spare.
         remaining = predict(
             model,
-            rate=rate * GROWTH_MARGIN / SCALE_DOWN_LOAD,
+            rate=rate / SCALE_DOWN_LOAD,
             replicas=stable,
             max_batch=batch,
             delay_s=delay_s,

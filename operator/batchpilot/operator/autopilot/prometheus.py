@@ -42,8 +42,11 @@ class Scope:
         return f'namespace="{self.namespace}",isvc="{self.isvc}"'
 
 
-def queries(scope: Scope, *, window_s: int, utilization: UtilizationSource) -> dict[str, str]:
-    """The PromQL for each signal, by name."""
+def queries(
+    scope: Scope, *, window_s: int, utilization: UtilizationSource, recent_s: int | None = None
+) -> dict[str, str]:
+    """The PromQL for each signal, by name. `recent_s` adds the fast signal: arrivals over that
+    short window (it needs at least two scrapes inside it, or the answer is empty)."""
     sel, w = scope.selector, f"{window_s}s"
 
     def quantile(q: float, metric: str) -> str:
@@ -64,7 +67,12 @@ def queries(scope: Scope, *, window_s: int, utilization: UtilizationSource) -> d
             f'pod=~"{scope.isvc}-.*"}}[{w}])) / 100'
         ),
     }[utilization]
-    return {
+    recent = (
+        {}
+        if recent_s is None
+        else {"recent": f"sum(rate(batchpilot_arrivals_total{{{sel}}}[{recent_s}s]))"}
+    )
+    return recent | {
         "p99": quantile(0.99, "batchpilot_request_duration_seconds"),
         "p95": quantile(0.95, "batchpilot_request_duration_seconds"),
         "queue_p99": quantile(0.99, "batchpilot_queue_wait_seconds"),
@@ -115,10 +123,12 @@ class PrometheusObserver:
         *,
         window_s: int = 60,
         utilization: UtilizationSource = "busy",
+        recent_s: int | None = None,
         clock: Callable[[], float],
     ) -> None:
         self._query = query
         self._window_s = window_s
+        self._recent_s = recent_s
         self._utilization: UtilizationSource = utilization
         self._clock = clock
 
@@ -126,18 +136,21 @@ class PrometheusObserver:
         self, scope: Scope, *, ready_replicas: int | None, at: float | None = None
     ) -> Observation | None:
         """The window ending now (or at `at`), or None if Prometheus cannot be read."""
-        texts = queries(scope, window_s=self._window_s, utilization=self._utilization)
+        texts = queries(
+            scope, window_s=self._window_s, utilization=self._utilization, recent_s=self._recent_s
+        )
         try:
             raw = {name: self._query(text, at=at) for name, text in texts.items()}
         except PrometheusUnavailable as exc:
             log.warning("Prometheus unavailable for %s/%s: %s", scope.namespace, scope.isvc, exc)
             return None
         if _number(raw["reporting"]) is None:
-            qps = rejected = arrivals = None  # no replica of this service reports at all
+            qps = rejected = arrivals = recent = None  # no replica of this service reports
         else:
             qps = _number(raw["qps"])
             rejected = _number(raw["rejected"])
             arrivals = _number(raw["arrivals"])
+            recent = _number(raw["recent"]) if "recent" in raw else None
         seconds = _by_label(raw["compute_seconds"], "batch_bucket")
         rows = _by_label(raw["compute_rows"], "batch_bucket")
         batches = _by_label(raw["compute_batches"], "batch_bucket")
@@ -163,6 +176,8 @@ class PrometheusObserver:
             compute=points,
             ready_replicas=ready_replicas,
             arrival_qps=arrivals,
+            recent_qps=recent,
+            recent_window_s=None if recent is None else self._recent_s,
         )
 
 

@@ -70,6 +70,7 @@ class SandboxOptions:
     scale_down_delay_s: int = 20
     autopilot_interval_s: float = 2.0
     metrics_window_s: int = 10
+    recent_window_s: int = 3
     request_timeout_s: float = 30.0
     quiet: bool = False
 
@@ -256,6 +257,7 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
                         options.autopilot_interval_s
                     ),
                     "BATCHPILOT_OPERATOR_METRICS_WINDOW_SECONDS": str(options.metrics_window_s),
+                    "BATCHPILOT_OPERATOR_RECENT_WINDOW_SECONDS": str(options.recent_window_s),
                     "BATCHPILOT_OPERATOR_RECONCILE_INTERVAL_SECONDS": "5",
                     "BATCHPILOT_OPERATOR_PRE_STOP_SLEEP_SECONDS": "0",
                     "BATCHPILOT_OPERATOR_DRAIN_GRACE_SECONDS": "5",

@@ -1,0 +1,119 @@
+"""Headroom from the traffic's own variability: rises within the reaction horizon, by quantile."""
+
+from __future__ import annotations
+
+import pytest
+
+from batchpilot.operator.autopilot.headroom import (
+    BUCKET_S,
+    BUCKETS,
+    GROWTH_MARGIN,
+    UNSEEN,
+    RateHistory,
+    exceedance,
+    plan_rate,
+)
+from batchpilot.operator.autopilot.slo import Objective, SloReport
+
+HORIZON = 75.0  # one 15 s interval to notice, a 60 s cold start
+
+
+def history_of(rates: list[float]) -> RateHistory:
+    history = RateHistory()
+    for k, rate in enumerate(rates):
+        history = history.add(k * BUCKET_S, rate)
+    return history
+
+
+def on_off(cycles: int, *, quiet: int, burst: int, low: float, high: float) -> list[float]:
+    return ([low] * quiet + [high] * burst) * cycles
+
+
+class TestRateHistory:
+    def test_the_highest_rate_of_a_bucket_is_kept(self) -> None:
+        history = RateHistory().add(0, 100).add(10, 300).add(20, 200)
+        assert history.rates == (300,)
+
+    def test_an_hour_at_most_and_unseen_buckets_marked(self) -> None:
+        history = history_of([100.0] * (BUCKETS + 10)).add((BUCKETS + 12) * BUCKET_S, 50)
+        assert len(history.rates) == BUCKETS
+        assert history.rates[-3:] == (UNSEEN, UNSEEN, 50)
+
+    def test_a_long_gap_forgets_everything_before_it(self) -> None:
+        history = history_of([100.0] * 10).add(10_000 * BUCKET_S, 7)
+        assert history.rates[-1] == 7
+        assert set(history.rates[:-1]) == {UNSEEN}
+
+    def test_rises_look_one_horizon_ahead(self) -> None:
+        rises = history_of([100, 100, 100, 300, 300, 300]).rises(HORIZON)  # 3 buckets ahead
+        assert rises == [3.0, 3.0, 3.0]
+
+    def test_rises_from_idle_are_measured_from_a_floor_of_the_peak(self) -> None:
+        rises = history_of([0, 0, 0, 0, 200, 200, 200, 200]).rises(HORIZON)
+        assert max(rises) == pytest.approx(200 / 10)  # 5 % of the peak
+
+    def test_survives_the_status(self) -> None:
+        history = history_of([1.25, 2.5, 3.75])
+        assert RateHistory.from_dict(history.to_dict()) == RateHistory(
+            history.last, (1.2, 2.5, 3.8)
+        )
+        assert RateHistory.from_dict({"rps": "x"}) == RateHistory()
+
+
+class TestPlanRate:
+    def test_without_history_the_growth_margin_alone(self) -> None:
+        plan = plan_rate(100, RateHistory(), horizon_s=HORIZON, exceedance=0.01)
+        assert plan.rate == pytest.approx(100 * GROWTH_MARGIN)
+        assert plan.note == ""
+
+    def test_smooth_traffic_gets_no_more_than_the_growth_margin(self) -> None:
+        smooth = [300 + (k % 3) for k in range(100)]
+        plan = plan_rate(300, history_of(smooth), horizon_s=HORIZON, exceedance=0.02)
+        assert plan.rate == pytest.approx(300 * GROWTH_MARGIN)
+
+    def test_recurring_bursts_keep_their_capacity_through_the_quiet(self) -> None:
+        # 4-minute quiet, 2-minute bursts of 10x: a burst starts within the horizon of 1 in 4
+        # quiet buckets, far more often than the 1 % budget allows.
+        rates = on_off(10, quiet=8, burst=4, low=50, high=500)
+        plan = plan_rate(50, history_of(rates), horizon_s=HORIZON, exceedance=0.01)
+        assert plan.rate == pytest.approx(500)
+        assert "rose 10.00×" in plan.note
+
+    def test_with_a_generous_budget_recurring_bursts_are_let_go(self) -> None:
+        rates = on_off(10, quiet=8, burst=4, low=50, high=500)
+        plan = plan_rate(50, history_of(rates), horizon_s=HORIZON, exceedance=0.5)
+        assert plan.rate == pytest.approx(50 * GROWTH_MARGIN)
+
+    def test_one_past_step_does_not_multiply_the_new_level(self) -> None:
+        rates = [100.0] * 50 + [600.0] * 50
+        plan = plan_rate(600, history_of(rates), horizon_s=HORIZON, exceedance=0.001)
+        assert plan.rate == pytest.approx(600 * GROWTH_MARGIN)  # the peak caps the rise
+
+    def test_the_latency_headroom_absorbs_part_of_a_rise(self) -> None:
+        rates = on_off(10, quiet=8, burst=4, low=300, high=450)
+        plain = plan_rate(300, history_of(rates), horizon_s=HORIZON, exceedance=0.01)
+        absorbing = plan_rate(
+            300, history_of(rates), horizon_s=HORIZON, exceedance=0.01, absorbed=1.25
+        )
+        assert plain.rate == pytest.approx(450)
+        assert absorbing.rate == pytest.approx(360)
+
+
+class TestExceedance:
+    HOUR = Objective(0.99, 3600)
+
+    def report(self, *, remaining: float | None, fast: float = 0.0) -> SloReport:
+        return SloReport(
+            attainment=None, budget_remaining=remaining, burn_rates={"fast": fast}, at_risk=None
+        )
+
+    def test_a_healthy_budget_covers_only_common_rises(self) -> None:
+        assert exceedance(self.HOUR, self.report(remaining=0.9)) == pytest.approx(0.1)
+
+    def test_a_burning_budget_covers_rare_rises(self) -> None:
+        assert exceedance(self.HOUR, self.report(remaining=0.9, fast=3)) == pytest.approx(0.0025)
+        assert exceedance(self.HOUR, self.report(remaining=-0.5)) == pytest.approx(0.0025)
+
+    def test_in_between_and_unknown_the_budget_itself(self) -> None:
+        assert exceedance(self.HOUR, self.report(remaining=0.3)) == pytest.approx(0.01)
+        assert exceedance(self.HOUR, self.report(remaining=None)) == pytest.approx(0.01)
