@@ -141,7 +141,8 @@ class TestLifecycle:
         )
         header, row = out.splitlines()[:2]
         assert header.split() == [
-            "NAME", "READY", "REPLICAS", "BATCH", "P99", "SLA", "QPS", "GPU", "SLA-MET", "AGE",
+            "NAME", "READY", "REPLICAS", "BATCH", "P99", "SLA", "QPS", "GPU", "SLA-MET", "SLO",
+            "AGE",
         ]  # fmt: skip
         # Metrics columns stay empty until the autopilot has read Prometheus.
         assert row.split()[:5] == ["resnet50", "False", "0/1", "1", "<100ms"]
@@ -299,6 +300,27 @@ INVALID = [
         "mean needs 1 value, or one per channel",
     ),
     ("empty-pipeline", {"pipeline": {}}, "a pipeline needs preprocess, postprocess or both"),
+    (
+        "objective-100",
+        {"sla": {"latencyP99Ms": 100, "objectivePercent": 100}},
+        "sla.objectivePercent must be below 100: an objective of 100 % leaves no error budget",
+    ),
+    (
+        "objective-40",
+        {"sla": {"latencyP99Ms": 100, "objectivePercent": 40}},
+        "spec.sla.objectivePercent in body should be greater than or equal to 50",
+    ),
+    ("window-in-weeks", {"sla": {"latencyP99Ms": 100, "window": "1w"}}, "spec.sla.window in body"),
+    (
+        "window-of-29-days",
+        {"sla": {"latencyP99Ms": 100, "window": "29d"}},
+        "sla.window must be between 5m and 28d",
+    ),
+    (
+        "window-of-4-minutes",
+        {"sla": {"latencyP99Ms": 100, "window": "4m"}},
+        "sla.window must be between 5m and 28d",
+    ),
 ]
 
 

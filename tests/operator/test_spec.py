@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import yaml
+from celpy.adapter import json_to_cel
 from pydantic import ValidationError
 
+from batchpilot.operator.sandbox.cel import compile_expression
 from batchpilot.operator.spec import (
     GROUP,
     KIND,
     PLURAL,
     VERSION,
     InferenceServiceSpec,
+    SLASpec,
+    window_seconds,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,11 +104,14 @@ class TestCRDAndModelsAgree:
         sla = spec["properties"]["sla"]["properties"]["gpuUtilization"]
         rules += [r["rule"] for r in sla["x-kubernetes-validations"]]
         rules += [r["rule"] for r in spec["properties"]["runtime"]["x-kubernetes-validations"]]
+        objective = spec["properties"]["sla"]["properties"]["objectivePercent"]
+        rules += [r["rule"] for r in objective["x-kubernetes-validations"]]
         assert rules == [
             "self.batching.batchSize <= self.scaling.maxBatchSize",
             "self.minReplicas <= self.maxReplicas",
             "self.min < self.max",
             "self.accelerator != 'tensorrt' || self.device == 'gpu'",
+            "self < 100.0",
         ]
         base = {"model": {"uri": "file:///m.onnx"}, "sla": {"latencyP99Ms": 100}}
         for broken, message in [
@@ -111,6 +119,8 @@ class TestCRDAndModelsAgree:
             ({"sla": {"latencyP99Ms": 9, "gpuUtilization": {"min": 90, "max": 80}}}, "min must"),
             ({"scaling": {"maxBatchSize": 4}, "batching": {"batchSize": 8}}, "batchSize must"),
             ({"runtime": {"device": "cpu", "accelerator": "tensorrt"}}, "tensorrt needs"),
+            ({"sla": {"latencyP99Ms": 9, "objectivePercent": 100}}, "objectivePercent must be"),
+            ({"sla": {"latencyP99Ms": 9, "window": "29d"}}, "window must be between"),
         ]:
             with pytest.raises(ValidationError, match=message):
                 InferenceServiceSpec.model_validate({**base, **broken})
@@ -131,8 +141,101 @@ class TestStatusSubresources:
             "QPS",
             "GPU",
             "SLA-Met",
+            "SLO",
             "Age",
         ]
+        (slo,) = [c for c in version["additionalPrinterColumns"] if c["name"] == "SLO"]
+        assert slo["jsonPath"] == ".status.slo.text"
+
+
+def window_rule() -> Any:
+    window = crd_spec_schema()["properties"]["sla"]["properties"]["window"]
+    (rule,) = window["x-kubernetes-validations"]
+    return compile_expression(rule["rule"])
+
+
+class TestTheObjective:
+    BASE: ClassVar[dict[str, Any]] = {"model": {"uri": "file:///m.onnx"}}
+
+    def sla(self, **sla: Any) -> SLASpec:
+        return InferenceServiceSpec.model_validate(
+            {**self.BASE, "sla": {"latencyP99Ms": 100, **sla}}
+        ).sla
+
+    def test_99_percent_over_an_hour_by_default(self) -> None:
+        sla = self.sla()
+        assert (sla.objective_percent, sla.window, sla.window_s) == (99, "1h", 3600)
+        assert sla.dump() == {
+            "latencyP99Ms": 100,
+            "gpuUtilization": {"min": 70, "max": 95},
+            "objectivePercent": 99,
+            "window": "1h",
+        }
+
+    @pytest.mark.parametrize(
+        ("window", "seconds"),
+        [
+            ("5m", 300),
+            ("300s", 300),
+            ("30m", 1800),
+            ("6h", 21_600),
+            ("7d", 604_800),
+            ("28d", 2_419_200),
+            ("672h", 2_419_200),
+            ("40320m", 2_419_200),
+        ],
+    )
+    def test_windows_in_any_unit(self, window: str, seconds: int) -> None:
+        assert self.sla(window=window).window_s == seconds
+        assert window_seconds(window) == seconds
+        assert window_rule().evaluate({"self": json_to_cel(window)})  # the CRD agrees
+
+    @pytest.mark.parametrize(
+        ("window", "message"),
+        [
+            ("4m", "sla.window must be between 5m and 28d"),
+            ("299s", "sla.window must be between 5m and 28d"),
+            ("29d", "sla.window must be between 5m and 28d"),
+            ("673h", "sla.window must be between 5m and 28d"),
+            ("40321m", "sla.window must be between 5m and 28d"),
+            ("1w", "should match pattern"),
+            ("1h30m", "should match pattern"),
+            ("0h", "should match pattern"),
+            ("1.5h", "should match pattern"),
+            ("h", "should match pattern"),
+            ("", "should match pattern"),
+            (" 1h", "should match pattern"),
+        ],
+    )
+    def test_bad_windows_are_refused_with_the_reason(self, window: str, message: str) -> None:
+        with pytest.raises(ValidationError, match=message):
+            self.sla(window=window)
+        # the CRD: the pattern refuses bad syntax, the rule (quiet on bad syntax) the range
+        window_schema = crd_spec_schema()["properties"]["sla"]["properties"]["window"]
+        syntax = re.search(window_schema["pattern"], window) is not None
+        in_range = bool(window_rule().evaluate({"self": json_to_cel(window)}))
+        assert (syntax, in_range) == (False, True) if "pattern" in message else (True, False)
+
+    @pytest.mark.parametrize("percent", [50, 90, 99, 99.9, 99.99, 99.999])
+    def test_objectives_from_50_up_to_below_100(self, percent: float) -> None:
+        assert self.sla(objectivePercent=percent).objective_percent == percent
+
+    @pytest.mark.parametrize(
+        ("percent", "message"),
+        [
+            (100, "sla.objectivePercent must be below 100: an objective of 100 % leaves no"),
+            (100.0, "leaves no error budget"),
+            (49.9, "greater than or equal to 50"),
+            (0, "greater than or equal to 50"),
+            (101, "less than or equal to 100"),
+            ("high", "valid number"),
+        ],
+    )
+    def test_out_of_range_objectives_are_refused_with_the_reason(
+        self, percent: Any, message: str
+    ) -> None:
+        with pytest.raises(ValidationError, match=message):
+            self.sla(objectivePercent=percent)
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])

@@ -14,6 +14,8 @@ READY = "Ready"
 METRICS_AVAILABLE = "MetricsAvailable"
 SLA_MET = "SLAMet"
 SCALING_LIMITED = "ScalingLimited"
+SLO_AT_RISK = "SLOAtRisk"
+"""True while the error budget burns fast enough to fire a burn-rate alert (see autopilot.slo)."""
 
 
 def timestamp(now: datetime) -> str:

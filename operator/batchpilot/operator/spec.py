@@ -12,7 +12,7 @@ import re
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from batchpilot.runtime.pipeline.config import PipelineConfig
@@ -111,9 +111,46 @@ class UtilizationBand(_Model):
         return self
 
 
+WINDOW_PATTERN = r"^[1-9][0-9]{0,4}(s|m|h|d)$"
+"""A whole number and one unit, as Prometheus writes durations: 30m, 6h, 7d."""
+WINDOW_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+WINDOW_MIN_S = 5 * 60
+WINDOW_MAX_S = 28 * 86_400
+
+
+def window_seconds(window: str) -> int:
+    """Seconds in a window written as WINDOW_PATTERN allows (`30m` → 1800)."""
+    return int(window[:-1]) * WINDOW_UNITS_S[window[-1]]
+
+
 class SLASpec(_Model):
     latency_p99_ms: int = Field(ge=1, le=600_000, alias="latencyP99Ms")
     gpu_utilization: UtilizationBand = UtilizationBand()
+    objective_percent: float = Field(default=99, ge=50, le=100)
+    """How often the SLA must hold: the share of the window whose P99 is inside it (the SLO)."""
+    window: str = Field(default="1h", max_length=8, pattern=WINDOW_PATTERN)
+    """The rolling window the objective is kept over, and its error budget spent in."""
+
+    @field_validator("objective_percent")
+    @classmethod
+    def _below_100(cls, value: float) -> float:
+        if value >= 100:
+            raise ValueError(
+                "sla.objectivePercent must be below 100: an objective of 100 % leaves no "
+                "error budget"
+            )
+        return value
+
+    @field_validator("window")
+    @classmethod
+    def _window_in_range(cls, value: str) -> str:
+        if not WINDOW_MIN_S <= window_seconds(value) <= WINDOW_MAX_S:
+            raise ValueError("sla.window must be between 5m and 28d")
+        return value
+
+    @property
+    def window_s(self) -> int:
+        return window_seconds(self.window)
 
 
 class ScalingSpec(_Model):

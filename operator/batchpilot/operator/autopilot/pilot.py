@@ -13,12 +13,16 @@ Acting, in mode `auto` only:
 In mode `recommend` the decision is computed and reported, never applied.
 
 The autopilot's memory (the t(b) fit, the latency outside the batcher, scale-down
-recommendations) is kept in `status.autopilot`, so an operator restart resumes without a jump.
+recommendations, the verdicts the objective is kept with) is kept in `status.autopilot`, so an
+operator restart resumes without a jump. `status.slo` shows the objective as SRE practice reads
+it: attainment, error budget left, burn rates; the SLOAtRisk condition and its Events say when
+the budget burns fast enough to fire an alert.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +33,7 @@ from batchpilot.operator import conditions, events
 from batchpilot.operator.autopilot.decide import Decision, InForce, Policy, State, decide
 from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.autopilot.prometheus import Scope
+from batchpilot.operator.autopilot.slo import Objective, SloReport
 from batchpilot.operator.children.common import ISVC_LABEL, Owner
 from batchpilot.operator.children.configmap import batching_document, batching_in
 from batchpilot.operator.children.deadline import default_deadline_ms
@@ -36,7 +41,7 @@ from batchpilot.operator.children.secret import token_in
 from batchpilot.operator.events import Event
 from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT, SECRET
 from batchpilot.operator.kube import Kube, KubeError
-from batchpilot.operator.spec import InferenceServiceSpec
+from batchpilot.operator.spec import InferenceServiceSpec, SLASpec
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +49,8 @@ DECIDED = "AutopilotDecided"
 RECOMMENDED = "AutopilotRecommends"
 HOLDING = "MetricsUnavailable"
 LIMITED = "ScalingLimited"
+SLO_AT_RISK = "SLOAtRisk"
+SLO_WITHIN_BUDGET = "SLOWithinBudget"
 
 
 class Observe(Protocol):
@@ -70,6 +77,8 @@ def policy_of(spec: InferenceServiceSpec) -> Policy:
         max_batch_size=spec.scaling.max_batch_size,
         scale_down_delay_s=spec.scaling.scale_down_delay_seconds,
         max_queue_delay_s=spec.batching.max_queue_delay_ms / 1e3,
+        # Rounded: 99.9 / 100 is 0.9990000000000001 in binary floating point.
+        objective=Objective(round(spec.sla.objective_percent / 100, 12), spec.sla.window_s),
     )
 
 
@@ -122,6 +131,69 @@ def metrics_status(observation: Observation | None, *, now: datetime) -> dict[st
     return {key: value for key, value in doc.items() if value is not None}
 
 
+def _plain_number(value: float) -> float | int:
+    return int(value) if float(value).is_integer() else value
+
+
+def slo_text(attainment: float | None, objective_percent: float) -> str:
+    """`99.6%/99%`: attainment against the objective, with one digit more than the objective
+    has, cut rather than rounded (98.96 % must not read as a met 99.0 %)."""
+    objective = f"{_plain_number(objective_percent):g}"
+    if attainment is None:
+        return f"-/{objective}%"
+    if attainment >= 1:
+        return f"100%/{objective}%"
+    digits = len(objective.partition(".")[2]) + 1
+    scale = 10**digits
+    cut = math.floor(attainment * 100 * scale + 1e-6) / scale
+    return f"{cut:.{digits}f}%/{objective}%"
+
+
+def slo_status(sla: SLASpec, report: SloReport) -> dict[str, Any]:
+    """`status.slo`: the objective and how it stands; what is not known yet is left out."""
+    doc: dict[str, Any] = {
+        "objectivePercent": _plain_number(sla.objective_percent),
+        "window": sla.window,
+        "text": slo_text(report.attainment, sla.objective_percent),
+    }
+    if report.attainment is not None:
+        doc["attainmentPercent"] = round(report.attainment * 100, 4)
+    if report.budget_remaining is not None:
+        doc["errorBudgetRemainingPercent"] = round(report.budget_remaining * 100, 1)
+    if report.burn_rates:
+        doc["burnRate"] = {name: round(rate, 2) for name, rate in report.burn_rates.items()}
+    return doc
+
+
+def clearing(new: dict[str, Any], old: Any) -> dict[str, Any]:
+    """`new`, with None for each key only `old` has (nested too): status is written as a merge
+    patch, and a key left out would keep its stale value where null removes it."""
+    if not isinstance(old, dict):
+        return new
+    merged = dict(new)
+    for key, value in old.items():
+        if key not in new and value is not None:
+            merged[key] = None
+        elif isinstance(new[key], dict):
+            merged[key] = clearing(new[key], value)
+    return merged
+
+
+def slo_condition(sla: SLASpec, report: SloReport) -> tuple[conditions.Status, str, str]:
+    """(status, reason, message) of the SLOAtRisk condition."""
+    window = f"the {sla.window} window"
+    objective = f"{_plain_number(sla.objective_percent):g}%"
+    if report.attainment is None:
+        return "Unknown", "NoData", f"no verdict on the SLA yet in {window}"
+    if report.at_risk is not None:
+        return "True", "ErrorBudgetBurning", report.at_risk
+    attained = slo_text(report.attainment, sla.objective_percent).partition("/")[0]
+    message = f"{attained} of {window} inside the SLA against an objective of {objective}"
+    if report.budget_remaining is not None:
+        message += f"; {max(0.0, report.budget_remaining):.0%} of the error budget left"
+    return "False", "WithinBudget", message
+
+
 class Autopilot:
     def __init__(
         self,
@@ -168,7 +240,9 @@ class Autopilot:
         now = self._clock()
         observation = self._observe(Scope(owner.namespace, owner.name), ready_replicas=ready)
         state = State.from_dict(status.get("autopilot"))
-        decision, new_state = decide(observation, policy_of(spec), current, state, self._seconds())
+        seconds = self._seconds()
+        decision, new_state = decide(observation, policy_of(spec), current, state, seconds)
+        report = new_state.slo.report(seconds)
 
         result = TickResult(decision=decision)
         acting = spec.scaling.mode == "auto"
@@ -221,6 +295,21 @@ class Autopilot:
             generation=generation,
             now=now,
         )
+        slo_state, slo_reason, slo_message = slo_condition(spec.sla, report)
+        conds = conditions.set_condition(
+            conds,
+            type_=conditions.SLO_AT_RISK,
+            status=slo_state,
+            reason=slo_reason,
+            message=slo_message,
+            generation=generation,
+            now=now,
+        )
+        was_at_risk = conditions.find(status.get("conditions"), conditions.SLO_AT_RISK)
+        if (was_at_risk or {}).get("status") == "True" and slo_state != "True":
+            result.events.append(Event("Normal", SLO_WITHIN_BUDGET, slo_message))
+        elif slo_state == "True" and (was_at_risk or {}).get("status") != "True":
+            result.events.append(Event("Warning", SLO_AT_RISK, slo_message))
         previous = conditions.find(status.get("conditions"), conditions.SCALING_LIMITED)
         if decision.scaling_limited and (previous or {}).get("status") != "True":
             result.events.append(Event("Warning", LIMITED, decision.scaling_limited))
@@ -243,6 +332,7 @@ class Autopilot:
             result.status["batchSize"] = decision.batch_size
             result.status["maxQueueDelayMs"] = round(decision.max_queue_delay_s * 1e3, 3)
         result.status["metrics"] = metrics_status(observation, now=now)
+        result.status["slo"] = clearing(slo_status(spec.sla, report), status.get("slo"))
         result.status["conditions"] = conds
         result.status["autopilot"] = new_state.to_dict()
         if not acting:
