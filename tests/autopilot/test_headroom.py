@@ -93,7 +93,7 @@ class TestPlanRate:
         rates = on_off(10, quiet=8, burst=4, low=300, high=450)
         plain = plan_rate(300, history_of(rates), horizon_s=HORIZON, exceedance=0.01)
         absorbing = plan_rate(
-            300, history_of(rates), horizon_s=HORIZON, exceedance=0.01, absorbed=1.25
+            300, history_of(rates), horizon_s=HORIZON, exceedance=0.01, absorbed=lambda: 1.25
         )
         assert plain.rate == pytest.approx(450)
         assert absorbing.rate == pytest.approx(360)

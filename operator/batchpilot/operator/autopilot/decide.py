@@ -403,7 +403,7 @@ def decide(
         history,
         horizon_s=horizon,
         exceedance=exceedance(policy.objective, slo.report(now)),
-        absorbed=(
+        absorbed=lambda: (
             1.0
             if model is None
             else absorbed_rise(

@@ -22,6 +22,7 @@ Pure: arithmetic on tuples.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,14 +74,16 @@ class RateHistory:
         """For every bucket with a full horizon after it: the highest rate within the horizon
         after it over its own rate (from at least `FLOOR_SHARE` of the peak)."""
         ahead = max(1, math.ceil(horizon_s / BUCKET_S))
+        rates = self.rates
         floor = max(1.0, FLOOR_SHARE * self.peak)
         out = []
-        for i in range(len(self.rates) - ahead):
-            start = self.rates[i]
-            later = [r for r in self.rates[i + 1 : i + 1 + ahead] if r != UNSEEN]
-            if start == UNSEEN or not later:
+        for i in range(len(rates) - ahead):
+            start = rates[i]
+            if start == UNSEEN:
                 continue
-            out.append(max(later) / max(start, floor))
+            later = max(rates[i + 1 : i + 1 + ahead])  # UNSEEN is below every rate
+            if later != UNSEEN:
+                out.append(later / (start if start > floor else floor))
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -126,15 +129,16 @@ def plan_rate(
     *,
     horizon_s: float,
     exceedance: float,
-    absorbed: float = 1.0,
+    absorbed: Callable[[], float] = lambda: 1.0,
 ) -> Headroom:
     """The load to plan for: `present` times the (1 − exceedance) quantile of the rises within
     `horizon_s`, at most the hour's peak (or the present) plus the growth margin, at least the
     present plus it.
 
-    `absorbed` is the rise the plan already survives: capacity is planned for a P99 below the
+    `absorbed()` is the rise the plan already survives: capacity is planned for a P99 below the
     SLA (`SLA_HEADROOM`), so a replica carries this many times its planned load before the SLA
-    itself breaks. Only the part of a rise beyond it needs replicas."""
+    itself breaks. Only the part of a rise beyond it needs replicas (asked only when a rise
+    beyond the growth margin is to be planned for: it costs a capacity search)."""
     quantile = 1.0 - exceedance
     rises = sorted(history.rises(horizon_s))
     least = present * GROWTH_MARGIN
@@ -143,7 +147,9 @@ def plan_rate(
     rise = max(1.0, rises[min(len(rises) - 1, math.ceil(quantile * len(rises)) - 1)])
     base = max(present, FLOOR_SHARE * history.peak)
     ceiling = max(history.peak, present) * GROWTH_MARGIN
-    rate = max(least, min(base * rise / max(1.0, absorbed), ceiling))
+    if base * rise <= least:
+        return Headroom(least, rise, quantile, "")
+    rate = max(least, min(base * rise / max(1.0, absorbed()), ceiling))
     note = ""
     if rate > least:
         note = (
