@@ -16,6 +16,7 @@ from batchpilot.operator.autopilot.decide import (
     Policy,
     State,
     batch_candidates,
+    burst_batch,
     decide,
     reaction_horizon,
 )
@@ -542,3 +543,22 @@ class TestObjective:
         obs = seen(at=TICK, qps=300, p99_ms=30, ready=2, batch=8)
         _, state = decide(obs, policy, InForce(2, 8, 0.005), State(fit=MODEL), now=TICK)
         assert state.slo.objective == Objective(0.95, 600)
+
+
+class TestBurstAbsorber:
+    def test_while_replicas_start_the_batch_limit_carries_the_most_then_relaxes(self) -> None:
+        # 900 rps on one replica at batch 4: two more are asked for; while they start, the one
+        # that is ready runs the batch limit with the most capacity inside the SLA.
+        obs = seen(at=TICK, qps=900, p99_ms=95, ready=1, batch=4)
+        decision, current, state = step(obs, InForce(1, 4, 0.005), State(fit=MODEL), TICK)
+        assert decision.replicas > 1
+        best = burst_batch(MODEL, POLICY, delay_s=0.005, overhead_s=0.0)
+        assert decision.batch_size == best
+        assert best > 4
+        assert "while" in decision.reason
+        assert "replicas start" in decision.reason
+        # they are ready: the plan's own choice again
+        for tick in range(2, 10):
+            obs = seen(at=tick * TICK, qps=900, p99_ms=40, ready=current.replicas, batch=8)
+            decision, current, state = step(obs, current, state, tick * TICK)
+        assert "replicas start" not in decision.reason

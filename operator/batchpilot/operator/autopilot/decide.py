@@ -72,6 +72,8 @@ Poisson noise (otherwise noise alone would add replicas)."""
 FEEDBACK_STEP = 0.25
 """On feedback, add this fraction of the replicas (at least one)."""
 BATCH_STICKINESS = 0.97
+BATCH_STICKINESS_GAIN = 1 / BATCH_STICKINESS - 1
+"""A larger batch limit must carry this much more to be worth its latency (≈ 3 %)."""
 """Batch limits with at least this fraction of the best limit's capacity count as equally good."""
 STALE_WINDOWS = 3
 DEFAULT_COLD_START_S = 60.0
@@ -507,6 +509,16 @@ def decide(
     )
     if pace_note:
         notes.append(pace_note)
+    if model is not None and not idle and replicas > ready:
+        # 7. Absorb: until the new replicas take traffic, the ready ones carry it all. The batch
+        # limit moves in seconds and costs nothing: the one with the most capacity at the SLA.
+        absorbing = burst_batch(model, policy, delay_s=delay_s, overhead_s=overhead or 0.0)
+        if absorbing != want_batch:
+            why += (
+                f"; batch ≤ {absorbing} (the most a replica carries inside the SLA) while "
+                f"{replicas - ready} of {replicas} replicas start"
+            )
+            want_batch = absorbing
     retuned = (want_batch, delay_s) != (current.batch_size, current.max_queue_delay_s)
     new_state = replace(
         learned_state,
@@ -519,7 +531,7 @@ def decide(
         ),
     )
 
-    # 7. Explain.
+    # 8. Explain.
     return explain(
         observation,
         policy,
@@ -649,6 +661,26 @@ def present_load(
             rate = before + (offered - before) * observation.window_s / gap
             return rate, f", rising to {rate:.0f} rps"
     return offered, ""
+
+
+def burst_batch(model: LatencyFit, policy: Policy, *, delay_s: float, overhead_s: float) -> int:
+    """The batch limit with the most capacity inside the SLA itself (not the planning target):
+    what a replica carries at most while others start. Limits whose full batches alone would
+    break the SLA are left out, as in the plan."""
+    best, most = 1, -1.0
+    for batch in batch_candidates(policy.max_batch_size):
+        if batch > 1 and overhead_s + 2 * model.batch_seconds(batch) > policy.sla_p99_s:
+            continue
+        capacity = sla_capacity(
+            model,
+            max_batch=batch,
+            delay_s=delay_s,
+            overhead_s=overhead_s,
+            target_s=policy.sla_p99_s,
+        )
+        if capacity > most * (1 + BATCH_STICKINESS_GAIN):
+            best, most = batch, capacity
+    return best
 
 
 def absorbed_rise(
