@@ -88,7 +88,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--objective-percent",
         type=_objective_percent,
         default=DEFAULT_OBJECTIVE * 100,
-        help="share of intervals within the SLA the error budget is counted against (99)",
+        help="sla.objectivePercent: the share of time within the SLA the autopilot keeps and "
+        "the error budget is counted against (99)",
+    )
+    parser.add_argument(
+        "--objective-window-s",
+        type=float,
+        default=3600.0,
+        help="sla.window in seconds: the objective's rolling window (3600)",
     )
     spec = parser.add_argument_group("the InferenceService spec")
     spec.add_argument("--min-replicas", type=int, default=1)
@@ -154,6 +161,8 @@ def scenario_of(args: argparse.Namespace) -> Scenario:
         baseline_batch=args.baseline_batch,
         hpa_target=args.hpa_target / 100,
         reactive_margin=args.reactive_margin,
+        objective=args.objective_percent / 100,
+        objective_window_s=args.objective_window_s,
         cluster=ClusterConfig(
             interval_s=args.interval_s,
             window_s=args.window_s,

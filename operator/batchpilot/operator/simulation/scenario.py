@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from batchpilot.operator.autopilot.decide import InForce, Policy, batch_candidates
+from batchpilot.operator.autopilot.slo import Objective
 from batchpilot.operator.simulation.capacity import (
     Capacity,
     best_batch,
@@ -62,6 +63,10 @@ class Scenario:
     hpa_stabilization_s: float = 300.0
     reactive_margin: float = 1.0
     """How much more than the present rate the reactive bound provisions (1: exactly it)."""
+    objective: float = 0.99
+    """`sla.objectivePercent` / 100: the share of time the SLA must hold."""
+    objective_window_s: float = 3600.0
+    """`sla.window`: the objective's rolling window."""
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def __post_init__(self) -> None:
@@ -84,6 +89,7 @@ class Scenario:
             max_batch_size=self.max_batch_size,
             scale_down_delay_s=self.scale_down_delay_s,
             max_queue_delay_s=self.max_queue_delay_s,
+            objective=Objective(self.objective, self.objective_window_s),
         )
 
     @property
