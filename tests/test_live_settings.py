@@ -1,15 +1,22 @@
-"""Batching settings changed while serving: the document, and the mounted file watcher."""
+"""Batching settings changed while serving: the document, the mounted file watcher, and the
+service level (SLA, objective) the document carries to the metrics."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
+from prometheus_client import generate_latest
 
 from batchpilot.runtime.batching import BatchSettings
 from batchpilot.runtime.errors import InvalidRequest
 from batchpilot.runtime.live_settings import ConfigFileWatcher, batching_doc, parse_batching
+from batchpilot.runtime.metrics import RuntimeMetrics
+from batchpilot.runtime.server import ModelServer
+from batchpilot.runtime.simulated import LatencyModel, SimulatedEngine
+from tests import onnx_models
 
 CURRENT = BatchSettings(max_batch_size=8, max_queue_delay_s=0.005)
 
@@ -36,6 +43,25 @@ class TestDocument:
         settings = parse_batching(b'{"maxBatchSize": 2}', current=CURRENT)
         assert settings == BatchSettings(max_batch_size=2, max_queue_delay_s=0.005)
 
+    def test_the_sla_and_objective_travel_with_the_batch_settings(self) -> None:
+        body = b'{"maxBatchSize": 4, "deadlineMs": 90, "slaMs": 100, "objectivePercent": 99.9}'
+        settings = parse_batching(body, current=CURRENT)
+        assert (settings.sla_s, settings.objective) == (0.1, 0.999)
+        assert batching_doc(settings) == {
+            "maxBatchSize": 4,
+            "maxQueueDelayMs": 5.0,
+            "deadlineMs": 90.0,
+            "slaMs": 100.0,
+            "objectivePercent": 99.9,
+        }
+        # absent: they stay, exactly (no round trip through other units)
+        again = parse_batching(b'{"maxBatchSize": 8}', current=settings)
+        assert (again.sla_s, again.objective) == (0.1, 0.999)
+        # a document without them (an older operator): none, and none shown
+        assert parse_batching(b'{"maxBatchSize": 8}', current=CURRENT).sla_s is None
+        assert "slaMs" not in batching_doc(CURRENT)
+        assert "objectivePercent" not in batching_doc(CURRENT)
+
     @pytest.mark.parametrize(
         ("body", "message"),
         [
@@ -50,6 +76,12 @@ class TestDocument:
             (b'{"deadlineMs": "100"}', "deadlineMs must be a number"),
             (b'{"deadlineMs": -5}', "deadlineMs must be 0 .no deadline. or more"),
             (b'{"deadlineMs": 7200000}', "the deadline must be more than 0 and at most 3600 s"),
+            (b'{"slaMs": "100"}', "slaMs must be a number"),
+            (b'{"slaMs": 0}', "slaMs must be more than 0"),
+            (b'{"slaMs": 900000}', "the SLA must be more than 0 and at most 600 s"),
+            (b'{"objectivePercent": true}', "objectivePercent must be a number"),
+            (b'{"objectivePercent": 100}', "objectivePercent must be more than 0 and below 100"),
+            (b'{"objectivePercent": 0}', "objectivePercent must be more than 0 and below 100"),
         ],
     )
     def test_refusals(self, body: bytes, message: str) -> None:
@@ -105,3 +137,66 @@ class TestConfigFileWatcher:
         watcher, applied = self.make(tmp_path / "absent.json")
         assert not watcher.check()
         assert applied == []
+
+
+class TestServiceLevelGauges:
+    """`batchpilot_sla_seconds` and `batchpilot_slo_objective_ratio` follow the document the
+    server is given (mounted file or admin endpoint), with the labels of every other series."""
+
+    LABELS: ClassVar[dict[str, str]] = {
+        "model": "mlp",
+        "isvc": "resnet50",
+        "namespace": "vision",
+    }
+
+    def server(self, tmp_path: Path) -> ModelServer:
+        model = onnx_models.mlp(tmp_path / "mlp.onnx", features=4, hidden=8, classes=3)
+        engine = SimulatedEngine.load(model, name="mlp", latency=LatencyModel(0.0, 0.0))
+        metrics = RuntimeMetrics(
+            model="mlp", service="resnet50", namespace="vision", engine=engine.info, nvml=None
+        )
+        return ModelServer(engine, batching=CURRENT, queue_capacity=4, metrics=metrics)
+
+    def gauges(self, server: ModelServer) -> tuple[float | None, float | None]:
+        registry = server.metrics.registry
+        return (
+            registry.get_sample_value("batchpilot_sla_seconds", self.LABELS),
+            registry.get_sample_value("batchpilot_slo_objective_ratio", self.LABELS),
+        )
+
+    def test_absent_until_the_document_gives_them(self, tmp_path: Path) -> None:
+        server = self.server(tmp_path)
+        assert self.gauges(server) == (None, None)
+        exposed = generate_latest(server.metrics.registry).decode()
+        assert "batchpilot_sla_seconds{" not in exposed
+        assert "batchpilot_slo_objective_ratio{" not in exposed
+
+    def test_the_mounted_document_sets_them(self, tmp_path: Path) -> None:
+        server = self.server(tmp_path)
+        path = tmp_path / "batching.json"
+        path.write_text(
+            '{"maxBatchSize": 4, "maxQueueDelayMs": 5.0, "deadlineMs": 88.0,'
+            ' "slaMs": 100, "objectivePercent": 99.5}'
+        )
+        watcher = ConfigFileWatcher(
+            path,
+            current=lambda: server.batching,
+            apply=lambda s: server.set_batching(s, source=str(path)),
+        )
+        assert watcher.check()
+        assert self.gauges(server) == (0.1, 0.995)
+        # a new SLA and objective: the gauges follow
+        path.write_text('{"slaMs": 250, "objectivePercent": 99.9}')
+        assert watcher.check()
+        assert self.gauges(server) == (0.25, 0.999)
+        assert server.batching.max_batch_size == 4  # kept
+
+    def test_settings_without_them_remove_the_series(self, tmp_path: Path) -> None:
+        server = self.server(tmp_path)
+        server.set_batching(
+            BatchSettings(max_batch_size=2, max_queue_delay_s=0.0, sla_s=0.1, objective=0.99),
+            source="test",
+        )
+        assert self.gauges(server) == (0.1, 0.99)
+        server.set_batching(BatchSettings(max_batch_size=2, max_queue_delay_s=0.0), source="test")
+        assert self.gauges(server) == (None, None)

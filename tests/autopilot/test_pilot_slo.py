@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from batchpilot.operator.autopilot.observation import ComputePoint, Observation
 from batchpilot.operator.autopilot.pilot import Autopilot, slo_text
 from batchpilot.operator.autopilot.prometheus import Scope
 from batchpilot.operator.autopilot.slo import Objective, SloLedger
+from batchpilot.operator.kinds import CONFIGMAP
 from batchpilot.operator.spec import InferenceServiceSpec
 from tests.autopilot.test_pilot import NOW, T, World, overloaded
 from tests.operator.test_reconciler import isvc
@@ -164,6 +166,17 @@ class TestSLOAtRisk:
         assert (cleared.type, cleared.reason) == ("Normal", "SLOWithinBudget")
         assert cleared.message == condition["message"]
         assert "0% of the error budget left" in cleared.message  # overspent: shown as 0 %
+
+    def test_the_pushed_batch_settings_carry_the_sla_and_objective(self) -> None:
+        # The runtime exports them as gauges: the chart's burn-rate alerts judge against them.
+        world = World(observe=overloaded)
+        world.body["spec"]["sla"] |= {"objectivePercent": 99.5}
+        world.tick()
+        ((_, _, document),) = world.pushed
+        assert json.loads(document)["slaMs"] == 100
+        assert json.loads(document)["objectivePercent"] == 99.5
+        stored = world.kube.of(CONFIGMAP, "vision", "resnet50-batching")
+        assert stored["data"]["batching.json"] == document
 
     def test_recommend_mode_keeps_the_books_too(self) -> None:
         world = world_with(ledger(bad_from=T - 600, bad_until=T + 1), overloaded)

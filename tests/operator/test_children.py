@@ -6,6 +6,7 @@ intended change; review the diff like code.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from batchpilot.operator.children.deployment import UnsupportedModelSource, buil
 from batchpilot.operator.plan import Owned, desired_children
 from batchpilot.operator.settings import OperatorSettings
 from batchpilot.operator.spec import InferenceServiceSpec
+from batchpilot.runtime.batching import BatchSettings
+from batchpilot.runtime.live_settings import parse_batching
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
@@ -176,6 +179,21 @@ class TestServingPath:
         assert "--pipeline-config" not in template["spec"]["containers"][0]["args"]
         configmap = next(c for c in render(owner) if c["kind"] == "ConfigMap")
         assert set(configmap["data"]) == {"batching.json"}
+
+    def test_the_sla_and_objective_reach_the_runtime_in_the_batching_document(self) -> None:
+        owner = with_spec(
+            owner_of(ROOT / "examples" / "resnet50-gpu.yaml"),
+            sla={"latencyP99Ms": 120, "objectivePercent": 99.9, "window": "6h"},
+        )
+        configmap = next(c for c in render(owner) if c["kind"] == "ConfigMap")
+        document = configmap["data"]["batching.json"]
+        assert json.loads(document)["slaMs"] == 120
+        assert json.loads(document)["objectivePercent"] == 99.9
+        # what the runtime makes of it: the values its gauges export
+        settings = parse_batching(
+            document.encode(), current=BatchSettings(max_batch_size=1, max_queue_delay_s=0)
+        )
+        assert (settings.sla_s, settings.objective) == (0.12, 0.999)
 
     def test_instances_accelerator_and_async_settings_reach_the_runtime(self) -> None:
         owner = owner_of(ROOT / "examples" / "resnet50-gpu.yaml")

@@ -168,7 +168,13 @@ class TestAutopilotOwnership:
         # The autopilot scaled to 3 replicas and batch 8.
         cluster.kube.objects[("Deployment", NS, "resnet50")]["spec"]["replicas"] = 3
         cluster.kube.objects[("ConfigMap", NS, "resnet50-batching")]["data"]["batching.json"] = (
-            batching_document(batch_size=8, max_queue_delay_ms=4, deadline_ms=100)
+            batching_document(
+                batch_size=8,
+                max_queue_delay_ms=4,
+                deadline_ms=100,
+                sla_ms=100,
+                objective_percent=99,
+            )
         )
         writes = cluster.writes_of(cluster.reconcile)
         # Only the disruption budget is new: 3 replicas now warrant one.
@@ -176,6 +182,30 @@ class TestAutopilotOwnership:
         assert cluster.kube.of(DEPLOYMENT, NS, "resnet50")["spec"]["replicas"] == 3
         assert cluster.body["status"]["batchSize"] == 8
         assert cluster.body["status"]["maxQueueDelayMs"] == 4
+
+    def test_a_batching_document_without_the_service_level_gets_it_and_keeps_the_rest(
+        self,
+    ) -> None:
+        # Written by an older operator, or before the SLA or objective changed.
+        cluster = Cluster(isvc(sla={"latencyP99Ms": 100, "objectivePercent": 99.9}))
+        cluster.reconcile()
+        configmap = cluster.kube.objects[("ConfigMap", NS, "resnet50-batching")]
+        configmap["data"]["batching.json"] = batching_document(
+            batch_size=8, max_queue_delay_ms=4, deadline_ms=100
+        )
+        assert cluster.writes_of(cluster.reconcile) == [
+            ("replace", "ConfigMap", "resnet50-batching")
+        ]
+        document = json.loads(
+            cluster.kube.of(CONFIGMAP, NS, "resnet50-batching")["data"]["batching.json"]
+        )
+        assert document == {
+            "maxBatchSize": 8,
+            "maxQueueDelayMs": 4.0,
+            "deadlineMs": 100.0,
+            "slaMs": 100.0,
+            "objectivePercent": 99.9,
+        }
 
     def test_the_pods_deadline_is_the_sla_less_the_latency_learned_outside_the_batcher(
         self,

@@ -58,12 +58,17 @@ uvloop tick in whole milliseconds), concatenating the inputs and answering take 
 @dataclass(frozen=True, slots=True)
 class BatchSettings:
     """The two knobs of dynamic batching, and the default deadline of a request; the autopilot
-    turns all three while the server runs."""
+    turns all three while the server runs. The service's SLA and objective travel with them:
+    the batcher does not read those, the metrics export them for the burn-rate alerts."""
 
     max_batch_size: int
     max_queue_delay_s: float
     deadline_s: float | None = None
     """Deadline of a request that does not set its own, from its arrival; None: no deadline."""
+    sla_s: float | None = None
+    """The P99 latency the service must stay under; None: not given."""
+    objective: float | None = None
+    """The share of time the SLA must hold (0.99: 99 %); None: not given."""
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -75,6 +80,13 @@ class BatchSettings:
         if self.deadline_s is not None and not 0 < self.deadline_s <= 3600:
             raise ValueError(
                 f"the deadline must be more than 0 and at most 3600 s, got {self.deadline_s}"
+            )
+        if self.sla_s is not None and not 0 < self.sla_s <= 600:
+            raise ValueError(f"the SLA must be more than 0 and at most 600 s, got {self.sla_s}")
+        if self.objective is not None and not 0 < self.objective < 1:
+            raise ValueError(
+                f"the objective must be a fraction between 0 and 1 (both excluded), "
+                f"got {self.objective}"
             )
 
 

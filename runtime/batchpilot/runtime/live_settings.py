@@ -1,8 +1,11 @@
 """The batching settings document shared by the admin endpoint and the mounted config file.
 
-`{"maxBatchSize": N, "maxQueueDelayMs": D, "deadlineMs": T}` is what the operator PUTs to ready
-pods and writes into the ConfigMap that new pods read; both paths parse it here, so they accept
-the same thing. `deadlineMs` is the default deadline of a request (0: none).
+`{"maxBatchSize": N, "maxQueueDelayMs": D, "deadlineMs": T, "slaMs": S, "objectivePercent": P}`
+is what the operator PUTs to ready pods and writes into the ConfigMap that new pods read; both
+paths parse it here, so they accept the same thing. `deadlineMs` is the default deadline of a
+request (0: none). `slaMs` and `objectivePercent` are the service's SLA and objective, which the
+runtime only exports (`batchpilot_sla_seconds`, `batchpilot_slo_objective_ratio`) so that
+Prometheus can judge its latency against them; both are optional.
 """
 
 from __future__ import annotations
@@ -21,20 +24,33 @@ from batchpilot.runtime.errors import InvalidRequest
 log = logging.getLogger(__name__)
 
 
-BATCHING_KEYS = ("maxBatchSize", "maxQueueDelayMs", "deadlineMs")
+BATCHING_KEYS = ("maxBatchSize", "maxQueueDelayMs", "deadlineMs", "slaMs", "objectivePercent")
 
 
 def batching_doc(settings: BatchSettings) -> dict[str, Any]:
-    return {
+    doc: dict[str, Any] = {
         "maxBatchSize": settings.max_batch_size,
         "maxQueueDelayMs": settings.max_queue_delay_s * 1e3,
         "deadlineMs": (settings.deadline_s or 0.0) * 1e3,
     }
+    if settings.sla_s is not None:
+        doc["slaMs"] = round(settings.sla_s * 1e3, 6)
+    if settings.objective is not None:
+        doc["objectivePercent"] = round(settings.objective * 100, 10)
+    return doc
+
+
+def _optional_number(doc: dict[str, Any], key: str) -> float | None:
+    """The number under `key`; None when absent (or null)."""
+    value = doc.get(key)
+    if value is not None and (not isinstance(value, int | float) or isinstance(value, bool)):
+        raise InvalidRequest(f"{key} must be a number, got {value!r}")
+    return value
 
 
 def parse_batching(body: bytes, *, current: BatchSettings) -> BatchSettings:
-    """Parse `{"maxBatchSize": N, "maxQueueDelayMs": D, "deadlineMs": T}`; absent keys keep
-    their value.
+    """Parse `{"maxBatchSize": N, "maxQueueDelayMs": D, "deadlineMs": T, "slaMs": S,
+    "objectivePercent": P}`; absent keys keep their value.
 
     The same document is what the operator writes into the mounted batching config file.
     """
@@ -58,11 +74,20 @@ def parse_batching(body: bytes, *, current: BatchSettings) -> BatchSettings:
             raise InvalidRequest(f"{key} must be a number, got {value!r}")
     if deadline_ms < 0:
         raise InvalidRequest(f"deadlineMs must be 0 (no deadline) or more, got {deadline_ms!r}")
+    sla_ms = _optional_number(doc, "slaMs")
+    percent = _optional_number(doc, "objectivePercent")
+    if sla_ms is not None and sla_ms <= 0:
+        raise InvalidRequest(f"slaMs must be more than 0, got {sla_ms!r}")
+    if percent is not None and not 0 < percent < 100:
+        raise InvalidRequest(f"objectivePercent must be more than 0 and below 100, got {percent!r}")
     try:
         return BatchSettings(
             max_batch_size=size,
             max_queue_delay_s=delay_ms / 1e3,
             deadline_s=deadline_ms / 1e3 if deadline_ms else None,
+            sla_s=current.sla_s if sla_ms is None else sla_ms / 1e3,
+            # Rounded: 99.9 / 100 is 0.9990000000000001 in binary floating point.
+            objective=current.objective if percent is None else round(percent / 100, 12),
         )
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None

@@ -30,6 +30,10 @@ environment), so one PromQL selector finds a service's replicas. What each metri
   predicted_late + queue_full + draining + the requests whose deadline passed in preprocessing,
   before they could be queued.
 - `batchpilot_deadline_seconds` (gauge): the default deadline in force (0: none).
+- `batchpilot_sla_seconds`, `batchpilot_slo_objective_ratio` (gauges): the service's P99 SLA and
+  objective (0.99: the SLA holds 99 % of the time), as the operator's batching document gives
+  them; absent until it does. Prometheus judges the service against them (the chart's
+  PrometheusRule: SLI recording rules and burn-rate alerts).
 - `batchpilot_device_busy_seconds_total` (counter): its rate is device utilization, for any device.
   With several model instances it counts the time at least one instance computes (the union of
   their batches), so its rate stays a utilization between 0 and 1.
@@ -298,6 +302,20 @@ class RuntimeMetrics:
             names,
             registry=r,
         ).labels(**labels)
+        # Families without a child until the values are given: no series rather than a 0 that
+        # would read as an SLA nothing meets.
+        self._sla = Gauge(
+            "batchpilot_sla_seconds",
+            "The P99 latency the service must stay under (spec.sla.latencyP99Ms)",
+            names,
+            registry=r,
+        )
+        self._objective = Gauge(
+            "batchpilot_slo_objective_ratio",
+            "The share of time the SLA must hold (spec.sla.objectivePercent / 100)",
+            names,
+            registry=r,
+        )
         Gauge(
             "batchpilot_engine_info",
             "The engine serving the model (simulated=true: no real accelerator)",
@@ -352,11 +370,22 @@ class RuntimeMetrics:
         self._pipeline.labels(**self._labels, stage=stage).observe(duration_s)
 
     def settings_changed(
-        self, *, max_batch_size: int, max_queue_delay_s: float, deadline_s: float | None = None
+        self,
+        *,
+        max_batch_size: int,
+        max_queue_delay_s: float,
+        deadline_s: float | None = None,
+        sla_s: float | None = None,
+        objective: float | None = None,
     ) -> None:
         self.max_batch_size.set(max_batch_size)
         self.max_queue_delay.set(max_queue_delay_s)
         self.deadline.set(deadline_s or 0.0)
+        for gauge, value in ((self._sla, sla_s), (self._objective, objective)):
+            if value is None:
+                gauge.clear()
+            else:
+                gauge.labels(**self._labels).set(value)
 
     # BatchObserver
     def batch_done(

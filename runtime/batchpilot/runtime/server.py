@@ -218,7 +218,11 @@ class ModelServer:
 
     def set_batching(self, settings: BatchSettings, *, source: str) -> None:
         """Change the batching settings; the next batch formed uses them."""
-        if settings != self._batching:
+        old = self._batching
+        if (settings.max_batch_size, settings.max_queue_delay_s) != (
+            old.max_batch_size,
+            old.max_queue_delay_s,
+        ):
             log.info(
                 "batching changed by %s: max_batch_size %d -> %d, max_queue_delay %.1f -> %.1f ms",
                 source,
@@ -234,6 +238,13 @@ class ModelServer:
                 _ms_text(self._batching.deadline_s),
                 _ms_text(settings.deadline_s),
             )
+        if (settings.sla_s, settings.objective) != (old.sla_s, old.objective):
+            log.info(
+                "service level changed by %s: SLA %s, objective %s",
+                source,
+                _ms_text(settings.sla_s),
+                "-" if settings.objective is None else f"{settings.objective:.3%}",
+            )
         self._batching = settings
         self._report_settings(settings)
 
@@ -242,6 +253,8 @@ class ModelServer:
             max_batch_size=settings.max_batch_size,
             max_queue_delay_s=settings.max_queue_delay_s,
             deadline_s=settings.deadline_s,
+            sla_s=settings.sla_s,
+            objective=settings.objective,
         )
 
     @property

@@ -35,7 +35,7 @@ from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.autopilot.prometheus import Scope
 from batchpilot.operator.autopilot.slo import Objective, SloReport
 from batchpilot.operator.children.common import ISVC_LABEL, Owner
-from batchpilot.operator.children.configmap import batching_document, batching_in
+from batchpilot.operator.children.configmap import batching_document, batching_in, service_level
 from batchpilot.operator.children.deadline import default_deadline_ms
 from batchpilot.operator.children.secret import token_in
 from batchpilot.operator.events import Event
@@ -365,6 +365,7 @@ class Autopilot:
                 batch_size=decision.batch_size,
                 max_queue_delay_ms=round(decision.max_queue_delay_s * 1e3, 3),
                 deadline_ms=deadline_ms,
+                **service_level(owner),
             )
             self._kube.patch(
                 CONFIGMAP,

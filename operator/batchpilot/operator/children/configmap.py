@@ -1,7 +1,9 @@
 """The batching ConfigMap: the batch settings new pods start with and running pods re-read.
 
 Its batch settings are the autopilot's (the reconciler passes in the settings in force) and its
-default deadline follows the SLA (`deadline.py`); the runtime watches the mounted file, and the
+default deadline follows the SLA (`deadline.py`); it also carries the SLA and the objective
+themselves, which the runtime exports as gauges so that Prometheus can judge the service against
+them (the chart's burn-rate alerts). The runtime watches the mounted file, and the
 autopilot also tells ready pods directly through their admin endpoint, because a mounted
 ConfigMap takes up to a minute to reach a pod. It also carries the pipeline document
 (spec.pipeline), which the runtime reads once at start: the Deployment's pod template holds its
@@ -26,15 +28,30 @@ class Batching(NamedTuple):
     """None: a document without one (written by an older operator)."""
 
 
-def batching_document(*, batch_size: int, max_queue_delay_ms: float, deadline_ms: float) -> str:
-    return json.dumps(
-        {
-            "maxBatchSize": int(batch_size),
-            "maxQueueDelayMs": float(max_queue_delay_ms),
-            "deadlineMs": float(deadline_ms),
-        },
-        sort_keys=True,
-    )
+def batching_document(
+    *,
+    batch_size: int,
+    max_queue_delay_ms: float,
+    deadline_ms: float,
+    sla_ms: float | None = None,
+    objective_percent: float | None = None,
+) -> str:
+    doc: dict[str, Any] = {
+        "maxBatchSize": int(batch_size),
+        "maxQueueDelayMs": float(max_queue_delay_ms),
+        "deadlineMs": float(deadline_ms),
+    }
+    if sla_ms is not None:
+        doc["slaMs"] = float(sla_ms)
+    if objective_percent is not None:
+        doc["objectivePercent"] = float(objective_percent)
+    return json.dumps(doc, sort_keys=True)
+
+
+def service_level(owner: Owner) -> dict[str, float]:
+    """The SLA and objective the batching document carries for the runtime's gauges."""
+    sla = owner.spec.sla
+    return {"sla_ms": sla.latency_p99_ms, "objective_percent": sla.objective_percent}
 
 
 def pipeline_document(owner: Owner) -> str | None:
@@ -57,7 +74,10 @@ def build_configmap(
 ) -> dict[str, Any]:
     data = {
         BATCHING_FILE: batching_document(
-            batch_size=batch_size, max_queue_delay_ms=max_queue_delay_ms, deadline_ms=deadline_ms
+            batch_size=batch_size,
+            max_queue_delay_ms=max_queue_delay_ms,
+            deadline_ms=deadline_ms,
+            **service_level(owner),
         )
     }
     if (pipeline := pipeline_document(owner)) is not None:
