@@ -160,7 +160,10 @@ NAMESPACED: dict[str, Any] = {
         "extraEnv": [{"name": "TZ", "value": "UTC"}],
     },
     "serviceAccount": {"annotations": {"example.com/role": "batchpilot"}},
-    "monitoring": {"podMonitor": {"enabled": True, "labels": {"release": "kps"}}},
+    "monitoring": {
+        "podMonitor": {"enabled": True, "labels": {"release": "kps"}},
+        "prometheusRule": {"enabled": True, "labels": {"release": "kps"}},
+    },
     "networkPolicy": {"enabled": True, "apiServer": {"cidrs": ["10.96.0.1/32"], "ports": [443]}},
 }
 CLUSTERWIDE_MONITORED: dict[str, Any] = {

@@ -25,8 +25,9 @@ from tests.deploy.chart import (
     run_helm,
 )
 
-MONITORING_KINDS = {"PodMonitor", "ServiceMonitor"}
-"""prometheus-operator kinds: no offline schema; test_monitors checks them field by field."""
+MONITORING_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
+"""prometheus-operator kinds: no offline schema; test_monitoring_and_network checks the monitors
+field by field, test_prometheus_rule the rule with promtool."""
 
 
 def env_of(deployment: dict[str, Any]) -> dict[str, str]:
@@ -215,6 +216,14 @@ class TestValuesSchema:
             ({"operator": {"image": {"digest": "latest"}}}, "digest"),
             ({"autopilot": {"intervalSeconds": 0}}, "intervalSeconds"),
             ({"monitoring": {"podMonitor": {"enabled": True, "interval": "soon"}}}, "interval"),
+            (
+                {"monitoring": {"prometheusRule": {"alerts": {"fast": {"longWindow": "1 hour"}}}}},
+                "longWindow",
+            ),
+            (
+                {"monitoring": {"prometheusRule": {"alerts": {"slow": {"burnRate": 0}}}}},
+                "burnRate",
+            ),
             ({"prometheusUrl": "http://x:9090"}, "prometheusUrl"),
         ],
     )

@@ -1,0 +1,268 @@
+"""The chart's PrometheusRule: the SLO in Prometheus — SLI recording rules and burn-rate alerts —
+rendered only when asked for, accepted by promtool, firing on a service outside its SLA and
+stopping when the burning stops, on the runtime's own series and the autopilot's alert pairs."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from batchpilot.operator.autopilot.slo import Objective
+from batchpilot.runtime.engine import EngineInfo
+from batchpilot.runtime.metrics import Outcome, RuntimeMetrics
+from tests.deploy.chart import NAMESPACE, NAMESPACED, find, one, render
+
+ENABLED: dict[str, Any] = {"monitoring": {"prometheusRule": {"enabled": True}}}
+SAMPLES = 81
+"""Input series of the promtool test: 20 minutes, a sample every 15 s."""
+
+
+def promtool() -> str:
+    found = shutil.which("promtool")
+    if found is None and (prometheus := shutil.which("prometheus")) is not None:
+        beside = Path(prometheus).resolve().parent / "promtool"
+        found = str(beside) if beside.is_file() else None
+    if found is None:
+        pytest.skip(
+            "promtool is missing: it comes with Prometheus (`make install` installs Debian's "
+            "prometheus package); the PrometheusRule is not checked without it"
+        )
+    return found
+
+
+def rule_groups(values: dict[str, Any]) -> dict[str, Any]:
+    """The rule file Prometheus would load: the PrometheusRule's spec."""
+    return one(render(values), "PrometheusRule")["spec"]  # type: ignore[no-any-return]
+
+
+def run_promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [promtool(), *args], capture_output=True, text=True, check=False, timeout=60
+    )
+
+
+def check_rules(values: dict[str, Any], folder: Path) -> subprocess.CompletedProcess[str]:
+    """`promtool check rules` on the rendered rule file."""
+    path = folder / "rules.yaml"
+    path.write_text(yaml.safe_dump(rule_groups(values)))
+    return run_promtool("check", "rules", str(path))
+
+
+def seconds(duration: str) -> float:
+    """A Prometheus duration (`2m30s`) in seconds."""
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800, "y": 31_536_000}
+    parts = re.findall(r"([0-9]+)(ms|s|m|h|d|w|y)", duration)
+    assert "".join(n + u for n, u in parts) == duration, duration
+    return sum(int(n) * units[u] for n, u in parts)
+
+
+class TestRendering:
+    def test_none_by_default(self) -> None:
+        assert find(render(), "PrometheusRule") == []
+
+    def test_rendered_when_enabled_with_the_labels_prometheus_selects_by(self) -> None:
+        rule = one(render(NAMESPACED), "PrometheusRule")
+        assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+        assert rule["metadata"]["namespace"] == NAMESPACE
+        assert rule["metadata"]["labels"]["release"] == "kps"
+        elsewhere = {"monitoring": {"prometheusRule": {"enabled": True, "namespace": "monitoring"}}}
+        assert one(render(elsewhere), "PrometheusRule")["metadata"]["namespace"] == "monitoring"
+
+    def test_the_default_alert_pairs_are_the_autopilots_for_the_default_window(self) -> None:
+        alerts = [r for r in rule_groups(ENABLED)["groups"][0]["rules"] if "alert" in r]
+        rendered = {
+            a["labels"]["burn"]: (
+                seconds(a["labels"]["long"]),
+                seconds(a["labels"]["short"]),
+                float(re.findall(r"> ([0-9.]+)", a["expr"])[0]),
+            )
+            for a in alerts
+        }
+        assert rendered == {
+            alert.name: (alert.long_s, alert.short_s, alert.threshold)
+            for alert in Objective().alerts()
+        }
+        assert {a["labels"]["burn"]: a["labels"]["severity"] for a in alerts} == {
+            "fast": "critical",
+            "slow": "warning",
+        }
+
+    def test_windows_thresholds_and_severities_can_be_overridden(self, tmp_path: Path) -> None:
+        # The SRE workbook's pairs for a 30-day objective.
+        month = {
+            "fast": {"longWindow": "1h", "shortWindow": "5m", "burnRate": 14.4, "severity": "page"},
+            "slow": {"longWindow": "6h", "shortWindow": "30m", "burnRate": 6, "severity": "page"},
+        }
+        values = {"monitoring": {"prometheusRule": {"enabled": True, "alerts": month}}}
+        rules = rule_groups(values)["groups"][0]["rules"]
+        exprs = [r["expr"] for r in rules if "alert" in r]
+        assert exprs == [
+            "batchpilot:slo_burn_rate:1h > 14.4 and batchpilot:slo_burn_rate:5m > 14.4",
+            "batchpilot:slo_burn_rate:6h > 6 and batchpilot:slo_burn_rate:30m > 6",
+        ]
+        recorded = {r["record"] for r in rules if "record" in r}
+        assert {f"batchpilot:slo_burn_rate:{w}" for w in ("1h", "5m", "6h", "30m")} <= recorded
+        result = check_rules(values, tmp_path)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+class TestPromtool:
+    @pytest.mark.parametrize("values", [ENABLED, NAMESPACED], ids=["defaults", "namespaced"])
+    def test_the_rules_are_valid(self, values: dict[str, Any], tmp_path: Path) -> None:
+        result = check_rules(values, tmp_path)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "SUCCESS: 11 rules found" in result.stdout
+
+    def test_the_alerts_fire_on_a_service_outside_its_sla_and_stop_with_the_burning(
+        self, tmp_path: Path
+    ) -> None:
+        # Four services, 40 requests a minute each, SLA 100 ms, objective 99 %:
+        # late     — every request takes 200 ms for 10 minutes, then 50 ms;
+        # quick    — 50 ms throughout;
+        # shedding — 50 ms, but 1 request in 11 offered is refused (9 % unserved, over 1 %);
+        # unjudged — late too, but its pods export no SLA (an older operator): not judged.
+        (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule_groups(ENABLED)))
+        series = [
+            *service_series("late", late_until=40),
+            *service_series("quick", late_until=0),
+            *service_series("shedding", late_until=0, shed=1),
+            *service_series("unjudged", late_until=40, service_level=False),
+        ]
+        fast = alert_labels("fast", "critical", "5m", "1m")
+        slow = alert_labels("slow", "warning", "30m", "2m30s")
+        late = {"namespace": "vision", "isvc": "late"}
+        quick = {"namespace": "vision", "isvc": "quick"}
+        shedding = {"namespace": "vision", "isvc": "shedding"}
+        expectations = [
+            # 10 min of bad minutes: the burn rate is 1 / (1 - 0.99) = 100 over every lookback
+            (
+                "round(batchpilot:slo_burn_rate:5m)",
+                "10m",
+                [(late, 100), (quick, 0), (shedding, 100)],
+            ),
+            (
+                'ALERTS{alertstate="firing"}',
+                "10m",
+                [(fast | late, 1), (slow | late, 1), (fast | shedding, 1), (slow | shedding, 1)],
+            ),
+            # 10 min back inside the SLA: the short lookbacks are clean, both alerts stop...
+            ('ALERTS{alertstate="firing", isvc="late"}', "20m", []),
+            # ...though about half of the last 20 minutes were bad (the SLI trails by up to its
+            # 1 min rate window): the long slow lookback still burns at ~50, in tens: 5
+            ("round(batchpilot:slo_burn_rate:30m{isvc='late'} / 10)", "20m", [(late, 5)]),
+        ]
+        test = {
+            "rule_files": ["rules.yaml"],
+            "evaluation_interval": "30s",
+            "tests": [
+                {
+                    "interval": "15s",
+                    "input_series": series,
+                    "promql_expr_test": [
+                        {
+                            "expr": expr,
+                            "eval_time": at,
+                            "exp_samples": [
+                                {"labels": series_labels(labels), "value": value}
+                                for labels, value in samples
+                            ],
+                        }
+                        for expr, at, samples in expectations
+                    ],
+                }
+            ],
+        }
+        (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+        result = run_promtool("test", "rules", str(tmp_path / "test.yaml"))
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+def alert_labels(burn: str, severity: str, long: str, short: str) -> dict[str, str]:
+    return {
+        "__name__": "ALERTS",
+        "alertname": "InferenceServiceErrorBudgetBurn",
+        "alertstate": "firing",
+        "burn": burn,
+        "severity": severity,
+        "long": long,
+        "short": short,
+    }
+
+
+def series_labels(labels: dict[str, str]) -> str:
+    return "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+
+def service_series(
+    isvc: str, *, late_until: int, shed: int = 0, service_level: bool = True
+) -> list[dict[str, str]]:
+    """The runtime's series of one pod: 10 requests served per 15 s sample, 200 ms each before
+    sample `late_until`, 50 ms after; `shed` more arriving and refused per sample; the SLA
+    (100 ms) and objective (99 %) gauges if exported."""
+    labels = f'namespace="vision",isvc="{isvc}",model="m",pod="{isvc}-0"'
+
+    def counter(counts: Any, per_sample: int = 10) -> str:
+        values, total = [], 0
+        for sample in range(SAMPLES):
+            values.append(total)
+            total += per_sample if counts(sample) else 0
+        return " ".join(str(v) for v in values)
+
+    def every(sample: int) -> bool:
+        return True
+
+    series = [
+        (
+            f'batchpilot_request_duration_seconds_bucket{{{labels},le="0.1"}}',
+            counter(lambda sample: sample >= late_until),
+        ),
+        (f'batchpilot_request_duration_seconds_bucket{{{labels},le="0.25"}}', counter(every)),
+        (f'batchpilot_request_duration_seconds_bucket{{{labels},le="+Inf"}}', counter(every)),
+        (f'batchpilot_requests_total{{{labels},outcome="success"}}', counter(every)),
+        (f"batchpilot_arrivals_total{{{labels}}}", counter(every, 10 + shed)),
+    ]
+    if service_level:
+        series += [
+            (f"batchpilot_sla_seconds{{{labels}}}", f"0.1x{SAMPLES - 1}"),
+            (f"batchpilot_slo_objective_ratio{{{labels}}}", f"0.99x{SAMPLES - 1}"),
+        ]
+    return [{"series": name, "values": values} for name, values in series]
+
+
+def test_the_rules_read_series_the_runtime_exports_with_its_labels() -> None:
+    metrics = RuntimeMetrics(
+        model="resnet50",
+        service="resnet50",
+        namespace="vision",
+        engine=EngineInfo(kind="simulated", device="gpu", simulated=True),
+        nvml=None,
+    )
+    metrics.settings_changed(max_batch_size=4, max_queue_delay_s=0.005, sla_s=0.1, objective=0.99)
+    metrics.request_finished(Outcome.SUCCESS, 0.01)
+    metrics.arrivals.inc()
+    exported: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(generate_latest(metrics.registry).decode()):
+        for sample in family.samples:
+            exported.setdefault(sample.name, set()).update(sample.labels)
+    rules = rule_groups(ENABLED)["groups"][0]["rules"]
+    read = {
+        name for rule in rules for name in re.findall(r"\b(batchpilot_[a-z_]+)\b", rule["expr"])
+    }
+    assert read == {
+        "batchpilot_request_duration_seconds_bucket",
+        "batchpilot_requests_total",
+        "batchpilot_arrivals_total",
+        "batchpilot_sla_seconds",
+        "batchpilot_slo_objective_ratio",
+    }
+    for name in read:
+        assert name in exported, name
+        assert {"namespace", "isvc"} <= exported[name], name
