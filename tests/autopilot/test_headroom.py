@@ -117,3 +117,20 @@ class TestExceedance:
     def test_in_between_and_unknown_the_budget_itself(self) -> None:
         assert exceedance(self.HOUR, self.report(remaining=0.3)) == pytest.approx(0.01)
         assert exceedance(self.HOUR, self.report(remaining=None)) == pytest.approx(0.01)
+
+
+class TestRecurrence:
+    def test_one_burst_in_the_hour_is_an_event_not_a_pattern(self) -> None:
+        rates = [50.0] * 40 + [500.0] * 8 + [50.0] * 40
+        plan = plan_rate(50, history_of(rates), horizon_s=HORIZON, exceedance=0.001)
+        assert plan.rate == pytest.approx(50 * GROWTH_MARGIN)
+
+    def test_a_second_burst_makes_it_a_pattern(self) -> None:
+        rates = [50.0] * 30 + [500.0] * 8 + [50.0] * 30 + [500.0] * 8 + [50.0] * 10
+        plan = plan_rate(50, history_of(rates), horizon_s=HORIZON, exceedance=0.001)
+        assert plan.rate == pytest.approx(500)
+
+    def test_the_smaller_of_two_recurring_rises_is_what_recurs(self) -> None:
+        rates = [50.0] * 30 + [500.0] * 8 + [50.0] * 30 + [200.0] * 8 + [50.0] * 10
+        plan = plan_rate(50, history_of(rates), horizon_s=HORIZON, exceedance=0.001)
+        assert plan.rate == pytest.approx(200)

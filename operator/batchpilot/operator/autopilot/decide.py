@@ -398,7 +398,8 @@ def decide(
     # Headroom applies to the part of P99 the knobs move: the latency outside the batcher stays.
     target = outside + SLA_HEADROOM * (sla - outside)
     rate, trend = present_load(observation, state, now, settled=settled)
-    history = state.history.add(now, rate)
+    # Measurements only: an extrapolated rate in the history would raise the peak it caps by.
+    history = state.history.add(now, max(offered, observation.recent_qps or 0.0))
     horizon = reaction_horizon(learned.state, interval=learned.interval)
     headroom = plan_rate(
         rate,

@@ -8,7 +8,8 @@ within a minute, on/off traffic ten times. So the autopilot keeps the offered ra
 the last hour (`RateHistory`, in `status.autopilot`) and plans for a high quantile of the rise
 seen within one horizon (max over the next horizon / the rate at its start), applied to the rate
 now — capped by the hour's peak, so that one past step does not make every later rate look six
-times larger.
+times larger. A rise counts only once it recurs: one step or one flash crowd in the hour is an
+event, two are a pattern worth paying idle replicas for.
 
 The quantile follows the error budget (`exceedance`): rises that happened more often than the
 budget allows are planned for; while the budget burns faster than allowed the plan covers rarer
@@ -69,6 +70,30 @@ class RateHistory:
     @property
     def peak(self) -> float:
         return max(self.rates, default=0.0)
+
+    def recurring_rise(self, horizon_s: float, quantile: float) -> float:
+        """The `quantile` of the rises within `horizon_s`, but no higher than the second-highest
+        episode of rising (a run of buckets whose rise exceeds the growth margin): a rise that
+        happened once in the hour is an event, not yet a pattern; twice, it recurs. 1.0 with
+        too little history to tell."""
+        rises = self.rises(horizon_s)
+        if len(rises) < MIN_RISES:
+            return 1.0
+        ranked = sorted(rises)
+        at_quantile = ranked[min(len(ranked) - 1, math.ceil(quantile * len(ranked)) - 1)]
+        peaks: list[float] = []
+        running = False
+        for rise in rises:
+            if rise > GROWTH_MARGIN:
+                if running:
+                    peaks[-1] = max(peaks[-1], rise)
+                else:
+                    peaks.append(rise)
+                running = True
+            else:
+                running = False
+        recurring = sorted(peaks)[-2] if len(peaks) >= 2 else 1.0
+        return max(1.0, min(at_quantile, recurring))
 
     def rises(self, horizon_s: float) -> list[float]:
         """For every bucket with a full horizon after it: the highest rate within the horizon
@@ -132,19 +157,16 @@ def plan_rate(
     absorbed: Callable[[], float] = lambda: 1.0,
 ) -> Headroom:
     """The load to plan for: `present` times the (1 − exceedance) quantile of the rises within
-    `horizon_s`, at most the hour's peak (or the present) plus the growth margin, at least the
-    present plus it.
+    `horizon_s` that recur (`RateHistory.recurring_rise`), at most the hour's peak (or the
+    present) plus the growth margin, at least the present plus it.
 
     `absorbed()` is the rise the plan already survives: capacity is planned for a P99 below the
     SLA (`SLA_HEADROOM`), so a replica carries this many times its planned load before the SLA
     itself breaks. Only the part of a rise beyond it needs replicas (asked only when a rise
     beyond the growth margin is to be planned for: it costs a capacity search)."""
     quantile = 1.0 - exceedance
-    rises = sorted(history.rises(horizon_s))
     least = present * GROWTH_MARGIN
-    if len(rises) < MIN_RISES:
-        return Headroom(least, 1.0, quantile, "")
-    rise = max(1.0, rises[min(len(rises) - 1, math.ceil(quantile * len(rises)) - 1)])
+    rise = history.recurring_rise(horizon_s, quantile)
     base = max(present, FLOOR_SHARE * history.peak)
     ceiling = max(history.peak, present) * GROWTH_MARGIN
     if base * rise <= least:
@@ -154,7 +176,7 @@ def plan_rate(
     if rate > least:
         note = (
             f"; planning for {rate:.0f} rps: in the last hour the load rose {rise:.2f}× within "
-            f"{horizon_s:.0f} s (the time to notice and start a replica) more often than "
-            f"{exceedance:.1%} of the time"
+            f"{horizon_s:.0f} s (the time to notice and start a replica) more than once and "
+            f"more often than {exceedance:.1%} of the time"
         )
     return Headroom(rate, rise, quantile, note)
