@@ -59,7 +59,7 @@ class TestTelemetry:
         dispatched = np.arange(0.0, 60.0, 0.5)
         sizes = np.where(np.arange(len(dispatched)) % 2 == 0, 1, 3)
         arrivals = np.repeat(dispatched, sizes) - 0.004  # every request waited 4 ms
-        telemetry.record([Served(dispatched, sizes, arrivals, shed=0)], alpha_s=0.002, beta_s=0.001)
+        telemetry.record([Served(dispatched, sizes, arrivals)], alpha_s=0.002, beta_s=0.001)
         telemetry.record_shed(6, at=30.0)
         obs = telemetry.observe(4, window_s=60, ready=2, reporting=2)
         assert obs.at == 60.0

@@ -101,3 +101,60 @@ class TestBatcherRules:
         served = run(self.make(alpha_s=0.001, beta_s=0.0005, max_batch=16), arrivals)
         answered = np.concatenate([s.arrivals for s in served])
         assert np.array_equal(answered, arrivals)
+
+
+class TestDeadlineAdmission:
+    """The runtime's admission: refuse at arrival what is predicted to finish past the deadline."""
+
+    def make(self, deadline_s: float | None) -> Replica:
+        # t(b) = 2 + 1·b ms: full batches of 8 take 10 ms, one replica carries 800 rps at most.
+        return Replica(
+            alpha_s=0.002, beta_s=0.001, max_batch=8, delay_s=0.005, deadline_s=deadline_s
+        )
+
+    def overload(self, deadline_s: float | None) -> tuple[np.ndarray, list[Served]]:
+        arrivals = np.cumsum(np.random.default_rng(4).exponential(1 / 1600, size=96_000))
+        return arrivals, run(self.make(deadline_s), arrivals)
+
+    def test_at_twice_the_capacity_the_excess_is_refused_at_arrival(self) -> None:
+        arrivals, served = self.overload(deadline_s=0.050)
+        done = sum(int(s.sizes.sum()) for s in served)
+        refused = sum(s.refused for s in served)
+        assert sum(s.shed for s in served) == 0  # the queue never fills: nobody waits that long
+        assert done + refused == len(arrivals)  # every request answered or refused, once
+        # 1600 rps offered for 60 s, 800 served: half refused.
+        assert done / 60 == pytest.approx(800, rel=0.02)
+        assert refused / len(arrivals) == pytest.approx(0.5, rel=0.04)
+
+    def test_what_it_admits_finishes_within_the_deadline(self) -> None:
+        _, served = self.overload(deadline_s=0.050)
+        ends = np.concatenate(
+            [np.repeat(s.dispatched_at + 0.002 + 0.001 * s.sizes, s.sizes) for s in served]
+        )
+        latency = ends - np.concatenate([s.arrivals for s in served])
+        assert latency.max() <= 0.050 + 1e-9
+        assert np.percentile(latency, 50) > 0.030  # the queue stays near the deadline's depth
+
+    def test_without_a_deadline_the_queue_grows_until_it_sheds(self) -> None:
+        arrivals, served = self.overload(deadline_s=None)
+        refused = sum(s.refused for s in served)
+        shed = sum(s.shed for s in served)
+        assert refused == 0
+        assert shed > 0.45 * len(arrivals)  # the 1024 places fill within 2 s
+        latency = waits(served)
+        assert np.percentile(latency, 99) > 1.0  # 1024 requests ahead: 128 batches, 1.28 s
+
+    def test_under_the_capacity_nothing_is_refused(self) -> None:
+        arrivals = np.cumsum(np.random.default_rng(5).exponential(1 / 400, size=24_000))
+        served = run(self.make(0.050), arrivals)
+        assert sum(s.refused for s in served) == 0
+
+    def test_a_request_predicted_late_is_refused_and_a_later_one_admitted(self) -> None:
+        # t(b) = 10 ms, batches of 1, a 25 ms deadline. The first runs from 1.000 to 1.010; the
+        # second waits. A third at 1.001 would finish at 1.010 + 10 + 10 ms = 1.030, 29 ms after
+        # arriving: refused. A fourth at 1.006 would finish then too, 24 ms after: admitted.
+        replica = Replica(alpha_s=0.010, beta_s=0.0, max_batch=1, delay_s=0.0, deadline_s=0.025)
+        served = replica.serve([1.0, 1.0005, 1.001, 1.006], since=0.0, until=2.0)
+        assert served.refused_at.tolist() == [1.001]
+        assert served.arrivals.tolist() == [1.0, 1.0005, 1.006]
+        assert served.dispatched_at.tolist() == [1.0, 1.010, 1.020]

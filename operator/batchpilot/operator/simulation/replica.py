@@ -3,21 +3,40 @@
 It follows the runtime's batcher (`batchpilot.runtime.batching`) rule for rule, for requests of
 one row each: a batch starts with the oldest waiting request and dispatches as soon as it holds
 `max_batch` requests or the oldest has waited `delay_s`, but never before the device is free
-(one batch at a time); a request that finds `capacity` requests waiting is shed (503). Settings
-are read once per batch, so the cluster may change them between calls.
+(one batch at a time). Settings are read once per batch, so the cluster may change them between
+calls.
 
-Nothing ticks. Each batch costs a handful of operations on one sorted list of arrival times: its
+Admission happens at arrival, as in the runtime's queue (`batchpilot.runtime.admission`):
+
+- with a deadline (`deadline_s`, the runtime's default deadline), a request is refused (503,
+  `predicted_late`) when its predicted finish is later than its arrival plus the deadline. The
+  prediction is the runtime's: the time the device is still busy with the batch it runs, plus
+  full batches for the rows queued ahead, plus its own batch — here with the true t(b) = α + β·b,
+  so the simulated runtime predicts as well as a runtime whose fit has converged (no spread, no
+  lateness margin, no probes);
+- whatever the deadline, a request that finds `capacity` requests waiting is shed (503,
+  `queue_full`): the last resort, and the only rule without a deadline.
+
+Not modelled: the batcher's own use of deadlines (a batch dispatched early, or capped, so that
+its oldest request stays in time) and expiry in the queue. An admitted request whose batch then
+waits out the queue delay, or grows past the size predicted for it, may finish a few
+milliseconds past its deadline; it is served all the same. Under a backlog batches are full and
+dispatch at once, so the prediction is exact.
+
+Nothing ticks. Each batch costs a handful of operations on the sorted arrival times: its
 dispatch time is the latest of "device free", "oldest arrival" and the earlier of "the batch is
-full" (an index into the list) and "the oldest has waited long enough". Between two dispatches
-the queue only grows, so shedding is exact too: of the arrivals between two dispatches, the
-first ones up to the queue's free space get in, the rest are shed. Per-request work (latencies,
-histograms) is left to the caller, vectorised over the batches this returns.
+full" and "the oldest has waited long enough". Between two dispatches the device's busy time and
+the queue ahead change only by arrivals, so admission is decided for runs of arrivals at once:
+with `w` requests waiting, every arrival is admitted while the device's remaining busy time
+leaves room for `w + 1` rows within the deadline, refused before the moment it does — a bisect
+finds that moment. Per-request work (latencies, histograms) is left to the caller, vectorised
+over the batches this returns.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from dataclasses import dataclass
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -26,9 +45,14 @@ FloatArray = np.ndarray[Any, np.dtype[np.float64]]
 IntArray = np.ndarray[Any, np.dtype[np.int64]]
 
 
+def _no_times() -> FloatArray:
+    return np.empty(0, dtype=np.float64)
+
+
 @dataclass(frozen=True, slots=True)
 class Served:
-    """What a replica did during one call: its batches, and the requests in them, in order."""
+    """What a replica did during one call: its batches, the requests in them in order, and the
+    requests it refused at arrival."""
 
     dispatched_at: FloatArray
     """Start of each batch on the device."""
@@ -36,18 +60,38 @@ class Served:
     """Requests in each batch."""
     arrivals: FloatArray
     """Arrival time of every request in those batches, batch by batch (FIFO)."""
-    shed: int
-    """Requests refused because the queue was full."""
+    shed_at: FloatArray = field(default_factory=_no_times)
+    """Arrival times of the requests shed because the queue was full."""
+    refused_at: FloatArray = field(default_factory=_no_times)
+    """Arrival times of the requests refused as predicted to finish after their deadline."""
 
     @property
     def batches(self) -> int:
         return int(self.sizes.shape[0])
 
+    @property
+    def shed(self) -> int:
+        return int(self.shed_at.shape[0])
+
+    @property
+    def refused(self) -> int:
+        return int(self.refused_at.shape[0])
+
 
 class Replica:
-    """A server: a bounded FIFO queue in front of one device that runs one batch at a time."""
+    """A server: an admission check and a bounded FIFO queue in front of one device that runs one
+    batch at a time."""
 
-    __slots__ = ("_queue", "alpha_s", "beta_s", "capacity", "delay_s", "free_at", "max_batch")
+    __slots__ = (
+        "_queue",
+        "alpha_s",
+        "beta_s",
+        "capacity",
+        "deadline_s",
+        "delay_s",
+        "free_at",
+        "max_batch",
+    )
 
     def __init__(
         self,
@@ -57,6 +101,7 @@ class Replica:
         max_batch: int,
         delay_s: float,
         capacity: int = 1024,
+        deadline_s: float | None = None,
         start: float = 0.0,
     ) -> None:
         if capacity < 1 or max_batch < 1:
@@ -66,6 +111,8 @@ class Replica:
         self.max_batch = max_batch
         self.delay_s = delay_s
         self.capacity = capacity
+        self.deadline_s = deadline_s
+        """Refuse at arrival what would finish later than this after arriving; None: never."""
         self.free_at = start
         """When the device finishes its current batch."""
         self._queue: list[float] = []
@@ -80,54 +127,94 @@ class Replica:
         return self.waiting == 0 and self.free_at <= t
 
     def serve(self, arrivals: list[float], *, since: float, until: float) -> Served:
-        """Admit `arrivals` (sorted, all in [since, until)) and run every batch that dispatches
-        before `until`. Batches dispatching later wait for the next call, which may bring more
-        arrivals and new settings; no batch dispatches before `since` (settings read then)."""
-        # One list: the requests still queued, then the new arrivals. [head, pos) is the queue,
-        # [pos, n) the arrivals not yet admitted.
-        line = self._queue + arrivals if self._queue else arrivals[:]
+        """Admit or refuse `arrivals` (sorted, all in [since, until)) and run every batch that
+        dispatches before `until`. Batches dispatching later wait for the next call, which may
+        bring more arrivals and new settings; no batch dispatches before `since` (settings read
+        then)."""
+        # `queue` holds the admitted requests: [0, head) dispatched by this call, [head, end)
+        # waiting. `arrivals[pos:]` have not arrived yet at the point the loop has reached.
+        queue = self._queue
+        head = 0
+        pos = 0
+        n = len(arrivals)
         alpha, beta = self.alpha_s, self.beta_s
         capacity = self.capacity
         limit, delay = min(self.max_batch, capacity), self.delay_s
+        deadline = self.deadline_s
+        full_s = alpha + beta * limit
         free = self.free_at
-        n = len(line)
-        head = 0
-        pos = len(self._queue)
-        shed = 0
         dispatched: list[float] = []
         sizes: list[int] = []
+
+        gate = _Gate(
+            arrivals,
+            queue,
+            capacity=capacity,
+            deadline=deadline,
+            alpha=alpha,
+            beta=beta,
+            limit=limit,
+        )
+
         # Every pass but the last dispatches at least one request: this many passes suffice.
-        for _ in range(n + 1):
-            if head == pos:
+        for _ in range(len(queue) + n + 1):
+            waiting = len(queue) - head
+            if waiting == 0:
                 if pos >= n:
                     break
-                pos += 1  # an empty queue always has room
-            oldest = line[head]
+                first = arrivals[pos]
+                if deadline is None or (free - first if free > first else 0.0) + alpha + beta <= (
+                    deadline
+                ):
+                    queue.append(first)  # an empty queue always has room
+                    pos += 1
+                else:
+                    pos = gate.admit(pos, n, 1, head=head, free=free)
+                    if len(queue) == head:
+                        break
+                waiting = 1
+            oldest = queue[head]
             start = free if free > oldest else oldest
             if start < since:
                 start = since
-            if pos - head >= limit:
+            # The dispatch if every arrival until then is admitted: full when the limit-th
+            # request from the oldest arrives, or when the oldest has waited long enough.
+            if waiting >= limit:
                 dispatch = start
             else:
-                # Full when the limit-th request from the oldest arrives (it finds room: the
-                # queue is shorter than the limit), or the oldest has waited long enough.
                 ready = oldest + delay
-                fill = head + limit - 1
-                if fill < n and line[fill] < ready:
-                    ready = line[fill]
+                fill = pos + limit - 1 - waiting
+                if fill < n and arrivals[fill] < ready:
+                    ready = arrivals[fill]
                 dispatch = start if start > ready else ready
+            arrived = bisect_right(arrivals, dispatch, pos, n)
+            if arrived > pos:
+                # The last of them finds the longest queue; the first, the longest busy time.
+                first = arrivals[pos]
+                total = waiting + arrived - pos
+                if total > capacity or (
+                    deadline is not None
+                    and (free - first if free > first else 0.0)
+                    + _finish_s(total, alpha, beta, limit, full_s)
+                    > deadline
+                ):
+                    # Some are refused, which may delay the dispatch: admit one by one.
+                    if waiting < limit:
+                        ready = oldest + delay
+                        stop = bisect_right(arrivals, ready, pos, n)
+                        pos = gate.admit(pos, stop, limit - waiting, head=head, free=free)
+                        if len(queue) - head >= limit:
+                            ready = queue[head + limit - 1]
+                        dispatch = start if start > ready else ready
+                    arrived = bisect_right(arrivals, dispatch, pos, n)
+                    if dispatch < until:
+                        pos = gate.admit(pos, arrived, n, head=head, free=free)
+                elif dispatch < until:
+                    queue.extend(arrivals[pos:arrived])
+                    pos = arrived
             if dispatch >= until:
                 break
-            if pos < n and line[pos] <= dispatch:
-                arrived = bisect_right(line, dispatch, pos, n)
-                if arrived - head > capacity:  # between two dispatches the queue only grows
-                    keep = head + capacity
-                    shed += arrived - keep
-                    del line[keep:arrived]
-                    n -= arrived - keep
-                    arrived = keep
-                pos = arrived
-            size = pos - head
+            size = len(queue) - head
             if size > limit:
                 size = limit
             head += size
@@ -136,14 +223,111 @@ class Replica:
             free = dispatch + alpha + beta * size
         else:
             raise AssertionError("the batch loop did not terminate")  # pragma: no cover
-        if n - head > capacity:  # no dispatch before `until`: the rest queue up, if there is room
-            shed += n - head - capacity
-            del line[head + capacity :]
-        self._queue = line[head:]
+        gate.admit(pos, n, n, head=head, free=free)  # no dispatch before `until`
+        self._queue = queue[head:]
         self.free_at = free
         return Served(
             dispatched_at=np.array(dispatched, dtype=np.float64),
             sizes=np.array(sizes, dtype=np.int64),
-            arrivals=np.array(line[:head], dtype=np.float64),
-            shed=shed,
+            arrivals=np.array(queue[:head], dtype=np.float64),
+            shed_at=np.array(gate.shed_at, dtype=np.float64),
+            refused_at=np.array(gate.refused_at, dtype=np.float64),
         )
+
+
+class _Gate:
+    """Admission at arrival, for runs of arrivals between two dispatches (the device busy until
+    `free`, the queue holding `queue[head:]`): the runtime's deadline check, then the bounded
+    queue."""
+
+    __slots__ = (
+        "alpha",
+        "arrivals",
+        "beta",
+        "capacity",
+        "deadline",
+        "full_s",
+        "limit",
+        "queue",
+        "refused_at",
+        "shed_at",
+    )
+
+    def __init__(
+        self,
+        arrivals: list[float],
+        queue: list[float],
+        *,
+        capacity: int,
+        deadline: float | None,
+        alpha: float,
+        beta: float,
+        limit: int,
+    ) -> None:
+        self.arrivals = arrivals
+        self.queue = queue
+        self.capacity = capacity
+        self.deadline = deadline
+        self.alpha = alpha
+        self.beta = beta
+        self.limit = limit
+        self.full_s = alpha + beta * limit
+        self.shed_at: list[float] = []
+        self.refused_at: list[float] = []
+
+    def admit(self, pos: int, stop: int, want: int, *, head: int, free: float) -> int:
+        """Admit (to `queue`) or refuse `arrivals[pos:stop]` in order until `want` are admitted;
+        returns the index of the first arrival not considered."""
+        arrivals, queue, capacity, deadline = (
+            self.arrivals,
+            self.queue,
+            self.capacity,
+            self.deadline,
+        )
+        alpha, beta, limit, full_s = self.alpha, self.beta, self.limit, self.full_s
+        admitted = 0
+        while pos < stop and admitted < want:
+            waiting = len(queue) - head
+            take = capacity - waiting
+            if take <= 0:  # the queue is full until the next dispatch
+                self.shed_at.extend(arrivals[pos:stop])
+                return stop
+            if deadline is not None:
+                first = arrivals[pos]
+                busy = free - first if free > first else 0.0
+                # From here on arrivals are in time while the rows ahead and their own fit the
+                # budget the running batch leaves (it only shrinks as they arrive).
+                fits = _rows_within(deadline - busy, alpha, beta, limit, full_s) - waiting
+                if fits <= 0:
+                    # With `waiting` ahead, one arriving at `free - slack` or later fits.
+                    slack = deadline - _finish_s(waiting + 1, alpha, beta, limit, full_s)
+                    if slack < 0:
+                        self.refused_at.extend(arrivals[pos:stop])
+                        return stop
+                    later = max(pos + 1, bisect_left(arrivals, free - slack, pos, stop))
+                    self.refused_at.extend(arrivals[pos:later])
+                    pos = later
+                    continue
+                take = min(take, fits)
+            take = min(take, want - admitted, stop - pos)
+            queue.extend(arrivals[pos : pos + take])
+            pos += take
+            admitted += take
+        return pos
+
+
+def _finish_s(rows: int, alpha: float, beta: float, limit: int, full_s: float) -> float:
+    """Device time for `rows` queued rows, the last one's included, as the runtime predicts it:
+    full batches of `limit` (the rows arriving meanwhile fill the last), or one batch of them."""
+    if rows >= limit:
+        return -(-rows // limit) * full_s
+    return alpha + beta * rows
+
+
+def _rows_within(budget: float, alpha: float, beta: float, limit: int, full_s: float) -> int:
+    """The most rows whose `_finish_s` is within `budget` (0: not even one)."""
+    if budget >= full_s:
+        return int(budget // full_s) * limit
+    if beta > 0 and budget >= alpha + beta:
+        return min(limit - 1, int((budget - alpha) / beta))
+    return 0
