@@ -562,3 +562,33 @@ class TestBurstAbsorber:
             obs = seen(at=tick * TICK, qps=900, p99_ms=40, ready=current.replicas, batch=8)
             decision, current, state = step(obs, current, state, tick * TICK)
         assert "replicas start" not in decision.reason
+
+
+class TestRecurringBursts:
+    def test_idle_minutes_between_recurring_bursts_keep_the_burst_replicas(self) -> None:
+        # 10-minute cycles: 3 minutes at 900 rps, then 7 idle. After two bursts the pattern is
+        # learned; long after the scale-down delay of the third quiet, replicas stay.
+        current, state = InForce(1, 8, 0.005), State(fit=MODEL)
+        replicas_in_quiet = []
+        for tick in range(120):
+            now = tick * TICK
+            busy = (tick % 40) < 12
+            qps = 900.0 if busy else 0.0
+            obs = seen(at=now, qps=qps, p99_ms=40 if busy else None, ready=current.replicas)
+            obs = replace(obs, arrival_qps=qps, mean_batch=8 if busy else None)
+            decision, current, state = step(obs, current, state, now)
+            if tick >= 80 and not busy:
+                replicas_in_quiet.append(decision.replicas)
+        assert min(replicas_in_quiet) >= 2
+        assert "times in the last hour" in decision.reason
+
+    def test_a_single_burst_is_let_go_after_the_delay(self) -> None:
+        current, state = InForce(1, 8, 0.005), State(fit=MODEL)
+        for tick in range(60):
+            now = tick * TICK
+            busy = 4 <= tick < 16
+            qps = 900.0 if busy else 0.0
+            obs = seen(at=now, qps=qps, p99_ms=40 if busy else None, ready=current.replicas)
+            obs = replace(obs, arrival_qps=qps, mean_batch=8 if busy else None)
+            decision, current, state = step(obs, current, state, now)
+        assert decision.replicas == 1

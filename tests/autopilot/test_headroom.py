@@ -10,7 +10,8 @@ from batchpilot.operator.autopilot.headroom import (
     GROWTH_MARGIN,
     UNSEEN,
     RateHistory,
-    exceedance,
+    affordable,
+    episodes,
     plan_rate,
 )
 from batchpilot.operator.autopilot.slo import Objective, SloReport
@@ -62,44 +63,88 @@ class TestRateHistory:
 
 class TestPlanRate:
     def test_without_history_the_growth_margin_alone(self) -> None:
-        plan = plan_rate(100, RateHistory(), horizon_s=HORIZON, exceedance=0.01)
+        plan = plan_rate(100, RateHistory(), horizon_s=HORIZON, affordable=0.0)
         assert plan.rate == pytest.approx(100 * GROWTH_MARGIN)
         assert plan.note == ""
 
     def test_smooth_traffic_gets_no_more_than_the_growth_margin(self) -> None:
         smooth = [300 + (k % 3) for k in range(100)]
-        plan = plan_rate(300, history_of(smooth), horizon_s=HORIZON, exceedance=0.02)
+        plan = plan_rate(300, history_of(smooth), horizon_s=HORIZON, affordable=0.0)
         assert plan.rate == pytest.approx(300 * GROWTH_MARGIN)
 
-    def test_recurring_bursts_keep_their_capacity_through_the_quiet(self) -> None:
-        # 4-minute quiet, 2-minute bursts of 10x: a burst starts within the horizon of 1 in 4
-        # quiet buckets, far more often than the 1 % budget allows.
+    def test_recurring_bursts_the_budget_cannot_pay_for_keep_their_capacity(self) -> None:
+        # 4-minute quiet, 2-minute bursts of 10x: ten episodes in 2 hours' worth of buckets;
+        # uncovered, each costs a 75 s horizon: ~10 % of the time, far beyond a 1 % budget.
         rates = on_off(10, quiet=8, burst=4, low=50, high=500)
-        plan = plan_rate(50, history_of(rates), horizon_s=HORIZON, exceedance=0.01)
+        plan = plan_rate(50, history_of(rates), horizon_s=HORIZON, affordable=0.01)
         assert plan.rate == pytest.approx(500)
-        assert "rose 10.00×" in plan.note
+        assert plan.coverage == pytest.approx(10)
+        assert "10.00× within 75 s" in plan.note
 
-    def test_with_a_generous_budget_recurring_bursts_are_let_go(self) -> None:
+    def test_a_budget_that_can_pay_for_them_lets_them_go(self) -> None:
         rates = on_off(10, quiet=8, burst=4, low=50, high=500)
-        plan = plan_rate(50, history_of(rates), horizon_s=HORIZON, exceedance=0.5)
+        # ten 75 s horizons in the ~58 minutes of samples: 21 % of the time
+        plan = plan_rate(50, history_of(rates), horizon_s=HORIZON, affordable=0.25)
         assert plan.rate == pytest.approx(50 * GROWTH_MARGIN)
+
+    def test_the_smallest_coverage_the_budget_affords(self) -> None:
+        # eight 2x episodes and two 6x ones: covering 2x leaves the two 6x ones uncovered, which
+        # a budget of just over two horizons in the span pays for
+        rates = on_off(8, quiet=6, burst=2, low=100, high=200) + on_off(
+            2, quiet=6, burst=2, low=100, high=600
+        )
+        history = history_of(rates)
+        span = len(history.rises(HORIZON)) * BUCKET_S
+        two_left = 2 * HORIZON / span
+        plan = plan_rate(100, history, horizon_s=HORIZON, affordable=two_left * 1.01)
+        assert plan.coverage == pytest.approx(2.0)
+        assert plan.rate == pytest.approx(200)
+        everything = plan_rate(100, history, horizon_s=HORIZON, affordable=0.0)
+        assert everything.coverage == pytest.approx(6.0)  # the highest rise that recurred
 
     def test_one_past_step_does_not_multiply_the_new_level(self) -> None:
         rates = [100.0] * 50 + [600.0] * 50
-        plan = plan_rate(600, history_of(rates), horizon_s=HORIZON, exceedance=0.001)
-        assert plan.rate == pytest.approx(600 * GROWTH_MARGIN)  # the peak caps the rise
+        plan = plan_rate(600, history_of(rates), horizon_s=HORIZON, affordable=0.0)
+        assert plan.rate == pytest.approx(600 * GROWTH_MARGIN)
 
     def test_the_latency_headroom_absorbs_part_of_a_rise(self) -> None:
         rates = on_off(10, quiet=8, burst=4, low=300, high=450)
-        plain = plan_rate(300, history_of(rates), horizon_s=HORIZON, exceedance=0.01)
+        plain = plan_rate(300, history_of(rates), horizon_s=HORIZON, affordable=0.0)
         absorbing = plan_rate(
-            300, history_of(rates), horizon_s=HORIZON, exceedance=0.01, absorbed=lambda: 1.25
+            300, history_of(rates), horizon_s=HORIZON, affordable=0.0, absorbed=lambda: 1.25
         )
         assert plain.rate == pytest.approx(450)
         assert absorbing.rate == pytest.approx(360)
 
+    def test_rises_the_latency_headroom_absorbs_entirely_need_nothing(self) -> None:
+        rates = on_off(10, quiet=8, burst=4, low=300, high=360)
+        plan = plan_rate(
+            300, history_of(rates), horizon_s=HORIZON, affordable=0.0, absorbed=lambda: 1.25
+        )
+        assert plan.rate == pytest.approx(300 * GROWTH_MARGIN)
 
-class TestExceedance:
+
+class TestRecurrence:
+    def test_one_burst_in_the_hour_is_an_event_not_a_pattern(self) -> None:
+        rates = [50.0] * 40 + [500.0] * 8 + [50.0] * 40
+        plan = plan_rate(50, history_of(rates), horizon_s=HORIZON, affordable=0.0)
+        assert plan.rate == pytest.approx(50 * GROWTH_MARGIN)
+
+    def test_a_second_burst_makes_it_a_pattern(self) -> None:
+        rates = [50.0] * 30 + [500.0] * 8 + [50.0] * 30 + [500.0] * 8 + [50.0] * 10
+        plan = plan_rate(50, history_of(rates), horizon_s=HORIZON, affordable=0.0)
+        assert plan.rate == pytest.approx(500)
+
+    def test_the_smaller_of_two_recurring_rises_is_what_recurs(self) -> None:
+        rates = [50.0] * 30 + [500.0] * 8 + [50.0] * 30 + [200.0] * 8 + [50.0] * 10
+        plan = plan_rate(50, history_of(rates), horizon_s=HORIZON, affordable=0.0)
+        assert plan.rate == pytest.approx(200)
+
+    def test_episodes_are_runs_of_rising_samples(self) -> None:
+        assert episodes([1.0, 2.0, 3.0, 1.0, 1.5, 1.0, 1.04]) == [3.0, 1.5]
+
+
+class TestAffordable:
     HOUR = Objective(0.99, 3600)
 
     def report(self, *, remaining: float | None, fast: float = 0.0) -> SloReport:
@@ -107,30 +152,13 @@ class TestExceedance:
             attainment=None, budget_remaining=remaining, burn_rates={"fast": fast}, at_risk=None
         )
 
-    def test_a_healthy_budget_covers_only_common_rises(self) -> None:
-        assert exceedance(self.HOUR, self.report(remaining=0.9)) == pytest.approx(0.1)
+    def test_an_untouched_budget_affords_its_whole_share(self) -> None:
+        assert affordable(self.HOUR, self.report(remaining=None)) == pytest.approx(0.01)
+        assert affordable(self.HOUR, self.report(remaining=1.0)) == pytest.approx(0.01)
 
-    def test_a_burning_budget_covers_rare_rises(self) -> None:
-        assert exceedance(self.HOUR, self.report(remaining=0.9, fast=3)) == pytest.approx(0.0025)
-        assert exceedance(self.HOUR, self.report(remaining=-0.5)) == pytest.approx(0.0025)
+    def test_what_is_left_of_it(self) -> None:
+        assert affordable(self.HOUR, self.report(remaining=0.3)) == pytest.approx(0.003)
 
-    def test_in_between_and_unknown_the_budget_itself(self) -> None:
-        assert exceedance(self.HOUR, self.report(remaining=0.3)) == pytest.approx(0.01)
-        assert exceedance(self.HOUR, self.report(remaining=None)) == pytest.approx(0.01)
-
-
-class TestRecurrence:
-    def test_one_burst_in_the_hour_is_an_event_not_a_pattern(self) -> None:
-        rates = [50.0] * 40 + [500.0] * 8 + [50.0] * 40
-        plan = plan_rate(50, history_of(rates), horizon_s=HORIZON, exceedance=0.001)
-        assert plan.rate == pytest.approx(50 * GROWTH_MARGIN)
-
-    def test_a_second_burst_makes_it_a_pattern(self) -> None:
-        rates = [50.0] * 30 + [500.0] * 8 + [50.0] * 30 + [500.0] * 8 + [50.0] * 10
-        plan = plan_rate(50, history_of(rates), horizon_s=HORIZON, exceedance=0.001)
-        assert plan.rate == pytest.approx(500)
-
-    def test_the_smaller_of_two_recurring_rises_is_what_recurs(self) -> None:
-        rates = [50.0] * 30 + [500.0] * 8 + [50.0] * 30 + [200.0] * 8 + [50.0] * 10
-        plan = plan_rate(50, history_of(rates), horizon_s=HORIZON, exceedance=0.001)
-        assert plan.rate == pytest.approx(200)
+    def test_nothing_while_it_burns_or_once_spent(self) -> None:
+        assert affordable(self.HOUR, self.report(remaining=0.9, fast=3)) == 0.0
+        assert affordable(self.HOUR, self.report(remaining=-0.5)) == 0.0

@@ -42,7 +42,7 @@ from typing import Any
 
 from batchpilot.operator.autopilot.headroom import (
     RateHistory,
-    exceedance,
+    affordable,
     plan_rate,
 )
 from batchpilot.operator.autopilot.observation import Observation
@@ -405,7 +405,7 @@ def decide(
         rate,
         history,
         horizon_s=horizon,
-        exceedance=exceedance(policy.objective, slo.report(now)),
+        affordable=affordable(policy.objective, slo.report(now)),
         absorbed=lambda: (
             1.0
             if model is None
@@ -425,7 +425,8 @@ def decide(
     notes: list[str] = []
     predicted: float | None = None
     capacity_per_replica: float | None = None
-    if idle:
+    if idle and (model is None or headroom.rate <= 0):
+        # An idle service whose traffic recurs keeps what the recurring rise needs (below).
         want_replicas, want_batch = policy.min_replicas, current.batch_size
         why = "no traffic"
     elif model is None:

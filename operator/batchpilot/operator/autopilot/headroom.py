@@ -1,21 +1,22 @@
-"""Headroom from the traffic's own variability: plan for the load the next reaction time may bring.
+"""Headroom from the traffic's own variability: plan for the rises the error budget cannot pay for.
 
 A replica asked for now takes traffic only after the next decision notices the need and a cold
-start has passed — the reaction horizon. Capacity planned for the rate just seen is too little
-whenever the load rises within that horizon, and how often and how far it rises is a property
-of the service's traffic, visible in its recent history: smooth traffic rises a few per cent
-within a minute, on/off traffic ten times. So the autopilot keeps the offered rate per 30 s over
-the last hour (`RateHistory`, in `status.autopilot`) and plans for a high quantile of the rise
-seen within one horizon (max over the next horizon / the rate at its start), applied to the rate
-now — capped by the hour's peak, so that one past step does not make every later rate look six
-times larger. A rise counts only once it recurs: one step or one flash crowd in the hour is an
-event, two are a pattern worth paying idle replicas for.
+start has passed — the reaction horizon. A rise within it that the replicas in force cannot
+carry costs about one horizon outside the SLA; how often the load rises, and how far, is a
+property of the service's traffic, visible in its recent history. So the autopilot keeps the
+offered rate per 30 s over the last hour (`RateHistory`, in `status.autopilot`) and finds the
+*episodes* of rising in it: runs of 30 s buckets from which the load rose by more than the
+growth margin within one horizon, each with its peak rise (max over the next horizon / the rate
+at its start).
 
-The quantile follows the error budget (`exceedance`): rises that happened more often than the
-budget allows are planned for; while the budget burns faster than allowed the plan covers rarer
-rises, and while it is healthy only commoner ones. Idle GPU-seconds are bought exactly where the
-objective needs them: a burst that recurs within the hour keeps its replicas through the quiet
-between, one that does not is let go.
+Then it weighs idle GPU-seconds against the error budget. Covering a rise of c× means planning
+for c times the rate now (capped by the hour's peak); every episode that rose further than that,
+minus what the latency headroom absorbs, is expected to recur at the rate it happened and to cost
+a horizon outside the SLA. The coverage chosen is the smallest whose uncovered episodes the
+budget can afford: their rate × the horizon ≤ the share of time the budget still allows outside
+the SLA (none while it burns faster than the objective allows or is spent; the objective's
+whole budget share while untouched). A rise counts only once it recurs: one step or one flash
+crowd in the hour is an event, two are a pattern worth paying idle replicas for.
 
 Pure: arithmetic on tuples.
 """
@@ -39,14 +40,10 @@ FLOOR_SHARE = 0.05
 """Rises are measured from at least this share of the hour's peak: from an idle minute the
 ratio is unbounded, while what matters is the load the next minutes bring."""
 MIN_RISES = 10
-"""Fewer rise samples than this (five minutes of history) are no basis for a quantile."""
+"""Fewer rise samples than this (five minutes of history) are no basis for a pattern."""
 GROWTH_MARGIN = 1.05
-"""Plan for at least 5 % more load than seen now: traffic moves between two decisions."""
-BURNING_FACTOR = 0.25
-"""While the budget burns faster than allowed, plan for rises this many times rarer."""
-HEALTHY_FACTOR = 10.0
-"""While over half the budget is left and it burns no faster than allowed, plan only for rises
-this many times commoner than the budget."""
+"""Plan for at least 5 % more load than seen now: traffic moves between two decisions. A rise
+within the horizon beyond it starts an episode."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,30 +67,6 @@ class RateHistory:
     @property
     def peak(self) -> float:
         return max(self.rates, default=0.0)
-
-    def recurring_rise(self, horizon_s: float, quantile: float) -> float:
-        """The `quantile` of the rises within `horizon_s`, but no higher than the second-highest
-        episode of rising (a run of buckets whose rise exceeds the growth margin): a rise that
-        happened once in the hour is an event, not yet a pattern; twice, it recurs. 1.0 with
-        too little history to tell."""
-        rises = self.rises(horizon_s)
-        if len(rises) < MIN_RISES:
-            return 1.0
-        ranked = sorted(rises)
-        at_quantile = ranked[min(len(ranked) - 1, math.ceil(quantile * len(ranked)) - 1)]
-        peaks: list[float] = []
-        running = False
-        for rise in rises:
-            if rise > GROWTH_MARGIN:
-                if running:
-                    peaks[-1] = max(peaks[-1], rise)
-                else:
-                    peaks.append(rise)
-                running = True
-            else:
-                running = False
-        recurring = sorted(peaks)[-2] if len(peaks) >= 2 else 1.0
-        return max(1.0, min(at_quantile, recurring))
 
     def rises(self, horizon_s: float) -> list[float]:
         """For every bucket with a full horizon after it: the highest rate within the horizon
@@ -125,26 +98,38 @@ class RateHistory:
             return cls()
 
 
-def exceedance(objective: Objective, report: SloReport) -> float:
-    """How often a rise may outrun the plan: the objective's budget share, less while the
-    budget burns faster than allowed (or is spent), more while it is healthy."""
-    base = objective.budget
-    burning = any(rate > 1.0 for rate in report.burn_rates.values())
-    remaining = report.budget_remaining
-    if burning or (remaining is not None and remaining < 0):
-        return base * BURNING_FACTOR
-    if remaining is not None and remaining > 0.5:
-        return min(0.5, base * HEALTHY_FACTOR)
-    return base
+def episodes(rises: list[float]) -> list[float]:
+    """The peak rise of each run of consecutive samples rising beyond the growth margin."""
+    peaks: list[float] = []
+    running = False
+    for rise in rises:
+        if rise > GROWTH_MARGIN:
+            if running:
+                peaks[-1] = max(peaks[-1], rise)
+            else:
+                peaks.append(rise)
+            running = True
+        else:
+            running = False
+    return peaks
+
+
+def affordable(objective: Objective, report: SloReport) -> float:
+    """The share of time the error budget can still pay for outside the SLA: none while it burns
+    faster than the objective allows (over either alert's long lookback) or is spent; the
+    objective's budget share times what is left of it otherwise (all of it before any verdict)."""
+    if any(rate > 1.0 for rate in report.burn_rates.values()):
+        return 0.0
+    remaining = 1.0 if report.budget_remaining is None else report.budget_remaining
+    return max(0.0, min(1.0, remaining)) * objective.budget
 
 
 @dataclass(frozen=True, slots=True)
 class Headroom:
     rate: float
     """The rate to plan capacity for."""
-    rise: float
-    """The quantile of the rises within one horizon (1: none learned)."""
-    quantile: float
+    coverage: float
+    """How many times the rate now the plan covers (1: no recurring rise planned for)."""
     note: str
 
 
@@ -153,30 +138,45 @@ def plan_rate(
     history: RateHistory,
     *,
     horizon_s: float,
-    exceedance: float,
+    affordable: float,
     absorbed: Callable[[], float] = lambda: 1.0,
 ) -> Headroom:
-    """The load to plan for: `present` times the (1 − exceedance) quantile of the rises within
-    `horizon_s` that recur (`RateHistory.recurring_rise`), at most the hour's peak (or the
+    """The load to plan for: `present` times the smallest coverage whose uncovered recurring
+    rises the budget can afford (`affordable`: a share of time), at most the hour's peak (or the
     present) plus the growth margin, at least the present plus it.
 
     `absorbed()` is the rise the plan already survives: capacity is planned for a P99 below the
     SLA (`SLA_HEADROOM`), so a replica carries this many times its planned load before the SLA
-    itself breaks. Only the part of a rise beyond it needs replicas (asked only when a rise
-    beyond the growth margin is to be planned for: it costs a capacity search)."""
-    quantile = 1.0 - exceedance
+    itself breaks. Only the part of a rise beyond it needs replicas (asked only when rises
+    recur: it costs a capacity search)."""
     least = present * GROWTH_MARGIN
-    rise = history.recurring_rise(horizon_s, quantile)
+    rises = history.rises(horizon_s)
+    peaks = episodes(rises)
+    if len(rises) < MIN_RISES or len(peaks) < 2:
+        return Headroom(least, 1.0, "")
+    absorb = max(1.0, absorbed())
+    breaking = sorted(peak / absorb for peak in peaks if peak > absorb)
+    if len(breaking) < 2:
+        return Headroom(least, 1.0, "")
+    per_second = 1.0 / (len(rises) * BUCKET_S)
+    coverage = breaking[-2]  # the highest rise that recurred
+    for level in [1.0, *breaking[:-2]]:
+        uncovered = sum(1 for b in breaking if b > level)
+        if uncovered * per_second * horizon_s <= affordable:
+            coverage = level
+            break
+    if coverage <= 1.0:
+        return Headroom(least, 1.0, "")
     base = max(present, FLOOR_SHARE * history.peak)
     ceiling = max(history.peak, present) * GROWTH_MARGIN
-    if base * rise <= least:
-        return Headroom(least, rise, quantile, "")
-    rate = max(least, min(base * rise / max(1.0, absorbed()), ceiling))
-    note = ""
-    if rate > least:
-        note = (
-            f"; planning for {rate:.0f} rps: in the last hour the load rose {rise:.2f}× within "
-            f"{horizon_s:.0f} s (the time to notice and start a replica) more than once and "
-            f"more often than {exceedance:.1%} of the time"
-        )
-    return Headroom(rate, rise, quantile, note)
+    rate = max(least, min(base * coverage, ceiling))
+    if rate <= least:
+        return Headroom(least, coverage, "")
+    cost = len(breaking) * per_second * horizon_s
+    note = (
+        f"; planning for {rate:.0f} rps: the load rose up to {coverage * absorb:.2f}× within "
+        f"{horizon_s:.0f} s (the time to notice and start a replica) {len(breaking)} times in "
+        f"the last hour; uncovered, that would cost ~{cost:.1%} of the time outside the SLA, "
+        f"more than the error budget affords ({affordable:.2%})"
+    )
+    return Headroom(rate, coverage, note)
