@@ -142,6 +142,15 @@ class Replica:
         limit, delay = min(self.max_batch, capacity), self.delay_s
         deadline = self.deadline_s
         full_s = alpha + beta * limit
+        # Up to this many waiting, an arrival is admitted whatever the device is running: the
+        # common case takes no arithmetic. The device is busy for at most a full batch ahead of
+        # an arrival (one batch at a time), or what remains of the last call's, if longer.
+        busiest = max(full_s, self.free_at - since)
+        safe = (
+            capacity
+            if deadline is None
+            else min(capacity, _rows_within(deadline - busiest, alpha, beta, limit, full_s))
+        )
         free = self.free_at
         dispatched: list[float] = []
         sizes: list[int] = []
@@ -163,8 +172,10 @@ class Replica:
                 if pos >= n:
                     break
                 first = arrivals[pos]
-                if deadline is None or (free - first if free > first else 0.0) + alpha + beta <= (
-                    deadline
+                if (
+                    safe >= 1
+                    or deadline is None
+                    or (free - first if free > first else 0.0) + alpha + beta <= deadline
                 ):
                     queue.append(first)  # an empty queue always has room
                     pos += 1
@@ -187,16 +198,19 @@ class Replica:
                 if fill < n and arrivals[fill] < ready:
                     ready = arrivals[fill]
                 dispatch = start if start > ready else ready
-            arrived = bisect_right(arrivals, dispatch, pos, n)
-            if arrived > pos:
+            if pos < n and arrivals[pos] <= dispatch:
+                arrived = bisect_right(arrivals, dispatch, pos, n)
                 # The last of them finds the longest queue; the first, the longest busy time.
                 first = arrivals[pos]
                 total = waiting + arrived - pos
-                if total > capacity or (
-                    deadline is not None
-                    and (free - first if free > first else 0.0)
-                    + _finish_s(total, alpha, beta, limit, full_s)
-                    > deadline
+                if total > safe and (
+                    total > capacity
+                    or (
+                        deadline is not None
+                        and (free - first if free > first else 0.0)
+                        + _finish_s(total, alpha, beta, limit, full_s)
+                        > deadline
+                    )
                 ):
                     # Some are refused, which may delay the dispatch: admit one by one.
                     if waiting < limit:
