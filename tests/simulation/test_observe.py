@@ -54,17 +54,29 @@ def test_exact_quantile_counts_shed_requests_as_infinitely_slow() -> None:
 
 class TestTelemetry:
     def test_an_observation_is_the_window_seen_through_the_runtime_metrics(self) -> None:
-        telemetry = Telemetry(intervals=8, interval_s=15, sla_s=0.1, overhead_s=0.0)
+        telemetry = Telemetry(
+            intervals=8, interval_s=15, sla_s=0.1, overhead_s=0.0, window_s=60, recent_window_s=15
+        )
         # Batches of 1 and of 3 rows, t(b) = 2 + 1·b ms, in the first 60 s.
         dispatched = np.arange(0.0, 60.0, 0.5)
         sizes = np.where(np.arange(len(dispatched)) % 2 == 0, 1, 3)
         arrivals = np.repeat(dispatched, sizes) - 0.004  # every request waited 4 ms
-        telemetry.record([Served(dispatched, sizes, arrivals)], alpha_s=0.002, beta_s=0.001)
-        telemetry.record_shed(6, at=30.0)
-        obs = telemetry.observe(4, window_s=60, ready=2, reporting=2)
+        telemetry.record([(0, Served(dispatched, sizes, arrivals))], alpha_s=0.002, beta_s=0.001)
+        refused = Served(
+            np.empty(0), np.empty(0, dtype=np.int64), np.empty(0), shed_at=np.full(6, 30.0)
+        )
+        telemetry.record([(0, refused)], alpha_s=0.002, beta_s=0.001)
+        telemetry.record_arrivals(0, np.concatenate([arrivals, np.full(6, 30.0)]))
+        telemetry.record_unreached(4, at=50.0)  # no runtime counts these
+        obs = telemetry.observe(4, ready=2, reporting=2)
         assert obs.at == 60.0
         assert obs.qps == pytest.approx(240 / 60)  # 60 batches of 1 + 60 of 3
         assert obs.rejected_qps == pytest.approx(6 / 60)
+        assert obs.arrival_qps == pytest.approx(246 / 60)
+        # The last 15 s: 15 batches of 1 and 15 of 3, but the first of them (1 row, at 45 s)
+        # arrived 4 ms earlier: 59 arrivals (the 6 refused arrived at 30 s).
+        assert obs.recent_qps == pytest.approx(59 / 15)
+        assert obs.recent_window_s == 15
         assert obs.mean_batch == pytest.approx(2.0)
         # Busy: 60 · 3 ms + 60 · 5 ms = 0.48 s over 60 s, shared by 2 replicas → 0.4 %.
         assert obs.utilization == pytest.approx(0.48 / 60 / 2)

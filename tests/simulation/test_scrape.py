@@ -1,4 +1,4 @@
-"""Prometheus' side of the simulation: rate() as Prometheus computes it."""
+"""Prometheus' side of the simulation: rate() as Prometheus computes it, scrape lag, staleness."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from batchpilot.operator.simulation.scrape import Target, extrapolated_increase
+from batchpilot.operator.simulation.observe import Telemetry
+from batchpilot.operator.simulation.scrape import Target, extrapolated_increase, sum_rate
 
 
 def increase(times: list[float], values: list[float], *, start: float, end: float) -> float:
@@ -88,3 +89,86 @@ class TestTarget:
         self.add(target, uniform(2.0, 30.25, 62.0))  # the series appears at the scrape at 35 s
         # Samples 35, 50 s hold 10, 40: as in the by-hand case above, 30 · 30/15 = 60.
         assert target.increase(60.0, 60.0, slice(0, 1))[0] == pytest.approx(60)
+
+
+def scraped(intervals: int) -> Telemetry:
+    """Decisions every second, scrapes every 15 s, a 60 s window."""
+    return Telemetry(
+        intervals=intervals, interval_s=1.0, sla_s=0.1, overhead_s=0.0, scrape_interval_s=15.0
+    )
+
+
+def between_scrapes(target: Target, after: float) -> float:
+    """The midpoint between the first two scrapes of `target` after `after`."""
+    return target.origin + math.ceil((after - target.origin) / 15) * 15 + 7.5
+
+
+class TestScrapeLag:
+    def test_a_step_in_traffic_shows_only_after_the_next_scrape(self) -> None:
+        telemetry = scraped(200)
+        telemetry.add_target(0, since=0.0)
+        step = between_scrapes(telemetry.targets[0], 100.0)  # 100 → 300 rps
+        telemetry.record_arrivals(
+            0, np.concatenate([uniform(100, 0, step), uniform(300, step, 200)])
+        )
+        scrape = step + 7.5  # the first that sees the step
+        for k in range(math.ceil(step), 160):
+            seen = telemetry.observe(k, ready=1, reporting=1).arrival_qps
+            assert seen is not None
+            if k < scrape:
+                # A straight counter and samples 15 s apart: the rate is exact, and old.
+                assert seen == pytest.approx(100, rel=0.01), k
+            else:
+                # 7.5 s at 300 rps in the last sample: 1500 more over the 45 s sampled,
+                # stretched to the 60 s window: at least 100 + 1500 · 60/45/60 ≈ 133.
+                assert seen > 130, k
+
+    def test_the_exact_view_shows_it_at_the_next_decision(self) -> None:
+        telemetry = Telemetry(intervals=200, interval_s=1.0, sla_s=0.1, overhead_s=0.0)
+        telemetry.record_arrivals(0, np.concatenate([uniform(100, 0, 100), uniform(300, 100, 200)]))
+        assert telemetry.observe(100, ready=1, reporting=1).arrival_qps == pytest.approx(100)
+        assert telemetry.observe(101, ready=1, reporting=1).arrival_qps == pytest.approx(
+            (59 * 100 + 300) / 60
+        )
+
+
+class TestStaleness:
+    def setup(self) -> tuple[Telemetry, float]:
+        """Two replicas at 100 rps each; the second goes away between two of its scrapes."""
+        telemetry = scraped(400)
+        telemetry.add_target(0, since=0.0)
+        telemetry.add_target(1, since=0.0)
+        gone = between_scrapes(telemetry.targets[1], 120.0)
+        telemetry.record_arrivals(0, uniform(100, 0, 400))
+        telemetry.record_arrivals(1, uniform(100, 0, gone))
+        telemetry.remove_target(1, at=gone)
+        return telemetry, gone
+
+    def test_a_removed_replica_counts_until_its_last_sample_leaves_the_window(self) -> None:
+        telemetry, gone = self.setup()
+        last = gone - 7.5  # its last scrape
+        for k in range(math.ceil(gone), 220):
+            seen = telemetry.observe(k, ready=1, reporting=1).arrival_qps
+            assert seen is not None
+            if k < last + 45:
+                # Two samples of it or more in the window: its rate, extrapolated half an
+                # interval past its last sample at least (≥ 100 · 22.5/60), still adds.
+                assert seen > 135, k
+            else:
+                # One sample of it at most: only the replica that stayed.
+                assert seen == pytest.approx(100, rel=0.01), k
+
+    def test_its_series_leave_instant_vectors_when_marked_stale(self) -> None:
+        telemetry, gone = self.setup()
+        # Prometheus marks the series stale with the scrape that would have come after it went,
+        # writing the marker one interval (+10 %) later; until then its last sample is current.
+        missed = gone + 7.5
+        assert telemetry.targets[1].present(missed + 16.4)
+        assert not telemetry.targets[1].present(missed + 16.6)
+        assert telemetry.targets[0].present(missed + 16.6)
+
+    def test_a_range_without_two_samples_of_any_target_is_no_value(self) -> None:
+        telemetry, gone = self.setup()
+        removed = [telemetry.targets[1]]
+        assert np.isnan(sum_rate(removed, gone + 120.0, 60.0, slice(0, 1))).all()
+        assert not np.isnan(sum_rate(removed, gone + 10.0, 60.0, slice(0, 1))).any()

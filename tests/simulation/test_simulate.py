@@ -5,11 +5,19 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from batchpilot.operator.autopilot.decide import InForce
+from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.simulation import TEXTBOOK, ClusterConfig, Scenario, Trace, cli, simulate
+from batchpilot.operator.simulation.cluster import _Fleet, _serve, simulate_cluster
+from batchpilot.operator.simulation.observe import Column, Telemetry
+from batchpilot.operator.simulation.policies import Command, StaticController
 from batchpilot.operator.simulation.report import SimulationResult
 from batchpilot.operator.simulation.scenario import oracle_gpu_seconds
 
@@ -137,3 +145,105 @@ def test_a_missing_trace_is_a_clear_error(
     cli.add_arguments(parser)
     assert cli.main(parser.parse_args(["--trace", str(tmp_path / "nope.csv")])) == 2
     assert "nope.csv" in capsys.readouterr().err
+
+
+@dataclass
+class Watcher(StaticController):
+    """Static provisioning that keeps every observation it is shown."""
+
+    seen: list[Observation] = field(default_factory=list)
+
+    def decide(
+        self, observation: Observation | None, current: InForce, *, now: float, interval: int
+    ) -> Command:
+        assert observation is not None
+        self.seen.append(observation)
+        return self.initial()
+
+
+def watch(trace: Trace, cluster: ClusterConfig, *, replicas: int = 1, batch: int = 8) -> Watcher:
+    watcher = Watcher(replicas, batch, 0.005)
+    simulate_cluster(trace, TEXTBOOK, watcher, sla_s=0.1, config=cluster)
+    return watcher
+
+
+EXACT = ClusterConfig(scrape_interval_s=0, recent_window_s=15)
+
+
+class TestWhatTheAutopilotSees:
+    @pytest.mark.parametrize("cluster", [ClusterConfig(), EXACT], ids=["scraped", "exact"])
+    def test_arrivals_are_the_offered_load_under_overload(self, cluster: ClusterConfig) -> None:
+        # One replica at batch 1 carries at most 1 / 3.77 ms = 265 rps; 500 are offered.
+        seen = watch(Trace.constant(500, 600), cluster, batch=1).seen[6:]  # full windows
+        for obs in seen:
+            assert obs.arrival_qps == pytest.approx(500, rel=0.05), obs.at
+            assert obs.qps is not None
+            assert obs.qps < 270, obs.at
+            # Deadline admission refuses the rest at arrival, and the runtime counts it.
+            assert obs.rejected_qps == pytest.approx(obs.arrival_qps - obs.qps, abs=10), obs.at
+
+    @pytest.mark.parametrize(
+        "cluster",
+        [ClusterConfig(), ClusterConfig(scrape_interval_s=5, recent_window_s=15), EXACT],
+        ids=["scraped", "scraped-5s", "exact"],
+    )
+    def test_the_recent_rate_follows_a_step_within_its_window(self, cluster: ClusterConfig) -> None:
+        step = Trace(name="step", starts=(0.0, 300.0), rates=(200.0, 400.0), duration_s=600)
+        seen = {obs.at: obs for obs in watch(step, cluster, replicas=2).seen}
+        window = cluster.recent_window_s
+        after = seen[300.0 + window]  # the first decision a recent window after the step
+        assert after.recent_window_s == window
+        assert after.recent_qps == pytest.approx(400, rel=0.1)
+        assert after.arrival_qps is not None
+        assert after.arrival_qps < 400 - 200 * (60 - window) / 60 * 0.9  # the 60 s window lags
+        assert seen[300.0].recent_qps == pytest.approx(200, rel=0.1)
+
+    def test_a_recent_window_as_short_as_the_scrape_interval_has_no_rate(self) -> None:
+        # rate() needs two samples in its range: 15 s of 15 s scrapes holds one.
+        seen = watch(Trace.constant(200, 300), ClusterConfig(recent_window_s=15)).seen
+        assert all(obs.recent_qps is None and obs.recent_window_s is None for obs in seen)
+        assert all(obs.arrival_qps is not None for obs in seen[1:])
+
+    def test_the_first_window_is_diluted_by_the_idle_time_before_the_trace(self) -> None:
+        # The Deployment existed, idle, before t = 0, and Prometheus scraped its zeros; the
+        # window's rate is the window's average, traffic or not (the exact view shortens it).
+        scraped = watch(Trace.constant(300, 300), ClusterConfig()).seen
+        assert scraped[0].arrival_qps is not None
+        assert scraped[0].arrival_qps < 300 * 15 / 60 * 1.1  # 15 s of traffic in 60 s at most
+        assert scraped[4].arrival_qps == pytest.approx(300, rel=0.05)  # t = 75: a full window
+        exact = watch(Trace.constant(300, 300), ClusterConfig(scrape_interval_s=0)).seen
+        assert exact[0].arrival_qps == pytest.approx(300, rel=0.05)
+
+
+class TestADrainingReplica:
+    def test_it_is_scraped_until_it_has_served_its_queue(self) -> None:
+        # Queue admission, two replicas at batch 1 offered 600 rps (265 each at most): both
+        # queues fill. At 60 s one is removed; it serves its 1024 queued requests (4 s), then goes.
+        telemetry = Telemetry(
+            intervals=8, interval_s=15.0, sla_s=0.1, overhead_s=0.04, scrape_interval_s=15.0
+        )
+        fleet = _Fleet(
+            truth=TEXTBOOK,
+            config=ClusterConfig(admission="queue"),
+            telemetry=telemetry,
+            deadline_s=None,
+        )
+        fleet.apply(Command(2, 1, 0.005), 0.0, cold_start=False, scraped_since=-90.0)
+        trace, rng = Trace.constant(600, 120), np.random.default_rng(0)
+        _serve(fleet, telemetry, trace, rng, 0.0, 60.0, 0)
+        fleet.apply(Command(1, 1, 0.005), 60.0, cold_start=True)
+        removed, kept = sorted(fleet.pods, key=lambda p: p.removed_at is None)
+        assert removed.draining
+        assert math.isinf(telemetry.targets[removed.index].stop)
+        _serve(fleet, telemetry, trace, rng, 60.0, 75.0, 0)
+        assert removed.gone_at is not None
+        assert 63.0 < removed.gone_at < 65.0
+        assert telemetry.targets[removed.index].stop == removed.gone_at
+        # Every request it answered, the drain's included, is in its series.
+        target = telemetry.targets[removed.index]
+        answered = target.values[:, Column.LATENCY].sum()
+        others = telemetry.targets[kept.index].values[:, Column.LATENCY].sum()
+        assert answered + others == telemetry.completed.sum()
+        # The Deployment reports one ready replica; Prometheus still has both series at 75 s.
+        assert len(fleet.ready(75.0)) == 1
+        assert target.present(75.0)

@@ -6,12 +6,22 @@ replicas it wants and with which batch settings; then the interval's traffic is 
 
 - arrivals are Poisson from the trace, drawn for the whole interval at once and spread over the
   ready replicas at random per request (a Kubernetes Service with kube-proxy) or round-robin;
+  what arrives while no replica is ready reaches no runtime: it fails, and no counter sees it;
+- each replica admits as the runtime does (`ClusterConfig.admission`): by default it refuses at
+  arrival a request predicted to finish past the deadline the operator writes (the SLA less the
+  latency outside the device, `children.deadline`), and sheds when its queue is full;
 - a new replica costs GPU-seconds from the moment it is requested and takes traffic after the
   cold-start delay (image pull, model load, readiness probe) — the interval is cut where one
-  becomes ready;
+  becomes ready — and Prometheus scrapes it from then on;
 - a removed replica stops receiving traffic at once, finishes what it has queued, and stops
-  costing when it is drained; replicas still starting are removed first, then the newest;
+  costing when it is drained; it is scraped until then. Replicas still starting are removed
+  first, then the newest;
 - batch settings reach every replica immediately (the operator PUTs them to each ready pod).
+
+The Deployment exists before t = 0, idle, and Prometheus has scraped it for a window: the first
+windows see the trace's traffic start, as an autopilot would. `ready_replicas` in an observation
+is the Deployment's ready count at the decision; the replicas whose series Prometheus holds
+(ready ones, draining ones, and gone ones until their series go stale) are the telemetry's.
 
 Loops are bounded by the number of intervals and, inside an interval, by its cuts and replicas.
 """
@@ -27,6 +37,7 @@ from typing import Literal
 import numpy as np
 
 from batchpilot.operator.autopilot.decide import InForce
+from batchpilot.operator.children.deadline import default_deadline_ms
 from batchpilot.operator.simulation.observe import Telemetry
 from batchpilot.operator.simulation.policies import Command, Controller
 from batchpilot.operator.simulation.replica import Replica, Served
@@ -35,6 +46,7 @@ from batchpilot.operator.simulation.service import ServiceTruth
 from batchpilot.operator.simulation.trace import Trace
 
 Balancing = Literal["random", "round-robin"]
+Admission = Literal["deadline", "queue"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +58,22 @@ class ClusterConfig:
     cold_start_s: float = 30.0
     queue_capacity: int = 1024
     """Requests one replica queues before it sheds (the runtime's `queue_capacity`)."""
+    admission: Admission = "deadline"
+    """"deadline": a replica refuses at arrival what it predicts would finish past the deadline
+    the operator writes (the SLA less the latency outside the device), as the runtime does;
+    "queue": it refuses only when its queue is full."""
+    scrape_interval_s: float = 15.0
+    """Prometheus' scrape interval for the replicas (the chart's ServiceMonitor); 0: the exact
+    view, windows aligned to the control interval and complete at each decision."""
+    recent_window_s: float = 30.0
+    """The window of the fast arrival rate (`Observation.recent_qps`): the operator's
+    `recent_window_seconds`. `rate()` needs two scrapes inside it, or there is no value."""
     balancing: Balancing = "random"
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.scrape_interval_s < 0 or self.recent_window_s <= 0 or self.window_s <= 0:
+            raise ValueError("windows must be positive and the scrape interval not negative")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +91,8 @@ class _Tick:
 
 @dataclass(eq=False)
 class Pod:
+    index: int
+    """Its name, in effect: the order in which the Deployment created it."""
     replica: Replica
     requested_at: float
     ready_at: float
@@ -86,6 +114,8 @@ class Pod:
 class _Fleet:
     truth: ServiceTruth
     config: ClusterConfig
+    telemetry: Telemetry
+    deadline_s: float | None
     pods: list[Pod] = field(default_factory=list)
     batch_size: int = 1
     delay_s: float = 0.0
@@ -101,7 +131,16 @@ class _Fleet:
         """Pods whose metrics Prometheus has: ready ones and ones still draining."""
         return len(self.ready(t)) + sum(1 for p in self.pods if p.draining)
 
-    def apply(self, command: Command, now: float, *, cold_start: bool) -> None:
+    def retire(self, pod: Pod, at: float) -> None:
+        """It stops costing, and Prometheus stops scraping it."""
+        pod.gone_at = at
+        self.telemetry.remove_target(pod.index, at=at)
+
+    def apply(
+        self, command: Command, now: float, *, cold_start: bool, scraped_since: float | None = None
+    ) -> None:
+        """Put `command` in force at `now`. New pods are scraped once ready, or from
+        `scraped_since` (pods that existed, idle, before the simulation began)."""
         self.batch_size = command.batch_size
         self.delay_s = command.max_queue_delay_s
         for pod in self.pods:
@@ -110,20 +149,23 @@ class _Fleet:
                 pod.replica.delay_s = command.max_queue_delay_s
         active = self.active()
         for _ in range(command.replicas - len(active)):
-            self.pods.append(
-                Pod(
-                    replica=Replica(
-                        alpha_s=self.truth.alpha_s,
-                        beta_s=self.truth.beta_s,
-                        max_batch=command.batch_size,
-                        delay_s=command.max_queue_delay_s,
-                        capacity=self.config.queue_capacity,
-                        start=now,
-                    ),
-                    requested_at=now,
-                    ready_at=now + (self.config.cold_start_s if cold_start else 0.0),
-                )
+            pod = Pod(
+                index=len(self.pods),
+                replica=Replica(
+                    alpha_s=self.truth.alpha_s,
+                    beta_s=self.truth.beta_s,
+                    max_batch=command.batch_size,
+                    delay_s=command.max_queue_delay_s,
+                    capacity=self.config.queue_capacity,
+                    deadline_s=self.deadline_s,
+                    start=now,
+                ),
+                requested_at=now,
+                ready_at=now + (self.config.cold_start_s if cold_start else 0.0),
             )
+            self.pods.append(pod)
+            since = pod.ready_at if scraped_since is None else scraped_since
+            self.telemetry.add_target(pod.index, since=since)
         surplus = len(active) - command.replicas
         if surplus > 0:
             # Starting pods go first (a ReplicaSet deletes not-ready pods first), then the newest.
@@ -131,7 +173,7 @@ class _Fleet:
             for pod in victims:
                 pod.removed_at = now
                 if pod.ready_at > now or pod.replica.idle_at(now):
-                    pod.gone_at = now
+                    self.retire(pod, now)
 
 
 def simulate_cluster(
@@ -149,10 +191,24 @@ def simulate_cluster(
     interval = config.interval_s
     count = max(1, math.ceil(trace.duration_s / interval - 1e-9))
     telemetry = Telemetry(
-        intervals=count, interval_s=interval, sla_s=sla_s, overhead_s=truth.overhead_s
+        intervals=count,
+        interval_s=interval,
+        sla_s=sla_s,
+        overhead_s=truth.overhead_s,
+        window_s=config.window_s,
+        recent_window_s=config.recent_window_s,
+        scrape_interval_s=config.scrape_interval_s,
+        seed=config.seed,
     )
-    fleet = _Fleet(truth=truth, config=config)
-    fleet.apply(controller.initial(), 0.0, cold_start=False)  # the Deployment already exists
+    deadline_s = (
+        default_deadline_ms(sla_ms=sla_s * 1e3, outside_s=truth.overhead_s) / 1e3
+        if config.admission == "deadline"
+        else None
+    )
+    fleet = _Fleet(truth=truth, config=config, telemetry=telemetry, deadline_s=deadline_s)
+    # The Deployment already exists, idle, and Prometheus has scraped it for a while.
+    history = max(config.window_s, config.recent_window_s) + config.scrape_interval_s
+    fleet.apply(controller.initial(), 0.0, cold_start=False, scraped_since=-history)
     robin = 0
     ticks: list[_Tick] = []
     for k in range(count):
@@ -161,9 +217,7 @@ def simulate_cluster(
         reason = "initial settings"
         if k > 0:
             ready_now = len(fleet.ready(start))
-            observation = telemetry.observe(
-                k, window_s=config.window_s, ready=ready_now, reporting=fleet.reporting(start)
-            )
+            observation = telemetry.observe(k, ready=ready_now, reporting=fleet.reporting(start))
             observed_p99 = observation.p99_s
             current = InForce(len(fleet.active()), fleet.batch_size, fleet.delay_s)
             command = controller.decide(observation, current, now=start, interval=k)
@@ -189,7 +243,10 @@ def simulate_cluster(
         )
     # Traffic has stopped: let every replica finish what it holds.
     telemetry.record(
-        [p.replica.serve([], since=trace.duration_s, until=math.inf) for p in fleet.pods],
+        [
+            (p.index, p.replica.serve([], since=trace.duration_s, until=math.inf))
+            for p in fleet.pods
+        ],
         alpha_s=truth.alpha_s,
         beta_s=truth.beta_s,
     )
@@ -221,6 +278,10 @@ def simulate_cluster(
             "windowS": config.window_s,
             "coldStartS": config.cold_start_s if controller.cold_start else 0.0,
             "queueCapacity": config.queue_capacity,
+            "admission": config.admission,
+            "deadlineS": deadline_s,
+            "scrapeIntervalS": config.scrape_interval_s,
+            "recentWindowS": config.recent_window_s,
             "balancing": config.balancing,
             "seed": config.seed,
         },
@@ -239,9 +300,9 @@ def _serve(
     """Serve [lo, hi): spread its arrivals over the ready pods, run every pod's batches."""
     arrivals = trace.arrivals(lo, hi, rng)
     ready = fleet.ready(lo)
-    served: list[Served] = []
+    served: list[tuple[int, Served]] = []
     if not ready:
-        telemetry.record_shed(int(arrivals.shape[0]), lo)  # no endpoints: refused
+        telemetry.record_unreached(int(arrivals.shape[0]), lo)  # no endpoints: refused
     else:
         n = len(ready)
         if fleet.config.balancing == "random":
@@ -253,15 +314,14 @@ def _serve(
         bounds = np.concatenate([[0], np.cumsum(np.bincount(target, minlength=n))])
         ordered = arrivals[order]
         for i, pod in enumerate(ready):
-            mine = ordered[bounds[i] : bounds[i + 1]].tolist()
-            result = pod.replica.serve(mine, since=lo, until=hi)
-            telemetry.record_shed(result.shed, lo)
-            served.append(result)
+            mine = ordered[bounds[i] : bounds[i + 1]]
+            telemetry.record_arrivals(pod.index, mine)
+            served.append((pod.index, pod.replica.serve(mine.tolist(), since=lo, until=hi)))
     for pod in fleet.pods:
         if pod.draining:
-            served.append(pod.replica.serve([], since=lo, until=hi))
+            served.append((pod.index, pod.replica.serve([], since=lo, until=hi)))
             if pod.replica.idle_at(hi):
-                pod.gone_at = max(lo, pod.replica.free_at)
+                fleet.retire(pod, max(lo, pod.replica.free_at))
     telemetry.record(served, alpha_s=fleet.truth.alpha_s, beta_s=fleet.truth.beta_s)
     return robin
 

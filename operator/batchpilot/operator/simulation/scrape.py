@@ -137,6 +137,14 @@ class Target:
         sums = np.bincount((rows - lo) * width + cols, weights, minlength=(hi - lo + 1) * width)
         self.values[lo : hi + 1] += sums.reshape(hi - lo + 1, width)
 
+    def count(self, times: FloatArray, col: int) -> None:
+        """One event in series `col` at each of `times`."""
+        if times.shape[0] == 0:
+            return
+        rows = self.rows(times)
+        lo, hi = int(rows.min()), int(rows.max())
+        self.values[lo : hi + 1, col] += np.bincount(rows - lo, minlength=hi - lo + 1)
+
     def _settle(self, upto: int) -> None:
         """Turn rows up to `upto` into counter values."""
         if upto <= self.done:
