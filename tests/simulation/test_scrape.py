@@ -83,6 +83,14 @@ class TestTarget:
         after = target.increase(65.1, 60.0, slice(0, 1))[0]
         assert after == pytest.approx(83 * 60 / 45)
 
+    def test_irate_is_the_rate_between_the_last_two_scrapes_in_the_range(self) -> None:
+        target = self.make()
+        self.add(target, np.concatenate([uniform(2.0, 0.0, 35.0), uniform(6.0, 35.0, 62.0)]))
+        # At 64.9 s the last two scrapes are at 35 and 50 s: 15 s at 6 per second.
+        assert target.last_rate(64.9, 30.0, slice(0, 1))[0] == pytest.approx(6.0)
+        # A range of 10 s holds one scrape: no value.
+        assert math.isnan(target.last_rate(64.9, 10.0, slice(0, 1))[0])
+
     def test_a_lazy_series_starts_at_its_first_non_zero_sample(self) -> None:
         lazy = np.array([True])
         target = Target(phase_s=5.0, interval_s=15.0, since=0.0, until=300.0, columns=1, lazy=lazy)

@@ -706,10 +706,11 @@ def absorbed_rise(
 
 
 def reaction_horizon(state: State, *, interval: float) -> float:
-    """How long until capacity asked for now could take traffic: up to one interval to notice,
-    plus the cold start (learned; `DEFAULT_COLD_START_S` until measured)."""
+    """How long a rise goes uncarried: until the metrics show it (a scrape, then the next
+    decision: about two intervals, the scrape interval being about one), plus the cold start
+    (learned; `DEFAULT_COLD_START_S` until measured)."""
     cold = state.cold_start_s if state.cold_start_s is not None else DEFAULT_COLD_START_S
-    return (interval or DEFAULT_INTERVAL_S) + cold
+    return 2 * (interval or DEFAULT_INTERVAL_S) + cold
 
 
 def explain(

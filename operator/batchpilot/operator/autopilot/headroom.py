@@ -1,22 +1,23 @@
 """Headroom from the traffic's own variability: plan for the rises the error budget cannot pay for.
 
-A replica asked for now takes traffic only after the next decision notices the need and a cold
-start has passed — the reaction horizon. A rise within it that the replicas in force cannot
-carry costs about one horizon outside the SLA; how often the load rises, and how far, is a
-property of the service's traffic, visible in its recent history. So the autopilot keeps the
-offered rate per 30 s over the last hour (`RateHistory`, in `status.autopilot`) and finds the
-*episodes* of rising in it: runs of 30 s buckets from which the load rose by more than the
-growth margin within one horizon, each with its peak rise (max over the next horizon / the rate
-at its start).
+A replica asked for now takes traffic only after the metrics show the need and a cold start has
+passed — the reaction horizon. A rise within it that the replicas in force cannot carry costs
+about one horizon outside the SLA; how often the load rises, and how high, is a property of the
+service's traffic, visible in its recent history. So the autopilot keeps the offered rate per
+30 s over the last hour (`RateHistory`, in `status.autopilot`) and finds the *episodes* of
+rising in it: runs of 30 s buckets from which the load rose by more than the growth margin
+within one horizon, each with its *reach* — the highest rate it attained.
 
-Then it weighs idle GPU-seconds against the error budget. Covering a rise of c× means planning
-for c times the rate now (capped by the hour's peak); every episode that rose further than that,
-minus what the latency headroom absorbs, is expected to recur at the rate it happened and to cost
-a horizon outside the SLA. The coverage chosen is the smallest whose uncovered episodes the
-budget can afford: their rate × the horizon ≤ the share of time the budget still allows outside
-the SLA (none while it burns faster than the objective allows or is spent; the objective's
-whole budget share while untouched). A rise counts only once it recurs: one step or one flash
-crowd in the hour is an event, two are a pattern worth paying idle replicas for.
+Then it weighs idle GPU-seconds against the error budget. Planning for a level L keeps enough
+replicas for L now, whatever the present rate; every episode that reached beyond L (less what
+the latency headroom absorbs) is expected to recur as often as it happened and to cost a horizon
+outside the SLA. The level chosen is the lowest whose uncovered episodes the budget can afford:
+their rate × the horizon ≤ the share of time the budget still allows outside the SLA (none while
+it burns faster than the objective allows or is spent; half the objective's share while
+untouched, the other half a reserve). A level counts only once it recurs — it is at most the
+second-highest reach: one step or one flash crowd in the hour is an event, two are a pattern
+worth paying idle replicas for. Levels are rates, not ratios: what on/off traffic repeats is the
+burst's height, whatever the quiet before it.
 
 Pure: arithmetic on tuples.
 """
@@ -41,6 +42,8 @@ FLOOR_SHARE = 0.05
 ratio is unbounded, while what matters is the load the next minutes bring."""
 MIN_RISES = 10
 """Fewer rise samples than this (five minutes of history) are no basis for a pattern."""
+BUDGET_RESERVE = 0.5
+"""The share of the error budget never planned to be spent (variance, the unforeseen)."""
 GROWTH_MARGIN = 1.05
 """Plan for at least 5 % more load than seen now: traffic moves between two decisions. A rise
 within the horizon beyond it starts an episode."""
@@ -68,9 +71,10 @@ class RateHistory:
     def peak(self) -> float:
         return max(self.rates, default=0.0)
 
-    def rises(self, horizon_s: float) -> list[float]:
-        """For every bucket with a full horizon after it: the highest rate within the horizon
-        after it over its own rate (from at least `FLOOR_SHARE` of the peak)."""
+    def rises(self, horizon_s: float) -> list[tuple[float, float]]:
+        """For every bucket with a full horizon after it: (rise, reach) — the highest rate within
+        the horizon after it (the reach) over its own rate (from at least `FLOOR_SHARE` of the
+        peak)."""
         ahead = max(1, math.ceil(horizon_s / BUCKET_S))
         rates = self.rates
         floor = max(1.0, FLOOR_SHARE * self.peak)
@@ -81,7 +85,7 @@ class RateHistory:
                 continue
             later = max(rates[i + 1 : i + 1 + ahead])  # UNSEEN is below every rate
             if later != UNSEEN:
-                out.append(later / (start if start > floor else floor))
+                out.append((later / (start if start > floor else floor), later))
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -98,30 +102,32 @@ class RateHistory:
             return cls()
 
 
-def episodes(rises: list[float]) -> list[float]:
-    """The peak rise of each run of consecutive samples rising beyond the growth margin."""
-    peaks: list[float] = []
+def episodes(rises: list[tuple[float, float]]) -> list[float]:
+    """The reach (the highest rate attained) of each run of consecutive samples rising beyond
+    the growth margin within the horizon."""
+    reaches: list[float] = []
     running = False
-    for rise in rises:
+    for rise, reach in rises:
         if rise > GROWTH_MARGIN:
             if running:
-                peaks[-1] = max(peaks[-1], rise)
+                reaches[-1] = max(reaches[-1], reach)
             else:
-                peaks.append(rise)
+                reaches.append(reach)
             running = True
         else:
             running = False
-    return peaks
+    return reaches
 
 
 def affordable(objective: Objective, report: SloReport) -> float:
     """The share of time the error budget can still pay for outside the SLA: none while it burns
-    faster than the objective allows (over either alert's long lookback) or is spent; the
-    objective's budget share times what is left of it otherwise (all of it before any verdict)."""
+    faster than the objective allows (over either alert's long lookback) or is spent; otherwise
+    the objective's budget share times what is left of it (all of it before any verdict), less
+    a reserve: a plan that expects to spend the whole budget misses the objective half the time."""
     if any(rate > 1.0 for rate in report.burn_rates.values()):
         return 0.0
     remaining = 1.0 if report.budget_remaining is None else report.budget_remaining
-    return max(0.0, min(1.0, remaining)) * objective.budget
+    return max(0.0, min(1.0, remaining)) * objective.budget * (1 - BUDGET_RESERVE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +135,7 @@ class Headroom:
     rate: float
     """The rate to plan capacity for."""
     coverage: float
-    """How many times the rate now the plan covers (1: no recurring rise planned for)."""
+    """The planned rate over the rate now (1: no recurring rise planned for)."""
     note: str
 
 
@@ -141,42 +147,38 @@ def plan_rate(
     affordable: float,
     absorbed: Callable[[], float] = lambda: 1.0,
 ) -> Headroom:
-    """The load to plan for: `present` times the smallest coverage whose uncovered recurring
-    rises the budget can afford (`affordable`: a share of time), at most the hour's peak (or the
-    present) plus the growth margin, at least the present plus it.
+    """The load to plan for: the lowest recurring level whose uncovered episodes the budget
+    can afford (`affordable`: a share of time), and at least the present plus the growth margin.
 
     `absorbed()` is the rise the plan already survives: capacity is planned for a P99 below the
     SLA (`SLA_HEADROOM`), so a replica carries this many times its planned load before the SLA
-    itself breaks. Only the part of a rise beyond it needs replicas (asked only when rises
+    itself breaks. Only the part of a reach beyond it needs replicas (asked only when rises
     recur: it costs a capacity search)."""
     least = present * GROWTH_MARGIN
     rises = history.rises(horizon_s)
-    peaks = episodes(rises)
-    if len(rises) < MIN_RISES or len(peaks) < 2:
+    reaches = episodes(rises)
+    if len(rises) < MIN_RISES or len(reaches) < 2:
         return Headroom(least, 1.0, "")
     absorb = max(1.0, absorbed())
-    breaking = sorted(peak / absorb for peak in peaks if peak > absorb)
+    # What each episode needs of the replicas in force: the latency headroom carries the rest.
+    breaking = sorted(reach / absorb for reach in reaches if reach / absorb > least)
     if len(breaking) < 2:
         return Headroom(least, 1.0, "")
     per_second = 1.0 / (len(rises) * BUCKET_S)
-    coverage = breaking[-2]  # the highest rise that recurred
-    for level in [1.0, *breaking[:-2]]:
-        uncovered = sum(1 for b in breaking if b > level)
+    level = breaking[-2]  # the highest level that recurred
+    for candidate in [least, *breaking[:-2]]:
+        uncovered = sum(1 for b in breaking if b > candidate)
         if uncovered * per_second * horizon_s <= affordable:
-            coverage = level
+            level = candidate
             break
-    if coverage <= 1.0:
+    if level <= least:
         return Headroom(least, 1.0, "")
-    base = max(present, FLOOR_SHARE * history.peak)
-    ceiling = max(history.peak, present) * GROWTH_MARGIN
-    rate = max(least, min(base * coverage, ceiling))
-    if rate <= least:
-        return Headroom(least, coverage, "")
     cost = len(breaking) * per_second * horizon_s
     note = (
-        f"; planning for {rate:.0f} rps: the load rose up to {coverage * absorb:.2f}× within "
-        f"{horizon_s:.0f} s (the time to notice and start a replica) {len(breaking)} times in "
-        f"the last hour; uncovered, that would cost ~{cost:.1%} of the time outside the SLA, "
-        f"more than the error budget affords ({affordable:.2%})"
+        f"; planning for {level:.0f} rps: the load reached {level * absorb:.0f} rps or more "
+        f"within {horizon_s:.0f} s (the time to notice and start a replica) "
+        f"{sum(1 for b in breaking if b >= level)} of {len(reaches)} times it rose in the last "
+        f"hour; uncovered, those rises would cost ~{cost:.1%} of the time outside the SLA, more "
+        f"than the error budget affords ({affordable:.2%})"
     )
-    return Headroom(rate, coverage, note)
+    return Headroom(level, level / max(present, 1e-9), note)

@@ -41,10 +41,11 @@ class Observation:
     """Requests that arrived per second, counted at arrival by the runtime whatever became of
     them (served, refused, expired); None from runtimes that do not count arrivals."""
     recent_qps: float | None = None
-    """Arrivals per second over the last `recent_window_s` only: the fast signal. The window's
-    rate trails a sudden rise by half the window; this one by half of a much shorter one, at the
-    price of more Poisson noise. None where it cannot be measured (too few samples)."""
+    """Arrivals per second over the last `recent_window_s` only (between the last two scrapes):
+    the fast signal. The window's rate trails a sudden rise by half the window; this one by half
+    a scrape interval, at the price of more Poisson noise. None where it cannot be measured."""
     recent_window_s: float | None = None
+    """The span the recent rate covers."""
 
     @property
     def offered_qps(self) -> float | None:

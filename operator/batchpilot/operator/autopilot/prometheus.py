@@ -45,8 +45,8 @@ class Scope:
 def queries(
     scope: Scope, *, window_s: int, utilization: UtilizationSource, recent_s: int | None = None
 ) -> dict[str, str]:
-    """The PromQL for each signal, by name. `recent_s` adds the fast signal: arrivals over that
-    short window (it needs at least two scrapes inside it, or the answer is empty)."""
+    """The PromQL for each signal, by name. `recent_s` adds the fast signal: the arrival rate
+    between the last two scrapes within that range (empty unless two scrapes fit in it)."""
     sel, w = scope.selector, f"{window_s}s"
 
     def quantile(q: float, metric: str) -> str:
@@ -67,10 +67,11 @@ def queries(
             f'pod=~"{scope.isvc}-.*"}}[{w}])) / 100'
         ),
     }[utilization]
+    # irate: the rate between the last two scrapes in the range, the freshest Prometheus has.
     recent = (
         {}
         if recent_s is None
-        else {"recent": f"sum(rate(batchpilot_arrivals_total{{{sel}}}[{recent_s}s]))"}
+        else {"recent": f"sum(irate(batchpilot_arrivals_total{{{sel}}}[{recent_s}s]))"}
     )
     return recent | {
         "p99": quantile(0.99, "batchpilot_request_duration_seconds"),
@@ -177,7 +178,10 @@ class PrometheusObserver:
             ready_replicas=ready_replicas,
             arrival_qps=arrivals,
             recent_qps=recent,
-            recent_window_s=None if recent is None else self._recent_s,
+            # two scrapes fit the range: their distance is about half of it
+            recent_window_s=None
+            if recent is None or self._recent_s is None
+            else self._recent_s / 2,
         )
 
 

@@ -48,7 +48,7 @@ import numpy as np
 
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation
 from batchpilot.operator.simulation.replica import FloatArray, IntArray, Served
-from batchpilot.operator.simulation.scrape import Target, sum_rate
+from batchpilot.operator.simulation.scrape import Target, sum_irate, sum_rate
 from batchpilot.runtime.metrics import LATENCY_BUCKETS
 
 POW2_SLOTS = 16
@@ -430,7 +430,7 @@ class Telemetry:
         targets = [t for t in self.targets.values() if t.origin < now and t.stop > forgotten]
         reporting = sum(1 for t in targets if t.present(now))
         rates = sum_rate(targets, now, window, slice(0, Column.COUNT))
-        recent = sum_rate(
+        recent = sum_irate(
             targets, now, self.recent_window_s, slice(Column.ARRIVALS, Column.ARRIVALS + 1)
         )
         bounds = self.bounds.tolist()
@@ -470,5 +470,5 @@ class Telemetry:
             ready_replicas=ready,
             arrival_qps=_number(rates[Column.ARRIVALS]) if counted else None,
             recent_qps=fast,
-            recent_window_s=None if fast is None else self.recent_window_s,
+            recent_window_s=None if fast is None else self.scrape_interval_s,
         )

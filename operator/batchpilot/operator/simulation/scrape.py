@@ -191,6 +191,20 @@ class Target:
             end=at,
         )
 
+    def last_rate(self, at: float, range_s: float, cols: slice) -> FloatArray:
+        """`irate(series[range_s])` at `at`: the rate between the last two samples scraped in
+        the range (NaN: fewer than two)."""
+        width = len(range(*cols.indices(self.values.shape[1])))
+        last = self._last_row(at)
+        lo = max(0, math.floor((at - range_s - self.origin) / self.interval_s) + 1)
+        if last - lo < 1:
+            return np.full(width, np.nan)
+        self._settle(last)
+        values = self.values[:, cols]
+        born = self.born[cols]
+        rate: FloatArray = (values[last] - values[last - 1]) / self.interval_s
+        return np.where(born <= last - 1, rate, np.nan)
+
     def present(self, at: float) -> bool:
         """Whether its series are in an instant vector at `at`: scraped before, and neither
         marked stale (the marker comes one interval after the scrape that did not happen, plus
@@ -218,3 +232,15 @@ def sum_rate(targets: Iterable[Target], at: float, range_s: float, cols: slice) 
     seen = ~np.isnan(stacked)
     total: FloatArray = np.where(seen.any(axis=0), np.where(seen, stacked, 0.0).sum(axis=0), np.nan)
     return total / range_s
+
+
+def sum_irate(targets: Iterable[Target], at: float, range_s: float, cols: slice) -> FloatArray:
+    """`sum(irate(series[range_s]))` at `at`: NaN where no target has two samples in range."""
+    width = cols.stop - cols.start
+    rates = [target.last_rate(at, range_s, cols) for target in targets]
+    if not rates:
+        return np.full(width, np.nan)
+    stacked = np.vstack(rates)
+    seen = ~np.isnan(stacked)
+    total: FloatArray = np.where(seen.any(axis=0), np.where(seen, stacked, 0.0).sum(axis=0), np.nan)
+    return total
