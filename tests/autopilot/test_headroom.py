@@ -47,11 +47,11 @@ class TestRateHistory:
 
     def test_rises_look_one_horizon_ahead(self) -> None:
         rises = history_of([100, 100, 100, 300, 300, 300]).rises(HORIZON)  # 3 buckets ahead
-        assert rises == [(3.0, 300), (3.0, 300), (3.0, 300)]
+        assert rises == [(3.0, 300, 100), (3.0, 300, 100), (3.0, 300, 100)]
 
     def test_rises_from_idle_are_measured_from_a_floor_of_the_peak(self) -> None:
         rises = history_of([0, 0, 0, 0, 200, 200, 200, 200]).rises(HORIZON)
-        assert max(rise for rise, _ in rises) == pytest.approx(200 / 10)  # 5 % of the peak
+        assert max(rise for rise, _, _ in rises) == pytest.approx(200 / 10)  # 5 % of the peak
 
     def test_survives_the_status(self) -> None:
         history = history_of([1.25, 2.5, 3.75])
@@ -141,8 +141,20 @@ class TestRecurrence:
         assert plan.rate == pytest.approx(200)
 
     def test_episodes_are_runs_of_rising_samples(self) -> None:
-        rises = [(1.0, 10), (2.0, 20), (3.0, 30), (1.0, 30), (1.5, 45), (1.0, 45), (1.04, 46)]
+        # (rise, reach, rate): up from 10 to 30, back down to 10, up to 45
+        rises = [(2.0, 20, 10), (3.0, 30, 10), (1.0, 30, 30), (1.0, 10, 10), (4.5, 45, 10)]
         assert episodes(rises) == [30, 45]
+
+    def test_a_ramp_whose_rise_pauses_is_one_episode(self) -> None:
+        # up from 10 to 30, a pause at 28 (above halfway), on up to 45
+        rises = [(3.0, 30, 10), (1.0, 30, 28), (1.6, 45, 28)]
+        assert episodes(rises) == [45]
+
+    def test_a_long_ramp_up_and_down_is_no_pattern(self) -> None:
+        ramp = [100.0 + 10 * k for k in range(60)]
+        rates = ramp + ramp[::-1]
+        plan = plan_rate(150, history_of(rates), horizon_s=HORIZON, affordable=0.0)
+        assert plan.rate == pytest.approx(150 * GROWTH_MARGIN)
 
 
 class TestAffordable:

@@ -71,10 +71,10 @@ class RateHistory:
     def peak(self) -> float:
         return max(self.rates, default=0.0)
 
-    def rises(self, horizon_s: float) -> list[tuple[float, float]]:
-        """For every bucket with a full horizon after it: (rise, reach) — the highest rate within
-        the horizon after it (the reach) over its own rate (from at least `FLOOR_SHARE` of the
-        peak)."""
+    def rises(self, horizon_s: float) -> list[tuple[float, float, float]]:
+        """For every bucket with a full horizon after it: (rise, reach, rate) — its rate, the
+        highest rate within the horizon after it (the reach), and the one over the other (from
+        at least `FLOOR_SHARE` of the peak)."""
         ahead = max(1, math.ceil(horizon_s / BUCKET_S))
         rates = self.rates
         floor = max(1.0, FLOOR_SHARE * self.peak)
@@ -85,7 +85,7 @@ class RateHistory:
                 continue
             later = max(rates[i + 1 : i + 1 + ahead])  # UNSEEN is below every rate
             if later != UNSEEN:
-                out.append((later / (start if start > floor else floor), later))
+                out.append((later / (start if start > floor else floor), later, start))
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -102,20 +102,24 @@ class RateHistory:
             return cls()
 
 
-def episodes(rises: list[tuple[float, float]]) -> list[float]:
-    """The reach (the highest rate attained) of each run of consecutive samples rising beyond
-    the growth margin within the horizon."""
+def episodes(rises: list[tuple[float, float, float]]) -> list[float]:
+    """The reach of each episode of rising: samples rising beyond the growth margin within the
+    horizon, together until the load falls back below halfway between the episode's start and
+    its reach. A ramp, or a burst that climbs in steps, is one episode however often its rise
+    pauses; only a load that came back down and rose again is a second."""
     reaches: list[float] = []
-    running = False
-    for rise, reach in rises:
+    start = 0.0
+    lowest = math.inf  # the lowest rate since the last rising sample
+    for rise, reach, rate in rises:
         if rise > GROWTH_MARGIN:
-            if running:
+            if reaches and lowest > (start + reaches[-1]) / 2:
                 reaches[-1] = max(reaches[-1], reach)
             else:
                 reaches.append(reach)
-            running = True
+                start = rate
+            lowest = math.inf
         else:
-            running = False
+            lowest = min(lowest, rate)
     return reaches
 
 
