@@ -80,9 +80,7 @@ def test_bursty_traffic_meets_its_97_percent_objective_for_less_than_static(name
 
 @pytest.mark.parametrize("baseline", ["static", "hpa"])
 @pytest.mark.parametrize("name", SMOOTH + BURSTY)
-def test_no_baseline_reaches_more_intervals_for_fewer_gpu_seconds(
-    name: str, baseline: str
-) -> None:
+def test_no_baseline_reaches_more_intervals_for_fewer_gpu_seconds(name: str, baseline: str) -> None:
     mine, theirs = plane(name, "autopilot"), plane(name, baseline)
     assert not (theirs[0] > mine[0] and theirs[1] < mine[1])
 
