@@ -84,8 +84,9 @@ def test_rate_and_latency_read_back_agree_with_the_load_generator(
     # the offered load, counted at arrival by the runtime: all of it was served here
     assert observation.arrival_qps == pytest.approx(observation.qps, rel=0.02)
     assert observation.offered_qps == pytest.approx(report.achieved_qps, rel=0.10)
-    # the fast signal: arrivals over the last 3 s only, the same load
-    assert observation.recent_window_s == 3
+    # the fast signal: arrivals between the last two scrapes in a 3 s range (its span taken as
+    # half the range), the same load
+    assert observation.recent_window_s == 1.5
     assert observation.recent_qps == pytest.approx(report.achieved_qps, rel=0.25)
     assert observation.p99_s is not None
     assert report.service_latency_ms is not None
