@@ -143,12 +143,21 @@ class TestRecurrence:
     def test_episodes_are_runs_of_rising_samples(self) -> None:
         # (rise, reach, rate): up from 10 to 30, back down to 10, up to 45
         rises = [(2.0, 20, 10), (3.0, 30, 10), (1.0, 30, 30), (1.0, 10, 10), (4.5, 45, 10)]
-        assert episodes(rises) == [30, 45]
+        assert episodes(rises) == [(10, 30), (10, 45)]
 
     def test_a_ramp_whose_rise_pauses_is_one_episode(self) -> None:
         # up from 10 to 30, a pause at 28 (above halfway), on up to 45
         rises = [(3.0, 30, 10), (1.0, 30, 28), (1.6, 45, 28)]
-        assert episodes(rises) == [45]
+        assert episodes(rises) == [(10, 45)]
+
+    def test_on_the_way_down_the_rises_near_the_peak_do_not_count(self) -> None:
+        # bursts from 800 to 1000 and back, twice, then the load falls to 300: those rises
+        # started far above where the load is now, and say nothing about 300
+        rates = [800.0] * 20 + [1000.0] * 6 + [800.0] * 10 + [1000.0] * 6 + [300.0] * 30
+        plan = plan_rate(300, history_of(rates), horizon_s=HORIZON, affordable=0.0)
+        assert plan.rate == pytest.approx(300 * GROWTH_MARGIN)
+        at_the_base = plan_rate(800, history_of(rates[:50]), horizon_s=HORIZON, affordable=0.0)
+        assert at_the_base.rate == pytest.approx(1000)
 
     def test_a_long_ramp_up_and_down_is_no_pattern(self) -> None:
         ramp = [100.0 + 10 * k for k in range(60)]

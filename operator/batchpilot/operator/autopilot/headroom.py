@@ -102,25 +102,23 @@ class RateHistory:
             return cls()
 
 
-def episodes(rises: list[tuple[float, float, float]]) -> list[float]:
-    """The reach of each episode of rising: samples rising beyond the growth margin within the
-    horizon, together until the load falls back below halfway between the episode's start and
-    its reach. A ramp, or a burst that climbs in steps, is one episode however often its rise
-    pauses; only a load that came back down and rose again is a second."""
-    reaches: list[float] = []
-    start = 0.0
+def episodes(rises: list[tuple[float, float, float]]) -> list[tuple[float, float]]:
+    """(start, reach) of each episode of rising: samples rising beyond the growth margin within
+    the horizon, together until the load falls back below halfway between the episode's start
+    and its reach. A ramp, or a burst that climbs in steps, is one episode however often its
+    rise pauses; only a load that came back down and rose again is a second."""
+    found: list[tuple[float, float]] = []
     lowest = math.inf  # the lowest rate since the last rising sample
     for rise, reach, rate in rises:
         if rise > GROWTH_MARGIN:
-            if reaches and lowest > (start + reaches[-1]) / 2:
-                reaches[-1] = max(reaches[-1], reach)
+            if found and lowest > (found[-1][0] + found[-1][1]) / 2:
+                found[-1] = (found[-1][0], max(found[-1][1], reach))
             else:
-                reaches.append(reach)
-                start = rate
+                found.append((rate, reach))
             lowest = math.inf
         else:
             lowest = min(lowest, rate)
-    return reaches
+    return found
 
 
 def affordable(objective: Objective, report: SloReport) -> float:
@@ -160,7 +158,9 @@ def plan_rate(
     recur: it costs a capacity search)."""
     least = present * GROWTH_MARGIN
     rises = history.rises(horizon_s)
-    reaches = episodes(rises)
+    # Episodes that rose from about where the load is now: on the way down from a peak, the
+    # rises that led up to it say nothing about what the next minutes bring.
+    reaches = [reach for start, reach in episodes(rises) if start < (present + reach) / 2]
     if len(rises) < MIN_RISES or len(reaches) < 2:
         return Headroom(least, 1.0, "")
     absorb = max(1.0, absorbed())
