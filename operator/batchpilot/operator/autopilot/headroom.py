@@ -16,7 +16,9 @@ their rate × the horizon ≤ the share of time the budget still allows outside 
 it burns faster than the objective allows or is spent; half the objective's share while
 untouched, the other half a reserve). A level counts only once it recurs — it is at most the
 second-highest reach: one step or one flash crowd in the hour is an event, two are a pattern
-worth paying idle replicas for. Levels are rates, not ratios: what on/off traffic repeats is the
+worth paying idle replicas for. And only episodes that rose from about where the load is now
+count: on the way down from a peak, the rises that led up to it say nothing about the next
+minutes. Levels are rates, not ratios: what on/off traffic repeats is the
 burst's height, whatever the quiet before it.
 
 Pure: arithmetic on tuples.
