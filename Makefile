@@ -35,6 +35,8 @@ lint: install
 	$(BIN)/ruff check runtime operator tests bench
 	$(BIN)/ruff format --check runtime operator tests bench
 	$(BIN)/mypy runtime/batchpilot operator/batchpilot
+	# The import contracts in pyproject.toml's [tool.importlinter]: pure core, tools, layers.
+	$(BIN)/lint-imports
 
 test: install lint
 	$(BIN)/pytest -q
@@ -49,7 +51,7 @@ bench: install
 	$(BIN)/python bench/operator_scale.py --count 200 --json bench/operator-scale.json
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .import_linter_cache
 
 # ---- images and kind: for machines with Docker (docs/operations.md) -----------------------------
 DOCKER ?= docker
