@@ -593,3 +593,11 @@ class TestRecurringBursts:
             obs = replace(obs, arrival_qps=qps, mean_batch=8 if busy else None)
             decision, current, state = step(obs, current, state, now)
         assert decision.replicas == 1
+
+    def test_over_the_sla_the_batch_limit_is_not_lowered(self) -> None:
+        # All replicas ready, but the window was over the SLA: the plan would relax the batch
+        # limit to its own choice; over the SLA, the limit with the most capacity stays.
+        best = burst_batch(MODEL, POLICY, delay_s=0.005, overhead_s=0.0)
+        obs = seen(at=TICK, qps=900, p99_ms=130, ready=3, batch=best)
+        decision, _ = decide(obs, POLICY, InForce(3, best, 0.005), State(fit=MODEL), TICK)
+        assert decision.batch_size == best

@@ -511,14 +511,16 @@ def decide(
     )
     if pace_note:
         notes.append(pace_note)
-    if model is not None and not idle and replicas > ready:
-        # 7. Absorb: until the new replicas take traffic, the ready ones carry it all. The batch
-        # limit moves in seconds and costs nothing: the one with the most capacity at the SLA.
+    if model is not None and not idle and (replicas > ready or sla_met is False):
+        # 7. Absorb: until the new replicas take traffic, the ready ones carry it all; and over
+        # the SLA, capacity is not given back. The batch limit moves in seconds and costs
+        # nothing: the one with the most capacity inside the SLA itself.
         absorbing = burst_batch(model, policy, delay_s=delay_s, overhead_s=overhead or 0.0)
         if absorbing != want_batch:
-            why += (
-                f"; batch ≤ {absorbing} (the most a replica carries inside the SLA) while "
+            why += f"; batch ≤ {absorbing} (the most a replica carries inside the SLA) while " + (
                 f"{replicas - ready} of {replicas} replicas start"
+                if replicas > ready
+                else "over the SLA"
             )
             want_batch = absorbing
     retuned = (want_batch, delay_s) != (current.batch_size, current.max_queue_delay_s)
