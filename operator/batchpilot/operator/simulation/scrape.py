@@ -221,26 +221,24 @@ class Target:
         return at - self.time(last) <= LOOKBACK_S
 
 
+def _sum(per_target: list[FloatArray], width: int) -> FloatArray:
+    """`sum(...)` over targets, column by column: NaN where no target has a value."""
+    if not per_target:
+        return np.full(width, np.nan)
+    stacked = np.vstack(per_target)
+    seen = ~np.isnan(stacked)
+    total: FloatArray = np.where(seen.any(axis=0), np.where(seen, stacked, 0.0).sum(axis=0), np.nan)
+    return total
+
+
 def sum_rate(targets: Iterable[Target], at: float, range_s: float, cols: slice) -> FloatArray:
     """`sum(rate(series[range_s]))` at `at` for the columns `cols` (a slice with a start and a
     stop): NaN where no target has two samples of the series in the range."""
-    width = cols.stop - cols.start
     increases = [target.increase(at, range_s, cols) for target in targets]
-    if not increases:
-        return np.full(width, np.nan)
-    stacked = np.vstack(increases)
-    seen = ~np.isnan(stacked)
-    total: FloatArray = np.where(seen.any(axis=0), np.where(seen, stacked, 0.0).sum(axis=0), np.nan)
-    return total / range_s
+    return _sum(increases, cols.stop - cols.start) / range_s
 
 
 def sum_irate(targets: Iterable[Target], at: float, range_s: float, cols: slice) -> FloatArray:
     """`sum(irate(series[range_s]))` at `at`: NaN where no target has two samples in range."""
-    width = cols.stop - cols.start
     rates = [target.last_rate(at, range_s, cols) for target in targets]
-    if not rates:
-        return np.full(width, np.nan)
-    stacked = np.vstack(rates)
-    seen = ~np.isnan(stacked)
-    total: FloatArray = np.where(seen.any(axis=0), np.where(seen, stacked, 0.0).sum(axis=0), np.nan)
-    return total
+    return _sum(rates, cols.stop - cols.start)
