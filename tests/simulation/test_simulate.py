@@ -120,6 +120,8 @@ def test_the_cli_prints_a_table_and_writes_json(
     document = json.loads(out.read_text())
     assert [r["policy"] for r in document["results"]] == ["autopilot", "static"]
     assert len(document["results"][0]["intervals"]) == 20  # 300 s / 15 s
+    settings = document["results"][0]["settings"]
+    assert (settings["admission"], settings["scrapeIntervalS"]) == ("deadline", 15.0)
     assert set(document["results"][0]["summary"]) >= {
         "intervalAttainment",
         "requestAttainment",
@@ -130,6 +132,21 @@ def test_the_cli_prints_a_table_and_writes_json(
 
 
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")
+def test_the_cli_sets_the_cluster_it_simulates(tmp_path: Path) -> None:
+    trace = tmp_path / "flat.csv"
+    trace.write_text("t_seconds,rate_rps\n0,150\n300,150\n")
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    flags = ["--admission", "queue", "--scrape-interval-s", "5", "--recent-window-s", "10"]
+    args = parser.parse_args(["--trace", str(trace), *flags])
+    config = cli.scenario_of(args).cluster
+    assert (config.admission, config.scrape_interval_s, config.recent_window_s) == (
+        "queue",
+        5.0,
+        10.0,
+    )
+
+
 def test_the_cli_plots(tmp_path: Path) -> None:
     trace = tmp_path / "flat.csv"
     trace.write_text("t_seconds,rate_rps\n0,150\n120,150\n")

@@ -124,6 +124,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cluster.add_argument("--interval-s", type=float, default=15.0, help="control interval")
     cluster.add_argument("--window-s", type=float, default=60.0, help="metrics window")
     cluster.add_argument("--queue-capacity", type=int, default=1024)
+    cluster.add_argument(
+        "--admission",
+        choices=["deadline", "queue"],
+        default="deadline",
+        help="replicas refuse at arrival what they predict late (the runtime's default), or "
+        "shed only when the queue is full",
+    )
+    cluster.add_argument(
+        "--scrape-interval-s",
+        type=float,
+        default=15.0,
+        help="Prometheus' scrape interval for every replica; 0: exact windows, no scraping",
+    )
+    cluster.add_argument(
+        "--recent-window-s",
+        type=float,
+        default=30.0,
+        help="the fast signal's range (autopilot.recentWindowSeconds); two scrapes must fit",
+    )
     cluster.add_argument("--balancing", choices=["random", "round-robin"], default="random")
     cluster.add_argument("--seed", type=int, default=0)
     cluster.add_argument(
@@ -168,6 +187,9 @@ def scenario_of(args: argparse.Namespace) -> Scenario:
             window_s=args.window_s,
             cold_start_s=args.cold_start_s,
             queue_capacity=args.queue_capacity,
+            admission=args.admission,
+            scrape_interval_s=args.scrape_interval_s,
+            recent_window_s=args.recent_window_s,
             balancing=args.balancing,
             seed=args.seed,
         ),
