@@ -393,7 +393,7 @@ def decide(
 
     # 3. Learn: the fit; the latency outside the batcher; the cold start; the load now.
     learned = learn(observation, policy, current, state, now, sla_met=sla_met)
-    model, overhead, settled = learned.fit, learned.overhead_s, learned.settled
+    model, overhead, settled = learned.state.fit, learned.state.overhead_s, learned.settled
     outside = min(overhead or 0.0, sla)
     # Headroom applies to the part of P99 the knobs move: the latency outside the batcher stays.
     target = outside + SLA_HEADROOM * (sla - outside)
@@ -565,8 +565,6 @@ def judge(observation: Observation, policy: Policy) -> bool | None:
 class Learned:
     state: State
     """The state with what was learned (fit, overhead, change, readiness, cold start)."""
-    fit: LatencyFit | None
-    overhead_s: float | None
     settled: bool
     """Whether the window describes the settings in force."""
     interval: float
@@ -632,8 +630,6 @@ def learn(
             cold_start_s=cold_start,
             pending_since=pending,
         ),
-        fit=model,
-        overhead_s=overhead,
         settled=settled,
         interval=interval,
     )
