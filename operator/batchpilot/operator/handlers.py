@@ -15,7 +15,7 @@ from typing import Any
 import kopf
 
 from batchpilot.operator.autopilot.pilot import Autopilot, TickResult
-from batchpilot.operator.autopilot.prometheus import PrometheusObserver, http_query
+from batchpilot.operator.autopilot.prometheus import PrometheusObserver, Seasonality, http_query
 from batchpilot.operator.autopilot.push import push_batching
 from batchpilot.operator.children.common import ISVC_LABEL, MANAGED_BY
 from batchpilot.operator.kinds import INFERENCESERVICE
@@ -59,6 +59,15 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         http_query(_SETTINGS.prometheus_url),
         window_s=_SETTINGS.metrics_window_seconds,
         recent_s=_SETTINGS.recent_window_seconds,
+        seasonality=(
+            Seasonality(
+                period_s=_SETTINGS.seasonal_period_seconds,
+                periods=_SETTINGS.seasonal_periods,
+                lookahead_s=_SETTINGS.seasonal_lookahead_seconds,
+            )
+            if _SETTINGS.seasonal_period_seconds
+            else None
+        ),
         utilization=_SETTINGS.utilization_source,
         clock=time.time,
     )

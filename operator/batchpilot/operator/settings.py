@@ -45,6 +45,15 @@ class OperatorSettings(BaseSettings):
     recent_window_seconds: int = Field(default=30, ge=2)
     """The fast signal's window: arrivals over the last this many seconds, to see a rise before
     the metrics window does. At least two Prometheus scrapes must fit in it."""
+    seasonal_period_seconds: int = Field(default=86_400, ge=0)
+    """The period of the traffic's recurring pattern (a day; a week is 604800): the autopilot
+    plans ahead for a rise that came at this time in each of the last `seasonal_periods`
+    periods. 0 turns the forecast off. Needs that much Prometheus history (retention)."""
+    seasonal_periods: int = Field(default=2, ge=1, le=7)
+    """How many past periods must all show a rise for it to count as a pattern."""
+    seasonal_lookahead_seconds: int = Field(default=300, ge=30)
+    """How far past this time, in each past period, a rise counts: at least the reaction
+    horizon (two intervals and a cold start), plus the minutes a pattern drifts by."""
     utilization_source: Literal["busy", "nvml", "dcgm"] = "busy"
     """Device utilization from the runtime's busy-time counter, its NVML gauge, or DCGM."""
     reconcile_interval_seconds: float = Field(default=60, gt=0)

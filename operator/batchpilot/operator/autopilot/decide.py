@@ -15,11 +15,13 @@ Steps, each small and named:
 2. learn: refit t(b) ≈ α + β·b; learn the latency spent outside the batcher (observed P99 minus
    the model's, from windows that describe the settings in force); estimate the load now from
    the window's rate and its trend (a 60 s window trails a step by 45 s);
-3. plan: for every batch limit, the rate one replica carries with predicted P99 under the SLA
-   with headroom — its capacity; then the fewest replicas that carry the load (+ growth margin),
-   and among limits that need that many, the one with the most capacity. Limits whose full
-   batches alone (one in flight, then one's own) would break the target are never chosen: they
-   buy throughput only in a backlog, where their latency is already too long;
+3. plan: the load to plan for — the present, raised for the rises the recent history shows
+   recur and the error budget cannot pay for, and to the seasonal forecast where every past day
+   rose at this time; for every batch limit, the rate one replica carries with predicted P99
+   under the SLA with headroom — its capacity; then the fewest replicas that carry the load
+   (+ growth margin), and among limits that need that many, the one with the most capacity.
+   Limits whose full batches alone (one in flight, then one's own) would break the target are
+   never chosen: they buy throughput only in a backlog, where their latency is already too long;
 4. guard: if P99 is over the SLA in a window that describes the present and the plan adds no
    capacity, add replicas on feedback instead (the model is wrong somewhere; observed latency
    wins);
@@ -41,11 +43,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from batchpilot.operator.autopilot.headroom import (
+    Headroom,
     RateHistory,
     affordable,
     plan_rate,
 )
 from batchpilot.operator.autopilot.observation import Observation
+from batchpilot.operator.autopilot.season import seasonal_forecast
 from batchpilot.operator.autopilot.service_model import (
     LatencyFit,
     Prediction,
@@ -419,6 +423,7 @@ def decide(
             )
         ),
     )
+    headroom = with_season(headroom, observation, present=rate)
     learned_state = replace(learned.state, slo=slo, history=history, rate=(now, offered))
 
     # 4. Plan from the model; or, without one yet, from feedback alone.
@@ -661,6 +666,21 @@ def present_load(
             rate = before + (offered - before) * observation.window_s / gap
             return rate, f", rising to {rate:.0f} rps"
     return offered, ""
+
+
+def with_season(headroom: Headroom, observation: Observation, *, present: float) -> Headroom:
+    """The planned rate, raised to the seasonal forecast where every past period (a day by
+    default) rose at this time: the floor is in force before the rise, not a horizon after."""
+    forecast = seasonal_forecast(observation.level_qps, observation.past)
+    if forecast is None or forecast.rate <= headroom.rate:
+        return headroom
+    return Headroom(
+        forecast.rate,
+        forecast.rate / max(present, 1e-9),
+        f"; planning for {forecast.rate:.0f} rps: at this time in each of the last "
+        f"{forecast.periods} periods the load rose to that within minutes "
+        f"(scaled ×{forecast.scale:.2f} to today's level)",
+    )
 
 
 def burst_batch(model: LatencyFit, policy: Policy, *, delay_s: float, overhead_s: float) -> int:

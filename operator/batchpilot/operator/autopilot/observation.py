@@ -15,6 +15,16 @@ class ComputePoint:
 
 
 @dataclass(frozen=True, slots=True)
+class PastPeriod:
+    """The arrival rates one period (or a whole number of periods) ago."""
+
+    ahead_qps: float
+    """The highest one-minute arrival rate in the look-ahead after this time, then."""
+    level_qps: float
+    """The mean arrival rate over the level window before this time, then."""
+
+
+@dataclass(frozen=True, slots=True)
 class Observation:
     """One window of a service's metrics, summed or averaged over its ready replicas.
 
@@ -46,6 +56,11 @@ class Observation:
     a scrape interval, at the price of more Poisson noise. None where it cannot be measured."""
     recent_window_s: float | None = None
     """The span the recent rate covers."""
+    level_qps: float | None = None
+    """The mean arrival rate over the seasonal level window (an hour) before now: today's level,
+    against which past periods' forecasts are scaled. None where seasonality is off."""
+    past: tuple[PastPeriod, ...] = ()
+    """The same time one, two, … periods ago (a day by default), all of them or none."""
 
     @property
     def offered_qps(self) -> float | None:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from batchpilot.operator.autopilot.observation import ComputePoint, Observation
+from batchpilot.operator.autopilot.observation import ComputePoint, Observation, PastPeriod
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +42,30 @@ class Scope:
         return f'namespace="{self.namespace}",isvc="{self.isvc}"'
 
 
+@dataclass(frozen=True, slots=True)
+class Seasonality:
+    """Where to look for a recurring pattern: `periods` whole periods back (a day each by
+    default), `lookahead_s` after that time, scaled by the mean rate over `level_s` before it."""
+
+    period_s: int = 86_400
+    periods: int = 2
+    lookahead_s: int = 300
+    level_s: int = 3600
+    step_s: int = 30
+    """The resolution of the look-ahead's peak (a subquery step)."""
+
+
 def queries(
-    scope: Scope, *, window_s: int, utilization: UtilizationSource, recent_s: int | None = None
+    scope: Scope,
+    *,
+    window_s: int,
+    utilization: UtilizationSource,
+    recent_s: int | None = None,
+    seasonality: Seasonality | None = None,
 ) -> dict[str, str]:
     """The PromQL for each signal, by name. `recent_s` adds the fast signal: the arrival rate
-    between the last two scrapes within that range (empty unless two scrapes fit in it)."""
+    between the last two scrapes within that range (empty unless two scrapes fit in it).
+    `seasonality` adds today's level and, per past period, its level and its look-ahead peak."""
     sel, w = scope.selector, f"{window_s}s"
 
     def quantile(q: float, metric: str) -> str:
@@ -73,22 +92,39 @@ def queries(
         if recent_s is None
         else {"recent": f"sum(irate(batchpilot_arrivals_total{{{sel}}}[{recent_s}s]))"}
     )
-    return recent | {
-        "p99": quantile(0.99, "batchpilot_request_duration_seconds"),
-        "p95": quantile(0.95, "batchpilot_request_duration_seconds"),
-        "queue_p99": quantile(0.99, "batchpilot_queue_wait_seconds"),
-        "qps": rate("batchpilot_requests_total", ',outcome="success"'),
-        "rejected": rate("batchpilot_requests_total", ',outcome="rejected"'),
-        "arrivals": rate("batchpilot_arrivals_total"),
-        "utilization": util,
-        "mean_batch": (
-            f"{rate('batchpilot_batch_size_sum')} / {rate('batchpilot_batch_size_count')}"
-        ),
-        "compute_seconds": rate("batchpilot_batch_compute_seconds_total", by="batch_bucket"),
-        "compute_rows": rate("batchpilot_batch_rows_total", by="batch_bucket"),
-        "compute_batches": rate("batchpilot_batches_total", by="batch_bucket"),
-        "reporting": f"count(batchpilot_engine_info{{{sel}}})",
-    }
+    seasonal: dict[str, str] = {}
+    if seasonality is not None:
+        arrivals = f"batchpilot_arrivals_total{{{sel}}}"
+        level, ahead = f"{seasonality.level_s}s", f"{seasonality.lookahead_s}s"
+        seasonal["level"] = f"sum(rate({arrivals}[{level}]))"
+        for n in range(1, seasonality.periods + 1):
+            back = n * seasonality.period_s
+            seasonal[f"level_{n}"] = f"sum(rate({arrivals}[{level}] offset {back}s))"
+            # The subquery's range ends `lookahead` after this time, then: offset back − ahead.
+            seasonal[f"ahead_{n}"] = (
+                f"max_over_time(sum(rate({arrivals}[{w}]))[{ahead}:{seasonality.step_s}s] "
+                f"offset {back - seasonality.lookahead_s}s)"
+            )
+    return (
+        recent
+        | seasonal
+        | {
+            "p99": quantile(0.99, "batchpilot_request_duration_seconds"),
+            "p95": quantile(0.95, "batchpilot_request_duration_seconds"),
+            "queue_p99": quantile(0.99, "batchpilot_queue_wait_seconds"),
+            "qps": rate("batchpilot_requests_total", ',outcome="success"'),
+            "rejected": rate("batchpilot_requests_total", ',outcome="rejected"'),
+            "arrivals": rate("batchpilot_arrivals_total"),
+            "utilization": util,
+            "mean_batch": (
+                f"{rate('batchpilot_batch_size_sum')} / {rate('batchpilot_batch_size_count')}"
+            ),
+            "compute_seconds": rate("batchpilot_batch_compute_seconds_total", by="batch_bucket"),
+            "compute_rows": rate("batchpilot_batch_rows_total", by="batch_bucket"),
+            "compute_batches": rate("batchpilot_batches_total", by="batch_bucket"),
+            "reporting": f"count(batchpilot_engine_info{{{sel}}})",
+        }
+    )
 
 
 def _number(result: list[dict[str, Any]]) -> float | None:
@@ -125,11 +161,13 @@ class PrometheusObserver:
         window_s: int = 60,
         utilization: UtilizationSource = "busy",
         recent_s: int | None = None,
+        seasonality: Seasonality | None = None,
         clock: Callable[[], float],
     ) -> None:
         self._query = query
         self._window_s = window_s
         self._recent_s = recent_s
+        self._seasonality = seasonality
         self._utilization: UtilizationSource = utilization
         self._clock = clock
 
@@ -138,7 +176,11 @@ class PrometheusObserver:
     ) -> Observation | None:
         """The window ending now (or at `at`), or None if Prometheus cannot be read."""
         texts = queries(
-            scope, window_s=self._window_s, utilization=self._utilization, recent_s=self._recent_s
+            scope,
+            window_s=self._window_s,
+            utilization=self._utilization,
+            recent_s=self._recent_s,
+            seasonality=self._seasonality,
         )
         try:
             raw = {name: self._query(text, at=at) for name, text in texts.items()}
@@ -182,7 +224,25 @@ class PrometheusObserver:
             recent_window_s=None
             if recent is None or self._recent_s is None
             else self._recent_s / 2,
+            level_qps=_number(raw["level"]) if "level" in raw else None,
+            past=_past(raw, self._seasonality),
         )
+
+
+def _past(
+    raw: dict[str, list[dict[str, Any]]], seasonality: Seasonality | None
+) -> tuple[PastPeriod, ...]:
+    """Every past period's level and look-ahead peak, or none: a period Prometheus has no
+    history for yet (retention, a new service) makes the pattern unknown, not smaller."""
+    if seasonality is None:
+        return ()
+    past = []
+    for n in range(1, seasonality.periods + 1):
+        level, ahead = _number(raw[f"level_{n}"]), _number(raw[f"ahead_{n}"])
+        if level is None or ahead is None:
+            return ()
+        past.append(PastPeriod(ahead_qps=ahead, level_qps=level))
+    return tuple(past)
 
 
 def http_query(url: str, *, timeout_s: float = 5.0) -> QueryFn:
