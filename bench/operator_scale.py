@@ -29,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from batchpilot.operator.sandbox import LocalKubernetesAPI  # noqa: E402
+from batchpilot.sandbox import LocalKubernetesAPI  # noqa: E402
 
 ISVCS = "/apis/batchpilot.io/v1alpha1/namespaces/default/inferenceservices"
 CHILDREN = {

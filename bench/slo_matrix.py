@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from batchpilot.operator.simulation import TEXTBOOK, Scenario, Trace, simulate
-from batchpilot.operator.simulation.generate import generate
+from batchpilot.simulation import TEXTBOOK, Scenario, Trace, simulate
+from batchpilot.simulation.generate import generate
 
 SMOOTH = ("ramp", "realistic", "steps6", "step", "diurnal")
 BURSTY = ("onoff", "flash", "bursty")

@@ -5,7 +5,7 @@
     python examples/traces/make_traces.py flash --seed 3 --duration-s 3600 --amplitude 6
     python examples/traces/make_traces.py --list
 
-The generators are `batchpilot.operator.simulation.generate`; this script only names the shipped
+The generators are `batchpilot.simulation.generate`; this script only names the shipped
 files and writes CSVs. Each file is `t_seconds,rate_rps`, one row per change of rate; the last
 row ends the trace. A generated file's `#` comment says what it is and the command that made it.
 The point of seeds: judge the autopilot on traces it was never tuned on.
@@ -20,7 +20,7 @@ import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from batchpilot.operator.simulation import generate
+from batchpilot.simulation import generate
 
 HERE = Path(__file__).parent
 SCRIPT = "python examples/traces/make_traces.py"

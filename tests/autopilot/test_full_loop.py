@@ -26,9 +26,9 @@ from typing import Any
 
 import pytest
 
-from batchpilot.operator.sandbox import LocalKubernetesAPI
-from batchpilot.operator.sandbox.prometheus import prometheus_process
 from batchpilot.runtime.loadgen import LoadConfig, RateSchedule, Target, run_load
+from batchpilot.sandbox import LocalKubernetesAPI
+from batchpilot.sandbox.prometheus import prometheus_process
 from tests.runtime_process import runtime_process
 from tests.waiting import wait_until
 

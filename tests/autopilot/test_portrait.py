@@ -13,8 +13,8 @@ import pytest
 from batchpilot.operator import profile
 from batchpilot.operator.autopilot.portrait import Signals, render, rows, verdict
 from batchpilot.operator.autopilot.prometheus import Scope, http_query
-from batchpilot.operator.sandbox.prometheus import prometheus_process
 from batchpilot.runtime.loadgen import LoadConfig, RateSchedule, Target, run_load
+from batchpilot.sandbox.prometheus import prometheus_process
 from tests.runtime_process import runtime_process
 from tests.waiting import wait_until
 

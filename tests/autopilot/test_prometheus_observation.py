@@ -21,8 +21,8 @@ from batchpilot.operator.autopilot.prometheus import (
     Scope,
     http_query,
 )
-from batchpilot.operator.sandbox.prometheus import prometheus_process
 from batchpilot.runtime.loadgen import LoadConfig, RateSchedule, Target, run_load
+from batchpilot.sandbox.prometheus import prometheus_process
 from tests.runtime_process import free_port, runtime_process
 from tests.waiting import wait_until
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from kopf.testing import KopfRunner
 
-from batchpilot.operator.sandbox import LocalKubernetesAPI
+from batchpilot.sandbox import LocalKubernetesAPI
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,6 @@ import yaml
 from celpy.adapter import json_to_cel
 from pydantic import ValidationError
 
-from batchpilot.operator.sandbox.cel import compile_expression
 from batchpilot.operator.spec import (
     GROUP,
     KIND,
@@ -21,6 +20,7 @@ from batchpilot.operator.spec import (
     SLASpec,
     window_seconds,
 )
+from batchpilot.sandbox.cel import compile_expression
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = yaml.safe_load((ROOT / "crds" / "inferenceservice.yaml").read_text())

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from batchpilot.operator.sandbox import LocalKubernetesAPI
+from batchpilot.sandbox import LocalKubernetesAPI
 from tests.sandbox.helpers import WIDGET_CRD_PATH, Kubectl
 
 

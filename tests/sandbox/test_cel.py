@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from batchpilot.operator.sandbox import cel, schema
+from batchpilot.sandbox import cel, schema
 from tests.sandbox.helpers import widget, widget_schema
 
 

@@ -13,7 +13,7 @@ import yaml
 
 from tests.sandbox.helpers import WIDGET_CRD_PATH, wait_for
 
-MODULE = ["-m", "batchpilot.operator.sandbox", "api"]
+MODULE = ["-m", "batchpilot.sandbox", "api"]
 
 
 def test_serves_until_sigterm(tmp_path: Path) -> None:

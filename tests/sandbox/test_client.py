@@ -11,7 +11,7 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from batchpilot.operator.sandbox import LocalKubernetesAPI
+from batchpilot.sandbox import LocalKubernetesAPI
 from tests.sandbox.helpers import wait_for, widget
 
 GROUP, VERSION, PLURAL = "sandbox.batchpilot.io", "v1alpha1", "widgets"

@@ -9,8 +9,8 @@ from typing import Any
 import kmock
 import pytest
 
-from batchpilot.operator.sandbox import defaults
-from batchpilot.operator.sandbox.store import Store, new_store
+from batchpilot.sandbox import defaults
+from batchpilot.sandbox.store import Store, new_store
 
 DEPLOYMENT: dict[str, Any] = {
     "metadata": {"name": "web"},

@@ -12,7 +12,7 @@ import aiohttp
 import kmock
 import pytest
 
-from batchpilot.operator.sandbox import LocalKubernetesAPI
+from batchpilot.sandbox import LocalKubernetesAPI
 from tests.sandbox.helpers import WIDGETS, widget
 
 MERGE = {"Content-Type": "application/merge-patch+json"}

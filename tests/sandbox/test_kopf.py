@@ -14,7 +14,7 @@ from kopf.testing import KopfRunner
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from batchpilot.operator.sandbox import LocalKubernetesAPI
+from batchpilot.sandbox import LocalKubernetesAPI
 from tests.sandbox.helpers import wait_for, widget
 
 GROUP, VERSION, PLURAL = "sandbox.batchpilot.io", "v1alpha1", "widgets"

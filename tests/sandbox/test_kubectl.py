@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from batchpilot.operator.sandbox import LocalKubernetesAPI
+from batchpilot.sandbox import LocalKubernetesAPI
 from tests.sandbox.helpers import Kubectl, wait_for, widget
 
 APPLY = ("apply", "--validate=false", "-f")

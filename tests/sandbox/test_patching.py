@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from batchpilot.operator.sandbox import errors, patching
-from batchpilot.operator.sandbox.patching import (
+from batchpilot.sandbox import errors, patching
+from batchpilot.sandbox.patching import (
     APPLY_PATCH,
     JSON_PATCH,
     MERGE_PATCH,

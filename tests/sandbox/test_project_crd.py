@@ -10,9 +10,9 @@ import kmock
 import pytest
 import yaml
 
-from batchpilot.operator.sandbox import errors
-from batchpilot.operator.sandbox.crds import load_documents
-from batchpilot.operator.sandbox.store import Store, new_store
+from batchpilot.sandbox import errors
+from batchpilot.sandbox.crds import load_documents
+from batchpilot.sandbox.store import Store, new_store
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "inferenceservice.yaml"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from batchpilot.operator.sandbox import crds, discovery, negotiation, routing
-from batchpilot.operator.sandbox.store import new_registry
+from batchpilot.sandbox import crds, discovery, negotiation, routing
+from batchpilot.sandbox.store import new_registry
 from tests.sandbox.helpers import widget_crd
 
 R = routing.Resource

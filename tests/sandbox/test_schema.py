@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from batchpilot.operator.sandbox import schema
-from batchpilot.operator.sandbox.errors import FieldError
+from batchpilot.sandbox import schema
+from batchpilot.sandbox.errors import FieldError
 from tests.sandbox.helpers import widget, widget_schema
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from batchpilot.operator.sandbox.selectors import (
+from batchpilot.sandbox.selectors import (
     SelectorError,
     parse_field_selector,
     parse_label_selector,

@@ -10,9 +10,9 @@ from typing import Any
 import kmock
 import pytest
 
-from batchpilot.operator.sandbox import errors
-from batchpilot.operator.sandbox.resources import ResourceType
-from batchpilot.operator.sandbox.store import Store, new_store
+from batchpilot.sandbox import errors
+from batchpilot.sandbox.resources import ResourceType
+from batchpilot.sandbox.store import Store, new_store
 from tests.sandbox.helpers import widget, widget_crd
 
 NOW = datetime.datetime(2024, 5, 1, 12, 0, 0, tzinfo=datetime.UTC)
@@ -624,7 +624,7 @@ class TestWatches:
         assert await self.collect(watch, 2) == [("MODIFIED", "a"), ("DELETED", "a")]
 
     async def test_selectors_turn_changes_into_added_and_deleted(self, store: Store) -> None:
-        from batchpilot.operator.sandbox.selectors import parse_label_selector
+        from batchpilot.sandbox.selectors import parse_label_selector
 
         store.create(configmaps(store), "default", {"metadata": {"name": "c"}})
         watch = store.watch(
@@ -642,7 +642,7 @@ class TestWatches:
         assert await self.collect(watch, 3) == [("ADDED", "c"), ("MODIFIED", "c"), ("DELETED", "c")]
 
     def test_versions_older_than_the_log_are_expired(self) -> None:
-        from batchpilot.operator.sandbox.watching import WatchHub
+        from batchpilot.sandbox.watching import WatchHub
 
         small = new_store(kmock.ObjectsArray(), hub=WatchHub(log_limit=2), clock=lambda: NOW)
         cms = kind(small, "", "v1", "configmaps")

@@ -6,7 +6,7 @@ import datetime
 
 import pytest
 
-from batchpilot.operator.sandbox import jsonpath, tables
+from batchpilot.sandbox import jsonpath, tables
 from tests.sandbox.helpers import widget, widget_crd
 
 NOW = datetime.datetime(2024, 5, 1, 12, 0, 0, tzinfo=datetime.UTC)

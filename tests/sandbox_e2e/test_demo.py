@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from batchpilot.operator.sandbox.up import SandboxOptions, run_sandbox
 from batchpilot.runtime.loadgen import SHED_KINDS
+from batchpilot.sandbox.up import SandboxOptions, run_sandbox
 
 pytestmark = pytest.mark.slow
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from batchpilot.operator.sandbox import LocalKubernetesAPI
-from batchpilot.operator.sandbox.podrunner import API, Endpoints, PodRunner, container_command
+from batchpilot.sandbox import LocalKubernetesAPI
+from batchpilot.sandbox.podrunner import API, Endpoints, PodRunner, container_command
 
 pytestmark = pytest.mark.slow
 

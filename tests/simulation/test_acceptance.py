@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from batchpilot.operator.simulation import TEXTBOOK, Scenario, SimulationResult, Trace, simulate
-from batchpilot.operator.simulation.scenario import oracle_gpu_seconds
+from batchpilot.simulation import TEXTBOOK, Scenario, SimulationResult, Trace, simulate
+from batchpilot.simulation.scenario import oracle_gpu_seconds
 
 TRACES = Path(__file__).parents[2] / "examples" / "traces"
 SMOOTH = ["textbook", "step", "diurnal", "ramp"]

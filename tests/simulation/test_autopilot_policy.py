@@ -14,8 +14,8 @@ import pytest
 from batchpilot.operator.autopilot.decide import InForce, Policy, State, decide
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation
 from batchpilot.operator.autopilot.service_model import LatencyFit, predict
-from batchpilot.operator.simulation.observe import exact_quantile
-from batchpilot.operator.simulation.replica import Replica
+from batchpilot.simulation.observe import exact_quantile
+from batchpilot.simulation.replica import Replica
 
 MODEL = LatencyFit(alpha_s=0.001517, beta_s=0.002248, confident=True)
 POLICY = Policy(

@@ -12,9 +12,9 @@ from types import ModuleType
 
 import pytest
 
-from batchpilot.operator.simulation import cli, generate
-from batchpilot.operator.simulation.generate import KINDS, Rows
-from batchpilot.operator.simulation.trace import Trace
+from batchpilot.simulation import cli, generate
+from batchpilot.simulation.generate import KINDS, Rows
+from batchpilot.simulation.trace import Trace
 
 TRACES = Path(__file__).parents[2] / "examples" / "traces"
 SEEDS = range(6)

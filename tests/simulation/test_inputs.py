@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from batchpilot.operator.simulation.service import TEXTBOOK, ServiceTruth, fit_two_points
-from batchpilot.operator.simulation.trace import Trace
+from batchpilot.simulation.service import TEXTBOOK, ServiceTruth, fit_two_points
+from batchpilot.simulation.trace import Trace
 
 TRACES = Path(__file__).parents[2] / "examples" / "traces"
 

@@ -7,13 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from batchpilot.operator.simulation.observe import (
+from batchpilot.runtime.metrics import LATENCY_BUCKETS
+from batchpilot.simulation.observe import (
     Telemetry,
     exact_quantile,
     histogram_quantile,
 )
-from batchpilot.operator.simulation.replica import Served
-from batchpilot.runtime.metrics import LATENCY_BUCKETS
+from batchpilot.simulation.replica import Served
 
 
 class TestHistogramQuantile:

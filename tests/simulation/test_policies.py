@@ -8,13 +8,13 @@ import pytest
 
 from batchpilot.operator.autopilot.decide import InForce
 from batchpilot.operator.autopilot.observation import Observation
-from batchpilot.operator.simulation.capacity import Capacity
-from batchpilot.operator.simulation.policies import (
+from batchpilot.simulation.capacity import Capacity
+from batchpilot.simulation.policies import (
     HpaController,
     ReactiveController,
     oracle_plan,
 )
-from batchpilot.operator.simulation.trace import Trace
+from batchpilot.simulation.trace import Trace
 
 TICK = 15.0
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from batchpilot.operator.simulation.replica import Replica, Served
+from batchpilot.simulation.replica import Replica, Served
 
 
 def run(replica: Replica, arrivals: np.ndarray, *, chunk_s: float = 15.0) -> list[Served]:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from batchpilot.operator.simulation import cli
-from batchpilot.operator.simulation.report import (
+from batchpilot.simulation import cli
+from batchpilot.simulation.report import (
     IntervalRecord,
     SimulationResult,
     Summary,

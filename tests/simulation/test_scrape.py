@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from batchpilot.operator.simulation.observe import Telemetry
-from batchpilot.operator.simulation.scrape import Target, extrapolated_increase, sum_rate
+from batchpilot.simulation.observe import Telemetry
+from batchpilot.simulation.scrape import Target, extrapolated_increase, sum_rate
 
 
 def increase(times: list[float], values: list[float], *, start: float, end: float) -> float:

@@ -14,12 +14,12 @@ import pytest
 
 from batchpilot.operator.autopilot.decide import InForce
 from batchpilot.operator.autopilot.observation import Observation
-from batchpilot.operator.simulation import TEXTBOOK, ClusterConfig, Scenario, Trace, cli, simulate
-from batchpilot.operator.simulation.cluster import _Fleet, _serve, simulate_cluster
-from batchpilot.operator.simulation.observe import Column, Telemetry
-from batchpilot.operator.simulation.policies import Command, StaticController
-from batchpilot.operator.simulation.report import SimulationResult
-from batchpilot.operator.simulation.scenario import oracle_gpu_seconds
+from batchpilot.simulation import TEXTBOOK, ClusterConfig, Scenario, Trace, cli, simulate
+from batchpilot.simulation.cluster import _Fleet, _serve, simulate_cluster
+from batchpilot.simulation.observe import Column, Telemetry
+from batchpilot.simulation.policies import Command, StaticController
+from batchpilot.simulation.report import SimulationResult
+from batchpilot.simulation.scenario import oracle_gpu_seconds
 
 TRACES = Path(__file__).parents[2] / "examples" / "traces"
 

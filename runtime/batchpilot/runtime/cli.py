@@ -4,6 +4,10 @@ Subcommands are listed here by module path, not imported, so `batchpilot --help`
 an image that lacks one side's dependencies (the operator image has no onnxruntime) can still run
 the other side's commands. Each subcommand module provides `add_arguments(parser)` and
 `main(args) -> int`.
+
+The sandbox and the simulator are tools, not product: they live in the separate
+`batchpilot-tools` distribution (tools/ in the source tree), which no image installs. Where it is
+missing, their subcommands say so in one line and exit 2.
 """
 
 from __future__ import annotations
@@ -27,11 +31,11 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "run the operator: reconcile InferenceServices, run the SLA autopilot",
     ),
     ("sandbox", "api"): (
-        "batchpilot.operator.sandbox.apiserver",
+        "batchpilot.sandbox.apiserver",
         "a local Kubernetes API (emulator) with the CRDs installed, for tests and the sandbox",
     ),
     ("sandbox", "up"): (
-        "batchpilot.operator.sandbox.up",
+        "batchpilot.sandbox.up",
         "the whole system locally under load: API, Prometheus, operator, pods, live view, plot",
     ),
     ("profile",): (
@@ -39,7 +43,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "the performance portrait of an InferenceService, with the next tuning step",
     ),
     ("simulate",): (
-        "batchpilot.operator.simulation.cli",
+        "batchpilot.simulation.cli",
         "simulate the autopilot and its baselines over a traffic trace",
     ),
     ("loadgen",): (
@@ -51,6 +55,13 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "write FP16 and INT8 variants of an ONNX model and compare their speed and outputs",
     ),
 }
+
+TOOL_PACKAGES = ("batchpilot.sandbox", "batchpilot.simulation")
+"""The packages of the `batchpilot-tools` distribution, which the product never installs."""
+TOOLS_MISSING = (
+    "needs the development tools: pip install batchpilot-tools, "
+    "or run it from a source checkout with make install"
+)
 
 
 def _usage() -> str:
@@ -65,7 +76,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     for words, (module_name, summary) in COMMANDS.items():
         if tuple(argv[: len(words)]) == words:
-            module = importlib.import_module(module_name)
+            try:
+                module = importlib.import_module(module_name)
+            except ModuleNotFoundError as error:
+                if not _is_missing_tool(module_name, error):
+                    raise
+                print(f"batchpilot {' '.join(words)} {TOOLS_MISSING}", file=sys.stderr)
+                return 2
             parser = argparse.ArgumentParser(
                 prog=f"batchpilot {' '.join(words)}", description=summary
             )
@@ -78,6 +95,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     print(f"batchpilot: unknown command {' '.join(argv[:2])!r}\n\n{_usage()}", file=sys.stderr)
     return 2
+
+
+def _is_missing_tool(module_name: str, error: ModuleNotFoundError) -> bool:
+    """The command is a tool and its own module is absent (not something that module imports)."""
+    missing = error.name or ""
+    own = module_name == missing or module_name.startswith(f"{missing}.")
+    return own and module_name.startswith(tuple(f"{package}." for package in TOOL_PACKAGES))
 
 
 if __name__ == "__main__":

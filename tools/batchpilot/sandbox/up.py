@@ -1,0 +1,515 @@
+"""`batchpilot sandbox up`: the whole system on one machine, under load, with a live view.
+
+It starts the local Kubernetes API (with the CRDs), the real Prometheus, the operator (as a
+process, with short intervals so a demo converges in a minute or two), the pod runner that
+plays the kubelet, and the Service proxy; applies an example InferenceService; drives a traffic
+scenario through the proxy with `batchpilot loadgen`; prints a line a second and every decision
+the autopilot makes; and ends with a summary and a plot. Everything it starts is tracked and
+stopped on the way out — the end of the scenario, Ctrl-C, SIGTERM or an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import copy
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from batchpilot.sandbox.apiserver import LocalKubernetesAPI
+from batchpilot.sandbox.liveview import (
+    HEADER,
+    Sample,
+    condition,
+    decision_line,
+    line,
+    sample_from,
+)
+from batchpilot.sandbox.podrunner import API, Endpoints, PodRunner
+from batchpilot.sandbox.prometheus import PrometheusProcess, free_port, prometheus_process
+
+ROOT = Path(__file__).resolve().parents[3]
+DEFAULT_EXAMPLE = ROOT / "examples" / "resnet50-simulated.yaml"
+FULL_SCENARIO = "0:50,20:400,50:100"
+SMALL_SCENARIO = "0:50,20:300,50:100"
+# At 400 rps of 600 KB image tensors the load generator, the Service proxy and the runtimes
+# saturate a 2-core machine, and what the demo then shows is CPU starvation, not the autopilot.
+DEFAULT_SCENARIO = FULL_SCENARIO if (os.cpu_count() or 1) >= 4 else SMALL_SCENARIO
+
+
+@dataclass
+class SandboxOptions:
+    example: Path = DEFAULT_EXAMPLE
+    service: dict[str, Any] | None = None
+    """An InferenceService document to apply instead of `example` (tests)."""
+    engine: str | None = None
+    model: Path | None = None
+    scenario: str = DEFAULT_SCENARIO
+    duration_s: float = 80.0
+    workdir: Path | None = None
+    keep: bool = False
+    plot: Path | None = None
+    json_out: Path | None = None
+    start_delay_s: float = 3.0
+    scale_down_delay_s: int = 20
+    autopilot_interval_s: float = 2.0
+    metrics_window_s: int = 10
+    recent_window_s: int = 3
+    request_timeout_s: float = 30.0
+    quiet: bool = False
+
+
+@dataclass
+class SandboxResult:
+    status: dict[str, Any]
+    load: dict[str, Any]
+    samples: list[Sample]
+    decisions: list[dict[str, Any]]
+    started_pids: list[int]
+    workdir: Path
+    final_p99_ms: float | None
+    plot: Path | None = None
+    errors: list[str] = field(default_factory=list)
+
+
+class Processes:
+    """Every process the sandbox starts, so that none outlives it."""
+
+    def __init__(self) -> None:
+        self.running: list[subprocess.Popen[bytes]] = []
+        self.pids: list[int] = []
+
+    def start(
+        self, command: list[str], *, log: Path, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        with log.open("ab") as out:
+            process = subprocess.Popen(
+                command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+            )
+        self.running.append(process)
+        self.pids.append(process.pid)
+        return process
+
+    def stop_all(self, *, grace_s: float = 10.0) -> None:
+        for process in reversed(self.running):
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.terminate()
+        deadline = time.monotonic() + grace_s
+        for process in self.running:
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self.running.clear()
+
+
+def load_service(options: SandboxOptions, models_dir: Path) -> tuple[dict[str, Any], list[str]]:
+    """The InferenceService to apply, with the sandbox's changes, and a note on each change."""
+    if options.service is not None:
+        service = copy.deepcopy(options.service)
+    else:
+        service = yaml.safe_load(options.example.read_text())
+    notes: list[str] = []
+    spec = service.setdefault("spec", {})
+    scaling = spec.setdefault("scaling", {})
+    if scaling.get("scaleDownDelaySeconds", 300) > options.scale_down_delay_s:
+        scaling["scaleDownDelaySeconds"] = options.scale_down_delay_s
+        notes.append(f"scaling.scaleDownDelaySeconds set to {options.scale_down_delay_s} s")
+    runtime = spec.setdefault("runtime", {})
+    if options.engine == "onnx":
+        if options.model is None:
+            raise SystemExit("--engine onnx needs --model PATH")
+        shutil.copy(options.model, models_dir / options.model.name)
+        spec["model"]["uri"] = f"file:///models/{options.model.name}"
+        runtime["engine"] = "onnx"
+        runtime.pop("simulatedLatency", None)
+        runtime["device"] = "cpu"
+        notes.append(f"engine onnx on the CPU, model {options.model}")
+    elif options.engine == "simulated" and runtime.get("engine") != "simulated":
+        runtime["engine"] = "simulated"
+        notes.append("engine set to simulated")
+    return service, notes
+
+
+def _get(url: str, timeout: float = 2.0) -> Any:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return json.loads(response.read())
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError, ValueError):
+        return None
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _check(watched: dict[str, subprocess.Popen[bytes]], runner: PodRunner, workdir: Path) -> None:
+    """Fail loudly, with the log's tail, when a part of the sandbox has died."""
+    for what, process in watched.items():
+        if process.poll() is not None:
+            log = workdir / ("operator.log" if what == "operator" else "service.log")
+            raise RuntimeError(f"the {what} exited ({process.returncode}):\n{_tail(log)}")
+    for replica in list(runner.replicas.values()):
+        if replica.restarts >= 3:
+            log = replica.directory / "runtime.log"
+            raise RuntimeError(
+                f"pod {replica.name} keeps crashing ({replica.restarts} restarts):\n{_tail(log)}"
+            )
+
+
+def _final_p99(windows: list[dict[str, Any]], last_s: float = 5.0) -> float | None:
+    """The worst 1-s P99 over the last `last_s` seconds of the measured period."""
+    if not windows:
+        return None
+    end = float(windows[-1]["end_s"])
+    values = [w["p99_ms"] for w in windows if float(w["start_s"]) >= end - last_s]
+    found = [float(v) for v in values if v is not None]
+    return max(found) if found else None
+
+
+@contextlib.contextmanager
+def _signals_as_interrupt() -> Iterator[None]:
+    def raise_interrupt(signum: int, _: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        signal.signal(signal.SIGTERM, raise_interrupt)
+        # Ctrl-C must stop the sandbox even where SIGINT came in ignored (a background job).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
+
+
+def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> SandboxResult:
+    say = (lambda _: None) if options.quiet else out
+    workdir = options.workdir or Path(tempfile.mkdtemp(prefix="batchpilot-sandbox-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    models_dir = workdir / "models"
+    models_dir.mkdir(exist_ok=True)
+    for model in (ROOT / "examples" / "models").glob("*.onnx"):
+        shutil.copy(model, models_dir / model.name)
+    service, notes = load_service(options, models_dir)
+    meta = service["metadata"]
+    namespace, name = meta.setdefault("namespace", "default"), meta["name"]
+    model_name = service["spec"]["model"].get("name") or name
+
+    processes = Processes()
+    runner: PodRunner | None = None
+    atexit.register(processes.stop_all)
+    t0 = time.monotonic()
+    samples: list[Sample] = []
+    decisions: list[dict[str, Any]] = []
+    result_status: dict[str, Any] = {}
+    load: dict[str, Any] = {}
+    plot_path: Path | None = None
+    errors: list[str] = []
+    with contextlib.ExitStack() as stack, _signals_as_interrupt():
+        try:
+            api = stack.enter_context(LocalKubernetesAPI(crds=[ROOT / "crds"]).threaded())
+            kubeconfig = api.write_kubeconfig(workdir / "kubeconfig")
+            prometheus: PrometheusProcess = stack.enter_context(
+                prometheus_process(workdir / "prometheus")
+            )
+            proxy_port = free_port()
+            endpoints_file = workdir / "endpoints.json"
+            endpoints_file.write_text("[]")
+            proxy_url = f"http://127.0.0.1:{proxy_port}"
+            proxy_process = processes.start(
+                [sys.executable, "-m", "batchpilot.sandbox.service",
+                 "--port", str(proxy_port), "--endpoints", str(endpoints_file)],
+                log=workdir / "service.log",
+            )  # fmt: skip
+            operator_process = processes.start(
+                [sys.executable, "-m", "batchpilot.runtime.cli", "operator", "run",
+                 "--kubeconfig", str(kubeconfig)],
+                log=workdir / "operator.log",
+                env={
+                    "BATCHPILOT_OPERATOR_PROMETHEUS_URL": prometheus.url,
+                    "BATCHPILOT_OPERATOR_AUTOPILOT_INTERVAL_SECONDS": str(
+                        options.autopilot_interval_s
+                    ),
+                    "BATCHPILOT_OPERATOR_METRICS_WINDOW_SECONDS": str(options.metrics_window_s),
+                    "BATCHPILOT_OPERATOR_RECENT_WINDOW_SECONDS": str(options.recent_window_s),
+                    "BATCHPILOT_OPERATOR_RECONCILE_INTERVAL_SECONDS": "5",
+                    "BATCHPILOT_OPERATOR_PRE_STOP_SLEEP_SECONDS": "0",
+                    "BATCHPILOT_OPERATOR_DRAIN_GRACE_SECONDS": "5",
+                },
+            )  # fmt: skip
+
+            def publish(endpoints: Endpoints) -> None:
+                ready = list(endpoints.ready.get((namespace, name), []))
+                tmp = endpoints_file.with_suffix(".tmp")
+                tmp.write_text(json.dumps(ready))
+                tmp.replace(endpoints_file)
+                prometheus.set_targets(endpoints.scrape)
+
+            runner = PodRunner(
+                api.url,
+                workdir=workdir,
+                models_dir=models_dir,
+                start_delay_s=options.start_delay_s,
+                on_endpoints=publish,
+            )
+            runner.run_in_thread()
+
+            say(f"sandbox workdir: {workdir}")
+            say(f"kubeconfig:      {kubeconfig}")
+            say(f"  kubectl --kubeconfig {kubeconfig} get inferenceservices")
+            say(f"  kubectl --kubeconfig {kubeconfig} describe inferenceservice {name}")
+            say(f"  kubectl --kubeconfig {kubeconfig} get deploy,pods,configmaps")
+            say(f"prometheus:      {prometheus.url}")
+            say(f"service (proxy): {proxy_url}  (round-robin over ready runtime processes)")
+            for note in notes:
+                say(f"sandbox change to the example: {note}")
+
+            rest = API(api.url)
+            isvc_path = f"/apis/batchpilot.io/v1alpha1/namespaces/{namespace}/inferenceservices"
+            rest.call(isvc_path, "POST", service)
+            say(f"applied InferenceService {namespace}/{name}; waiting for a ready replica")
+            deadline = time.monotonic() + 90
+            watched = {"operator": operator_process, "service proxy": proxy_process}
+            while not json.loads(endpoints_file.read_text() or "[]"):
+                _check(watched, runner, workdir)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no ready replica within 90 s (logs in {workdir})")
+                time.sleep(0.25)
+
+            load_json = workdir / "loadgen.json"
+            load_offset = time.monotonic() - t0
+            loadgen = processes.start(
+                [sys.executable, "-m", "batchpilot.runtime.cli", "loadgen",
+                 "--url", proxy_url, "--model", model_name,
+                 "--schedule", options.scenario, "--duration", str(options.duration_s),
+                 "--timeout-s", str(options.request_timeout_s), "--json", str(load_json)],
+                log=workdir / "loadgen.txt",
+            )  # fmt: skip
+            say(f"load: {options.scenario} (s:rps) for {options.duration_s:g} s through the proxy")
+            say(HEADER)
+            previous: dict[str, Any] | None = None
+            previous_t = time.monotonic()
+            last_decision_at = None
+            hard_stop = time.monotonic() + options.duration_s + options.request_timeout_s + 30
+            while loadgen.poll() is None and time.monotonic() < hard_stop:
+                time.sleep(1.0)
+                _check(watched, runner, workdir)
+                now = time.monotonic()
+                stats = _get(f"{proxy_url}/sandbox/stats") or {}
+                isvc = rest.call(f"{isvc_path}/{name}") or {}
+                deployment = rest.call(f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}")
+                sample = sample_from(
+                    t_s=now - t0, previous=previous, stats=stats, dt_s=now - previous_t,
+                    isvc=isvc, deployment=deployment,
+                )  # fmt: skip
+                previous, previous_t = stats, now
+                samples.append(sample)
+                say(line(sample))
+                decision = (isvc.get("status") or {}).get("lastDecision")
+                if decision and decision.get("at") != last_decision_at:
+                    last_decision_at = decision.get("at")
+                    decisions.append({"t_s": round(now - t0, 1), **decision})
+                    say(decision_line(now - t0, decision))
+            if loadgen.poll() is None:
+                raise TimeoutError("the load generator did not finish in time")
+            load = json.loads(load_json.read_text()) if load_json.exists() else {}
+            result_status = (rest.call(f"{isvc_path}/{name}") or {}).get("status") or {}
+            sla_ms = float(service["spec"]["sla"]["latencyP99Ms"])
+            if options.plot is not None:
+                try:
+                    from batchpilot.sandbox.plot import plot_run
+
+                    plot_path = plot_run(
+                        options.plot,
+                        samples=samples,
+                        windows=list(load.get("windows") or []),
+                        load_offset_s=load_offset,
+                        sla_ms=sla_ms,
+                        title=f"batchpilot sandbox: {name}",
+                        decision_times_s=[float(d["t_s"]) for d in decisions],
+                    )
+                except ImportError as exc:
+                    say(f"no plot: {exc} (pip install 'batchpilot-tools[plot]')")
+            shed = _shed_by_reason(prometheus.url, namespace=namespace, name=name)
+            _summary(say, load, result_status, decisions, sla_ms, plot_path, shed=shed)
+        except KeyboardInterrupt:
+            say("interrupted: stopping everything")
+        finally:
+            if runner is not None:
+                runner.stop()
+                errors += runner.errors
+            processes.stop_all()
+            atexit.unregister(processes.stop_all)
+    started = processes.pids + ([] if runner is None else runner.started_pids)
+    result = SandboxResult(
+        status=result_status,
+        load=load,
+        samples=samples,
+        decisions=decisions,
+        started_pids=started,
+        workdir=workdir,
+        final_p99_ms=_final_p99(list(load.get("windows") or [])),
+        plot=plot_path,
+        errors=errors,
+    )
+    if options.json_out is not None:
+        doc = {
+            "status": result.status,
+            "load": result.load,
+            "samples": [asdict(s) for s in samples],
+            "decisions": decisions,
+            "final_p99_ms": result.final_p99_ms,
+        }
+        options.json_out.write_text(json.dumps(doc, indent=2))
+    if not options.keep and options.workdir is None:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return result
+
+
+def _shed_by_reason(prometheus_url: str, *, namespace: str, name: str) -> dict[str, float]:
+    """What the runtimes shed over the run, by reason, from their own counters."""
+    query = urllib.parse.quote(
+        f'sum by (reason) (batchpilot_shed_total{{namespace="{namespace}",isvc="{name}"}})'
+    )
+    answer = _get(f"{prometheus_url}/api/v1/query?query={query}") or {}
+    shed = {}
+    for series in (answer.get("data") or {}).get("result") or []:
+        try:
+            shed[series["metric"]["reason"]] = float(series["value"][1])
+        except (KeyError, IndexError, TypeError, ValueError):
+            continue
+    return shed
+
+
+def _summary(
+    say: Callable[[str], None],
+    load: dict[str, Any],
+    status: dict[str, Any],
+    decisions: list[dict[str, Any]],
+    sla_ms: float,
+    plot: Path | None,
+    *,
+    shed: dict[str, float] | None = None,
+) -> None:
+    say("")
+    say("== summary ==")
+    latency = load.get("latency_ms") or {}
+    scheduled = int(load.get("scheduled", 0))
+    refused = int(load.get("shed", 0))
+    say(
+        f"requests: {scheduled} scheduled, {load.get('succeeded', 0)} succeeded, "
+        f"{refused} refused (503 + Retry-After), {load.get('failed', 0)} failed "
+        f"{dict(load.get('errors') or {})}"
+    )
+    if scheduled and refused:
+        refusal = load.get("shed_latency_ms") or {}
+        say(
+            f"refused at once while capacity caught up: {refused / scheduled:.1%} of the "
+            f"requests, answered in {refusal.get('p99_ms', 0):.1f} ms at P99 (client)"
+        )
+    if shed:
+        say(
+            "the runtimes shed, by reason: "
+            + ", ".join(f"{reason} {count:.0f}" for reason, count in sorted(shed.items()))
+        )
+    if latency:
+        say(
+            f"admitted requests' latency over the run (client): p50 "
+            f"{latency.get('p50_ms', 0):.0f} ms, p99 {latency.get('p99_ms', 0):.0f} ms "
+            f"(SLA {sla_ms:g} ms)"
+        )
+    final = _final_p99(list(load.get("windows") or []))
+    verdict = "-" if final is None else ("within" if final <= sla_ms else "OUTSIDE")
+    final_text = "-" if final is None else f"{final:.0f} ms"
+    say(f"final 5 s, worst 1-s P99 (client): {final_text} — {verdict} the SLA")
+    say(
+        f"final state: replicas {status.get('readyReplicas')}/{status.get('replicas')}, "
+        f"batch {status.get('batchSize')}, SLAMet={condition(status, 'SLAMet')}, "
+        f"Ready={condition(status, 'Ready')}"
+    )
+    say(f"decisions: {len(decisions)}")
+    for d in decisions:
+        say("  " + decision_line(float(d["t_s"]), d))
+    if plot is not None:
+        say(f"plot: {plot}")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    a = parser.add_argument
+    a(
+        "--engine",
+        choices=["simulated", "onnx"],
+        default=None,
+        help="simulated (default: the example's simulated A10-class accelerator) or onnx (CPU)",
+    )
+    a("--model", type=Path, help="ONNX model for --engine onnx")
+    a("--example", type=Path, default=DEFAULT_EXAMPLE, help="InferenceService YAML to apply")
+    a(
+        "--scenario",
+        default=DEFAULT_SCENARIO,
+        help=f'load schedule "t:rps,..." (default "{DEFAULT_SCENARIO}")',
+    )
+    a("--duration", type=float, default=80.0, help="seconds of load (default 80)")
+    a("--plot", type=Path, help="write a PNG of the run here")
+    a("--json", dest="json_out", type=Path, help="write samples, decisions and the report here")
+    a("--workdir", type=Path, help="keep logs and files here (default: a temporary directory)")
+    a("--keep", action="store_true", help="keep the temporary workdir")
+    a("--start-delay-s", type=float, default=3.0, help="simulated pod start-up delay (3)")
+    a("--scale-down-delay-s", type=int, default=20, help="scale-down delay (20)")  # fmt: skip
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.engine == "onnx" and args.model is None:
+        print("error: --engine onnx needs --model PATH", file=sys.stderr)
+        return 2
+    options = SandboxOptions(
+        example=args.example,
+        engine=args.engine,
+        model=args.model,
+        scenario=args.scenario,
+        duration_s=args.duration,
+        workdir=args.workdir,
+        keep=args.keep,
+        plot=args.plot,
+        json_out=args.json_out,
+        start_delay_s=args.start_delay_s,
+        scale_down_delay_s=args.scale_down_delay_s,
+    )
+    try:
+        result = run_sandbox(options, out=lambda text: print(text, flush=True))
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0 if result.load else 1
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="batchpilot sandbox up")
+    add_arguments(parser)
+    sys.exit(main(parser.parse_args()))

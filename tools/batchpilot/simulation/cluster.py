@@ -1,0 +1,358 @@
+"""The simulated Deployment: replicas that start, serve, drain and cost, under one controller.
+
+Time moves one control interval at a time (15 s by default). At the start of each interval the
+controller gets the Prometheus-style observation of the window that just ended and says how many
+replicas it wants and with which batch settings; then the interval's traffic is served:
+
+- arrivals are Poisson from the trace, drawn for the whole interval at once and spread over the
+  ready replicas at random per request (a Kubernetes Service with kube-proxy) or round-robin;
+  what arrives while no replica is ready reaches no runtime: it fails, and no counter sees it;
+- each replica admits as the runtime does (`ClusterConfig.admission`): by default it refuses at
+  arrival a request predicted to finish past the deadline the operator writes (the SLA less the
+  latency outside the device, `children.deadline`), and sheds when its queue is full;
+- a new replica costs GPU-seconds from the moment it is requested and takes traffic after the
+  cold-start delay (image pull, model load, readiness probe) — the interval is cut where one
+  becomes ready — and Prometheus scrapes it from then on;
+- a removed replica stops receiving traffic at once, finishes what it has queued, and stops
+  costing when it is drained; it is scraped until then. Replicas still starting are removed
+  first, then the newest;
+- batch settings reach every replica immediately (the operator PUTs them to each ready pod).
+
+The Deployment exists before t = 0, idle, and Prometheus has scraped it for a window: the first
+windows see the trace's traffic start, as an autopilot would. `ready_replicas` in an observation
+is the Deployment's ready count at the decision; the replicas whose series Prometheus holds
+(ready ones, draining ones, and gone ones until their series go stale) are the telemetry's.
+
+Loops are bounded by the number of intervals and, inside an interval, by its cuts and replicas.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from batchpilot.operator.autopilot.decide import InForce
+from batchpilot.operator.children.deadline import default_deadline_ms
+from batchpilot.simulation.observe import Telemetry
+from batchpilot.simulation.policies import Command, Controller
+from batchpilot.simulation.replica import Replica, Served
+from batchpilot.simulation.report import IntervalRecord, SimulationResult, summarize
+from batchpilot.simulation.service import ServiceTruth
+from batchpilot.simulation.trace import Trace
+
+Balancing = Literal["random", "round-robin"]
+Admission = Literal["deadline", "queue"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    interval_s: float = 15.0
+    """The autopilot's control interval (the operator's `autopilot_interval_seconds`)."""
+    window_s: float = 60.0
+    """The metrics window (the operator's `metrics_window_seconds`)."""
+    cold_start_s: float = 30.0
+    queue_capacity: int = 1024
+    """Requests one replica queues before it sheds (the runtime's `queue_capacity`)."""
+    admission: Admission = "deadline"
+    """"deadline": a replica refuses at arrival what it predicts would finish past the deadline
+    the operator writes (the SLA less the latency outside the device), as the runtime does;
+    "queue": it refuses only when its queue is full."""
+    scrape_interval_s: float = 15.0
+    """Prometheus' scrape interval for the replicas (the chart's ServiceMonitor); 0: the exact
+    view, windows aligned to the control interval and complete at each decision."""
+    recent_window_s: float = 30.0
+    """The window of the fast arrival rate (`Observation.recent_qps`): the operator's
+    `recent_window_seconds`. `rate()` needs two scrapes inside it, or there is no value."""
+    balancing: Balancing = "random"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.scrape_interval_s < 0 or self.recent_window_s <= 0 or self.window_s <= 0:
+            raise ValueError("windows must be positive and the scrape interval not negative")
+
+
+@dataclass(frozen=True, slots=True)
+class _Tick:
+    """What was in force during one interval, noted when it began."""
+
+    start: float
+    replicas: int
+    ready: int
+    batch_size: int
+    delay_s: float
+    observed_p99_s: float | None
+    reason: str
+
+
+@dataclass(eq=False)
+class Pod:
+    index: int
+    """Its name, in effect: the order in which the Deployment created it."""
+    replica: Replica
+    requested_at: float
+    ready_at: float
+    removed_at: float | None = None
+    gone_at: float | None = None
+    """When it stopped costing: removal while starting, or the end of its drain."""
+
+    @property
+    def draining(self) -> bool:
+        return self.removed_at is not None and self.gone_at is None
+
+    def billed(self, start: float, end: float) -> float:
+        """GPU-seconds of this pod within [start, end)."""
+        stop = end if self.gone_at is None else min(end, self.gone_at)
+        return max(0.0, stop - max(start, self.requested_at))
+
+
+@dataclass
+class _Fleet:
+    truth: ServiceTruth
+    config: ClusterConfig
+    telemetry: Telemetry
+    deadline_s: float | None
+    pods: list[Pod] = field(default_factory=list)
+    batch_size: int = 1
+    delay_s: float = 0.0
+
+    def active(self) -> list[Pod]:
+        """Pods that are wanted (starting or ready), oldest first."""
+        return [p for p in self.pods if p.removed_at is None]
+
+    def ready(self, t: float) -> list[Pod]:
+        return [p for p in self.active() if p.ready_at <= t]
+
+    def reporting(self, t: float) -> int:
+        """Pods whose metrics Prometheus has: ready ones and ones still draining."""
+        return len(self.ready(t)) + sum(1 for p in self.pods if p.draining)
+
+    def retire(self, pod: Pod, at: float) -> None:
+        """It stops costing, and Prometheus stops scraping it."""
+        pod.gone_at = at
+        self.telemetry.remove_target(pod.index, at=at)
+
+    def apply(
+        self, command: Command, now: float, *, cold_start: bool, scraped_since: float | None = None
+    ) -> None:
+        """Put `command` in force at `now`. New pods are scraped once ready, or from
+        `scraped_since` (pods that existed, idle, before the simulation began)."""
+        self.batch_size = command.batch_size
+        self.delay_s = command.max_queue_delay_s
+        for pod in self.pods:
+            if pod.gone_at is None:
+                pod.replica.max_batch = command.batch_size
+                pod.replica.delay_s = command.max_queue_delay_s
+        active = self.active()
+        for _ in range(command.replicas - len(active)):
+            pod = Pod(
+                index=len(self.pods),
+                replica=Replica(
+                    alpha_s=self.truth.alpha_s,
+                    beta_s=self.truth.beta_s,
+                    max_batch=command.batch_size,
+                    delay_s=command.max_queue_delay_s,
+                    capacity=self.config.queue_capacity,
+                    deadline_s=self.deadline_s,
+                    start=now,
+                ),
+                requested_at=now,
+                ready_at=now + (self.config.cold_start_s if cold_start else 0.0),
+            )
+            self.pods.append(pod)
+            since = pod.ready_at if scraped_since is None else scraped_since
+            self.telemetry.add_target(pod.index, since=since)
+        surplus = len(active) - command.replicas
+        if surplus > 0:
+            # Starting pods go first (a ReplicaSet deletes not-ready pods first), then the newest.
+            victims = sorted(active, key=lambda p: (p.ready_at <= now, p.requested_at))[:surplus]
+            for pod in victims:
+                pod.removed_at = now
+                if pod.ready_at > now or pod.replica.idle_at(now):
+                    self.retire(pod, now)
+
+
+def simulate_cluster(
+    trace: Trace,
+    truth: ServiceTruth,
+    controller: Controller,
+    *,
+    sla_s: float,
+    config: ClusterConfig | None = None,
+) -> SimulationResult:
+    """Run `controller` over `trace` on replicas of `truth`, and report."""
+    config = config or ClusterConfig()
+    began = time.perf_counter()
+    rng = np.random.default_rng(config.seed)
+    interval = config.interval_s
+    count = max(1, math.ceil(trace.duration_s / interval - 1e-9))
+    telemetry = Telemetry(
+        intervals=count,
+        interval_s=interval,
+        sla_s=sla_s,
+        overhead_s=truth.overhead_s,
+        window_s=config.window_s,
+        recent_window_s=config.recent_window_s,
+        scrape_interval_s=config.scrape_interval_s,
+        seed=config.seed,
+    )
+    deadline_s = (
+        default_deadline_ms(sla_ms=sla_s * 1e3, outside_s=truth.overhead_s) / 1e3
+        if config.admission == "deadline"
+        else None
+    )
+    fleet = _Fleet(truth=truth, config=config, telemetry=telemetry, deadline_s=deadline_s)
+    # The Deployment already exists, idle, and Prometheus has scraped it for a while.
+    history = max(config.window_s, config.recent_window_s) + config.scrape_interval_s
+    fleet.apply(controller.initial(), 0.0, cold_start=False, scraped_since=-history)
+    robin = 0
+    ticks: list[_Tick] = []
+    for k in range(count):
+        start, end = k * interval, min((k + 1) * interval, trace.duration_s)
+        observed_p99: float | None = None
+        reason = "initial settings"
+        if k > 0:
+            ready_now = len(fleet.ready(start))
+            observation = telemetry.observe(k, ready=ready_now, reporting=fleet.reporting(start))
+            observed_p99 = observation.p99_s
+            current = InForce(len(fleet.active()), fleet.batch_size, fleet.delay_s)
+            command = controller.decide(observation, current, now=start, interval=k)
+            reason = command.reason
+            fleet.apply(command, start, cold_start=controller.cold_start)
+        ready_at_start = len(fleet.ready(start))
+        cuts = sorted(
+            {start, end} | {p.ready_at for p in fleet.active() if start < p.ready_at < end}
+        )
+        for lo, hi in itertools.pairwise(cuts):
+            robin = _serve(fleet, telemetry, trace, rng, lo, hi, robin)
+        telemetry.close(k)
+        ticks.append(
+            _Tick(
+                start=start,
+                replicas=len(fleet.active()),
+                ready=ready_at_start,
+                batch_size=fleet.batch_size,
+                delay_s=fleet.delay_s,
+                observed_p99_s=observed_p99,
+                reason=reason,
+            )
+        )
+    # Traffic has stopped: let every replica finish what it holds.
+    telemetry.record(
+        [
+            (p.index, p.replica.serve([], since=trace.duration_s, until=math.inf))
+            for p in fleet.pods
+        ],
+        alpha_s=truth.alpha_s,
+        beta_s=truth.beta_s,
+    )
+    telemetry.close(count + 1)
+    records = _records(fleet, telemetry, trace, ticks, interval)
+    gpu_seconds = sum(p.billed(0.0, trace.duration_s) for p in fleet.pods)
+    busy = float(telemetry.busy_s.sum())
+    requests = int(telemetry.completed.sum() + telemetry.shed.sum())
+    summary = summarize(
+        records,
+        sla_s=sla_s,
+        within_sla=int(telemetry.within_sla.sum()),
+        requests=requests,
+        shed=int(telemetry.shed.sum()),
+        gpu_seconds=gpu_seconds,
+        busy_seconds=busy,
+    )
+    return SimulationResult(
+        policy=controller.name,
+        trace=trace.name,
+        duration_s=trace.duration_s,
+        sla_s=sla_s,
+        service=truth.describe(),
+        summary=summary,
+        intervals=records,
+        wall_s=time.perf_counter() - began,
+        settings={
+            "intervalS": config.interval_s,
+            "windowS": config.window_s,
+            "coldStartS": config.cold_start_s if controller.cold_start else 0.0,
+            "queueCapacity": config.queue_capacity,
+            "admission": config.admission,
+            "deadlineS": deadline_s,
+            "scrapeIntervalS": config.scrape_interval_s,
+            "recentWindowS": config.recent_window_s,
+            "balancing": config.balancing,
+            "seed": config.seed,
+        },
+    )
+
+
+def _serve(
+    fleet: _Fleet,
+    telemetry: Telemetry,
+    trace: Trace,
+    rng: np.random.Generator,
+    lo: float,
+    hi: float,
+    robin: int,
+) -> int:
+    """Serve [lo, hi): spread its arrivals over the ready pods, run every pod's batches."""
+    arrivals = trace.arrivals(lo, hi, rng)
+    ready = fleet.ready(lo)
+    served: list[tuple[int, Served]] = []
+    if not ready:
+        telemetry.record_unreached(int(arrivals.shape[0]), lo)  # no endpoints: refused
+    else:
+        n = len(ready)
+        if fleet.config.balancing == "random":
+            target = rng.integers(0, n, size=arrivals.shape[0])
+        else:
+            target = (robin + np.arange(arrivals.shape[0])) % n
+            robin = int((robin + arrivals.shape[0]) % n)
+        order = np.argsort(target, kind="stable")
+        bounds = np.concatenate([[0], np.cumsum(np.bincount(target, minlength=n))])
+        ordered = arrivals[order]
+        for i, pod in enumerate(ready):
+            mine = ordered[bounds[i] : bounds[i + 1]]
+            telemetry.record_arrivals(pod.index, mine)
+            served.append((pod.index, pod.replica.serve(mine.tolist(), since=lo, until=hi)))
+    for pod in fleet.pods:
+        if pod.draining:
+            served.append((pod.index, pod.replica.serve([], since=lo, until=hi)))
+            if pod.replica.idle_at(hi):
+                fleet.retire(pod, max(lo, pod.replica.free_at))
+    telemetry.record(served, alpha_s=fleet.truth.alpha_s, beta_s=fleet.truth.beta_s)
+    return robin
+
+
+def _records(
+    fleet: _Fleet, telemetry: Telemetry, trace: Trace, ticks: list[_Tick], interval: float
+) -> list[IntervalRecord]:
+    records = []
+    for k, tick in enumerate(ticks):
+        end = min(tick.start + interval, trace.duration_s)
+        span = end - tick.start
+        truth = telemetry.truth[k]
+        billed = sum(p.billed(tick.start, end) for p in fleet.pods) / span
+        batches = int(telemetry.batches[k].sum())
+        busy = float(telemetry.busy_s[k])
+        records.append(
+            IntervalRecord(
+                t=tick.start,
+                offered_rps=trace.mean(tick.start, end),
+                served_rps=truth.completed / span,
+                shed_rps=truth.shed / span,
+                p99_s=truth.p99_s,
+                observed_p99_s=tick.observed_p99_s,
+                replicas=tick.replicas,
+                ready=tick.ready,
+                billed=billed,
+                batch_size=tick.batch_size,
+                max_queue_delay_s=tick.delay_s,
+                mean_batch=float(telemetry.rows[k].sum()) / batches if batches else None,
+                utilization=busy / span / billed if billed else None,
+                reason=tick.reason,
+            )
+        )
+    return records

@@ -1,0 +1,474 @@
+"""What the autopilot would see: the runtime's metrics, as Prometheus would serve them.
+
+The autopilot does not see latencies; it sees histograms and counters. The simulator counts
+every request into the runtime's own series — latency and queue-wait histograms in
+`LATENCY_BUCKETS` (15 % apart), requests by outcome, arrivals, device busy seconds, batch sizes,
+compute seconds, rows and batches per power-of-two batch bucket — and builds each `Observation`
+from them with the PromQL of `autopilot.prometheus.queries`: `histogram_quantile` with
+Prometheus' linear interpolation for P99/P95, `sum(rate(...))` for the rates (served, refused,
+arrivals over the window and over the short recent window), utilization as the busy seconds'
+rate per reporting replica, compute points per batch bucket. So the control loop is tested
+against the coarseness it will meet in production, not against exact percentiles.
+
+How the counters reach the autopilot is `ClusterConfig.scrape_interval_s`:
+
+- scraped (the default, 15 s): each replica is a Prometheus target scraped at its own phase;
+  a decision sees only the samples scraped before it, `rate()` extrapolates as Prometheus does,
+  series of a replica that went away leave the windows as their samples age, and the reporting
+  count is the targets whose series an instant query finds (see `scrape`). A window of fewer
+  than two scrapes has no rate: the autopilot then holds, as it must in production;
+- exact (0): windows aligned to the control interval and complete at each decision, shortened
+  to the intervals simulated so far, rates as counts over the window — the view without
+  Prometheus, for tests and comparison.
+
+Arrivals are counted when they reach a replica, served or refused, as the runtime counts them;
+requests that arrive while no replica is ready reach no runtime and appear in no series. A
+completion is counted when its batch ends, a refusal at arrival.
+
+Beside that view, the ground truth per interval: exact nearest-rank P99 over every request that
+finished in it (refused and shed requests count as infinitely slow), and requests inside the SLA.
+
+Simplifications, on purpose: scrapes never fail and take no time, and a sample is queryable the
+moment it is taken; a replica is a target from the moment it is ready (or, for the Deployment
+that exists at t = 0, from before) until it is gone; the decision queries at exactly its tick;
+utilization comes from the busy-seconds counter only (no NVML or DCGM gauges); a batch longer
+than a scrape interval puts its busy time into its first and last scrape only. Admitted requests
+always complete: the simulated runtime predicts with the true t(b), so it has no lateness to
+expire them for (see `replica`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from batchpilot.operator.autopilot.observation import ComputePoint, Observation
+from batchpilot.runtime.metrics import LATENCY_BUCKETS
+from batchpilot.simulation.replica import FloatArray, IntArray, Served
+from batchpilot.simulation.scrape import Target, sum_irate, sum_rate
+
+POW2_SLOTS = 16
+"""Power-of-two batch buckets 1, 2, 4, … 32768 (the runtime's `batch_bucket` label)."""
+
+_BUCKETS = len(LATENCY_BUCKETS) + 1
+
+
+class Column:
+    """One scrape target's series, a column each (see `scrape.Target`)."""
+
+    LATENCY = slice(0, _BUCKETS)
+    """batchpilot_request_duration_seconds_bucket; the +Inf bucket counts what
+    batchpilot_requests_total{outcome="success"} counts."""
+    QUEUE_WAIT = slice(_BUCKETS, 2 * _BUCKETS)
+    ARRIVALS = 2 * _BUCKETS
+    REJECTED = ARRIVALS + 1
+    """batchpilot_requests_total{outcome="rejected"}: shed at arrival, whatever the reason."""
+    BUSY = ARRIVALS + 2
+    SIZE_SUM = ARRIVALS + 3
+    SIZE_COUNT = ARRIVALS + 4
+    BATCHES = slice(ARRIVALS + 5, ARRIVALS + 5 + POW2_SLOTS)
+    ROWS = slice(BATCHES.stop, BATCHES.stop + POW2_SLOTS)
+    COMPUTE = slice(ROWS.stop, ROWS.stop + POW2_SLOTS)
+    COUNT = COMPUTE.stop
+
+
+def _lazy_columns() -> np.ndarray[Any, np.dtype[np.bool_]]:
+    lazy = np.zeros(Column.COUNT, dtype=np.bool_)
+    for cols in (Column.BATCHES, Column.ROWS, Column.COMPUTE):
+        lazy[cols] = True  # the runtime creates a batch bucket's series at its first batch
+    return lazy
+
+
+def histogram_quantile(q: float, bounds: Sequence[float], counts: Sequence[float]) -> float:
+    """Prometheus' `histogram_quantile`: `counts[i]` observations in (bounds[i-1], bounds[i]],
+    the last count in (bounds[-1], +Inf). NaN without observations; linear interpolation inside
+    the bucket that holds the rank; the highest finite bound if the rank is in +Inf."""
+    if len(counts) != len(bounds) + 1:
+        raise ValueError("one count per bound, plus the +Inf bucket")
+    cumulative = np.cumsum(np.asarray(counts, dtype=np.float64))
+    total = float(cumulative[-1])
+    if total <= 0:
+        return math.nan
+    rank = q * total
+    b = int(np.searchsorted(cumulative, rank, side="left"))
+    if b >= len(bounds):
+        return float(bounds[-1])
+    start = 0.0 if b == 0 else float(bounds[b - 1])
+    end = float(bounds[b])
+    below = 0.0 if b == 0 else float(cumulative[b - 1])
+    in_bucket = float(cumulative[b]) - below
+    return start + (end - start) * ((rank - below) / in_bucket)
+
+
+def exact_quantile(q: float, values: FloatArray, infinite: int = 0) -> float:
+    """Nearest-rank quantile of `values` plus `infinite` observations of +∞ (shed requests)."""
+    total = int(values.shape[0]) + infinite
+    if total == 0:
+        return math.nan
+    k = max(0, math.ceil(q * total) - 1)
+    if k >= values.shape[0]:
+        return math.inf
+    return float(np.partition(values, k)[k])
+
+
+def _pow2_slot(sizes: IntArray) -> IntArray:
+    # (size - 1).bit_length(): 1 → 0, 2 → 1, 3..4 → 2, 5..8 → 3 — the runtime's label "1 << slot"
+    return np.ceil(np.log2(sizes)).astype(np.int64)
+
+
+def _count(
+    table: np.ndarray[Any, Any], slots: IntArray, weights: np.ndarray[Any, Any] | None = None
+) -> None:
+    """table[slots] += weights (1 each without), via one bincount over the slots touched."""
+    if slots.shape[0] == 0:
+        return
+    lo, hi = int(slots.min()), int(slots.max())
+    sums = np.bincount(slots - lo, weights, minlength=hi - lo + 1)
+    table[lo : hi + 1] += sums.astype(table.dtype) if table.dtype != sums.dtype else sums
+
+
+@dataclass(frozen=True, slots=True)
+class IntervalTruth:
+    """The exact view of one control interval, for the report."""
+
+    p99_s: float
+    completed: int
+    shed: int
+    within_sla: int
+
+
+def _number(value: float) -> float | None:
+    """A PromQL result: NaN or infinite is no result."""
+    return float(value) if math.isfinite(value) else None
+
+
+def _quantile(q: float, bounds: list[float], counts: np.ndarray[Any, Any]) -> float | None:
+    return _number(histogram_quantile(q, bounds, counts.tolist()))
+
+
+class Telemetry:
+    """Per-interval counters of everything the runtime exports, the ground truth, and — when
+    scraped — each replica's series as Prometheus holds them."""
+
+    def __init__(
+        self,
+        *,
+        intervals: int,
+        interval_s: float,
+        sla_s: float,
+        overhead_s: float,
+        window_s: float = 60.0,
+        recent_window_s: float = 30.0,
+        scrape_interval_s: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        self.interval_s = interval_s
+        self.sla_s = sla_s
+        self.overhead_s = overhead_s
+        self.window_s = window_s
+        self.recent_window_s = recent_window_s
+        self.scrape_interval_s = scrape_interval_s
+        self.bounds = np.array(LATENCY_BUCKETS, dtype=np.float64)
+        slots = intervals + 1  # the last slot takes whatever finishes after the trace ends
+        self._last = intervals
+        self._horizon = slots * interval_s
+        exact = scrape_interval_s <= 0
+        width = _BUCKETS
+        # The exact view's histograms; scraped, the targets hold them.
+        self.latency = np.zeros((slots if exact else 0, width), dtype=np.int64)
+        self.queue_wait = np.zeros((slots if exact else 0, width), dtype=np.int64)
+        self.completed = np.zeros(slots, dtype=np.int64)
+        self.within_sla = np.zeros(slots, dtype=np.int64)
+        self.shed = np.zeros(slots, dtype=np.int64)
+        """Requests not served: refused or shed at arrival, or with no replica to arrive at."""
+        self.rejected = np.zeros(slots, dtype=np.int64)
+        """Requests a runtime refused (503 at arrival)."""
+        self.arrived = np.zeros(slots, dtype=np.int64)
+        """Requests that reached a runtime (the exact view's; scraped, the targets count)."""
+        self.busy_s = np.zeros(slots, dtype=np.float64)
+        self.batches = np.zeros((slots, POW2_SLOTS), dtype=np.int64)
+        self.rows = np.zeros((slots, POW2_SLOTS), dtype=np.int64)
+        self.compute_s = np.zeros((slots, POW2_SLOTS), dtype=np.float64)
+        self._exact: dict[int, list[FloatArray]] = {}
+        self.truth: list[IntervalTruth] = []
+        self.targets: dict[int, Target] = {}
+        """Scraped: the Prometheus targets, by pod."""
+        self._phases = np.random.default_rng((seed, 0x5C2A)) if not exact else None
+        self._lazy = _lazy_columns()
+
+    @property
+    def scraped(self) -> bool:
+        return self._phases is not None
+
+    def _slot(self, t: FloatArray) -> IntArray:
+        return np.clip(np.floor(t / self.interval_s).astype(np.int64), 0, self._last)
+
+    def _add(self, table: np.ndarray[Any, Any], rows: IntArray, cols: IntArray) -> None:
+        """table[rows, cols] += 1 for every pair, via one bincount over the rows touched."""
+        if rows.shape[0] == 0:
+            return
+        lo, hi = int(rows.min()), int(rows.max())
+        width = table.shape[1]
+        counts = np.bincount((rows - lo) * width + cols, minlength=(hi - lo + 1) * width)
+        table[lo : hi + 1] += counts.reshape(hi - lo + 1, width)
+
+    def add_target(self, pod: int, *, since: float) -> None:
+        """Scraped: Prometheus scrapes `pod` from `since` on (when its server answers)."""
+        if self._phases is None:
+            return
+        self.targets[pod] = Target(
+            phase_s=float(self._phases.uniform(0.0, self.scrape_interval_s)),
+            interval_s=self.scrape_interval_s,
+            since=since,
+            until=self._horizon + self.scrape_interval_s,
+            columns=Column.COUNT,
+            histograms=(
+                (Column.LATENCY.start, Column.LATENCY.stop),
+                (Column.QUEUE_WAIT.start, Column.QUEUE_WAIT.stop),
+            ),
+            lazy=self._lazy,
+        )
+
+    def remove_target(self, pod: int, *, at: float) -> None:
+        """`pod` went away at `at`: it is scraped no more."""
+        target = self.targets.get(pod)
+        if target is not None:
+            target.stop = min(target.stop, at)
+
+    def record_unreached(self, count: int, at: float) -> None:
+        """Requests that found no ready replica: failures no runtime counts."""
+        if count:
+            self.shed[min(int(at // self.interval_s), self._last)] += count
+
+    def record_arrivals(self, pod: int, times: FloatArray) -> None:
+        """Requests that reached `pod` (the runtime's arrivals counter), served or refused."""
+        if times.shape[0] == 0:
+            return
+        target = self.targets.get(pod)
+        if target is None:
+            _count(self.arrived, self._slot(times))
+        else:
+            target.count(times, Column.ARRIVALS)
+
+    def record(
+        self, served: Sequence[tuple[int, Served]], *, alpha_s: float, beta_s: float
+    ) -> None:
+        """Count the batches (and their requests) that replicas ran, by when they finished, and
+        the requests they refused, by when they arrived. `served`: (pod, what it did)."""
+        latencies: list[FloatArray] = []
+        slots: list[IntArray] = []
+        for pod, result in served:
+            target = self.targets.get(pod)
+            if result.shed or result.refused:
+                refused = np.concatenate([result.shed_at, result.refused_at])
+                slot = self._slot(refused)
+                _count(self.shed, slot)
+                _count(self.rejected, slot)
+                if target is not None:
+                    target.count(refused, Column.REJECTED)
+            if not result.batches:
+                continue
+            sizes = result.sizes
+            dispatched = result.dispatched_at
+            seconds: FloatArray = alpha_s + beta_s * sizes.astype(np.float64)
+            ended = dispatched + seconds
+            batch_slot = self._slot(ended)
+            pow2 = _pow2_slot(sizes)
+            np.add.at(self.busy_s, batch_slot, seconds)
+            self._add(self.batches, batch_slot, pow2)
+            for table, values in ((self.rows, sizes), (self.compute_s, seconds)):
+                np.add.at(table, (batch_slot, pow2), values)
+            slot = np.repeat(batch_slot, sizes)
+            waits = np.repeat(dispatched, sizes) - result.arrivals
+            latency = np.repeat(ended, sizes) - result.arrivals + self.overhead_s
+            latency_bucket = np.searchsorted(self.bounds, latency, side="left")
+            wait_bucket = np.searchsorted(self.bounds, waits, side="left")
+            if target is None:
+                self._add(self.latency, slot, latency_bucket)
+                self._add(self.queue_wait, slot, wait_bucket)
+            else:
+                self._scrape_batches(
+                    target, result, seconds, ended, pow2, latency_bucket, wait_bucket
+                )
+            latencies.append(latency)
+            slots.append(slot)
+        if not latencies:
+            return
+        latency = np.concatenate(latencies)
+        slot = np.concatenate(slots)
+        _count(self.completed, slot)
+        _count(self.within_sla, slot, latency <= self.sla_s)
+        lo, hi = int(slot.min()), int(slot.max())
+        if lo == hi:
+            self._exact.setdefault(lo, []).append(latency)
+        else:
+            for k in range(lo, hi + 1):
+                self._exact.setdefault(k, []).append(latency[slot == k])
+
+    def _scrape_batches(
+        self,
+        target: Target,
+        served: Served,
+        seconds: FloatArray,
+        ended: FloatArray,
+        pow2: IntArray,
+        latency_bucket: IntArray,
+        wait_bucket: IntArray,
+    ) -> None:
+        """Add one call's batches to a target's series: requests when their batch ends, busy
+        seconds as they pass (a scrape during a batch sees the part run so far; a batch longer
+        than a scrape interval is split between its first scrape and its last only)."""
+        sizes = served.sizes
+        ended_row = target.rows(ended)
+        started_row = target.rows(served.dispatched_at)
+        first_part = np.minimum(ended, target.origin + started_row * target.interval_s) - (
+            served.dispatched_at
+        )
+        request_row = np.repeat(ended_row, sizes)
+        batch = np.ones(sizes.shape[0])
+        rows = np.concatenate([request_row, request_row, started_row, ended_row] + [ended_row] * 5)
+        cols = np.concatenate(
+            [
+                Column.LATENCY.start + latency_bucket,
+                Column.QUEUE_WAIT.start + wait_bucket,
+                np.full(sizes.shape[0], Column.BUSY),
+                np.full(sizes.shape[0], Column.BUSY),
+                np.full(sizes.shape[0], Column.SIZE_SUM),
+                np.full(sizes.shape[0], Column.SIZE_COUNT),
+                Column.BATCHES.start + pow2,
+                Column.ROWS.start + pow2,
+                Column.COMPUTE.start + pow2,
+            ]
+        )
+        weights = np.concatenate(
+            [
+                np.ones(2 * request_row.shape[0]),
+                first_part,
+                seconds - first_part,
+                sizes,
+                batch,
+                batch,
+                sizes,
+                seconds,
+            ]
+        )
+        target.add(rows, cols, weights)
+
+    def close(self, upto: int) -> None:
+        """Intervals before `upto` will get no more completions: compute their exact truth."""
+        for k in range(len(self.truth), min(upto, self._last + 1)):
+            parts = self._exact.pop(k, [])
+            values = np.concatenate(parts) if parts else np.empty(0, dtype=np.float64)
+            shed = int(self.shed[k])
+            self.truth.append(
+                IntervalTruth(
+                    p99_s=exact_quantile(0.99, values, shed),
+                    completed=int(self.completed[k]),
+                    shed=shed,
+                    within_sla=int(self.within_sla[k]),
+                )
+            )
+
+    def observe(self, k: int, *, ready: int, reporting: int) -> Observation:
+        """The observation at the start of interval k, over the window that ends there.
+        `ready`: the Deployment's ready replicas; `reporting`: the replicas whose metrics the
+        exact view counts (ready and draining; scraped, the targets tell)."""
+        if self.scraped:
+            return self._observe_scraped(k, ready=ready)
+        return self._observe_exact(k, ready=ready, reporting=reporting)
+
+    def _observe_exact(self, k: int, *, ready: int, reporting: int) -> Observation:
+        now = k * self.interval_s
+        span = max(1, min(k, round(self.window_s / self.interval_s)))
+        lo = k - span
+        seconds = span * self.interval_s
+        recent = max(1, min(k, round(self.recent_window_s / self.interval_s)))
+        latency = self.latency[lo:k].sum(axis=0)
+        waits = self.queue_wait[lo:k].sum(axis=0)
+        batches = self.batches[lo:k].sum(axis=0)
+        rows = self.rows[lo:k].sum(axis=0)
+        compute = self.compute_s[lo:k].sum(axis=0)
+        bounds = self.bounds.tolist()
+        total_batches = int(batches.sum())
+        points = tuple(
+            ComputePoint(
+                mean_batch=float(rows[i]) / float(batches[i]),
+                mean_seconds=float(compute[i]) / float(batches[i]),
+                batches=float(batches[i]),
+            )
+            for i in range(POW2_SLOTS)
+            if batches[i] > 0
+        )
+        return Observation(
+            at=now,
+            window_s=self.window_s,
+            p99_s=_quantile(0.99, bounds, latency),
+            p95_s=_quantile(0.95, bounds, latency),
+            qps=float(self.completed[lo:k].sum()) / seconds,
+            rejected_qps=float(self.rejected[lo:k].sum()) / seconds,
+            queue_p99_s=_quantile(0.99, bounds, waits),
+            utilization=(
+                float(self.busy_s[lo:k].sum()) / seconds / reporting if reporting else None
+            ),
+            mean_batch=float(rows.sum()) / total_batches if total_batches else None,
+            compute=points,
+            ready_replicas=ready,
+            arrival_qps=float(self.arrived[lo:k].sum()) / seconds,
+            recent_qps=float(self.arrived[k - recent : k].sum()) / (recent * self.interval_s),
+            recent_window_s=self.recent_window_s,
+        )
+
+    def _observe_scraped(self, k: int, *, ready: int) -> Observation:
+        now = k * self.interval_s
+        window = self.window_s
+        # A target gone longer ago than a window (and its staleness markers) shows in nothing.
+        forgotten = now - max(window, self.recent_window_s, 3 * self.scrape_interval_s)
+        targets = [t for t in self.targets.values() if t.origin < now and t.stop > forgotten]
+        reporting = sum(1 for t in targets if t.present(now))
+        rates = sum_rate(targets, now, window, slice(0, Column.COUNT))
+        recent = sum_irate(
+            targets, now, self.recent_window_s, slice(Column.ARRIVALS, Column.ARRIVALS + 1)
+        )
+        bounds = self.bounds.tolist()
+
+        def buckets(cols: slice) -> np.ndarray[Any, Any]:
+            """Bucket rates from the rates of the cumulative `le` series, made monotonic as
+            `histogram_quantile` makes them (extrapolation may differ between buckets)."""
+            cumulative = np.fmax.accumulate(np.nan_to_num(rates[cols], nan=0.0))
+            return np.diff(cumulative, prepend=0.0)
+
+        busy = _number(rates[Column.BUSY])
+        size_count = _number(rates[Column.SIZE_COUNT])
+        size_sum = _number(rates[Column.SIZE_SUM])
+        batches, rows, compute = rates[Column.BATCHES], rates[Column.ROWS], rates[Column.COMPUTE]
+        points = tuple(
+            ComputePoint(
+                mean_batch=float(rows[i] / batches[i]),
+                mean_seconds=float(compute[i] / batches[i]),
+                batches=float(batches[i]) * window,
+            )
+            for i in range(POW2_SLOTS)
+            if batches[i] > 0 and math.isfinite(rows[i]) and math.isfinite(compute[i])
+        )
+        counted = reporting > 0  # no replica reports: the request rates are missing too
+        fast = _number(recent[0]) if counted else None
+        return Observation(
+            at=now,
+            window_s=window,
+            p99_s=_quantile(0.99, bounds, buckets(Column.LATENCY)),
+            p95_s=_quantile(0.95, bounds, buckets(Column.LATENCY)),
+            qps=_number(rates[Column.LATENCY.stop - 1]) if counted else None,
+            rejected_qps=_number(rates[Column.REJECTED]) if counted else None,
+            queue_p99_s=_quantile(0.99, bounds, buckets(Column.QUEUE_WAIT)),
+            utilization=busy / reporting if busy is not None and counted else None,
+            mean_batch=(size_sum / size_count if size_sum is not None and size_count else None),
+            compute=points,
+            ready_replicas=ready,
+            arrival_qps=_number(rates[Column.ARRIVALS]) if counted else None,
+            recent_qps=fast,
+            recent_window_s=None if fast is None else self.scrape_interval_s,
+        )
