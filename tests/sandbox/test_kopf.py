@@ -21,6 +21,16 @@ GROUP, VERSION, PLURAL = "sandbox.batchpilot.io", "v1alpha1", "widgets"
 FINALIZER = "sandbox.batchpilot.io/test-operator"
 
 
+@pytest.fixture(autouse=True)
+def _kopfs_default_registry_restored() -> Iterator[None]:
+    """kopf's `run` command (under KopfRunner) makes the registry it is given kopf's default one
+    and leaves it so: the operator's handlers, registered in the original, would be gone for the
+    tests that run after this one (tests/deploy/test_rbac.py reads them from there)."""
+    default = kopf.get_default_registry()
+    yield
+    kopf.set_default_registry(default)
+
+
 def widget_operator(url: str) -> kopf.OperatorRegistry:
     """Handlers in their own registry, so nothing leaks into kopf's default one."""
     registry = kopf.OperatorRegistry()
