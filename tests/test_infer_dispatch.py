@@ -19,7 +19,7 @@ from starlette.responses import Response
 from batchpilot.runtime.app import RuntimeApp, create_app
 from batchpilot.runtime.batching import BatchSettings
 from batchpilot.runtime.metrics import RuntimeMetrics
-from batchpilot.runtime.protocol import HEADER_LENGTH
+from batchpilot.runtime.protocol.tensors import HEADER_LENGTH
 from batchpilot.runtime.server import ModelServer
 from batchpilot.runtime.simulated import LatencyModel, SimulatedEngine
 from tests import onnx_models

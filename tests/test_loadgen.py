@@ -53,7 +53,8 @@ from batchpilot.runtime.loadgen import (
     random_inputs,
     run_load,
 )
-from batchpilot.runtime.protocol import HEADER_LENGTH, Tensor, decode_request, encode_response
+from batchpilot.runtime.protocol.server_codec import decode_request, encode_response
+from batchpilot.runtime.protocol.tensors import HEADER_LENGTH, Tensor
 
 MODEL = "toy"
 PATIENT_LAG_MS = 1000.0

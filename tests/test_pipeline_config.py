@@ -22,7 +22,7 @@ from batchpilot.runtime.pipeline.pipeline import (
     build_pipeline,
     load_pipeline,
 )
-from batchpilot.runtime.protocol import BYTES
+from batchpilot.runtime.protocol.tensors import BYTES
 from tests import onnx_models
 from tests.test_pipeline_stages import encoded, word_tokenizer
 

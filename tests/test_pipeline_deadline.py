@@ -19,7 +19,8 @@ from batchpilot.runtime.errors import DeadlineExceeded
 from batchpilot.runtime.metrics import RuntimeMetrics
 from batchpilot.runtime.pipeline.config import ImagePreprocess, PipelineConfig, Preprocess
 from batchpilot.runtime.pipeline.pipeline import build_pipeline
-from batchpilot.runtime.protocol import InferRequest, Tensor
+from batchpilot.runtime.protocol.server_codec import InferRequest
+from batchpilot.runtime.protocol.tensors import Tensor
 from batchpilot.runtime.server import ModelServer
 from batchpilot.runtime.simulated import LatencyModel, SimulatedEngine
 from tests import onnx_models

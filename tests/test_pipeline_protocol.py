@@ -11,14 +11,9 @@ import orjson
 import pytest
 
 from batchpilot.runtime.errors import InvalidRequest
-from batchpilot.runtime.protocol import (
-    BYTES,
-    Tensor,
-    decode_request,
-    decode_response,
-    encode_request,
-    encode_response,
-)
+from batchpilot.runtime.protocol.client_codec import decode_response, encode_request
+from batchpilot.runtime.protocol.server_codec import decode_request, encode_response
+from batchpilot.runtime.protocol.tensors import BYTES, Tensor
 
 
 def objects(*elements: Any, shape: tuple[int, ...] | None = None) -> np.ndarray[Any, Any]:

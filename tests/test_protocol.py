@@ -9,15 +9,9 @@ import orjson
 import pytest
 
 from batchpilot.runtime.errors import InvalidRequest
-from batchpilot.runtime.protocol import (
-    DATATYPES,
-    Tensor,
-    datatype_of,
-    decode_request,
-    decode_response,
-    encode_request,
-    encode_response,
-)
+from batchpilot.runtime.protocol.client_codec import decode_response, encode_request
+from batchpilot.runtime.protocol.server_codec import decode_request, encode_response
+from batchpilot.runtime.protocol.tensors import DATATYPES, Tensor, datatype_of
 
 
 def sample(datatype: str, shape: tuple[int, ...] = (2, 3)) -> np.ndarray[Any, Any]:

@@ -44,13 +44,8 @@ from batchpilot.runtime.errors import (
 )
 from batchpilot.runtime.live_settings import batching_doc, parse_batching
 from batchpilot.runtime.metrics import Outcome
-from batchpilot.runtime.protocol import (
-    HEADER_LENGTH,
-    InferRequest,
-    Tensor,
-    decode_request,
-    encode_response,
-)
+from batchpilot.runtime.protocol.server_codec import InferRequest, decode_request, encode_response
+from batchpilot.runtime.protocol.tensors import HEADER_LENGTH, Tensor
 from batchpilot.runtime.server import ModelServer, server_version
 
 log = logging.getLogger(__name__)

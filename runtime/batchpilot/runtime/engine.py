@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from batchpilot.runtime.protocol import DATATYPES
+from batchpilot.runtime.protocol.tensors import DATATYPES
 
 
 @dataclass(frozen=True, slots=True)

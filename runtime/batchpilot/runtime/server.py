@@ -40,7 +40,8 @@ from batchpilot.runtime.errors import (
     ShuttingDown,
 )
 from batchpilot.runtime.metrics import RuntimeMetrics, available_cores
-from batchpilot.runtime.protocol import InferRequest, Tensor
+from batchpilot.runtime.protocol.server_codec import InferRequest
+from batchpilot.runtime.protocol.tensors import Tensor
 
 if TYPE_CHECKING:  # the pipeline pulls Pillow and tokenizers; servers without one never need them
     from batchpilot.runtime.pipeline.pipeline import Pipeline

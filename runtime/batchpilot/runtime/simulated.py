@@ -29,7 +29,7 @@ import numpy as np
 
 from batchpilot.runtime.engine import EngineInfo, ModelSignature
 from batchpilot.runtime.onnx_engine import SessionConfig, open_session, signature_of
-from batchpilot.runtime.protocol import DATATYPES
+from batchpilot.runtime.protocol.tensors import DATATYPES
 
 
 @dataclass(frozen=True, slots=True)

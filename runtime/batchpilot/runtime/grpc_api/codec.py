@@ -18,11 +18,11 @@ import numpy as np
 
 from batchpilot.runtime.errors import InvalidRequest
 from batchpilot.runtime.grpc_api import grpc_predict_v2_pb2 as pb
-from batchpilot.runtime.protocol import (
+from batchpilot.runtime.protocol.server_codec import InferRequest
+from batchpilot.runtime.protocol.tensors import (
     BYTES,
     DATATYPES,
     SUPPORTED_DATATYPES,
-    InferRequest,
     Tensor,
     check_integer_range,
     decode_raw_tensor,

@@ -15,13 +15,8 @@ import numpy as np
 from yarl import URL
 
 from batchpilot.runtime.loadgen.errors import TargetError
-from batchpilot.runtime.protocol import (
-    DATATYPES,
-    HEADER_LENGTH,
-    Tensor,
-    decode_response,
-    encode_request,
-)
+from batchpilot.runtime.protocol.client_codec import decode_response, encode_request
+from batchpilot.runtime.protocol.tensors import DATATYPES, HEADER_LENGTH, Tensor
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ import numpy as np
 
 from batchpilot.runtime.engine import TensorSpec
 from batchpilot.runtime.optimize.variants import Variant, variant_path
-from batchpilot.runtime.protocol import DATATYPES
+from batchpilot.runtime.protocol.tensors import DATATYPES
 
 Method = Literal["fp16", "int8-dynamic", "int8-static"]
 Int8Mode = Literal["dynamic", "static"]

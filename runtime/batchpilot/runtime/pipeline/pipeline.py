@@ -35,7 +35,7 @@ from batchpilot.runtime.pipeline.config import (
 )
 from batchpilot.runtime.pipeline.image import ImageGeometry, ImageStage
 from batchpilot.runtime.pipeline.text import TextStage, TokenizerLoadError, load_tokenizer
-from batchpilot.runtime.protocol import BYTES, DATATYPES, Tensor
+from batchpilot.runtime.protocol.tensors import BYTES, DATATYPES, Tensor
 
 Array = np.ndarray[Any, Any]
 

@@ -1,0 +1,211 @@
+"""What both sides of the v2 protocol share: datatypes, the tensor, and how tensors are laid out.
+
+The server codec (`server_codec`), the client codec (`client_codec`) and the gRPC codec
+(`grpc_api.codec`) all read and write the same things: the v2 datatype names and the
+little-endian numpy dtypes of their binary form, the raw layout of a tensor's elements, and BYTES
+elements. Keeping them here, once, is what makes the two sides agree on them.
+
+BYTES tensors (raw images, text, labels) are numpy object arrays of `bytes`. In JSON their
+elements are strings (UTF-8); in binary each element is a 4-byte little-endian length followed by
+that many bytes, as Triton and KServe encode them. KServe's ``{"b64": …}`` convention belongs to
+its v1 protocol, not to v2, so it is not accepted: send bytes that are not UTF-8 as binary data.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+
+from batchpilot.runtime.errors import InvalidRequest
+
+HEADER_LENGTH: Final = "inference-header-content-length"
+"""HTTP header that says how many leading body bytes are the JSON header (lower-cased)."""
+
+DATATYPES: Final[Mapping[str, np.dtype[Any]]] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype("<u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+}
+"""v2 datatype names of fixed-size elements and the little-endian numpy dtypes their binary form
+uses. BYTES, the one variable-size datatype, is handled apart (see `BYTES`)."""
+
+BYTES: Final = "BYTES"
+"""v2 datatype of variable-length byte strings; its arrays have dtype object, elements `bytes`."""
+
+SUPPORTED_DATATYPES: Final = (*DATATYPES, BYTES)
+
+_LENGTH = struct.Struct("<I")
+
+_DATATYPE_OF_KIND: Final = {dt.str.lstrip("<|="): name for name, dt in DATATYPES.items()}
+
+
+def datatype_of(dtype: np.dtype[Any]) -> str:
+    """The v2 datatype name of a numpy dtype."""
+    name = _DATATYPE_OF_KIND.get(dtype.newbyteorder("<").str.lstrip("<|="))
+    if name is None:
+        raise InvalidRequest(f"datatype {dtype} has no Open Inference Protocol v2 name")
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    """A named tensor; `data` always has the shape and dtype the v2 header declared."""
+
+    name: str
+    datatype: str
+    data: np.ndarray[Any, Any]
+
+
+def object_array(elements: Sequence[bytes]) -> np.ndarray[Any, Any]:
+    array = np.empty(len(elements), dtype=object)
+    array[:] = elements
+    return array
+
+
+def split_bytes(blob: memoryview, count: int, where: str) -> list[bytes]:
+    """Binary BYTES data: `count` elements, each a 4-byte little-endian length and its bytes."""
+    elements: list[bytes] = []
+    offset, end = 0, len(blob)
+    while offset < end:
+        if offset + 4 > end:
+            raise InvalidRequest(
+                f"{where}: BYTES element {len(elements)} has a cut-off length prefix "
+                f"({end - offset} of 4 bytes)"
+            )
+        (length,) = _LENGTH.unpack_from(blob, offset)
+        offset += 4
+        if offset + length > end:
+            raise InvalidRequest(
+                f"{where}: BYTES element {len(elements)} says {length} bytes but only "
+                f"{end - offset} remain in its binary data"
+            )
+        elements.append(bytes(blob[offset : offset + length]))
+        offset += length
+    if len(elements) != count:
+        raise InvalidRequest(
+            f"{where}: shape needs {count} BYTES elements, the binary data holds {len(elements)}"
+        )
+    return elements
+
+
+def json_bytes(data: Any, count: int, shape: tuple[int, ...], where: str) -> list[bytes]:
+    """JSON BYTES data: strings (flat or nested), each sent on as its UTF-8 bytes."""
+    if not isinstance(data, list):
+        raise InvalidRequest(f"{where}: data must be a list")
+    flat: list[bytes] = []
+    stack: list[Any] = [iter(data)]
+    while stack:
+        item = next(stack[-1], _END)
+        if item is _END:
+            stack.pop()
+        elif isinstance(item, list):
+            stack.append(iter(item))
+        elif isinstance(item, str):
+            flat.append(item.encode())
+        else:
+            raise InvalidRequest(
+                f"{where}: BYTES data must be strings, got {type(item).__name__} {item!r:.40}; "
+                "send bytes that are not UTF-8 text as binary data"
+            )
+    if len(flat) != count:
+        raise InvalidRequest(
+            f"{where}: shape {list(shape)} needs {count} elements, data has {len(flat)}"
+        )
+    return flat
+
+
+_END: Final = object()
+
+
+def encode_bytes(array: np.ndarray[Any, Any]) -> bytes:
+    """Binary form of a BYTES tensor: each element as a 4-byte little-endian length and its
+    bytes, in row-major order (str elements are written as UTF-8)."""
+    chunks: list[bytes] = []
+    for element in array.reshape(-1):
+        raw = element.encode() if isinstance(element, str) else bytes(element)
+        chunks.append(_LENGTH.pack(len(raw)))
+        chunks.append(raw)
+    return b"".join(chunks)
+
+
+def bytes_as_json(array: np.ndarray[Any, Any], name: str) -> list[str]:
+    texts: list[str] = []
+    for element in array.reshape(-1):
+        if isinstance(element, str):
+            texts.append(element)
+            continue
+        try:
+            texts.append(bytes(element).decode())
+        except UnicodeDecodeError:
+            raise InvalidRequest(
+                f"output '{name}' holds bytes that are not UTF-8 text; ask for it as binary data"
+            ) from None
+    return texts
+
+
+def check_integer_range(values: np.ndarray[Any, Any], dtype: np.dtype[Any], *, what: str) -> None:
+    """Refuse integer `values` that `dtype` cannot hold (numpy would wrap them around silently);
+    the error starts with `what`."""
+    info = np.iinfo(dtype)
+    outside = values[(values < info.min) | (values > info.max)]
+    if outside.size:
+        raise InvalidRequest(
+            f"{what}: {outside.flat[0]} is outside its range {info.min}..{info.max}"
+        )
+
+
+def reshaped(
+    array: np.ndarray[Any, Any], shape: tuple[int, ...], where: str
+) -> np.ndarray[Any, Any]:
+    """`array` in `shape`. A shape with no elements matches any data size, yet numpy may still
+    refuse it (too many dimensions, a dimension past its index range): that is the client's error.
+    """
+    try:
+        return array.reshape(shape)
+    except ValueError as exc:
+        raise InvalidRequest(f"{where}: shape {list(shape)} cannot be used: {exc}") from None
+
+
+def decode_raw_tensor(
+    raw: bytes | memoryview, datatype: str, shape: tuple[int, ...], where: str
+) -> np.ndarray[Any, Any]:
+    """One tensor from its raw bytes, as the binary tensor extension and gRPC's
+    ``raw_input_contents`` lay them out: little-endian elements in row-major order, or for BYTES
+    each element as a 4-byte little-endian length and its bytes. Fixed-size data is viewed in
+    place, not copied. Raises InvalidRequest when the bytes do not fit the shape."""
+    count = math.prod(shape)
+    if datatype == BYTES:
+        return reshaped(object_array(split_bytes(memoryview(raw), count, where)), shape, where)
+    dtype = DATATYPES.get(datatype)
+    if dtype is None:
+        raise InvalidRequest(
+            f"{where}: datatype {datatype!r} is not supported; use one of "
+            + ", ".join(SUPPORTED_DATATYPES)
+        )
+    if len(raw) != count * dtype.itemsize:
+        raise InvalidRequest(
+            f"{where}: raw data is {len(raw)} bytes but shape {list(shape)} of {datatype} "
+            f"needs {count * dtype.itemsize}"
+        )
+    return reshaped(np.frombuffer(raw, dtype=dtype), shape, where)
+
+
+def encode_raw_tensor(array: np.ndarray[Any, Any], datatype: str) -> bytes:
+    """The raw bytes of a tensor: the inverse of `decode_raw_tensor`."""
+    if datatype == BYTES:
+        return encode_bytes(array)
+    return np.ascontiguousarray(array, dtype=DATATYPES[datatype]).tobytes()
