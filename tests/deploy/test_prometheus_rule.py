@@ -17,7 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from batchpilot.operator.autopilot.slo import Objective
 from batchpilot.runtime.engine import EngineInfo
-from batchpilot.runtime.metrics import Outcome, RuntimeMetrics
+from batchpilot.runtime.metrics import RuntimeMetrics
+from batchpilot.runtime.outcomes import RequestOutcome
 from tests.deploy.chart import NAMESPACE, NAMESPACED, find, one, render
 
 ENABLED: dict[str, Any] = {"monitoring": {"prometheusRule": {"enabled": True}}}
@@ -246,7 +247,7 @@ def test_the_rules_read_series_the_runtime_exports_with_its_labels() -> None:
         nvml=None,
     )
     metrics.settings_changed(max_batch_size=4, max_queue_delay_s=0.005, sla_s=0.1, objective=0.99)
-    metrics.request_finished(Outcome.SUCCESS, 0.01)
+    metrics.request_finished(RequestOutcome.SUCCESS, 0.01)
     metrics.arrivals.inc()
     exported: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(generate_latest(metrics.registry).decode()):

@@ -2,9 +2,9 @@
 batching admin endpoint.
 
 Endpoints are thin: read the body, hand it to the codec and the data plane, return bytes. Domain
-errors are mapped to status codes in one table (`ERROR_STATUS`); endpoints just raise. The infer
-path parses the body once and never goes through pydantic, FastAPI's middleware or its router
-(`RuntimeApp` hands it the request directly), because per-request overhead is what decides
+errors are mapped to status codes in one table (`outcomes.ERROR_STATUS`); endpoints just raise.
+The infer path parses the body once and never goes through pydantic, FastAPI's middleware or its
+router (`RuntimeApp` hands it the request directly), because per-request overhead is what decides
 throughput when the model itself is cheap.
 """
 
@@ -30,38 +30,23 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from batchpilot.runtime.async_jobs import Job, JobNotFound, JobState, JobStore, StoreFull
+from batchpilot.runtime.async_jobs import Job, JobNotFound, JobState, JobStore
 from batchpilot.runtime.errors import (
-    DeadlineExceeded,
     EngineFailure,
     InferenceError,
     InvalidRequest,
-    ModelNotFound,
     Overloaded,
     RequestTooLarge,
     ShuttingDown,
     Unauthorized,
 )
 from batchpilot.runtime.live_settings import batching_doc, parse_batching
-from batchpilot.runtime.metrics import Outcome
+from batchpilot.runtime.outcomes import RequestOutcome, status_of
 from batchpilot.runtime.protocol.server_codec import InferRequest, decode_request, encode_response
 from batchpilot.runtime.protocol.tensors import HEADER_LENGTH, Tensor
 from batchpilot.runtime.server import ModelServer, server_version
 
 log = logging.getLogger(__name__)
-
-ERROR_STATUS: dict[type[InferenceError], tuple[int, Outcome]] = {
-    InvalidRequest: (400, Outcome.INVALID),
-    Unauthorized: (401, Outcome.INVALID),
-    ModelNotFound: (404, Outcome.INVALID),
-    RequestTooLarge: (413, Outcome.INVALID),
-    Overloaded: (503, Outcome.REJECTED),
-    ShuttingDown: (503, Outcome.REJECTED),
-    DeadlineExceeded: (504, Outcome.TIMEOUT),
-    EngineFailure: (500, Outcome.ERROR),
-    StoreFull: (429, Outcome.REJECTED),
-    JobNotFound: (404, Outcome.INVALID),
-}
 
 CLIENT_CLOSED_REQUEST = 499
 """Status recorded (never seen by anyone) when the client went away before its answer."""
@@ -78,13 +63,6 @@ class AppConfig:
     """How long a finished async inference result is kept."""
     async_capacity: int = 1024
     """Async jobs stored (pending or finished) before submits get 429."""
-
-
-def status_of(error: InferenceError) -> tuple[int, Outcome]:
-    for cls in type(error).__mro__:
-        if cls in ERROR_STATUS:
-            return ERROR_STATUS[cls]
-    return 500, Outcome.ERROR
 
 
 def error_response(error: InferenceError) -> Response:
@@ -367,22 +345,22 @@ def create_app(server: ModelServer, *, config: AppConfig | None = None) -> FastA
             except asyncio.CancelledError:
                 if not (watcher.done() and handler.uncancel() == 0):
                     raise
-                metrics.request_finished(Outcome.CANCELLED)
+                metrics.request_finished(RequestOutcome.CANCELLED)
                 failure = Response(status_code=CLIENT_CLOSED_REQUEST)
             else:
                 answer = _encode_result(server, parsed, outputs)
-                metrics.request_finished(Outcome.SUCCESS, time.perf_counter() - started)
+                metrics.request_finished(RequestOutcome.SUCCESS, time.perf_counter() - started)
         except InferenceError as exc:
             metrics.request_finished(status_of(exc)[1], time.perf_counter() - started)
             failure = error_response(exc)
         except ClientDisconnect:  # the client went away while sending the body
-            metrics.request_finished(Outcome.CANCELLED)
+            metrics.request_finished(RequestOutcome.CANCELLED)
             failure = Response(status_code=CLIENT_CLOSED_REQUEST)
         except Exception:
             # A bug, not the client's fault: still one JSON answer, and counted as an error so
             # the error rate the autopilot reads includes it.
             log.exception("infer request failed unexpectedly")
-            metrics.request_finished(Outcome.ERROR, time.perf_counter() - started)
+            metrics.request_finished(RequestOutcome.ERROR, time.perf_counter() - started)
             failure = _json({"error": "internal server error; see the server log"}, status=500)
         finally:
             metrics.inflight.dec()
@@ -503,16 +481,16 @@ def _add_async_routes(
             jobs.fail(job, exc)
             return
         except asyncio.CancelledError:
-            metrics.request_finished(Outcome.CANCELLED)
+            metrics.request_finished(RequestOutcome.CANCELLED)
             raise
         except Exception:
             log.exception("async infer job %s failed unexpectedly", job.id)
-            metrics.request_finished(Outcome.ERROR, time.perf_counter() - started)
+            metrics.request_finished(RequestOutcome.ERROR, time.perf_counter() - started)
             jobs.fail(job, EngineFailure("internal server error; see the server log"))
             return
         finally:
             metrics.inflight.dec()
-        metrics.request_finished(Outcome.SUCCESS, time.perf_counter() - started)
+        metrics.request_finished(RequestOutcome.SUCCESS, time.perf_counter() - started)
         jobs.succeed(job, result)
 
     def location(job_id: str) -> str:
@@ -539,7 +517,7 @@ def _add_async_routes(
             metrics.request_finished(status_of(exc)[1], time.perf_counter() - started)
             return error_response(exc)
         except ClientDisconnect:
-            metrics.request_finished(Outcome.CANCELLED)
+            metrics.request_finished(RequestOutcome.CANCELLED)
             return Response(status_code=CLIENT_CLOSED_REQUEST)
         job.work = asyncio.get_running_loop().create_task(
             run_job(job, parsed, started), name=f"async-job-{job.id}"

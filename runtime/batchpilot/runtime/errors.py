@@ -1,8 +1,9 @@
 """The runtime's error vocabulary.
 
 Every failure a caller can cause or observe is one of these; the HTTP layer maps each class to a
-status code in one table (`app.ERROR_STATUS`), and endpoints just raise. Messages are written for
-the person reading the client's log: they say what was wrong and what was expected.
+status code in one table (`outcomes.ERROR_STATUS`, which gRPC reads the outcome from too), and
+endpoints just raise. Messages are written for the person reading the client's log: they say what
+was wrong and what was expected.
 """
 
 from __future__ import annotations

@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from enum import StrEnum
 from pathlib import Path
 
 from prometheus_client import (
@@ -70,6 +69,7 @@ from prometheus_client.registry import Collector
 
 from batchpilot.runtime.device import Nvml
 from batchpilot.runtime.engine import EngineInfo
+from batchpilot.runtime.outcomes import RequestOutcome
 
 
 def _latency_buckets() -> tuple[float, ...]:
@@ -106,16 +106,7 @@ def batch_bucket(rows: int) -> str:
     return str(1 << max(rows - 1, 0).bit_length())
 
 
-class Outcome(StrEnum):
-    SUCCESS = "success"
-    INVALID = "invalid"
-    REJECTED = "rejected"  # queue full or draining: 503
-    TIMEOUT = "timeout"
-    CANCELLED = "cancelled"  # the client went away
-    ERROR = "error"
-
-
-_TIMED_OUTCOMES = frozenset({Outcome.SUCCESS, Outcome.TIMEOUT, Outcome.ERROR})
+_TIMED_OUTCOMES = frozenset({RequestOutcome.SUCCESS, RequestOutcome.TIMEOUT, RequestOutcome.ERROR})
 """Outcomes whose duration is a latency of the service (the request was taken on)."""
 
 SHED_REASONS = ("predicted_late", "queue_full", "draining", "expired")
@@ -267,7 +258,8 @@ class RuntimeMetrics:
         self._shed = {reason: shed.labels(**labels, reason=reason) for reason in SHED_REASONS}
         # Children looked up once: `labels()` per request costs more than the increment.
         self._outcome_counters = {
-            outcome: self._outcomes.labels(**labels, outcome=outcome.value) for outcome in Outcome
+            outcome: self._outcomes.labels(**labels, outcome=outcome.value)
+            for outcome in RequestOutcome
         }
         self._bucket_counters: dict[str, tuple[Counter, Counter, Counter]] = {}
         self._live = _LiveValues(labels)
@@ -353,12 +345,12 @@ class RuntimeMetrics:
         self._live.async_jobs = counts
         self._live.async_expired = expired
 
-    def request_finished(self, outcome: Outcome, duration_s: float | None = None) -> None:
+    def request_finished(self, outcome: RequestOutcome, duration_s: float | None = None) -> None:
         self._outcome_counters[outcome].inc()
         if duration_s is not None:
             if outcome in _TIMED_OUTCOMES:
                 self.request_duration.observe(duration_s)
-            elif outcome is Outcome.REJECTED:
+            elif outcome is RequestOutcome.REJECTED:
                 self.refusal_duration.observe(duration_s)
 
     def shed(self, reason: str) -> None:

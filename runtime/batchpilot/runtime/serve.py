@@ -31,9 +31,10 @@ from batchpilot.runtime.device import DeviceUnavailable, Nvml
 from batchpilot.runtime.draining import CloseWhenDraining
 from batchpilot.runtime.engine import Engine
 from batchpilot.runtime.live_settings import ConfigFileWatcher
-from batchpilot.runtime.metrics import Outcome, RuntimeMetrics
+from batchpilot.runtime.metrics import RuntimeMetrics
 from batchpilot.runtime.onnx_engine import ModelLoadError, OnnxEngine, SessionConfig
 from batchpilot.runtime.optimize.variants import missing_variant_message, variant_path
+from batchpilot.runtime.outcomes import RequestOutcome
 from batchpilot.runtime.server import ModelServer
 from batchpilot.runtime.settings import RuntimeSettings
 from batchpilot.runtime.simulated import LatencyModel, SimulatedEngine
@@ -309,7 +310,7 @@ def serve(settings: RuntimeSettings) -> int:
 def _log_final_tally(metrics: RuntimeMetrics) -> None:
     """One line at exit that counts every answered request by outcome, so whoever stopped the
     server can check that a drain lost nothing: what clients received must add up to this."""
-    tally = dict.fromkeys((outcome.value for outcome in Outcome), 0)
+    tally = dict.fromkeys((outcome.value for outcome in RequestOutcome), 0)
     for family in metrics.registry.collect():
         for sample in family.samples:
             if sample.name == "batchpilot_requests_total":

@@ -25,7 +25,6 @@ from typing import Any, NoReturn
 
 import grpc
 
-from batchpilot.runtime.app import status_of
 from batchpilot.runtime.errors import (
     DeadlineExceeded,
     EngineFailure,
@@ -40,7 +39,7 @@ from batchpilot.runtime.errors import (
 from batchpilot.runtime.grpc_api import grpc_predict_v2_pb2 as pb
 from batchpilot.runtime.grpc_api import grpc_predict_v2_pb2_grpc as pb_grpc
 from batchpilot.runtime.grpc_api.codec import decode_infer_request, encode_infer_response
-from batchpilot.runtime.metrics import Outcome
+from batchpilot.runtime.outcomes import RequestOutcome, status_of
 from batchpilot.runtime.server import ModelServer, server_version
 
 log = logging.getLogger(__name__)
@@ -57,7 +56,7 @@ GRPC_STATUS: dict[type[InferenceError], grpc.StatusCode] = {
     DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
     EngineFailure: grpc.StatusCode.INTERNAL,
 }
-"""The gRPC status of each domain error (the REST statuses are in `app.ERROR_STATUS`)."""
+"""The gRPC status of each domain error (the REST statuses are in `outcomes.ERROR_STATUS`)."""
 
 INTERNAL_MESSAGE = "internal server error; see the server log"
 
@@ -178,18 +177,18 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             # The client cancelled the RPC or its deadline passed: the request has left the queue.
             remaining = context.time_remaining()
             if remaining is not None and remaining <= 2 * DEADLINE_MARGIN_S:
-                metrics.request_finished(Outcome.TIMEOUT, time.perf_counter() - started)
+                metrics.request_finished(RequestOutcome.TIMEOUT, time.perf_counter() - started)
             else:
-                metrics.request_finished(Outcome.CANCELLED)
+                metrics.request_finished(RequestOutcome.CANCELLED)
             raise
         except Exception:
             # A bug, not the client's fault: an INTERNAL status, counted as an error so the error
             # rate the autopilot reads includes it.
             log.exception("gRPC infer request failed unexpectedly")
-            metrics.request_finished(Outcome.ERROR, time.perf_counter() - started)
+            metrics.request_finished(RequestOutcome.ERROR, time.perf_counter() - started)
             failure = None
         else:
-            metrics.request_finished(Outcome.SUCCESS, time.perf_counter() - started)
+            metrics.request_finished(RequestOutcome.SUCCESS, time.perf_counter() - started)
             return response
         finally:
             metrics.inflight.dec()

@@ -1,0 +1,58 @@
+"""What became of a request, and which outcome and HTTP status each domain error means.
+
+Both transports count a request the same way: the REST endpoints answer with the status from
+`ERROR_STATUS`, the gRPC service maps the same errors to its own codes (`grpc_api.service`), and
+both record the outcome from here in `batchpilot_requests_total`. Keeping the table out of the
+HTTP app is what lets the gRPC service use it without depending on FastAPI. Pure: a table and a
+lookup, no I/O.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from batchpilot.runtime.async_jobs import JobNotFound, StoreFull
+from batchpilot.runtime.errors import (
+    DeadlineExceeded,
+    EngineFailure,
+    InferenceError,
+    InvalidRequest,
+    ModelNotFound,
+    Overloaded,
+    RequestTooLarge,
+    ShuttingDown,
+    Unauthorized,
+)
+
+
+class RequestOutcome(StrEnum):
+    """How a request ended: the `outcome` label of `batchpilot_requests_total`."""
+
+    SUCCESS = "success"
+    INVALID = "invalid"
+    REJECTED = "rejected"  # queue full or draining: 503
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"  # the client went away
+    ERROR = "error"
+
+
+ERROR_STATUS: dict[type[InferenceError], tuple[int, RequestOutcome]] = {
+    InvalidRequest: (400, RequestOutcome.INVALID),
+    Unauthorized: (401, RequestOutcome.INVALID),
+    ModelNotFound: (404, RequestOutcome.INVALID),
+    RequestTooLarge: (413, RequestOutcome.INVALID),
+    Overloaded: (503, RequestOutcome.REJECTED),
+    ShuttingDown: (503, RequestOutcome.REJECTED),
+    DeadlineExceeded: (504, RequestOutcome.TIMEOUT),
+    EngineFailure: (500, RequestOutcome.ERROR),
+    StoreFull: (429, RequestOutcome.REJECTED),
+    JobNotFound: (404, RequestOutcome.INVALID),
+}
+"""The HTTP status and the outcome of each domain error (its nearest listed base class's)."""
+
+
+def status_of(error: InferenceError) -> tuple[int, RequestOutcome]:
+    for cls in type(error).__mro__:
+        if cls in ERROR_STATUS:
+            return ERROR_STATUS[cls]
+    return 500, RequestOutcome.ERROR
