@@ -12,12 +12,17 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
+import starlette.routing
+from fastapi import routing as fastapi_routing
+from starlette import _utils as starlette_utils  # what RuntimeApp's route_path relies on
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
-from batchpilot.runtime.app import RuntimeApp, create_app
+from batchpilot.runtime.app import create_app
 from batchpilot.runtime.batching import BatchSettings
+from batchpilot.runtime.infer_dispatch import RuntimeApp, route_path
 from batchpilot.runtime.metrics import RuntimeMetrics
 from batchpilot.runtime.protocol.tensors import HEADER_LENGTH
 from batchpilot.runtime.server import ModelServer
@@ -38,9 +43,11 @@ def model_server(model: Path) -> ModelServer:
     )
 
 
-async def call(app: RuntimeApp, path: str, body: bytes, headers: dict[str, str]) -> Answer:
+async def call(
+    app: RuntimeApp, path: str, body: bytes, headers: dict[str, str], *, root_path: str = ""
+) -> Answer:
     """One HTTP request through the app's ASGI interface; the client stays connected until the
-    answer is complete."""
+    answer is complete. With a `root_path`, `path` includes it, as ASGI servers send it."""
     scope: dict[str, Any] = {
         "type": "http",
         "asgi": {"version": "3.0"},
@@ -49,7 +56,7 @@ async def call(app: RuntimeApp, path: str, body: bytes, headers: dict[str, str])
         "scheme": "http",
         "path": path,
         "raw_path": path.encode(),
-        "root_path": "",
+        "root_path": root_path,
         "query_string": b"",
         "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
         "client": ("127.0.0.1", 5000),
@@ -164,3 +171,52 @@ async def test_direct_dispatch_answers_exactly_as_the_usual_stack(
     assert fast == usual
     if status >= 400:
         assert orjson.loads(fast[2])["error"]
+
+
+async def test_direct_dispatch_takes_requests_under_a_root_path(
+    apps: tuple[RuntimeApp, RuntimeApp],
+) -> None:
+    direct, stacked = apps
+    endpoint = direct.infer_endpoint
+    assert endpoint is not None
+    dispatched: list[str] = []
+
+    async def counting(scope: Scope, receive: Receive, send: Send) -> None:
+        dispatched.append(scope["path"])
+        await endpoint(scope, receive, send)
+
+    direct.infer_endpoint = counting
+    path, body = "/api/v2/models/mlp/versions/1/infer", json_request(1)
+    headers = {"content-type": "application/json"}
+    fast = await call(direct, path, body, headers, root_path="/api")
+    usual = await call(stacked, path, body, headers, root_path="/api")
+    assert dispatched == [path]
+    assert fast[0] == 200, fast
+    assert fast == usual
+
+
+class TestTheOnePrivateStarletteFunction:
+    """`infer_dispatch.route_path` calls Starlette's private `_utils.get_route_path`, so the
+    direct dispatch takes exactly the paths the routers would match. A Starlette upgrade that
+    moves, changes or stops using it fails here, not in production."""
+
+    def test_both_routers_match_paths_with_it(self) -> None:
+        assert starlette.routing.get_route_path is starlette_utils.get_route_path
+        assert fastapi_routing.get_route_path is starlette_utils.get_route_path
+
+    @pytest.mark.parametrize(
+        ("path", "root_path", "expected"),
+        [
+            ("/v2/models/m/infer", "", "/v2/models/m/infer"),
+            ("/api/v2/models/m/infer", "/api", "/v2/models/m/infer"),
+            ("/api", "/api", ""),
+            ("/apix/v2/models/m/infer", "/api", "/apix/v2/models/m/infer"),
+            ("/v2/models/m/infer", "/api", "/v2/models/m/infer"),
+        ],
+    )
+    def test_it_strips_the_root_path_as_the_dispatch_expects(
+        self, path: str, root_path: str, expected: str
+    ) -> None:
+        scope = {"type": "http", "path": path, "root_path": root_path}
+        assert route_path(scope) == expected
+        assert starlette_utils.get_route_path(scope) == expected

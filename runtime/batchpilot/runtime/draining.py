@@ -4,8 +4,8 @@ uvicorn closes a connection right after an answer that says `Connection: close`,
 that gets one is never left holding a keep-alive connection the server may close under its next
 request: it opens a new one (to this server's still-open port during the drain, or to another
 replica once the endpoints have moved on). Infer 503s of a draining server already say it
-(`app.error_response`); this covers every other answer: results of requests queued before the
-signal, health, metadata, metrics.
+(`responses.error_response`); this covers every other answer: results of requests queued before
+the signal, health, metadata, metrics.
 """
 
 from __future__ import annotations

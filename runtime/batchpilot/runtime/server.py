@@ -2,7 +2,8 @@
 
 It checks each request against the model's signature, queues it for the batcher, waits for its
 rows, and keeps the batching settings that the admin endpoint and the config file change while
-serving. The REST layer (`app.py`) is a thin translation on top of this.
+serving. The REST routes (`app` and its `routes_*`) and the gRPC service (`grpc_api`) are thin
+translations on top of this.
 
 Every request has a deadline: its own (the v2 `timeout` parameter, the gRPC deadline) or the
 server's default, which lives in the batching settings so the operator keeps it at the SLA. With

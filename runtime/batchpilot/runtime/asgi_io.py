@@ -1,0 +1,106 @@
+"""Request bodies in and infer answers out at the ASGI level, for the REST endpoints.
+
+The sync infer endpoint is a plain ASGI app (see `routes_v2`): it reads its headers from the
+scope, its body from `receive` and writes a success straight to `send`, without Starlette's
+request and response objects, because their per-request cost decides throughput when the model
+is cheap. What it does by hand has to match what Starlette would do, so it lives here, in one
+place, beside the body reading (with its size limit) that every endpoint shares.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import Request
+from starlette.requests import ClientDisconnect
+from starlette.types import Receive, Scope, Send
+
+from batchpilot.runtime.errors import InvalidRequest, RequestTooLarge
+from batchpilot.runtime.protocol.tensors import HEADER_LENGTH
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    return await receive_body(request.headers.get("content-length"), request.receive, limit)
+
+
+async def receive_body(declared: str | None, receive: Receive, limit: int) -> bytes:
+    """The request body, refused past `limit` bytes (by its Content-Length when it declares one);
+    raises ClientDisconnect when the client goes away while sending it."""
+    if declared is not None:
+        if not declared.isdigit():
+            raise InvalidRequest(f"Content-Length {declared!r} is not a number")
+        if int(declared) > limit:
+            raise RequestTooLarge(f"the body is {declared} bytes; the limit is {limit} bytes")
+        limit = -1
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise ClientDisconnect()
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if 0 <= limit < size:
+                raise RequestTooLarge(f"the body is over the limit of {limit} bytes")
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def request_header_length(request: Request) -> int | None:
+    """The request's Inference-Header-Content-Length; None when it has none."""
+    return parse_header_length(request.headers.get(HEADER_LENGTH))
+
+
+def parse_header_length(value: str | None) -> int | None:
+    if value is None:
+        return None
+    # str.isdigit() accepts Unicode digits such as '²' (a Latin-1 header byte), which int()
+    # refuses: only ASCII decimal digits make a length.
+    text = value.strip()
+    if not (text.isascii() and text.isdecimal()):
+        raise InvalidRequest(f"Inference-Header-Content-Length {value!r} is not a number")
+    return int(text)
+
+
+_CONTENT_LENGTH = b"content-length"
+_HEADER_LENGTH = HEADER_LENGTH.encode()
+
+
+def body_headers(scope: Scope) -> tuple[str | None, str | None]:
+    """Content-Length and Inference-Header-Content-Length (the first of each), as Starlette's
+    `Request.headers` reads them."""
+    content_length = header_length = None
+    for key, value in scope["headers"]:
+        if key == _CONTENT_LENGTH:
+            if content_length is None:
+                content_length = value.decode("latin-1")
+        elif key == _HEADER_LENGTH and header_length is None:
+            header_length = value.decode("latin-1")
+    return content_length, header_length
+
+
+async def send_answer(send: Send, content: bytes, header_length: int | None) -> None:
+    """A 200 infer answer: the headers Starlette's `Response` would send, in its order."""
+    size = str(len(content)).encode()
+    if header_length is None:
+        headers = [(b"content-length", size), (b"content-type", b"application/json")]
+    else:
+        headers = [
+            (_HEADER_LENGTH, str(header_length).encode()),
+            (b"content-length", size),
+            (b"content-type", b"application/octet-stream"),
+        ]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": content})
+
+
+async def until_disconnected(receive: Receive, handler: asyncio.Task[Any]) -> None:
+    """Cancel the request's handler when its client goes away (the body is already read)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            handler.cancel(msg="client disconnected")
+            return

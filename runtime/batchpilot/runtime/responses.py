@@ -1,0 +1,78 @@
+"""How the REST endpoints answer: JSON documents, domain errors, and encoded infer results.
+
+Every route module answers through these, so an error says the same thing with the same status
+and headers (`Retry-After` on 503s, `Connection: close` while shutting down) wherever it is
+raised, and a sync infer result and a fetched async result are the same bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from fastapi.responses import Response
+
+from batchpilot.runtime.errors import InferenceError, Overloaded, ShuttingDown
+from batchpilot.runtime.outcomes import status_of
+from batchpilot.runtime.protocol.server_codec import InferRequest, encode_response
+from batchpilot.runtime.protocol.tensors import Tensor
+from batchpilot.runtime.server import ModelServer
+
+CLIENT_CLOSED_REQUEST = 499
+"""Status recorded (never seen by anyone) when the client went away before its answer."""
+
+
+def json_response(
+    doc: Any, *, status: int = 200, headers: dict[str, str] | None = None
+) -> Response:
+    return Response(
+        orjson.dumps(doc), status_code=status, media_type="application/json", headers=headers
+    )
+
+
+def error_response(error: InferenceError) -> Response:
+    status, _ = status_of(error)
+    headers = {}
+    if isinstance(error, Overloaded):
+        headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
+    elif isinstance(error, ShuttingDown):
+        headers["Retry-After"] = "1"
+        headers["Connection"] = "close"
+    return json_response({"error": str(error)}, status=status, headers=headers)
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedResult:
+    """An infer response as the sync path would send it: JSON, or JSON header + binary."""
+
+    content: bytes
+    header_length: int | None
+
+
+def encode_result(
+    server: ModelServer, parsed: InferRequest, outputs: list[Tensor]
+) -> EncodedResult:
+    content, header_length = encode_response(
+        model_name=server.signature.name,
+        model_version=server.signature.version,
+        request_id=parsed.id,
+        outputs=outputs,
+        binary=(
+            [t.name for t in outputs]
+            if parsed.binary_default and not parsed.requested_outputs
+            else parsed.binary_outputs
+        ),
+    )
+    return EncodedResult(content, header_length)
+
+
+def result_response(result: EncodedResult) -> Response:
+    if result.header_length is None:
+        return Response(result.content, media_type="application/json")
+    return Response(
+        result.content,
+        media_type="application/octet-stream",
+        headers={"Inference-Header-Content-Length": str(result.header_length)},
+    )

@@ -1,0 +1,57 @@
+"""The endpoints for the platform rather than for clients: the Prometheus scrape and the batching
+settings.
+
+`GET /metrics` is what Prometheus scrapes; `GET /admin/batching` shows the batching settings in
+force and `PUT /admin/batching` changes them while serving (the operator PUTs the batching
+document, `live_settings`, to ready pods). Changing them needs the admin bearer token; without
+one configured, changes over HTTP are refused.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from batchpilot.runtime.asgi_io import read_body
+from batchpilot.runtime.errors import Unauthorized
+from batchpilot.runtime.live_settings import batching_doc, parse_batching
+from batchpilot.runtime.responses import json_response
+from batchpilot.runtime.server import ModelServer
+
+SETTINGS_BODY_LIMIT = 64 * 1024
+"""Largest batching settings document `PUT /admin/batching` reads (bytes)."""
+
+
+def add_admin_routes(app: FastAPI, server: ModelServer, *, admin_token: str | None) -> None:
+    """`GET /metrics`, `GET` and `PUT /admin/batching`."""
+    metrics = server.metrics
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/admin/batching")
+    async def get_batching() -> Response:
+        return json_response(batching_doc(server.batching))
+
+    @app.put("/admin/batching")
+    async def put_batching(request: Request) -> Response:
+        _authorize(request, admin_token)
+        body = await read_body(request, SETTINGS_BODY_LIMIT)
+        settings = parse_batching(body, current=server.batching)
+        server.set_batching(settings, source="admin endpoint")
+        return json_response(batching_doc(settings))
+
+
+def _authorize(request: Request, token: str | None) -> None:
+    if token is None:
+        raise Unauthorized(
+            "changing settings over HTTP is disabled: the server has no admin token configured"
+        )
+    sent = request.headers.get("authorization", "")
+    scheme, _, value = sent.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(value.encode(), token.encode()):
+        raise Unauthorized("a valid 'Authorization: Bearer <token>' header is required")

@@ -1,0 +1,174 @@
+"""The async inference REST endpoints: submit now (202 + job id), fetch the result later, or
+discard it.
+
+A job runs through `ModelServer.infer`, the same batcher as a sync request, from a background
+task, and its result waits in the `JobStore` (`async_jobs`) until it is fetched, discarded or
+expires. Its outcome is counted in the request metrics like a sync request's, with its latency
+from submit to completion. The routes are plain Starlette routes: like the sync infer endpoint
+they read the body themselves and answer every error themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from starlette.requests import ClientDisconnect
+from starlette.routing import Route
+
+from batchpilot.runtime.asgi_io import read_body, request_header_length
+from batchpilot.runtime.async_jobs import Job, JobNotFound, JobState, JobStore
+from batchpilot.runtime.errors import EngineFailure, InferenceError, InvalidRequest, ShuttingDown
+from batchpilot.runtime.outcomes import RequestOutcome, status_of
+from batchpilot.runtime.protocol.server_codec import InferRequest, decode_request
+from batchpilot.runtime.responses import (
+    CLIENT_CLOSED_REQUEST,
+    EncodedResult,
+    encode_result,
+    error_response,
+    json_response,
+    result_response,
+)
+from batchpilot.runtime.server import ModelServer
+
+log = logging.getLogger(__name__)
+
+ASYNC_MAX_WAIT_S = 30.0
+"""Longest long poll (`?wait_s=`) of an async result."""
+
+
+def _wait_s(request: Request) -> float:
+    text = request.query_params.get("wait_s")
+    if text is None:
+        return 0.0
+    try:
+        wait_s = float(text)
+    except ValueError:
+        wait_s = math.nan
+    if not 0 <= wait_s <= ASYNC_MAX_WAIT_S:  # NaN fails this too
+        raise InvalidRequest(
+            f"wait_s must be a number of seconds from 0 to {ASYNC_MAX_WAIT_S:g}, got {text!r}"
+        )
+    return wait_s
+
+
+def add_async_routes(
+    app: FastAPI,
+    server: ModelServer,
+    *,
+    jobs: JobStore[EncodedResult],
+    max_body_bytes: int,
+) -> None:
+    """`POST .../infer/async`, `GET` and `DELETE .../infer/async/{job_id}`, on `jobs`."""
+    metrics = server.metrics
+    model_name = server.signature.name
+    check_model = server.check_model
+
+    async def run_job(job: Job[EncodedResult], parsed: InferRequest, started: float) -> None:
+        metrics.inflight.inc()
+        try:
+            outputs = await server.infer(parsed)
+            result = encode_result(server, parsed, outputs)
+        except InferenceError as exc:
+            metrics.request_finished(status_of(exc)[1], time.perf_counter() - started)
+            jobs.fail(job, exc)
+            return
+        except asyncio.CancelledError:
+            metrics.request_finished(RequestOutcome.CANCELLED)
+            raise
+        except Exception:
+            log.exception("async infer job %s failed unexpectedly", job.id)
+            metrics.request_finished(RequestOutcome.ERROR, time.perf_counter() - started)
+            jobs.fail(job, EngineFailure("internal server error; see the server log"))
+            return
+        finally:
+            metrics.inflight.dec()
+        metrics.request_finished(RequestOutcome.SUCCESS, time.perf_counter() - started)
+        jobs.succeed(job, result)
+
+    def location(job_id: str) -> str:
+        return f"/v2/models/{model_name}/infer/async/{job_id}"
+
+    def not_found(job_id: str) -> JobNotFound:
+        return JobNotFound(
+            f"no async job '{job_id}' for model '{model_name}': it was never submitted, was "
+            f"deleted, or its result expired (results are kept {jobs.ttl_s:g} s after they "
+            "finish)"
+        )
+
+    async def submit(request: Request) -> Response:
+        started = time.perf_counter()
+        try:
+            check_model(request.path_params["name"])
+            if not server.ready:
+                raise ShuttingDown("the server is shutting down and accepts no new requests")
+            body = await read_body(request, max_body_bytes)
+            parsed = decode_request(body, header_length=request_header_length(request))
+            server.validate(parsed)  # a bad request fails now, not when its job runs
+            job = jobs.submit()
+        except InferenceError as exc:
+            metrics.request_finished(status_of(exc)[1], time.perf_counter() - started)
+            return error_response(exc)
+        except ClientDisconnect:
+            metrics.request_finished(RequestOutcome.CANCELLED)
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        job.work = asyncio.get_running_loop().create_task(
+            run_job(job, parsed, started), name=f"async-job-{job.id}"
+        )
+        return json_response(
+            {"id": job.id, "model_name": model_name, "status": "queued"},
+            status=202,
+            headers={"Location": location(job.id)},
+        )
+
+    async def fetch(request: Request) -> Response:
+        job_id = request.path_params["job_id"]
+        try:
+            check_model(request.path_params["name"])
+            wait_s = _wait_s(request)
+            job = jobs.get(job_id)
+            if job is not None and not job.done and wait_s > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(job.finished.wait(), wait_s)
+                job = jobs.get(job_id)
+            if job is None:
+                raise not_found(job_id)
+        except InferenceError as exc:
+            return error_response(exc)
+        if job.state is JobState.PENDING:
+            return json_response(
+                {"id": job.id, "model_name": model_name, "status": "pending"},
+                status=202,
+                headers={"Location": location(job.id), "Retry-After": "1"},
+            )
+        if job.state is JobState.FAILED:
+            assert isinstance(job.error, InferenceError)
+            return error_response(job.error)
+        assert job.result is not None
+        return result_response(job.result)
+
+    async def discard(request: Request) -> Response:
+        job_id = request.path_params["job_id"]
+        try:
+            check_model(request.path_params["name"])
+            job = jobs.discard(job_id)
+            if job is None:
+                raise not_found(job_id)
+        except InferenceError as exc:
+            return error_response(exc)
+        status = "deleted" if job.done else "cancelled"
+        return json_response({"id": job_id, "model_name": model_name, "status": status})
+
+    routes = app.router.routes
+    for path in (
+        "/v2/models/{name}/infer/async",
+        "/v2/models/{name}/versions/{version}/infer/async",
+    ):
+        routes.append(Route(path, submit, methods=["POST"]))
+    routes.append(Route("/v2/models/{name}/infer/async/{job_id}", fetch, methods=["GET"]))
+    routes.append(Route("/v2/models/{name}/infer/async/{job_id}", discard, methods=["DELETE"]))

@@ -1,0 +1,173 @@
+"""The Open Inference Protocol v2 REST endpoints: server and model metadata, health, sync infer.
+
+The metadata and health endpoints are ordinary FastAPI routes. The sync infer endpoint is the
+request path of every inference, so it is a plain ASGI app (`asgi_io` does its I/O) that
+`RuntimeApp` calls directly; its two routes serve the requests that take FastAPI's usual way.
+Either way it parses the body once, never goes through pydantic, and answers every error itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from fastapi.responses import Response
+from starlette.requests import ClientDisconnect
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from batchpilot.runtime.asgi_io import (
+    body_headers,
+    parse_header_length,
+    receive_body,
+    send_answer,
+    until_disconnected,
+)
+from batchpilot.runtime.errors import InferenceError
+from batchpilot.runtime.infer_dispatch import RuntimeApp
+from batchpilot.runtime.outcomes import RequestOutcome, status_of
+from batchpilot.runtime.protocol.server_codec import decode_request
+from batchpilot.runtime.responses import (
+    CLIENT_CLOSED_REQUEST,
+    EncodedResult,
+    encode_result,
+    error_response,
+    json_response,
+)
+from batchpilot.runtime.server import ModelServer, server_version
+
+log = logging.getLogger(__name__)
+
+
+class _AsgiEndpoint:
+    """Makes Starlette's `Route` call an `(scope, receive, send)` function as an ASGI app rather
+    than as a request-response endpoint."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._app(scope, receive, send)
+
+
+def add_v2_routes(app: RuntimeApp, server: ModelServer, *, max_body_bytes: int) -> None:
+    """The v2 metadata, health and sync infer routes; also sets `app.infer_endpoint`."""
+    metrics = server.metrics
+    signature = server.signature
+    model_name = signature.name
+    model = server.check_model
+
+    @app.get("/v2")
+    async def server_metadata() -> Response:
+        return json_response(
+            {
+                "name": "batchpilot",
+                "version": server_version(),
+                "extensions": ["binary_tensor_data", "batchpilot_batching"],
+            }
+        )
+
+    @app.get("/v2/health/live")
+    async def live() -> Response:
+        return json_response({"live": True})
+
+    @app.get("/v2/health/ready")
+    async def ready() -> Response:
+        return json_response({"ready": server.ready}, status=200 if server.ready else 503)
+
+    @app.get("/v2/models/{name}")
+    @app.get("/v2/models/{name}/versions/{version}")
+    async def model_metadata(name: str) -> Response:
+        model(name)
+        info = server.engine.info
+        return json_response(
+            {
+                "name": model_name,
+                "versions": [signature.version] if signature.version else [],
+                "platform": signature.platform,
+                "inputs": [spec.as_metadata() for spec in signature.inputs],
+                "outputs": [spec.as_metadata() for spec in signature.outputs],
+                "parameters": {
+                    "engine": info.kind,
+                    "device": info.device,
+                    "simulated": info.simulated,
+                    "providers": list(info.providers),
+                    "detail": info.detail,
+                    "variant": info.variant,
+                    "max_batch_size": server.batching.max_batch_size,
+                    "max_queue_delay_ms": server.batching.max_queue_delay_s * 1e3,
+                    "deadline_ms": (server.batching.deadline_s or 0.0) * 1e3,
+                    "admission": server.admission,
+                    "instances": info.instances,
+                    # With a pipeline, inputs/outputs above are its ends; this is the model's.
+                    **({"pipeline": server.pipeline.summary} if server.pipeline else {}),
+                },
+            }
+        )
+
+    @app.get("/v2/models/{name}/ready")
+    @app.get("/v2/models/{name}/versions/{version}/ready")
+    async def model_ready(name: str) -> Response:
+        model(name)
+        return json_response(
+            {"name": model_name, "ready": server.ready}, status=200 if server.ready else 503
+        )
+
+    async def infer(scope: Scope, receive: Receive, send: Send) -> None:
+        """POST /v2/models/{name}[/versions/{version}]/infer, as a plain ASGI app: the request
+        path of every sync inference, so it reads headers from the scope and writes a success
+        straight to `send`, without Starlette's request and response objects."""
+        started = time.perf_counter()
+        metrics.inflight.inc()
+        watcher: asyncio.Task[None] | None = None
+        failure: Response | None = None
+        answer: EncodedResult | None = None
+        try:
+            model(scope["path_params"]["name"])
+            content_length, header_length_text = body_headers(scope)
+            body = await receive_body(content_length, receive, max_body_bytes)
+            parsed = decode_request(body, header_length=parse_header_length(header_length_text))
+            handler = asyncio.current_task()
+            assert handler is not None
+            watcher = asyncio.get_running_loop().create_task(until_disconnected(receive, handler))
+            try:
+                outputs = await server.infer(parsed)
+            except asyncio.CancelledError:
+                if not (watcher.done() and handler.uncancel() == 0):
+                    raise
+                metrics.request_finished(RequestOutcome.CANCELLED)
+                failure = Response(status_code=CLIENT_CLOSED_REQUEST)
+            else:
+                answer = encode_result(server, parsed, outputs)
+                metrics.request_finished(RequestOutcome.SUCCESS, time.perf_counter() - started)
+        except InferenceError as exc:
+            metrics.request_finished(status_of(exc)[1], time.perf_counter() - started)
+            failure = error_response(exc)
+        except ClientDisconnect:  # the client went away while sending the body
+            metrics.request_finished(RequestOutcome.CANCELLED)
+            failure = Response(status_code=CLIENT_CLOSED_REQUEST)
+        except Exception:
+            # A bug, not the client's fault: still one JSON answer, and counted as an error so
+            # the error rate the autopilot reads includes it.
+            log.exception("infer request failed unexpectedly")
+            metrics.request_finished(RequestOutcome.ERROR, time.perf_counter() - started)
+            failure = json_response(
+                {"error": "internal server error; see the server log"}, status=500
+            )
+        finally:
+            metrics.inflight.dec()
+            if watcher is not None:
+                watcher.cancel()
+        if answer is not None:
+            await send_answer(send, answer.content, answer.header_length)
+        else:
+            assert failure is not None
+            await failure(scope, receive, send)
+
+    # The hot path is a plain ASGI app: no dependency solving, response-model work or request
+    # objects per request, which is most of FastAPI's overhead when the model itself is cheap.
+    # RuntimeApp calls it directly; the routes serve requests that take the usual way.
+    for path in ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"):
+        app.router.routes.append(Route(path, _AsgiEndpoint(infer), methods=["POST"]))
+    app.infer_endpoint = infer
