@@ -68,8 +68,9 @@ class TestDecision:
         plain = replace(obs, arrival_qps=150)
         with_past = replace(plain, level_qps=150, past=flat)
         current, state = InForce(1, 8, 0.005), State(fit=MODEL)
-        assert decide(with_past, POLICY, current, state, now=TICK)[0] == (
-            decide(plain, POLICY, current, state, now=TICK)[0]
+        assert (
+            decide(with_past, POLICY, current, state, now=TICK)[0]
+            == (decide(plain, POLICY, current, state, now=TICK)[0])
         )
 
     def test_an_idle_service_keeps_replicas_for_the_daily_burst(self) -> None:
