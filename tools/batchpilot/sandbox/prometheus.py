@@ -76,9 +76,14 @@ class PrometheusProcess:
 
 @contextlib.contextmanager
 def prometheus_process(
-    workdir: Path, *, scrape_interval_s: float = 1.0, ready_timeout_s: float = 30
+    workdir: Path,
+    *,
+    scrape_interval_s: float = 1.0,
+    ready_timeout_s: float = 30,
+    retention: str = "1h",
 ) -> Iterator[PrometheusProcess]:
-    """A Prometheus with file-based discovery under `workdir`; stopped on exit."""
+    """A Prometheus with file-based discovery under `workdir`; stopped on exit. Its data is
+    `workdir/data`, which may hold backfilled blocks (kept for `retention`)."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     targets = workdir / "targets.json"
@@ -104,7 +109,7 @@ scrape_configs:
                 f"--config.file={config}",
                 f"--storage.tsdb.path={workdir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{port}",
-                "--storage.tsdb.retention.time=1h",
+                f"--storage.tsdb.retention.time={retention}",
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -23,7 +23,7 @@ holds B requests, or when its oldest request has waited the queue delay D and th
 - P99 ≈ queue wait + t(b₉₉) + the latency spent outside the batcher (`overhead_s`: decoding,
   pre- and post-processing; the decision function learns it from observed P99).
 
-Checked against the discrete-event simulator (`batchpilot.operator.simulation`) over α from 1 to
+Checked against the discrete-event simulator (`batchpilot.simulation`) over α from 1 to
 20 ms, β from 0.5 to 4 ms, B from 1 to 64, D from 0 to 20 ms and loads from 20 % to 95 % of
 saturation: the median P99 error is +3 %, 90 % of predictions are within -14 % / +36 % (the
 worst: +40 % at batch 1 near saturation, where the tail's prefactor ρ is pessimistic; -26 % at
