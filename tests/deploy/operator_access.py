@@ -40,7 +40,7 @@ from batchpilot.operator import run as operator_run
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation
 from batchpilot.operator.autopilot.pilot import Autopilot
 from batchpilot.operator.autopilot.prometheus import Scope
-from batchpilot.operator.kinds import DEPLOYMENT, INFERENCESERVICE, Kind
+from batchpilot.operator.kinds import DEPLOYMENT, INFERENCESERVICE, ResourceKind
 from batchpilot.operator.kube import KubeClient
 from batchpilot.operator.reconciler import Reconciler
 from batchpilot.operator.settings import OperatorSettings
@@ -134,7 +134,7 @@ class RecordingKube(FakeKube):
         self.call_sites.add((caller.f_code.co_filename, caller.f_lineno))
         getattr(self.client, method)(*args, **kwargs)
 
-    def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any] | None:
+    def get(self, kind: ResourceKind, namespace: str, name: str) -> dict[str, Any] | None:
         self._replay("get", kind, namespace, name)
         return super().get(kind, namespace, name)
 
@@ -147,12 +147,18 @@ class RecordingKube(FakeKube):
         return super().replace(obj)
 
     def patch(
-        self, kind: Kind, namespace: str, name: str, patch: dict[str, Any], *, subresource: str = ""
+        self,
+        kind: ResourceKind,
+        namespace: str,
+        name: str,
+        patch: dict[str, Any],
+        *,
+        subresource: str = "",
     ) -> dict[str, Any]:
         self._replay("patch", kind, namespace, name, patch, subresource=subresource)
         return super().patch(kind, namespace, name, patch, subresource=subresource)
 
-    def delete(self, kind: Kind, namespace: str, name: str) -> None:
+    def delete(self, kind: ResourceKind, namespace: str, name: str) -> None:
         self._replay("delete", kind, namespace, name)
         super().delete(kind, namespace, name)
 

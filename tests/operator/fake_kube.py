@@ -12,7 +12,7 @@ import copy
 import itertools
 from typing import Any
 
-from batchpilot.operator.kinds import KINDS, Kind
+from batchpilot.operator.kinds import KINDS, ResourceKind
 from batchpilot.operator.kube import KubeError
 
 
@@ -34,7 +34,7 @@ class FakeKube:
         self.objects[self._key(obj["kind"], meta["namespace"], meta["name"])] = stored
         return copy.deepcopy(stored)
 
-    def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any] | None:
+    def get(self, kind: ResourceKind, namespace: str, name: str) -> dict[str, Any] | None:
         obj = self.objects.get(self._key(kind.kind, namespace, name))
         return copy.deepcopy(obj) if obj is not None else None
 
@@ -65,7 +65,13 @@ class FakeKube:
         return self.put_object(stored)
 
     def patch(
-        self, kind: Kind, namespace: str, name: str, patch: dict[str, Any], *, subresource: str = ""
+        self,
+        kind: ResourceKind,
+        namespace: str,
+        name: str,
+        patch: dict[str, Any],
+        *,
+        subresource: str = "",
     ) -> dict[str, Any]:
         current = self.objects.get(self._key(kind.kind, namespace, name))
         if current is None:
@@ -75,14 +81,14 @@ class FakeKube:
         current["metadata"]["resourceVersion"] = str(next(self._versions))
         return copy.deepcopy(current)
 
-    def delete(self, kind: Kind, namespace: str, name: str) -> None:
+    def delete(self, kind: ResourceKind, namespace: str, name: str) -> None:
         if self.objects.pop(self._key(kind.kind, namespace, name), None) is not None:
             self.writes.append(("delete", kind.kind, name))
 
     def kinds(self) -> set[str]:
         return {key[0] for key in self.objects}
 
-    def of(self, kind: Kind, namespace: str, name: str) -> dict[str, Any]:
+    def of(self, kind: ResourceKind, namespace: str, name: str) -> dict[str, Any]:
         obj = self.get(kind, namespace, name)
         assert obj is not None, f"{kind.kind} {namespace}/{name} does not exist"
         return obj

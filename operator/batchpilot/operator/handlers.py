@@ -20,7 +20,7 @@ from batchpilot.operator.autopilot.push import push_batching
 from batchpilot.operator.children.common import ISVC_LABEL, MANAGED_BY
 from batchpilot.operator.kinds import INFERENCESERVICE
 from batchpilot.operator.kube import KubeClient, KubeError
-from batchpilot.operator.reconciler import Outcome, Reconciler
+from batchpilot.operator.reconciler import ReconcileOutcome, Reconciler
 from batchpilot.operator.settings import OperatorSettings
 from batchpilot.operator.spec import GROUP, PLURAL, VERSION
 
@@ -79,20 +79,20 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     )
 
 
-def _post(body: Any, outcome: Outcome) -> None:
+def _post(body: Any, outcome: ReconcileOutcome) -> None:
     for event in outcome.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
 
 
-def _finish(outcome: Outcome) -> None:
+def _finish(outcome: ReconcileOutcome) -> None:
     if outcome.permanent_error is not None:
         raise kopf.PermanentError(outcome.permanent_error)
     if outcome.retry_error is not None:
         raise kopf.TemporaryError(outcome.retry_error, delay=10)
 
 
-def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) -> Outcome:
-    outcome: Outcome = memo.reconciler.reconcile(_plain(body))
+def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) -> ReconcileOutcome:
+    outcome: ReconcileOutcome = memo.reconciler.reconcile(_plain(body))
     if outcome.status:
         patch.status.update(outcome.status)
     _post(body, outcome)

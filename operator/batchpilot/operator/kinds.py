@@ -8,7 +8,7 @@ from batchpilot.operator.spec import GROUP, PLURAL, VERSION
 
 
 @dataclass(frozen=True, slots=True)
-class Kind:
+class ResourceKind:
     """Where a kind lives in the REST API."""
 
     kind: str
@@ -20,11 +20,11 @@ class Kind:
         return f"{prefix}/namespaces/{namespace}/{self.plural}"
 
 
-DEPLOYMENT = Kind("Deployment", "apps/v1", "deployments")
-SERVICE = Kind("Service", "v1", "services")
-CONFIGMAP = Kind("ConfigMap", "v1", "configmaps")
-SECRET = Kind("Secret", "v1", "secrets")
-PDB = Kind("PodDisruptionBudget", "policy/v1", "poddisruptionbudgets")
-POD = Kind("Pod", "v1", "pods")
-INFERENCESERVICE = Kind("InferenceService", f"{GROUP}/{VERSION}", PLURAL)
+DEPLOYMENT = ResourceKind("Deployment", "apps/v1", "deployments")
+SERVICE = ResourceKind("Service", "v1", "services")
+CONFIGMAP = ResourceKind("ConfigMap", "v1", "configmaps")
+SECRET = ResourceKind("Secret", "v1", "secrets")
+PDB = ResourceKind("PodDisruptionBudget", "policy/v1", "poddisruptionbudgets")
+POD = ResourceKind("Pod", "v1", "pods")
+INFERENCESERVICE = ResourceKind("InferenceService", f"{GROUP}/{VERSION}", PLURAL)
 KINDS = {k.kind: k for k in (DEPLOYMENT, SERVICE, CONFIGMAP, SECRET, PDB, POD, INFERENCESERVICE)}

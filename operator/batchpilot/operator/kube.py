@@ -12,7 +12,7 @@ import os
 import urllib.parse
 from typing import Any, Protocol
 
-from batchpilot.operator.kinds import KINDS, POD, Kind
+from batchpilot.operator.kinds import KINDS, POD, ResourceKind
 
 
 class KubeError(Exception):
@@ -23,17 +23,23 @@ class KubeError(Exception):
 
 
 class Kube(Protocol):
-    def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def get(self, kind: ResourceKind, namespace: str, name: str) -> dict[str, Any] | None: ...
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]: ...
 
     def replace(self, obj: dict[str, Any]) -> dict[str, Any]: ...
 
     def patch(
-        self, kind: Kind, namespace: str, name: str, patch: dict[str, Any], *, subresource: str = ""
+        self,
+        kind: ResourceKind,
+        namespace: str,
+        name: str,
+        patch: dict[str, Any],
+        *,
+        subresource: str = "",
     ) -> dict[str, Any]: ...
 
-    def delete(self, kind: Kind, namespace: str, name: str) -> None: ...
+    def delete(self, kind: ResourceKind, namespace: str, name: str) -> None: ...
 
 
 class KubeClient:
@@ -87,7 +93,7 @@ class KubeClient:
             raise KubeError(response.status, _reason(data) or "request failed")
         return json.loads(data) if data else {}
 
-    def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any] | None:
+    def get(self, kind: ResourceKind, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             return self._call("GET", f"{kind.collection(namespace)}/{name}")
         except KubeError as exc:
@@ -110,7 +116,13 @@ class KubeClient:
         return result
 
     def patch(
-        self, kind: Kind, namespace: str, name: str, patch: dict[str, Any], *, subresource: str = ""
+        self,
+        kind: ResourceKind,
+        namespace: str,
+        name: str,
+        patch: dict[str, Any],
+        *,
+        subresource: str = "",
     ) -> dict[str, Any]:
         path = f"{kind.collection(namespace)}/{name}" + (f"/{subresource}" if subresource else "")
         result = self._call("PATCH", path, patch, content_type="application/merge-patch+json")
@@ -119,7 +131,7 @@ class KubeClient:
         return result
 
     def list_objects(
-        self, kind: Kind, namespace: str, selector: dict[str, str]
+        self, kind: ResourceKind, namespace: str, selector: dict[str, str]
     ) -> list[dict[str, Any]]:
         query = urllib.parse.urlencode(
             {"labelSelector": ",".join(f"{k}={v}" for k, v in sorted(selector.items()))}
@@ -130,7 +142,7 @@ class KubeClient:
     def ready_pod_endpoints(self, namespace: str, selector: dict[str, str]) -> list[str]:
         return ready_pod_endpoints(self.list_objects(POD, namespace, selector))
 
-    def delete(self, kind: Kind, namespace: str, name: str) -> None:
+    def delete(self, kind: ResourceKind, namespace: str, name: str) -> None:
         try:
             self._call("DELETE", f"{kind.collection(namespace)}/{name}")
         except KubeError as exc:

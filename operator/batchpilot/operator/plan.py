@@ -24,7 +24,7 @@ from batchpilot.operator.children.deployment import build_deployment
 from batchpilot.operator.children.pdb import build_pdb
 from batchpilot.operator.children.secret import build_secret, new_token, token_in
 from batchpilot.operator.children.service import build_service
-from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT, PDB, SECRET, SERVICE, Kind
+from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT, PDB, SECRET, SERVICE, ResourceKind
 from batchpilot.operator.settings import OperatorSettings
 
 Obj = dict[str, Any]
@@ -45,11 +45,13 @@ class Owned:
 
 
 @dataclass
-class Plan:
+class ChildrenPlan:
+    """The writes that converge an InferenceService's children on the spec (none: converged)."""
+
     create: list[Obj] = field(default_factory=list)
     replace: list[Obj] = field(default_factory=list)
-    delete: list[tuple[Kind, str]] = field(default_factory=list)
-    conflicts: list[tuple[Kind, str]] = field(default_factory=list)
+    delete: list[tuple[ResourceKind, str]] = field(default_factory=list)
+    conflicts: list[tuple[ResourceKind, str]] = field(default_factory=list)
     """Children whose name is taken by an object this InferenceService does not control."""
 
     @property
@@ -63,7 +65,7 @@ def _clamp(value: int, low: int, high: int) -> int:
 
 def owned_values(
     owner: Owner,
-    observed: dict[Kind, Obj | None],
+    observed: dict[ResourceKind, Obj | None],
     *,
     token: str | None = None,
     outside_s: float | None = None,
@@ -106,7 +108,7 @@ def owned_values(
 
 def desired_children(
     owner: Owner, settings: OperatorSettings, owned: Owned
-) -> dict[Kind, Obj | None]:
+) -> dict[ResourceKind, Obj | None]:
     """Every child as it should be; None for a child that should not exist."""
     return {
         SECRET: build_secret(owner, token=owned.token),
@@ -175,9 +177,9 @@ def replacement(desired: Obj, actual: Obj) -> Obj:
 
 
 def plan(
-    owner: Owner, settings: OperatorSettings, observed: dict[Kind, Obj | None], owned: Owned
-) -> Plan:
-    result = Plan()
+    owner: Owner, settings: OperatorSettings, observed: dict[ResourceKind, Obj | None], owned: Owned
+) -> ChildrenPlan:
+    result = ChildrenPlan()
     for kind, desired in desired_children(owner, settings, owned).items():
         actual = observed.get(kind)
         name = desired["metadata"]["name"] if desired else _child_name(owner, kind)
@@ -193,9 +195,9 @@ def plan(
     return result
 
 
-def _child_name(owner: Owner, kind: Kind) -> str:
+def _child_name(owner: Owner, kind: ResourceKind) -> str:
     return {SECRET: owner.secret_name, CONFIGMAP: owner.configmap_name}.get(kind, owner.name)
 
 
-def child_names(owner: Owner) -> dict[Kind, str]:
+def child_names(owner: Owner) -> dict[ResourceKind, str]:
     return {kind: _child_name(owner, kind) for kind in CHILD_KINDS}

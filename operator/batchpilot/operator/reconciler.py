@@ -20,15 +20,17 @@ from batchpilot.operator.children.common import Owner
 from batchpilot.operator.children.deployment import UnsupportedModelSource
 from batchpilot.operator.children.service import grpc_address, service_url
 from batchpilot.operator.events import Event
-from batchpilot.operator.kinds import DEPLOYMENT, Kind
+from batchpilot.operator.kinds import DEPLOYMENT, ResourceKind
 from batchpilot.operator.kube import Kube, KubeError
-from batchpilot.operator.plan import CHILD_KINDS, Plan, child_names, owned_values, plan
+from batchpilot.operator.plan import CHILD_KINDS, ChildrenPlan, child_names, owned_values, plan
 from batchpilot.operator.settings import OperatorSettings
 from batchpilot.operator.spec import InferenceServiceSpec
 
 
 @dataclass
-class Outcome:
+class ReconcileOutcome:
+    """What one reconcile pass asks its caller to write and report."""
+
     status: dict[str, Any] = field(default_factory=dict)
     """Status fields that differ from the current status (empty: write nothing)."""
     events: list[Event] = field(default_factory=list)
@@ -66,7 +68,7 @@ class Reconciler:
     def kube(self) -> Kube:
         return self._kube
 
-    def reconcile(self, body: dict[str, Any]) -> Outcome:
+    def reconcile(self, body: dict[str, Any]) -> ReconcileOutcome:
         meta = body["metadata"]
         generation = meta.get("generation")
         status = body.get("status") or {}
@@ -78,7 +80,7 @@ class Reconciler:
         owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"], spec=spec)
 
         names = child_names(owner)
-        observed: dict[Kind, dict[str, Any] | None] = {
+        observed: dict[ResourceKind, dict[str, Any] | None] = {
             kind: self._kube.get(kind, owner.namespace, names[kind]) for kind in CHILD_KINDS
         }
         learned = State.from_dict(status.get("autopilot"))
@@ -88,7 +90,7 @@ class Reconciler:
         except UnsupportedModelSource as exc:
             return self._refuse(status, generation, now, str(exc), reason="UnsupportedModel")
 
-        outcome = Outcome()
+        outcome = ReconcileOutcome()
         try:
             deployment = self._apply(todo, observed, outcome)
         except KubeError as exc:
@@ -139,7 +141,10 @@ class Reconciler:
         return outcome
 
     def _apply(
-        self, todo: Plan, observed: dict[Kind, dict[str, Any] | None], outcome: Outcome
+        self,
+        todo: ChildrenPlan,
+        observed: dict[ResourceKind, dict[str, Any] | None],
+        outcome: ReconcileOutcome,
     ) -> dict[str, Any] | None:
         """Make the planned writes; returns the Deployment as it is afterwards."""
         deployment = observed.get(DEPLOYMENT)
@@ -174,9 +179,9 @@ class Reconciler:
         message: str,
         *,
         reason: str = "InvalidSpec",
-    ) -> Outcome:
+    ) -> ReconcileOutcome:
         previous = conditions.find(status.get("conditions"), conditions.READY)
-        outcome = Outcome(permanent_error=message)
+        outcome = ReconcileOutcome(permanent_error=message)
         if previous is None or previous.get("message") != message:
             outcome.events.append(Event("Warning", events.INVALID_SPEC, message))
         wanted = {
@@ -195,7 +200,9 @@ class Reconciler:
         return outcome
 
 
-def observed_namespace(observed: dict[Kind, dict[str, Any] | None], kind: Kind) -> str:
+def observed_namespace(
+    observed: dict[ResourceKind, dict[str, Any] | None], kind: ResourceKind
+) -> str:
     obj = observed[kind]
     assert obj is not None
     return str(obj["metadata"]["namespace"])

@@ -274,7 +274,9 @@ def batch_candidates(max_batch: int) -> list[int]:
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class CapacityPlan:
+    """Replicas and batch limit that carry a rate inside the target, as the model predicts."""
+
     replicas: int
     batch_size: int
     prediction: Prediction
@@ -293,7 +295,7 @@ def plan_capacity(
     overhead_s: float,
     target_s: float,
     prefer: int | None = None,
-) -> Plan:
+) -> CapacityPlan:
     """The fewest replicas that carry `rate` inside `target_s`, and for them the batch limit with
     the most capacity — among limits nearly as good, `prefer` (the one in force), else the
     largest; the best effort at maxReplicas if none fits."""
@@ -329,7 +331,7 @@ def plan_capacity(
         delay_s=delay_s,
         overhead_s=overhead_s,
     )
-    return Plan(
+    return CapacityPlan(
         replicas=replicas,
         batch_size=batch,
         prediction=prediction,
@@ -820,7 +822,7 @@ def _optimistic(model: LatencyFit) -> LatencyFit:
 
 def _batch_first(
     model: LatencyFit,
-    chosen: Plan,
+    chosen: CapacityPlan,
     *,
     current: InForce,
     state: State,
