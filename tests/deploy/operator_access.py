@@ -42,6 +42,7 @@ from batchpilot.operator.autopilot.pilot import Autopilot
 from batchpilot.operator.autopilot.prometheus import Scope
 from batchpilot.operator.kinds import DEPLOYMENT, INFERENCESERVICE, ResourceKind
 from batchpilot.operator.kube import KubeClient
+from batchpilot.operator.passes import Passes
 from batchpilot.operator.reconciler import Reconciler
 from batchpilot.operator.settings import OperatorSettings
 from tests.operator.fake_kube import FakeKube
@@ -244,7 +245,10 @@ def run_scenarios() -> RecordingKube:
     child = kube.get(DEPLOYMENT, namespace, name)
     handlers._on_child_event(  # a child changed: its owner is read, reconciled, its status patched
         event={"type": "MODIFIED", "object": child},
-        memo=kopf.Memo(reconciler=Reconciler(kube, OperatorSettings(), clock=lambda: NOW)),
+        memo=kopf.Memo(
+            passes=Passes(kube),
+            reconciler=Reconciler(kube, OperatorSettings(), clock=lambda: NOW),
+        ),
     )
     return kube
 

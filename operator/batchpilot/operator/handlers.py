@@ -1,25 +1,30 @@
-"""kopf glue: every trigger runs the same level-triggered reconcile pass.
+"""kopf glue: every trigger runs the same level-triggered reconcile pass, through `Passes`.
 
 Triggers: the InferenceService's create/update/resume, a periodic timer (drift that no event
 reports), and events of the children it owns (someone edits or deletes a Deployment; a pod
-becomes ready). Handlers parse nothing and decide nothing: `Reconciler` does, and they turn its
-outcome into a status patch, Events and kopf's retry vocabulary.
+becomes ready). Each names the InferenceService and calls `reconcile_now`: `Passes` serializes it
+per object, reads the object fresh and writes its status (see there why), `Reconciler` decides.
+Handlers differ only in what a failure means to kopf: the resource's handler retries, the timer
+and child events wait for the next trigger. The autopilot's timer goes through `Passes` too: it
+writes the same status (conditions, batch settings), so it must not interleave with a reconcile.
+Handlers parse nothing and decide nothing; they post the Events a pass returns.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
-from batchpilot.operator.autopilot.pilot import Autopilot, TickResult
+from batchpilot.operator.autopilot.pilot import Autopilot
 from batchpilot.operator.autopilot.prometheus import PrometheusObserver, Seasonality, http_query
 from batchpilot.operator.autopilot.push import push_batching
 from batchpilot.operator.children.common import ISVC_LABEL, MANAGED_BY
-from batchpilot.operator.kinds import INFERENCESERVICE
+from batchpilot.operator.events import Event
 from batchpilot.operator.kube import KubeClient, KubeError
+from batchpilot.operator.passes import Passes
 from batchpilot.operator.reconciler import ReconcileOutcome, Reconciler
 from batchpilot.operator.settings import OperatorSettings
 from batchpilot.operator.spec import GROUP, PLURAL, VERSION
@@ -54,6 +59,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     kube = KubeClient.from_environment()
+    memo.passes = Passes(kube)
     memo.reconciler = Reconciler(kube, _SETTINGS)
     observer = PrometheusObserver(
         http_query(_SETTINGS.prometheus_url),
@@ -79,31 +85,48 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     )
 
 
-def _post(body: Any, outcome: ReconcileOutcome) -> None:
-    for event in outcome.events:
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+def _post(body: dict[str, Any], found: list[Event]) -> None:
+    about = kopf.Body(cast(kopf.RawBody, body))  # the API's JSON: apiVersion, kind, metadata
+    for event in found:
+        kopf.event(about, type=event.type, reason=event.reason, message=event.message)
 
 
-def _finish(outcome: ReconcileOutcome) -> None:
-    if outcome.permanent_error is not None:
-        raise kopf.PermanentError(outcome.permanent_error)
-    if outcome.retry_error is not None:
-        raise kopf.TemporaryError(outcome.retry_error, delay=10)
+def reconcile_now(namespace: str, name: str, memo: kopf.Memo) -> ReconcileOutcome | None:
+    """The one reconcile path: reconcile the InferenceService now, serialized with every other
+    pass over it, write its status and post its Events. None: it is gone or being deleted.
+    Raises `KubeError` when reading it or writing its status fails."""
+    passes: Passes = memo.passes
+    reconciler: Reconciler = memo.reconciler
+    ran = passes.run(namespace, name, reconciler.reconcile)
+    if ran is None:
+        return None
+    _post(ran.body, ran.outcome.events)
+    return ran.outcome
 
 
-def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) -> ReconcileOutcome:
-    outcome: ReconcileOutcome = memo.reconciler.reconcile(_plain(body))
-    if outcome.status:
-        patch.status.update(outcome.status)
-    _post(body, outcome)
-    return outcome
+def _reconcile_or_log(namespace: str, name: str, memo: kopf.Memo, *, trigger: str) -> None:
+    """For triggers after which another always comes: failures wait for it."""
+    try:
+        reconcile_now(namespace, name, memo)
+    except KubeError as exc:
+        log.warning("reconciling %s/%s after %s failed: %s", namespace, name, trigger, exc)
 
 
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
 @kopf.on.resume(GROUP, VERSION, PLURAL)
-def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
-    _finish(_reconcile(body, patch, memo))
+def reconcile(name: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
+    assert namespace is not None  # the InferenceService is namespaced
+    try:
+        outcome = reconcile_now(namespace, name, memo)
+    except KubeError as exc:
+        raise kopf.TemporaryError(f"reconciling failed: {exc}", delay=10) from exc
+    if outcome is None:
+        return
+    if outcome.permanent_error is not None:
+        raise kopf.PermanentError(outcome.permanent_error)
+    if outcome.retry_error is not None:
+        raise kopf.TemporaryError(outcome.retry_error, delay=10)
 
 
 @kopf.timer(
@@ -113,9 +136,10 @@ def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> 
     interval=_SETTINGS.reconcile_interval_seconds,
     initial_delay=_SETTINGS.reconcile_interval_seconds,
 )
-def reconcile_periodically(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+def reconcile_periodically(name: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
     """Level-triggered safety net: the same pass, and failures wait for the next period."""
-    _reconcile(body, patch, memo)
+    assert namespace is not None
+    _reconcile_or_log(namespace, name, memo, trigger="the periodic timer")
 
 
 @kopf.timer(
@@ -125,15 +149,18 @@ def reconcile_periodically(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, 
     interval=_SETTINGS.autopilot_interval_seconds,
     initial_delay=_SETTINGS.autopilot_interval_seconds,
 )
-def autopilot(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+def autopilot(name: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
     """Observe, decide, act, explain — once per interval per InferenceService."""
-    result: TickResult = memo.autopilot.tick(_plain(body))
-    current = dict(body.status)
-    changed = {k: v for k, v in result.status.items() if current.get(k) != v}
-    if changed:
-        patch.status.update(changed)
-    for event in result.events:
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+    assert namespace is not None
+    passes: Passes = memo.passes
+    pilot: Autopilot = memo.autopilot
+    try:
+        ran = passes.run(namespace, name, pilot.tick)
+    except KubeError as exc:
+        log.warning("the autopilot's tick for %s/%s failed: %s", namespace, name, exc)
+        return
+    if ran is not None:
+        _post(ran.body, ran.outcome.events)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
@@ -143,31 +170,12 @@ def deleted(name: str, namespace: str | None, **_: Any) -> None:
 
 def _on_child_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     """A child changed: reconcile its owner, so drift is restored and status follows."""
-    obj = event["object"]
-    meta = obj.get("metadata", {})
+    meta = event["object"].get("metadata", {})
     owner_name = meta.get("labels", {}).get(ISVC_LABEL)
     namespace = meta.get("namespace")
-    if not owner_name or not namespace or "reconciler" not in memo:
+    if not owner_name or not namespace or "passes" not in memo:
         return
-    reconciler: Reconciler = memo.reconciler
-    kube = reconciler.kube
-    try:
-        owner = kube.get(INFERENCESERVICE, namespace, owner_name)
-        if owner is None or owner["metadata"].get("deletionTimestamp"):
-            return
-        outcome = reconciler.reconcile(owner)
-        if outcome.status:
-            kube.patch(
-                INFERENCESERVICE,
-                namespace,
-                owner_name,
-                {"status": outcome.status},
-                subresource="status",
-            )
-    except KubeError as exc:
-        log.warning("reconciling %s/%s after a child event failed: %s", namespace, owner_name, exc)
-        return
-    _post(owner, outcome)
+    _reconcile_or_log(namespace, owner_name, memo, trigger="a child's event")
 
 
 for _group, _version, _plural in (
@@ -180,11 +188,3 @@ for _group, _version, _plural in (
     kopf.on.event(_group, _version, _plural, labels=CHILD_FILTER, id=f"child-{_plural}")(
         _on_child_event
     )
-
-
-def _plain(body: kopf.Body) -> dict[str, Any]:
-    return {
-        "metadata": dict(body.metadata),
-        "spec": dict(body.spec),
-        "status": dict(body.status),
-    }

@@ -2,7 +2,8 @@
 
 Free of kopf so that the same pass serves every trigger — the resource's own events, its
 children's events, the periodic level-triggered timer — and so tests can run it directly.
-It returns the status to write (only what changed) and the Events to post; the caller posts them.
+It returns the status to write (only what changed) and the Events to post; `passes.Passes`
+writes the status and the handlers post the Events.
 """
 
 from __future__ import annotations
@@ -63,10 +64,6 @@ class Reconciler:
         self._kube = kube
         self._settings = settings
         self._clock = clock
-
-    @property
-    def kube(self) -> Kube:
-        return self._kube
 
     def reconcile(self, body: dict[str, Any]) -> ReconcileOutcome:
         meta = body["metadata"]

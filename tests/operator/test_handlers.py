@@ -1,0 +1,239 @@
+"""The kopf handlers, called as kopf calls them: every trigger runs the one reconcile path —
+the same writes, the same status, the same Events — and triggers for one InferenceService
+never overlap. What differs is only what a failure means to kopf."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import kopf
+import pytest
+
+from batchpilot.operator import handlers
+from batchpilot.operator.autopilot.pilot import Autopilot
+from batchpilot.operator.kinds import DEPLOYMENT, INFERENCESERVICE, ResourceKind
+from batchpilot.operator.kube import KubeError
+from batchpilot.operator.passes import KeyedLocks, Passes
+from batchpilot.operator.reconciler import Reconciler
+from batchpilot.operator.settings import OperatorSettings
+from tests.operator.fake_kube import FakeKube
+from tests.operator.test_passes import WAIT_S, Background, ObservedLock, awaited
+from tests.operator.test_reconciler import NS, T0, isvc
+
+Posted = list[tuple[str, str, str, str]]
+
+
+class Operator:
+    """The operator's memo as its startup handler builds it, over the in-memory API."""
+
+    def __init__(self, body: dict[str, Any], *, kube: FakeKube | None = None) -> None:
+        self.kube = kube or FakeKube()
+        self.kube.put_object(body)
+        self.locks: KeyedLocks[tuple[str, str]] = KeyedLocks()
+        self.memo = kopf.Memo(
+            passes=Passes(self.kube, locks=self.locks),
+            reconciler=Reconciler(self.kube, OperatorSettings(), clock=lambda: T0),
+            autopilot=Autopilot(
+                self.kube,
+                observe=lambda scope, *, ready_replicas: None,
+                pods=self,
+                push=lambda endpoint, *, token, document: None,
+                clock=lambda: T0,
+                seconds=lambda: T0.timestamp(),
+            ),
+        )
+
+    def ready_pod_endpoints(self, namespace: str, selector: dict[str, str]) -> list[str]:
+        return []
+
+    def status(self) -> dict[str, Any]:
+        return dict(self.kube.of(INFERENCESERVICE, NS, "resnet50").get("status", {}))
+
+
+@pytest.fixture
+def posted(monkeypatch: pytest.MonkeyPatch) -> Posted:
+    """Events as kopf would post them: (object, type, reason, message)."""
+    found: Posted = []
+
+    def event(obj: Any, *, type: str, reason: str, message: str = "") -> None:
+        found.append((obj["metadata"]["name"], type, reason, message))
+
+    monkeypatch.setattr(kopf, "event", event)
+    return found
+
+
+def child_event(kind: ResourceKind = DEPLOYMENT) -> dict[str, Any]:
+    """kopf's raw event for a child of resnet50 (the handler reads only its metadata)."""
+    return {
+        "type": "MODIFIED",
+        "object": {
+            "kind": kind.kind,
+            "metadata": {
+                "name": "resnet50",
+                "namespace": NS,
+                "labels": {"batchpilot.io/inferenceservice": "resnet50"},
+            },
+        },
+    }
+
+
+TRIGGERS: dict[str, Callable[[Operator], None]] = {
+    "create/update/resume": lambda op: handlers.reconcile(
+        name="resnet50", namespace=NS, memo=op.memo
+    ),
+    "the periodic timer": lambda op: handlers.reconcile_periodically(
+        name="resnet50", namespace=NS, memo=op.memo
+    ),
+    "a child's event": lambda op: handlers._on_child_event(event=child_event(), memo=op.memo),
+}
+
+
+def triggered(name: str, body: dict[str, Any], posted: Posted) -> tuple[Any, ...]:
+    """What one trigger did to a fresh cluster: writes, the status stored, the Events posted."""
+    posted.clear()
+    operator = Operator(copy.deepcopy(body))
+    try:
+        TRIGGERS[name](operator)
+    except kopf.PermanentError:
+        assert name == "create/update/resume"  # only the resource's own handler tells kopf
+    return list(operator.kube.writes), operator.status(), list(posted)
+
+
+class TestOneReconcilePath:
+    @pytest.mark.parametrize("name", list(TRIGGERS))
+    def test_every_trigger_writes_children_status_and_events_alike(
+        self, name: str, posted: Posted
+    ) -> None:
+        expected = triggered("create/update/resume", isvc(), posted)
+        writes, status, events = expected
+        assert ("patch/status", "InferenceService", "resnet50") in writes
+        assert status["conditions"][0]["reason"] == "Progressing"
+        assert ("resnet50", "Normal", "Created", "created Deployment resnet50") in events
+
+        assert triggered(name, isvc(), posted) == expected
+
+    @pytest.mark.parametrize("name", list(TRIGGERS))
+    def test_a_spec_that_cannot_work_is_reported_alike(self, name: str, posted: Posted) -> None:
+        bad = isvc(scaling={"minReplicas": 5, "maxReplicas": 2})
+        expected = triggered("create/update/resume", bad, posted)
+        writes, status, events = expected
+        assert writes == [("patch/status", "InferenceService", "resnet50")]
+        assert status["conditions"][0]["reason"] == "InvalidSpec"
+        assert [e[2] for e in events] == ["InvalidSpec"]
+
+        assert triggered(name, bad, posted) == expected
+
+    def test_a_second_trigger_with_nothing_changed_writes_nothing(self, posted: Posted) -> None:
+        operator = Operator(isvc())
+        handlers.reconcile(name="resnet50", namespace=NS, memo=operator.memo)
+        operator.kube.writes.clear()
+        posted.clear()
+
+        for trigger in TRIGGERS.values():
+            trigger(operator)
+
+        assert operator.kube.writes == []
+        assert posted == []
+
+    def test_the_autopilot_writes_status_by_the_same_route_and_keeps_reconciles_conditions(
+        self, posted: Posted
+    ) -> None:
+        operator = Operator(isvc())
+        handlers.reconcile(name="resnet50", namespace=NS, memo=operator.memo)
+        operator.kube.writes.clear()
+
+        handlers.autopilot(name="resnet50", namespace=NS, memo=operator.memo)
+
+        assert operator.kube.writes[-1] == ("patch/status", "InferenceService", "resnet50")
+        types = {c["type"] for c in operator.status()["conditions"]}
+        assert {"Ready", "MetricsAvailable"} <= types
+
+
+class TestFailures:
+    def test_the_resource_handler_asks_kopf_to_stop_on_a_spec_that_cannot_work(
+        self, posted: Posted
+    ) -> None:
+        operator = Operator(isvc(scaling={"minReplicas": 5, "maxReplicas": 2}))
+        with pytest.raises(kopf.PermanentError, match="minReplicas must not exceed"):
+            handlers.reconcile(name="resnet50", namespace=NS, memo=operator.memo)
+
+    def test_an_api_failure_is_retried_by_the_resource_handler_and_waited_out_by_the_rest(
+        self, posted: Posted, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        class Down(FakeKube):
+            def get(self, kind: ResourceKind, namespace: str, name: str) -> dict[str, Any] | None:
+                raise KubeError(503, "unavailable")
+
+        operator = Operator(isvc(), kube=Down())
+        with pytest.raises(kopf.TemporaryError, match="503: unavailable"):
+            handlers.reconcile(name="resnet50", namespace=NS, memo=operator.memo)
+        handlers.reconcile_periodically(name="resnet50", namespace=NS, memo=operator.memo)
+        handlers._on_child_event(event=child_event(), memo=operator.memo)
+        handlers.autopilot(name="resnet50", namespace=NS, memo=operator.memo)
+
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 3
+        assert all(w.endswith("failed: 503: unavailable") for w in warnings)
+
+    def test_a_child_of_an_inference_service_being_deleted_triggers_nothing(
+        self, posted: Posted
+    ) -> None:
+        body = isvc()
+        body["metadata"]["deletionTimestamp"] = "2026-11-30T12:00:00Z"
+        operator = Operator(body)
+
+        handlers._on_child_event(event=child_event(), memo=operator.memo)
+
+        assert operator.kube.writes == []
+
+
+class GatedKube(FakeKube):
+    """Holds the first read of the Deployment until the test lets it go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside, self.release = threading.Event(), threading.Event()
+        self.gated = False
+        self.owner_reads = 0
+
+    def get(self, kind: ResourceKind, namespace: str, name: str) -> dict[str, Any] | None:
+        if kind is INFERENCESERVICE:
+            self.owner_reads += 1
+        if kind is DEPLOYMENT and not self.gated:
+            self.gated = True
+            self.inside.set()
+            assert self.release.wait(WAIT_S)
+        return super().get(kind, namespace, name)
+
+
+class TestSerialized:
+    def test_a_child_event_during_a_reconcile_waits_for_it_then_finds_nothing_to_do(
+        self, posted: Posted
+    ) -> None:
+        kube = GatedKube()
+        operator = Operator(isvc(), kube=kube)
+        lock = ObservedLock()
+        operator.memo.passes = Passes(kube, locks=KeyedLocks(new_lock=lambda: lock))
+
+        resource = Background(
+            lambda: handlers.reconcile(name="resnet50", namespace=NS, memo=operator.memo)
+        )
+        assert kube.inside.wait(WAIT_S)  # the resource's pass has read its owner, not its children
+        child = Background(
+            lambda: handlers._on_child_event(event=child_event(DEPLOYMENT), memo=operator.memo)
+        )
+        awaited(lock.attempts, 2)  # the child's trigger is at the lock the resource's pass holds
+        assert kube.owner_reads == 1
+        kube.release.set()
+        resource.join(), child.join()
+
+        assert kube.owner_reads == 2
+        # The child's pass ran after the first had created everything: no second create (a 409),
+        # no second status write, no duplicate Events.
+        assert [w[0] for w in kube.writes].count("create") == 4
+        assert kube.writes.count(("patch/status", "InferenceService", "resnet50")) == 1
+        assert [e[2] for e in posted].count("Created") == 4
