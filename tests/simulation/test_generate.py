@@ -200,6 +200,31 @@ class TestSteps6:
         assert all(0.98 * 150 <= r <= 1.02 * 6 * 150 for _, r in rows)
 
 
+class TestDaily:
+    @staticmethod
+    def job_starts(rows: generate.Rows) -> list[float]:
+        """When the rate jumps by more than 3x the base at once: the job (or a flash crowd)."""
+        return [t for (_, a), (t, b) in itertools.pairwise(rows) if b - a > 3 * 150]
+
+    @pytest.mark.parametrize("seed", SEEDS)
+    def test_the_job_comes_at_the_same_time_every_day(self, seed: int) -> None:
+        rows = generate.daily(seed)
+        assert rows[-1][0] == 4 * 7200
+        for day in range(4):
+            phase = 0.30 * 7200 + day * 7200
+            assert any(abs(t - phase) <= 120 for t in self.job_starts(rows)), day
+        peak = max(r for _, r in rows)
+        assert 5 * 150 <= peak <= 12 * 150
+
+    def test_unscheduled_the_job_comes_at_another_time_each_day(self) -> None:
+        phases = [t % 7200 for t in self.job_starts(generate.daily(7, scheduled=0))]
+        assert max(phases) - min(phases) > 1800
+
+    def test_a_period_shorter_than_half_an_hour_is_refused(self) -> None:
+        with pytest.raises(ValueError, match="at least 30 minutes"):
+            generate.daily(1, period_s=600)
+
+
 class TestMakeTraces:
     def test_the_shipped_files_are_what_it_writes(
         self, make_traces: ModuleType, tmp_path: Path

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from batchpilot.operator.autopilot.prometheus import Seasonality
 from batchpilot.runtime.metrics import LATENCY_BUCKETS
 from batchpilot.simulation.observe import (
     Telemetry,
@@ -88,3 +89,34 @@ class TestTelemetry:
         assert obs.p99_s == pytest.approx(0.009, rel=0.15)
         assert obs.queue_p99_s == pytest.approx(0.004, rel=0.15)
         assert obs.ready_replicas == 2
+
+
+class TestSeasonal:
+    """The seasonal signals, as the autopilot's queries would read them a period later."""
+
+    @staticmethod
+    def telemetry(periods: int) -> Telemetry:
+        # 15 s intervals; a 40-minute period; 10 rps, stepping to 60 rps 2 minutes after t = 0
+        # of every period for 10 minutes.
+        season = Seasonality(period_s=2400, periods=periods, lookahead_s=300, level_s=600)
+        telemetry = Telemetry(
+            intervals=500, interval_s=15.0, sla_s=0.1, overhead_s=0.0, seasonality=season
+        )
+        for second in range(500 * 15):
+            rate = 60 if 120 <= second % 2400 < 720 else 10
+            telemetry.record_offered(second + np.arange(rate) / rate)
+        return telemetry
+
+    def test_each_period_s_level_and_look_ahead_peak(self) -> None:
+        # A minute into the third period: the first period began a minute after t = 0 too.
+        level, past = self.telemetry(periods=2).seasonal(2 * 2400 // 15 + 4)
+        assert level == pytest.approx(10.0)
+        assert len(past) == 2
+        for period in past:
+            assert period.level_qps == pytest.approx(10.0)
+            assert period.ahead_qps == pytest.approx(60.0)
+
+    def test_a_period_not_simulated_yet_means_no_past(self) -> None:
+        level, past = self.telemetry(periods=3).seasonal(2 * 2400 // 15)
+        assert level == pytest.approx(10.0)
+        assert past == ()

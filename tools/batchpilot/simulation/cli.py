@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import cast
 
+from batchpilot.operator.autopilot.prometheus import Seasonality
 from batchpilot.simulation import generate
 from batchpilot.simulation.cluster import ClusterConfig
 from batchpilot.simulation.report import DEFAULT_OBJECTIVE, SimulationResult, table
@@ -143,6 +144,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=30.0,
         help="the fast signal's range (autopilot.recentWindowSeconds); two scrapes must fit",
     )
+    cluster.add_argument(
+        "--seasonal-period-s",
+        type=int,
+        default=86_400,
+        help="the traffic pattern's period (autopilot.seasonality.periodSeconds; the daily "
+        "trace kind's days last 7200 s); 0: no seasonal forecast",
+    )
+    cluster.add_argument(
+        "--seasonal-periods",
+        type=int,
+        default=2,
+        help="past periods that must all show a rise (autopilot.seasonality.periods)",
+    )
+    cluster.add_argument(
+        "--seasonal-lookahead-s",
+        type=int,
+        default=300,
+        help="how far past this time a past rise counts (autopilot.seasonality.lookaheadSeconds)",
+    )
     cluster.add_argument("--balancing", choices=["random", "round-robin"], default="random")
     cluster.add_argument("--seed", type=int, default=0)
     cluster.add_argument(
@@ -191,6 +211,15 @@ def scenario_of(args: argparse.Namespace) -> Scenario:
             scrape_interval_s=args.scrape_interval_s,
             recent_window_s=args.recent_window_s,
             balancing=args.balancing,
+            seasonality=(
+                Seasonality(
+                    period_s=args.seasonal_period_s,
+                    periods=args.seasonal_periods,
+                    lookahead_s=args.seasonal_lookahead_s,
+                )
+                if args.seasonal_period_s > 0
+                else None
+            ),
             seed=args.seed,
         ),
     )

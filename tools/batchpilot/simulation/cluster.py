@@ -37,6 +37,7 @@ from typing import Literal
 import numpy as np
 
 from batchpilot.operator.autopilot.decide import InForce
+from batchpilot.operator.autopilot.prometheus import Seasonality
 from batchpilot.operator.children.deadline import default_deadline_ms
 from batchpilot.simulation.observe import Telemetry
 from batchpilot.simulation.policies import Command, Controller
@@ -69,6 +70,9 @@ class ClusterConfig:
     """The window of the fast arrival rate (`Observation.recent_qps`): the operator's
     `recent_window_seconds`. `rate()` needs two scrapes inside it, or there is no value."""
     balancing: Balancing = "random"
+    seasonality: Seasonality | None = field(default_factory=Seasonality)
+    """The seasonal forecast's period, periods and look-ahead (the operator's
+    `seasonal_*` settings; the same default, a day); None: off."""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -198,6 +202,7 @@ def simulate_cluster(
         window_s=config.window_s,
         recent_window_s=config.recent_window_s,
         scrape_interval_s=config.scrape_interval_s,
+        seasonality=config.seasonality,
         seed=config.seed,
     )
     deadline_s = (
@@ -283,6 +288,7 @@ def simulate_cluster(
             "scrapeIntervalS": config.scrape_interval_s,
             "recentWindowS": config.recent_window_s,
             "balancing": config.balancing,
+            "seasonalPeriodS": None if config.seasonality is None else config.seasonality.period_s,
             "seed": config.seed,
         },
     )
@@ -299,6 +305,7 @@ def _serve(
 ) -> int:
     """Serve [lo, hi): spread its arrivals over the ready pods, run every pod's batches."""
     arrivals = trace.arrivals(lo, hi, rng)
+    telemetry.record_offered(arrivals)
     ready = fleet.ready(lo)
     served: list[tuple[int, Served]] = []
     if not ready:

@@ -15,7 +15,11 @@ exactly as in the CSV. The kinds:
 - `flash` — a flash crowd (5–8x within seconds, held for minutes, decaying), once or twice;
 - `ramp` — a steady linear ramp 1 → 6x over 30 minutes and back;
 - `realistic` — a smooth production-like day in 2 hours with correlated (AR(1)) noise;
-- `steps6` — one 6x step up and, later, one down.
+- `steps6` — one 6x step up and, later, one down;
+- `daily` — several compressed days alike but not equal: the same scheduled job (a 6x step for
+  10 minutes) at about the same time every day, unscheduled flash crowds on some days — the
+  traffic a seasonal forecast is for; `scheduled=0` moves the job to a random time each day, the
+  same traffic without the pattern.
 
 The newer kinds take `amplitude` (how many times `base_rps` the traffic peaks at) and round times
 to whole seconds and rates to 0.1 rps, so a generated trace equals its CSV exactly.
@@ -363,6 +367,73 @@ def steps6(
     return out.done()
 
 
+DAILY_JOB_PHASE = 0.30
+"""The scheduled job starts this far into each day (± `DAILY_JOB_JITTER_S`)."""
+DAILY_JOB_JITTER_S = 120
+DAILY_JOB_S = 600
+DAILY_LEVEL_SPREAD = 0.10
+"""Each day's level within ±10 % of the others'."""
+
+
+def daily(
+    seed: int,
+    *,
+    duration_s: float = 4 * 7200.0,
+    period_s: float = 7200.0,
+    base_rps: float = 150.0,
+    amplitude: float = 6.0,
+    scheduled: float = 1,
+) -> Rows:
+    """Days of `period_s` each (4 by default) until `duration_s`, alike but not equal — the
+    traffic a daily forecast is for. Each day: `realistic`'s shape from `base_rps` to half of
+    `amplitude` times it, with its AR(1) noise and its own level (±10 %); the same scheduled job
+    every day, adding `amplitude` − 1 times `base_rps` at once, 30 % into the day (± 2 minutes),
+    for 10 minutes; and on about half the days an unscheduled flash crowd (4x `base_rps` more,
+    at once, for 5 minutes) at a random time away from the job. `scheduled=0`: the job runs at
+    a random time each day instead — the same traffic, no pattern. A row every 30 s and at every
+    edge."""
+    if amplitude < 2:
+        raise ValueError("daily: the amplitude is at least 2")
+    if period_s < 1800:
+        raise ValueError("daily: a period lasts at least 30 minutes")
+    rng = np.random.default_rng(seed)
+    out = _Rows(duration_s)
+    days = math.ceil(out.end / period_s)
+    phi = math.exp(-REALISTIC_STEP_S / REALISTIC_TAU_S)
+    innovation = REALISTIC_SIGMA * math.sqrt(1 - phi**2)
+    x = REALISTIC_SIGMA * float(rng.standard_normal())
+    extras: list[tuple[float, float, float]] = []  # (start, end, added rps)
+    levels = []
+    for day in range(days):
+        start = day * period_s
+        levels.append(1 + DAILY_LEVEL_SPREAD * float(rng.uniform(-1, 1)))
+        phase = DAILY_JOB_PHASE if scheduled else float(rng.uniform(0.05, 0.85))
+        jitter = float(rng.integers(-DAILY_JOB_JITTER_S, DAILY_JOB_JITTER_S + 1))
+        job = start + phase * period_s + jitter
+        extras.append((job, job + DAILY_JOB_S, (amplitude - 1) * base_rps))
+        if rng.uniform() < 0.5:
+            # Away from the job (as far as a short day allows): a flash is not the job's pattern.
+            apart = min(2 * DAILY_JOB_S, period_s / 4)
+            flashes = start + rng.uniform(0.05, 0.9, size=64) * period_s
+            away = flashes[np.abs(flashes - job) > apart]
+            if away.size:
+                extras.append((float(away[0]), float(away[0]) + 300.0, 4 * base_rps))
+    edges = sorted({e for lo, hi, _ in extras for e in (lo, hi)})
+    times = sorted(set(np.arange(0.0, out.end, REALISTIC_STEP_S).tolist()) | set(edges))
+    noise_at = -1.0
+    for t in times:
+        while noise_at + REALISTIC_STEP_S <= t:
+            noise_at += REALISTIC_STEP_S
+            x = phi * x + innovation * float(rng.standard_normal())
+        day = min(days - 1, int(t // period_s))
+        hour = (3 + (t - day * period_s) / period_s * 24) % 24
+        shape = (_day_shape(hour) - _DAY_LOW) / (_DAY_HIGH - _DAY_LOW)
+        smooth = base_rps * (1 + (amplitude / 2 - 1) * shape) * math.exp(x) * levels[day]
+        added = sum(extra for lo, hi, extra in extras if lo <= t < hi)
+        out.add(t, smooth + added)
+    return out.done()
+
+
 # --- the catalogue and the writer -------------------------------------------------------------
 
 
@@ -389,6 +460,7 @@ KINDS: dict[str, Kind] = {
     "ramp": Kind(ramp, 3, "a linear ramp up over 30 minutes and back"),
     "realistic": Kind(realistic, 4, "a production-like day, AR(1) noise on the log-rate"),
     "steps6": Kind(steps6, 5, "one step up, and later one down"),
+    "daily": Kind(daily, 6, "compressed days alike: a scheduled job at the same time each day"),
 }
 
 

@@ -28,6 +28,10 @@ completion is counted when its batch ends, a refusal at arrival.
 Beside that view, the ground truth per interval: exact nearest-rank P99 over every request that
 finished in it (refused and shed requests count as infinitely slow), and requests inside the SLA.
 
+The seasonal signals (today's level, and per past period its level and look-ahead peak: see
+`autopilot.season`) are computed from every request the trace offered, per interval — a day
+old, Prometheus' scrape phases and extrapolation change them by far less than a day changes.
+
 Simplifications, on purpose: scrapes never fail and take no time, and a sample is queryable the
 moment it is taken; a replica is a target from the moment it is ready (or, for the Deployment
 that exists at t = 0, from before) until it is gone; the decision queries at exactly its tick;
@@ -41,12 +45,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from batchpilot.operator.autopilot.observation import ComputePoint, Observation
+from batchpilot.operator.autopilot.observation import ComputePoint, Observation, PastPeriod
+from batchpilot.operator.autopilot.prometheus import Seasonality
 from batchpilot.runtime.metrics import LATENCY_BUCKETS
 from batchpilot.simulation.replica import FloatArray, IntArray, Served
 from batchpilot.simulation.scrape import Target, sum_irate, sum_rate
@@ -164,9 +169,11 @@ class Telemetry:
         window_s: float = 60.0,
         recent_window_s: float = 30.0,
         scrape_interval_s: float = 0.0,
+        seasonality: Seasonality | None = None,
         seed: int = 0,
     ) -> None:
         self.interval_s = interval_s
+        self.seasonality = seasonality
         self.sla_s = sla_s
         self.overhead_s = overhead_s
         self.window_s = window_s
@@ -189,6 +196,8 @@ class Telemetry:
         """Requests a runtime refused (503 at arrival)."""
         self.arrived = np.zeros(slots, dtype=np.int64)
         """Requests that reached a runtime (the exact view's; scraped, the targets count)."""
+        self.offered = np.zeros(slots, dtype=np.int64)
+        """Every request the trace offered, reached a runtime or not (the seasonal signals)."""
         self.busy_s = np.zeros(slots, dtype=np.float64)
         self.batches = np.zeros((slots, POW2_SLOTS), dtype=np.int64)
         self.rows = np.zeros((slots, POW2_SLOTS), dtype=np.int64)
@@ -238,6 +247,41 @@ class Telemetry:
         target = self.targets.get(pod)
         if target is not None:
             target.stop = min(target.stop, at)
+
+    def record_offered(self, times: FloatArray) -> None:
+        """Requests the trace offered, wherever they went."""
+        _count(self.offered, self._slot(times))
+
+    def seasonal(self, k: int) -> tuple[float | None, tuple[PastPeriod, ...]]:
+        """Today's level and the past periods' (level, look-ahead peak) at the start of
+        interval k, as `autopilot.prometheus.queries` asks Prometheus for them; no past periods
+        unless all of them are simulated."""
+        season = self.seasonality
+        if season is None or k <= 0:
+            return None, ()
+        step = self.interval_s
+        cumulative = np.concatenate([[0], np.cumsum(self.offered[:k])])
+
+        def mean_rate(end: int, span_s: float) -> float:
+            """arrivals per second over `span_s` ending at interval `end` (shortened at 0)."""
+            n = max(1, min(end, round(span_s / step)))
+            return float(cumulative[end] - cumulative[end - n]) / (n * step)
+
+        level = mean_rate(k, season.level_s)
+        window = round(self.window_s / step)
+        past = []
+        for n in range(1, season.periods + 1):
+            then = k - round(n * season.period_s / step)
+            if then - window < 0:
+                return level, ()
+            ends = range(
+                then,
+                then + round(season.lookahead_s / step) + 1,
+                max(1, round(season.step_s / step)),
+            )
+            ahead = max(mean_rate(min(end, k), self.window_s) for end in ends)
+            past.append(PastPeriod(ahead_qps=ahead, level_qps=mean_rate(then, season.level_s)))
+        return level, tuple(past)
 
     def record_unreached(self, count: int, at: float) -> None:
         """Requests that found no ready replica: failures no runtime counts."""
@@ -378,8 +422,13 @@ class Telemetry:
         `ready`: the Deployment's ready replicas; `reporting`: the replicas whose metrics the
         exact view counts (ready and draining; scraped, the targets tell)."""
         if self.scraped:
-            return self._observe_scraped(k, ready=ready)
-        return self._observe_exact(k, ready=ready, reporting=reporting)
+            seen = self._observe_scraped(k, ready=ready)
+        else:
+            seen = self._observe_exact(k, ready=ready, reporting=reporting)
+        if self.seasonality is None:
+            return seen
+        level, past = self.seasonal(k)
+        return replace(seen, level_qps=level, past=past)
 
     def _observe_exact(self, k: int, *, ready: int, reporting: int) -> Observation:
         now = k * self.interval_s
