@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation
-from batchpilot.operator.autopilot.pilot import Autopilot
+from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
 from batchpilot.operator.autopilot.prometheus import Scope
 from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT
 from batchpilot.operator.reconciler import Reconciler
@@ -41,7 +41,9 @@ class World:
     def __init__(self, mode: str = "auto", observe: Any = overloaded) -> None:
         self.kube = FakeKube()
         self.body = isvc(scaling={"mode": mode})
-        outcome = Reconciler(self.kube, OperatorSettings()).reconcile(copy.deepcopy(self.body))
+        outcome = Reconciler(
+            self.kube, OperatorSettings(), learned_outside_s=learned_outside_s
+        ).reconcile(copy.deepcopy(self.body))
         self.body["status"] = outcome.status
         deployment = self.kube.objects[("Deployment", "vision", "resnet50")]
         deployment["status"] = {"readyReplicas": 1, "replicas": 1}

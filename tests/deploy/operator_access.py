@@ -38,7 +38,7 @@ import yaml
 from batchpilot.operator import handlers
 from batchpilot.operator import run as operator_run
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation
-from batchpilot.operator.autopilot.pilot import Autopilot
+from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
 from batchpilot.operator.autopilot.prometheus import Scope
 from batchpilot.operator.kinds import DEPLOYMENT, INFERENCESERVICE, ResourceKind
 from batchpilot.operator.kube import KubeClient
@@ -216,7 +216,9 @@ def run_scenarios() -> RecordingKube:
     kube = RecordingKube()
     body = example_isvc()
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-    reconciler = Reconciler(kube, OperatorSettings(), clock=lambda: NOW)
+    reconciler = Reconciler(
+        kube, OperatorSettings(), learned_outside_s=learned_outside_s, clock=lambda: NOW
+    )
 
     def reconcile() -> None:
         outcome = reconciler.reconcile(copy.deepcopy(body))
@@ -247,7 +249,9 @@ def run_scenarios() -> RecordingKube:
         event={"type": "MODIFIED", "object": child},
         memo=kopf.Memo(
             passes=Passes(kube),
-            reconciler=Reconciler(kube, OperatorSettings(), clock=lambda: NOW),
+            reconciler=Reconciler(
+                kube, OperatorSettings(), learned_outside_s=learned_outside_s, clock=lambda: NOW
+            ),
         ),
     )
     return kube

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from batchpilot.operator.autopilot.pilot import Autopilot
+from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
 from batchpilot.operator.children.common import TOKEN_DIR, TOKEN_FILE
 from batchpilot.operator.reconciler import Reconciler
 from batchpilot.operator.settings import OperatorSettings
@@ -25,7 +25,9 @@ def test_the_admin_token_appears_only_in_its_secret(caplog: pytest.LogCaptureFix
     kube = FakeKube()
     body = example_isvc()
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-    reconciler = Reconciler(kube, OperatorSettings(), clock=lambda: NOW)
+    reconciler = Reconciler(
+        kube, OperatorSettings(), learned_outside_s=learned_outside_s, clock=lambda: NOW
+    )
     outcome = reconciler.reconcile(copy.deepcopy(body))
     body["status"] = outcome.status
     events: list[Any] = list(outcome.events)
@@ -67,7 +69,9 @@ def test_the_admin_token_appears_only_in_its_secret(caplog: pytest.LogCaptureFix
 def test_pods_read_the_token_from_a_mounted_file() -> None:
     kube = FakeKube()
     body = example_isvc()
-    Reconciler(kube, OperatorSettings(), clock=lambda: NOW).reconcile(body)
+    Reconciler(
+        kube, OperatorSettings(), learned_outside_s=learned_outside_s, clock=lambda: NOW
+    ).reconcile(body)
     deployment = kube.objects[("Deployment", "default", "resnet50")]
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]

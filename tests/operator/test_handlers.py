@@ -14,7 +14,7 @@ import kopf
 import pytest
 
 from batchpilot.operator import handlers
-from batchpilot.operator.autopilot.pilot import Autopilot
+from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
 from batchpilot.operator.kinds import DEPLOYMENT, INFERENCESERVICE, ResourceKind
 from batchpilot.operator.kube import KubeError
 from batchpilot.operator.passes import KeyedLocks, Passes
@@ -36,7 +36,9 @@ class Operator:
         self.locks: KeyedLocks[tuple[str, str]] = KeyedLocks()
         self.memo = kopf.Memo(
             passes=Passes(self.kube, locks=self.locks),
-            reconciler=Reconciler(self.kube, OperatorSettings(), clock=lambda: T0),
+            reconciler=Reconciler(
+                self.kube, OperatorSettings(), learned_outside_s=learned_outside_s, clock=lambda: T0
+            ),
             autopilot=Autopilot(
                 self.kube,
                 observe=lambda scope, *, ready_replicas: None,

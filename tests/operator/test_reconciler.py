@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from batchpilot.operator.autopilot.pilot import learned_outside_s
 from batchpilot.operator.children.common import ISVC_LABEL
 from batchpilot.operator.children.configmap import batching_document
 from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT, PDB, SECRET, SERVICE
@@ -47,7 +48,12 @@ class Cluster:
         self.kube = FakeKube()
         self.body = body
         self.now = T0
-        self.reconciler = Reconciler(self.kube, OperatorSettings(), clock=lambda: self.now)
+        self.reconciler = Reconciler(
+            self.kube,
+            OperatorSettings(),
+            learned_outside_s=learned_outside_s,
+            clock=lambda: self.now,
+        )
 
     def reconcile(self) -> Any:
         outcome = self.reconciler.reconcile(copy.deepcopy(self.body))

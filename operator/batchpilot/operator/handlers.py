@@ -18,7 +18,7 @@ from typing import Any, cast
 
 import kopf
 
-from batchpilot.operator.autopilot.pilot import Autopilot
+from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
 from batchpilot.operator.autopilot.prometheus import PrometheusObserver, Seasonality, http_query
 from batchpilot.operator.autopilot.push import push_batching
 from batchpilot.operator.children.common import ISVC_LABEL, MANAGED_BY
@@ -60,7 +60,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.watching.server_timeout = 300
     kube = KubeClient.from_environment()
     memo.passes = Passes(kube)
-    memo.reconciler = Reconciler(kube, _SETTINGS)
+    memo.reconciler = Reconciler(kube, _SETTINGS, learned_outside_s=learned_outside_s)
     observer = PrometheusObserver(
         http_query(_SETTINGS.prometheus_url),
         window_s=_SETTINGS.metrics_window_seconds,

@@ -16,7 +16,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from batchpilot.operator import conditions, events
-from batchpilot.operator.autopilot.decide import State
 from batchpilot.operator.children.common import Owner
 from batchpilot.operator.children.deployment import UnsupportedModelSource
 from batchpilot.operator.children.service import grpc_address, service_url
@@ -54,15 +53,22 @@ def _changed(current: dict[str, Any], wanted: dict[str, Any]) -> dict[str, Any]:
 
 
 class Reconciler:
+    """`learned_outside_s(status)`: the latency the autopilot has learned is spent outside the
+    batcher (None: not learned), which the pods' default deadline follows. Handed in rather than
+    read here: that memory is the autopilot's, in its format, and the reconciler sits beside the
+    autopilot, not above it (the handlers hand it `autopilot.pilot.learned_outside_s`)."""
+
     def __init__(
         self,
         kube: Kube,
         settings: OperatorSettings,
         *,
+        learned_outside_s: Callable[[dict[str, Any]], float | None],
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._kube = kube
         self._settings = settings
+        self._learned_outside_s = learned_outside_s
         self._clock = clock
 
     def reconcile(self, body: dict[str, Any]) -> ReconcileOutcome:
@@ -80,8 +86,7 @@ class Reconciler:
         observed: dict[ResourceKind, dict[str, Any] | None] = {
             kind: self._kube.get(kind, owner.namespace, names[kind]) for kind in CHILD_KINDS
         }
-        learned = State.from_dict(status.get("autopilot"))
-        owned = owned_values(owner, observed, outside_s=learned.overhead_s)
+        owned = owned_values(owner, observed, outside_s=self._learned_outside_s(status))
         try:
             todo = plan(owner, self._settings, observed, owned)
         except UnsupportedModelSource as exc:

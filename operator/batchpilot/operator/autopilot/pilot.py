@@ -67,6 +67,13 @@ class Pods(Protocol):
     def ready_pod_endpoints(self, namespace: str, selector: dict[str, str]) -> list[str]: ...
 
 
+def learned_outside_s(status: dict[str, Any]) -> float | None:
+    """The latency learned to be spent outside the batcher, from the autopilot's memory in
+    `status.autopilot` (None: not learned yet, or the memory is unreadable and starts afresh):
+    reconcile keeps the pods' default deadline where the autopilot puts it."""
+    return State.from_dict(status.get("autopilot")).overhead_s
+
+
 def policy_of(spec: InferenceServiceSpec) -> Policy:
     return Policy(
         sla_p99_s=spec.sla.latency_p99_ms / 1e3,
