@@ -39,6 +39,7 @@ Pure: state goes in and out explicitly, `now` is an argument.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -407,25 +408,28 @@ def decide(
     # Measurements only: an extrapolated rate in the history would raise the peak it caps by.
     history = state.history.add(now, max(offered, observation.recent_qps or 0.0))
     horizon = reaction_horizon(learned.state, interval=learned.interval)
+
+    def absorbs() -> float:
+        """How many times its planned load a replica in force carries inside the SLA."""
+        if model is None:
+            return 1.0
+        return absorbed_rise(
+            model,
+            batch=current.batch_size,
+            delay_s=delay_s,
+            overhead_s=overhead or 0.0,
+            target_s=target,
+            sla_s=sla,
+        )
+
     headroom = plan_rate(
         rate,
         history,
         horizon_s=horizon,
         affordable=affordable(policy.objective, slo.report(now)),
-        absorbed=lambda: (
-            1.0
-            if model is None
-            else absorbed_rise(
-                model,
-                batch=current.batch_size,
-                delay_s=delay_s,
-                overhead_s=overhead or 0.0,
-                target_s=target,
-                sla_s=sla,
-            )
-        ),
+        absorbed=absorbs,
     )
-    headroom = with_season(headroom, observation, present=rate)
+    headroom = with_season(headroom, observation, present=rate, absorbed=absorbs)
     learned_state = replace(learned.state, slo=slo, history=history, rate=(now, offered))
 
     # 4. Plan from the model; or, without one yet, from feedback alone.
@@ -670,17 +674,29 @@ def present_load(
     return offered, ""
 
 
-def with_season(headroom: Headroom, observation: Observation, *, present: float) -> Headroom:
-    """The planned rate, raised to the seasonal forecast where every past period (a day by
-    default) rose at this time: the floor is in force before the rise, not a horizon after."""
+def with_season(
+    headroom: Headroom,
+    observation: Observation,
+    *,
+    present: float,
+    absorbed: Callable[[], float] = lambda: 1.0,
+) -> Headroom:
+    """The planned rate, raised where every past period (a day by default) rose at this time: by
+    so much that the replicas in force when the rise comes carry it inside the SLA itself
+    (`absorbed`: the latency headroom carries the rest) until the reaction to it has added what
+    the rise needs. So the floor is in force before the rise, not a horizon after it; and the
+    day's smooth ramps, which the headroom absorbs, buy nothing."""
     forecast = seasonal_forecast(observation.level_qps, observation.past)
     if forecast is None or forecast.rate <= headroom.rate:
         return headroom
+    floor = forecast.rate / max(1.0, absorbed())
+    if floor <= headroom.rate:
+        return headroom
     return Headroom(
-        forecast.rate,
-        forecast.rate / max(present, 1e-9),
-        f"; planning for {forecast.rate:.0f} rps: at this time in each of the last "
-        f"{forecast.periods} periods the load rose to that within minutes "
+        floor,
+        floor / max(present, 1e-9),
+        f"; planning for {floor:.0f} rps: at this time in each of the last "
+        f"{forecast.periods} periods the load rose to {forecast.rate:.0f} rps within minutes "
         f"(scaled ×{forecast.scale:.2f} to today's level)",
     )
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation, PastPeriod
@@ -55,55 +55,75 @@ class Seasonality:
     """The resolution of the look-ahead's peak (a subquery step)."""
 
 
+FLEET_LABELS = ("namespace", "isvc")
+"""What the fleet's round groups every signal by: one series per InferenceService."""
+
+
 def queries(
-    scope: Scope,
+    scope: Scope | None,
     *,
     window_s: int,
     utilization: UtilizationSource,
     recent_s: int | None = None,
     seasonality: Seasonality | None = None,
 ) -> dict[str, str]:
-    """The PromQL for each signal, by name. `recent_s` adds the fast signal: the arrival rate
-    between the last two scrapes within that range (empty unless two scrapes fit in it).
-    `seasonality` adds today's level and, per past period, its level and its look-ahead peak."""
-    sel, w = scope.selector, f"{window_s}s"
+    """The PromQL for each signal, by name: for one service (`scope`), or for every service at
+    once (None: each aggregation grouped by `FLEET_LABELS`, the same text otherwise — so the
+    fleet's round asks as many questions as one service's tick, whatever the fleet's size).
+    `recent_s` adds the fast signal: the arrival rate between the last two scrapes within that
+    range (empty unless two scrapes fit in it). `seasonality` adds today's level and, per past
+    period, its level and its look-ahead peak."""
+    sel = scope.selector if scope is not None else 'isvc!=""'
+    group = () if scope is not None else FLEET_LABELS
+    w = f"{window_s}s"
+
+    def agg(op: str, expr: str, *labels: str) -> str:
+        by = ", ".join((*group, *labels))
+        return f"{op} by ({by}) ({expr})" if by else f"{op}({expr})"
 
     def quantile(q: float, metric: str) -> str:
-        return f"histogram_quantile({q}, sum by (le) (rate({metric}_bucket{{{sel}}}[{w}])))"
+        return (
+            f"histogram_quantile({q}, {agg('sum', f'rate({metric}_bucket{{{sel}}}[{w}])', 'le')})"
+        )
 
-    def rate(metric: str, extra: str = "", by: str = "") -> str:
-        grouping = f" by ({by})" if by else ""
-        return f"sum{grouping}(rate({metric}{{{sel}{extra}}}[{w}]))"
+    def rate(metric: str, extra: str = "", *labels: str) -> str:
+        return agg("sum", f"rate({metric}{{{sel}{extra}}}[{w}])", *labels)
 
-    util = {
-        "busy": (
-            f"{rate('batchpilot_device_busy_seconds_total')} / "
-            f"count(batchpilot_device_busy_seconds_total{{{sel}}})"
-        ),
-        "nvml": f"avg(avg_over_time(batchpilot_gpu_utilization_ratio{{{sel}}}[{w}]))",
-        "dcgm": (
+    busy = "batchpilot_device_busy_seconds_total"
+    if scope is not None:
+        dcgm = (
             f'avg(avg_over_time(DCGM_FI_DEV_GPU_UTIL{{namespace="{scope.namespace}",'
             f'pod=~"{scope.isvc}-.*"}}[{w}])) / 100'
-        ),
+        )
+    else:
+        # dcgm-exporter labels pods, not services: a Deployment's pod is <isvc>-<hash>-<hash>.
+        dcgm = (
+            agg(
+                "avg",
+                f'label_replace(avg_over_time(DCGM_FI_DEV_GPU_UTIL{{pod!=""}}[{w}]), '
+                f'"isvc", "$1", "pod", "(.+)-[^-]+-[^-]+")',
+            )
+            + " / 100"
+        )
+    util = {
+        "busy": f"{rate(busy)} / {agg('count', f'{busy}{{{sel}}}')}",
+        "nvml": agg("avg", f"avg_over_time(batchpilot_gpu_utilization_ratio{{{sel}}}[{w}])"),
+        "dcgm": dcgm,
     }[utilization]
+    arrivals = f"batchpilot_arrivals_total{{{sel}}}"
     # irate: the rate between the last two scrapes in the range, the freshest Prometheus has.
-    recent = (
-        {}
-        if recent_s is None
-        else {"recent": f"sum(irate(batchpilot_arrivals_total{{{sel}}}[{recent_s}s]))"}
-    )
+    recent = {} if recent_s is None else {"recent": agg("sum", f"irate({arrivals}[{recent_s}s])")}
     seasonal: dict[str, str] = {}
     if seasonality is not None:
-        arrivals = f"batchpilot_arrivals_total{{{sel}}}"
         level, ahead = f"{seasonality.level_s}s", f"{seasonality.lookahead_s}s"
-        seasonal["level"] = f"sum(rate({arrivals}[{level}]))"
+        seasonal["level"] = agg("sum", f"rate({arrivals}[{level}])")
         for n in range(1, seasonality.periods + 1):
             back = n * seasonality.period_s
-            seasonal[f"level_{n}"] = f"sum(rate({arrivals}[{level}] offset {back}s))"
+            seasonal[f"level_{n}"] = agg("sum", f"rate({arrivals}[{level}] offset {back}s)")
             # The subquery's range ends `lookahead` after this time, then: offset back − ahead.
             seasonal[f"ahead_{n}"] = (
-                f"max_over_time(sum(rate({arrivals}[{w}]))[{ahead}:{seasonality.step_s}s] "
-                f"offset {back - seasonality.lookahead_s}s)"
+                f"max_over_time({agg('sum', f'rate({arrivals}[{w}])')}"
+                f"[{ahead}:{seasonality.step_s}s] offset {back - seasonality.lookahead_s}s)"
             )
     return (
         recent
@@ -119,10 +139,10 @@ def queries(
             "mean_batch": (
                 f"{rate('batchpilot_batch_size_sum')} / {rate('batchpilot_batch_size_count')}"
             ),
-            "compute_seconds": rate("batchpilot_batch_compute_seconds_total", by="batch_bucket"),
-            "compute_rows": rate("batchpilot_batch_rows_total", by="batch_bucket"),
-            "compute_batches": rate("batchpilot_batches_total", by="batch_bucket"),
-            "reporting": f"count(batchpilot_engine_info{{{sel}}})",
+            "compute_seconds": rate("batchpilot_batch_compute_seconds_total", "", "batch_bucket"),
+            "compute_rows": rate("batchpilot_batch_rows_total", "", "batch_bucket"),
+            "compute_batches": rate("batchpilot_batches_total", "", "batch_bucket"),
+            "reporting": agg("count", f"batchpilot_engine_info{{{sel}}}"),
         }
     )
 
@@ -151,8 +171,66 @@ def _by_label(result: list[dict[str, Any]], label: str) -> dict[str, float]:
     return values
 
 
+Raw = dict[str, list[dict[str, Any]]]
+"""Each signal's answer, by name: Prometheus' instant-vector result."""
+
+
+def observation_from(
+    raw: Raw,
+    *,
+    window_s: int,
+    recent_s: int | None,
+    seasonality: Seasonality | None,
+    ready_replicas: int | None,
+    at: float,
+) -> Observation:
+    """One service's `Observation` from the answers to its queries (`queries`); a signal
+    without an answer (no series for this service) is missing, as an empty answer is."""
+
+    def number(name: str) -> float | None:
+        return _number(raw.get(name, []))
+
+    if number("reporting") is None:
+        qps = rejected = arrivals = recent = None  # no replica of this service reports
+    else:
+        qps, rejected, arrivals = number("qps"), number("rejected"), number("arrivals")
+        recent = number("recent")
+    seconds = _by_label(raw.get("compute_seconds", []), "batch_bucket")
+    rows = _by_label(raw.get("compute_rows", []), "batch_bucket")
+    batches = _by_label(raw.get("compute_batches", []), "batch_bucket")
+    points = tuple(
+        ComputePoint(
+            mean_batch=rows[bucket] / rate,
+            mean_seconds=seconds[bucket] / rate,
+            batches=rate * window_s,
+        )
+        for bucket, rate in sorted(batches.items(), key=lambda kv: int(kv[0]))
+        if rate > 0 and bucket in rows and bucket in seconds
+    )
+    return Observation(
+        at=at,
+        window_s=window_s,
+        p99_s=number("p99"),
+        p95_s=number("p95"),
+        qps=qps,
+        rejected_qps=rejected,
+        queue_p99_s=number("queue_p99"),
+        utilization=number("utilization"),
+        mean_batch=number("mean_batch"),
+        compute=points,
+        ready_replicas=ready_replicas,
+        arrival_qps=arrivals,
+        recent_qps=recent,
+        # two scrapes fit the range: their distance is about half of it
+        recent_window_s=None if recent is None or recent_s is None else recent_s / 2,
+        level_qps=number("level"),
+        past=_past(raw, seasonality),
+    )
+
+
 class PrometheusObserver:
-    """Turns PromQL answers into an `Observation`."""
+    """One service's observation, its own queries asked there and then (`batchpilot profile`,
+    tests). The operator's autopilot asks for the whole fleet at once: `FleetObserver`."""
 
     def __init__(
         self,
@@ -187,58 +265,121 @@ class PrometheusObserver:
         except PrometheusUnavailable as exc:
             log.warning("Prometheus unavailable for %s/%s: %s", scope.namespace, scope.isvc, exc)
             return None
-        if _number(raw["reporting"]) is None:
-            qps = rejected = arrivals = recent = None  # no replica of this service reports
-        else:
-            qps = _number(raw["qps"])
-            rejected = _number(raw["rejected"])
-            arrivals = _number(raw["arrivals"])
-            recent = _number(raw["recent"]) if "recent" in raw else None
-        seconds = _by_label(raw["compute_seconds"], "batch_bucket")
-        rows = _by_label(raw["compute_rows"], "batch_bucket")
-        batches = _by_label(raw["compute_batches"], "batch_bucket")
-        points = tuple(
-            ComputePoint(
-                mean_batch=rows[bucket] / rate,
-                mean_seconds=seconds[bucket] / rate,
-                batches=rate * self._window_s,
-            )
-            for bucket, rate in sorted(batches.items(), key=lambda kv: int(kv[0]))
-            if rate > 0 and bucket in rows and bucket in seconds
-        )
-        return Observation(
-            at=self._clock(),
+        return observation_from(
+            raw,
             window_s=self._window_s,
-            p99_s=_number(raw["p99"]),
-            p95_s=_number(raw["p95"]),
-            qps=qps,
-            rejected_qps=rejected,
-            queue_p99_s=_number(raw["queue_p99"]),
-            utilization=_number(raw["utilization"]),
-            mean_batch=_number(raw["mean_batch"]),
-            compute=points,
+            recent_s=self._recent_s,
+            seasonality=self._seasonality,
             ready_replicas=ready_replicas,
-            arrival_qps=arrivals,
-            recent_qps=recent,
-            # two scrapes fit the range: their distance is about half of it
-            recent_window_s=None
-            if recent is None or self._recent_s is None
-            else self._recent_s / 2,
-            level_qps=_number(raw["level"]) if "level" in raw else None,
-            past=_past(raw, self._seasonality),
+            at=self._clock(),
         )
 
 
-def _past(
-    raw: dict[str, list[dict[str, Any]]], seasonality: Seasonality | None
-) -> tuple[PastPeriod, ...]:
+@dataclass(frozen=True, slots=True)
+class FleetRound:
+    """One round of answers for every service at once: what each service's tick reads."""
+
+    at: float
+    answers: dict[tuple[str, str], Raw] | None
+    """Each service's answers by (namespace, isvc); None: Prometheus did not answer the round."""
+    window_s: int
+    recent_s: int | None
+    seasonality: Seasonality | None
+
+    def observe(self, scope: Scope, *, ready_replicas: int | None) -> Observation | None:
+        """The service's observation from this round; None when the round had no answers. A
+        service absent from every answer has every signal missing: its decision holds."""
+        if self.answers is None:
+            return None
+        return observation_from(
+            self.answers.get((scope.namespace, scope.isvc), {}),
+            window_s=self.window_s,
+            recent_s=self.recent_s,
+            seasonality=self.seasonality,
+            ready_replicas=ready_replicas,
+            at=self.at,
+        )
+
+
+class FleetObserver:
+    """Every service's signals in one round of grouped queries — as many queries as one
+    service's tick asks, whatever the number of services, each answered once per interval and
+    split by (namespace, isvc). A failing or slow Prometheus costs the round one bounded attempt
+    (the first query that fails ends it), not one per service.
+
+    The seasonal signals move slowly: asked once per `seasonal_refresh_s` with the look-ahead
+    widened by that much (so the forecast in force covers every tick until the next refresh),
+    kept in between. `asked` counts the queries sent (for the fleet benchmark)."""
+
+    def __init__(
+        self,
+        query: QueryFn,
+        *,
+        window_s: int = 60,
+        utilization: UtilizationSource = "busy",
+        recent_s: int | None = None,
+        seasonality: Seasonality | None = None,
+        seasonal_refresh_s: float = 60.0,
+        clock: Callable[[], float],
+    ) -> None:
+        self._query = query
+        self._window_s = window_s
+        self._recent_s = recent_s
+        self._seasonality = seasonality
+        self._refresh_s = seasonal_refresh_s
+        self._clock = clock
+        self._fast = queries(None, window_s=window_s, utilization=utilization, recent_s=recent_s)
+        self._seasonal: dict[str, str] = {}
+        if seasonality is not None:
+            widened = replace(
+                seasonality, lookahead_s=seasonality.lookahead_s + math.ceil(seasonal_refresh_s)
+            )
+            every = queries(None, window_s=window_s, utilization=utilization, seasonality=widened)
+            self._seasonal = {k: v for k, v in every.items() if k not in self._fast}
+        self._kept: dict[tuple[str, str], Raw] = {}
+        self._kept_at: float | None = None
+        self.asked = 0
+
+    def round(self, at: float | None = None) -> FleetRound:
+        """Ask every signal once (at `at`, Unix seconds; None: now) and split the answers."""
+        now = self._clock()
+        texts = dict(self._fast)
+        refresh = bool(self._seasonal) and (
+            self._kept_at is None or now - self._kept_at >= self._refresh_s
+        )
+        if refresh:
+            texts |= self._seasonal
+        answers: dict[tuple[str, str], Raw] = {}
+        try:
+            for name, text in texts.items():
+                self.asked += 1
+                for series in self._query(text, at=at):
+                    labels = series.get("metric", {})
+                    key = (labels.get("namespace", ""), labels.get("isvc", ""))
+                    answers.setdefault(key, {}).setdefault(name, []).append(series)
+        except PrometheusUnavailable as exc:
+            log.warning("Prometheus unavailable: the autopilot holds this round (%s)", exc)
+            return FleetRound(now, None, self._window_s, self._recent_s, self._seasonality)
+        if refresh:
+            self._kept = {
+                key: {name: raw[name] for name in self._seasonal if name in raw}
+                for key, raw in answers.items()
+            }
+            self._kept_at = now
+        else:
+            for key, kept in self._kept.items():
+                answers.setdefault(key, {}).update(kept)
+        return FleetRound(now, answers, self._window_s, self._recent_s, self._seasonality)
+
+
+def _past(raw: Raw, seasonality: Seasonality | None) -> tuple[PastPeriod, ...]:
     """Every past period's level and look-ahead peak, or none: a period Prometheus has no
     history for yet (retention, a new service) makes the pattern unknown, not smaller."""
     if seasonality is None:
         return ()
     past = []
     for n in range(1, seasonality.periods + 1):
-        level, ahead = _number(raw[f"level_{n}"]), _number(raw[f"ahead_{n}"])
+        level, ahead = _number(raw.get(f"level_{n}", [])), _number(raw.get(f"ahead_{n}", []))
         if level is None or ahead is None:
             return ()
         past.append(PastPeriod(ahead_qps=ahead, level_qps=level))

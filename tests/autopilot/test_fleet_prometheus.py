@@ -1,0 +1,95 @@
+"""The fleet's round against a real Prometheus: one set of grouped queries answers every service.
+
+Twenty services' metrics history is backfilled into Prometheus' data directory (the same series
+the runtime exports, see `batchpilot.sandbox.backfill`). One round must ask as many queries as
+one service's tick, whatever the number of services, and give each service exactly the
+observation its own queries give; a service without series is missing (its decision holds),
+and a Prometheus that does not answer costs the round one attempt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import pytest
+
+from batchpilot.operator.autopilot.prometheus import (
+    FleetObserver,
+    PrometheusObserver,
+    Scope,
+    Seasonality,
+    http_query,
+    queries,
+)
+from batchpilot.sandbox.backfill import backfill, fleet, openmetrics
+from batchpilot.sandbox.prometheus import free_port, prometheus_process
+
+pytestmark = pytest.mark.slow
+
+SERVICES = list(fleet(20, namespaces=3))
+
+
+def comparable(observation: object) -> dict[str, object]:
+    assert observation is not None
+    fields = dataclasses.asdict(observation)  # type: ignore[call-overload]
+    del fields["at"]
+    return fields
+
+
+def test_one_round_answers_every_service_as_its_own_queries_do(tmp_path: Path) -> None:
+    now = int(time.time()) // 15 * 15
+    data = tmp_path / "prometheus" / "data"
+    backfill(openmetrics(SERVICES, start=now - 900, end=now), data, workdir=tmp_path)
+    with prometheus_process(tmp_path / "prometheus", retention="1d") as prometheus:
+        query = http_query(prometheus.url)
+        season = Seasonality(period_s=300, lookahead_s=60)
+        settings = {"window_s": 60, "recent_s": 30, "seasonality": season}
+        fleet_observer = FleetObserver(query, clock=time.time, **settings)  # type: ignore[arg-type]
+        each = PrometheusObserver(query, clock=time.time, **settings)  # type: ignore[arg-type]
+
+        first = fleet_observer.round(at=now - 30)
+        assert fleet_observer.asked == len(
+            queries(None, window_s=60, utilization="busy", recent_s=30, seasonality=season)
+        )
+        for service in SERVICES:
+            scope = Scope(service.namespace, service.isvc)
+            mine = each.observe(scope, ready_replicas=1, at=now - 30)
+            # The fleet widens the seasonal look-ahead by its refresh: compare the rest exactly.
+            ours = first.observe(scope, ready_replicas=1)
+            assert comparable(ours) | {"past": None} == comparable(mine) | {"past": None}
+            assert ours is not None
+            assert ours.qps == pytest.approx(service.qps * (1 - service.rejected_share), rel=0.02)
+            assert len(ours.past) == 2
+            assert ours.p99_s is not None
+            assert ours.utilization == pytest.approx(service.busy, rel=0.02)
+            assert ours.compute
+            assert not ours.missing()
+
+        # The next round within the refresh asks the fast signals only, and keeps the seasonal.
+        asked = fleet_observer.asked
+        second = fleet_observer.round(at=now - 15)
+        fast = queries(None, window_s=60, utilization="busy", recent_s=30)
+        assert fleet_observer.asked - asked == len(fast)
+        kept = second.observe(Scope(SERVICES[0].namespace, SERVICES[0].isvc), ready_replicas=1)
+        assert kept is not None
+        assert (
+            kept.past
+            == first.observe(Scope(SERVICES[0].namespace, SERVICES[0].isvc), ready_replicas=1).past
+        )  # type: ignore[union-attr]
+
+        absent = second.observe(Scope("team-0", "not-deployed"), ready_replicas=1)
+        assert absent is not None
+        assert absent.qps is None
+        assert absent.missing()
+
+
+def test_a_prometheus_that_does_not_answer_costs_the_round_one_attempt() -> None:
+    observer = FleetObserver(
+        http_query(f"http://127.0.0.1:{free_port()}", timeout_s=1.0), clock=time.time
+    )
+    round_ = observer.round()
+    assert round_.answers is None
+    assert observer.asked == 1
+    assert round_.observe(Scope("a", "b"), ready_replicas=1) is None
