@@ -27,4 +27,8 @@ SECRET = ResourceKind("Secret", "v1", "secrets")
 PDB = ResourceKind("PodDisruptionBudget", "policy/v1", "poddisruptionbudgets")
 POD = ResourceKind("Pod", "v1", "pods")
 INFERENCESERVICE = ResourceKind("InferenceService", f"{GROUP}/{VERSION}", PLURAL)
-KINDS = {k.kind: k for k in (DEPLOYMENT, SERVICE, CONFIGMAP, SECRET, PDB, POD, INFERENCESERVICE)}
+LEASE = ResourceKind("Lease", "coordination.k8s.io/v1", "leases")
+"""The operator's own leader-election lock (leadership.py), in its own namespace."""
+KINDS = {
+    k.kind: k for k in (DEPLOYMENT, SERVICE, CONFIGMAP, SECRET, PDB, POD, INFERENCESERVICE, LEASE)
+}

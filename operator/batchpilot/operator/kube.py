@@ -50,7 +50,9 @@ class KubeClient:
         self._timeout_s = timeout_s
 
     @classmethod
-    def from_environment(cls, *, kubeconfig: str | None = None) -> KubeClient:
+    def from_environment(
+        cls, *, kubeconfig: str | None = None, timeout_s: float = 10.0
+    ) -> KubeClient:
         from kubernetes import client, config
 
         kubeconfig = kubeconfig or os.environ.get("KUBECONFIG")
@@ -61,7 +63,7 @@ class KubeClient:
                 config.load_kube_config()  # type: ignore[no-untyped-call]
         else:  # read now: the client reads $KUBECONFIG once, when it is imported
             config.load_kube_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
-        return cls(client.ApiClient())
+        return cls(client.ApiClient(), timeout_s=timeout_s)
 
     def _call(
         self,
