@@ -144,6 +144,13 @@ NAMESPACED: dict[str, Any] = {
     "autopilot": {"intervalSeconds": 7.5, "metricsWindowSeconds": 120},
     "reconcileIntervalSeconds": 30,
     "operator": {
+        "replicas": 3,
+        "leaderElection": {
+            "enabled": True,
+            "leaseDurationSeconds": 30,
+            "renewDeadlineSeconds": 20,
+            "retryPeriodSeconds": 4,
+        },
         "image": {
             "repository": "registry.example.com/batchpilot/operator",
             "digest": "sha256:" + "b" * 64,
@@ -176,9 +183,24 @@ BRING_YOUR_OWN_ACCOUNT: dict[str, Any] = {
     "serviceAccount": {"create": False, "name": "batchpilot-operator"},
     "operator": {"image": {"tag": "0.1.1"}},
 }
+SINGLE_OPERATOR: dict[str, Any] = {
+    "operator": {"replicas": 1, "leaderElection": {"enabled": False}},
+}
+"""One operator pod and no leader election: the chart before high availability."""
 SCENARIOS: dict[str, dict[str, Any]] = {
     "default": {},
     "namespaced": NAMESPACED,
     "clusterwide-monitored": CLUSTERWIDE_MONITORED,
     "bring-your-own-account": BRING_YOUR_OWN_ACCOUNT,
+    "single-operator": SINGLE_OPERATOR,
 }
+DOWNWARD_API = {
+    "metadata.name": f"{RELEASE}-operator-6f9c8d7b5-x2k4q",
+    "metadata.namespace": NAMESPACE,
+}
+"""What the kubelet fills in for the operator pod's fieldRef variables."""
+
+
+def leader_election_role(docs: list[Doc]) -> Doc | None:
+    found = find(docs, "Role", f"{RELEASE}-operator-leader-election")
+    return found[0] if found else None

@@ -6,10 +6,11 @@ Three sources, each read from the code rather than written down a second time:
    for a handler, and patches for the InferenceService's own handlers (progress annotations,
    finalizer; its status through the status subresource when a handler writes status);
 2. kopf's own needs, from the settings the operator's startup handler leaves kopf with and from
-   `kopf.run(...)` in run.py: CRD observation, namespace observation (only when serving a list
-   of namespaces), Events, peering (none: standalone);
-3. the operator's own client (kube.py): the reconciler, the autopilot and the child-event
-   handler are run through scenarios against an in-memory API, and every call they make is
+   `kopf.operator(...)` in run.py: CRD observation, namespace observation (only when serving a
+   list of namespaces), Events, peering (none: standalone);
+3. the operator's own client (kube.py): the reconciler, the autopilot, the child-event handler
+   and the leader elector are run through scenarios against an in-memory API, and every call
+   they make is
    replayed through the real `KubeClient` over a recording HTTP layer, so each (method, path)
    it would send becomes an (apiGroup, resource, verb). A static scan of the operator's modules
    finds every call site of the client, and the scenarios must reach every one of them — new
@@ -40,8 +41,10 @@ from batchpilot.operator import run as operator_run
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation
 from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
 from batchpilot.operator.autopilot.prometheus import Scope
+from batchpilot.operator.election import LeaderElector
 from batchpilot.operator.kinds import DEPLOYMENT, INFERENCESERVICE, ResourceKind
 from batchpilot.operator.kube import KubeClient
+from batchpilot.operator.leadership import Candidate
 from batchpilot.operator.passes import Passes
 from batchpilot.operator.reconciler import Reconciler
 from batchpilot.operator.settings import OperatorSettings
@@ -55,6 +58,9 @@ KUBE_METHODS = frozenset(
 CLUSTER_SCOPED = frozenset(
     {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "namespaces")}
 )
+OWN_NAMESPACE = frozenset({("coordination.k8s.io", "leases")})
+"""Resources the operator uses only in its own namespace (leader election), not in those it
+serves."""
 
 
 @dataclass(frozen=True, order=True)
@@ -68,6 +74,10 @@ class Access:
     @property
     def cluster_scoped(self) -> bool:
         return (self.group, self.resource) in CLUSTER_SCOPED
+
+    @property
+    def own_namespace(self) -> bool:
+        return (self.group, self.resource) in OWN_NAMESPACE
 
 
 # ---- 3. the operator's own client ---------------------------------------------------------------
@@ -254,6 +264,18 @@ def run_scenarios() -> RecordingKube:
             ),
         ),
     )
+
+    # Leader election: create the Lease, renew it, release it.
+    settings = OperatorSettings()
+    elector = LeaderElector(
+        kube,
+        Candidate("operator-a", settings.lease_name, settings.lease_namespace, 15),
+        renew_deadline_s=settings.renew_deadline_seconds,
+        retry_period_s=settings.retry_period_seconds,
+    )
+    assert elector.try_round()  # no Lease yet: created
+    assert elector.try_round(leading=True)  # renewed
+    assert elector.release()
     return kube
 
 
@@ -346,12 +368,13 @@ def _startup_settings(monkeypatch: Any) -> kopf.OperatorSettings:
 
 
 def _kopf_run_keywords() -> dict[str, str]:
-    """The keyword arguments of the `kopf.run(...)` call in run.py, as source text."""
+    """The keyword arguments of the one `kopf.run(...)` or `kopf.operator(...)` call in run.py,
+    as source text."""
     tree = ast.parse(inspect.getsource(operator_run))
     (call,) = [
         node
         for node in ast.walk(tree)
-        if isinstance(node, ast.Call) and ast.unparse(node.func) == "kopf.run"
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in {"kopf.run", "kopf.operator"}
     ]
     return {kw.arg: ast.unparse(kw.value) for kw in call.keywords if kw.arg}
 
@@ -374,7 +397,7 @@ def kopf_accesses(*, clusterwide: bool, monkeypatch: Any) -> set[Access]:
     settings = _startup_settings(monkeypatch)
     run_keywords = _kopf_run_keywords()
     assert run_keywords.get("standalone") == "True", (
-        "kopf.run() without standalone=True would need kopf's peering resources (kopf.dev "
+        "kopf without standalone=True would need kopf's peering resources (kopf.dev "
         "kopfpeerings/clusterkopfpeerings) in the RBAC"
     )
     needed: set[Access] = set()

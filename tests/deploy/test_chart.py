@@ -11,13 +11,17 @@ import pytest
 from batchpilot.operator.settings import OperatorSettings
 from tests.deploy.chart import (
     CHART,
+    DOWNWARD_API,
     KUBE_VERSIONS,
     NAMESPACE,
     NAMESPACED,
+    RELEASE,
     ROOT,
     SCENARIOS,
+    SINGLE_OPERATOR,
     RenderError,
     find,
+    leader_election_role,
     load,
     one,
     operator_deployment,
@@ -31,8 +35,15 @@ field by field, test_prometheus_rule the rule with promtool."""
 
 
 def env_of(deployment: dict[str, Any]) -> dict[str, str]:
+    """The operator container's environment as the process sees it: downward-API variables
+    filled in as the kubelet would."""
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    return {item["name"]: item["value"] for item in container["env"]}
+    return {
+        item["name"]: item["value"]
+        if "value" in item
+        else DOWNWARD_API[item["valueFrom"]["fieldRef"]["fieldPath"]]
+        for item in container["env"]
+    }
 
 
 def settings_from(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> OperatorSettings:
@@ -112,12 +123,81 @@ class TestRenderedManifestsAreValid:
         assert find(render(), "CustomResourceDefinition") == []
 
 
-class TestTheOperatorDeployment:
-    def test_exactly_one_operator_runs_and_upgrades_stop_the_old_one_first(self) -> None:
-        spec = operator_deployment(render())["spec"]
-        assert spec["replicas"] == 1
-        assert spec["strategy"] == {"type": "Recreate"}
+class TestHighAvailability:
+    def test_two_operators_one_leading_and_upgrades_start_a_standby_first(self) -> None:
+        docs = render()
+        spec = operator_deployment(docs)["spec"]
+        assert spec["replicas"] == 2
+        # Never fewer pods than asked: the leader stops (and hands over) only once a new
+        # standby is up.
+        assert spec["strategy"] == {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+        }
+        env = env_of(operator_deployment(docs))
+        assert env["BATCHPILOT_OPERATOR_LEADER_ELECTION"] == "true"
+        assert leader_election_role(docs) is not None
 
+    def test_the_pod_knows_its_name_and_namespace_from_the_downward_api(self) -> None:
+        (container,) = operator_deployment(render())["spec"]["template"]["spec"]["containers"]
+        downward = {
+            item["name"]: item["valueFrom"]["fieldRef"]["fieldPath"]
+            for item in container["env"]
+            if "valueFrom" in item
+        }
+        assert downward == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+
+    def test_the_operator_uses_the_lease_that_rbac_names(self) -> None:
+        docs = render(NAMESPACED)
+        env = env_of(operator_deployment(docs))
+        role = leader_election_role(docs)
+        assert role is not None
+        assert role["metadata"]["namespace"] == env["BATCHPILOT_OPERATOR_LEASE_NAMESPACE"]
+        assert env["BATCHPILOT_OPERATOR_LEASE_NAMESPACE"] == NAMESPACE
+        named = [rule["resourceNames"] for rule in role["rules"] if "resourceNames" in rule]
+        assert named == [[env["BATCHPILOT_OPERATOR_LEASE_NAME"]]]
+        assert env["BATCHPILOT_OPERATOR_LEASE_NAME"] == f"{RELEASE}-operator"
+
+    def test_a_budget_keeps_an_operator_pod_through_drains(self) -> None:
+        docs = render(NAMESPACED)
+        budget = one(docs, "PodDisruptionBudget", f"{RELEASE}-operator")
+        assert budget["spec"]["minAvailable"] == 1
+        selector = operator_deployment(docs)["spec"]["selector"]
+        assert budget["spec"]["selector"] == selector
+
+    def test_operator_pods_prefer_different_nodes(self) -> None:
+        deployment = operator_deployment(render())
+        anti = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+        # Preferred, not required: a one-node cluster still runs a standby.
+        (term,) = anti.pop("preferredDuringSchedulingIgnoredDuringExecution")
+        assert anti == {}
+        assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+        assert term["podAffinityTerm"]["labelSelector"] == deployment["spec"]["selector"]
+
+    def test_an_affinity_of_ones_own_replaces_the_default(self) -> None:
+        spread = {
+            "topologyKey": "topology.kubernetes.io/zone",
+            "labelSelector": {"matchLabels": {"app.kubernetes.io/component": "operator"}},
+        }
+        own = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [spread]}}
+        pod = operator_deployment(render({"operator": {"affinity": own}}))["spec"]["template"]
+        assert pod["spec"]["affinity"] == own
+
+    def test_one_operator_without_leader_election_is_recreated(self) -> None:
+        docs = render(SINGLE_OPERATOR)
+        spec = operator_deployment(docs)["spec"]
+        assert spec["replicas"] == 1
+        assert spec["strategy"] == {"type": "Recreate"}  # the old pod stops before the new one
+        assert env_of(operator_deployment(docs))["BATCHPILOT_OPERATOR_LEADER_ELECTION"] == "false"
+        assert find(docs, "PodDisruptionBudget") == []  # it would block every drain
+        assert leader_election_role(docs) is None
+
+    def test_more_operators_without_leader_election_are_refused(self) -> None:
+        with pytest.raises(RenderError, match=r"needs operator\.leaderElection\.enabled"):
+            render({"operator": {"leaderElection": {"enabled": False}}})
+
+
+class TestTheOperatorDeployment:
     def test_it_runs_the_operator_with_kopfs_liveness_endpoint(self) -> None:
         pod = operator_deployment(render())["spec"]["template"]["spec"]
         (container,) = pod["containers"]
@@ -133,6 +213,8 @@ class TestTheOperatorDeployment:
         (port,) = container["ports"]
         assert probe["port"] == port["name"]
         assert port["containerPort"] == 8081
+        # A standby answers it too: ready as soon as the process is, whether it leads or not.
+        assert container["readinessProbe"]["httpGet"] == probe
 
     def test_its_service_account_is_the_one_rbac_binds(self) -> None:
         docs = render(NAMESPACED)
@@ -187,6 +269,12 @@ class TestSettings:
         assert settings.autopilot_interval_seconds == 7.5
         assert settings.metrics_window_seconds == 120
         assert settings.reconcile_interval_seconds == 30
+        assert settings.leader_election is True
+        assert settings.lease_name == "batchpilot-operator"
+        assert settings.lease_namespace == NAMESPACE
+        assert settings.lease_duration_seconds == 30
+        assert settings.renew_deadline_seconds == 20
+        assert settings.retry_period_seconds == 4
         assert env["TZ"] == "UTC"
 
     def test_default_values_give_the_operators_defaults(
@@ -194,7 +282,10 @@ class TestSettings:
     ) -> None:
         env = env_of(operator_deployment(render()))
         assert "BATCHPILOT_OPERATOR_STORAGE_INITIALIZER_IMAGE" not in env
-        defaults = settings_from({}, monkeypatch)
+        # The operator's defaults in that pod: the lease in its own namespace (POD_NAMESPACE),
+        # and leader election on (its default with in-cluster credentials; the chart says so).
+        pod = {name: value for name, value in env.items() if name.startswith("POD_")}
+        defaults = settings_from(pod, monkeypatch).model_copy(update={"leader_election": True})
         assert settings_from(env, monkeypatch) == defaults
 
     @pytest.mark.parametrize("source", ["busy", "nvml", "dcgm"])
@@ -225,6 +316,16 @@ class TestValuesSchema:
                 "burnRate",
             ),
             ({"prometheusUrl": "http://x:9090"}, "prometheusUrl"),
+            ({"operator": {"replicas": 0}}, "replicas"),
+            (
+                {"operator": {"leaderElection": {"leaseDurationSeconds": 10}}},
+                "leaseDurationSeconds must be longer than renewDeadlineSeconds",
+            ),
+            (
+                {"operator": {"leaderElection": {"retryPeriodSeconds": 9}}},
+                r"renewDeadlineSeconds must be over 1\.2",
+            ),
+            ({"operator": {"leaderElection": {"leaseName": "x"}}}, "leaseName"),
         ],
     )
     def test_wrong_values_are_refused_with_the_key(self, values: Any, complaint: str) -> None:

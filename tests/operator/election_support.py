@@ -3,8 +3,12 @@ lease timings, and candidates running as leading.py runs them."""
 
 from __future__ import annotations
 
+import json
+import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -88,3 +92,20 @@ class Candidacy:
         self.elector.stop()
         assert self.done.wait(5)
         assert self.elector.release()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def probe(url: str) -> tuple[int, Any] | None:
+    """The status and JSON body at `url`; None while nothing listens."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+    except OSError:
+        return None

@@ -4,40 +4,19 @@ and hands the Lease over when it stops, a lost Lease stops the operator and ends
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
 from batchpilot.operator.kube import KubeClient
 from batchpilot.operator.leadership import LeaseRecord
 from batchpilot.operator.leading import LOST, run_while_leading
-from tests.operator.election_support import SLACK_S, Candidacy, elector, read
+from tests.operator.election_support import SLACK_S, Candidacy, elector, free_port, probe, read
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def probe(url: str) -> tuple[int, Any] | None:
-    """The status and JSON body at `url`; None while nothing listens."""
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
-    except OSError:
-        return None
 
 
 class StandInOperator:

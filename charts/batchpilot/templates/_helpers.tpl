@@ -28,6 +28,11 @@ app.kubernetes.io/name: batchpilot-runtime
 app.kubernetes.io/managed-by: batchpilot
 {{- end -}}
 
+{{/* The operator's leader-election Lease, in the release namespace. */}}
+{{- define "batchpilot.leaseName" -}}
+{{- include "batchpilot.fullname" . }}-operator
+{{- end -}}
+
 {{- define "batchpilot.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "batchpilot.fullname" .) .Values.serviceAccount.name -}}
@@ -93,4 +98,19 @@ of them (to notice namespaces that come and go). Read-only, cluster-scoped by na
   resources: ["namespaces"]
   verbs: ["list", "watch"]
 {{- end }}
+{{- end -}}
+
+{{/*
+Leader election: get and update the one Lease by name; create cannot be restricted by name (the
+object does not exist yet when it is checked), so it is granted on leases in the release
+namespace, the way client-go's users do. Checked against the code by tests/deploy/test_rbac.py.
+*/}}
+{{- define "batchpilot.leaderElectionRules" -}}
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["create"]
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  resourceNames: [{{ include "batchpilot.leaseName" . | quote }}]
+  verbs: ["get", "update"]
 {{- end -}}

@@ -1,11 +1,21 @@
-"""`batchpilot operator run`: the operator process (kubeconfig or in-cluster credentials)."""
+"""`batchpilot operator run`: the operator process (kubeconfig or in-cluster credentials).
+
+With leader election (the default in a pod) it is one of several replicas: it waits as a standby
+until it holds the Lease, and runs kopf only while it does (leading.py).
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import sys
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from batchpilot.operator.settings import OperatorSettings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,9 +30,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--liveness",
         metavar="URL",
-        help="serve kopf's liveness probe, e.g. http://0.0.0.0:8081/healthz",
+        help="serve kopf's liveness probe, e.g. http://0.0.0.0:8081/healthz (a standby answers "
+        "it too)",
+    )
+    parser.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="reconcile only while holding the Lease (BATCHPILOT_OPERATOR_LEASE_*), so that "
+        "several replicas run with one active (default: BATCHPILOT_OPERATOR_LEADER_ELECTION, "
+        "else on with in-cluster credentials, off with a kubeconfig)",
     )
     parser.add_argument("--verbose", action="store_true", help="debug logging")
+
+
+def in_cluster(kubeconfig: str | None) -> bool:
+    """Whether the Kubernetes client will use the pod's service account, as kube.py decides."""
+    return not kubeconfig and "KUBERNETES_SERVICE_HOST" in os.environ
 
 
 def main(args: argparse.Namespace) -> int:
@@ -38,12 +62,98 @@ def main(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    namespaces = args.namespace or OperatorSettings().namespaces
+    settings = OperatorSettings()
+    namespaces = args.namespace or settings.namespaces
     del handlers  # imported for its handler registrations
-    kopf.run(
-        standalone=True,
-        namespaces=namespaces,
-        clusterwide=not namespaces,
-        liveness_endpoint=args.liveness,
+    leader_elect = args.leader_elect
+    if leader_elect is None:
+        leader_elect = settings.leader_election
+    if leader_elect is None:
+        leader_elect = in_cluster(os.environ.get("KUBECONFIG"))
+
+    operator = KopfOnItsLoop(
+        lambda: kopf.operator(
+            standalone=True,
+            namespaces=namespaces,
+            clusterwide=not namespaces,
+            liveness_endpoint=args.liveness,
+        )
     )
-    return 0
+    if not leader_elect:
+        operator.run()
+        return 0
+    return _run_elected(settings, operator, liveness=args.liveness)
+
+
+class KopfOnItsLoop:
+    """kopf on an event loop of our own: `run()` blocks until kopf stops (its own signal handlers
+    stop it on SIGTERM/SIGINT); `stop()`, from any thread or a signal handler, cancels it — kopf's
+    own way to be stopped from outside. (A stop flag would do too, but kopf leaves the flag's
+    waiter pending on a signal and waits 5 s for it before exiting: 5 s more before a hand-over.)
+    """
+
+    def __init__(self, operator: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        self._operator = operator
+        self._running: tuple[asyncio.AbstractEventLoop, asyncio.Task[None]] | None = None
+        self._stopped = False
+
+    def run(self) -> None:
+        loop = asyncio.new_event_loop()
+        task = loop.create_task(self._operator())
+        # No lock: stop() may run in a signal handler on this very thread. Either stop() sees
+        # the task, or this sees the flag.
+        self._running = loop, task
+        if self._stopped:
+            task.cancel()
+        try:
+            loop.run_until_complete(task)
+        except asyncio.CancelledError:
+            pass
+        finally:  # as asyncio.run() ends: what kopf left running is cancelled and awaited
+            left = asyncio.all_tasks(loop)
+            for straggler in left:
+                straggler.cancel()
+            if left:
+                loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+            loop.close()
+
+    def stop(self) -> None:
+        self._stopped = True
+        if self._running is not None:
+            loop, task = self._running
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(task.cancel)
+
+
+def _run_elected(
+    settings: OperatorSettings, operator: KopfOnItsLoop, *, liveness: str | None
+) -> int:
+    from batchpilot.operator.election import LeaderElector, default_identity
+    from batchpilot.operator.kube import KubeClient
+    from batchpilot.operator.leadership import Candidate
+    from batchpilot.operator.leading import run_while_leading
+
+    # A round (a read and a write) fits in the renew deadline.
+    kube = KubeClient.from_environment(timeout_s=settings.renew_deadline_seconds / 2)
+    candidate = Candidate(
+        identity=default_identity(),
+        name=settings.lease_name,
+        namespace=settings.lease_namespace,
+        duration_s=settings.lease_duration_seconds,
+    )
+    elector = LeaderElector(
+        kube,
+        candidate,
+        renew_deadline_s=settings.renew_deadline_seconds,
+        retry_period_s=settings.retry_period_seconds,
+    )
+    return run_while_leading(
+        elector,
+        run_operator=operator.run,
+        stop_operator=operator.stop,
+        liveness=liveness,
+        # Half the time between the renew deadline and the earliest take-over.
+        stop_grace_s=(settings.lease_duration_seconds - settings.renew_deadline_seconds) / 2,
+    )

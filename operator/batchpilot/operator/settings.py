@@ -7,9 +7,10 @@ only say what differs per service.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import os
+from typing import Any, Literal, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -41,6 +42,9 @@ class OperatorSettings(BaseSettings):
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
     namespaces: list[str] = Field(default_factory=list, description="empty: all namespaces")
     autopilot_interval_seconds: float = Field(default=15, gt=0)
+    autopilot_workers: int = Field(default=8, ge=1, le=64)
+    """How many services' ticks run at once in each of the autopilot's rounds (their API writes
+    and pushes to pods overlap; each decision is pure and takes about a millisecond)."""
     metrics_window_seconds: int = Field(default=60, ge=10)
     recent_window_seconds: int = Field(default=30, ge=2)
     """The fast signal's window: arrivals over the last this many seconds, to see a rise before
@@ -58,3 +62,30 @@ class OperatorSettings(BaseSettings):
     """Device utilization from the runtime's busy-time counter, its NVML gauge, or DCGM."""
     reconcile_interval_seconds: float = Field(default=60, gt=0)
     """Periodic level-triggered pass, catching drift that no watch event reports."""
+
+    leader_election: bool | None = None
+    """Reconcile only while holding the Lease below, so that several replicas can run with one
+    active. None: on with in-cluster credentials (in a pod), off with a kubeconfig (the sandbox,
+    a laptop); `batchpilot operator run --leader-elect/--no-leader-elect` wins over both."""
+    lease_name: str = "batchpilot-operator"
+    lease_namespace: str = Field(
+        default_factory=lambda: os.environ.get("POD_NAMESPACE") or "default",
+        description="default: the pod's own namespace (POD_NAMESPACE, the downward API)",
+    )
+    lease_duration_seconds: int = Field(default=15, ge=1)
+    """How long a standby waits, after it last saw the Lease change, before taking it over."""
+    renew_deadline_seconds: float = Field(default=10, gt=0)
+    """How long the leader keeps reconciling without renewing the Lease; past it, it stops and
+    exits for a standby. Shorter than the lease duration: the difference is the time the old
+    leader has to stop before anyone may take over."""
+    retry_period_seconds: float = Field(default=2, gt=0)
+    """How often a standby tries to take the Lease, and the leader renews it."""
+
+    @model_validator(mode="after")
+    def _lease_timing(self) -> Self:
+        # client-go's rules (leaderelection.NewLeaderElector).
+        if not self.lease_duration_seconds > self.renew_deadline_seconds:
+            raise ValueError("lease_duration_seconds must be longer than renew_deadline_seconds")
+        if not self.renew_deadline_seconds > 1.2 * self.retry_period_seconds:
+            raise ValueError("renew_deadline_seconds must be over 1.2 × retry_period_seconds")
+        return self
