@@ -15,6 +15,8 @@ import pytest
 
 from batchpilot.operator import handlers
 from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
+from batchpilot.operator.autopilot.prometheus import FleetRound
+from batchpilot.operator.fleet import FleetPilot
 from batchpilot.operator.kinds import DEPLOYMENT, INFERENCESERVICE, ResourceKind
 from batchpilot.operator.kube import KubeError
 from batchpilot.operator.passes import KeyedLocks, Passes
@@ -27,6 +29,13 @@ from tests.operator.test_reconciler import NS, T0, isvc
 Posted = list[tuple[str, str, str, str]]
 
 
+class Blind:
+    """A Prometheus that does not answer: every round's answers are None."""
+
+    def round(self, at: float | None = None) -> FleetRound:
+        return FleetRound(T0.timestamp(), None, 60, None, None)
+
+
 class Operator:
     """The operator's memo as its startup handler builds it, over the in-memory API."""
 
@@ -34,19 +43,22 @@ class Operator:
         self.kube = kube or FakeKube()
         self.kube.put_object(body)
         self.locks: KeyedLocks[tuple[str, str]] = KeyedLocks()
+        passes = Passes(self.kube, locks=self.locks)
+        pilot = Autopilot(
+            self.kube,
+            observe=lambda scope, *, ready_replicas: None,
+            pods=self,
+            push=lambda endpoint, *, token, document: None,
+            clock=lambda: T0,
+            seconds=lambda: T0.timestamp(),
+        )
         self.memo = kopf.Memo(
-            passes=Passes(self.kube, locks=self.locks),
+            passes=passes,
             reconciler=Reconciler(
                 self.kube, OperatorSettings(), learned_outside_s=learned_outside_s, clock=lambda: T0
             ),
-            autopilot=Autopilot(
-                self.kube,
-                observe=lambda scope, *, ready_replicas: None,
-                pods=self,
-                push=lambda endpoint, *, token, document: None,
-                clock=lambda: T0,
-                seconds=lambda: T0.timestamp(),
-            ),
+            autopilot=pilot,
+            fleet=FleetPilot(passes, pilot, Blind(), post=handlers._post, workers=2),
         )
 
     def ready_pod_endpoints(self, namespace: str, selector: dict[str, str]) -> list[str]:
@@ -148,7 +160,7 @@ class TestOneReconcilePath:
         handlers.reconcile(name="resnet50", namespace=NS, memo=operator.memo)
         operator.kube.writes.clear()
 
-        handlers.autopilot(name="resnet50", namespace=NS, memo=operator.memo)
+        operator.memo.fleet.run_round([(NS, "resnet50")])
 
         assert operator.kube.writes[-1] == ("patch/status", "InferenceService", "resnet50")
         types = {c["type"] for c in operator.status()["conditions"]}
@@ -175,7 +187,7 @@ class TestFailures:
             handlers.reconcile(name="resnet50", namespace=NS, memo=operator.memo)
         handlers.reconcile_periodically(name="resnet50", namespace=NS, memo=operator.memo)
         handlers._on_child_event(event=child_event(), memo=operator.memo)
-        handlers.autopilot(name="resnet50", namespace=NS, memo=operator.memo)
+        operator.memo.fleet.run_round([(NS, "resnet50")])
 
         warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
         assert len(warnings) == 3

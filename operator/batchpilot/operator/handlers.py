@@ -5,24 +5,31 @@ reports), and events of the children it owns (someone edits or deletes a Deploym
 becomes ready). Each names the InferenceService and calls `reconcile_now`: `Passes` serializes it
 per object, reads the object fresh and writes its status (see there why), `Reconciler` decides.
 Handlers differ only in what a failure means to kopf: the resource's handler retries, the timer
-and child events wait for the next trigger. The autopilot's timer goes through `Passes` too: it
-writes the same status (conditions, batch settings), so it must not interleave with a reconcile.
-Handlers parse nothing and decide nothing; they post the Events a pass returns.
+and child events wait for the next trigger. The autopilot runs as one loop for the whole fleet
+(`FleetPilot`: one Prometheus round per interval, then every piloted service's tick), started
+with the operator and stopped with it; its ticks go through `Passes` too: they write the same
+status (conditions, batch settings), so they must not interleave with a reconcile. Handlers parse
+nothing and decide nothing; they post the Events a pass returns.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, cast
 
 import kopf
 
 from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
-from batchpilot.operator.autopilot.prometheus import PrometheusObserver, Seasonality, http_query
+from batchpilot.operator.autopilot.prometheus import FleetObserver, Seasonality, http_query
 from batchpilot.operator.autopilot.push import push_batching
 from batchpilot.operator.children.common import ISVC_LABEL, MANAGED_BY
 from batchpilot.operator.events import Event
+from batchpilot.operator.fleet import FleetPilot, autopiloted
 from batchpilot.operator.kube import KubeClient, KubeError
 from batchpilot.operator.passes import Passes
 from batchpilot.operator.reconciler import ReconcileOutcome, Reconciler
@@ -61,7 +68,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     kube = KubeClient.from_environment()
     memo.passes = Passes(kube)
     memo.reconciler = Reconciler(kube, _SETTINGS, learned_outside_s=learned_outside_s)
-    observer = PrometheusObserver(
+    observer = FleetObserver(
         http_query(_SETTINGS.prometheus_url),
         window_s=_SETTINGS.metrics_window_seconds,
         recent_s=_SETTINGS.recent_window_seconds,
@@ -79,10 +86,75 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     )
     memo.autopilot = Autopilot(
         kube,
-        observe=observer.observe,
+        observe=lambda scope, *, ready_replicas: None,  # the fleet's round hands each tick its own
         pods=kube,
         push=push_batching,
     )
+    memo.contexts = {}
+    memo.fleet = FleetPilot(
+        memo.passes,
+        memo.autopilot,
+        observer,
+        post=_post,
+        workers=_SETTINGS.autopilot_workers,
+    )
+
+
+@kopf.index(GROUP, VERSION, PLURAL)
+def piloted(
+    name: str, namespace: str | None, spec: kopf.Spec, **_: Any
+) -> dict[tuple[str, str], bool]:
+    """The InferenceServices the autopilot ticks, kept by kopf from its watch (no list calls)."""
+    if namespace is None or not autopiloted(namespace, name, spec):
+        return {}
+    return {(namespace, name): True}
+
+
+async def fleet_loop(
+    fleet: FleetPilot,
+    services: kopf.Index[Any, Any],
+    interval: float,
+    context: Callable[[], contextvars.Context | None] = lambda: None,
+) -> None:
+    """One round per interval, for as long as the operator runs (cancelled at cleanup). A round
+    longer than the interval delays the next, never overlaps it. `context`: the one to run
+    rounds in (None: the loop's own)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        started = loop.time()
+        keys = [key for key in services]  # a snapshot, taken in kopf's loop that updates it
+        try:
+            if keys:
+                run = (context() or contextvars.copy_context()).copy()
+                await asyncio.to_thread(run.run, fleet.run_round, keys)
+        except Exception:  # the loop outlives any one round
+            log.exception("the autopilot's round failed")
+        await asyncio.sleep(max(0.0, interval - (loop.time() - started)))
+
+
+@kopf.on.startup()
+async def start_autopilot(memo: kopf.Memo, **kwargs: Any) -> None:
+    """The fleet's loop, over the `piloted` index (kopf hands indices to every handler)."""
+    memo.fleet_task = asyncio.create_task(
+        fleet_loop(
+            memo.fleet,
+            kwargs["piloted"],
+            _SETTINGS.autopilot_interval_seconds,
+            context=lambda: memo.contexts.get("handler"),
+        )
+    )
+
+
+@kopf.on.cleanup()
+async def stop_autopilot(memo: kopf.Memo, **_: Any) -> None:
+    task: asyncio.Task[None] | None = memo.get("fleet_task")
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    fleet: FleetPilot | None = memo.get("fleet")
+    if fleet is not None:
+        fleet.close()
 
 
 def _post(body: dict[str, Any], found: list[Event]) -> None:
@@ -97,6 +169,14 @@ def reconcile_now(namespace: str, name: str, memo: kopf.Memo) -> ReconcileOutcom
     Raises `KubeError` when reading it or writing its status fails."""
     passes: Passes = memo.passes
     reconciler: Reconciler = memo.reconciler
+    contexts: dict[str, contextvars.Context] | None = memo.get("contexts")
+    if contexts is not None and "handler" not in contexts:
+        # `kopf.event` posts through the operator's one Event queue, which kopf names in the
+        # context its handlers run in — not in the startup handler's, where the fleet's loop
+        # begins. The loop runs its rounds in a copy of this one (every service is reconciled
+        # before the autopilot ticks it). A dict made at startup: a resource's memo is a
+        # shallow copy of the operator's.
+        contexts["handler"] = contextvars.copy_context()
     ran = passes.run(namespace, name, reconciler.reconcile)
     if ran is None:
         return None
@@ -140,27 +220,6 @@ def reconcile_periodically(name: str, namespace: str | None, memo: kopf.Memo, **
     """Level-triggered safety net: the same pass, and failures wait for the next period."""
     assert namespace is not None
     _reconcile_or_log(namespace, name, memo, trigger="the periodic timer")
-
-
-@kopf.timer(
-    GROUP,
-    VERSION,
-    PLURAL,
-    interval=_SETTINGS.autopilot_interval_seconds,
-    initial_delay=_SETTINGS.autopilot_interval_seconds,
-)
-def autopilot(name: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
-    """Observe, decide, act, explain — once per interval per InferenceService."""
-    assert namespace is not None
-    passes: Passes = memo.passes
-    pilot: Autopilot = memo.autopilot
-    try:
-        ran = passes.run(namespace, name, pilot.tick)
-    except KubeError as exc:
-        log.warning("the autopilot's tick for %s/%s failed: %s", namespace, name, exc)
-        return
-    if ran is not None:
-        _post(ran.body, ran.outcome.events)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)

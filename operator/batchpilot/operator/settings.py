@@ -42,6 +42,9 @@ class OperatorSettings(BaseSettings):
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
     namespaces: list[str] = Field(default_factory=list, description="empty: all namespaces")
     autopilot_interval_seconds: float = Field(default=15, gt=0)
+    autopilot_workers: int = Field(default=8, ge=1, le=64)
+    """How many services' ticks run at once in each of the autopilot's rounds (their API writes
+    and pushes to pods overlap; each decision is pure and takes about a millisecond)."""
     metrics_window_seconds: int = Field(default=60, ge=10)
     recent_window_seconds: int = Field(default=30, ge=2)
     """The fast signal's window: arrivals over the last this many seconds, to see a rise before

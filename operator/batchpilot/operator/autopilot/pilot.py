@@ -220,7 +220,9 @@ class Autopilot:
         # Wall-clock seconds: remembered scale-down recommendations must outlive a restart.
         self._seconds = seconds
 
-    def tick(self, body: dict[str, Any]) -> TickResult:
+    def tick(self, body: dict[str, Any], *, observe: Observe | None = None) -> TickResult:
+        """One tick for the InferenceService `body`; `observe` (default: the one given at
+        construction) reads its metrics — the fleet's round hands each tick its own answers."""
         meta = body["metadata"]
         status = body.get("status") or {}
         try:
@@ -245,7 +247,9 @@ class Autopilot:
         current = InForce(replicas=replicas, batch_size=batch, max_queue_delay_s=delay_ms / 1e3)
 
         now = self._clock()
-        observation = self._observe(Scope(owner.namespace, owner.name), ready_replicas=ready)
+        observation = (observe or self._observe)(
+            Scope(owner.namespace, owner.name), ready_replicas=ready
+        )
         state = State.from_dict(status.get("autopilot"))
         seconds = self._seconds()
         decision, new_state = decide(observation, policy_of(spec), current, state, seconds)

@@ -1,0 +1,143 @@
+"""The autopilot's fleet round: one observation round for every service, then each one's tick."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import kopf
+import pytest
+
+from batchpilot.operator import handlers
+from batchpilot.operator.autopilot.prometheus import FleetRound, Scope
+from batchpilot.operator.fleet import FleetPilot, RoundReport, autopiloted
+from batchpilot.operator.kinds import INFERENCESERVICE, ResourceKind
+from batchpilot.operator.kube import KubeError
+from tests.operator.fake_kube import FakeKube
+from tests.operator.test_handlers import Operator
+from tests.operator.test_reconciler import NS, T0, isvc
+
+
+@pytest.fixture(autouse=True)
+def no_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reconciles post Events through kopf, which needs its own context: not here."""
+    monkeypatch.setattr(kopf, "event", lambda *args, **kwargs: None)
+
+
+class CountingRounds:
+    """A Prometheus that answers nothing for anyone, and counts the rounds asked."""
+
+    def __init__(self) -> None:
+        self.rounds = 0
+
+    def round(self, at: float | None = None) -> FleetRound:
+        self.rounds += 1
+        return FleetRound(T0.timestamp(), {}, 60, None, None)
+
+
+def fleet_of(count: int, kube: FakeKube | None = None) -> tuple[Operator, CountingRounds]:
+    operator = Operator(isvc(), kube=kube)
+    for i in range(count):
+        body = copy.deepcopy(isvc())
+        body["metadata"]["name"] = f"model-{i}"
+        operator.kube.put_object(body)
+    rounds = CountingRounds()
+    operator.memo.fleet = FleetPilot(
+        operator.memo.passes, operator.memo.autopilot, rounds, post=lambda body, found: None
+    )
+    return operator, rounds
+
+
+def names(count: int) -> list[tuple[str, str]]:
+    return [(NS, f"model-{i}") for i in range(count)]
+
+
+def test_one_observation_round_for_every_service() -> None:
+    operator, rounds = fleet_of(30)
+    for i in range(30):
+        handlers.reconcile(name=f"model-{i}", namespace=NS, memo=operator.memo)
+    report = operator.memo.fleet.run_round(names(30))
+    assert rounds.rounds == 1
+    assert report == RoundReport(30, 30, 0, prometheus_answered=True)
+    # Every service without series holds alone, and says so.
+    for i in range(30):
+        status = operator.kube.of(INFERENCESERVICE, NS, f"model-{i}")["status"]
+        available = {c["type"]: c for c in status["conditions"]}["MetricsAvailable"]
+        assert available["status"] == "False"
+
+
+def test_a_service_whose_writes_fail_does_not_stop_the_round() -> None:
+    class Flaky(FakeKube):
+        def get(self, kind: ResourceKind, namespace: str, name: str) -> dict[str, Any] | None:
+            if name == "model-3" and kind == INFERENCESERVICE:
+                raise KubeError(503, "unavailable")
+            return super().get(kind, namespace, name)
+
+    operator, _ = fleet_of(6, kube=Flaky())
+    report = operator.memo.fleet.run_round(names(6))
+    assert (report.ticked, report.failed) == (5, 1)
+
+
+def test_no_services_no_round() -> None:
+    operator, rounds = fleet_of(0)
+    assert operator.memo.fleet.run_round([]).services == 0
+    assert rounds.rounds == 0
+
+
+@pytest.mark.parametrize(
+    ("spec", "piloted"),
+    [
+        ({"scaling": {"mode": "auto"}}, True),
+        ({"scaling": {"mode": "recommend"}}, True),
+        ({"scaling": {"mode": "off"}}, False),
+        ({}, True),
+    ],
+)
+def test_which_services_the_autopilot_ticks(spec: dict[str, Any], piloted: bool) -> None:
+    assert autopiloted(NS, "m", spec) is piloted
+
+
+async def test_the_loop_runs_a_round_per_interval_over_the_piloted_index() -> None:
+    seen: list[list[tuple[str, str]]] = []
+    done = asyncio.Event()
+
+    class Recording:
+        def run_round(self, services: list[tuple[str, str]]) -> RoundReport:
+            seen.append(list(services))
+            if len(seen) == 3:
+                done.set()
+            return RoundReport(len(services), len(services), 0, prometheus_answered=True)
+
+    index: dict[tuple[str, str], Any] = {(NS, "a"): True}
+    loop = asyncio.create_task(handlers.fleet_loop(Recording(), index, 0.01))  # type: ignore[arg-type]
+    try:
+        await asyncio.wait_for(done.wait(), timeout=10)
+    finally:
+        loop.cancel()
+    assert seen[:3] == [[(NS, "a")]] * 3
+
+
+def test_the_round_gives_each_service_its_own_answers() -> None:
+    asked: list[Scope] = []
+
+    class Answering(CountingRounds):
+        def round(self, at: float | None = None) -> FleetRound:
+            round_ = super().round(at)
+            original = round_.observe
+
+            class Spy(FleetRound):
+                def observe(self, scope: Scope, *, ready_replicas: int | None) -> Any:
+                    asked.append(scope)
+                    return original(scope, ready_replicas=ready_replicas)
+
+            return Spy(round_.at, round_.answers, 60, None, None)
+
+    operator, _ = fleet_of(3)
+    for i in range(3):
+        handlers.reconcile(name=f"model-{i}", namespace=NS, memo=operator.memo)
+    operator.memo.fleet = FleetPilot(
+        operator.memo.passes, operator.memo.autopilot, Answering(), post=lambda b, f: None
+    )
+    operator.memo.fleet.run_round(names(3))
+    assert sorted(asked, key=lambda s: s.isvc) == [Scope(NS, f"model-{i}") for i in range(3)]
