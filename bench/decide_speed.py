@@ -16,8 +16,7 @@ from batchpilot.operator.autopilot.service_model import LatencyFit, _sla_capacit
 TICKS = 300
 POLICY = Policy(
     sla_p99_s=0.1,
-    util_min=70,
-    util_max=95,
+    min_utilization=0.70,
     min_replicas=1,
     max_replicas=8,
     max_batch_size=64,

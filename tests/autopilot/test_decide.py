@@ -28,8 +28,7 @@ from batchpilot.operator.children.configmap import batching_document, batching_i
 TICK = 15.0
 POLICY = Policy(
     sla_p99_s=0.100,
-    util_min=70,
-    util_max=95,
+    min_utilization=0.70,
     min_replicas=1,
     max_replicas=4,
     max_batch_size=32,
@@ -184,8 +183,7 @@ class TestShortWindowsDoNotCreep:
 
     POLICY = Policy(
         sla_p99_s=0.150,
-        util_min=70,
-        util_max=95,
+        min_utilization=0.70,
         min_replicas=1,
         max_replicas=2,
         max_batch_size=16,

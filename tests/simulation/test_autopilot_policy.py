@@ -20,8 +20,7 @@ from batchpilot.simulation.replica import Replica
 MODEL = LatencyFit(alpha_s=0.001517, beta_s=0.002248, confident=True)
 POLICY = Policy(
     sla_p99_s=0.100,
-    util_min=70,
-    util_max=95,
+    min_utilization=0.70,
     min_replicas=1,
     max_replicas=8,
     max_batch_size=64,

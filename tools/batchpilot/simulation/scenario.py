@@ -55,7 +55,7 @@ class Scenario:
     max_queue_delay_s: float = 0.005
     scale_down_delay_s: float = 300.0
     util_min: int = 70
-    util_max: int = 95
+    """`sla.gpuUtilization.min`, in per cent as the spec writes it."""
     baseline_batch: int | None = None
     """The fixed batch limit of the HPA and static baselines; None: the starting batch limit."""
     hpa_target: float = 0.70
@@ -82,8 +82,7 @@ class Scenario:
         """What the operator's `policy_of(spec)` builds from the same spec."""
         return Policy(
             sla_p99_s=self.sla_s,
-            util_min=self.util_min,
-            util_max=self.util_max,
+            min_utilization=self.util_min / 100,
             min_replicas=self.min_replicas,
             max_replicas=self.max_replicas,
             max_batch_size=self.max_batch_size,

@@ -103,8 +103,9 @@ class Policy:
     """What the InferenceService spec asks of the autopilot."""
 
     sla_p99_s: float
-    util_min: float
-    util_max: float
+    min_utilization: float
+    """The device's busy fraction (0–1) below which, with P99 under half the SLA, the feedback
+    rule gives back a replica (`spec.sla.gpuUtilization.min` / 100)."""
     min_replicas: int
     max_replicas: int
     max_batch_size: int
@@ -923,7 +924,7 @@ def _feedback(observation: Observation, policy: Policy, current: InForce) -> tup
         p99 is not None
         and p99 < 0.5 * sla
         and utilization is not None
-        and utilization * 100 < policy.util_min
+        and utilization < policy.min_utilization
         and current.replicas > policy.min_replicas
     ):
         return current.replicas - 1, current.batch_size, "feedback: device under-used with headroom"

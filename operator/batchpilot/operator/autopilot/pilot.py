@@ -77,8 +77,7 @@ def learned_outside_s(status: dict[str, Any]) -> float | None:
 def policy_of(spec: InferenceServiceSpec) -> Policy:
     return Policy(
         sla_p99_s=spec.sla.latency_p99_ms / 1e3,
-        util_min=spec.sla.gpu_utilization.min,
-        util_max=spec.sla.gpu_utilization.max,
+        min_utilization=spec.sla.gpu_utilization.min / 100,
         min_replicas=spec.scaling.min_replicas,
         max_replicas=spec.scaling.max_replicas,
         max_batch_size=spec.scaling.max_batch_size,
