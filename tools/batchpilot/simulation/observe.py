@@ -267,7 +267,16 @@ class Telemetry:
             n = max(1, min(end, round(span_s / step)))
             return float(cumulative[end] - cumulative[end - n]) / (n * step)
 
-        level = mean_rate(k, season.level_s)
+        stride = max(1, round(season.step_s / step))
+
+        def median_rate(end: int) -> float:
+            """The median window rate at every subquery step over the level window before
+            `end` (`quantile_over_time(0.5, …)`)."""
+            first = max(1, end - round(season.level_s / step))
+            ends = range(end, first - 1, -stride)
+            return float(np.median([mean_rate(e, self.window_s) for e in ends]))
+
+        level = median_rate(k)
         window = round(self.window_s / step)
         past = []
         for n in range(1, season.periods + 1):
@@ -280,7 +289,7 @@ class Telemetry:
                 max(1, round(season.step_s / step)),
             )
             ahead = max(mean_rate(min(end, k), self.window_s) for end in ends)
-            past.append(PastPeriod(ahead_qps=ahead, level_qps=mean_rate(then, season.level_s)))
+            past.append(PastPeriod(ahead_qps=ahead, level_qps=median_rate(then)))
         return level, tuple(past)
 
     def record_unreached(self, count: int, at: float) -> None:

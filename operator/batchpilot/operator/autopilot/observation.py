@@ -21,7 +21,7 @@ class PastPeriod:
     ahead_qps: float
     """The highest one-minute arrival rate in the look-ahead after this time, then."""
     level_qps: float
-    """The mean arrival rate over the level window before this time, then."""
+    """The median one-minute arrival rate over the level window before this time, then."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +57,9 @@ class Observation:
     recent_window_s: float | None = None
     """The span the recent rate covers."""
     level_qps: float | None = None
-    """The mean arrival rate over the seasonal level window (an hour) before now: today's level,
-    against which past periods' forecasts are scaled. None where seasonality is off."""
+    """The median one-minute arrival rate over the seasonal level window (an hour) before now:
+    today's level, against which past periods' forecasts are scaled (a burst within the hour
+    does not move it). None where seasonality is off."""
     past: tuple[PastPeriod, ...] = ()
     """The same time one, two, … periods ago (a day by default), all of them or none."""
 

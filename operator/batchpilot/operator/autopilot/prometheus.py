@@ -116,10 +116,14 @@ def queries(
     seasonal: dict[str, str] = {}
     if seasonality is not None:
         level, ahead = f"{seasonality.level_s}s", f"{seasonality.lookahead_s}s"
-        seasonal["level"] = agg("sum", f"rate({arrivals}[{level}])")
+        # The level is the median one-minute rate over the hour: what the traffic runs at,
+        # which a burst within the hour (today's or a past day's) does not move.
+        steps = f"[{level}:{seasonality.step_s}s]"
+        median = f"quantile_over_time(0.5, {agg('sum', f'rate({arrivals}[{w}])')}{steps}"
+        seasonal["level"] = f"{median})"
         for n in range(1, seasonality.periods + 1):
             back = n * seasonality.period_s
-            seasonal[f"level_{n}"] = agg("sum", f"rate({arrivals}[{level}] offset {back}s)")
+            seasonal[f"level_{n}"] = f"{median} offset {back}s)"
             # The subquery's range ends `lookahead` after this time, then: offset back − ahead.
             seasonal[f"ahead_{n}"] = (
                 f"max_over_time({agg('sum', f'rate({arrivals}[{w}])')}"

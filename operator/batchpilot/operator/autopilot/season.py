@@ -7,9 +7,10 @@ in the minutes after this time one period ago (`PastPeriod.ahead_qps`, the highe
 rate in the look-ahead) is a forecast of the next minutes, once it is scaled to today's traffic.
 
 Scaled by level, not by the rate of this minute: each past period's hour before this time is
-compared with today's (`level_qps`), so a quieter Sunday forecasts a quieter peak, and a rise
-that came a few minutes earlier today than yesterday is not counted twice (a ratio of this
-minute's rates would multiply it). Only a rise every past period shows counts — the lowest of
+compared with today's (`level_qps`: the median one-minute rate over the hour, which a burst in
+it does not move), so a quieter Sunday forecasts a quieter peak, and a rise that came a few
+minutes earlier today than yesterday is not counted twice (a ratio of this minute's rates would
+multiply it). Only a rise every past period shows counts — the lowest of
 their forecasts is the floor: one period's flash crowd is an event, a rise at the same time in
 all of them is a pattern. A period that does not answer (not enough history yet) means no
 forecast at all.
