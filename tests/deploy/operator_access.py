@@ -362,7 +362,11 @@ def _startup_settings(monkeypatch: Any) -> kopf.OperatorSettings:
     )
     settings = kopf.OperatorSettings()
     for handler in kopf.get_default_registry()._activities.get_all_handlers():
-        if handler.fn.__module__.startswith(OPERATOR_PACKAGE):
+        # The async ones start and stop the autopilot's loop: no settings, no API calls of
+        # their own (its ticks are the `Kube` call sites below).
+        if handler.fn.__module__.startswith(OPERATOR_PACKAGE) and not (
+            inspect.iscoroutinefunction(handler.fn)
+        ):
             handler.fn(settings=settings, memo=kopf.Memo())
     return settings
 
@@ -403,7 +407,10 @@ def kopf_accesses(*, clusterwide: bool, monkeypatch: Any) -> set[Access]:
     needed: set[Access] = set()
     posts_events = settings.posting.enabled
     for kind, handler in _resource_handlers():
-        assert kind in {"watching", "changing", "spawning"}, f"{kind} handlers need more RBAC"
+        # An index (kopf's in-memory view from the same watch) needs what watching needs.
+        assert kind in {"watching", "changing", "spawning", "indexing"}, (
+            f"{kind} handlers need more RBAC"
+        )
         selector = handler.selector
         group, plural = selector.group or "", selector.any_name
         assert re.fullmatch(r"[a-z0-9.-]+s", plural), f"not a plural: {plural}"
