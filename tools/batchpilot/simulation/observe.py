@@ -289,7 +289,13 @@ class Telemetry:
                 max(1, round(season.step_s / step)),
             )
             ahead = max(mean_rate(min(end, k), self.window_s) for end in ends)
-            past.append(PastPeriod(ahead_qps=ahead, level_qps=median_rate(then)))
+            past.append(
+                PastPeriod(
+                    ahead_qps=ahead,
+                    level_qps=median_rate(then),
+                    then_qps=mean_rate(then, self.window_s),
+                )
+            )
         return level, tuple(past)
 
     def record_unreached(self, count: int, at: float) -> None:

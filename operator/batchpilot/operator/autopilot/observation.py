@@ -20,6 +20,8 @@ class PastPeriod:
 
     ahead_qps: float
     """The highest one-minute arrival rate in the look-ahead after this time, then."""
+    then_qps: float
+    """The one-minute arrival rate at this time, then: a look-ahead peak above it is a rise."""
     level_qps: float
     """The median one-minute arrival rate over the level window before this time, then."""
 

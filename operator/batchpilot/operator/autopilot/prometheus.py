@@ -124,6 +124,7 @@ def queries(
         for n in range(1, seasonality.periods + 1):
             back = n * seasonality.period_s
             seasonal[f"level_{n}"] = f"{median} offset {back}s)"
+            seasonal[f"then_{n}"] = agg("sum", f"rate({arrivals}[{w}] offset {back}s)")
             # The subquery's range ends `lookahead` after this time, then: offset back − ahead.
             seasonal[f"ahead_{n}"] = (
                 f"max_over_time({agg('sum', f'rate({arrivals}[{w}])')}"
@@ -384,9 +385,10 @@ def _past(raw: Raw, seasonality: Seasonality | None) -> tuple[PastPeriod, ...]:
     past = []
     for n in range(1, seasonality.periods + 1):
         level, ahead = _number(raw.get(f"level_{n}", [])), _number(raw.get(f"ahead_{n}", []))
-        if level is None or ahead is None:
+        then = _number(raw.get(f"then_{n}", []))
+        if level is None or ahead is None or then is None:
             return ()
-        past.append(PastPeriod(ahead_qps=ahead, level_qps=level))
+        past.append(PastPeriod(ahead_qps=ahead, level_qps=level, then_qps=then))
     return tuple(past)
 
 
