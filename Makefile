@@ -34,9 +34,9 @@ $(HELM): hack/fetch-helm.sh | $(STAMP)
 	touch $@
 
 lint: install
-	$(BIN)/ruff check runtime operator tools tests bench
-	$(BIN)/ruff format --check runtime operator tools tests bench
-	$(BIN)/mypy runtime/batchpilot operator/batchpilot tools/batchpilot
+	$(BIN)/ruff check api runtime operator tools tests bench
+	$(BIN)/ruff format --check api runtime operator tools tests bench
+	$(BIN)/mypy api/batchpilot runtime/batchpilot operator/batchpilot tools/batchpilot
 	# The import contracts in pyproject.toml's [tool.importlinter]: pure core, product without
 	# tools, layers.
 	$(BIN)/lint-imports

@@ -21,6 +21,7 @@ COPY images/constraints/build.txt images/constraints/runtime-gpu.txt /constraint
 RUN python3 -m venv /opt/build \
  && /opt/build/bin/pip install --requirement /constraints/build.txt
 COPY pyproject.toml README.md ./
+COPY api/ api/
 COPY runtime/ runtime/
 COPY operator/ operator/
 # The wheel holds only the project's code; its dependencies come from the one extra, at the

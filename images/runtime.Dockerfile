@@ -14,6 +14,7 @@ WORKDIR /src
 COPY images/constraints/build.txt images/constraints/runtime.txt /constraints/
 RUN python -m pip install --requirement /constraints/build.txt
 COPY pyproject.toml README.md ./
+COPY api/ api/
 COPY runtime/ runtime/
 COPY operator/ operator/
 # The wheel holds only the project's code; its dependencies come from the one extra, at the

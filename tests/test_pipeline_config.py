@@ -14,9 +14,9 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
+from batchpilot.api.pipeline import PipelineConfig
 from batchpilot.runtime.engine import ModelSignature, TensorSpec
 from batchpilot.runtime.onnx_engine import OnnxEngine
-from batchpilot.runtime.pipeline.config import PipelineConfig
 from batchpilot.runtime.pipeline.pipeline import (
     PipelineConfigError,
     build_pipeline,
@@ -103,10 +103,10 @@ class TestDocument:
         with pytest.raises(ValidationError, match=message):
             PipelineConfig.model_validate(doc)
 
-    def test_config_module_imports_only_pydantic(self) -> None:
+    def test_the_document_module_imports_only_pydantic(self) -> None:
         """The operator validates spec.pipeline with these models and has no numpy or Pillow."""
         code = (
-            "import sys; import batchpilot.runtime.pipeline.config; "
+            "import sys; import batchpilot.api.pipeline; "
             "heavy = sorted({m.split('.')[0] for m in sys.modules} & "
             "{'numpy', 'PIL', 'tokenizers', 'onnxruntime', 'orjson', 'fastapi'}); print(heavy)"
         )

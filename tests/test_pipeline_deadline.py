@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from batchpilot.api.pipeline import ImagePreprocess, PipelineConfig, Preprocess
 from batchpilot.runtime.batching import BatchSettings
 from batchpilot.runtime.errors import DeadlineExceeded
 from batchpilot.runtime.metrics import RuntimeMetrics
-from batchpilot.runtime.pipeline.config import ImagePreprocess, PipelineConfig, Preprocess
 from batchpilot.runtime.pipeline.pipeline import build_pipeline
 from batchpilot.runtime.protocol.server_codec import InferRequest
 from batchpilot.runtime.protocol.tensors import Tensor

@@ -14,9 +14,9 @@ import pytest
 from PIL import Image
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+from batchpilot.api.pipeline import ImagePreprocess, TextPreprocess
 from batchpilot.runtime.errors import InvalidRequest, RequestTooLarge
 from batchpilot.runtime.pipeline import post
-from batchpilot.runtime.pipeline.config import ImagePreprocess, TextPreprocess
 from batchpilot.runtime.pipeline.image import ImageGeometry, ImageStage, Placement
 from batchpilot.runtime.pipeline.text import TextStage, TokenizerLoadError, load_tokenizer
 

@@ -96,6 +96,19 @@ class TestEachImage:
         for other in others:
             assert f"images/constraints/{other}.txt" not in copies
 
+    def test_it_copies_every_source_folder_of_the_product_wheel(self, image: str) -> None:
+        # api/, runtime/, operator/: a folder the wheel packages but the build never sees would
+        # leave the image without it (and `pip wheel` would not say so).
+        packages = PYPROJECT["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]
+        roots = {package.split("/")[0] for package in packages}
+        copied = {
+            source.rstrip("/")
+            for copy in dockerfile(image).stages[0].all("COPY")
+            if not copy.value.startswith("--from=")
+            for source in copy.value.split()[:-1]
+        }
+        assert roots <= copied, sorted(roots - copied)
+
     def test_the_final_stage_takes_only_the_venv(self, image: str) -> None:
         final = dockerfile(image).final
         copies = final.all("COPY")

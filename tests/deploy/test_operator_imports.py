@@ -1,6 +1,7 @@
 """The operator image installs only the `operator` extra: its code must import without the
 runtime's dependencies (onnxruntime, numpy, Pillow, tokenizers, grpc, FastAPI), even where it
-reads the runtime's own pure models (the pipeline document)."""
+reads the documents it shares with the runtime (`batchpilot.api`: the pipeline and batching
+documents)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """The product and its tools are two distributions: the `batchpilot` wheel, the one every image
-installs (whatever its extra), holds the runtime and the operator and nothing of the sandbox or
-the simulator; the `batchpilot-tools` wheel (tools/) holds exactly those two. Both are built here
-offline, as the images build theirs (`pip wheel --no-deps --no-build-isolation`), and their file
-lists read. Without the tools, the `batchpilot` command's tool subcommands say so in one line."""
+installs (whatever its extra), holds the runtime, the operator and the documents they share (the
+api) and nothing of the sandbox or the simulator; the `batchpilot-tools` wheel (tools/) holds
+exactly those two. Both are built here offline, as the images build theirs (`pip wheel --no-deps
+--no-build-isolation`), and their file lists read. Without the tools, the `batchpilot` command's
+tool subcommands say so in one line."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from tests.deploy.dockerfile import parse
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = sorted((ROOT / "images").glob("*.Dockerfile"))
 TOOL_PACKAGES = ("batchpilot/sandbox/", "batchpilot/simulation/")
-PRODUCT_PACKAGES = ("batchpilot/operator/", "batchpilot/runtime/")
+PRODUCT_PACKAGES = ("batchpilot/api/", "batchpilot/operator/", "batchpilot/runtime/")
 
 
 PIP_WHEEL = ["-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index"]
@@ -61,10 +62,13 @@ def metadata(wheel: zipfile.ZipFile) -> dict[str, list[str]]:
 
 
 class TestTheProductWheel:
-    def test_it_holds_the_runtime_and_the_operator(self, product: zipfile.ZipFile) -> None:
+    def test_it_holds_the_runtime_the_operator_and_the_api(self, product: zipfile.ZipFile) -> None:
         files = code(product)
         assert "batchpilot/runtime/cli.py" in files
         assert "batchpilot/operator/run.py" in files
+        # The documents both sides read: without them neither image could start.
+        assert "batchpilot/api/pipeline.py" in files
+        assert "batchpilot/api/batching.py" in files
         assert all(f.startswith(PRODUCT_PACKAGES) for f in files), files
 
     def test_it_holds_nothing_of_the_tools(self, product: zipfile.ZipFile) -> None:

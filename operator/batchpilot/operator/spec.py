@@ -2,8 +2,9 @@
 writes back. Field names, bounds and defaults mirror `crds/inferenceservice.yaml` (a test proves
 they agree), so a spec the API server accepted always parses here.
 
-Pure: pydantic only (the pipeline document is the runtime's own model, which imports nothing
-else, so operator and runtime read `spec.pipeline` with the same code).
+Pure: pydantic only (the pipeline document is `batchpilot.api.pipeline`, the model the runtime
+reads its `--pipeline-config` with, so operator and runtime read `spec.pipeline` with the same
+code).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from batchpilot.runtime.pipeline.config import PipelineConfig
+from batchpilot.api.pipeline import PipelineConfig
 
 GROUP = "batchpilot.io"
 VERSION = "v1alpha1"

@@ -1,11 +1,9 @@
-"""The batching settings document shared by the admin endpoint and the mounted config file.
+"""Reading and showing the batching settings document, `batchpilot.api.batching`, in force.
 
-`{"maxBatchSize": N, "maxQueueDelayMs": D, "deadlineMs": T, "slaMs": S, "objectivePercent": P}`
-is what the operator PUTs to ready pods and writes into the ConfigMap that new pods read; both
-paths parse it here, so they accept the same thing. `deadlineMs` is the default deadline of a
-request (0: none). `slaMs` and `objectivePercent` are the service's SLA and objective, which the
-runtime only exports (`batchpilot_sla_seconds`, `batchpilot_slo_objective_ratio`) so that
-Prometheus can judge its latency against them; both are optional.
+The operator PUTs the document to ready pods and writes it into the ConfigMap that new pods read;
+both paths parse it here, so they accept the same thing, and refuse a bad one in the runtime's
+own error vocabulary (`InvalidRequest`: a 400 at the admin endpoint, a logged and ignored file).
+The document's shape and keys are the api's, shared with the operator that writes it.
 """
 
 from __future__ import annotations
@@ -18,17 +16,15 @@ from typing import Any
 
 import orjson
 
+from batchpilot.api.batching import BATCHING_KEYS, BatchingDocument
 from batchpilot.runtime.batching import BatchSettings
 from batchpilot.runtime.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
 
 
-BATCHING_KEYS = ("maxBatchSize", "maxQueueDelayMs", "deadlineMs", "slaMs", "objectivePercent")
-
-
-def batching_doc(settings: BatchSettings) -> dict[str, Any]:
-    doc: dict[str, Any] = {
+def batching_doc(settings: BatchSettings) -> BatchingDocument:
+    doc: BatchingDocument = {
         "maxBatchSize": settings.max_batch_size,
         "maxQueueDelayMs": settings.max_queue_delay_s * 1e3,
         "deadlineMs": (settings.deadline_s or 0.0) * 1e3,

@@ -7,7 +7,8 @@ them (the chart's burn-rate alerts). The runtime watches the mounted file, and t
 autopilot also tells ready pods directly through their admin endpoint, because a mounted
 ConfigMap takes up to a minute to reach a pod. It also carries the pipeline document
 (spec.pipeline), which the runtime reads once at start: the Deployment's pod template holds its
-hash, so a changed pipeline rolls the pods.
+hash, so a changed pipeline rolls the pods. Both documents are `batchpilot.api`'s, the contract
+the runtime reads them by.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import hashlib
 import json
 from typing import Any, NamedTuple
 
+from batchpilot.api.batching import BatchingDocument
 from batchpilot.operator.children.common import BATCHING_FILE, PIPELINE_FILE, Owner
 
 
@@ -36,7 +38,8 @@ def batching_document(
     sla_ms: float | None = None,
     objective_percent: float | None = None,
 ) -> str:
-    doc: dict[str, Any] = {
+    """The batching document (`batchpilot.api.batching`) as the ConfigMap and the pods get it."""
+    doc: BatchingDocument = {
         "maxBatchSize": int(batch_size),
         "maxQueueDelayMs": float(max_queue_delay_ms),
         "deadlineMs": float(deadline_ms),
@@ -93,7 +96,7 @@ def build_configmap(
 def batching_in(configmap: dict[str, Any]) -> Batching | None:
     """The batching recorded in an existing ConfigMap, if readable."""
     try:
-        doc = json.loads(configmap["data"][BATCHING_FILE])
+        doc: BatchingDocument = json.loads(configmap["data"][BATCHING_FILE])
         deadline = doc.get("deadlineMs")
         return Batching(
             int(doc["maxBatchSize"]),

@@ -20,8 +20,8 @@ from typing import Any, Final
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from batchpilot.api.pipeline import ImagePreprocess
 from batchpilot.runtime.errors import InvalidRequest, RequestTooLarge
-from batchpilot.runtime.pipeline.config import ImagePreprocess
 
 _RESAMPLING: Final = {
     "nearest": Image.Resampling.NEAREST,

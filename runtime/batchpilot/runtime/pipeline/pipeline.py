@@ -23,16 +23,16 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from batchpilot.runtime.engine import ModelSignature, TensorSpec
-from batchpilot.runtime.errors import EngineFailure
-from batchpilot.runtime.pipeline import post
-from batchpilot.runtime.pipeline.config import (
+from batchpilot.api.pipeline import (
     ImagePreprocess,
     Nms,
     PipelineConfig,
     TextPreprocess,
     TopK,
 )
+from batchpilot.runtime.engine import ModelSignature, TensorSpec
+from batchpilot.runtime.errors import EngineFailure
+from batchpilot.runtime.pipeline import post
 from batchpilot.runtime.pipeline.image import ImageGeometry, ImageStage
 from batchpilot.runtime.pipeline.text import TextStage, TokenizerLoadError, load_tokenizer
 from batchpilot.runtime.protocol.tensors import BYTES, DATATYPES, Tensor

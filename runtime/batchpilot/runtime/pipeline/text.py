@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from batchpilot.api.pipeline import TextPreprocess
 from batchpilot.runtime.errors import InvalidRequest, RequestTooLarge
-from batchpilot.runtime.pipeline.config import TextPreprocess
 
 
 class TokenizerLoadError(ValueError):

@@ -1,10 +1,13 @@
-"""The pipeline configuration document: `spec.pipeline` of an InferenceService, and the JSON
-file the runtime reads with `--pipeline-config`.
+"""The pipeline document: `spec.pipeline` of an InferenceService, which the operator validates
+and writes into the service's ConfigMap, and the JSON file the runtime reads with
+`--pipeline-config` — the contract between the operator and the runtime for pre- and
+post-processing.
 
 Keys are camelCase, as in every Kubernetes spec; unknown keys are refused so a typo never turns
 into a silently ignored setting. Only pydantic is imported here: the operator validates specs
 with these same models, without numpy, Pillow or tokenizers installed. Checks that need the
-model (input names, class counts) or the files it names happen when the runtime loads it.
+model (input names, class counts) or the files it names happen when the runtime loads it
+(`batchpilot.runtime.pipeline`).
 """
 
 from __future__ import annotations

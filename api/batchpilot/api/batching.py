@@ -1,0 +1,36 @@
+"""The batching settings document: the contract between the operator, which writes it, and the
+runtime, which reads it.
+
+`{"maxBatchSize": N, "maxQueueDelayMs": D, "deadlineMs": T, "slaMs": S, "objectivePercent": P}`
+is what the operator writes into an InferenceService's ConfigMap (the file new pods mount and
+running pods re-read) and PUTs to ready pods' admin endpoint; the runtime parses both
+(`batchpilot.runtime.live_settings`) and shows the settings in force in the same shape.
+`deadlineMs` is a request's default deadline (0: none). `slaMs` and `objectivePercent` are the
+service's SLA and objective, which the runtime only exports as gauges
+(`batchpilot_sla_seconds`, `batchpilot_slo_objective_ratio`) so that Prometheus can judge its
+latency against them. To a reader every key is optional: an absent key keeps the value
+in force (a document from an older operator has no `deadlineMs`, `slaMs` or `objectivePercent`).
+
+The shape only, typed so that both sides' dict literals are checked against it: each side keeps
+its own units (the runtime holds seconds, the operator milliseconds), and the runtime refuses a
+bad document in its own error vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+
+class BatchingDocument(TypedDict, total=False):
+    """The batching settings document; every key optional. Its keys are the document's own
+    camelCase names."""
+
+    maxBatchSize: int
+    maxQueueDelayMs: float
+    deadlineMs: float
+    slaMs: float
+    objectivePercent: float
+
+
+BATCHING_KEYS: tuple[str, ...] = tuple(BatchingDocument.__annotations__)
+"""Every key a batching document may have, in the order above; any other is refused."""
