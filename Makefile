@@ -38,7 +38,7 @@ lint: install
 	$(BIN)/ruff format --check api runtime operator tools tests bench
 	$(BIN)/mypy api/batchpilot runtime/batchpilot operator/batchpilot tools/batchpilot
 	# The import contracts in pyproject.toml's [tool.importlinter]: pure core, product without
-	# tools, layers.
+	# tools, runtime and operator independent but for the api, the api alone, layers.
 	$(BIN)/lint-imports
 
 test: install lint
