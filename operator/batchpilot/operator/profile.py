@@ -128,10 +128,3 @@ def main(args: argparse.Namespace) -> int:
         return 2
     print(render(f"{args.namespace}/{args.name}", portrait))
     return 0
-
-
-def kubectl_plugin() -> int:
-    """`kubectl batchpilot …` runs the `kubectl-batchpilot` executable: the same commands."""
-    from batchpilot.runtime.cli import main as cli_main
-
-    return cli_main(sys.argv[1:])
