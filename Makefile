@@ -52,6 +52,7 @@ demo: install
 bench: install
 	$(BIN)/python bench/run.py --json bench/results.json
 	$(BIN)/python bench/operator_scale.py --count 200 --json bench/operator-scale.json
+	$(BIN)/python bench/fleet_autopilot.py --count 1000 --json bench/fleet-autopilot.json
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .import_linter_cache
