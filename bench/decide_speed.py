@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import time
 
-from batchpilot.operator.autopilot.decide import InForce, Policy, State, decide
+from batchpilot.operator.autopilot.decide import decide
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation
+from batchpilot.operator.autopilot.policy import InForce, Policy
 from batchpilot.operator.autopilot.service_model import LatencyFit, _sla_capacity
+from batchpilot.operator.autopilot.state import State
 
 TICKS = 300
 POLICY = Policy(

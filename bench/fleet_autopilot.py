@@ -24,7 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from batchpilot.operator.autopilot.decide import InForce, Policy, State, decide
+from batchpilot.operator.autopilot.decide import decide
+from batchpilot.operator.autopilot.policy import InForce, Policy
 from batchpilot.operator.autopilot.prometheus import (
     FleetObserver,
     PrometheusObserver,
@@ -34,6 +35,7 @@ from batchpilot.operator.autopilot.prometheus import (
     queries,
 )
 from batchpilot.operator.autopilot.slo import Objective
+from batchpilot.operator.autopilot.state import State
 from batchpilot.sandbox.backfill import backfill, fleet, openmetrics
 from batchpilot.sandbox.prometheus import prometheus_process
 

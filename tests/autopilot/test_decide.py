@@ -8,21 +8,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from batchpilot.operator.autopilot.capacity import batch_candidates, burst_batch
 from batchpilot.operator.autopilot.decide import (
     DEFAULT_COLD_START_S,
     DEFAULT_INTERVAL_S,
-    Decision,
-    InForce,
-    Policy,
-    State,
-    batch_candidates,
-    burst_batch,
     decide,
     reaction_horizon,
 )
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation
+from batchpilot.operator.autopilot.policy import Decision, InForce, Policy
 from batchpilot.operator.autopilot.service_model import LatencyFit
 from batchpilot.operator.autopilot.slo import Objective
+from batchpilot.operator.autopilot.state import State
 from batchpilot.operator.children.configmap import batching_document, batching_in
 
 TICK = 15.0

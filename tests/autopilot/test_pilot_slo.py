@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from batchpilot.operator.autopilot.decide import State
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation
 from batchpilot.operator.autopilot.pilot import Autopilot, slo_text
 from batchpilot.operator.autopilot.prometheus import Scope
 from batchpilot.operator.autopilot.slo import Objective, SloLedger
+from batchpilot.operator.autopilot.state import State
 from batchpilot.operator.kinds import CONFIGMAP
 from batchpilot.operator.spec import InferenceServiceSpec
 from tests.autopilot.test_pilot import NOW, T, World, overloaded

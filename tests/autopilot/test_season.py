@@ -6,9 +6,11 @@ from dataclasses import replace
 
 import pytest
 
-from batchpilot.operator.autopilot.decide import InForce, State, decide
+from batchpilot.operator.autopilot.decide import decide
 from batchpilot.operator.autopilot.observation import PastPeriod
+from batchpilot.operator.autopilot.policy import InForce
 from batchpilot.operator.autopilot.season import MAX_LEVEL_SCALE, seasonal_forecast
+from batchpilot.operator.autopilot.state import State
 from tests.autopilot.test_decide import MODEL, POLICY, TICK, seen
 
 

@@ -11,9 +11,11 @@ import math
 import numpy as np
 import pytest
 
-from batchpilot.operator.autopilot.decide import InForce, Policy, State, decide
+from batchpilot.operator.autopilot.decide import decide
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation
+from batchpilot.operator.autopilot.policy import InForce, Policy
 from batchpilot.operator.autopilot.service_model import LatencyFit, predict
+from batchpilot.operator.autopilot.state import State
 from batchpilot.simulation.observe import exact_quantile
 from batchpilot.simulation.replica import Replica
 

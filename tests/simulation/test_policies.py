@@ -6,8 +6,8 @@ from typing import ClassVar
 
 import pytest
 
-from batchpilot.operator.autopilot.decide import InForce
 from batchpilot.operator.autopilot.observation import Observation
+from batchpilot.operator.autopilot.policy import InForce
 from batchpilot.simulation.capacity import Capacity
 from batchpilot.simulation.policies import (
     HpaController,

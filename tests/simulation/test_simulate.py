@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from batchpilot.operator.autopilot.decide import InForce
 from batchpilot.operator.autopilot.observation import Observation
+from batchpilot.operator.autopilot.policy import InForce
 from batchpilot.simulation import TEXTBOOK, ClusterConfig, Scenario, Trace, cli, simulate
 from batchpilot.simulation.cluster import _Fleet, _serve, simulate_cluster
 from batchpilot.simulation.observe import Column, Telemetry

@@ -36,7 +36,7 @@ from typing import Literal
 
 import numpy as np
 
-from batchpilot.operator.autopilot.decide import InForce
+from batchpilot.operator.autopilot.policy import InForce
 from batchpilot.operator.autopilot.prometheus import Seasonality
 from batchpilot.operator.children.deadline import default_deadline_ms
 from batchpilot.simulation.observe import Telemetry

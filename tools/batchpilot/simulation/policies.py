@@ -27,8 +27,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from batchpilot.operator.autopilot.decide import InForce, Policy, State, decide
+from batchpilot.operator.autopilot.decide import decide
 from batchpilot.operator.autopilot.observation import Observation
+from batchpilot.operator.autopilot.policy import InForce, Policy
+from batchpilot.operator.autopilot.state import State
 from batchpilot.simulation.capacity import Capacity
 from batchpilot.simulation.trace import Trace
 

@@ -11,7 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from batchpilot.operator.autopilot.decide import InForce, Policy, batch_candidates
+from batchpilot.operator.autopilot.capacity import batch_candidates
+from batchpilot.operator.autopilot.policy import InForce, Policy
 from batchpilot.operator.autopilot.slo import Objective
 from batchpilot.simulation.capacity import (
     Capacity,

@@ -5,10 +5,8 @@ replicas. The last two agree: the fewest replicas is the busiest device. Utiliza
 ceiling, though: a batching replica's device is busy nearly all the time long before its P99
 suffers (batches grow to fill the time), so the band's maximum would buy replicas that change
 nothing; latency is what bounds a replica's load. Batch size moves fast (it takes effect in
-seconds, with no restart); replicas move slower: scale-up at once, and scale-down only after the
-stabilization window has recommended fewer replicas all along (the highest recommendation in the
-window wins, as in Kubernetes' HPA), and only with a wider margin than scale-up needs
-(hysteresis: no flapping).
+seconds, with no restart); replicas move slower: scale-up at once, scale-down only after a
+stabilization window and with a wider margin than scale-up needs (`pacing`).
 
 Steps, each small and named:
 1. hold when metrics are missing or stale — never scale down blind;
@@ -16,22 +14,22 @@ Steps, each small and named:
    the model's, from windows that describe the settings in force); estimate the load now from
    the window's rate and its trend (a 60 s window trails a step by 45 s);
 3. plan: the load to plan for — the present, raised for the rises the recent history shows
-   recur and the error budget cannot pay for, and to the seasonal forecast where every past day
-   rose at this time; for every batch limit, the rate one replica carries with predicted P99
-   under the SLA with headroom — its capacity; then the fewest replicas that carry the load
-   (+ growth margin), and among limits that need that many, the one with the most capacity.
-   Limits whose full batches alone (one in flight, then one's own) would break the target are
-   never chosen: they buy throughput only in a backlog, where their latency is already too long;
+   recur and the error budget cannot pay for (`headroom`), and to the seasonal forecast where
+   every past day rose at this time (`with_season`); then the fewest replicas that carry it
+   (+ growth margin) with predicted P99 under the SLA with headroom, and their batch limit
+   (`capacity.plan_capacity`);
 4. guard: if P99 is over the SLA in a window that describes the present and the plan adds no
    capacity, add replicas on feedback instead (the model is wrong somewhere; observed latency
    wins);
-   batch first on a rough model: a fit from one batch size is a guess at how that batch's time
-   splits between α and β, so while the plan raises the batch limit, replicas wait one interval
-   for the next window to measure the new batch sizes — unless even the most optimistic reading
-   of the guess needs more replicas, which are then added at once; a rough model never scales
-   down;
-5. pace replicas: cold start, scale-down stabilization, hysteresis, bounds;
+   batch first on a rough model: while the plan raises the batch limit, replicas wait one
+   interval for the next window to measure the new batch sizes, unless even the most
+   optimistic reading of the guess needs more of them (`capacity.batch_first`); a rough model
+   never scales down;
+5. pace replicas: cold start, scale-down stabilization, hysteresis, bounds (`pacing.pace`);
 6. explain: action, reason and the condition inputs.
+
+What the decision is about (`Policy`, `InForce`, `Decision`) lives in `policy`; what it
+remembers between decisions, and its round trip through `status.autopilot`, in `state`.
 
 Pure: state goes in and out explicitly, `now` is an argument.
 """
@@ -40,32 +38,34 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, replace
 
+from batchpilot.operator.autopilot.capacity import (
+    absorbed_rise,
+    adds_capacity,
+    batch_first,
+    burst_batch,
+    plan_capacity,
+)
 from batchpilot.operator.autopilot.headroom import (
     Headroom,
-    RateHistory,
     affordable,
     plan_rate,
 )
 from batchpilot.operator.autopilot.observation import Observation
-from batchpilot.operator.autopilot.season import seasonal_forecast
-from batchpilot.operator.autopilot.service_model import (
-    LatencyFit,
-    Prediction,
-    fit,
-    predict,
-    sla_capacity,
+from batchpilot.operator.autopilot.pacing import pace
+from batchpilot.operator.autopilot.policy import (
+    SLA_HEADROOM,
+    Decision,
+    InForce,
+    Policy,
+    format_ms,
+    stored_delay_s,
 )
-from batchpilot.operator.autopilot.slo import Objective, SloLedger
+from batchpilot.operator.autopilot.season import seasonal_forecast
+from batchpilot.operator.autopilot.service_model import fit, predict
+from batchpilot.operator.autopilot.state import State
 
-SLA_HEADROOM = 0.8
-"""Plan for predicted P99 at most this fraction of the SLA — of the part the batcher spends: the
-latency outside it (the learned overhead) is the same whatever the replicas and batch limit."""
-SCALE_DOWN_LOAD = 0.95
-"""Remove replicas only if the rest carry the planned load at most at this fraction of their
-capacity (hysteresis: scale-up happens above 100 %)."""
 OVERHEAD_SMOOTHING = 0.2
 """Weight of a new estimate of the latency outside the batcher against the previous one."""
 LEARN_BELOW_LOAD = 0.9
@@ -76,17 +76,14 @@ TREND_SIGNIFICANCE = 3.0
 Poisson noise (otherwise noise alone would add replicas)."""
 FEEDBACK_STEP = 0.25
 """On feedback, add this fraction of the replicas (at least one)."""
-BATCH_STICKINESS = 0.97
-BATCH_STICKINESS_GAIN = 1 / BATCH_STICKINESS - 1
-"""A larger batch limit must carry this much more to be worth its latency (≈ 3 %)."""
-"""Batch limits with at least this fraction of the best limit's capacity count as equally good."""
 STALE_WINDOWS = 3
+"""An observation older than this many windows is stale."""
 DEFAULT_COLD_START_S = 60.0
 """Until a scale-up has been watched, assume new replicas take a minute to take traffic."""
 COLD_START_SMOOTHING = 0.3
 """Weight of a new cold-start measurement against the previous estimate."""
 DEFAULT_INTERVAL_S = 15.0
-"""An observation older than this many windows is stale."""
+"""The decision interval assumed at the first decision, before one has been measured."""
 SHED_TOLERANCE = 0.01
 """The SLA is met only while at most this share of the offered requests goes unserved (refused
 at arrival, expired): a refused request is a request not answered within the SLA, and the
@@ -96,251 +93,6 @@ SHED_FEEDBACK = 0.05
 load, are evidence against the model and add replicas (as a P99 over the SLA does). Between
 `SHED_TOLERANCE` and this, a burst within the window is the likelier cause: the SLA is
 reported missed, and the plan (which already counts every arrival) decides."""
-
-
-@dataclass(frozen=True, slots=True)
-class Policy:
-    """What the InferenceService spec asks of the autopilot."""
-
-    sla_p99_s: float
-    min_utilization: float
-    """The device's busy fraction (0–1) below which, with P99 under half the SLA, the feedback
-    rule gives back a replica (`spec.sla.gpuUtilization.min` / 100)."""
-    min_replicas: int
-    max_replicas: int
-    max_batch_size: int
-    scale_down_delay_s: float
-    max_queue_delay_s: float
-    objective: Objective = field(default_factory=Objective)
-    """How often the SLA must hold (`spec.sla.objectivePercent` over `spec.sla.window`)."""
-
-
-@dataclass(frozen=True, slots=True)
-class InForce:
-    """Replicas and batch settings currently applied."""
-
-    replicas: int
-    batch_size: int
-    max_queue_delay_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class State:
-    """What the autopilot remembers between decisions (persisted across operator restarts)."""
-
-    fit: LatencyFit | None = None
-    overhead_s: float | None = None
-    """Latency spent outside the batcher (decoding, pre- and post-processing): observed P99 minus
-    the model's prediction. None until learned."""
-    recommendations: tuple[tuple[float, int], ...] = ()
-    """(time, replicas) recommended within the scale-down window."""
-    changed_at: float | None = None
-    """When the capacity in force last changed (batch settings, ready replicas): the metrics
-    window describes the present only a window later."""
-    ready: int | None = None
-    """Ready replicas at the previous decision."""
-    rate: tuple[float, float] | None = None
-    """(time, offered requests per second) at the previous decision, for the trend."""
-    batch_first_at: float | None = None
-    """When a rough model raised the batch limit and held the replicas it would have added: it
-    does so once, then the window has measured the new batch sizes (see `_batch_first`)."""
-    slo: SloLedger = field(default_factory=SloLedger)
-    """Every decision's verdict on its window, for attainment, error budget and burn rate."""
-    history: RateHistory = field(default_factory=RateHistory)
-    """The offered rate over the last hour, for the headroom (see `headroom`)."""
-    cold_start_s: float | None = None
-    """How long new replicas took to become ready, learned; None until measured."""
-    pending_since: float | None = None
-    """When the replicas still starting were asked for."""
-
-    def to_dict(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {
-            "recommendations": [[round(t, 3), r] for t, r in self.recommendations],
-            "slo": self.slo.to_dict(),
-            "history": self.history.to_dict(),
-        }
-        if self.cold_start_s is not None:
-            doc["coldStartS"] = round(self.cold_start_s, 3)
-        if self.pending_since is not None:
-            doc["pendingSince"] = round(self.pending_since, 3)
-        if self.fit is not None:
-            doc["fit"] = {
-                "alphaMs": round(self.fit.alpha_s * 1e3, 4),
-                "betaMs": round(self.fit.beta_s * 1e3, 4),
-                "confident": self.fit.confident,
-            }
-        if self.overhead_s is not None:
-            doc["overheadMs"] = round(self.overhead_s * 1e3, 4)
-        if self.changed_at is not None:
-            doc["changedAt"] = round(self.changed_at, 3)
-        if self.ready is not None:
-            doc["ready"] = self.ready
-        if self.rate is not None:
-            doc["rate"] = [round(self.rate[0], 3), round(self.rate[1], 3)]
-        if self.batch_first_at is not None:
-            doc["batchFirstAt"] = round(self.batch_first_at, 3)
-        return doc
-
-    @classmethod
-    def from_dict(cls, doc: dict[str, Any] | None) -> State:
-        """Read persisted state; anything unreadable starts fresh rather than failing."""
-        if not isinstance(doc, dict):
-            return cls()
-        try:
-            raw_fit = doc.get("fit")
-            model = (
-                LatencyFit(
-                    alpha_s=float(raw_fit["alphaMs"]) / 1e3,
-                    beta_s=float(raw_fit["betaMs"]) / 1e3,
-                    confident=bool(raw_fit["confident"]),
-                )
-                if isinstance(raw_fit, dict)
-                else None
-            )
-            recs = tuple((float(t), int(r)) for t, r in doc.get("recommendations", []))
-            overhead = doc.get("overheadMs")
-            changed = doc.get("changedAt")
-            ready = doc.get("ready")
-            raw_rate = doc.get("rate")
-            rate = (float(raw_rate[0]), float(raw_rate[1])) if raw_rate is not None else None
-            batch_first = doc.get("batchFirstAt")
-            return cls(
-                fit=model,
-                overhead_s=None if overhead is None else float(overhead) / 1e3,
-                recommendations=recs,
-                changed_at=None if changed is None else float(changed),
-                ready=None if ready is None else int(ready),
-                rate=rate,
-                batch_first_at=None if batch_first is None else float(batch_first),
-                slo=SloLedger.from_dict(doc.get("slo")),
-                history=RateHistory.from_dict(doc.get("history")),
-                cold_start_s=_number(doc.get("coldStartS")),
-                pending_since=_number(doc.get("pendingSince")),
-            )
-        except (KeyError, IndexError, TypeError, ValueError):
-            return cls()
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    replicas: int
-    batch_size: int
-    max_queue_delay_s: float
-    action: str
-    """hold | steady | scale-up | scale-down | retune (batch settings only)."""
-    reason: str
-    metrics_available: bool
-    sla_met: bool | None
-    """None when unknown (no metrics, or no traffic)."""
-    scaling_limited: str | None = None
-    """Why the autopilot cannot do what the SLA needs (at maxReplicas), for the condition."""
-    predicted_p99_s: float | None = None
-    capacity_rps: float | None = None
-    """Requests per second one replica carries inside the target at the chosen batch limit."""
-    notes: tuple[str, ...] = field(default=())
-
-    def changes(self, current: InForce) -> bool:
-        return (self.replicas, self.batch_size, self.max_queue_delay_s) != (
-            current.replicas,
-            current.batch_size,
-            current.max_queue_delay_s,
-        )
-
-
-def _number(value: Any) -> float | None:
-    return None if value is None else float(value)
-
-
-def stored_delay_s(delay_s: float) -> float:
-    """A queue delay as the batching document stores it — milliseconds to three decimals — and
-    as it reads back: a decision in these units is exactly the value in force on the next tick.
-    (0.1 × 0.1 s is 0.010000000000000002 s in floating point, which read back as 10.0 ms would
-    differ from the decision on every tick and rewrite every pod each interval.)"""
-    return round(delay_s * 1e3, 3) / 1e3
-
-
-def _ms(seconds: float | None) -> str:
-    if seconds is None:
-        return "n/a"
-    return "∞" if math.isinf(seconds) else f"{seconds * 1e3:.0f} ms"
-
-
-def batch_candidates(max_batch: int) -> list[int]:
-    """Batch limits worth comparing: 1, 2, 3, 4, 6, 8, 12, 16, … up to the ceiling."""
-    values = {1, max_batch}
-    power = 1
-    while power <= max_batch:
-        values.update(v for v in (power, power + power // 2) if v <= max_batch)
-        power *= 2
-    return sorted(values)
-
-
-@dataclass(frozen=True, slots=True)
-class CapacityPlan:
-    """Replicas and batch limit that carry a rate inside the target, as the model predicts."""
-
-    replicas: int
-    batch_size: int
-    prediction: Prediction
-    predicted_p99_s: float
-    feasible: bool
-    capacity: float
-    """Requests per second one replica carries at this batch limit inside the target."""
-
-
-def plan_capacity(
-    model: LatencyFit,
-    *,
-    rate: float,
-    policy: Policy,
-    delay_s: float,
-    overhead_s: float,
-    target_s: float,
-    prefer: int | None = None,
-) -> CapacityPlan:
-    """The fewest replicas that carry `rate` inside `target_s`, and for them the batch limit with
-    the most capacity — among limits nearly as good, `prefer` (the one in force), else the
-    largest; the best effort at maxReplicas if none fits."""
-    options: list[tuple[int, float, int]] = []  # (replicas needed, -capacity, batch limit)
-    for batch in batch_candidates(policy.max_batch_size):
-        if batch > 1 and overhead_s + 2 * model.batch_seconds(batch) > target_s:
-            continue  # a backlog of full batches alone would break the target
-        # Latency, not utilization, bounds a batching replica: its device is busy nearly all the
-        # time long before its P99 suffers (batches grow to fill the time), so a busy-fraction
-        # ceiling would buy replicas that change nothing.
-        per_replica = sla_capacity(
-            model, max_batch=batch, delay_s=delay_s, overhead_s=overhead_s, target_s=target_s
-        )
-        needed = math.ceil(rate / per_replica - 1e-9) if per_replica > 0 else 1 << 30
-        options.append((max(policy.min_replicas, needed), -per_replica, batch))
-    needed, negative_capacity, batch = min(options)
-    # Limits within a few per cent of the best are as good: keep the one in force (no churn),
-    # else take the largest (most throughput when a burst fills the batches).
-    equivalent = [
-        option
-        for option in options
-        if option[0] == needed and -option[1] >= BATCH_STICKINESS * -negative_capacity
-    ]
-    kept = [option for option in equivalent if option[2] == prefer]
-    needed, negative_capacity, batch = (kept or sorted(equivalent, key=lambda o: o[2]))[-1]
-    feasible = needed <= policy.max_replicas
-    replicas = min(needed, policy.max_replicas)
-    prediction = predict(
-        model,
-        rate=rate,
-        replicas=replicas,
-        max_batch=batch,
-        delay_s=delay_s,
-        overhead_s=overhead_s,
-    )
-    return CapacityPlan(
-        replicas=replicas,
-        batch_size=batch,
-        prediction=prediction,
-        predicted_p99_s=prediction.p99_s,
-        feasible=feasible,
-        capacity=-negative_capacity,
-    )
 
 
 def _hold(
@@ -458,10 +210,10 @@ def decide(
         capacity_per_replica = chosen.capacity
         why = (
             f"model t(b) = {model.alpha_s * 1e3:.2f} + {model.beta_s * 1e3:.2f}·b ms"
-            f"{'' if model.confident else ' (rough)'} + {_ms(outside)} outside the batcher: "
+            f"{'' if model.confident else ' (rough)'} + {format_ms(outside)} outside the batcher: "
             f"a replica carries "
-            f"{chosen.capacity:.0f} rps at batch ≤ {chosen.batch_size} inside {_ms(target)}, "
-            f"so {chosen.replicas} for {headroom.rate:.0f} rps (P99 {_ms(predicted)})"
+            f"{chosen.capacity:.0f} rps at batch ≤ {chosen.batch_size} inside {format_ms(target)}, "
+            f"so {chosen.replicas} for {headroom.rate:.0f} rps (P99 {format_ms(predicted)})"
         )
         if not chosen.feasible:
             notes.append("no configuration within maxReplicas is predicted to meet the SLA")
@@ -471,7 +223,7 @@ def decide(
             ((p99 is not None and p99 > sla) or unserved > SHED_FEEDBACK)
             and settled
             and ready >= current.replicas
-            and not _adds_capacity(model, current, want_replicas, want_batch)
+            and not adds_capacity(model, current, want_replicas, want_batch)
         ):
             want_replicas = current.replicas + max(1, math.ceil(FEEDBACK_STEP * current.replicas))
             want_batch = current.batch_size
@@ -481,12 +233,12 @@ def decide(
                 else f"{unserved:.0%} of the requests refused or expired"
             )
             why = (
-                f"{what} although the model predicts {_ms(predicted)}; "
+                f"{what} although the model predicts {format_ms(predicted)}; "
                 f"feedback: adding {want_replicas - current.replicas} replicas"
             )
         elif not model.confident:
             if want_replicas > current.replicas and want_batch > current.batch_size:
-                want_replicas, predicted, batch_first = _batch_first(
+                want_replicas, predicted, first = batch_first(
                     model,
                     chosen,
                     current=current,
@@ -497,7 +249,7 @@ def decide(
                     overhead_s=overhead or 0.0,
                     target_s=target,
                 )
-                why += f"; {batch_first}"
+                why += f"; {first}"
                 if want_replicas == current.replicas:
                     learned_state = replace(learned_state, batch_first_at=now)
             elif want_replicas < current.replicas:
@@ -507,7 +259,7 @@ def decide(
     why += trend
 
     # 6. Pace the replicas.
-    replicas, recommendations, pace_note = _pace(
+    replicas, recommendations, pace_note = pace(
         want=want_replicas,
         current=current,
         ready=ready,
@@ -702,46 +454,6 @@ def with_season(
     )
 
 
-def burst_batch(model: LatencyFit, policy: Policy, *, delay_s: float, overhead_s: float) -> int:
-    """The batch limit with the most capacity inside the SLA itself (not the planning target):
-    what a replica carries at most while others start. Limits whose full batches alone would
-    break the SLA are left out, as in the plan."""
-    best, most = 1, -1.0
-    for batch in batch_candidates(policy.max_batch_size):
-        if batch > 1 and overhead_s + 2 * model.batch_seconds(batch) > policy.sla_p99_s:
-            continue
-        capacity = sla_capacity(
-            model,
-            max_batch=batch,
-            delay_s=delay_s,
-            overhead_s=overhead_s,
-            target_s=policy.sla_p99_s,
-        )
-        if capacity > most * (1 + BATCH_STICKINESS_GAIN):
-            best, most = batch, capacity
-    return best
-
-
-def absorbed_rise(
-    model: LatencyFit,
-    *,
-    batch: int,
-    delay_s: float,
-    overhead_s: float,
-    target_s: float,
-    sla_s: float,
-) -> float:
-    """How many times its planned load a replica carries before its P99 reaches the SLA itself:
-    the rise the latency headroom absorbs without a new replica."""
-    planned = sla_capacity(
-        model, max_batch=batch, delay_s=delay_s, overhead_s=overhead_s, target_s=target_s
-    )
-    limit = sla_capacity(
-        model, max_batch=batch, delay_s=delay_s, overhead_s=overhead_s, target_s=sla_s
-    )
-    return limit / planned if planned > 0 else 1.0
-
-
 def reaction_horizon(state: State, *, interval: float) -> float:
     """How long a rise goes uncarried: until the metrics show it (a scrape, then the next
     decision: about two intervals, the scrape interval being about one), plus the cold start
@@ -775,8 +487,8 @@ def explain(
         and want_replicas >= policy.max_replicas
     ):
         limited = (
-            f"at maxReplicas {policy.max_replicas} with P99 {_ms(p99)} over the "
-            f"{_ms(sla)} SLA; raise maxReplicas or maxBatchSize"
+            f"at maxReplicas {policy.max_replicas} with P99 {format_ms(p99)} over the "
+            f"{format_ms(sla)} SLA; raise maxReplicas or maxBatchSize"
         )
     if replicas > current.replicas:
         action = "scale-up"
@@ -790,7 +502,8 @@ def explain(
     observed = (
         "no traffic"
         if observation.idle
-        else f"P99 {_ms(p99)} vs SLA {_ms(sla)} at {observation.offered_qps or 0.0:.0f} rps"
+        else f"P99 {format_ms(p99)} vs SLA {format_ms(sla)} "
+        f"at {observation.offered_qps or 0.0:.0f} rps"
         + (f", {unserved:.0%} unserved" if unserved > SHED_TOLERANCE else "")
         + (
             f", device {observation.utilization * 100:.0f}% busy"
@@ -804,7 +517,7 @@ def explain(
     if batch != current.batch_size:
         changes.append(f"batch {current.batch_size}→{batch}")
     if delay_s != current.max_queue_delay_s:
-        changes.append(f"queue delay {_ms(current.max_queue_delay_s)}→{_ms(delay_s)}")
+        changes.append(f"queue delay {format_ms(current.max_queue_delay_s)}→{format_ms(delay_s)}")
     reason = f"{observed}; {why}" + (f"; {', '.join(changes)}" if changes else "; no change")
     if notes:
         reason += f" ({'; '.join(notes)})"
@@ -821,87 +534,6 @@ def explain(
         capacity_rps=capacity,
         notes=tuple(notes),
     )
-
-
-def _optimistic(model: LatencyFit) -> LatencyFit:
-    """The most optimistic reading of a rough fit: α and β are only known to add up to the
-    measured time at the batch size the guess splits evenly (b₀ = α/β, where α = β·b₀); the
-    reading that gives every larger batch the most capacity puts all of that time in α (β = 0),
-    so every batch takes t(b₀)."""
-    if model.beta_s <= 0:
-        return model
-    return LatencyFit(
-        alpha_s=model.batch_seconds(model.alpha_s / model.beta_s),
-        beta_s=0.0,
-        confident=False,
-    )
-
-
-def _batch_first(
-    model: LatencyFit,
-    chosen: CapacityPlan,
-    *,
-    current: InForce,
-    state: State,
-    rate: float,
-    policy: Policy,
-    delay_s: float,
-    overhead_s: float,
-    target_s: float,
-) -> tuple[int, float, str]:
-    """Replicas to ask for when a rough model's plan raises the batch limit and adds replicas,
-    the P99 predicted for them, and why.
-
-    Raising the batch limit takes effect in seconds and costs nothing; a replica costs a device
-    for at least the scale-down delay. The next window measures the new batch sizes and makes
-    the fit confident, so replicas wait that one interval — unless even the most optimistic
-    reading of the fit (`_optimistic`) needs more of them. Then no batch limit can carry the load
-    whatever α and β turn out to be, the SLA stays broken until new replicas are ready, and
-    waiting would only make them an interval later: the plan is followed at once (P99 comes
-    before the fewest replicas). The wait happens once: if the fit is still
-    rough after it, the plan is followed."""
-    optimistic = _optimistic(model)
-    best = plan_capacity(
-        optimistic,
-        rate=rate,
-        policy=policy,
-        delay_s=delay_s,
-        overhead_s=overhead_s,
-        target_s=target_s,
-    )
-    measured = _ms(optimistic.alpha_s)
-    reading = (
-        f"if every batch took the measured {measured} a replica would carry "
-        f"{best.capacity:.0f} rps at batch ≤ {best.batch_size}"
-    )
-    if best.replicas > current.replicas:
-        why = (
-            f"the fit is a guess from one batch size, but even {reading}: no batch limit lets "
-            f"{current.replicas} carry {rate:.0f} rps, so replicas are added at once"
-        )
-        return chosen.replicas, chosen.predicted_p99_s, why
-    if state.batch_first_at is not None:
-        why = "still a guess after an interval at a new batch limit: following it"
-        return chosen.replicas, chosen.predicted_p99_s, why
-    held = predict(
-        model,
-        rate=rate,
-        replicas=current.replicas,
-        max_batch=chosen.batch_size,
-        delay_s=delay_s,
-        overhead_s=overhead_s,
-    )
-    plural = "s" if current.replicas > 1 else ""
-    why = (
-        f"the fit is a guess from one batch size and {reading}: raising the batch limit first "
-        f"and holding {current.replicas} replica{plural} one interval, until the next window "
-        f"has measured the new batch sizes (the guess puts P99 at {_ms(held.p99_s)} meanwhile)"
-    )
-    return current.replicas, held.p99_s, why
-
-
-def _adds_capacity(model: LatencyFit, current: InForce, replicas: int, batch: int) -> bool:
-    return replicas * model.capacity(batch) > current.replicas * model.capacity(current.batch_size)
 
 
 def _feedback(observation: Observation, policy: Policy, current: InForce) -> tuple[int, int, str]:
@@ -929,61 +561,3 @@ def _feedback(observation: Observation, policy: Policy, current: InForce) -> tup
     ):
         return current.replicas - 1, current.batch_size, "feedback: device under-used with headroom"
     return current.replicas, current.batch_size, "feedback: within the SLA"
-
-
-def _pace(
-    *,
-    want: int,
-    current: InForce,
-    ready: int,
-    sla_met: bool | None,
-    policy: Policy,
-    state: State,
-    now: float,
-    model: LatencyFit | None,
-    rate: float,
-    batch: int,
-    delay_s: float,
-    overhead_s: float,
-) -> tuple[int, tuple[tuple[float, int], ...], str | None]:
-    """Replicas to set now, the recommendations to remember, and a note on any restraint."""
-    want = max(policy.min_replicas, min(policy.max_replicas, want))
-    if want > current.replicas:
-        return want, ((now, want),), None
-    # The recommendations of the last scale_down_delay seconds, plus the one in force when that
-    # window began: it proves the window is covered.
-    cutoff = now - policy.scale_down_delay_s
-    history = sorted((*state.recommendations, (now, want)))
-    before = [entry for entry in history if entry[0] <= cutoff]
-    window = tuple(before[-1:] + [entry for entry in history if entry[0] > cutoff])
-    if want == current.replicas:
-        return want, window, None
-    # Fewer replicas recommended. Every condition below keeps the current count.
-    if sla_met is False:
-        return current.replicas, window, "not scaling down while over the SLA"
-    starting = current.replicas - ready
-    if starting > 0:
-        return current.replicas, window, f"{starting} replicas still starting"
-    stable = max(r for _, r in window)
-    if not before or stable >= current.replicas:
-        waited = now - window[0][0]
-        return (
-            current.replicas,
-            window,
-            f"scale-down to {want} waits for {policy.scale_down_delay_s:.0f} s of low load "
-            f"({waited:.0f} s so far)",
-        )
-    if model is not None:
-        # Hysteresis: the replicas that stay must carry the load with room to spare.
-        remaining = predict(
-            model,
-            rate=rate / SCALE_DOWN_LOAD,
-            replicas=stable,
-            max_batch=batch,
-            delay_s=delay_s,
-            overhead_s=overhead_s,
-        )
-        outside = min(overhead_s, policy.sla_p99_s)
-        if remaining.p99_s > outside + SLA_HEADROOM * (policy.sla_p99_s - outside):
-            return current.replicas, window, "fewer replicas would leave too little headroom"
-    return stable, ((now, stable),), None

@@ -30,10 +30,12 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from batchpilot.operator import conditions, events
-from batchpilot.operator.autopilot.decide import Decision, InForce, Policy, State, decide
+from batchpilot.operator.autopilot.decide import decide
 from batchpilot.operator.autopilot.observation import Observation
+from batchpilot.operator.autopilot.policy import Decision, InForce, Policy
 from batchpilot.operator.autopilot.prometheus import Scope
 from batchpilot.operator.autopilot.slo import Objective, SloReport
+from batchpilot.operator.autopilot.state import State
 from batchpilot.operator.children.common import ISVC_LABEL, Owner
 from batchpilot.operator.children.configmap import batching_document, batching_in, service_level
 from batchpilot.operator.children.deadline import default_deadline_ms

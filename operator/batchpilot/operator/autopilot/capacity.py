@@ -1,0 +1,237 @@
+"""The capacity plan: how many replicas, at which batch limit, carry a rate inside a target.
+
+Given the fit t(b) ≈ α + β·b, every batch limit has a capacity — the rate one replica carries
+with predicted P99 under the target — and the plan is the fewest replicas that carry the load,
+with, among the limits that need that many, the one with the most capacity. Limits whose full
+batches alone (one in flight, then one's own) would break the target are never chosen: they buy
+throughput only in a backlog, where their latency is already too long.
+
+The same search answers the other questions `decide` asks of the model: the batch limit to
+absorb a burst while replicas start (`burst_batch`), how much of a rise the latency headroom
+absorbs (`absorbed_rise`), and, on a rough model, whether replicas must be added at once or can
+wait one interval behind a larger batch limit (`batch_first`). They live together because they
+share the candidates, the stickiness rule and the exclusion of over-long batches.
+
+Pure: arithmetic on the fit, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from batchpilot.operator.autopilot.policy import InForce, Policy, format_ms
+from batchpilot.operator.autopilot.service_model import (
+    LatencyFit,
+    Prediction,
+    predict,
+    sla_capacity,
+)
+from batchpilot.operator.autopilot.state import State
+
+BATCH_STICKINESS = 0.97
+"""Batch limits with at least this fraction of the best limit's capacity count as equally good."""
+BATCH_STICKINESS_GAIN = 1 / BATCH_STICKINESS - 1
+"""A larger batch limit must carry this much more to be worth its latency (≈ 3 %)."""
+
+
+def batch_candidates(max_batch: int) -> list[int]:
+    """Batch limits worth comparing: 1, 2, 3, 4, 6, 8, 12, 16, … up to the ceiling."""
+    values = {1, max_batch}
+    power = 1
+    while power <= max_batch:
+        values.update(v for v in (power, power + power // 2) if v <= max_batch)
+        power *= 2
+    return sorted(values)
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityPlan:
+    """Replicas and batch limit that carry a rate inside the target, as the model predicts."""
+
+    replicas: int
+    batch_size: int
+    prediction: Prediction
+    predicted_p99_s: float
+    feasible: bool
+    capacity: float
+    """Requests per second one replica carries at this batch limit inside the target."""
+
+
+def plan_capacity(
+    model: LatencyFit,
+    *,
+    rate: float,
+    policy: Policy,
+    delay_s: float,
+    overhead_s: float,
+    target_s: float,
+    prefer: int | None = None,
+) -> CapacityPlan:
+    """The fewest replicas that carry `rate` inside `target_s`, and for them the batch limit with
+    the most capacity — among limits nearly as good, `prefer` (the one in force), else the
+    largest; the best effort at maxReplicas if none fits."""
+    options: list[tuple[int, float, int]] = []  # (replicas needed, -capacity, batch limit)
+    for batch in batch_candidates(policy.max_batch_size):
+        if batch > 1 and overhead_s + 2 * model.batch_seconds(batch) > target_s:
+            continue  # a backlog of full batches alone would break the target
+        # Latency, not utilization, bounds a batching replica: its device is busy nearly all the
+        # time long before its P99 suffers (batches grow to fill the time), so a busy-fraction
+        # ceiling would buy replicas that change nothing.
+        per_replica = sla_capacity(
+            model, max_batch=batch, delay_s=delay_s, overhead_s=overhead_s, target_s=target_s
+        )
+        needed = math.ceil(rate / per_replica - 1e-9) if per_replica > 0 else 1 << 30
+        options.append((max(policy.min_replicas, needed), -per_replica, batch))
+    needed, negative_capacity, batch = min(options)
+    # Limits within a few per cent of the best are as good: keep the one in force (no churn),
+    # else take the largest (most throughput when a burst fills the batches).
+    equivalent = [
+        option
+        for option in options
+        if option[0] == needed and -option[1] >= BATCH_STICKINESS * -negative_capacity
+    ]
+    kept = [option for option in equivalent if option[2] == prefer]
+    needed, negative_capacity, batch = (kept or sorted(equivalent, key=lambda o: o[2]))[-1]
+    feasible = needed <= policy.max_replicas
+    replicas = min(needed, policy.max_replicas)
+    prediction = predict(
+        model,
+        rate=rate,
+        replicas=replicas,
+        max_batch=batch,
+        delay_s=delay_s,
+        overhead_s=overhead_s,
+    )
+    return CapacityPlan(
+        replicas=replicas,
+        batch_size=batch,
+        prediction=prediction,
+        predicted_p99_s=prediction.p99_s,
+        feasible=feasible,
+        capacity=-negative_capacity,
+    )
+
+
+def burst_batch(model: LatencyFit, policy: Policy, *, delay_s: float, overhead_s: float) -> int:
+    """The batch limit with the most capacity inside the SLA itself (not the planning target):
+    what a replica carries at most while others start. Limits whose full batches alone would
+    break the SLA are left out, as in the plan."""
+    best, most = 1, -1.0
+    for batch in batch_candidates(policy.max_batch_size):
+        if batch > 1 and overhead_s + 2 * model.batch_seconds(batch) > policy.sla_p99_s:
+            continue
+        capacity = sla_capacity(
+            model,
+            max_batch=batch,
+            delay_s=delay_s,
+            overhead_s=overhead_s,
+            target_s=policy.sla_p99_s,
+        )
+        if capacity > most * (1 + BATCH_STICKINESS_GAIN):
+            best, most = batch, capacity
+    return best
+
+
+def absorbed_rise(
+    model: LatencyFit,
+    *,
+    batch: int,
+    delay_s: float,
+    overhead_s: float,
+    target_s: float,
+    sla_s: float,
+) -> float:
+    """How many times its planned load a replica carries before its P99 reaches the SLA itself:
+    the rise the latency headroom absorbs without a new replica."""
+    planned = sla_capacity(
+        model, max_batch=batch, delay_s=delay_s, overhead_s=overhead_s, target_s=target_s
+    )
+    limit = sla_capacity(
+        model, max_batch=batch, delay_s=delay_s, overhead_s=overhead_s, target_s=sla_s
+    )
+    return limit / planned if planned > 0 else 1.0
+
+
+def adds_capacity(model: LatencyFit, current: InForce, replicas: int, batch: int) -> bool:
+    """Whether `replicas` at batch limit `batch` carry more, as the model sees it, than what is
+    in force."""
+    return replicas * model.capacity(batch) > current.replicas * model.capacity(current.batch_size)
+
+
+def _optimistic(model: LatencyFit) -> LatencyFit:
+    """The most optimistic reading of a rough fit: α and β are only known to add up to the
+    measured time at the batch size the guess splits evenly (b₀ = α/β, where α = β·b₀); the
+    reading that gives every larger batch the most capacity puts all of that time in α (β = 0),
+    so every batch takes t(b₀)."""
+    if model.beta_s <= 0:
+        return model
+    return LatencyFit(
+        alpha_s=model.batch_seconds(model.alpha_s / model.beta_s),
+        beta_s=0.0,
+        confident=False,
+    )
+
+
+def batch_first(
+    model: LatencyFit,
+    chosen: CapacityPlan,
+    *,
+    current: InForce,
+    state: State,
+    rate: float,
+    policy: Policy,
+    delay_s: float,
+    overhead_s: float,
+    target_s: float,
+) -> tuple[int, float, str]:
+    """Replicas to ask for when a rough model's plan raises the batch limit and adds replicas,
+    the P99 predicted for them, and why.
+
+    Raising the batch limit takes effect in seconds and costs nothing; a replica costs a device
+    for at least the scale-down delay. The next window measures the new batch sizes and makes
+    the fit confident, so replicas wait that one interval — unless even the most optimistic
+    reading of the fit (`_optimistic`) needs more of them. Then no batch limit can carry the load
+    whatever α and β turn out to be, the SLA stays broken until new replicas are ready, and
+    waiting would only make them an interval later: the plan is followed at once (P99 comes
+    before the fewest replicas). The wait happens once: if the fit is still
+    rough after it, the plan is followed."""
+    optimistic = _optimistic(model)
+    best = plan_capacity(
+        optimistic,
+        rate=rate,
+        policy=policy,
+        delay_s=delay_s,
+        overhead_s=overhead_s,
+        target_s=target_s,
+    )
+    measured = format_ms(optimistic.alpha_s)
+    reading = (
+        f"if every batch took the measured {measured} a replica would carry "
+        f"{best.capacity:.0f} rps at batch ≤ {best.batch_size}"
+    )
+    if best.replicas > current.replicas:
+        why = (
+            f"the fit is a guess from one batch size, but even {reading}: no batch limit lets "
+            f"{current.replicas} carry {rate:.0f} rps, so replicas are added at once"
+        )
+        return chosen.replicas, chosen.predicted_p99_s, why
+    if state.batch_first_at is not None:
+        why = "still a guess after an interval at a new batch limit: following it"
+        return chosen.replicas, chosen.predicted_p99_s, why
+    held = predict(
+        model,
+        rate=rate,
+        replicas=current.replicas,
+        max_batch=chosen.batch_size,
+        delay_s=delay_s,
+        overhead_s=overhead_s,
+    )
+    plural = "s" if current.replicas > 1 else ""
+    why = (
+        f"the fit is a guess from one batch size and {reading}: raising the batch limit first "
+        f"and holding {current.replicas} replica{plural} one interval, until the next window "
+        f"has measured the new batch sizes (the guess puts P99 at {format_ms(held.p99_s)} "
+        "meanwhile)"
+    )
+    return current.replicas, held.p99_s, why

@@ -1,0 +1,86 @@
+"""What the decision is about: the policy the spec sets, the settings in force, the decision.
+
+`decide` and the steps it delegates to (the capacity plan, the pacing of replicas) all speak of
+these, and so do the pilot and the simulator that run `decide`; they live apart from any one
+step so that every step can import them without importing the others.
+
+Pure: data and arithmetic, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from batchpilot.operator.autopilot.slo import Objective
+
+SLA_HEADROOM = 0.8
+"""Plan for predicted P99 at most this fraction of the SLA — of the part the batcher spends: the
+latency outside it (the learned overhead) is the same whatever the replicas and batch limit."""
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """What the InferenceService spec asks of the autopilot."""
+
+    sla_p99_s: float
+    min_utilization: float
+    """The device's busy fraction (0–1) below which, with P99 under half the SLA, the feedback
+    rule gives back a replica (`spec.sla.gpuUtilization.min` / 100)."""
+    min_replicas: int
+    max_replicas: int
+    max_batch_size: int
+    scale_down_delay_s: float
+    max_queue_delay_s: float
+    objective: Objective = field(default_factory=Objective)
+    """How often the SLA must hold (`spec.sla.objectivePercent` over `spec.sla.window`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class InForce:
+    """Replicas and batch settings currently applied."""
+
+    replicas: int
+    batch_size: int
+    max_queue_delay_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    replicas: int
+    batch_size: int
+    max_queue_delay_s: float
+    action: str
+    """hold | steady | scale-up | scale-down | retune (batch settings only)."""
+    reason: str
+    metrics_available: bool
+    sla_met: bool | None
+    """None when unknown (no metrics, or no traffic)."""
+    scaling_limited: str | None = None
+    """Why the autopilot cannot do what the SLA needs (at maxReplicas), for the condition."""
+    predicted_p99_s: float | None = None
+    capacity_rps: float | None = None
+    """Requests per second one replica carries inside the target at the chosen batch limit."""
+    notes: tuple[str, ...] = field(default=())
+
+    def changes(self, current: InForce) -> bool:
+        return (self.replicas, self.batch_size, self.max_queue_delay_s) != (
+            current.replicas,
+            current.batch_size,
+            current.max_queue_delay_s,
+        )
+
+
+def stored_delay_s(delay_s: float) -> float:
+    """A queue delay as the batching document stores it — milliseconds to three decimals — and
+    as it reads back: a decision in these units is exactly the value in force on the next tick.
+    (0.1 × 0.1 s is 0.010000000000000002 s in floating point, which read back as 10.0 ms would
+    differ from the decision on every tick and rewrite every pod each interval.)"""
+    return round(delay_s * 1e3, 3) / 1e3
+
+
+def format_ms(seconds: float | None) -> str:
+    """A duration as the decision's reasons write it: whole milliseconds, ∞, or n/a."""
+    if seconds is None:
+        return "n/a"
+    return "∞" if math.isinf(seconds) else f"{seconds * 1e3:.0f} ms"

@@ -1,0 +1,121 @@
+"""What the autopilot remembers between decisions, and how it is kept in `status.autopilot`.
+
+`decide` takes a `State` and returns the next one; the pilot persists it in the
+InferenceService's status so that an operator restart (or a new leader) resumes with the fit,
+the overhead, the SLO ledger and the rate history learned so far. The document's shape is a
+contract with every status already written, so it lives here, apart from the decision's logic:
+a field added to `State` is added to both directions of the round trip in one place.
+
+Pure: data and its dict round trip, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchpilot.operator.autopilot.headroom import RateHistory
+from batchpilot.operator.autopilot.service_model import LatencyFit
+from batchpilot.operator.autopilot.slo import SloLedger
+
+
+@dataclass(frozen=True, slots=True)
+class State:
+    """What the autopilot remembers between decisions (persisted across operator restarts)."""
+
+    fit: LatencyFit | None = None
+    overhead_s: float | None = None
+    """Latency spent outside the batcher (decoding, pre- and post-processing): observed P99 minus
+    the model's prediction. None until learned."""
+    recommendations: tuple[tuple[float, int], ...] = ()
+    """(time, replicas) recommended within the scale-down window."""
+    changed_at: float | None = None
+    """When the capacity in force last changed (batch settings, ready replicas): the metrics
+    window describes the present only a window later."""
+    ready: int | None = None
+    """Ready replicas at the previous decision."""
+    rate: tuple[float, float] | None = None
+    """(time, offered requests per second) at the previous decision, for the trend."""
+    batch_first_at: float | None = None
+    """When a rough model raised the batch limit and held the replicas it would have added: it
+    does so once, then the window has measured the new batch sizes (see
+    `capacity.batch_first`)."""
+    slo: SloLedger = field(default_factory=SloLedger)
+    """Every decision's verdict on its window, for attainment, error budget and burn rate."""
+    history: RateHistory = field(default_factory=RateHistory)
+    """The offered rate over the last hour, for the headroom (see `headroom`)."""
+    cold_start_s: float | None = None
+    """How long new replicas took to become ready, learned; None until measured."""
+    pending_since: float | None = None
+    """When the replicas still starting were asked for."""
+
+    def to_dict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "recommendations": [[round(t, 3), r] for t, r in self.recommendations],
+            "slo": self.slo.to_dict(),
+            "history": self.history.to_dict(),
+        }
+        if self.cold_start_s is not None:
+            doc["coldStartS"] = round(self.cold_start_s, 3)
+        if self.pending_since is not None:
+            doc["pendingSince"] = round(self.pending_since, 3)
+        if self.fit is not None:
+            doc["fit"] = {
+                "alphaMs": round(self.fit.alpha_s * 1e3, 4),
+                "betaMs": round(self.fit.beta_s * 1e3, 4),
+                "confident": self.fit.confident,
+            }
+        if self.overhead_s is not None:
+            doc["overheadMs"] = round(self.overhead_s * 1e3, 4)
+        if self.changed_at is not None:
+            doc["changedAt"] = round(self.changed_at, 3)
+        if self.ready is not None:
+            doc["ready"] = self.ready
+        if self.rate is not None:
+            doc["rate"] = [round(self.rate[0], 3), round(self.rate[1], 3)]
+        if self.batch_first_at is not None:
+            doc["batchFirstAt"] = round(self.batch_first_at, 3)
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any] | None) -> State:
+        """Read persisted state; anything unreadable starts fresh rather than failing."""
+        if not isinstance(doc, dict):
+            return cls()
+        try:
+            raw_fit = doc.get("fit")
+            model = (
+                LatencyFit(
+                    alpha_s=float(raw_fit["alphaMs"]) / 1e3,
+                    beta_s=float(raw_fit["betaMs"]) / 1e3,
+                    confident=bool(raw_fit["confident"]),
+                )
+                if isinstance(raw_fit, dict)
+                else None
+            )
+            recs = tuple((float(t), int(r)) for t, r in doc.get("recommendations", []))
+            overhead = doc.get("overheadMs")
+            changed = doc.get("changedAt")
+            ready = doc.get("ready")
+            raw_rate = doc.get("rate")
+            rate = (float(raw_rate[0]), float(raw_rate[1])) if raw_rate is not None else None
+            batch_first = doc.get("batchFirstAt")
+            return cls(
+                fit=model,
+                overhead_s=None if overhead is None else float(overhead) / 1e3,
+                recommendations=recs,
+                changed_at=None if changed is None else float(changed),
+                ready=None if ready is None else int(ready),
+                rate=rate,
+                batch_first_at=None if batch_first is None else float(batch_first),
+                slo=SloLedger.from_dict(doc.get("slo")),
+                history=RateHistory.from_dict(doc.get("history")),
+                cold_start_s=_number(doc.get("coldStartS")),
+                pending_since=_number(doc.get("pendingSince")),
+            )
+        except (KeyError, IndexError, TypeError, ValueError):
+            return cls()
+
+
+def _number(value: Any) -> float | None:
+    return None if value is None else float(value)
