@@ -101,10 +101,12 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
-def piloted(
+async def piloted(
     name: str, namespace: str | None, spec: kopf.Spec, **_: Any
 ) -> dict[tuple[str, str], bool]:
-    """The InferenceServices the autopilot ticks, kept by kopf from its watch (no list calls)."""
+    """The InferenceServices the autopilot ticks, kept by kopf from its watch (no list calls).
+    Async, though it awaits nothing: kopf runs sync functions in its worker threads, and every
+    event of every InferenceService would wait for a worker behind the reconciles."""
     if namespace is None or not autopiloted(namespace, name, spec):
         return {}
     return {(namespace, name): True}
