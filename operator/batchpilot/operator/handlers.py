@@ -124,7 +124,7 @@ async def fleet_loop(
     loop = asyncio.get_running_loop()
     while True:
         started = loop.time()
-        keys = [key for key in services]  # a snapshot, taken in kopf's loop that updates it
+        keys = list(services)  # a snapshot, taken in kopf's loop that updates it
         try:
             if keys:
                 run = (context() or contextvars.copy_context()).copy()

@@ -283,11 +283,7 @@ class Telemetry:
             then = k - round(n * season.period_s / step)
             if then - window < 0:
                 return level, ()
-            ends = range(
-                then,
-                then + round(season.lookahead_s / step) + 1,
-                max(1, round(season.step_s / step)),
-            )
+            ends = range(then, then + round(season.lookahead_s / step) + 1, stride)
             ahead = max(mean_rate(min(end, k), self.window_s) for end in ends)
             past.append(
                 PastPeriod(
