@@ -185,6 +185,16 @@ class Scrape:
             for sample in family.samples
         ]
 
+    def buckets(self, name: str, **labels: str) -> list[tuple[float, float]]:
+        """A histogram's cumulative buckets, (upper bound, count), summed over its other labels."""
+        counts: dict[float, float] = {}
+        for s in self.samples:
+            if s.name == f"{name}_bucket" and all(s.labels.get(k) == v for k, v in labels.items()):
+                upper = float(s.labels["le"])
+                counts[upper] = counts.get(upper, 0.0) + s.value
+        assert counts, f"no histogram {name}{labels}"
+        return sorted(counts.items())
+
     def value(self, name: str, **labels: str) -> float:
         """The sum of every sample called `name` whose labels include `labels`."""
         values = [

@@ -1,10 +1,12 @@
 """The observation adapter against a real Prometheus scraping a real runtime under real load.
 
 What the load generator measured and what the autopilot reads back must agree: the request rate
-within 10 %, P99 within 25 % or 5 ms of the P99 the client saw from each send to its answer (the
-server's histogram excludes the client's own overhead — milliseconds when both share two busy
-cores, so the simulated batches take tens of milliseconds to keep that overhead small next to
-them — and an interpolated quantile is only as fine as its buckets, 15 % apart).
+within 10 %. The P99 read back over the whole run must be the P99 of the runtime's own histogram
+(read from its /metrics, interpolated as Prometheus does) within 2 %: the same buckets through
+PromQL. Against the client it is bounded, not matched: the server's time is inside the client's
+send-to-answer time, which on two busy shared cores can add a hundred milliseconds of the client's
+own lag, and an interpolated quantile may overstate by up to one bucket (15 %); and no request
+takes less than one simulated batch (20 + 2 ms).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from batchpilot.operator.autopilot.prometheus import (
 )
 from batchpilot.runtime.loadgen import LoadConfig, RateSchedule, Target, run_load
 from batchpilot.sandbox.prometheus import prometheus_process
-from tests.runtime_process import free_port, runtime_process
+from tests.runtime_process import Scrape, free_port, runtime_process
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -57,6 +59,7 @@ def test_rate_and_latency_read_back_agree_with_the_load_generator(
             timeout=20,
             what="the first scrape",
         )
+        first_scraped = time.time()
         config = LoadConfig(
             target=Target(url=runtime.url, model="image"),
             duration_s=LOAD_S,
@@ -77,6 +80,12 @@ def test_rate_and_latency_read_back_agree_with_the_load_generator(
             http_query(prometheus.url), window_s=int(LOAD_S) - 2, recent_s=3, clock=time.time
         )
         observation = observer.observe(SCOPE, ready_replicas=1, at=ended - 0.5)
+        # A window over the whole run, starting after the first (all-zero) scrape: every request
+        # counted, as the runtime's own histogram counts them.
+        whole = PrometheusObserver(
+            http_query(prometheus.url), window_s=int(time.time() - first_scraped), clock=time.time
+        ).observe(SCOPE, ready_replicas=1)
+        buckets = Scrape(runtime).buckets("batchpilot_request_duration_seconds")
 
     assert observation is not None
     assert observation.qps == pytest.approx(report.achieved_qps, rel=0.10)
@@ -89,9 +98,12 @@ def test_rate_and_latency_read_back_agree_with_the_load_generator(
     assert observation.recent_window_s == 1.5
     assert observation.recent_qps == pytest.approx(report.achieved_qps, rel=0.25)
     assert observation.p99_s is not None
+    assert whole is not None
+    assert whole.p99_s is not None
+    assert whole.p99_s == pytest.approx(histogram_quantile(0.99, buckets), rel=0.02)
     assert report.service_latency_ms is not None
-    measured = report.service_latency_ms.p99_ms
-    assert observation.p99_s * 1e3 == pytest.approx(measured, rel=0.25, abs=5)
+    client_p99_s = report.service_latency_ms.p99_ms / 1e3
+    assert 0.022 <= whole.p99_s <= 1.15 * client_p99_s + 0.005, (whole.p99_s, client_p99_s)
     assert observation.mean_batch is not None
     assert observation.mean_batch >= 1
     assert observation.utilization is not None
@@ -121,3 +133,18 @@ def test_a_service_without_metrics_is_missing_not_zero(tmp_path: Path) -> None:
     assert observation.arrival_qps is None
     assert observation.p99_s is None
     assert observation.missing() == ["request rate", "P99 latency"]
+
+
+def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
+    """Prometheus's histogram_quantile over cumulative (upper bound, count) buckets: the rank's
+    bucket, linearly interpolated from the bucket below (0 below the first)."""
+    buckets = sorted(buckets)
+    rank = q * buckets[-1][1]
+    lower, below = 0.0, 0.0
+    for upper, count in buckets:
+        if count >= rank:
+            if upper == float("inf"):
+                return lower
+            return lower + (upper - lower) * (rank - below) / (count - below)
+        lower, below = upper, count
+    raise AssertionError("the +Inf bucket holds every observation")
