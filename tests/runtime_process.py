@@ -34,10 +34,18 @@ class RuntimeProcess:
     log_path: Path
     grpc_port: int | None = None
     """The gRPC service's port when started with `grpc=True`."""
+    admin_port: int = 0
+    """The admin endpoint's port (`--admin-port`): PUT /admin/batching is answered only there."""
+    metrics_port: int | None = None
+    """`--metrics-port` when started with one; /metrics is on the inference port otherwise."""
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -79,10 +87,12 @@ def runtime_process(
     ready_timeout_s: float = 30,
     grpc: bool = False,
 ) -> Iterator[RuntimeProcess]:
-    """Start a server for `model` with extra CLI `args` (and a gRPC port when `grpc`); SIGTERM
-    it on exit."""
+    """Start a server for `model` with extra CLI `args` (and a gRPC port when `grpc`; a free
+    admin port unless `args` name one); SIGTERM it on exit."""
     port = free_port()
     grpc_port = free_port() if grpc else None
+    admin_port = int(args[args.index("--admin-port") + 1]) if "--admin-port" in args else None
+    admin_args = [] if admin_port is not None else ["--admin-port", str(admin_port := free_port())]
     log_path = log_dir / f"runtime-{port}.log"
     command: Sequence[str] = [
         sys.executable,
@@ -97,6 +107,7 @@ def runtime_process(
         "--port",
         str(port),
         *(["--grpc-port", str(grpc_port)] if grpc_port is not None else []),
+        *admin_args,
         *args,
     ]
     with log_path.open("wb") as log:
@@ -106,7 +117,8 @@ def runtime_process(
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
-    running = RuntimeProcess(process, port, log_path, grpc_port)
+    metrics_port = int(args[args.index("--metrics-port") + 1]) if "--metrics-port" in args else None
+    running = RuntimeProcess(process, port, log_path, grpc_port, admin_port, metrics_port)
     try:
         wait_ready(running.url, process, timeout_s=ready_timeout_s)
         yield running
@@ -120,7 +132,8 @@ def refused_start(*args: str, log_path: Path, timeout_s: float = 15) -> str:
     """Run `batchpilot runtime serve ARGS` on a free port, expecting it to refuse: exit status 1
     and the port never opened. Returns the log."""
     port = free_port()
-    command = [sys.executable, "-m", "batchpilot.runtime.cli", "runtime", "serve", *args,
+    command = [sys.executable, "-m", "batchpilot.runtime.cli", "runtime", "serve",
+               "--admin-port", str(free_port()), *args,
                "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -159,10 +172,13 @@ def send(
     path: str,
     body: bytes = b"",
     headers: Mapping[str, str] | None = None,
+    *,
+    port: int | None = None,
 ) -> Reply:
     """One request on its own connection (a 413 may leave a reused one unusable); header bytes
-    go out exactly as given."""
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    go out exactly as given. To the inference port unless `port` names another of the server's
+    (its admin port, say)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port or server.port, timeout=10)
     try:
         conn.request(method, path, body=body, headers=dict(headers or {}))
         response = conn.getresponse()

@@ -715,10 +715,10 @@ class TestBatchingChangesWhileServing:
 
             def put(body: bytes, authorization: str | None = f"Bearer {self.TOKEN}") -> Reply:
                 headers = {} if authorization is None else {"Authorization": authorization}
-                return send(server, "PUT", "/admin/batching", body, headers)
+                return send(server, "PUT", "/admin/batching", body, headers, port=server.admin_port)
 
             def in_force() -> Any:
-                return send(server, "GET", "/admin/batching").json()
+                return send(server, "GET", "/admin/batching", port=server.admin_port).json()
 
             assert in_force() == {
                 "maxBatchSize": 8,
@@ -799,6 +799,7 @@ class TestBatchingChangesWhileServing:
             "/admin/batching",
             b'{"maxBatchSize": 2}',
             {"Authorization": "Bearer x"},
+            port=mlp_server.admin_port,
         )
         assert reply.status == 401
         assert "no admin token configured" in error_of(reply)
@@ -823,7 +824,7 @@ class TestBatchingChangesWhileServing:
         ) as server:
 
             def in_force() -> Any:
-                return send(server, "GET", "/admin/batching").json()
+                return send(server, "GET", "/admin/batching", port=server.admin_port).json()
 
             # the file wins over the flags, from the first request on
             assert in_force() == {"maxBatchSize": 4, "maxQueueDelayMs": 2.0, "deadlineMs": 1000.0}

@@ -1,27 +1,33 @@
-"""The REST app around one model server: builds it and ties the server's life to it.
+"""The REST apps around one model server: builds them and ties the server's life to them.
 
-`create_app` puts together the app (`RuntimeApp`, with its direct infer dispatch), the routes
-(`routes_v2`: v2 metadata, health and sync infer; `routes_async`: async infer; `routes_admin`:
-metrics and the batching settings), the async job store, and the lifespan that starts the
-batcher and drains it on shutdown. Endpoints just raise domain errors; the status of each is in
-one table (`outcomes.ERROR_STATUS`), and `responses.error_response` answers with it.
+`create_app` puts together the inference app (`RuntimeApp`, with its direct infer dispatch), its
+routes (`routes_v2`: v2 metadata, health and sync infer; `routes_async`: async infer), the async
+job store, and the lifespan that starts the batcher and drains it on shutdown. The platform's
+endpoints (`routes_admin`) are apps of their own, one per listener: `create_admin_app` (the
+batching settings, the operator's) and `create_metrics_app` (Prometheus's scrape; on the
+inference listener instead when it has no port of its own). `PortDispatch` hands each request to
+the app of the port it arrived on, so a caller of the model never reaches the admin endpoint,
+whatever token it holds, and each port can be fenced for its one audience (a NetworkPolicy).
+Endpoints just raise domain errors; the status of each is in one table (`outcomes.ERROR_STATUS`),
+and `responses.error_response` answers with it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from batchpilot.runtime.async_jobs import JobStore
 from batchpilot.runtime.errors import InferenceError
 from batchpilot.runtime.infer_dispatch import RuntimeApp
 from batchpilot.runtime.responses import EncodedResult, error_response
-from batchpilot.runtime.routes_admin import add_admin_routes
+from batchpilot.runtime.routes_admin import add_admin_routes, add_metrics_route
 from batchpilot.runtime.routes_async import add_async_routes
 from batchpilot.runtime.routes_v2 import add_v2_routes
 from batchpilot.runtime.server import ModelServer, server_version
@@ -30,18 +36,19 @@ from batchpilot.runtime.server import ModelServer, server_version
 @dataclass(frozen=True, slots=True)
 class AppConfig:
     max_body_bytes: int = 64 * 1024 * 1024
-    admin_token: str | None = None
-    """Bearer token for changing settings; None disables changes through HTTP."""
     drain_grace_s: float = 25.0
     """On shutdown, how long queued requests may take to finish."""
     async_result_ttl_s: float = 300.0
     """How long a finished async inference result is kept."""
     async_capacity: int = 1024
     """Async jobs stored (pending or finished) before submits get 429."""
+    metrics: bool = True
+    """Serve `GET /metrics` on the inference listener (False: the metrics have their own)."""
 
 
 def create_app(server: ModelServer, *, config: AppConfig | None = None) -> FastAPI:
-    """The HTTP app around one model server; starts its batcher and drains it on shutdown."""
+    """The inference app around one model server; starts its batcher and drains it on
+    shutdown."""
     config = config or AppConfig()
     jobs: JobStore[EncodedResult] = JobStore(
         capacity=config.async_capacity, ttl_s=config.async_result_ttl_s
@@ -69,14 +76,55 @@ def create_app(server: ModelServer, *, config: AppConfig | None = None) -> FastA
     )
     app.state.server = server
 
-    async def handle_error(_: Request, exc: Exception) -> Response:
-        assert isinstance(exc, InferenceError)
-        return error_response(exc)
-
-    app.add_exception_handler(InferenceError, handle_error)
+    app.add_exception_handler(InferenceError, _handle_error)
 
     # Route order is match order (and the OpenAPI document's order).
     add_v2_routes(app, server, max_body_bytes=config.max_body_bytes)
     add_async_routes(app, server, jobs=jobs, max_body_bytes=config.max_body_bytes)
-    add_admin_routes(app, server, admin_token=config.admin_token)
+    if config.metrics:
+        add_metrics_route(app, server)
     return app
+
+
+def create_admin_app(server: ModelServer, *, admin_token: str | None) -> FastAPI:
+    """The admin listener's app: the batching settings (`admin_token`: the bearer token that
+    may change them; None refuses every change)."""
+    app = _platform_app("batchpilot runtime admin")
+    add_admin_routes(app, server, admin_token=admin_token)
+    return app
+
+
+def create_metrics_app(server: ModelServer) -> FastAPI:
+    """The metrics listener's app: `GET /metrics`."""
+    app = _platform_app("batchpilot runtime metrics")
+    add_metrics_route(app, server)
+    return app
+
+
+def _platform_app(title: str) -> FastAPI:
+    app = FastAPI(title=title, version=server_version(), docs_url=None, redoc_url=None)
+    app.add_exception_handler(InferenceError, _handle_error)
+    return app
+
+
+async def _handle_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, InferenceError)
+    return error_response(exc)
+
+
+class PortDispatch:
+    """ASGI: each request goes to the app of the local port it arrived on (`by_port`), any other
+    to the inference app — the safe default, which has no platform endpoints. Lifespan events go
+    to the inference app alone: it owns the model server's life."""
+
+    def __init__(self, inference: ASGIApp, by_port: Mapping[int, ASGIApp]) -> None:
+        self.inference = inference
+        self.by_port = dict(by_port)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        app = self.inference
+        if scope["type"] in {"http", "websocket"}:
+            local = scope.get("server")
+            if local is not None:
+                app = self.by_port.get(local[1], self.inference)
+        await app(scope, receive, send)

@@ -1,10 +1,11 @@
 """The endpoints for the platform rather than for clients: the Prometheus scrape and the batching
-settings.
+settings, each on a listener of its own (see `app`), so that callers of the model never reach
+them.
 
 `GET /metrics` is what Prometheus scrapes; `GET /admin/batching` shows the batching settings in
 force and `PUT /admin/batching` changes them while serving (the operator PUTs the batching
-document, `live_settings`, to ready pods). Changing them needs the admin bearer token; without
-one configured, changes over HTTP are refused.
+document, `live_settings`, to ready pods on their admin port). Changing them needs the admin
+bearer token; without one configured, changes over HTTP are refused.
 """
 
 from __future__ import annotations
@@ -25,13 +26,17 @@ SETTINGS_BODY_LIMIT = 64 * 1024
 """Largest batching settings document `PUT /admin/batching` reads (bytes)."""
 
 
-def add_admin_routes(app: FastAPI, server: ModelServer, *, admin_token: str | None) -> None:
-    """`GET /metrics`, `GET` and `PUT /admin/batching`."""
+def add_metrics_route(app: FastAPI, server: ModelServer) -> None:
+    """`GET /metrics`."""
     metrics = server.metrics
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def add_admin_routes(app: FastAPI, server: ModelServer, *, admin_token: str | None) -> None:
+    """`GET` and `PUT /admin/batching`."""
 
     @app.get("/admin/batching")
     async def get_batching() -> Response:

@@ -25,7 +25,13 @@ from typing import Any
 
 import uvicorn
 
-from batchpilot.runtime.app import AppConfig, create_app
+from batchpilot.runtime.app import (
+    AppConfig,
+    PortDispatch,
+    create_admin_app,
+    create_app,
+    create_metrics_app,
+)
 from batchpilot.runtime.batching import BatchSettings
 from batchpilot.runtime.device import DeviceUnavailable, Nvml
 from batchpilot.runtime.draining import CloseWhenDraining
@@ -244,10 +250,10 @@ def serve(settings: RuntimeSettings) -> int:
         model_server,
         config=AppConfig(
             max_body_bytes=settings.max_body_bytes,
-            admin_token=settings.token(),
             drain_grace_s=settings.drain_grace_s,
             async_result_ttl_s=settings.async_result_ttl_s,
             async_capacity=settings.async_capacity,
+            metrics=settings.metrics_port is None,
         ),
     )
     if settings.batching_config is not None:
@@ -275,7 +281,21 @@ def serve(settings: RuntimeSettings) -> int:
         attach(app, endpoint)
         on_drain.append(endpoint.stop)  # GOAWAY when the drain starts; the batcher still runs
 
-    closing = CloseWhenDraining(app)
+    try:
+        listeners = _listen(settings)
+    except OSError as exc:
+        log.error("model %s cannot be served: %s", settings.model_path, exc)
+        return 1
+    ports = {name: sock.getsockname()[1] for name, sock in listeners.items()}
+    log.info(
+        "listening on %s: %s",
+        settings.host,
+        ", ".join(f"{name} {port}" for name, port in ports.items()),
+    )
+    platform = {ports["admin"]: create_admin_app(model_server, admin_token=settings.token())}
+    if "metrics" in ports:
+        platform[ports["metrics"]] = create_metrics_app(model_server)
+    closing = CloseWhenDraining(PortDispatch(app, platform))
     config = uvicorn.Config(
         closing,
         host=settings.host,
@@ -300,11 +320,39 @@ def serve(settings: RuntimeSettings) -> int:
     # full passes, which otherwise stall the event loop for tens of milliseconds.
     gc.collect()
     gc.freeze()
-    server.run()
+    server.run(sockets=list(listeners.values()))
     if not server.started:
         return 1
     _log_final_tally(metrics)
     return 0
+
+
+def _listen(settings: RuntimeSettings) -> dict[str, socket.socket]:
+    """The HTTP listeners, bound (not yet listening: connections are refused until the server
+    starts): inference, admin and, when it has a port of its own, metrics. Raises `OSError`
+    (naming the listener) when a port cannot be had; none stays bound then."""
+    wanted = {"inference": settings.port, "admin": settings.admin_port}
+    if settings.metrics_port is not None:
+        wanted["metrics"] = settings.metrics_port
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    bound: dict[str, socket.socket] = {}
+    try:
+        for name, port in wanted.items():
+            sock = socket.socket(family=family)
+            bound[name] = sock
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((settings.host, port))
+            except OSError as exc:
+                raise OSError(
+                    exc.errno, f"the {name} port {settings.host}:{port}: {exc.strerror}"
+                ) from exc
+            sock.set_inheritable(True)
+    except OSError:
+        for sock in bound.values():
+            sock.close()
+        raise
+    return bound
 
 
 def _log_final_tally(metrics: RuntimeMetrics) -> None:
@@ -352,7 +400,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default original; BATCHPILOT_MODEL_VARIANT)",
     )
     a("--host", help="address to bind (default 127.0.0.1)")
-    a("--port", type=int, help="port (default 8080)")
+    a("--port", type=int, help="port of the inference API (default 8080)")
+    a(
+        "--admin-port",
+        type=int,
+        help="port of the admin endpoint, PUT /admin/batching, on --host; never answered on "
+        "--port (default 8082; BATCHPILOT_ADMIN_PORT)",
+    )
+    a(
+        "--metrics-port",
+        type=int,
+        help="port of GET /metrics alone, on --host (default: /metrics on --port; "
+        "BATCHPILOT_METRICS_PORT)",
+    )
     a(
         "--grpc-port",
         type=int,

@@ -30,6 +30,19 @@ class RuntimeSettings(BaseSettings):
         le=65535,
         description="gRPC (Open Inference Protocol v2) port; off: None",
     )
+    admin_port: int = Field(
+        default=8082,
+        ge=0,
+        le=65535,
+        description="port of the admin endpoint (PUT /admin/batching), on the same host; the "
+        "inference port never answers it",
+    )
+    metrics_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="port of GET /metrics alone; None: /metrics on the inference port",
+    )
 
     engine: Literal["onnx", "simulated"] = "onnx"
     simulated_latency: str = Field(
@@ -99,6 +112,22 @@ class RuntimeSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _defaults(self) -> RuntimeSettings:
+        ports = {
+            "port": self.port,
+            "grpc_port": self.grpc_port,
+            "admin_port": self.admin_port,
+            "metrics_port": self.metrics_port,
+        }
+        taken: dict[int, str] = {}
+        for name, number in ports.items():
+            if not number:  # unset, or 0: a free port the system picks
+                continue
+            if number in taken:
+                raise ValueError(
+                    f"{taken[number]} and {name} are both {number}: each listener needs a port "
+                    "of its own"
+                )
+            taken[number] = name
         if not self.model_name:
             self.model_name = self.model_path.stem
         if self.drain_linger_s > self.drain_grace_s:
