@@ -167,7 +167,8 @@ def test_decisions_reach_the_runtime_and_blind_or_restarted_operators_hold(
                     "metadata": {"name": f"{NAME}-0", "namespace": NS,
                                  "labels": {"batchpilot.io/inferenceservice": NAME}},
                     "spec": {"containers": [{"name": "runtime", "image": "runtime",
-                             "ports": [{"name": "http", "containerPort": runtime.port}]}]},
+                             "ports": [{"name": "http", "containerPort": runtime.port},
+                                       {"name": "admin", "containerPort": runtime.admin_port}]}]},
                 })  # fmt: skip
                 call(f"{pods}/{NAME}-0/status", "PATCH", {"status": {
                     "podIP": "127.0.0.1",
@@ -189,7 +190,7 @@ def test_decisions_reach_the_runtime_and_blind_or_restarted_operators_hold(
                 load_task = loop.run_in_executor(None, lambda: asyncio.run(run_load(load)))
 
                 def runtime_batch() -> int:
-                    with urllib.request.urlopen(f"{runtime.url}/admin/batching") as r:
+                    with urllib.request.urlopen(f"{runtime.admin_url}/admin/batching") as r:
                         return int(json.loads(r.read())["maxBatchSize"])
 
                 configmap = f"{api.url}/api/v1/namespaces/{NS}/configmaps/{NAME}-batching"

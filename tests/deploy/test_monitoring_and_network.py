@@ -11,6 +11,7 @@ import yaml
 
 from batchpilot.operator.children.common import Owner
 from batchpilot.operator.children.deployment import build_deployment
+from batchpilot.operator.children.networkpolicy import build_network_policy
 from batchpilot.operator.children.service import build_service
 from batchpilot.operator.settings import OperatorSettings
 from batchpilot.operator.spec import InferenceServiceSpec
@@ -24,6 +25,7 @@ from tests.deploy.chart import (
     operator_deployment,
     render,
 )
+from tests.deploy.test_chart import env_of, settings_from
 
 
 def runtime_children(*, port: int = 8080) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -80,9 +82,11 @@ class TestMonitors:
 
 
 class TestNetworkPolicies:
-    def test_cluster_wide_only_the_operator_is_fenced(self) -> None:
-        (policy,) = find(render(CLUSTERWIDE_MONITORED), "NetworkPolicy")
-        assert policy["metadata"]["namespace"] == NAMESPACE
+    def test_only_the_operator_is_fenced_by_the_chart(self) -> None:
+        # The runtime pods' policies are the operator's, one per InferenceService.
+        for values in (CLUSTERWIDE_MONITORED, NAMESPACED):
+            (policy,) = find(render(values), "NetworkPolicy")
+            assert policy["metadata"]["namespace"] == NAMESPACE
 
     def test_the_operator_policy_selects_the_operator_and_lets_it_do_its_job(self) -> None:
         docs = render(NAMESPACED)
@@ -93,41 +97,39 @@ class TestNetworkPolicies:
         (ingress,) = policy["spec"]["ingress"]
         assert [p["port"] for p in ingress["ports"]] == [9081]  # the liveness port only
         egress_ports = {p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"]}
-        # DNS, the API server (values), Prometheus, the runtime pods' admin endpoint.
-        assert egress_ports == {53, 443, 9090, 9000}
+        # DNS, the API server (values), Prometheus, the runtime pods' admin port (its default).
+        assert egress_ports == {53, 443, 9090, 8082}
         (api_rule,) = [r for r in policy["spec"]["egress"] if r["ports"][0]["port"] == 443]
         assert api_rule["to"] == [{"ipBlock": {"cidr": "10.96.0.1/32"}}]
         deployment, _ = runtime_children(port=9000)
-        (runtime_rule,) = [r for r in policy["spec"]["egress"] if r["ports"][0]["port"] == 9000]
+        (runtime_rule,) = [r for r in policy["spec"]["egress"] if r["ports"][0]["port"] == 8082]
         (peer,) = runtime_rule["to"]
         assert selects(peer["podSelector"], deployment["spec"]["template"]["metadata"]["labels"])
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert {"name": "admin", "containerPort": 8082, "protocol": "TCP"} in container["ports"]
 
-    @pytest.mark.parametrize("namespace", NAMESPACED["watchNamespaces"])
-    def test_runtime_pods_take_requests_from_the_operator_prometheus_and_clients(
-        self, namespace: str
+    def test_the_inference_services_policies_admit_this_operator_and_prometheus(
+        self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         docs = render(NAMESPACED)
-        (policy,) = [
-            p for p in find(docs, "NetworkPolicy") if p["metadata"]["namespace"] == namespace
-        ]
-        deployment, _ = runtime_children(port=9000)
-        assert selects(
-            policy["spec"]["podSelector"], deployment["spec"]["template"]["metadata"]["labels"]
+        settings = settings_from(env_of(operator_deployment(docs)), monkeypatch)
+        doc = yaml.safe_load((ROOT / "examples" / "resnet50-gpu.yaml").read_text())
+        owner = Owner(
+            name="resnet50",
+            namespace="team-a",
+            uid="uid-1",
+            spec=InferenceServiceSpec.model_validate(doc["spec"]),
         )
-        assert policy["spec"]["policyTypes"] == ["Ingress"]
-        (rule,) = policy["spec"]["ingress"]
-        # REST (runtime.port, 9000 in these values) and gRPC (runtime.grpcPort, default 8081)
-        assert rule["ports"] == [
-            {"port": 9000, "protocol": "TCP"},
-            {"port": 8081, "protocol": "TCP"},
-        ]
-        operator_peer, prometheus_peer, clients_peer = rule["from"]
+        policy = build_network_policy(owner, settings)
+        inference, admin, metrics = policy["spec"]["ingress"]
+        assert [p["port"] for p in inference["ports"]] == [9000, 8081]  # runtime.port, grpcPort
+        (operator_peer,) = admin["from"]
         operator_labels = operator_deployment(docs)["spec"]["template"]["metadata"]["labels"]
         assert selects(operator_peer["podSelector"], operator_labels)
         assert operator_peer["namespaceSelector"] == {
             "matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}
         }
-        assert prometheus_peer == {
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
-        }
-        assert clients_peer == {"podSelector": {}}
+        assert metrics["from"] == [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+        ]
+        assert [p["port"] for p in admin["ports"] + metrics["ports"]] == [8082, 8083]

@@ -17,6 +17,7 @@ import yaml
 
 from batchpilot.operator.children.common import Owner
 from batchpilot.operator.children.deployment import UnsupportedModelSource, build_deployment
+from batchpilot.operator.kinds import DEPLOYMENT
 from batchpilot.operator.plan import Owned, desired_children
 from batchpilot.operator.settings import OperatorSettings
 from batchpilot.operator.spec import InferenceServiceSpec
@@ -83,7 +84,7 @@ class TestDeployment:
         owner = owner_of(ROOT / "examples" / "resnet50-gpu.yaml")
         a = desired_children(owner, OperatorSettings(), Owned(1, 1, 5.0, "t"))
         b = desired_children(owner, OperatorSettings(), Owned(1, 32, 2.0, "t"))
-        assert list(a.values())[2]["spec"]["template"] == list(b.values())[2]["spec"]["template"]
+        assert a[DEPLOYMENT]["spec"]["template"] == b[DEPLOYMENT]["spec"]["template"]  # type: ignore[index]
 
     def test_the_grace_period_covers_the_pre_stop_pause_and_the_drain(self) -> None:
         settings = OperatorSettings(pre_stop_sleep_seconds=5, drain_grace_seconds=25)

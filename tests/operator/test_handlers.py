@@ -248,6 +248,6 @@ class TestSerialized:
         assert kube.owner_reads == 2
         # The child's pass ran after the first had created everything: no second create (a 409),
         # no second status write, no duplicate Events.
-        assert [w[0] for w in kube.writes].count("create") == 4
+        assert [w[0] for w in kube.writes].count("create") == 5  # the five children
         assert kube.writes.count(("patch/status", "InferenceService", "resnet50")) == 1
-        assert [e[2] for e in posted].count("Created") == 4
+        assert [e[2] for e in posted].count("Created") == 5

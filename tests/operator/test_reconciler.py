@@ -12,7 +12,7 @@ import pytest
 from batchpilot.operator.autopilot.pilot import learned_outside_s
 from batchpilot.operator.children.common import ISVC_LABEL
 from batchpilot.operator.children.configmap import batching_document
-from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT, PDB, SECRET, SERVICE
+from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT, NETWORK_POLICY, PDB, SECRET, SERVICE
 from batchpilot.operator.kube import ready_pod_endpoints
 from batchpilot.operator.reconciler import Reconciler
 from batchpilot.operator.settings import OperatorSettings
@@ -71,12 +71,14 @@ class TestCreate:
         cluster = Cluster(isvc())
         outcome = cluster.reconcile()
         assert [w[:2] for w in cluster.kube.writes] == [
+            ("create", "NetworkPolicy"),
             ("create", "Secret"),
             ("create", "ConfigMap"),
             ("create", "Deployment"),
             ("create", "Service"),
         ]
         for kind, name in [
+            (NETWORK_POLICY, "resnet50"),
             (SECRET, "resnet50-admin-token"),
             (CONFIGMAP, "resnet50-batching"),
             (DEPLOYMENT, "resnet50"),
@@ -87,7 +89,7 @@ class TestCreate:
             assert ref["uid"] == "isvc-uid"
             assert ref["controller"] is True
             assert child["metadata"]["labels"][ISVC_LABEL] == "resnet50"
-        assert [e.reason for e in outcome.events] == ["Created"] * 4
+        assert [e.reason for e in outcome.events] == ["Created"] * 5
 
     def test_status_reports_progress_until_a_replica_is_ready(self) -> None:
         cluster = Cluster(isvc())
@@ -312,14 +314,23 @@ class TestSpecsThatCannotWork:
         assert cluster.kube.writes == []
 
 
-def test_ready_pod_endpoints_take_ready_pods_and_their_http_port() -> None:
+def test_ready_pod_endpoints_take_ready_pods_and_their_admin_port() -> None:
     def pod(ip: str, ready: str, *, deleting: bool = False) -> dict[str, Any]:
         meta: dict[str, Any] = {"name": ip}
         if deleting:
             meta["deletionTimestamp"] = "2026-11-30T12:00:00Z"
         return {
             "metadata": meta,
-            "spec": {"containers": [{"ports": [{"name": "http", "containerPort": 8080}]}]},
+            "spec": {
+                "containers": [
+                    {
+                        "ports": [
+                            {"name": "http", "containerPort": 8080},
+                            {"name": "admin", "containerPort": 8082},
+                        ]
+                    }
+                ]
+            },
             "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": ready}]},
         }
 
@@ -328,4 +339,5 @@ def test_ready_pod_endpoints_take_ready_pods_and_their_http_port() -> None:
         pod("10.0.0.2", "False"),
         pod("10.0.0.3", "True", deleting=True),
     ]
-    assert ready_pod_endpoints(pods) == ["10.0.0.1:8080"]
+    assert ready_pod_endpoints(pods) == ["10.0.0.1:8082"]
+    assert ready_pod_endpoints(pods, port_name="http") == ["10.0.0.1:8080"]

@@ -116,6 +116,24 @@ def test_a_pod_serving_grpc_gets_its_own_local_grpc_port(tmp_path: Path) -> None
     assert "--grpc-port" not in without
 
 
+def test_every_pod_gets_its_own_admin_and_metrics_ports(tmp_path: Path) -> None:
+    container = deployment(1)["spec"]["template"]["spec"]["containers"][0]
+    pod_args = ["--admin-port", "8082", "--metrics-port", "8083"]
+    container = {**container, "args": [*container["args"], *pod_args]}
+    command = container_command(
+        container,
+        port=1234,
+        admin_port=4322,
+        metrics_port=4323,
+        models_dir=tmp_path,
+        directory=tmp_path,
+    )
+    args = command[3:]
+    assert args[args.index("--admin-port") + 1] == "4322"
+    assert args[args.index("--metrics-port") + 1] == "4323"
+    assert args.count("--admin-port") == args.count("--metrics-port") == 1
+
+
 def test_the_runner_plays_the_kubelet(tmp_path: Path) -> None:
     published: list[Endpoints] = []
     with LocalKubernetesAPI(crds=[ROOT / "crds"]).threaded() as api:
@@ -151,11 +169,12 @@ def test_the_runner_plays_the_kubelet(tmp_path: Path) -> None:
             ready = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
             assert ready["Ready"] == "True"
             assert pod["status"]["podIP"] == "127.0.0.1"
-            port = pod["spec"]["containers"][0]["ports"][0]["containerPort"]
+            ports = {p["name"]: p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}
+            port, admin_port = ports["http"], ports["admin"]
             assert published[-1].ready[(NS, "m")] == [f"127.0.0.1:{port}"]
 
             def runtime_batch() -> int:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/admin/batching") as r:
+                with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/admin/batching") as r:
                     return int(json.loads(r.read())["maxBatchSize"])
 
             assert runtime_batch() == 4  # the ConfigMap, handed over as a file

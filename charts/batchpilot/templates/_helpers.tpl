@@ -55,9 +55,10 @@ What the operator does in the namespaces it serves — exactly, nothing more. De
 and checked against it by tests/deploy/test_rbac.py:
 - kopf watches InferenceServices, patches them (progress annotations, finalizer) and their
   status; the operator reads one when a child changes and patches its status then too;
-- kopf watches the children (kopf.on.event); the reconciler reads, creates and replaces them,
-  deletes only the PodDisruptionBudget (none with one replica); the autopilot patches the
-  Deployment's replicas and the batching ConfigMap, and lists pods to reach the ready ones;
+- kopf watches the children (kopf.on.event); the reconciler reads, creates and replaces them
+  (the NetworkPolicy among them), deletes only the PodDisruptionBudget (none with one replica);
+  the autopilot patches the Deployment's replicas and the batching ConfigMap, and lists pods to
+  reach the ready ones;
 - Events (kopf.event) on the InferenceService.
 */}}
 {{- define "batchpilot.namespacedRules" -}}
@@ -79,6 +80,9 @@ and checked against it by tests/deploy/test_rbac.py:
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "watch", "create", "update", "delete"]
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "list", "watch", "create", "update"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]

@@ -245,6 +245,7 @@ for _group, _version, _plural in (
     ("", "v1", "configmaps"),
     ("", "v1", "secrets"),
     ("policy", "v1", "poddisruptionbudgets"),
+    ("networking.k8s.io", "v1", "networkpolicies"),
 ):
     kopf.on.event(_group, _version, _plural, labels=CHILD_FILTER, id=f"child-{_plural}")(
         _on_child_event

@@ -25,10 +25,22 @@ SERVICE = ResourceKind("Service", "v1", "services")
 CONFIGMAP = ResourceKind("ConfigMap", "v1", "configmaps")
 SECRET = ResourceKind("Secret", "v1", "secrets")
 PDB = ResourceKind("PodDisruptionBudget", "policy/v1", "poddisruptionbudgets")
+NETWORK_POLICY = ResourceKind("NetworkPolicy", "networking.k8s.io/v1", "networkpolicies")
 POD = ResourceKind("Pod", "v1", "pods")
 INFERENCESERVICE = ResourceKind("InferenceService", f"{GROUP}/{VERSION}", PLURAL)
 LEASE = ResourceKind("Lease", "coordination.k8s.io/v1", "leases")
 """The operator's own leader-election lock (leadership.py), in its own namespace."""
 KINDS = {
-    k.kind: k for k in (DEPLOYMENT, SERVICE, CONFIGMAP, SECRET, PDB, POD, INFERENCESERVICE, LEASE)
+    k.kind: k
+    for k in (
+        DEPLOYMENT,
+        SERVICE,
+        CONFIGMAP,
+        SECRET,
+        PDB,
+        NETWORK_POLICY,
+        POD,
+        INFERENCESERVICE,
+        LEASE,
+    )
 }

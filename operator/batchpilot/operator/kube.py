@@ -152,9 +152,10 @@ class KubeClient:
                 raise
 
 
-def ready_pod_endpoints(pods: list[dict[str, Any]], *, port_name: str = "http") -> list[str]:
+def ready_pod_endpoints(pods: list[dict[str, Any]], *, port_name: str = "admin") -> list[str]:
     """`IP:PORT` of the runtime in each pod whose Ready condition is True and that is not
-    terminating; the port is the container port named `port_name`."""
+    terminating; the port is the container port named `port_name` (the admin endpoint's, where
+    the autopilot pushes batch settings, by default)."""
     endpoints = []
     for pod in pods:
         if pod.get("metadata", {}).get("deletionTimestamp"):

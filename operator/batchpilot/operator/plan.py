@@ -21,15 +21,24 @@ from batchpilot.operator.children.common import Owner, owned_by
 from batchpilot.operator.children.configmap import batching_in, build_configmap
 from batchpilot.operator.children.deadline import default_deadline_ms
 from batchpilot.operator.children.deployment import build_deployment
+from batchpilot.operator.children.networkpolicy import build_network_policy
 from batchpilot.operator.children.pdb import build_pdb
 from batchpilot.operator.children.secret import build_secret, new_token, token_in
 from batchpilot.operator.children.service import build_service
-from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT, PDB, SECRET, SERVICE, ResourceKind
+from batchpilot.operator.kinds import (
+    CONFIGMAP,
+    DEPLOYMENT,
+    NETWORK_POLICY,
+    PDB,
+    SECRET,
+    SERVICE,
+    ResourceKind,
+)
 from batchpilot.operator.settings import OperatorSettings
 
 Obj = dict[str, Any]
-CHILD_KINDS = (SECRET, CONFIGMAP, DEPLOYMENT, SERVICE, PDB)
-"""In creation order: what the pods mount exists before the pods."""
+CHILD_KINDS = (NETWORK_POLICY, SECRET, CONFIGMAP, DEPLOYMENT, SERVICE, PDB)
+"""In creation order: the pods' fence and what they mount exist before the pods."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +120,7 @@ def desired_children(
 ) -> dict[ResourceKind, Obj | None]:
     """Every child as it should be; None for a child that should not exist."""
     return {
+        NETWORK_POLICY: build_network_policy(owner, settings),
         SECRET: build_secret(owner, token=owned.token),
         CONFIGMAP: build_configmap(
             owner,

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from batchpilot.operator import conditions, events
 from batchpilot.operator.children.common import Owner
 from batchpilot.operator.children.deployment import UnsupportedModelSource
+from batchpilot.operator.children.networkpolicy import access_status
 from batchpilot.operator.children.service import grpc_address, service_url
 from batchpilot.operator.events import Event
 from batchpilot.operator.kinds import DEPLOYMENT, ResourceKind
@@ -129,6 +130,7 @@ class Reconciler:
             "batchSize": owned.batch_size,
             "maxQueueDelayMs": owned.max_queue_delay_ms,
             "deadlineMs": owned.deadline_ms,
+            "access": access_status(owner, self._settings),
             "conditions": conditions.set_condition(
                 status.get("conditions"),
                 type_=conditions.READY,

@@ -34,12 +34,38 @@ class OperatorSettings(BaseSettings):
     runtime_port: int = 8080
     runtime_grpc_port: int = 8081
     """The runtime's gRPC port (container and Service port "grpc")."""
+    runtime_admin_port: int = 8082
+    """The runtime's admin endpoint (container port "admin"): the operator pushes batch settings
+    there. Not on the Service; the InferenceService's NetworkPolicy admits the operator alone."""
+    runtime_metrics_port: int = 8083
+    """The runtime's /metrics (container and Service port "metrics"); the NetworkPolicy admits
+    Prometheus alone (`prometheus_peers`)."""
     drain_grace_seconds: int = Field(default=25, ge=1)
     """How long a runtime pod may take to finish queued requests on SIGTERM."""
     pre_stop_sleep_seconds: int = Field(default=5, ge=0)
     """Time for endpoints to drop a terminating pod before it stops accepting requests."""
 
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
+    prometheus_peers: list[dict[str, Any]] = Field(
+        default_factory=lambda: [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+        ]
+    )
+    """Where Prometheus runs, as NetworkPolicyPeers: the pods every InferenceService's
+    NetworkPolicy lets scrape the metrics port (empty: none)."""
+    operator_namespace: str = Field(
+        default_factory=lambda: os.environ.get("POD_NAMESPACE") or "default",
+        description="the operator's own namespace (POD_NAMESPACE, the downward API)",
+    )
+    operator_pod_labels: dict[str, str] = Field(
+        default_factory=lambda: {
+            "app.kubernetes.io/name": "batchpilot",
+            "app.kubernetes.io/instance": "batchpilot",
+            "app.kubernetes.io/component": "operator",
+        }
+    )
+    """Labels of the operator's pods (the chart's, installed as release `batchpilot`): with
+    `operator_namespace`, who the NetworkPolicies let reach the runtime's admin port."""
     namespaces: list[str] = Field(default_factory=list, description="empty: all namespaces")
     autopilot_interval_seconds: float = Field(default=15, gt=0)
     autopilot_workers: int = Field(default=8, ge=1, le=64)

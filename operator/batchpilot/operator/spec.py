@@ -173,6 +173,115 @@ class BatchingSpec(_Model):
     max_queue_delay_ms: float = Field(default=5, ge=0, le=10_000)
 
 
+LABEL_KEY_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+"""A label key: an optional DNS-subdomain prefix and `/`, then a name of at most 63 characters
+that starts and ends alphanumeric (`app`, `kubernetes.io/metadata.name`). No backslashes, so
+that the CRD's CEL rules can carry it as it is."""
+LABEL_KEY_MAX = 317
+"""253 for the prefix, 1 for the slash, 63 for the name."""
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
+"""A label value: empty, or at most 63 characters that start and end alphanumeric."""
+LABEL_KEY_MESSAGE = (
+    "a label key is an optional DNS prefix and '/', then at most 63 letters, digits, '-', '_' "
+    "or '.', starting and ending with a letter or digit (e.g. team or kubernetes.io/metadata.name)"
+)
+LABEL_VALUE_MESSAGE = (
+    "a label value is empty or at most 63 letters, digits, '-', '_' or '.', starting and "
+    "ending with a letter or digit"
+)
+SELECTOR_OPERATOR_MESSAGE = (
+    "operator In and NotIn need at least one value; Exists and DoesNotExist take none"
+)
+PEER_MESSAGE = "each allowFrom entry needs namespaceSelector, podSelector or both"
+
+
+def _label_key(key: str) -> str:
+    if len(key) > LABEL_KEY_MAX or re.fullmatch(LABEL_KEY_PATTERN, key) is None:
+        raise ValueError(f"{key!r}: {LABEL_KEY_MESSAGE}")
+    return key
+
+
+def _label_value(value: str) -> str:
+    if re.fullmatch(LABEL_VALUE_PATTERN, value) is None:
+        raise ValueError(f"{value!r}: {LABEL_VALUE_MESSAGE}")
+    return value
+
+
+class LabelSelectorRequirement(_Model):
+    """metav1.LabelSelectorRequirement."""
+
+    key: str = Field(max_length=LABEL_KEY_MAX)
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: list[str] | None = Field(default=None, max_length=64)
+
+    @field_validator("key")
+    @classmethod
+    def _valid_key(cls, key: str) -> str:
+        return _label_key(key)
+
+    @field_validator("values")
+    @classmethod
+    def _valid_values(cls, values: list[str] | None) -> list[str] | None:
+        for value in values or []:
+            _label_value(value)
+        return values
+
+    @model_validator(mode="after")
+    def _values_fit_the_operator(self) -> LabelSelectorRequirement:
+        if (self.operator in {"In", "NotIn"}) != bool(self.values):
+            raise ValueError(f"matchExpressions {self.key}: {SELECTOR_OPERATOR_MESSAGE}")
+        return self
+
+
+class LabelSelector(_Model):
+    """metav1.LabelSelector: every matchLabels pair and every expression must hold; empty
+    selects everything."""
+
+    match_labels: dict[str, str] | None = Field(default=None, max_length=32)
+    match_expressions: list[LabelSelectorRequirement] | None = Field(default=None, max_length=32)
+
+    @field_validator("match_labels")
+    @classmethod
+    def _valid_labels(cls, labels: dict[str, str] | None) -> dict[str, str] | None:
+        for key, value in (labels or {}).items():
+            _label_key(key)
+            _label_value(value)
+        return labels
+
+
+class AccessPeer(_Model):
+    """Who may call: NetworkPolicyPeer semantics. namespaceSelector alone: every pod in the
+    namespaces it selects; podSelector alone: the pods it selects in the InferenceService's own
+    namespace; both: the pods it selects in the namespaces it selects."""
+
+    namespace_selector: LabelSelector | None = None
+    pod_selector: LabelSelector | None = None
+
+    @model_validator(mode="after")
+    def _selects_something(self) -> AccessPeer:
+        if self.namespace_selector is None and self.pod_selector is None:
+            raise ValueError(PEER_MESSAGE)
+        return self
+
+
+OWN_NAMESPACE = AccessPeer(pod_selector=LabelSelector())
+"""The default peer: every pod in the InferenceService's own namespace."""
+
+
+class AccessSpec(_Model):
+    allow_from: list[AccessPeer] | None = Field(default=None, max_length=64)
+    """Who may call the model (its HTTP and gRPC ports). Absent: the pods of the
+    InferenceService's own namespace; empty: no one (only the operator and Prometheus reach the
+    pods, on their own ports)."""
+
+    @property
+    def peers(self) -> list[AccessPeer]:
+        return [OWN_NAMESPACE] if self.allow_from is None else list(self.allow_from)
+
+
 class InferenceServiceSpec(_Model):
     model: ModelSource
     runtime: RuntimeSpec = RuntimeSpec()
@@ -181,6 +290,8 @@ class InferenceServiceSpec(_Model):
     batching: BatchingSpec = BatchingSpec()
     pipeline: PipelineConfig | None = None
     """Pre/post-processing around the model; the runtime's `--pipeline-config` document."""
+    access: AccessSpec = AccessSpec()
+    """Who may reach the pods over the network (the InferenceService's NetworkPolicy)."""
 
     @model_validator(mode="after")
     def _batch_within_ceiling(self) -> InferenceServiceSpec:

@@ -4,9 +4,9 @@ There is no kubelet and no container engine on the machines the sandbox runs on,
 plays both, honestly and in the open: it watches (polls, twice a second) the Deployments that
 InferenceServices own, and for each desired replica starts `batchpilot runtime serve` with the
 arguments the Deployment's container asks for — rewritten only where a pod and a process
-differ: loopback host, a free port, the model path mapped from `/models/...` to a local
-directory, the mounted ConfigMap and Secret replaced by files this runner keeps in sync with
-the API. A replica waits `start_delay_s` before its process starts (image pull and cold
+differ: loopback host, free ports (one per listener), the model path mapped from `/models/...`
+to a local directory, the mounted ConfigMap and Secret replaced by files this runner keeps in
+sync with the API. A replica waits `start_delay_s` before its process starts (image pull and cold
 start), becomes Ready when `GET /v2/health/ready` answers, and is restarted when it crashes.
 Pods and Deployment status are reported back into the API, so the operator and kubectl see
 what a cluster would show; the ready endpoints go to the sandbox's Service proxy and every
@@ -42,6 +42,8 @@ _REWRITTEN = {
     "--host",
     "--port",
     "--grpc-port",
+    "--admin-port",
+    "--metrics-port",
     "--model",
     "--batching-config",
     "--admin-token-file",
@@ -83,6 +85,8 @@ class Replica:
     container: Mapping[str, Any]
     port: int = 0
     grpc_port: int = 0
+    admin_port: int = 0
+    metrics_port: int = 0
     process: subprocess.Popen[bytes] | None = None
     ready: bool = False
     restarts: int = 0
@@ -91,6 +95,11 @@ class Replica:
     @property
     def endpoint(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def metrics_endpoint(self) -> str:
+        """Where Prometheus scrapes it: the metrics port when the pod has one."""
+        return f"127.0.0.1:{self.metrics_port or self.port}"
 
 
 @dataclass(frozen=True)
@@ -108,19 +117,24 @@ def container_command(
     models_dir: Path,
     directory: Path,
     grpc_port: int | None = None,
+    admin_port: int | None = None,
+    metrics_port: int | None = None,
 ) -> list[str]:
     """The process for a runtime container: its args, with the pod-only parts made local.
-    A pod that serves gRPC gets `grpc_port` (a free one), or none when that is not given."""
+    Every pod shares the loopback host, so each listener gets a free port of its own: the
+    admin endpoint `admin_port` always (the runtime's default is one fixed port); gRPC
+    `grpc_port` and metrics `metrics_port` when the container serves them and a port is given."""
     args = [str(a) for a in container.get("args", [])]
     out: list[str] = []
     model = ""
-    serves_grpc = False
+    serves_grpc = serves_metrics = False
     i = 0
     while i < len(args):
         if args[i] in _REWRITTEN and i + 1 < len(args):
             if args[i] == "--model":
                 model = args[i + 1]
             serves_grpc = serves_grpc or args[i] == "--grpc-port"
+            serves_metrics = serves_metrics or args[i] == "--metrics-port"
             i += 2
             continue
         out.append(args[i])
@@ -135,6 +149,10 @@ def container_command(
     ]  # fmt: skip
     if serves_grpc and grpc_port is not None:
         out += ["--grpc-port", str(grpc_port)]
+    if admin_port is not None:
+        out += ["--admin-port", str(admin_port)]
+    if serves_metrics and metrics_port is not None:
+        out += ["--metrics-port", str(metrics_port)]
     return [sys.executable, "-m", "batchpilot.runtime.cli", *out]
 
 
@@ -301,9 +319,12 @@ class PodRunner:
         )
         replica.port = free_port()
         replica.grpc_port = free_port()
+        replica.admin_port = free_port()
+        named = {"http": replica.port, "grpc": replica.grpc_port, "admin": replica.admin_port}
+        if "--metrics-port" in containers[0].get("args", []):
+            replica.metrics_port = named["metrics"] = free_port()
         containers[0]["ports"] = [
-            {"name": "http", "containerPort": replica.port},
-            {"name": "grpc", "containerPort": replica.grpc_port},
+            {"name": name, "containerPort": port} for name, port in named.items()
         ]
         pod = {
             "apiVersion": "v1",
@@ -339,6 +360,8 @@ class PodRunner:
                 container,
                 port=replica.port,
                 grpc_port=replica.grpc_port,
+                admin_port=replica.admin_port,
+                metrics_port=replica.metrics_port or None,
                 models_dir=self.models_dir,
                 directory=replica.directory,
             )
@@ -461,7 +484,7 @@ class PodRunner:
         for replica in sorted(self.replicas.values(), key=lambda r: r.name):
             if replica.process is None:
                 continue
-            scrape.append((replica.endpoint, {"pod": replica.name}))
+            scrape.append((replica.metrics_endpoint, {"pod": replica.name}))
             if replica.ready:
                 ready.setdefault((replica.namespace, replica.deployment), []).append(
                     replica.endpoint

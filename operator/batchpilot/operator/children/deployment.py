@@ -6,6 +6,11 @@ settings are not in the pod template at all — pods read them from the mounted 
 admin endpoint — so the autopilot changes the batch size without restarting a single pod.
 The pipeline document, which the runtime reads only at start, rolls the pods through a hash
 annotation on the pod template.
+
+The runtime listens on four ports, each for one audience (the NetworkPolicy admits each its
+own): `http` and `grpc` for the model's callers, `admin` for the operator's pushes of batch
+settings, `metrics` for Prometheus. The Service carries the callers' ports and the metrics port,
+never the admin port.
 """
 
 from __future__ import annotations
@@ -139,6 +144,10 @@ def runtime_args(owner: Owner, settings: OperatorSettings, model_path: str) -> l
         "0.0.0.0",
         "--port",
         str(settings.runtime_port),
+        "--admin-port",
+        str(settings.runtime_admin_port),
+        "--metrics-port",
+        str(settings.runtime_metrics_port),
         "--device",
         runtime.device,
         "--engine",
@@ -203,6 +212,8 @@ def build_deployment(owner: Owner, settings: OperatorSettings, *, replicas: int)
         "ports": [
             {"name": "http", "containerPort": settings.runtime_port, "protocol": "TCP"},
             {"name": "grpc", "containerPort": settings.runtime_grpc_port, "protocol": "TCP"},
+            {"name": "admin", "containerPort": settings.runtime_admin_port, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": settings.runtime_metrics_port, "protocol": "TCP"},
         ],
         "resources": resources,
         "startupProbe": _probe("/v2/health/live", period=2, failures=150),
@@ -256,7 +267,7 @@ def build_deployment(owner: Owner, settings: OperatorSettings, *, replicas: int)
 
     annotations = {
         "prometheus.io/scrape": "true",
-        "prometheus.io/port": str(settings.runtime_port),
+        "prometheus.io/port": str(settings.runtime_metrics_port),
         "prometheus.io/path": "/metrics",
     }
     if (digest := pipeline_hash(owner)) is not None:

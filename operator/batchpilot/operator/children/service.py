@@ -1,5 +1,6 @@
-"""The Service in front of the runtime pods (REST on port 80, gRPC on 8081), and the
-addresses clients use."""
+"""The Service in front of the runtime pods (REST on port 80, gRPC on 8081, metrics on 8083
+for a ServiceMonitor), and the addresses clients use. The pods' admin port is not on it: callers
+of the model have no route to the endpoint that changes batch settings."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from batchpilot.operator.children.common import Owner
 
 SERVICE_PORT = 80
 GRPC_SERVICE_PORT = 8081
+METRICS_SERVICE_PORT = 8083
 
 
 def build_service(owner: Owner) -> dict[str, Any]:
@@ -27,6 +29,12 @@ def build_service(owner: Owner) -> dict[str, Any]:
                     "targetPort": "grpc",
                     "protocol": "TCP",
                     "appProtocol": "kubernetes.io/h2c",
+                },
+                {
+                    "name": "metrics",
+                    "port": METRICS_SERVICE_PORT,
+                    "targetPort": "metrics",
+                    "protocol": "TCP",
                 },
             ],
         },
