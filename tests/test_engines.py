@@ -1,8 +1,11 @@
-"""Engines: device choice, the onnxruntime engine, the simulated accelerator."""
+"""Engines: device choice, the engines that run a model (onnxruntime and PyTorch, one table for
+both), the simulated accelerator."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +13,7 @@ import onnxruntime as ort
 import pytest
 
 from batchpilot.runtime.device import DeviceUnavailable, Nvml, choose_providers
-from batchpilot.runtime.engine import example_inputs
+from batchpilot.runtime.engine import Engine, example_inputs
 from batchpilot.runtime.metrics import batch_bucket
 from batchpilot.runtime.onnx_engine import ModelLoadError, OnnxEngine
 from batchpilot.runtime.simulated import LatencyModel, SimulatedEngine
@@ -39,32 +42,128 @@ class TestDeviceChoice:
             choose_providers("gpu", gpu_present=True, available=[CPU])
 
 
-class TestOnnxEngine:
-    async def test_runs_batches_like_a_plain_session(self, mlp_model: Path) -> None:
-        engine = OnnxEngine.load(mlp_model, name="mlp", device="cpu")
+@dataclass(frozen=True)
+class EngineCase:
+    """One engine of the table and the test models it serves: the same models in its format."""
+
+    kind: str
+    load: Callable[..., Engine]
+    mlp: Path
+    """`onnx_models.mlp`'s function: x FP32 [N, 64] → logits FP32 [N, 16]."""
+    fixed_batch: Path
+    """The same, but with a batch of exactly 1."""
+    multi_io: Path
+    """`onnx_models.multi_io`'s six datatypes in, six out."""
+    classifier: Path
+    """An image classifier, FP32 [N, 3, 224, 224] in."""
+    suffix: str
+    """The file name ending of this engine's models."""
+
+
+def _onnx_case(model_dir: Path) -> EngineCase:
+    return EngineCase(
+        kind="onnxruntime",
+        load=lambda path, **kw: OnnxEngine.load(path, name="m", device="cpu", **kw),
+        mlp=model_dir / "mlp.onnx",
+        fixed_batch=model_dir / "fixed_batch.onnx",
+        multi_io=model_dir / "multi_io.onnx",
+        classifier=onnx_models.pretrained_classifier(),
+        suffix=".onnx",
+    )
+
+
+def _torch_case(model_dir: Path) -> EngineCase:
+    pytest.importorskip("torch", reason="the torch extra is not installed")
+    from batchpilot.gpucheck import models as gpucheck_models
+    from batchpilot.runtime.torch_engine import TorchEngine
+    from tests import torch_models
+
+    folder = model_dir / "torch"
+    if not folder.exists():
+        folder.mkdir()
+        torch_models.mlp(folder / "mlp.pt")
+        torch_models.fixed_batch(folder / "fixed_batch.pt")
+        torch_models.multi_io(folder / "multi_io.pt")
+        gpucheck_models.save(gpucheck_models.build("tiny"), folder / "classifier.pt")
+    return EngineCase(
+        kind="torch",
+        load=lambda path, **kw: TorchEngine.load(
+            path, name="m", device="cpu", intra_op_threads=1, **kw
+        ),
+        mlp=folder / "mlp.pt",
+        fixed_batch=folder / "fixed_batch.pt",
+        multi_io=folder / "multi_io.pt",
+        classifier=folder / "classifier.pt",
+        suffix=".pt",
+    )
+
+
+@pytest.fixture(params=["onnx", "torch"])
+def case(
+    request: pytest.FixtureRequest,
+    model_dir: Path,
+    mlp_model: Path,
+    fixed_batch_model: Path,
+    multi_io_model: Path,
+) -> EngineCase:
+    return _onnx_case(model_dir) if request.param == "onnx" else _torch_case(model_dir)
+
+
+class TestEngines:
+    """What every engine that runs a model does, the same table for each (`case`)."""
+
+    async def test_runs_batches_like_a_plain_session(
+        self, case: EngineCase, mlp_model: Path
+    ) -> None:
+        engine = case.load(case.mlp)
         x = np.random.default_rng(0).standard_normal((5, 64)).astype(np.float32)
         out = await engine.run({"x": x})
         (expected,) = ort.InferenceSession(str(mlp_model)).run(None, {"x": x})
-        np.testing.assert_allclose(out["logits"], expected, rtol=1e-5)
+        np.testing.assert_allclose(out["logits"], expected, rtol=1e-5, atol=1e-6)
+        assert engine.info.kind == case.kind
         assert engine.info.device == "cpu"
         assert not engine.info.simulated
         assert [s.shape for s in engine.signature.inputs] == [(-1, 64)]
+        assert [(s.name, s.datatype, s.shape) for s in engine.signature.outputs] == [
+            ("logits", "FP32", (-1, 16))
+        ]
         await engine.close()
 
-    def test_a_model_without_a_dynamic_batch_axis_is_refused(self, fixed_batch_model: Path) -> None:
-        with pytest.raises(ModelLoadError, match="dimension 0 must be a dynamic batch axis"):
-            OnnxEngine.load(fixed_batch_model, name="fixed", device="cpu")
+    async def test_every_datatype_goes_through_unchanged(self, case: EngineCase) -> None:
+        engine = case.load(case.multi_io)
+        inputs = onnx_models.random_multi_io(3)
+        out = await engine.run(inputs)
+        for name, expected in onnx_models.multi_io_expected(inputs).items():
+            assert out[name].dtype == expected.dtype, name
+            np.testing.assert_array_equal(out[name], expected, err_msg=name)
+        await engine.close()
 
-    def test_a_missing_or_corrupt_file_is_refused(self, tmp_path: Path) -> None:
+    async def test_concurrent_batches_each_get_their_own_rows(self, case: EngineCase) -> None:
+        engine = case.load(case.mlp, instances=2)
+        rng = np.random.default_rng(1)
+        batches = [rng.standard_normal((rows, 64)).astype(np.float32) for rows in (1, 3, 7, 2)]
+        outs = await asyncio.gather(*(engine.run({"x": x}) for x in batches))
+        alone = [await engine.run({"x": x}) for x in batches]
+        for out, single, x in zip(outs, alone, batches, strict=True):
+            assert out["logits"].shape == (x.shape[0], 16)
+            np.testing.assert_allclose(out["logits"], single["logits"], rtol=1e-5, atol=1e-6)
+        assert engine.info.instances == 2
+        await engine.close()
+
+    def test_a_model_without_a_dynamic_batch_axis_is_refused(self, case: EngineCase) -> None:
+        with pytest.raises(ModelLoadError, match="dimension 0 must be a dynamic batch axis"):
+            case.load(case.fixed_batch)
+
+    def test_a_missing_or_corrupt_file_is_refused(self, case: EngineCase, tmp_path: Path) -> None:
         with pytest.raises(ModelLoadError, match="does not exist"):
-            OnnxEngine.load(tmp_path / "nope.onnx", name="x", device="cpu")
-        corrupt = tmp_path / "corrupt.onnx"
+            case.load(tmp_path / f"nope{case.suffix}")
+        corrupt = tmp_path / f"corrupt{case.suffix}"
         corrupt.write_bytes(b"\x08\x07garbage" * 10)
         with pytest.raises(ModelLoadError, match="cannot load"):
-            OnnxEngine.load(corrupt, name="x", device="cpu")
+            case.load(corrupt)
 
-    def test_the_pretrained_classifier_loads(self) -> None:
-        engine = OnnxEngine.load(onnx_models.pretrained_classifier(), name="orient", device="cpu")
+    def test_an_image_classifier_loads(self, case: EngineCase) -> None:
+        engine = case.load(case.classifier)
         (spec,) = engine.signature.inputs
         assert spec.datatype == "FP32"
         assert spec.shape[1:] == (3, 224, 224)

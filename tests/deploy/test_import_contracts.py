@@ -1,8 +1,9 @@
 """The import contracts bite: `lint-imports` (run by `make lint`) fails on a planted import.
 
-A copy of the source roots with two forbidden imports planted — the pure core's seasonal forecast
-importing kopf, the runtime's batch queue importing the operator's spec — must break exactly the
-contracts that forbid them, and name the offending modules; the unplanted copy keeps them all.
+A copy of the source roots with three forbidden imports planted — the pure core's seasonal
+forecast importing kopf, the runtime's batch queue importing the operator's spec, the model
+server importing torch — must break exactly the contracts that forbid them, and name the
+offending modules; the unplanted copy keeps them all.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def test_a_planted_forbidden_import_fails_lint(tree: Path) -> None:
         tree / "runtime/batchpilot/runtime/batching.py",
         "import batchpilot.operator.spec  # noqa",
     )
+    plant(tree / "runtime/batchpilot/runtime/server.py", "import torch  # noqa")
     result = lint(tree)
     assert result.returncode != 0
     out = result.stdout
@@ -76,3 +78,5 @@ def test_a_planted_forbidden_import_fails_lint(tree: Path) -> None:
     assert "batchpilot.operator.autopilot.season -> kopf" in out, out
     assert "Runtime and operator independent" in out, out
     assert "batchpilot.runtime.batching -> batchpilot.operator.spec" in out, out
+    assert "PyTorch stays in its engine" in out, out
+    assert "batchpilot.runtime.server -> torch" in out, out

@@ -1,9 +1,9 @@
 """The product and its tools are two distributions: the `batchpilot` wheel, the one every image
 installs (whatever its extra), holds the runtime, the operator and the documents they share (the
-api) and nothing of the sandbox or the simulator; the `batchpilot-tools` wheel (tools/) holds
-exactly those two. Both are built here offline, as the images build theirs (`pip wheel --no-deps
---no-build-isolation`), and their file lists read. Without the tools, the `batchpilot` command's
-tool subcommands say so in one line."""
+api) and nothing of the sandbox, the simulator or the GPU check; the `batchpilot-tools` wheel
+(tools/) holds exactly those three. Both are built here offline, as the images build theirs
+(`pip wheel --no-deps --no-build-isolation`), and their file lists read. Without the tools, the
+`batchpilot` command's tool subcommands say so in one line."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from tests.deploy.dockerfile import parse
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = sorted((ROOT / "images").glob("*.Dockerfile"))
-TOOL_PACKAGES = ("batchpilot/sandbox/", "batchpilot/simulation/")
+TOOL_PACKAGES = ("batchpilot/sandbox/", "batchpilot/simulation/", "batchpilot/gpucheck/")
 PRODUCT_PACKAGES = ("batchpilot/api/", "batchpilot/operator/", "batchpilot/runtime/")
 
 
@@ -82,10 +82,13 @@ class TestTheProductWheel:
 
 
 class TestTheToolsWheel:
-    def test_it_holds_exactly_the_sandbox_and_the_simulator(self, tools: zipfile.ZipFile) -> None:
+    def test_it_holds_exactly_the_sandbox_the_simulator_and_the_gpu_check(
+        self, tools: zipfile.ZipFile
+    ) -> None:
         files = code(tools)
         assert "batchpilot/sandbox/apiserver.py" in files
         assert "batchpilot/simulation/cli.py" in files
+        assert "batchpilot/gpucheck/models.py" in files
         assert all(f.startswith(TOOL_PACKAGES) for f in files), files
 
     def test_it_goes_with_this_version_of_the_product(self, tools: zipfile.ZipFile) -> None:

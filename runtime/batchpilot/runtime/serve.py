@@ -56,7 +56,30 @@ def model_file(settings: RuntimeSettings) -> Path:
     return path
 
 
+def torch_engine(settings: RuntimeSettings) -> Engine:
+    """The PyTorch engine; imported here, so that only servers of PyTorch programs import torch."""
+    try:
+        from batchpilot.runtime.torch_engine import TorchEngine
+    except ModuleNotFoundError as exc:
+        if exc.name != "torch":
+            raise
+        raise ModelLoadError(
+            "--engine torch needs PyTorch, which is not installed here: pip install "
+            "'batchpilot[runtime,torch]' (or a runtime image built with the torch extra)"
+        ) from exc
+    return TorchEngine.load(
+        settings.model_path,
+        name=settings.model_name,
+        device=settings.device,
+        instances=settings.instances,
+        variant=settings.model_variant,
+        intra_op_threads=settings.intra_op_threads,
+    )
+
+
 def build_engine(settings: RuntimeSettings, *, nvml: Nvml | None) -> Engine:
+    if settings.engine == "torch":
+        return torch_engine(settings)
     if settings.engine == "simulated":
         return SimulatedEngine.load(
             model_file(settings),
@@ -437,14 +460,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "after its deadline, and size batches to it; queue: only the queue bound (default "
         "deadline; BATCHPILOT_ADMISSION)",
     )
-    a("--engine", choices=["onnx", "simulated"], help="onnx (default) or simulated accelerator")
+    a(
+        "--engine",
+        choices=["onnx", "simulated", "torch"],
+        help="onnx (default), torch (a TorchScript .pt or torch.export .pt2 program; the torch "
+        "extra) or simulated accelerator",
+    )
     a(
         "--simulated-latency",
         metavar="alpha_ms=A,beta_ms=B",
         help="per-batch time of the simulated accelerator, t(b) = A + B*b milliseconds",
     )
-    a("--device", choices=["auto", "cpu", "gpu"], help="where onnxruntime runs (default auto)")
-    a("--intra-op-threads", type=int, help="onnxruntime intra-op threads (0: default)")
+    a("--device", choices=["auto", "cpu", "gpu"], help="where the model runs (default auto)")
+    a(
+        "--intra-op-threads",
+        type=int,
+        help="onnxruntime's (or PyTorch's, on the CPU) intra-op threads (0: default)",
+    )
     a("--inter-op-threads", type=int, help="onnxruntime inter-op threads (0: default)")
     a("--graph-optimization", choices=["disabled", "basic", "extended", "all"])
     a(

@@ -44,7 +44,11 @@ class RuntimeSettings(BaseSettings):
         description="port of GET /metrics alone; None: /metrics on the inference port",
     )
 
-    engine: Literal["onnx", "simulated"] = "onnx"
+    engine: Literal["onnx", "simulated", "torch"] = Field(
+        default="onnx",
+        description="onnx: onnxruntime; torch: a TorchScript or torch.export program (the torch "
+        "extra); simulated: an accelerator's timing without one",
+    )
     simulated_latency: str = Field(
         default="alpha_ms=5,beta_ms=1", description="t(b) of the simulated accelerator"
     )

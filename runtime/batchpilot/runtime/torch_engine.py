@@ -1,0 +1,450 @@
+"""The PyTorch engine: a TorchScript (`.pt`) or `torch.export` (`.pt2`) program, on CUDA when
+PyTorch sees a GPU, on the CPU otherwise.
+
+It is the engine for GPUs where onnxruntime-gpu is not installed, and for the format most models
+already come in. The contract is the other engines': the v2 signature (from the program where it
+carries one, else from a small JSON document, `torch_signature`), warm-up before the server
+reports ready, one call per batch on the concatenated rows, outputs as numpy arrays by name. The
+batcher times each call and counts the device busy, as for any engine; a call returns only once
+its outputs are back in host memory, so on a GPU that time is the device's, copies included.
+
+The file's contents decide how it is loaded (a TorchScript archive or a PT2 archive), whatever its
+name; a `torch.save` pickle, which needs the model's Python code to load, is refused with the way
+to save a program instead. The FP16 variant is the same file run under autocast: matrix products
+and convolutions in float16, outputs cast back to the declared datatypes, so clients never notice.
+
+Model instances (`--instances N`) share the one set of weights: each has its own thread (and on a
+GPU its own CUDA stream), so N batches are in flight at once. On the CPU, N instances split the
+cores between them (`threads_per_instance`), as the onnxruntime engine's sessions do.
+
+Only this module imports torch (an import-linter contract says so); the server imports it only
+when `--engine torch` is asked for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import warnings
+import zipfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from batchpilot.runtime.device import DeviceChoice, DeviceUnavailable
+from batchpilot.runtime.engine import EngineInfo, ModelSignature, TensorSpec, example_inputs
+from batchpilot.runtime.metrics import available_cores
+from batchpilot.runtime.onnx_engine import ModelLoadError, threads_per_instance
+from batchpilot.runtime.torch_signature import (
+    EMBEDDED_NAME,
+    SignatureDocument,
+    SignatureError,
+    check_inputs,
+    read_sidecar,
+    sidecar_path,
+)
+
+log = logging.getLogger(__name__)
+
+ProgramFormat = Literal["torchscript", "torch-export"]
+
+TORCH_TO_V2: dict[torch.dtype, str] = {
+    torch.bool: "BOOL",
+    torch.uint8: "UINT8",
+    torch.int8: "INT8",
+    torch.int16: "INT16",
+    torch.int32: "INT32",
+    torch.int64: "INT64",
+    torch.float16: "FP16",
+    torch.float32: "FP32",
+    torch.float64: "FP64",
+}
+V2_TO_TORCH = {v2: dtype for dtype, v2 in TORCH_TO_V2.items()}
+PLATFORMS: dict[ProgramFormat, str] = {
+    "torchscript": "pytorch_libtorch",  # Triton's name for TorchScript
+    "torch-export": "pytorch_export",
+}
+WARM_UP_ROWS = (1, 1, 2)
+"""Batches run before readiness: TorchScript's profiling executor specializes the graph on its
+second call, and a batch of 2 proves dimension 0 is a batch axis the program accepts."""
+
+
+def program_format(path: Path) -> ProgramFormat:
+    """Which kind of PyTorch program the file holds, read from its archive's entries."""
+    if not path.is_file():
+        raise ModelLoadError(f"model file {path} does not exist")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            entries = {name.split("/", 1)[-1] for name in archive.namelist()}
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise ModelLoadError(
+            f"PyTorch cannot load {path}: it is not a TorchScript or torch.export archive ({exc})"
+        ) from exc
+    if "archive_format" in entries or any(e.startswith("models/") for e in entries):
+        return "torch-export"
+    if "constants.pkl" in entries and any(e.startswith("code/") for e in entries):
+        return "torchscript"
+    if "data.pkl" in entries:
+        raise ModelLoadError(
+            f"{path} was written by torch.save (a pickled module or state_dict), which needs the "
+            "model's Python code to load: save a program instead, "
+            "torch.jit.script(model).save(path) or "
+            "torch.export.save(torch.export.export(model, example, dynamic_shapes=...), path)"
+        )
+    raise ModelLoadError(f"{path} is a zip archive but neither a TorchScript nor a PT2 archive")
+
+
+def choose_device(choice: DeviceChoice, *, cuda: bool) -> Literal["gpu", "cpu"]:
+    """`auto` takes the GPU when PyTorch sees one; `gpu` insists and says why it cannot."""
+    if choice == "cpu" or (choice == "auto" and not cuda):
+        return "cpu"
+    if not cuda:
+        raise DeviceUnavailable(
+            "device gpu was requested but PyTorch sees no CUDA device "
+            "(torch.cuda.is_available() is false: no GPU, no driver, or a CPU-only PyTorch)"
+        )
+    return "gpu"
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _dims(shape: Sequence[Any]) -> tuple[int, ...]:
+    """Concrete sizes stay, symbolic ones (torch.SymInt) become -1."""
+    return tuple(d if isinstance(d, int) else -1 for d in shape)
+
+
+def _spec_of(name: str, value: Any, what: str) -> TensorSpec:
+    if not isinstance(value, torch.Tensor):
+        raise ModelLoadError(f"{what} '{name}' of the program is not a tensor ({value!r})")
+    datatype = TORCH_TO_V2.get(value.dtype)
+    if datatype is None:
+        raise ModelLoadError(f"{what} '{name}' has dtype {value.dtype}, which is not supported")
+    return TensorSpec(name, datatype, _dims(value.shape))
+
+
+@dataclass(frozen=True, slots=True)
+class _Program:
+    module: Callable[..., Any]
+    format: ProgramFormat
+    inputs: tuple[TensorSpec, ...] | None
+    """The inputs the program carries (torch.export), or None (TorchScript)."""
+    outputs: tuple[TensorSpec, ...] | None
+    embedded: SignatureDocument | None
+    """The document saved inside a TorchScript archive."""
+
+
+def _load_torchscript(path: Path, device: torch.device) -> _Program:
+    extra = {EMBEDDED_NAME: ""}
+    try:
+        with warnings.catch_warnings():
+            # PyTorch 2.10+ deprecates TorchScript; the file is what the user chose to serve.
+            warnings.filterwarnings(
+                "ignore", ".*torch.jit.load.* is deprecated", DeprecationWarning
+            )
+            module = torch.jit.load(  # type: ignore[no-untyped-call]  # not annotated in torch
+                str(path), map_location=device, _extra_files=extra
+            )
+    except Exception as exc:
+        raise ModelLoadError(
+            f"PyTorch cannot load {path} as TorchScript: {_first_line(exc)}"
+        ) from exc
+    module.eval()
+    embedded = None
+    if extra[EMBEDDED_NAME]:
+        try:
+            embedded = SignatureDocument.parse(
+                extra[EMBEDDED_NAME], source=f"{path}'s embedded {EMBEDDED_NAME}"
+            )
+        except SignatureError as exc:
+            raise ModelLoadError(str(exc)) from exc
+    return _Program(module, "torchscript", inputs=None, outputs=None, embedded=embedded)
+
+
+def _load_export(path: Path, device: torch.device) -> _Program:
+    try:
+        with path.open("rb") as file:  # a file object: torch.export.load insists on .pt2 names
+            program = torch.export.load(file)
+    except Exception as exc:
+        raise ModelLoadError(
+            f"PyTorch cannot load {path} as a torch.export program: {_first_line(exc)}"
+        ) from exc
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    inputs = tuple(
+        _spec_of(name, placeholders[name].meta.get("val"), "input")
+        for name in program.graph_signature.user_inputs
+    )
+    for spec in inputs:
+        if spec.shape[:1] != (-1,):
+            raise ModelLoadError(
+                f"input '{spec.name}' has shape {list(spec.shape)}: dimension 0 must be a dynamic "
+                "batch axis for the model to be batched (export with dynamic_shapes="
+                f"{{'{spec.name}': {{0: torch.export.Dim('batch')}}}})"
+            )
+    (output,) = (n for n in program.graph.nodes if n.op == "output")
+    values = [node.meta.get("val") for node in output.args[0]]
+    out_spec = program.call_spec.out_spec
+    names = (
+        [str(key) for key in out_spec.context]
+        if out_spec is not None and out_spec.type is dict
+        else [f"output_{i}" for i in range(len(values))]
+    )
+    outputs = tuple(_spec_of(n, v, "output") for n, v in zip(names, values, strict=True))
+    if device.type != "cpu":
+        from torch.export.passes import move_to_device_pass
+
+        program = move_to_device_pass(program, device)
+    return _Program(program.module(), "torch-export", inputs, outputs, embedded=None)
+
+
+def _signature(program: _Program, path: Path, *, name: str) -> ModelSignature:
+    """The program's own inputs, the sidecar's or the embedded document's declarations; a
+    sidecar wins over the embedded document and must agree with what the program carries."""
+    platform = PLATFORMS[program.format]
+    try:
+        document = read_sidecar(path) or program.embedded
+        if program.inputs is not None:
+            assert program.outputs is not None
+            if document is None:
+                return ModelSignature(name, platform, program.inputs, program.outputs)
+            if document.inputs is not None:
+                check_inputs(document.inputs, program.inputs, source=document.source)
+            if len(document.outputs) != len(program.outputs):
+                raise SignatureError(
+                    f"{document.source} declares {len(document.outputs)} outputs, the program "
+                    f"returns {len(program.outputs)}"
+                )
+            return ModelSignature(name, platform, program.inputs, document.outputs)
+        if document is None:
+            raise SignatureError(
+                f"a TorchScript program does not carry its inputs' names, datatypes and shapes: "
+                f"declare them in {sidecar_path(path)}, or save them inside the archive as the "
+                f"extra file {EMBEDDED_NAME} (docs: batchpilot.runtime.torch_signature)"
+            )
+        return document.signature(name=name, platform=platform)
+    except SignatureError as exc:
+        raise ModelLoadError(str(exc)) from exc
+
+
+@dataclass(frozen=True, slots=True)
+class _Instance:
+    executor: ThreadPoolExecutor
+    stream: Any
+    """This instance's CUDA stream, or None on the CPU."""
+
+
+def _writable(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """torch.from_numpy shares memory and warns on read-only arrays (a request's own buffer): those
+    are copied, the concatenated batches the batcher forms are not."""
+    return array if array.flags.writeable and array.flags.c_contiguous else array.copy()
+
+
+class TorchEngine:
+    def __init__(
+        self,
+        module: Callable[..., Any],
+        *,
+        signature: ModelSignature,
+        info: EngineInfo,
+        device: torch.device,
+        fp16: bool = False,
+    ) -> None:
+        if info.instances < 1:
+            raise ValueError(f"instances must be at least 1, got {info.instances}")
+        self._module = module
+        self._signature = signature
+        self._info = info
+        self._device = device
+        self._fp16 = fp16
+        self._output_dtypes = [V2_TO_TORCH[spec.datatype] for spec in signature.outputs]
+        self._instances = [
+            _Instance(
+                ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"torch-{i}"),
+                torch.cuda.Stream(device)  # type: ignore[no-untyped-call]  # not annotated
+                if device.type == "cuda"
+                else None,
+            )
+            for i in range(info.instances)
+        ]
+        self._free: asyncio.Queue[_Instance] = asyncio.Queue()
+        for instance in self._instances:
+            self._free.put_nowait(instance)
+
+    @classmethod
+    def load(
+        cls,
+        path: Path,
+        *,
+        name: str,
+        device: DeviceChoice = "auto",
+        instances: int = 1,
+        variant: str = "original",
+        intra_op_threads: int = 0,
+    ) -> TorchEngine:
+        """Load the program, read its signature, and warm every instance up (blocking)."""
+        if instances < 1:
+            raise ValueError(f"instances must be at least 1, got {instances}")
+        if variant not in ("original", "fp16"):
+            raise ModelLoadError(
+                f"variant {variant} is an ONNX file made by `batchpilot optimize`: the torch "
+                "engine serves the original or fp16 (the same program under autocast)"
+            )
+        fmt = program_format(path)
+        chosen = choose_device(device, cuda=torch.cuda.is_available())
+        where = torch.device("cuda", torch.cuda.current_device()) if chosen == "gpu" else None
+        target = where or torch.device("cpu")
+        threads = intra_op_threads
+        if chosen == "cpu" and instances > 1 and threads == 0:
+            threads = threads_per_instance(instances=instances, cores=available_cores())
+        if chosen == "cpu" and threads > 0:
+            torch.set_num_threads(threads)
+        program = (_load_torchscript if fmt == "torchscript" else _load_export)(path, target)
+        signature = _signature(program, path, name=name)
+        placed = f"cuda:{target.index} {torch.cuda.get_device_name(target)}" if where else "cpu"
+        layout = f", {instances} instances sharing the weights" if instances > 1 else ""
+        threading = f", {threads} intra-op threads" if threads else ""
+        info = EngineInfo(
+            kind="torch",
+            device=chosen,
+            simulated=False,
+            providers=(str(target),),
+            detail=f"PyTorch {torch.__version__} {fmt} on {placed}"
+            f"{', autocast FP16' if variant == 'fp16' else ''}{layout}{threading}",
+            instances=instances,
+            variant=variant,
+        )
+        engine = cls(
+            program.module, signature=signature, info=info, device=target, fp16=variant == "fp16"
+        )
+        engine.warm_up()
+        return engine
+
+    @property
+    def signature(self) -> ModelSignature:
+        return self._signature
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @contextlib.contextmanager
+    def _context(self, stream: Any) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.inference_mode())
+            if stream is not None:
+                stack.enter_context(torch.cuda.stream(stream))
+            if self._fp16:
+                stack.enter_context(torch.autocast(self._device.type, dtype=torch.float16))
+            yield
+
+    def _outputs(self, result: Any) -> list[Any]:
+        """The program's return value as one tensor per declared output, in order."""
+        names = self._signature.output_names
+        if isinstance(result, torch.Tensor):
+            tensors = [result]
+        elif isinstance(result, tuple | list):
+            tensors = list(result)
+        elif isinstance(result, dict):
+            missing = [n for n in names if n not in result]
+            if missing:
+                raise ModelLoadError(
+                    f"the program returns a dict with keys {sorted(result)}, without {missing}"
+                )
+            tensors = [result[n] for n in names]
+        else:
+            raise ModelLoadError(f"the program returns {type(result).__name__}, not tensors")
+        if len(tensors) != len(names):
+            raise ModelLoadError(
+                f"the program returns {len(tensors)} outputs, the signature declares {len(names)}"
+            )
+        return tensors
+
+    def _call(self, stream: Any, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
+        with self._context(stream):
+            args = [
+                torch.from_numpy(_writable(inputs[spec.name])).to(self._device)
+                for spec in self._signature.inputs
+            ]
+            tensors = self._outputs(self._module(*args))
+            # .cpu() waits for this stream's work: the call ends when the device is done.
+            return {
+                spec.name: tensor.to(dtype).cpu().numpy()
+                for spec, tensor, dtype in zip(
+                    self._signature.outputs, tensors, self._output_dtypes, strict=True
+                )
+            }
+
+    def _check(self, stream: Any, rows: int) -> None:
+        """One batch of `rows`, checked against the signature: what the program returns must be
+        what clients were told they would get."""
+        inputs = example_inputs(self._signature, rows=rows)
+        with self._context(stream):
+            args = [
+                torch.from_numpy(inputs[s.name]).to(self._device) for s in self._signature.inputs
+            ]
+            tensors = self._outputs(self._module(*args))
+        for spec, tensor in zip(self._signature.outputs, tensors, strict=True):
+            if not isinstance(tensor, torch.Tensor):
+                raise ModelLoadError(
+                    f"output '{spec.name}' is {type(tensor).__name__}, not a tensor"
+                )
+            got = TORCH_TO_V2.get(tensor.dtype, str(tensor.dtype))
+            if got != spec.datatype and not (self._fp16 and tensor.dtype == torch.float16):
+                raise ModelLoadError(
+                    f"output '{spec.name}' is {got}, the signature declares {spec.datatype}"
+                )
+            shape = tuple(tensor.shape)
+            fits = len(shape) == len(spec.shape) and all(
+                d == -1 or d == s for d, s in zip(spec.shape[1:], shape[1:], strict=True)
+            )
+            if not fits or shape[0] != rows:
+                raise ModelLoadError(
+                    f"output '{spec.name}' has shape {list(shape)} for a batch of {rows}, the "
+                    f"signature declares {list(spec.shape)}"
+                )
+
+    def warm_up(self) -> None:
+        """Run and check batches on every instance before the server reports ready, so the first
+        caller pays no setup and a program that does not fit its signature never serves."""
+        for instance in self._instances:
+            for rows in WARM_UP_ROWS:
+                try:
+                    self._check(instance.stream, rows)
+                except ModelLoadError:
+                    raise
+                except Exception as exc:
+                    reason = _first_line(exc)
+                    if rows > 1:
+                        raise ModelLoadError(
+                            f"warm-up inference failed on a batch of {rows} rows (is dimension 0 "
+                            f"a batch axis the program accepts?): {reason}"
+                        ) from exc
+                    raise ModelLoadError(f"warm-up inference failed: {reason}") from exc
+
+    async def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
+        """Run the batch on a free instance; with all of them busy, wait for one."""
+        instance = await self._free.get()
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(
+                instance.executor, self._call, instance.stream, inputs
+            )
+        finally:
+            # A cancelled call leaves its thread finishing the batch; the next call on this
+            # instance queues behind it on the same single-thread executor.
+            self._free.put_nowait(instance)
+
+    async def close(self) -> None:
+        for instance in self._instances:
+            instance.executor.shutdown(wait=True)
