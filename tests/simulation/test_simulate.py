@@ -218,6 +218,19 @@ class TestWhatTheAutopilotSees:
         assert after.arrival_qps < 400 - 200 * (60 - window) / 60 * 0.9  # the 60 s window lags
         assert seen[300.0].recent_qps == pytest.approx(200, rel=0.1)
 
+    def test_the_oracle_fast_signal_is_the_trace_rate_just_before_each_decision(self) -> None:
+        # The bound on any faster signal: the true rate, noise-free, as a decision is taken —
+        # but not a rise that begins at that very instant, which no signal has seen yet.
+        step = Trace(
+            name="step", starts=(0.0, 300.0, 307.0), rates=(200.0, 400.0, 600.0), duration_s=600
+        )
+        seen = {obs.at: obs for obs in watch(step, ClusterConfig(fast_signal="oracle")).seen}
+        assert seen[300.0].recent_qps == 200
+        assert seen[315.0].recent_qps == 600
+        assert seen[315.0].recent_window_s == 60  # noise-free: as sure as the whole window
+        assert seen[315.0].arrival_qps is not None
+        assert seen[315.0].arrival_qps < 400  # what the scrapes' window shows lags
+
     def test_a_recent_window_as_short_as_the_scrape_interval_has_no_rate(self) -> None:
         # irate() needs two samples in its range: 15 s of 15 s scrapes holds one.
         seen = watch(Trace.constant(200, 300), ClusterConfig(recent_window_s=15)).seen

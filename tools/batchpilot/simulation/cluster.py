@@ -31,7 +31,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -48,6 +48,7 @@ from batchpilot.simulation.trace import Trace
 
 Balancing = Literal["random", "round-robin"]
 Admission = Literal["deadline", "queue"]
+FastSignal = Literal["scraped", "oracle"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,11 @@ class ClusterConfig:
     recent_window_s: float = 30.0
     """The window of the fast arrival rate (`Observation.recent_qps`): the operator's
     `recent_window_seconds`. `rate()` needs two scrapes inside it, or there is no value."""
+    fast_signal: FastSignal = "scraped"
+    """"scraped": the fast signal is the arrival counter's `irate` between the last two scrapes,
+    as the operator reads it; "oracle": the trace's own rate at the moment of the decision,
+    without sampling noise — faster and truer than any signal a runtime can export (a queue
+    depth gauge, a shorter scrape), so what it buys bounds what such a signal could."""
     balancing: Balancing = "random"
     seasonality: Seasonality | None = field(default_factory=Seasonality)
     """The seasonal forecast's period, periods and look-ahead (the operator's
@@ -223,6 +229,12 @@ def simulate_cluster(
         if k > 0:
             ready_now = len(fleet.ready(start))
             observation = telemetry.observe(k, ready=ready_now, reporting=fleet.reporting(start))
+            if config.fast_signal == "oracle":
+                observation = replace(
+                    observation,
+                    recent_qps=trace.rate_at(start - 1e-9),
+                    recent_window_s=config.window_s,
+                )
             observed_p99 = observation.p99_s
             current = InForce(len(fleet.active()), fleet.batch_size, fleet.delay_s)
             command = controller.decide(observation, current, now=start, interval=k)
