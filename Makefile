@@ -8,7 +8,7 @@ HELM := $(BIN)/helm
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_INSTALL := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends
 
-.PHONY: install test lint bench demo clean
+.PHONY: install test lint bench demo clean gpu-check gpu-wheels
 
 install: $(STAMP) $(HELM)
 
@@ -56,6 +56,18 @@ bench: install
 	$(BIN)/python bench/run.py --json bench/results.json
 	$(BIN)/python bench/operator_scale.py --count 200 --json bench/operator-scale.json
 	$(BIN)/python bench/fleet_autopilot.py --count 1000 --json bench/fleet-autopilot.json
+
+# The GPU check: the textbook case (ResNet-50 served with max batch 1 and with dynamic batching,
+# max QPS at P99 <= 100 ms, utilization, t(b), the autopilot's decision) on this machine's GPU,
+# then `pytest -m gpu`; on a machine without CUDA the same on the CPU with a tiny model. Needs no
+# `make install` where PyTorch is there: the runtime's other dependencies travel as wheels
+# (`make gpu-wheels`, on a machine with an index). Results in $(GPU_CHECK_OUT).
+GPU_CHECK_OUT ?= gpu-check-results
+gpu-check:
+	bash hack/gpu-check.sh $(GPU_CHECK_OUT)
+
+gpu-wheels: install
+	PIP=$(BIN)/pip bash hack/gpu-check.sh wheels
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .import_linter_cache
