@@ -66,7 +66,7 @@ def test_the_contracts_hold_on_the_tree_as_it_is(tree: Path) -> None:
 def test_a_planted_forbidden_import_fails_lint(tree: Path) -> None:
     plant(tree / "operator/batchpilot/operator/autopilot/season.py", "import kopf  # noqa")
     plant(
-        tree / "runtime/batchpilot/runtime/batching.py",
+        tree / "runtime/batchpilot/runtime/batching/batch_queue.py",
         "import batchpilot.operator.spec  # noqa",
     )
     plant(tree / "runtime/batchpilot/runtime/server.py", "import torch  # noqa")
@@ -77,6 +77,6 @@ def test_a_planted_forbidden_import_fails_lint(tree: Path) -> None:
     assert "Pure core" in out, out
     assert "batchpilot.operator.autopilot.season -> kopf" in out, out
     assert "Runtime and operator independent" in out, out
-    assert "batchpilot.runtime.batching -> batchpilot.operator.spec" in out, out
+    assert "batchpilot.runtime.batching.batch_queue -> batchpilot.operator.spec" in out, out
     assert "PyTorch stays in its engine" in out, out
     assert "batchpilot.runtime.server -> torch" in out, out

@@ -1,32 +1,6 @@
-"""Dynamic batching: the queue that forms batches and the loop that runs them.
-
-Requests wait in a bounded queue. A batch starts with the oldest request and takes the requests
-behind it whose non-batch dimensions match, until the batch holds `max_batch_size` rows or the
-oldest request has waited `max_queue_delay`. Settings are read once per batch, so they can change
-while serving. A request larger than `max_batch_size` runs alone rather than failing: the
-autopilot may lower the limit while clients keep sending what they always sent.
-
-With several model instances the batcher runs that many workers on the same queue: each takes
-the next batch as soon as it is free, so up to `instances` batches run at once. Busy time is the
-union of the batches' intervals (time when at least one instance computes), so its rate is a
-utilization that never exceeds 1.
-
-With a `Predictor` (deadline admission, the default in the server) the queue also keeps the SLA
-under overload: `put` refuses a request at once (`Overloaded`, reason "predicted_late") when the
-rows ahead of it, the batches running and the measured t(b) say it would finish after its
-deadline; a batch holds no more rows than lets its oldest request meet its deadline, and it
-stops waiting to fill when waiting longer would make that request late; and a request that can
-no longer finish in time, even alone, leaves the queue before it reaches the device. Without one
-the queue bound is the only admission control (the "queue" mode, kept to compare the two).
-
-Every request's future gets exactly one result or exception: an engine error fails the whole
-batch, a wrong number of output rows fails the whole batch, and a request whose caller went away
-(its future cancelled) leaves the queue at once. Waiting is done on events and loop timers, never
-by polling. Durations are read from an injected clock: `time.perf_counter` in the server (uvloop's
-loop clock ticks in whole milliseconds, too coarse for latency metrics), the loop's own clock in
-tests, where `looptime` fakes it.
-
-This module is the pure core of the data plane: numpy and asyncio only.
+"""The queue that forms batches: admission at `put`, and at `next_batch` the oldest request with
+the ones behind it whose non-batch dimensions match, within the batch limit, the queue delay and
+the oldest request's deadline (the package docstring tells the rules). numpy and asyncio only.
 """
 
 from __future__ import annotations
@@ -36,15 +10,14 @@ import itertools
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from batchpilot.runtime.admission import Predictor
-from batchpilot.runtime.engine import Engine
-from batchpilot.runtime.errors import DeadlineExceeded, EngineFailure, Overloaded, ShuttingDown
+from batchpilot.runtime.errors import DeadlineExceeded, Overloaded, ShuttingDown
 
 Arrays = Mapping[str, np.ndarray[Any, Any]]
 
@@ -421,181 +394,6 @@ class BatchQueue:
         item.future.set_exception(DeadlineExceeded(reason))
 
 
-class BatchObserver(Protocol):
-    """Where the batch loop reports what it did (the metrics adapter implements this)."""
-
-    def batch_done(
-        self, *, rows: int, requests: int, compute_s: float, queue_waits_s: Sequence[float]
-    ) -> None: ...
-
-    def batch_failed(self, *, rows: int, requests: int, compute_s: float) -> None: ...
-
-
-class BusyTime:
-    """Seconds during which at least one of several overlapping activities ran (their union).
-
-    `begin`/`end` bracket each activity; while any runs, the time since the last mark is busy.
-    Totals are accounted at every `end` and read up to `now`, so a long batch counts while it
-    runs, and two overlapping batches count once.
-    """
-
-    def __init__(self) -> None:
-        self._active = 0
-        self._mark = 0.0
-        self._total = 0.0
-
-    @property
-    def active(self) -> int:
-        return self._active
-
-    def begin(self, now: float) -> None:
-        if self._active == 0:
-            self._mark = now
-        self._active += 1
-
-    def end(self, now: float) -> None:
-        if self._active == 0:
-            raise RuntimeError("BusyTime.end() without a matching begin()")
-        self._total += max(0.0, now - self._mark)
-        self._mark = now
-        self._active -= 1
-
-    def total(self, now: float) -> float:
-        """Busy seconds so far, including the running stretch up to `now`."""
-        if self._active:
-            return self._total + max(0.0, now - self._mark)
-        return self._total
-
-
-class Batcher:
-    """Runs batches from a queue on an engine, up to `instances` at once, and answers every
-    request."""
-
-    def __init__(
-        self,
-        queue: BatchQueue,
-        engine: Engine,
-        observer: BatchObserver,
-        *,
-        clock: Callable[[], float] = time.perf_counter,
-        instances: int = 1,
-        predictor: Predictor | None = None,
-    ) -> None:
-        if instances < 1:
-            raise ValueError(f"instances must be at least 1, got {instances}")
-        self._predictor = predictor
-        self._queue = queue
-        self._clock = clock
-        self._engine = engine
-        self._observer = observer
-        self._instances = instances
-        self._busy = BusyTime()
-
-    @property
-    def instances(self) -> int:
-        return self._instances
-
-    @property
-    def busy(self) -> bool:
-        return self._busy.active > 0
-
-    @property
-    def running(self) -> int:
-        """Batches running now."""
-        return self._busy.active
-
-    def busy_seconds(self) -> float:
-        """Seconds with at least one batch running (the union over instances)."""
-        return self._busy.total(self._clock())
-
-    async def run(self) -> None:
-        """Serve batches until the queue is closed and drained. With several instances, every
-        worker finishes its batch before this returns; cancelling it cancels them all."""
-        if self._instances == 1:
-            await self._worker()
-            return
-        async with asyncio.TaskGroup() as workers:
-            for index in range(self._instances):
-                workers.create_task(self._worker(), name=f"batcher-{index}")
-
-    async def _worker(self) -> None:
-        while (batch := await self._queue.next_batch()) is not None:
-            await self.run_batch(batch)
-
-    async def run_batch(self, batch: Batch) -> None:
-        clock = self._clock
-        items = batch.items
-        rows = batch.rows
-        inputs = items[0].inputs if len(items) == 1 else _concatenate(items)
-        started = clock()
-        self._busy.begin(started)
-        predictor = self._predictor
-        token = predictor.started(rows, started) if predictor is not None else 0
-        try:
-            try:
-                outputs = await self._engine.run(inputs)
-            except asyncio.CancelledError:
-                self._busy.end(clock())
-                if predictor is not None:
-                    predictor.finished(token, rows=rows, seconds=None, now=clock())
-                _fail(items, ShuttingDown("the server stopped before the batch finished"))
-                raise
-            for name, array in outputs.items():
-                if array.ndim == 0 or array.shape[0] != rows:
-                    raise EngineFailure(
-                        f"the engine returned {array.shape[0] if array.ndim else 0} rows of "
-                        f"output '{name}' for a batch of {rows} rows"
-                    )
-        except Exception as exc:
-            ended = clock()
-            self._busy.end(ended)
-            compute_s = ended - started
-            if predictor is not None:
-                predictor.finished(token, rows=rows, seconds=None, now=ended)
-            self._observer.batch_failed(rows=rows, requests=len(items), compute_s=compute_s)
-            error = exc if isinstance(exc, EngineFailure) else EngineFailure(f"engine error: {exc}")
-            _fail(items, error)
-            return
-        ended = clock()
-        self._busy.end(ended)
-        compute_s = ended - started
-        if predictor is not None:
-            predictor.finished(
-                token,
-                rows=rows,
-                seconds=compute_s,
-                now=ended,
-                probe=any(item.probe for item in items),
-            )
-            for item in items:
-                # a probe's prediction was not trusted, so its error says nothing about them
-                if item.predicted is not None and not item.probe:
-                    predictor.lateness.observe(ended - item.predicted, now=ended)
-        start = 0
-        for item in items:
-            end = start + item.rows
-            if not item.future.done():
-                item.future.set_result({name: out[start:end] for name, out in outputs.items()})
-            start = end
-        self._observer.batch_done(
-            rows=rows,
-            requests=len(items),
-            compute_s=compute_s,
-            queue_waits_s=[batch.formed_at - item.enqueued_at for item in items],
-        )
-
-
 def _time_up(waiter: asyncio.Future[bool]) -> None:
     if not waiter.done():
         waiter.set_result(True)
-
-
-def _fail(items: Sequence[Pending], error: BaseException) -> None:
-    for item in items:
-        if not item.future.done():
-            item.future.set_exception(error)
-
-
-def _concatenate(items: Sequence[Pending]) -> dict[str, np.ndarray[Any, Any]]:
-    names = items[0].inputs.keys()
-    return {name: np.concatenate([item.inputs[name] for item in items]) for name in names}

@@ -1,0 +1,54 @@
+"""Dynamic batching: the queue that forms batches and the loop that runs them.
+
+Requests wait in a bounded queue. A batch starts with the oldest request and takes the requests
+behind it whose non-batch dimensions match, until the batch holds `max_batch_size` rows or the
+oldest request has waited `max_queue_delay`. Settings are read once per batch, so they can change
+while serving. A request larger than `max_batch_size` runs alone rather than failing: the
+autopilot may lower the limit while clients keep sending what they always sent.
+
+With several model instances the batcher runs that many workers on the same queue: each takes
+the next batch as soon as it is free, so up to `instances` batches run at once. Busy time is the
+union of the batches' intervals (time when at least one instance computes), so its rate is a
+utilization that never exceeds 1.
+
+With a `Predictor` (deadline admission, the default in the server) the queue also keeps the SLA
+under overload: `put` refuses a request at once (`Overloaded`, reason "predicted_late") when the
+rows ahead of it, the batches running and the measured t(b) say it would finish after its
+deadline; a batch holds no more rows than lets its oldest request meet its deadline, and it
+stops waiting to fill when waiting longer would make that request late; and a request that can
+no longer finish in time, even alone, leaves the queue before it reaches the device. Without one
+the queue bound is the only admission control (the "queue" mode, kept to compare the two).
+
+Every request's future gets exactly one result or exception: an engine error fails the whole
+batch, a wrong number of output rows fails the whole batch, and a request whose caller went away
+(its future cancelled) leaves the queue at once. Waiting is done on events and loop timers, never
+by polling. Durations are read from an injected clock: `time.perf_counter` in the server (uvloop's
+loop clock ticks in whole milliseconds, too coarse for latency metrics), the loop's own clock in
+tests, where `looptime` fakes it.
+
+This module is the pure core of the data plane: numpy and asyncio only.
+"""
+
+from batchpilot.runtime.batching.batch_queue import (
+    START_MARGIN_S,
+    START_MARGIN_SHARE,
+    Batch,
+    BatchQueue,
+    BatchSettings,
+    Pending,
+    shape_key,
+)
+from batchpilot.runtime.batching.batcher import Batcher, BatchObserver, BusyTime
+
+__all__ = [
+    "START_MARGIN_S",
+    "START_MARGIN_SHARE",
+    "Batch",
+    "BatchObserver",
+    "BatchQueue",
+    "BatchSettings",
+    "Batcher",
+    "BusyTime",
+    "Pending",
+    "shape_key",
+]

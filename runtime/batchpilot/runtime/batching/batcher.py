@@ -1,0 +1,193 @@
+"""The loop that runs the queue's batches on the engine, up to `instances` at once, answers every
+request of a batch (outputs split by rows, or the batch's one error), and accounts busy time as
+the union of the running batches. numpy and asyncio only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from batchpilot.runtime.admission import Predictor
+from batchpilot.runtime.batching.batch_queue import Batch, BatchQueue, Pending
+from batchpilot.runtime.engine import Engine
+from batchpilot.runtime.errors import EngineFailure, ShuttingDown
+
+
+class BatchObserver(Protocol):
+    """Where the batch loop reports what it did (the metrics adapter implements this)."""
+
+    def batch_done(
+        self, *, rows: int, requests: int, compute_s: float, queue_waits_s: Sequence[float]
+    ) -> None: ...
+
+    def batch_failed(self, *, rows: int, requests: int, compute_s: float) -> None: ...
+
+
+class BusyTime:
+    """Seconds during which at least one of several overlapping activities ran (their union).
+
+    `begin`/`end` bracket each activity; while any runs, the time since the last mark is busy.
+    Totals are accounted at every `end` and read up to `now`, so a long batch counts while it
+    runs, and two overlapping batches count once.
+    """
+
+    def __init__(self) -> None:
+        self._active = 0
+        self._mark = 0.0
+        self._total = 0.0
+
+    @property
+    def active(self) -> int:
+        return self._active
+
+    def begin(self, now: float) -> None:
+        if self._active == 0:
+            self._mark = now
+        self._active += 1
+
+    def end(self, now: float) -> None:
+        if self._active == 0:
+            raise RuntimeError("BusyTime.end() without a matching begin()")
+        self._total += max(0.0, now - self._mark)
+        self._mark = now
+        self._active -= 1
+
+    def total(self, now: float) -> float:
+        """Busy seconds so far, including the running stretch up to `now`."""
+        if self._active:
+            return self._total + max(0.0, now - self._mark)
+        return self._total
+
+
+class Batcher:
+    """Runs batches from a queue on an engine, up to `instances` at once, and answers every
+    request."""
+
+    def __init__(
+        self,
+        queue: BatchQueue,
+        engine: Engine,
+        observer: BatchObserver,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        instances: int = 1,
+        predictor: Predictor | None = None,
+    ) -> None:
+        if instances < 1:
+            raise ValueError(f"instances must be at least 1, got {instances}")
+        self._predictor = predictor
+        self._queue = queue
+        self._clock = clock
+        self._engine = engine
+        self._observer = observer
+        self._instances = instances
+        self._busy = BusyTime()
+
+    @property
+    def instances(self) -> int:
+        return self._instances
+
+    @property
+    def busy(self) -> bool:
+        return self._busy.active > 0
+
+    @property
+    def running(self) -> int:
+        """Batches running now."""
+        return self._busy.active
+
+    def busy_seconds(self) -> float:
+        """Seconds with at least one batch running (the union over instances)."""
+        return self._busy.total(self._clock())
+
+    async def run(self) -> None:
+        """Serve batches until the queue is closed and drained. With several instances, every
+        worker finishes its batch before this returns; cancelling it cancels them all."""
+        if self._instances == 1:
+            await self._worker()
+            return
+        async with asyncio.TaskGroup() as workers:
+            for index in range(self._instances):
+                workers.create_task(self._worker(), name=f"batcher-{index}")
+
+    async def _worker(self) -> None:
+        while (batch := await self._queue.next_batch()) is not None:
+            await self.run_batch(batch)
+
+    async def run_batch(self, batch: Batch) -> None:
+        clock = self._clock
+        items = batch.items
+        rows = batch.rows
+        inputs = items[0].inputs if len(items) == 1 else _concatenate(items)
+        started = clock()
+        self._busy.begin(started)
+        predictor = self._predictor
+        token = predictor.started(rows, started) if predictor is not None else 0
+        try:
+            try:
+                outputs = await self._engine.run(inputs)
+            except asyncio.CancelledError:
+                self._busy.end(clock())
+                if predictor is not None:
+                    predictor.finished(token, rows=rows, seconds=None, now=clock())
+                _fail(items, ShuttingDown("the server stopped before the batch finished"))
+                raise
+            for name, array in outputs.items():
+                if array.ndim == 0 or array.shape[0] != rows:
+                    raise EngineFailure(
+                        f"the engine returned {array.shape[0] if array.ndim else 0} rows of "
+                        f"output '{name}' for a batch of {rows} rows"
+                    )
+        except Exception as exc:
+            ended = clock()
+            self._busy.end(ended)
+            compute_s = ended - started
+            if predictor is not None:
+                predictor.finished(token, rows=rows, seconds=None, now=ended)
+            self._observer.batch_failed(rows=rows, requests=len(items), compute_s=compute_s)
+            error = exc if isinstance(exc, EngineFailure) else EngineFailure(f"engine error: {exc}")
+            _fail(items, error)
+            return
+        ended = clock()
+        self._busy.end(ended)
+        compute_s = ended - started
+        if predictor is not None:
+            predictor.finished(
+                token,
+                rows=rows,
+                seconds=compute_s,
+                now=ended,
+                probe=any(item.probe for item in items),
+            )
+            for item in items:
+                # a probe's prediction was not trusted, so its error says nothing about them
+                if item.predicted is not None and not item.probe:
+                    predictor.lateness.observe(ended - item.predicted, now=ended)
+        start = 0
+        for item in items:
+            end = start + item.rows
+            if not item.future.done():
+                item.future.set_result({name: out[start:end] for name, out in outputs.items()})
+            start = end
+        self._observer.batch_done(
+            rows=rows,
+            requests=len(items),
+            compute_s=compute_s,
+            queue_waits_s=[batch.formed_at - item.enqueued_at for item in items],
+        )
+
+
+def _fail(items: Sequence[Pending], error: BaseException) -> None:
+    for item in items:
+        if not item.future.done():
+            item.future.set_exception(error)
+
+
+def _concatenate(items: Sequence[Pending]) -> dict[str, np.ndarray[Any, Any]]:
+    names = items[0].inputs.keys()
+    return {name: np.concatenate([item.inputs[name] for item in items]) for name in names}
