@@ -23,7 +23,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -32,10 +32,9 @@ import numpy as np
 
 from batchpilot.runtime.admission import Predictor
 from batchpilot.runtime.batching import Batcher, BatchQueue, BatchSettings
-from batchpilot.runtime.engine import Engine, ModelSignature, TensorSpec, example_inputs
+from batchpilot.runtime.engine import Engine, ModelSignature, example_inputs
 from batchpilot.runtime.errors import (
     DeadlineExceeded,
-    InvalidRequest,
     ModelNotFound,
     Overloaded,
     ShuttingDown,
@@ -43,6 +42,7 @@ from batchpilot.runtime.errors import (
 from batchpilot.runtime.metrics import RuntimeMetrics, available_cores
 from batchpilot.runtime.protocol.server_codec import InferRequest
 from batchpilot.runtime.protocol.tensors import Tensor
+from batchpilot.runtime.validation import validate_inputs
 
 if TYPE_CHECKING:  # the pipeline pulls Pillow and tokenizers; servers without one never need them
     from batchpilot.runtime.pipeline.pipeline import Pipeline
@@ -61,92 +61,6 @@ before the first request: a single measured size cannot tell fixed cost from per
 CALIBRATION_MAX_ROWS = 64
 """The larger calibration batch holds at most this many rows: a limit of 512 image rows would
 cost start-up seconds and hundreds of MB for a slope that 64 rows measure as well."""
-
-
-def _shape_text(shape: tuple[int, ...]) -> str:
-    return "[" + ", ".join(str(d) for d in shape) + "]"
-
-
-def validate_inputs(signature: ModelSignature, request: InferRequest) -> int:
-    """Check a request against the model; returns its number of rows (batch dimension)."""
-    inputs = request.inputs
-    specs: Sequence[TensorSpec | None] = signature.inputs
-    if not _in_model_order(inputs, signature.inputs):  # match them by name
-        specs = [signature.input(tensor.name) for tensor in inputs]
-        if None in specs or len({tensor.name for tensor in inputs}) != len(signature.inputs):
-            _check_input_names(signature, request)
-    rows: int | None = None
-    for tensor, spec in zip(inputs, specs, strict=True):
-        assert spec is not None
-        if tensor.datatype != spec.datatype:
-            raise InvalidRequest(
-                f"input '{tensor.name}' must be {spec.datatype}, the request sent {tensor.datatype}"
-            )
-        shape = tensor.data.shape
-        want = spec.shape
-        if not _shape_fits(shape, want):
-            raise InvalidRequest(
-                f"input '{tensor.name}' has shape {_shape_text(shape)}, the model expects "
-                f"{_shape_text(want)} (-1: any size; the first dimension is the batch)"
-            )
-        if shape[0] == 0:
-            raise InvalidRequest(f"input '{tensor.name}' has no rows (batch dimension is 0)")
-        if rows is None:
-            rows = shape[0]
-        elif shape[0] != rows:
-            raise InvalidRequest(
-                f"inputs disagree on the batch dimension: '{tensor.name}' has {shape[0]} rows, "
-                f"others have {rows}"
-            )
-    if request.requested_outputs is not None:
-        outputs = set(signature.output_names)
-        if unknown := [n for n in request.requested_outputs if n not in outputs]:
-            raise InvalidRequest(
-                f"model '{signature.name}' has no output {', '.join(repr(n) for n in unknown)}; "
-                f"its outputs are: {', '.join(signature.output_names)}"
-            )
-    assert rows is not None
-    return rows
-
-
-# Plain loops: on the path of every request, where a generator under any()/all() costs more
-# than the comparisons themselves.
-
-
-def _in_model_order(inputs: Sequence[Tensor], specs: Sequence[TensorSpec]) -> bool:
-    """Whether the request names exactly the model's inputs, in the model's order."""
-    if len(inputs) != len(specs):
-        return False
-    for tensor, spec in zip(inputs, specs, strict=True):  # noqa: SIM110
-        if tensor.name != spec.name:
-            return False
-    return True
-
-
-def _shape_fits(shape: tuple[int, ...], want: tuple[int, ...]) -> bool:
-    """Same rank, and every non-batch dimension as declared (-1: any size)."""
-    if len(shape) != len(want):
-        return False
-    for i in range(1, len(want)):  # noqa: SIM110
-        if want[i] != -1 and want[i] != shape[i]:
-            return False
-    return True
-
-
-def _check_input_names(signature: ModelSignature, request: InferRequest) -> None:
-    """Raise for an input the model lacks or a model input the request lacks."""
-    expected = {spec.name for spec in signature.inputs}
-    sent = {tensor.name for tensor in request.inputs}
-    model_inputs = ", ".join(sorted(expected))
-    if unknown := sorted(sent - expected):
-        raise InvalidRequest(
-            f"model '{signature.name}' has no input {', '.join(repr(n) for n in unknown)}; "
-            f"its inputs are: {model_inputs}"
-        )
-    if missing := sorted(expected - sent):
-        raise InvalidRequest(
-            f"input {', '.join(repr(n) for n in missing)} of model '{signature.name}' is missing"
-        )
 
 
 def server_version() -> str:
