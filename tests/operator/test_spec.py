@@ -106,12 +106,19 @@ class TestCRDAndModelsAgree:
         rules += [r["rule"] for r in spec["properties"]["runtime"]["x-kubernetes-validations"]]
         objective = spec["properties"]["sla"]["properties"]["objectivePercent"]
         rules += [r["rule"] for r in objective["x-kubernetes-validations"]]
+        rules += [r["rule"] for r in spec["properties"]["model"]["x-kubernetes-validations"]]
         assert rules == [
             "self.batching.batchSize <= self.scaling.maxBatchSize",
+            "!has(self.model.format) || self.model.format == 'onnx' || !has(self.runtime) || "
+            "!has(self.runtime.engine) || self.runtime.engine == 'onnx'",
+            "!has(self.model.format) || self.model.format == 'onnx' || !has(self.runtime) || "
+            "!has(self.runtime.accelerator) || self.runtime.accelerator == 'default'",
             "self.minReplicas <= self.maxReplicas",
             "self.min < self.max",
             "self.accelerator != 'tensorrt' || self.device == 'gpu'",
             "self < 100.0",
+            "!has(self.format) || self.format == 'onnx' || !has(self.variant) || "
+            "self.variant != 'int8'",
         ]
         base = {"model": {"uri": "file:///m.onnx"}, "sla": {"latencyP99Ms": 100}}
         for broken, message in [
@@ -121,6 +128,24 @@ class TestCRDAndModelsAgree:
             ({"runtime": {"device": "cpu", "accelerator": "tensorrt"}}, "tensorrt needs"),
             ({"sla": {"latencyP99Ms": 9, "objectivePercent": 100}}, "objectivePercent must be"),
             ({"sla": {"latencyP99Ms": 9, "window": "29d"}}, "window must be between"),
+            (
+                {"model": {"uri": "file:///m.pt", "format": "torchscript", "variant": "int8"}},
+                "variant int8 is an ONNX file",
+            ),
+            (
+                {
+                    "model": {"uri": "file:///m.pt2", "format": "torch-export"},
+                    "runtime": {"engine": "simulated"},
+                },
+                "runtime.engine must stay onnx",
+            ),
+            (
+                {
+                    "model": {"uri": "file:///m.pt", "format": "torchscript"},
+                    "runtime": {"accelerator": "tensorrt"},
+                },
+                "it needs model.format onnx",
+            ),
         ]:
             with pytest.raises(ValidationError, match=message):
                 InferenceServiceSpec.model_validate({**base, **broken})

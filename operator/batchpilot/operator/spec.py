@@ -35,6 +35,19 @@ class _Model(BaseModel):
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
+TORCH_INT8_MESSAGE = (
+    "model.variant int8 is an ONNX file made by batchpilot optimize: torchscript and torch-export "
+    "programs serve original or fp16 (autocast)"
+)
+TORCH_ENGINE_MESSAGE = (
+    "model.format torchscript and torch-export are served by the torch engine: runtime.engine "
+    "must stay onnx (simulated reads an ONNX file's inputs and outputs)"
+)
+TORCH_ACCELERATOR_MESSAGE = (
+    "runtime.accelerator tensorrt is onnxruntime's TensorRT provider: it needs model.format onnx"
+)
+
+
 class ModelSource(_Model):
     uri: str = Field(
         max_length=2048,
@@ -43,7 +56,27 @@ class ModelSource(_Model):
     name: str | None = Field(default=None, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     variant: Literal["original", "fp16", "int8"] = "original"
     """Which file the runtime serves: the original, or a variant made by `batchpilot optimize`
-    that sits beside it as STEM.VARIANT.onnx."""
+    that sits beside it as STEM.VARIANT.onnx. For PyTorch programs fp16 is the same file under
+    autocast."""
+    format: Literal["onnx", "torchscript", "torch-export"] = "onnx"
+    """What the file is, and so which engine serves it: onnx (onnxruntime, or the simulated
+    engine), torchscript or torch-export (the torch engine, `--engine torch`, in a runtime image
+    with the torch extra)."""
+
+    @model_validator(mode="after")
+    def _int8_is_onnx(self) -> ModelSource:
+        if self.format != "onnx" and self.variant == "int8":
+            raise ValueError(TORCH_INT8_MESSAGE)
+        return self
+
+    @property
+    def is_torch(self) -> bool:
+        """A PyTorch program: the torch engine serves it."""
+        return self.format != "onnx"
+
+    @property
+    def torch_suffix(self) -> str:
+        return ".pt2" if self.format == "torch-export" else ".pt"
 
     @property
     def scheme(self) -> str:
@@ -292,6 +325,14 @@ class InferenceServiceSpec(_Model):
     """Pre/post-processing around the model; the runtime's `--pipeline-config` document."""
     access: AccessSpec = AccessSpec()
     """Who may reach the pods over the network (the InferenceService's NetworkPolicy)."""
+
+    @model_validator(mode="after")
+    def _engine_fits_the_format(self) -> InferenceServiceSpec:
+        if self.model.is_torch and self.runtime.engine != "onnx":
+            raise ValueError(TORCH_ENGINE_MESSAGE)
+        if self.model.is_torch and self.runtime.accelerator != "default":
+            raise ValueError(TORCH_ACCELERATOR_MESSAGE)
+        return self
 
     @model_validator(mode="after")
     def _batch_within_ceiling(self) -> InferenceServiceSpec:

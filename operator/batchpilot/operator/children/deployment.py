@@ -74,7 +74,20 @@ def _model_volumes(
     target = f"{MODEL_DIR}/model.onnx"
     extra = model_files(owner)
     fetcher: dict[str, Any]
-    if source.scheme in ("http", "https"):
+    if source.scheme in ("http", "https") and source.is_torch:
+        # A PyTorch program is one file (FP16 is autocast, not a sibling file); a TorchScript
+        # program fetched alone carries its signature inside (signature.json).
+        target = f"{MODEL_DIR}/model{source.torch_suffix}"
+        pairs = [source.uri, target]
+        for name in extra:
+            pairs += [source.sibling_uri(name), f"{MODEL_DIR}/{name}"]
+        fetcher = {
+            "name": "fetch-model",
+            "image": image,
+            "command": ["batchpilot"],
+            "args": ["runtime", "fetch", *pairs],
+        }
+    elif source.scheme in ("http", "https"):
         stem = source.file_name.removesuffix(".onnx")
         pairs = [
             source.sibling_uri(source.variant_file_name(stem)),
@@ -91,7 +104,12 @@ def _model_volumes(
     elif settings.storage_initializer_image:
         # KServe's initializer copies one object, or everything under a prefix: the folder when
         # the runtime needs more than the model file itself.
-        whole_folder = source.variant != "original" or bool(extra)
+        # A TorchScript program's signature sidecar sits beside it.
+        whole_folder = (
+            (source.variant != "original" and not source.is_torch)
+            or bool(extra)
+            or source.format == "torchscript"
+        )
         fetcher = {
             "name": "fetch-model",
             "image": settings.storage_initializer_image,
@@ -151,7 +169,7 @@ def runtime_args(owner: Owner, settings: OperatorSettings, model_path: str) -> l
         "--device",
         runtime.device,
         "--engine",
-        runtime.engine,
+        "torch" if owner.spec.model.is_torch else runtime.engine,
         "--batching-config",
         f"{BATCHING_DIR}/{BATCHING_FILE}",
         "--admin-token-file",
