@@ -57,8 +57,9 @@ and checked against it by tests/deploy/test_rbac.py:
   status; the operator reads one when a child changes and patches its status then too;
 - kopf watches the children (kopf.on.event); the reconciler reads, creates and replaces them
   (the NetworkPolicy among them), deletes only the PodDisruptionBudget (none with one replica);
-  the autopilot patches the Deployment's replicas and the batching ConfigMap, and lists pods to
-  reach the ready ones;
+  the autopilot patches the Deployment's replicas and the batching ConfigMap, and reaches the
+  ready pods through the operator's watch-fed cache (kopf lists and watches the runtime pods,
+  selected by label);
 - Events (kopf.event) on the InferenceService.
 */}}
 {{- define "batchpilot.namespacedRules" -}}
@@ -85,7 +86,7 @@ and checked against it by tests/deploy/test_rbac.py:
   verbs: ["get", "list", "watch", "create", "update"]
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list"]
+  verbs: ["list", "watch"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]

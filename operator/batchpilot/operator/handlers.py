@@ -3,13 +3,16 @@
 Triggers: the InferenceService's create/update/resume, a periodic timer (drift that no event
 reports), and events of the children it owns (someone edits or deletes a Deployment; a pod
 becomes ready). Each names the InferenceService and calls `reconcile_now`: `Passes` serializes it
-per object, reads the object fresh and writes its status (see there why), `Reconciler` decides.
+per object, reads the object and writes its status (see there why), `Reconciler` decides.
 Handlers differ only in what a failure means to kopf: the resource's handler retries, the timer
-and child events wait for the next trigger. The autopilot runs as one loop for the whole fleet
-(`FleetPilot`: one Prometheus round per interval, then every piloted service's tick), started
-with the operator and stopped with it; its ticks go through `Passes` too: they write the same
-status (conditions, batch settings), so they must not interleave with a reconcile. Handlers parse
-nothing and decide nothing; they post the Events a pass returns.
+and child events wait for the next trigger. Every pass reads through `WatchCache` (cache.py):
+the InferenceServices, their children and their pods, fed by an index function per kind (and a
+DELETED-only event handler), so a pass that changes nothing makes no request. The autopilot
+runs as one loop for the whole fleet (`FleetPilot`: one Prometheus round per interval, then
+every piloted service's tick), started with the operator and stopped with it; its ticks go
+through `Passes` too: they write the same status (conditions, batch settings), so they must not
+interleave with a reconcile. Handlers parse nothing and decide nothing; they post the Events a
+pass returns.
 """
 
 from __future__ import annotations
@@ -27,11 +30,14 @@ import kopf
 from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
 from batchpilot.operator.autopilot.prometheus import FleetObserver, Seasonality, http_query
 from batchpilot.operator.autopilot.push import push_batching
+from batchpilot.operator.cache import WatchCache, slim_pod
 from batchpilot.operator.children.common import ISVC_LABEL, MANAGED_BY
 from batchpilot.operator.events import Event
 from batchpilot.operator.fleet import FleetPilot, autopiloted
+from batchpilot.operator.kinds import INFERENCESERVICE, POD, ResourceKind
 from batchpilot.operator.kube import KubeClient, KubeError
 from batchpilot.operator.passes import Passes
+from batchpilot.operator.plan import CHILD_KINDS
 from batchpilot.operator.reconciler import ReconcileOutcome, Reconciler
 from batchpilot.operator.settings import OperatorSettings
 from batchpilot.operator.spec import GROUP, PLURAL, VERSION
@@ -43,6 +49,18 @@ CHILD_FILTER: dict[str, Any] = {
     "app.kubernetes.io/managed-by": MANAGED_BY,
     ISVC_LABEL: kopf.PRESENT,
 }
+POD_SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY},{ISVC_LABEL}"
+"""The runtime pods, chosen by the API server: kopf watches only these of all the cluster's."""
+
+
+def ours(kind: ResourceKind, obj: dict[str, Any]) -> bool:
+    """Whether the cache keeps an object it does not know yet: every InferenceService and pod
+    it is shown; children with the operator's labels (others of a child's name get in when a
+    create meets them, see cache.py)."""
+    if kind not in CHILD_KINDS:
+        return True
+    labels = obj.get("metadata", {}).get("labels") or {}
+    return labels.get("app.kubernetes.io/managed-by") == MANAGED_BY and ISVC_LABEL in labels
 
 
 @kopf.on.login()
@@ -65,7 +83,14 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # only warnings and errors (a handler that failed) become Events too.
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
-    kube = KubeClient.from_environment()
+    settings.watching.label_selectors["", "v1", POD.plural] = POD_SELECTOR
+    kube = WatchCache(
+        KubeClient.from_environment(),
+        (INFERENCESERVICE, *CHILD_KINDS, POD),
+        keep=ours,
+        slim={POD: slim_pod},
+    )
+    memo.cache = kube
     memo.passes = Passes(kube)
     memo.reconciler = Reconciler(kube, _SETTINGS, learned_outside_s=learned_outside_s)
     observer = FleetObserver(
@@ -171,6 +196,11 @@ def reconcile_now(namespace: str, name: str, memo: kopf.Memo) -> ReconcileOutcom
     Raises `KubeError` when reading it or writing its status fails."""
     passes: Passes = memo.passes
     reconciler: Reconciler = memo.reconciler
+    cache: WatchCache | None = memo.get("cache")
+    if cache is not None:
+        # kopf runs no resource handler before every index has had its initial list
+        # (kopf/_core/reactor/processing.py), so the cache is complete once one runs.
+        cache.mark_synced()
     contexts: dict[str, contextvars.Context] | None = memo.get("contexts")
     if contexts is not None and "handler" not in contexts:
         # `kopf.event` posts through the operator's one Event queue, which kopf names in the
@@ -239,14 +269,45 @@ def _on_child_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     _reconcile_or_log(namespace, owner_name, memo, trigger="a child's event")
 
 
-for _group, _version, _plural in (
-    ("apps", "v1", "deployments"),
-    ("", "v1", "services"),
-    ("", "v1", "configmaps"),
-    ("", "v1", "secrets"),
-    ("policy", "v1", "poddisruptionbudgets"),
-    ("networking.k8s.io", "v1", "networkpolicies"),
-):
-    kopf.on.event(_group, _version, _plural, labels=CHILD_FILTER, id=f"child-{_plural}")(
+def _group_version(kind: ResourceKind) -> tuple[str, str]:
+    group, _, version = kind.group_version.rpartition("/")
+    return group, version
+
+
+def _feed_cache(kind: ResourceKind, **filters: Any) -> None:
+    """kopf's watch of `kind` into the cache: an index function for what is listed, added or
+    changed (run before any handler, and waited for at startup), a DELETED-only event handler
+    for what goes (index functions never see deletions). Registered before the child-event
+    handlers, which kopf then runs after these for the same event."""
+    group, version = _group_version(kind)
+
+    async def seen(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        cache: WatchCache | None = memo.get("cache")
+        if cache is not None:
+            cache.seen(kind, dict(body))  # the API's JSON: kopf.Body is a view over it
+
+    async def gone(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+        cache: WatchCache | None = memo.get("cache")
+        if cache is not None:
+            cache.gone(kind, dict(event["object"]))
+
+    kopf.index(group, version, kind.plural, id=f"cache-{kind.plural}", **filters)(seen)
+    kopf.on.event(
+        group,
+        version,
+        kind.plural,
+        id=f"cache-gone-{kind.plural}",
+        when=lambda type, **_: type == "DELETED",
+        **filters,
+    )(gone)
+
+
+for _kind in (INFERENCESERVICE, *CHILD_KINDS):
+    _feed_cache(_kind)  # children unfiltered: a child whose labels were edited stays in view
+_feed_cache(POD, labels={"app.kubernetes.io/managed-by": MANAGED_BY, ISVC_LABEL: kopf.PRESENT})
+
+for _kind in CHILD_KINDS:  # the plan's: every child kind it makes is watched
+    _group, _version = _group_version(_kind)
+    kopf.on.event(_group, _version, _kind.plural, labels=CHILD_FILTER, id=f"child-{_kind.plural}")(
         _on_child_event
     )

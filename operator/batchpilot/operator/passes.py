@@ -1,5 +1,5 @@
-"""Every pass over one InferenceService runs here: one at a time per object, on a fresh read, and
-its status written by one route, whatever triggered it.
+"""Every pass over one InferenceService runs here: one at a time per object, on the newest copy,
+and its status written by one route, whatever triggered it.
 
 kopf runs each trigger in a worker of its own: the resource's create/update/resume handler, the
 periodic reconcile, the autopilot's timer, and the event handlers of five child kinds. Left
@@ -8,8 +8,10 @@ each writes a whole `conditions` list computed from it (the later write drops wh
 one set), and both create or replace the same child (409s, retries, duplicate Events). So a pass
 
 1. holds the object's lock (keyed by namespace/name) from its read to its status write;
-2. reads the InferenceService fresh under it: the body kopf handed its trigger may predate the
-   pass that held the lock before;
+2. reads the InferenceService under it, through `Kube`: the body kopf handed its trigger may
+   predate the pass that held the lock before. In the operator `Kube` is the watch-fed cache
+   (cache.py), which holds the newer of what the watch brought and what the last pass wrote
+   (its status write's answer goes in at once), so the read costs no request;
 3. runs the reconcile or the autopilot tick on that body;
 4. writes the status fields that changed as a merge patch of the status subresource, through
    `Kube`, still under the lock. Not through kopf's `patch`: kopf applies that after the handler

@@ -1,5 +1,9 @@
 """One reconcile pass of an InferenceService: read the children, plan, write, report.
 
+Reads go through `Kube`, which the operator backs with the watch-fed cache (cache.py): a pass
+that finds nothing to change makes no request at all. A write refused with 409 means the read
+was behind the API; the pass reads and plans again, once, before it reports a failure.
+
 Free of kopf so that the same pass serves every trigger — the resource's own events, its
 children's events, the periodic level-triggered timer — and so tests can run it directly.
 It returns the status to write (only what changed) and the Events to post; `passes.Passes`
@@ -83,23 +87,25 @@ class Reconciler:
             return self._refuse(status, generation, now, describe_validation_error(exc))
         owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"], spec=spec)
 
-        names = child_names(owner)
-        observed: dict[ResourceKind, dict[str, Any] | None] = {
-            kind: self._kube.get(kind, owner.namespace, names[kind]) for kind in CHILD_KINDS
-        }
-        owned = owned_values(owner, observed, outside_s=self._learned_outside_s(status))
-        try:
-            todo = plan(owner, self._settings, observed, owned)
-        except UnsupportedModelSource as exc:
-            return self._refuse(status, generation, now, str(exc), reason="UnsupportedModel")
-
         outcome = ReconcileOutcome()
-        try:
-            deployment = self._apply(todo, observed, outcome)
-        except KubeError as exc:
-            outcome.retry_error = f"applying children failed: {exc}"
-            outcome.events.append(Event("Warning", events.APPLY_FAILED, outcome.retry_error))
-            return outcome
+        for attempt in (1, 2):
+            observed = self._observe(owner)
+            owned = owned_values(owner, observed, outside_s=self._learned_outside_s(status))
+            try:
+                todo = plan(owner, self._settings, observed, owned)
+            except UnsupportedModelSource as exc:
+                return self._refuse(status, generation, now, str(exc), reason="UnsupportedModel")
+            try:
+                deployment = self._apply(todo, observed, outcome)
+                break
+            except KubeError as exc:
+                if exc.status == 409 and attempt == 1:
+                    # What was read is behind the API: a name taken by an object the reads did
+                    # not see, or a child changed since. `Kube` has read it afresh: once more.
+                    continue
+                outcome.retry_error = f"applying children failed: {exc}"
+                outcome.events.append(Event("Warning", events.APPLY_FAILED, outcome.retry_error))
+                return outcome
 
         conflict_text = ", ".join(f"{kind.kind} {name}" for kind, name in todo.conflicts)
         ready = (deployment or {}).get("status", {}).get("readyReplicas") or 0
@@ -143,6 +149,10 @@ class Reconciler:
         }
         outcome.status = _changed(status, wanted)
         return outcome
+
+    def _observe(self, owner: Owner) -> dict[ResourceKind, dict[str, Any] | None]:
+        names = child_names(owner)
+        return {kind: self._kube.get(kind, owner.namespace, names[kind]) for kind in CHILD_KINDS}
 
     def _apply(
         self,

@@ -1,0 +1,273 @@
+"""The InferenceServices, their children and their pods, read from memory that the watches keep
+current; writes go to the API, and what it answers goes into that memory.
+
+A pass over an InferenceService reads it and its five children; with GETs that is six requests
+per pass, and an idle fleet of 2,000 passes every interval. kopf already watches every one of
+those kinds (the InferenceService for its handlers, the children for their events), so the
+objects are in the operator's hands anyway: `WatchCache` keeps them, and a pass reads memory.
+
+Why fed by kopf rather than by informers of our own: a second watch per kind would double the
+watch traffic, and kopf's `@kopf.index` is the one hook that sees every object of the initial
+list and every later change *before* any handler runs — kopf starts no resource handler until
+every index has its initial list. So no pass of a handler ever sees a half-listed cache, which
+is what would otherwise make it create a child that exists. Why our own store rather than
+kopf's index contents: an index is read-only to us (no write-through), is shaped per key and
+value by kopf, and is updated on kopf's loop while passes read from its worker threads. The
+index functions (handlers.py) only hand each object to `seen`; deletions come from the same
+per-object stream through `gone` (kopf does not show them to index functions).
+
+What keeps it right:
+- Newest wins, by `resourceVersion`: what a write returned (`create`, `replace`, `patch`) goes in
+  at once, so the next pass neither re-creates nor re-patches from a copy the watch has not
+  brought yet, and an older watch event arriving later does not overwrite it. Kubernetes calls
+  resource versions opaque, but they are etcd's revision (an increasing integer) on every real
+  API server and on the sandbox's; a version that is not an integer makes the later arrival win.
+- Our own delete hides the object until the watch's DELETED arrives.
+- Someone else's edit or deletion arrives as a watch event like any other: the cache has it
+  before the child-event handler that triggers the repair runs (same object, same stream, the
+  index first).
+- Until the first handler runs (`mark_synced`), a miss is asked of the API: the autopilot's
+  fleet loop starts with the operator, not after kopf's initial lists.
+- A write answered 409 or 404 means what was read is behind the API (a name taken by someone
+  else's object, which no label filter brought in, or a newer version): the object is read
+  afresh into the cache before the error goes up, so the reconciler's one retry sees it.
+- Children are kept when they carry the operator's labels, or when their name is already known
+  (a child whose labels someone edited, a foreign object met by a 409): a miss is then "no
+  such object", and the PodDisruptionBudget that should not exist costs no GET either.
+
+Objects handed out are shared with the cache: callers read them and never change them (the
+plan deep-copies what it writes back).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
+
+from batchpilot.operator.kinds import KINDS, POD, ResourceKind
+from batchpilot.operator.kube import Kube, KubeError, ready_pod_endpoints
+
+Obj = dict[str, Any]
+Key = tuple[str, str]
+"""(namespace, name)"""
+
+
+class ApiClient(Kube, Protocol):
+    """What the cache needs of the API beside `Kube`: the pods by label."""
+
+    def ready_pod_endpoints(self, namespace: str, selector: dict[str, str]) -> list[str]: ...
+
+
+def _version(obj: Mapping[str, Any]) -> int | None:
+    try:
+        return int(obj.get("metadata", {}).get("resourceVersion"))
+    except (TypeError, ValueError):
+        return None
+
+
+def _key(obj: Mapping[str, Any]) -> Key:
+    meta = obj.get("metadata", {})
+    return str(meta.get("namespace") or ""), str(meta.get("name"))
+
+
+def _older(obj: Mapping[str, Any], than: int | None) -> bool:
+    """Whether `obj` predates resourceVersion `than` (never, when either is unknown)."""
+    version = _version(obj)
+    return version is not None and than is not None and version < than
+
+
+def slim_pod(pod: Obj) -> Obj:
+    """What `ready_pod_endpoints` reads of a pod, and no more: a fleet's pods in a few MiB."""
+    meta = pod.get("metadata", {})
+    return {
+        "metadata": {
+            k: meta[k]
+            for k in ("name", "namespace", "labels", "resourceVersion", "deletionTimestamp")
+            if k in meta
+        },
+        "spec": {
+            "containers": [
+                {"ports": c.get("ports", [])} for c in pod.get("spec", {}).get("containers", [])
+            ]
+        },
+        "status": {
+            k: pod.get("status", {})[k]
+            for k in ("podIP", "conditions")
+            if k in pod.get("status", {})
+        },
+    }
+
+
+def without_managed_fields(obj: Obj) -> Obj:
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict) or "managedFields" not in meta:
+        return obj
+    return {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+
+
+class WatchCache:
+    """`Kube` (and the autopilot's `Pods`) over `api`: reads of `kinds` come from memory.
+
+    Fed by `seen(kind, obj)` (an object listed, added or changed) and `gone(kind, obj)`
+    (deleted), both from kopf's loop; read and written through from kopf's worker threads.
+    `keep(kind, obj)` says whether an object not known yet belongs in the cache (children: the
+    operator's labels). `slim[kind]` trims what is kept of an object (default: managedFields).
+    """
+
+    def __init__(
+        self,
+        api: ApiClient,
+        kinds: Iterable[ResourceKind],
+        *,
+        keep: Callable[[ResourceKind, Obj], bool] = lambda kind, obj: True,
+        slim: Mapping[ResourceKind, Callable[[Obj], Obj]] | None = None,
+    ) -> None:
+        self._api = api
+        self._keep = keep
+        self._slim = dict(slim or {})
+        self._lock = threading.Lock()
+        self._objects: dict[ResourceKind, dict[Key, Obj]] = {kind: {} for kind in kinds}
+        self._deleted: dict[tuple[ResourceKind, Key], int | None] = {}
+        """Objects this operator deleted, by the version it deleted, until the watch says so."""
+        self._synced = threading.Event()
+
+    # --- fed by the watches ------------------------------------------------------------------
+
+    def seen(self, kind: ResourceKind, obj: Obj) -> None:
+        """An object of `kind` as a watch (or a list) shows it now."""
+        if kind not in self._objects:
+            return
+        with self._lock:
+            if _key(obj) in self._objects[kind] or self._keep(kind, obj):
+                self._put(kind, obj)
+
+    def gone(self, kind: ResourceKind, obj: Obj) -> None:
+        """An object of `kind` the watch saw deleted (its last state)."""
+        if kind not in self._objects:
+            return
+        key = _key(obj)
+        with self._lock:
+            current = self._objects[kind].get(key)
+            if current is not None and not _older(obj, _version(current)):
+                del self._objects[kind][key]
+            if (kind, key) in self._deleted and not _older(obj, self._deleted[(kind, key)]):
+                del self._deleted[(kind, key)]
+
+    def mark_synced(self) -> None:
+        """Every watched kind has had its initial list: a miss now means "no such object"."""
+        self._synced.set()
+
+    @property
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(len(objects) for objects in self._objects.values())
+
+    # --- Kube: reads -------------------------------------------------------------------------
+
+    def get(self, kind: ResourceKind, namespace: str, name: str) -> Obj | None:
+        if kind not in self._objects:
+            return self._api.get(kind, namespace, name)
+        with self._lock:
+            if (kind, (namespace, name)) in self._deleted:
+                return None
+            found = self._objects[kind].get((namespace, name))
+        if found is not None or self.synced:
+            return found
+        return self._refresh(kind, namespace, name)
+
+    def ready_pod_endpoints(self, namespace: str, selector: dict[str, str]) -> list[str]:
+        if POD not in self._objects or not self.synced:
+            return self._api.ready_pod_endpoints(namespace, selector)
+        with self._lock:
+            pods = [
+                pod
+                for (ns, _), pod in self._objects[POD].items()
+                if ns == namespace
+                and all(
+                    pod.get("metadata", {}).get("labels", {}).get(label) == value
+                    for label, value in selector.items()
+                )
+            ]
+        return ready_pod_endpoints(pods)
+
+    # --- Kube: writes, through ---------------------------------------------------------------
+
+    def create(self, obj: Obj) -> Obj:
+        return self._written(KINDS[obj["kind"]], obj, lambda: self._api.create(obj))
+
+    def replace(self, obj: Obj) -> Obj:
+        return self._written(KINDS[obj["kind"]], obj, lambda: self._api.replace(obj))
+
+    def patch(
+        self,
+        kind: ResourceKind,
+        namespace: str,
+        name: str,
+        patch: Obj,
+        *,
+        subresource: str = "",
+    ) -> Obj:
+        target = {"metadata": {"namespace": namespace, "name": name}}
+        return self._written(
+            kind,
+            target,
+            lambda: self._api.patch(kind, namespace, name, patch, subresource=subresource),
+        )
+
+    def delete(self, kind: ResourceKind, namespace: str, name: str) -> None:
+        self._api.delete(kind, namespace, name)
+        if kind not in self._objects:
+            return
+        key = (namespace, name)
+        with self._lock:
+            current = self._objects[kind].pop(key, None)
+            if current is not None:  # hidden until the watch's DELETED: it shows it until then
+                self._deleted[(kind, key)] = _version(current)
+
+    # --- inside ------------------------------------------------------------------------------
+
+    def _put(self, kind: ResourceKind, obj: Obj) -> None:
+        """Store `obj` unless what is stored is as new or newer (call with the lock held)."""
+        key = _key(obj)
+        objects = self._objects[kind]
+        version = _version(obj)
+        current = objects.get(key)
+        if current is not None:
+            stored = _version(current)
+            if _older(obj, stored) or (version is not None and version == stored):
+                return  # an event the cache is past, or a no-op write's answer
+        if (kind, key) in self._deleted:
+            deleted = self._deleted[(kind, key)]
+            if _older(obj, deleted) or version == deleted:
+                return  # the object this operator deleted, as it was before
+            del self._deleted[(kind, key)]  # a newer object of that name: created again
+        objects[key] = self._slim.get(kind, without_managed_fields)(obj)
+
+    def _written(self, kind: ResourceKind, target: Obj, write: Callable[[], Obj]) -> Obj:
+        try:
+            result = write()
+        except KubeError as exc:
+            if kind in self._objects and exc.status in (404, 409):
+                namespace, name = _key(target)
+                self._refresh(kind, namespace, name)
+            raise
+        if kind in self._objects:
+            with self._lock:
+                self._put(kind, result)
+        return result
+
+    def _refresh(self, kind: ResourceKind, namespace: str, name: str) -> Obj | None:
+        """Read one object from the API into the cache (whatever its labels)."""
+        fresh = self._api.get(kind, namespace, name)
+        key = (namespace, name)
+        with self._lock:
+            self._deleted.pop((kind, key), None)
+            if fresh is None:
+                self._objects[kind].pop(key, None)
+                return None
+            self._put(kind, fresh)
+            return self._objects[kind].get(key)
