@@ -7,7 +7,17 @@ import math
 import pytest
 
 from batchpilot.operator.autopilot.observation import ComputePoint
-from batchpilot.operator.autopilot.service_model import LatencyFit, fit, predict
+from batchpilot.operator.autopilot.service_model import (
+    CAPACITY_STEPS,
+    TAIL,
+    Z99,
+    LatencyFit,
+    Prediction,
+    _sla_capacity,
+    fit,
+    predict,
+    sla_capacity,
+)
 
 
 class TestFit:
@@ -94,3 +104,137 @@ class TestPredict:
         p = predict(self.MODEL, rate=0, replicas=2, max_batch=8, delay_s=0.005)
         assert p.utilization == 0
         assert p.p99_s == pytest.approx(0.005 + 0.003)
+
+
+# The model as first written — `max`/`min` and a method call per step — kept as the oracle the
+# fast version must match to the last bit: a decision reads capacities in its reasons and
+# compares them with a 3 % stickiness, so "close" is not "the same decision".
+def written_predict(
+    model: LatencyFit,
+    *,
+    rate: float,
+    replicas: int,
+    max_batch: int,
+    delay_s: float,
+    overhead_s: float = 0.0,
+) -> Prediction:
+    t = model.batch_seconds
+    delay = delay_s if max_batch > 1 else 0.0
+    per_replica = rate / replicas
+    full = t(max_batch)
+    load = per_replica * full / max_batch
+    if per_replica <= 0:
+        return Prediction(batch=1.0, utilization=0.0, load=0.0, p99_s=overhead_s + delay + t(1))
+    if load >= 1:
+        return Prediction(batch=max_batch, utilization=1.0, load=load, p99_s=math.inf)
+    lam = per_replica
+    floor = min(float(max_batch), 1 + lam * delay)
+    batch = floor
+    cycle_arrivals = 0.0
+    for _ in range(60):
+        cycle_arrivals = lam * max(t(batch), delay)
+        nxt = min(max_batch, max(floor, cycle_arrivals + math.exp(-cycle_arrivals)))
+        if abs(nxt - batch) < 1e-9:
+            break
+        batch = nxt
+    utilization = min(1.0, lam * t(batch) / batch)
+    memory = lam * model.beta_s
+    spread = math.sqrt(cycle_arrivals / (1 - memory * memory))
+    tail_batch = min(float(max_batch), batch + Z99 * spread)
+    fill = max_batch - 1
+    filling = min(delay, (fill + Z99 * math.sqrt(fill)) / lam) if fill else 0.0
+    in_flight = t(tail_batch) * max(0.0, 1 - TAIL / utilization) if utilization > TAIL else 0.0
+    work = full / max_batch
+    backlog = math.log(load / TAIL) * work / written_backlog_rate(load) if load > TAIL else 0.0
+    p99 = overhead_s + max(filling, in_flight, backlog) + t(tail_batch)
+    return Prediction(batch=batch, utilization=utilization, load=load, p99_s=p99)
+
+
+def written_backlog_rate(rho: float) -> float:
+    x = 2 * (1 - rho) / rho
+    for _ in range(60):
+        grow = rho * math.exp(x)
+        step = (grow - rho - x) / (grow - 1)
+        x -= step
+        if abs(step) < 1e-12 * max(1.0, x):
+            break
+    return x
+
+
+def written_capacity(
+    model: LatencyFit, *, max_batch: int, delay_s: float, overhead_s: float, target_s: float
+) -> float:
+    """The plain bisection: every rate's whole prediction."""
+    delay_s, overhead_s, target_s = round(delay_s, 6), round(overhead_s, 6), round(target_s, 6)
+
+    def fits(rate: float) -> bool:
+        p = written_predict(
+            model,
+            rate=rate,
+            replicas=1,
+            max_batch=max_batch,
+            delay_s=delay_s,
+            overhead_s=overhead_s,
+        )
+        return p.p99_s <= target_s and p.utilization <= 1.0
+
+    high = model.capacity(max_batch)
+    if not fits(high * 1e-3):
+        return 0.0
+    low = high * 1e-3
+    for _ in range(CAPACITY_STEPS):
+        middle = (low + high) / 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+MODELS = [
+    LatencyFit(alpha_s=0.002, beta_s=0.001, confident=True),
+    LatencyFit(alpha_s=0.009718172983479113, beta_s=0.0024295432458697783, confident=False),
+    LatencyFit(alpha_s=0.020, beta_s=0.0005, confident=True),  # λβ near 1 close to saturation
+    LatencyFit(alpha_s=0.011, beta_s=0.0, confident=False),  # batch_first's optimistic reading
+    LatencyFit(alpha_s=0.0001, beta_s=0.004, confident=True),  # nearly all per-row cost
+]
+
+
+class TestTheFastModelIsTheWrittenOne:
+    """The capacity search runs the model a hundred times a decision, a thousand decisions a
+    fleet round: it is written for speed, and must answer exactly what the plain model does."""
+
+    @pytest.mark.parametrize("model", MODELS)
+    def test_every_prediction_is_bit_for_bit_the_written_model(self, model: LatencyFit) -> None:
+        for max_batch in (1, 2, 3, 8, 16, 64):
+            for delay_s in (0.0, 0.002, 0.005):
+                capacity = model.capacity(max_batch)
+                for share in (0.0, 0.001, 0.05, 0.3, 0.6, 0.85, 0.95, 0.999, 1.3):
+                    asked = {
+                        "rate": 2 * capacity * share,
+                        "replicas": 2,
+                        "max_batch": max_batch,
+                        "delay_s": delay_s,
+                        "overhead_s": 0.013,
+                    }
+                    assert predict(model, **asked) == written_predict(model, **asked), asked
+
+    @pytest.mark.parametrize("model", MODELS)
+    def test_every_capacity_is_the_plain_bisections(self, model: LatencyFit) -> None:
+        # Most of the search's rates near saturation are answered without the batch size's
+        # fixed point (a lower bound on P99 already exceeds the target): the answers must not
+        # move by a bit.
+        _sla_capacity.cache_clear()
+        for max_batch in (1, 4, 12, 32, 64):
+            for delay_s in (0.0, 0.005):
+                for overhead_s in (0.0, 0.0123):
+                    for target_s in (0.03, 0.0812, 0.1, 0.25):
+                        asked = {
+                            "max_batch": max_batch,
+                            "delay_s": delay_s,
+                            "overhead_s": overhead_s,
+                            "target_s": target_s,
+                        }
+                        assert sla_capacity(model, **asked) == written_capacity(model, **asked), (
+                            asked
+                        )

@@ -133,15 +133,23 @@ def _backlog_rate(rho: float) -> float:
     """The positive root x of ρ·(eˣ - 1) = x, for 0 < ρ < 1 (x = θ × per-request work).
 
     f(x) = ρ(eˣ - 1) - x is convex with f(0) = 0 and f'(0) < 0, and eˣ ≥ 1 + x + x²/2 puts the
-    root below 2(1 - ρ)/ρ: Newton's method from there descends monotonically onto it."""
+    root below 2(1 - ρ)/ρ: Newton's method from there descends monotonically onto it. (The
+    capacity search runs this a hundred times a decision: `exp`, `abs` and `max` are spelled out
+    as local arithmetic, with the same ties.)"""
+    exp = math.exp
     x = 2 * (1 - rho) / rho
     for _ in range(_ITERATIONS):
-        grow = rho * math.exp(x)
+        grow = rho * exp(x)
         step = (grow - rho - x) / (grow - 1)
         x -= step
-        if abs(step) < 1e-12 * max(1.0, x):
+        bound = 1e-12 * (x if x > 1.0 else 1.0)
+        if -bound < step < bound:
             break
     return x
+
+
+Point = tuple[float, float, float, float]
+"""(batch, utilization, load, P99 seconds): a `Prediction`'s fields, before one is built."""
 
 
 def predict(
@@ -154,39 +162,72 @@ def predict(
     overhead_s: float = 0.0,
 ) -> Prediction:
     """The steady state of `replicas` replicas sharing `rate` requests per second at random."""
-    t = model.batch_seconds
+    point = _operating_point(model, rate / replicas, max_batch, delay_s, overhead_s, math.inf)
+    assert point is not None  # nothing is certain to exceed infinity
+    batch, utilization, load, p99 = point
+    return Prediction(batch=batch, utilization=utilization, load=load, p99_s=p99)
+
+
+def _operating_point(
+    model: LatencyFit,
+    lam: float,
+    max_batch: int,
+    delay_s: float,
+    overhead_s: float,
+    give_up_above_s: float,
+) -> Point | None:
+    """`predict` for one replica offered `lam` requests per second; None, without the batch
+    size's fixed point (the costly part: up to `_ITERATIONS` steps near saturation), when P99 is
+    certain to exceed `give_up_above_s`.
+
+    Certain, to the last bit: the backlog term needs no batch size, and the batch size never
+    falls below its floor, so P99 = overhead + max(filling, in flight, backlog) + t(tail batch)
+    is at least overhead + backlog + t(floor) — floating-point sums and products round
+    monotonically, so the computed P99 is at least that bound computed the same way (β ≥ 0:
+    t grows with the batch). The capacity search asks mostly such questions near saturation.
+
+    t(b) = α + β·b is written out, and so are the fixed point's `max(t(b), D)`, `max(floor, ·)`
+    and `min(B, ·)`, with the ties `max` and `min` break the same way: the capacity search runs
+    this loop thousands of times a decision."""
+    alpha, beta = model.alpha_s, model.beta_s
     delay = delay_s if max_batch > 1 else 0.0
-    per_replica = rate / replicas
-    full = t(max_batch)
-    load = per_replica * full / max_batch
-    if per_replica <= 0:
-        return Prediction(batch=1.0, utilization=0.0, load=0.0, p99_s=overhead_s + delay + t(1))
+    full = alpha + beta * max_batch
+    load = lam * full / max_batch
+    if lam <= 0:
+        return 1.0, 0.0, 0.0, overhead_s + delay + (alpha + beta)
     if load >= 1:
-        return Prediction(batch=max_batch, utilization=1.0, load=load, p99_s=math.inf)
-    lam = per_replica
-    # Mean batch: the fixed point of b = m + e^-m (a contraction: slope < λβ < 1).
+        return max_batch, 1.0, load, math.inf
     floor = min(float(max_batch), 1 + lam * delay)
-    batch = floor
+    work = full / max_batch
+    backlog = math.log(load / TAIL) * work / _backlog_rate(load) if load > TAIL else 0.0
+    if beta >= 0 and overhead_s + backlog + (alpha + beta * floor) > give_up_above_s:
+        return None
+    # Mean batch: the fixed point of b = m + e^-m (a contraction: slope < λβ < 1).
+    exp = math.exp
+    batch: float = floor
     cycle_arrivals = 0.0
     for _ in range(_ITERATIONS):
-        cycle_arrivals = lam * max(t(batch), delay)
-        nxt = min(max_batch, max(floor, cycle_arrivals + math.exp(-cycle_arrivals)))
-        if abs(nxt - batch) < 1e-9:
+        busy = alpha + beta * batch
+        cycle_arrivals = lam * (delay if delay > busy else busy)
+        grown = cycle_arrivals + exp(-cycle_arrivals)
+        if floor > grown:
+            grown = floor
+        nxt: float = grown if grown < max_batch else max_batch
+        if -1e-9 < nxt - batch < 1e-9:
             break
         batch = nxt
-    utilization = min(1.0, lam * t(batch) / batch)
+    utilization = min(1.0, lam * (alpha + beta * batch) / batch)
     # Batch-size tail of the AR(1) process b' = λα + λβ·b + noise.
-    memory = lam * model.beta_s
+    memory = lam * beta
     spread = math.sqrt(cycle_arrivals / (1 - memory * memory))
     tail_batch = min(float(max_batch), batch + Z99 * spread)
+    tail_seconds = alpha + beta * tail_batch
     # Queue wait: filling, the batch in flight, the backlog of full batches.
     fill = max_batch - 1
     filling = min(delay, (fill + Z99 * math.sqrt(fill)) / lam) if fill else 0.0
-    in_flight = t(tail_batch) * max(0.0, 1 - TAIL / utilization) if utilization > TAIL else 0.0
-    work = full / max_batch
-    backlog = math.log(load / TAIL) * work / _backlog_rate(load) if load > TAIL else 0.0
-    p99 = overhead_s + max(filling, in_flight, backlog) + t(tail_batch)
-    return Prediction(batch=batch, utilization=utilization, load=load, p99_s=p99)
+    in_flight = tail_seconds * max(0.0, 1 - TAIL / utilization) if utilization > TAIL else 0.0
+    p99 = overhead_s + max(filling, in_flight, backlog) + tail_seconds
+    return batch, utilization, load, p99
 
 
 def sla_capacity(
@@ -196,14 +237,13 @@ def sla_capacity(
     delay_s: float,
     overhead_s: float,
     target_s: float,
-    util_max: float = 1.0,
 ) -> float:
-    """The highest rate one replica carries with predicted P99 ≤ `target_s` and utilization
-    ≤ `util_max` (0 if even a trickle misses the target). Bisection: both grow with the rate.
-    Latencies are taken to the microsecond, and answers remembered: a service in steady state
-    asks the same questions tick after tick."""
+    """The highest rate one replica carries with predicted P99 ≤ `target_s` (0 if even a
+    trickle misses the target). Bisection: P99 grows with the rate. Latencies are taken to the
+    microsecond, and answers remembered: a service in steady state asks the same questions tick
+    after tick. (Utilization needs no bound of its own: latency bounds a batching replica.)"""
     return _sla_capacity(
-        model, max_batch, round(delay_s, 6), round(overhead_s, 6), round(target_s, 6), util_max
+        model, max_batch, round(delay_s, 6), round(overhead_s, 6), round(target_s, 6)
     )
 
 
@@ -221,19 +261,12 @@ def _sla_capacity(
     delay_s: float,
     overhead_s: float,
     target_s: float,
-    util_max: float,
 ) -> float:
 
     def fits(rate: float) -> bool:
-        p = predict(
-            model,
-            rate=rate,
-            replicas=1,
-            max_batch=max_batch,
-            delay_s=delay_s,
-            overhead_s=overhead_s,
-        )
-        return p.p99_s <= target_s and p.utilization <= util_max
+        # Near saturation most rates are certain to miss before the costly part is computed.
+        point = _operating_point(model, rate, max_batch, delay_s, overhead_s, target_s)
+        return point is not None and point[3] <= target_s
 
     high = model.capacity(max_batch)
     if not fits(high * 1e-3):
