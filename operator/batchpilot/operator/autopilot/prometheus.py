@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
@@ -309,8 +310,11 @@ class FleetRound:
 class FleetObserver:
     """Every service's signals in one round of grouped queries — as many queries as one
     service's tick asks, whatever the number of services, each answered once per interval and
-    split by (namespace, isvc). A failing or slow Prometheus costs the round one bounded attempt
-    (the first query that fails ends it), not one per service.
+    split by (namespace, isvc). A failing or slow Prometheus costs the round one bounded attempt:
+    the first query is asked alone, and only once it has answered are the others asked,
+    `concurrency` at a time (Prometheus evaluates queries in parallel; asked one after another,
+    the three histogram quantiles over every service's buckets alone took 2.5 s of a 2.7 s
+    round for 1,000 services). The first query that fails ends the round.
 
     The seasonal signals move slowly: asked once per `seasonal_refresh_s` with the look-ahead
     widened by that much (so the forecast in force covers every tick until the next refresh),
@@ -325,6 +329,7 @@ class FleetObserver:
         recent_s: int | None = None,
         seasonality: Seasonality | None = None,
         seasonal_refresh_s: float = 60.0,
+        concurrency: int = 4,
         clock: Callable[[], float],
     ) -> None:
         self._query = query
@@ -332,6 +337,7 @@ class FleetObserver:
         self._recent_s = recent_s
         self._seasonality = seasonality
         self._refresh_s = seasonal_refresh_s
+        self._concurrency = concurrency
         self._clock = clock
         self._fast = queries(None, window_s=window_s, utilization=utilization, recent_s=recent_s)
         self._seasonal: dict[str, str] = {}
@@ -354,17 +360,12 @@ class FleetObserver:
         )
         if refresh:
             texts |= self._seasonal
-        answers: dict[tuple[str, str], Raw] = {}
         try:
-            for name, text in texts.items():
-                self.asked += 1
-                for series in self._query(text, at=at):
-                    labels = series.get("metric", {})
-                    key = (labels.get("namespace", ""), labels.get("isvc", ""))
-                    answers.setdefault(key, {}).setdefault(name, []).append(series)
+            results = self._ask(texts, at=at)
         except PrometheusUnavailable as exc:
             log.warning("Prometheus unavailable: the autopilot holds this round (%s)", exc)
             return FleetRound(now, None, self._window_s, self._recent_s, self._seasonality)
+        answers = split(results)
         if refresh:
             self._kept = {
                 key: {name: raw[name] for name in self._seasonal if name in raw}
@@ -375,6 +376,42 @@ class FleetObserver:
             for key, kept in self._kept.items():
                 answers.setdefault(key, {}).update(kept)
         return FleetRound(now, answers, self._window_s, self._recent_s, self._seasonality)
+
+    def _ask(self, texts: dict[str, str], *, at: float | None) -> Raw:
+        """Every text's answer, by name, in the order of `texts`: the first alone, the rest
+        `concurrency` at a time; raises the first failure (`PrometheusUnavailable`)."""
+        names = list(texts)
+        self.asked += 1
+        results = {names[0]: self._query(texts[names[0]], at=at)}
+        rest = names[1:]
+        if not rest:
+            return results
+        pool = ThreadPoolExecutor(
+            max_workers=max(1, min(self._concurrency, len(rest))),
+            thread_name_prefix="prometheus",
+        )
+        try:
+            futures = {name: pool.submit(self._query, texts[name], at=at) for name in rest}
+            self.asked += len(futures)
+            for name in rest:
+                results[name] = futures[name].result()
+        finally:
+            # After a failure the queries not started are dropped; those in flight end at
+            # their own timeout, unwaited for.
+            pool.shutdown(wait=False, cancel_futures=True)
+        return results
+
+
+def split(results: Raw) -> dict[tuple[str, str], Raw]:
+    """Grouped answers (each signal's series for every service) split into each service's
+    answers, by (namespace, isvc)."""
+    answers: dict[tuple[str, str], Raw] = {}
+    for name, series_list in results.items():
+        for series in series_list:
+            labels = series.get("metric", {})
+            key = (labels.get("namespace", ""), labels.get("isvc", ""))
+            answers.setdefault(key, {}).setdefault(name, []).append(series)
+    return answers
 
 
 def _past(raw: Raw, seasonality: Seasonality | None) -> tuple[PastPeriod, ...]:
