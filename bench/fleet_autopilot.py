@@ -1,15 +1,22 @@
 """The autopilot's observe-and-decide round over a fleet, against a real Prometheus.
 
-    .venv/bin/python bench/fleet_autopilot.py --count 1000 [--json OUT]
+    .venv/bin/python bench/fleet_autopilot.py --count 1000 [--rounds 3] [--json OUT]
+                                              [--profile OUT.pstats]
 
 `count` services' metrics history (every series the runtime exports, 15 minutes at a 15 s scrape
 interval, each service its own rate, batch size and latency) is backfilled into a fresh
 Prometheus (`batchpilot.sandbox.backfill`). Then, side by side in one run:
 
 - the fleet's round (`FleetObserver`): queries sent, wall time, Prometheus CPU seconds, and the
-  decisions for every service from its answers (`decide`, each pure);
+  decisions for every service from its answers (`decide`, each pure), each service's state
+  carried from a first round as a running operator carries it; `rounds` rounds 15 s apart, the
+  median reported. Each round's queries are also asked one after another (`concurrency=1`, as
+  the round asked them before it asked them together), in alternating order;
 - per-service observation (`PrometheusObserver`, what a tick per service would ask) over a
   sample of services, scaled to the fleet: queries, wall time and Prometheus CPU per interval.
+
+`--profile` writes cProfile statistics of the last round's observation and decisions (read them
+with `python -m pstats OUT.pstats`).
 
 The aims (issue: the control plane at fleet scale): queries per interval a constant ≤ 15
 whatever the count; one full observe-decide round over 1,000 services < 5 s.
@@ -18,7 +25,9 @@ whatever the count; one full observe-decide round over 1,000 services < 5 s.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -53,6 +62,16 @@ POLICY = Policy(
 IN_FORCE = InForce(1, 8, 0.005)
 
 
+class Clock:
+    """The rounds' clock: the time each round observes at, moved on by the benchmark."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def __call__(self) -> float:
+        return self.at
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process, from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -63,7 +82,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--sample", type=int, default=50, help="services asked one by one")
+    parser.add_argument("--rounds", type=int, default=3, help="measured rounds, 15 s apart")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--profile", type=Path, default=None, help="cProfile of the last round")
     args = parser.parse_args()
     services = list(fleet(args.count))
     now = int(time.time()) // 15 * 15
@@ -78,32 +99,70 @@ def main() -> int:
             pid = prometheus.process.pid
             query = http_query(prometheus.url, timeout_s=30)
             settings = {"window_s": 60, "recent_s": 30, "seasonality": Seasonality()}
-            observer = FleetObserver(query, clock=time.time, **settings)  # type: ignore[arg-type]
+            # The rounds' own time: each round observes at its `at` (the seasonal signals,
+            # refreshed once a minute, are asked in the first round only).
+            clock = Clock(now - 15.0 * args.rounds)
+            observer = FleetObserver(query, clock=clock, **settings)  # type: ignore[arg-type]
+            sequential = FleetObserver(
+                query,
+                clock=clock,
+                concurrency=1,
+                **settings,  # type: ignore[arg-type]
+            )
             # A first round, as a running operator has had: Prometheus' caches warm, and every
-            # service's decision state (its t(b) fit) carried into the measured round.
-            warm = observer.round(at=now - 15)
+            # service's decision state (its t(b) fit) carried into the measured rounds.
+            warm = observer.round(at=clock.at)
+            sequential.round(at=clock.at)
             states = {}
             for service in services:
                 scope = Scope(service.namespace, service.isvc)
                 _, states[scope] = decide(
-                    warm.observe(scope, ready_replicas=1), POLICY, IN_FORCE, State(), now - 15
+                    warm.observe(scope, ready_replicas=1), POLICY, IN_FORCE, State(), clock.at
                 )
 
-            cpu, began = cpu_seconds(pid), time.perf_counter()
-            asked = observer.asked
-            round_ = observer.round(at=now)
-            observed = time.perf_counter() - began
-            for scope, state in states.items():
-                decide(round_.observe(scope, ready_replicas=1), POLICY, IN_FORCE, state, now)
-            results |= {
-                "fleet_queries_per_round": observer.asked - asked,
-                "fleet_observe_s": observed,
-                "fleet_round_s": time.perf_counter() - began,
-                "fleet_decide_ms_per_service": (time.perf_counter() - began - observed)
-                / args.count
-                * 1e3,
-                "fleet_prometheus_cpu_s": cpu_seconds(pid) - cpu,
-            }
+            measured: dict[str, list[float]] = {}
+            profile = cProfile.Profile() if args.profile is not None else None
+            for k in range(args.rounds):
+                clock.at += 15.0
+                last = k == args.rounds - 1
+                if k % 2 == 1:  # alternate which way asks first
+                    began = time.perf_counter()
+                    sequential.round(at=clock.at)
+                    measured.setdefault("fleet_observe_sequential_s", []).append(
+                        time.perf_counter() - began
+                    )
+                asked = observer.asked
+                cpu, began = cpu_seconds(pid), time.perf_counter()
+                if profile is not None and last:
+                    profile.enable()
+                round_ = observer.round(at=clock.at)
+                observed = time.perf_counter() - began
+                for scope, state in states.items():
+                    _, states[scope] = decide(
+                        round_.observe(scope, ready_replicas=1), POLICY, IN_FORCE, state, clock.at
+                    )
+                if profile is not None and last:
+                    profile.disable()
+                    profile.dump_stats(args.profile)
+                ended = time.perf_counter()
+                for key, value in {
+                    "fleet_queries_per_round": observer.asked - asked,
+                    "fleet_observe_s": observed,
+                    "fleet_round_s": ended - began,
+                    "fleet_decide_ms_per_service": (ended - began - observed) / args.count * 1e3,
+                    "fleet_prometheus_cpu_s": cpu_seconds(pid) - cpu,
+                }.items():
+                    measured.setdefault(key, []).append(value)
+                if k % 2 == 0:
+                    began = time.perf_counter()
+                    sequential.round(at=clock.at)
+                    measured.setdefault("fleet_observe_sequential_s", []).append(
+                        time.perf_counter() - began
+                    )
+            results |= {key: statistics.median(values) for key, values in measured.items()}
+            results["fleet_observe_concurrent_vs_sequential"] = (
+                results["fleet_observe_s"] / results["fleet_observe_sequential_s"]
+            )
             # A seasonal refresh round (once a minute): the slow queries too.
             refresh = FleetObserver(query, clock=time.time, **settings)  # type: ignore[arg-type]
             cpu, began = cpu_seconds(pid), time.perf_counter()
