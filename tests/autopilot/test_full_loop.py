@@ -165,7 +165,8 @@ def test_decisions_reach_the_runtime_and_blind_or_restarted_operators_hold(
                 call(pods, "POST", {
                     "apiVersion": "v1", "kind": "Pod",
                     "metadata": {"name": f"{NAME}-0", "namespace": NS,
-                                 "labels": {"batchpilot.io/inferenceservice": NAME}},
+                                 "labels": {"batchpilot.io/inferenceservice": NAME,
+                                            "app.kubernetes.io/managed-by": "batchpilot"}},
                     "spec": {"containers": [{"name": "runtime", "image": "runtime",
                              "ports": [{"name": "http", "containerPort": runtime.port},
                                        {"name": "admin", "containerPort": runtime.admin_port}]}]},
