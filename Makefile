@@ -83,6 +83,7 @@ images:
 	$(DOCKER) build -f images/operator.Dockerfile -t $(IMAGE_REGISTRY)/operator:$(IMAGE_TAG) .
 	$(DOCKER) build -f images/runtime.Dockerfile -t $(IMAGE_REGISTRY)/runtime:$(IMAGE_TAG) .
 	$(DOCKER) build -f images/runtime-gpu.Dockerfile -t $(IMAGE_REGISTRY)/runtime-gpu:$(IMAGE_TAG) .
+	$(DOCKER) build -f images/runtime-torch.Dockerfile -t $(IMAGE_REGISTRY)/runtime-torch:$(IMAGE_TAG) .
 
 # Re-pin the images' Python packages after changing dependencies in pyproject.toml.
 image-constraints: install

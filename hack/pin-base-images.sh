@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 files=(images/operator.Dockerfile images/runtime.Dockerfile images/runtime-gpu.Dockerfile
-       hack/kind/demo-runtime.Dockerfile)
+       images/runtime-torch.Dockerfile hack/kind/demo-runtime.Dockerfile)
 
 current_tags() {
     sed -nE 's/^ARG (PYTHON|CUDA)_IMAGE=([^@]+)(@sha256:[0-9a-f]{64})?$/\2/p' "${files[@]}" | sort -u

@@ -126,6 +126,7 @@ NAMESPACED: dict[str, Any] = {
         "images": {
             "cpu": "registry.example.com/batchpilot/runtime:0.1.0",
             "gpu": "registry.example.com/batchpilot/runtime-gpu@sha256:" + "a" * 64,
+            "torch": "registry.example.com/batchpilot/runtime-torch:0.1.0",
         },
         "imagePullPolicy": "Always",
         "port": 9000,

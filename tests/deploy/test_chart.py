@@ -85,6 +85,7 @@ class TestTheChartIsSound:
         app_version = chart["appVersion"]
         assert values["runtime"]["images"]["cpu"].endswith(f":{app_version}")
         assert values["runtime"]["images"]["gpu"].endswith(f":{app_version}")
+        assert values["runtime"]["images"]["torch"].endswith(f":{app_version}")
         image = operator_deployment(render())["spec"]["template"]["spec"]["containers"][0]["image"]
         assert image == f"ghcr.io/batchpilot/operator:{app_version}"
 
@@ -257,6 +258,7 @@ class TestSettings:
         assert settings.prometheus_url == NAMESPACED["prometheus"]["url"]
         assert settings.runtime_image_cpu == runtime["images"]["cpu"]
         assert settings.runtime_image_gpu == runtime["images"]["gpu"]
+        assert settings.runtime_image_torch == runtime["images"]["torch"]
         assert settings.image_pull_policy == "Always"
         assert settings.runtime_port == 9000
         assert settings.storage_initializer_image == runtime["storageInitializerImage"]

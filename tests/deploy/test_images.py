@@ -1,4 +1,4 @@
-"""The images: each installs the project with its one extra, at pinned versions, on a pinned
+"""The images: each installs the project with its extras, at pinned versions, on a pinned
 base, and runs as a numeric non-root user. (No container engine runs here: the Dockerfiles are
 read, not built; `make images` builds them where Docker is.)"""
 
@@ -20,8 +20,14 @@ ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ROOT / "images"
 CONSTRAINTS = IMAGES / "constraints"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-IMAGE_EXTRAS = {"operator": "operator", "runtime": "runtime", "runtime-gpu": "runtime-gpu"}
-"""Dockerfile (images/NAME.Dockerfile) → the one extra it installs."""
+IMAGE_EXTRAS: dict[str, tuple[str, ...]] = {
+    "operator": ("operator",),
+    "runtime": ("runtime",),
+    "runtime-gpu": ("runtime-gpu",),
+    "runtime-torch": ("runtime", "torch"),
+}
+"""Dockerfile (images/NAME.Dockerfile) → the extras it installs, pinned in constraints/NAME.txt
+(hack/pin-image-deps.py holds the same table)."""
 VENV = "/opt/venv"
 # The images' platform: CPython 3.12 on Linux x86_64 (markers are evaluated for it).
 TARGET = {
@@ -41,6 +47,7 @@ NEVER_IN = {
     "runtime": {"onnxruntime-gpu", "kopf", "kubernetes"},
     # Both onnxruntime wheels provide the `onnxruntime` module: together, one breaks the other.
     "runtime-gpu": {"onnxruntime", "kopf", "kubernetes"},
+    "runtime-torch": {"onnxruntime-gpu", "kopf", "kubernetes"},
 }
 
 
@@ -59,18 +66,17 @@ def pins(name: str) -> dict[str, str]:
     return found
 
 
-def requirements_of(extra: str) -> list[Requirement]:
+def requirements_of(extras: tuple[str, ...]) -> list[Requirement]:
     project = PYPROJECT["project"]
-    reqs = [
-        Requirement(r) for r in [*project["dependencies"], *project["optional-dependencies"][extra]]
-    ]
+    optional = [r for extra in extras for r in project["optional-dependencies"][extra]]
+    reqs = [Requirement(r) for r in [*project["dependencies"], *optional]]
     return [r for r in reqs if r.marker is None or r.marker.evaluate(TARGET)]
 
 
 @pytest.mark.parametrize("image", sorted(IMAGE_EXTRAS))
 class TestEachImage:
-    def test_it_installs_the_project_with_its_one_extra_and_nothing_else(self, image: str) -> None:
-        extra = IMAGE_EXTRAS[image]
+    def test_it_installs_the_project_with_its_extras_and_nothing_else(self, image: str) -> None:
+        extras = IMAGE_EXTRAS[image]
         installs = dockerfile(image).pip_installs()
         into_venv = [i for i in installs if i.python == f"{VENV}/bin/python"]
         assert len(into_venv) == 1, "one install into the image's venv"
@@ -78,8 +84,8 @@ class TestEachImage:
         (requirement,) = project.requirements
         match = re.fullmatch(r"\$\(ls /wheels/batchpilot-\*\.whl\)\[([\w,-]+)\]", requirement)
         assert match, f"not the project's wheel with extras: {requirement}"
-        assert match.group(1).split(",") == [extra]
-        assert project.constraints == (f"/constraints/{extra}.txt",)
+        assert tuple(match.group(1).split(",")) == extras
+        assert project.constraints == (f"/constraints/{image}.txt",)
         assert project.requirement_files == ()
         # Anything else pip installs is the build backend, in the build stage only.
         for other in installs:
@@ -90,10 +96,9 @@ class TestEachImage:
 
     def test_the_constraints_it_copies_are_its_own(self, image: str) -> None:
         copies = " ".join(c.value for c in dockerfile(image).stages[0].all("COPY"))
-        assert f"images/constraints/{IMAGE_EXTRAS[image]}.txt" in copies
+        assert f"images/constraints/{image}.txt" in copies
         assert "images/constraints/build.txt" in copies
-        others = set(IMAGE_EXTRAS.values()) - {IMAGE_EXTRAS[image]}
-        for other in others:
+        for other in set(IMAGE_EXTRAS) - {image}:
             assert f"images/constraints/{other}.txt" not in copies
 
     def test_it_copies_every_source_folder_of_the_product_wheel(self, image: str) -> None:
@@ -137,10 +142,9 @@ class TestEachImage:
         for stage in dockerfile(image).stages:
             assert PINNED_BASE.match(stage.base), f"{stage.base} is not pinned"
 
-    def test_every_requirement_of_its_extra_is_pinned_within_pyproject(self, image: str) -> None:
-        extra = IMAGE_EXTRAS[image]
-        pinned = pins(extra)
-        for requirement in requirements_of(extra):
+    def test_every_requirement_of_its_extras_is_pinned_within_pyproject(self, image: str) -> None:
+        pinned = pins(image)
+        for requirement in requirements_of(IMAGE_EXTRAS[image]):
             name = canonicalize_name(requirement.name)
             assert name in pinned, f"{name} is not pinned: make image-constraints"
             assert requirement.specifier.contains(pinned[name], prereleases=True), (
@@ -148,13 +152,13 @@ class TestEachImage:
             )
 
     def test_it_never_gets_the_other_sides_packages(self, image: str) -> None:
-        extra = IMAGE_EXTRAS[image]
-        assert NEVER_IN[extra].isdisjoint(pins(extra)), NEVER_IN[extra] & set(pins(extra))
+        never = NEVER_IN[image]
+        assert never.isdisjoint(pins(image)), never & set(pins(image))
         text = (IMAGES / f"{image}.Dockerfile").read_text()
         runs = " ".join(r.value for s in dockerfile(image).stages for r in s.all("RUN"))
-        for package in NEVER_IN[extra]:
+        for package in never:
             assert not re.search(rf"(?<![\w-]){re.escape(package)}(?![\w-])", runs), package
-        assert text.count("[" + extra + "]") == 1
+        assert text.count("[" + ",".join(IMAGE_EXTRAS[image]) + "]") == 1
 
 
 class TestTheImagesDiffer:
@@ -173,6 +177,18 @@ class TestTheImagesDiffer:
         for stage in dockerfile("runtime-gpu").stages:
             assert re.match(r"^nvidia/cuda:\d+\.\d+\.\d+-(base|runtime)-ubuntu", stage.base)
 
+    def test_the_torch_runtime_has_cudas_pytorch_beside_the_runtime_on_a_cuda_base(self) -> None:
+        # PyPI's Linux torch brings CUDA as NVIDIA's wheels: on a GPU node it uses the GPU, and
+        # `--device auto` falls back to the CPU elsewhere; the CPU runtime never gets torch.
+        torch = pins("runtime-torch")
+        assert "torch" in torch
+        assert any(name.startswith("nvidia-cudnn") for name in torch)
+        assert any(name.startswith("nvidia-cublas") for name in torch)
+        assert "torch" not in pins("runtime")
+        assert "torch" not in pins("runtime-gpu")
+        for stage in dockerfile("runtime-torch").stages:
+            assert re.match(r"^nvidia/cuda:\d+\.\d+\.\d+-(base|runtime)-ubuntu", stage.base)
+
     def test_the_build_backend_is_pinned_within_pyproject(self) -> None:
         pinned = pins("build")
         for text in PYPROJECT["build-system"]["requires"]:
@@ -187,12 +203,12 @@ class TestTheImagesDiffer:
     def test_the_runtime_images_run_as_the_uid_the_operator_runs_pods_as(self) -> None:
         from batchpilot.operator.children.deployment import RUNTIME_USER
 
-        for image in ("runtime", "runtime-gpu"):
+        for image in ("runtime", "runtime-gpu", "runtime-torch"):
             assert dockerfile(image).final.all("USER")[-1].value == f"{RUNTIME_USER}:{RUNTIME_USER}"
 
     def test_the_constraint_files_are_exactly_these(self) -> None:
         names = sorted(p.stem for p in CONSTRAINTS.glob("*.txt"))
-        assert names == sorted([*IMAGE_EXTRAS.values(), "build"])
+        assert names == sorted([*IMAGE_EXTRAS, "build"])
 
 
 class TestBuildContext:

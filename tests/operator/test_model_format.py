@@ -62,6 +62,44 @@ def test_a_pytorch_program_is_served_by_the_torch_engine(fmt: str, uri: str, fet
     assert fetch["args"] == ["runtime", "fetch", uri, fetched]
 
 
+@pytest.mark.parametrize("device", ["gpu", "cpu"])
+def test_a_pytorch_program_runs_in_the_torch_image_on_either_device(device: str) -> None:
+    # The CPU and GPU runtime images have no torch: `--engine torch` there would crash-loop.
+    settings = OperatorSettings(runtime_image_torch="registry.example/runtime-torch:1")
+    spec = pod(
+        owner(
+            {"uri": "https://m.example/r50.pt", "format": "torchscript"}, runtime={"device": device}
+        ),
+        settings,
+    )
+    (container,) = spec["containers"]
+    assert container["image"] == "registry.example/runtime-torch:1"
+    (fetch,) = spec["initContainers"]  # the fetcher is the runtime's own `runtime fetch`
+    assert fetch["image"] == "registry.example/runtime-torch:1"
+
+
+@pytest.mark.parametrize(
+    ("fmt", "device", "image"),
+    [
+        ("onnx", "gpu", "ghcr.io/batchpilot/runtime-gpu:0.1.0"),
+        ("onnx", "cpu", "ghcr.io/batchpilot/runtime:0.1.0"),
+        ("torch-export", "gpu", "ghcr.io/batchpilot/runtime-torch:0.1.0"),
+    ],
+)
+def test_the_default_image_follows_the_format_then_the_device(
+    fmt: str, device: str, image: str
+) -> None:
+    model = {"uri": "pvc://models/m", "format": fmt}
+    (container,) = pod(owner(model, runtime={"device": device}))["containers"]
+    assert container["image"] == image
+
+
+def test_the_specs_own_image_wins_over_the_torch_image() -> None:
+    model = {"uri": "pvc://models/m.pt", "format": "torchscript"}
+    (container,) = pod(owner(model, runtime={"image": "mine/torch-runtime:2"}))["containers"]
+    assert container["image"] == "mine/torch-runtime:2"
+
+
 def test_a_mounted_torchscript_program_is_read_where_its_sidecar_is() -> None:
     spec = pod(owner({"uri": "pvc://models/r50/r50.pt", "format": "torchscript"}))
     assert arg(spec, "--model") == "/models/r50/r50.pt"  # r50.signature.json beside it

@@ -19,6 +19,9 @@ class OperatorSettings(BaseSettings):
 
     runtime_image_cpu: str = "ghcr.io/batchpilot/runtime:0.1.0"
     runtime_image_gpu: str = "ghcr.io/batchpilot/runtime-gpu:0.1.0"
+    runtime_image_torch: str = "ghcr.io/batchpilot/runtime-torch:0.1.0"
+    """For PyTorch programs (`model.format` torchscript or torch-export), on either device: the
+    runtime with the torch extra, CUDA's PyTorch, which runs on the CPU where there is no GPU."""
     storage_initializer_image: str | None = Field(
         default=None,
         description="image that fetches s3:// models: args [URI, DEST] (KServe's contract)",

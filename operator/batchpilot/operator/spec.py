@@ -60,8 +60,8 @@ class ModelSource(_Model):
     autocast."""
     format: Literal["onnx", "torchscript", "torch-export"] = "onnx"
     """What the file is, and so which engine serves it: onnx (onnxruntime, or the simulated
-    engine), torchscript or torch-export (the torch engine, `--engine torch`, in a runtime image
-    with the torch extra)."""
+    engine), torchscript or torch-export (the torch engine, `--engine torch`, in the operator's
+    torch runtime image unless `runtime.image` names one)."""
 
     @model_validator(mode="after")
     def _int8_is_onnx(self) -> ModelSource:

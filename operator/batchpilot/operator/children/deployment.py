@@ -202,10 +202,21 @@ def runtime_args(owner: Owner, settings: OperatorSettings, model_path: str) -> l
     return args
 
 
+def runtime_image(owner: Owner, settings: OperatorSettings) -> str:
+    """The spec's image, else the operator's for what serves the model: only the torch image has
+    PyTorch (the others would crash-loop on `--engine torch`), onnxruntime's is per device."""
+    runtime = owner.spec.runtime
+    if runtime.image:
+        return runtime.image
+    if owner.spec.model.is_torch:
+        return settings.runtime_image_torch
+    return settings.runtime_image_gpu if runtime.device == "gpu" else settings.runtime_image_cpu
+
+
 def build_deployment(owner: Owner, settings: OperatorSettings, *, replicas: int) -> dict[str, Any]:
     runtime = owner.spec.runtime
     gpu = runtime.device == "gpu"
-    image = runtime.image or (settings.runtime_image_gpu if gpu else settings.runtime_image_cpu)
+    image = runtime_image(owner, settings)
     model_path, volumes, mounts, init_containers = _model_volumes(owner, settings, image)
 
     resources: dict[str, Any] = {
