@@ -21,7 +21,8 @@ torch = pytest.importorskip("torch", reason="the torch extra is not installed")
 
 from batchpilot.runtime.device import DeviceUnavailable, Nvml  # noqa: E402
 from batchpilot.runtime.onnx_engine import ModelLoadError  # noqa: E402
-from batchpilot.runtime.torch_engine import TorchEngine, choose_device  # noqa: E402
+from batchpilot.runtime.torch_engine import TorchEngine  # noqa: E402
+from batchpilot.runtime.torch_program import choose_device  # noqa: E402
 from batchpilot.runtime.torch_signature import sidecar_path  # noqa: E402
 from tests import torch_models  # noqa: E402
 from tests.runtime_process import Scrape, refused_start, runtime_process, send  # noqa: E402

@@ -2,235 +2,53 @@
 PyTorch sees a GPU, on the CPU otherwise.
 
 It is the engine for GPUs where onnxruntime-gpu is not installed, and for the format most models
-already come in. The contract is the other engines': the v2 signature (from the program where it
-carries one, else from a small JSON document, `torch_signature`), warm-up before the server
+already come in. The contract is the other engines': the v2 signature, warm-up before the server
 reports ready, one call per batch on the concatenated rows, outputs as numpy arrays by name. The
 batcher times each call and counts the device busy, as for any engine; a call returns only once
 its outputs are back in host memory, so on a GPU that time is the device's, copies included.
 
-The file's contents decide how it is loaded (a TorchScript archive or a PT2 archive), whatever its
-name; a `torch.save` pickle, which needs the model's Python code to load, is refused with the way
-to save a program instead. The FP16 variant is the same file run under autocast: matrix products
-and convolutions in float16, outputs cast back to the declared datatypes, so clients never notice.
+This module runs programs; `torch_program` loads them (which archive, which device, which
+signature). The FP16 variant is the same program run under autocast: matrix products and
+convolutions in float16, outputs cast back to the declared datatypes, so clients never notice.
 
 Model instances (`--instances N`) share the one set of weights: each has its own thread (and on a
 GPU its own CUDA stream), so N batches are in flight at once. On the CPU, N instances split the
 cores between them (`threads_per_instance`), as the onnxruntime engine's sessions do.
 
-Only this module imports torch (an import-linter contract says so); the server imports it only
-when `--engine torch` is asked for.
+Only this module and `torch_program` import torch (an import-linter contract says so); the server
+imports the engine only when `--engine torch` is asked for.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import warnings
-import zipfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 
-from batchpilot.runtime.device import DeviceChoice, DeviceUnavailable
-from batchpilot.runtime.engine import EngineInfo, ModelSignature, TensorSpec, example_inputs
+from batchpilot.runtime.device import DeviceChoice
+from batchpilot.runtime.engine import EngineInfo, ModelSignature, example_inputs
 from batchpilot.runtime.metrics import available_cores
 from batchpilot.runtime.onnx_engine import ModelLoadError, threads_per_instance
-from batchpilot.runtime.torch_signature import (
-    EMBEDDED_NAME,
-    SignatureDocument,
-    SignatureError,
-    check_inputs,
-    read_sidecar,
-    sidecar_path,
+from batchpilot.runtime.torch_program import (
+    TORCH_TO_V2,
+    V2_TO_TORCH,
+    choose_device,
+    first_line,
+    load_program,
+    program_format,
+    signature_of,
 )
 
-log = logging.getLogger(__name__)
-
-ProgramFormat = Literal["torchscript", "torch-export"]
-
-TORCH_TO_V2: dict[torch.dtype, str] = {
-    torch.bool: "BOOL",
-    torch.uint8: "UINT8",
-    torch.int8: "INT8",
-    torch.int16: "INT16",
-    torch.int32: "INT32",
-    torch.int64: "INT64",
-    torch.float16: "FP16",
-    torch.float32: "FP32",
-    torch.float64: "FP64",
-}
-V2_TO_TORCH = {v2: dtype for dtype, v2 in TORCH_TO_V2.items()}
-PLATFORMS: dict[ProgramFormat, str] = {
-    "torchscript": "pytorch_libtorch",  # Triton's name for TorchScript
-    "torch-export": "pytorch_export",
-}
 WARM_UP_ROWS = (1, 1, 2)
 """Batches run before readiness: TorchScript's profiling executor specializes the graph on its
 second call, and a batch of 2 proves dimension 0 is a batch axis the program accepts."""
-
-
-def program_format(path: Path) -> ProgramFormat:
-    """Which kind of PyTorch program the file holds, read from its archive's entries."""
-    if not path.is_file():
-        raise ModelLoadError(f"model file {path} does not exist")
-    try:
-        with zipfile.ZipFile(path) as archive:
-            entries = {name.split("/", 1)[-1] for name in archive.namelist()}
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise ModelLoadError(
-            f"PyTorch cannot load {path}: it is not a TorchScript or torch.export archive ({exc})"
-        ) from exc
-    if "archive_format" in entries or any(e.startswith("models/") for e in entries):
-        return "torch-export"
-    if "constants.pkl" in entries and any(e.startswith("code/") for e in entries):
-        return "torchscript"
-    if "data.pkl" in entries:
-        raise ModelLoadError(
-            f"{path} was written by torch.save (a pickled module or state_dict), which needs the "
-            "model's Python code to load: save a program instead, "
-            "torch.jit.script(model).save(path) or "
-            "torch.export.save(torch.export.export(model, example, dynamic_shapes=...), path)"
-        )
-    raise ModelLoadError(f"{path} is a zip archive but neither a TorchScript nor a PT2 archive")
-
-
-def choose_device(choice: DeviceChoice, *, cuda: bool) -> Literal["gpu", "cpu"]:
-    """`auto` takes the GPU when PyTorch sees one; `gpu` insists and says why it cannot."""
-    if choice == "cpu" or (choice == "auto" and not cuda):
-        return "cpu"
-    if not cuda:
-        raise DeviceUnavailable(
-            "device gpu was requested but PyTorch sees no CUDA device "
-            "(torch.cuda.is_available() is false: no GPU, no driver, or a CPU-only PyTorch)"
-        )
-    return "gpu"
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
-def _dims(shape: Sequence[Any]) -> tuple[int, ...]:
-    """Concrete sizes stay, symbolic ones (torch.SymInt) become -1."""
-    return tuple(d if isinstance(d, int) else -1 for d in shape)
-
-
-def _spec_of(name: str, value: Any, what: str) -> TensorSpec:
-    if not isinstance(value, torch.Tensor):
-        raise ModelLoadError(f"{what} '{name}' of the program is not a tensor ({value!r})")
-    datatype = TORCH_TO_V2.get(value.dtype)
-    if datatype is None:
-        raise ModelLoadError(f"{what} '{name}' has dtype {value.dtype}, which is not supported")
-    return TensorSpec(name, datatype, _dims(value.shape))
-
-
-@dataclass(frozen=True, slots=True)
-class _Program:
-    module: Callable[..., Any]
-    format: ProgramFormat
-    inputs: tuple[TensorSpec, ...] | None
-    """The inputs the program carries (torch.export), or None (TorchScript)."""
-    outputs: tuple[TensorSpec, ...] | None
-    embedded: SignatureDocument | None
-    """The document saved inside a TorchScript archive."""
-
-
-def _load_torchscript(path: Path, device: torch.device) -> _Program:
-    extra = {EMBEDDED_NAME: ""}
-    try:
-        with warnings.catch_warnings():
-            # PyTorch 2.10+ deprecates TorchScript; the file is what the user chose to serve.
-            warnings.filterwarnings(
-                "ignore", ".*torch.jit.load.* is deprecated", DeprecationWarning
-            )
-            module = torch.jit.load(  # type: ignore[no-untyped-call]  # not annotated in torch
-                str(path), map_location=device, _extra_files=extra
-            )
-    except Exception as exc:
-        raise ModelLoadError(
-            f"PyTorch cannot load {path} as TorchScript: {_first_line(exc)}"
-        ) from exc
-    module.eval()
-    embedded = None
-    if extra[EMBEDDED_NAME]:
-        try:
-            embedded = SignatureDocument.parse(
-                extra[EMBEDDED_NAME], source=f"{path}'s embedded {EMBEDDED_NAME}"
-            )
-        except SignatureError as exc:
-            raise ModelLoadError(str(exc)) from exc
-    return _Program(module, "torchscript", inputs=None, outputs=None, embedded=embedded)
-
-
-def _load_export(path: Path, device: torch.device) -> _Program:
-    try:
-        with path.open("rb") as file:  # a file object: torch.export.load insists on .pt2 names
-            program = torch.export.load(file)
-    except Exception as exc:
-        raise ModelLoadError(
-            f"PyTorch cannot load {path} as a torch.export program: {_first_line(exc)}"
-        ) from exc
-    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
-    inputs = tuple(
-        _spec_of(name, placeholders[name].meta.get("val"), "input")
-        for name in program.graph_signature.user_inputs
-    )
-    for spec in inputs:
-        if spec.shape[:1] != (-1,):
-            raise ModelLoadError(
-                f"input '{spec.name}' has shape {list(spec.shape)}: dimension 0 must be a dynamic "
-                "batch axis for the model to be batched (export with dynamic_shapes="
-                f"{{'{spec.name}': {{0: torch.export.Dim('batch')}}}})"
-            )
-    (output,) = (n for n in program.graph.nodes if n.op == "output")
-    values = [node.meta.get("val") for node in output.args[0]]
-    out_spec = program.call_spec.out_spec
-    names = (
-        [str(key) for key in out_spec.context]
-        if out_spec is not None and out_spec.type is dict
-        else [f"output_{i}" for i in range(len(values))]
-    )
-    outputs = tuple(_spec_of(n, v, "output") for n, v in zip(names, values, strict=True))
-    if device.type != "cpu":
-        from torch.export.passes import move_to_device_pass
-
-        program = move_to_device_pass(program, device)
-    return _Program(program.module(), "torch-export", inputs, outputs, embedded=None)
-
-
-def _signature(program: _Program, path: Path, *, name: str) -> ModelSignature:
-    """The program's own inputs, the sidecar's or the embedded document's declarations; a
-    sidecar wins over the embedded document and must agree with what the program carries."""
-    platform = PLATFORMS[program.format]
-    try:
-        document = read_sidecar(path) or program.embedded
-        if program.inputs is not None:
-            assert program.outputs is not None
-            if document is None:
-                return ModelSignature(name, platform, program.inputs, program.outputs)
-            if document.inputs is not None:
-                check_inputs(document.inputs, program.inputs, source=document.source)
-            if len(document.outputs) != len(program.outputs):
-                raise SignatureError(
-                    f"{document.source} declares {len(document.outputs)} outputs, the program "
-                    f"returns {len(program.outputs)}"
-                )
-            return ModelSignature(name, platform, program.inputs, document.outputs)
-        if document is None:
-            raise SignatureError(
-                f"a TorchScript program does not carry its inputs' names, datatypes and shapes: "
-                f"declare them in {sidecar_path(path)}, or save them inside the archive as the "
-                f"extra file {EMBEDDED_NAME} (docs: batchpilot.runtime.torch_signature)"
-            )
-        return document.signature(name=name, platform=platform)
-    except SignatureError as exc:
-        raise ModelLoadError(str(exc)) from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,8 +123,8 @@ class TorchEngine:
             threads = threads_per_instance(instances=instances, cores=available_cores())
         if chosen == "cpu" and threads > 0:
             torch.set_num_threads(threads)
-        program = (_load_torchscript if fmt == "torchscript" else _load_export)(path, target)
-        signature = _signature(program, path, name=name)
+        program = load_program(path, target, fmt=fmt)
+        signature = signature_of(program, path, name=name)
         placed = f"cuda:{target.index} {torch.cuda.get_device_name(target)}" if where else "cpu"
         layout = f", {instances} instances sharing the weights" if instances > 1 else ""
         threading = f", {threads} intra-op threads" if threads else ""
@@ -424,7 +242,7 @@ class TorchEngine:
                 except ModelLoadError:
                     raise
                 except Exception as exc:
-                    reason = _first_line(exc)
+                    reason = first_line(exc)
                     if rows > 1:
                         raise ModelLoadError(
                             f"warm-up inference failed on a batch of {rows} rows (is dimension 0 "
