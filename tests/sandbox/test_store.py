@@ -463,6 +463,34 @@ class TestGarbageCollection:
         store.create(configmaps(store), "default", owned_configmap("orphan", ghost))
         assert store.count(configmaps(store)) == 0
 
+    # A write that leaves the controllers nothing to do is not planned over every object; these
+    # are the writes that do give them work although no object was deleted.
+
+    def test_a_dependent_created_under_an_owner_deleted_in_the_foreground_is_deleted(
+        self, store: Store
+    ) -> None:
+        owner, _ = store.create(widgets(store), "default", widget("a"))
+        store.create(configmaps(store), "default", owned_configmap("held", owner, finalizers=["x"]))
+        store.delete(widgets(store), "default", "a", {"propagationPolicy": "Foreground"})
+        store.create(configmaps(store), "default", owned_configmap("late", owner))
+        assert store.count(configmaps(store)) == 1  # "late" went at once; "held" waits on "x"
+
+    def test_a_dependent_that_lets_go_of_an_owner_in_the_foreground_releases_it(
+        self, store: Store
+    ) -> None:
+        owner, _ = store.create(widgets(store), "default", widget("a"))
+        store.create(configmaps(store), "default", owned_configmap("held", owner, finalizers=["x"]))
+        store.delete(widgets(store), "default", "a", {"propagationPolicy": "Foreground"})
+        assert store.count(widgets(store)) == 1
+        store.patch(
+            configmaps(store),
+            "default",
+            "held",
+            "application/merge-patch+json",
+            {"metadata": {"ownerReferences": None}},
+        )
+        assert store.count(widgets(store)) == 0
+
 
 class TestNamespaces:
     def test_deleting_a_namespace_deletes_its_objects_then_itself(self, store: Store) -> None:

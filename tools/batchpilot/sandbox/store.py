@@ -337,7 +337,8 @@ class Store:
         self._table.write(key, stored, "ADDED", None)
         if self._is_crd(rt):
             self._crd_written(stored)
-        self.collect_garbage()
+        if not self._deleter.settled(key, stored, None):
+            self.collect_garbage()
         return conversions.from_storage(rt, stored), admitted.warnings
 
     # --- update & patch ------------------------------------------------------------------------
@@ -537,7 +538,8 @@ class Store:
         if self._is_crd(rt):
             self._crd_written(result)
         self._deleter.remove_if_released(key, result)
-        self.collect_garbage()
+        if not self._deleter.settled(key, result, stored):
+            self.collect_garbage()
         return conversions.from_storage(rt, result), admitted.warnings
 
     # --- delete --------------------------------------------------------------------------------
