@@ -9,10 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from batchpilot.operator.autopilot.capacity import batch_candidates, burst_batch
-from batchpilot.operator.autopilot.decide import (
+from batchpilot.operator.autopilot.decide import decide
+from batchpilot.operator.autopilot.learn import (
     DEFAULT_COLD_START_S,
     DEFAULT_INTERVAL_S,
-    decide,
     reaction_horizon,
 )
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation

@@ -20,7 +20,7 @@ Steps, each small and named:
    (`capacity.plan_capacity`);
 4. guard: if P99 is over the SLA in a window that describes the present and the plan adds no
    capacity, add replicas on feedback instead (the model is wrong somewhere; observed latency
-   wins);
+   wins: `feedback.overruled`);
    batch first on a rough model: while the plan raises the batch limit, replicas wait one
    interval for the next window to measure the new batch sizes, unless even the most
    optimistic reading of the guess needs more of them (`capacity.batch_first`); a rough model
@@ -28,30 +28,35 @@ Steps, each small and named:
 5. pace replicas: cold start, scale-down stabilization, hysteresis, bounds (`pacing.pace`);
 6. explain: action, reason and the condition inputs.
 
-What the decision is about (`Policy`, `InForce`, `Decision`) lives in `policy`; what it
-remembers between decisions, and its round trip through `status.autopilot`, in `state`.
+This module is the pipeline; each step lives with what it needs: what the window teaches
+(`learn`), the load to plan for (`headroom`, `season`, and `with_season` here), the capacity plan
+and batch first (`capacity`), the guard and the feedback used without a model (`feedback`), the
+pacing of replicas (`pacing`), the verdict and the account of the decision (`explain`). What the
+decision is about (`Policy`, `InForce`, `Decision`) lives in `policy`; what it remembers between
+decisions, and its round trip through `status.autopilot`, in `state`.
 
 Pure: state goes in and out explicitly, `now` is an argument.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from batchpilot.operator.autopilot.capacity import (
     absorbed_rise,
-    adds_capacity,
     batch_first,
     burst_batch,
     plan_capacity,
 )
+from batchpilot.operator.autopilot.explain import explain, judge
+from batchpilot.operator.autopilot.feedback import feedback_only, overruled
 from batchpilot.operator.autopilot.headroom import (
     Headroom,
     affordable,
     plan_rate,
 )
+from batchpilot.operator.autopilot.learn import learn, present_load, reaction_horizon
 from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.autopilot.pacing import pace
 from batchpilot.operator.autopilot.policy import (
@@ -63,36 +68,10 @@ from batchpilot.operator.autopilot.policy import (
     stored_delay_s,
 )
 from batchpilot.operator.autopilot.season import seasonal_forecast
-from batchpilot.operator.autopilot.service_model import fit, predict
 from batchpilot.operator.autopilot.state import State
 
-OVERHEAD_SMOOTHING = 0.2
-"""Weight of a new estimate of the latency outside the batcher against the previous one."""
-LEARN_BELOW_LOAD = 0.9
-"""Learn from observed P99 only below this fraction of saturation: near it, P99 is too steep
-(and too noisy) to tell the model's error from the load's."""
-TREND_SIGNIFICANCE = 3.0
-"""Extrapolate a rising rate only when the rise exceeds this many standard deviations of
-Poisson noise (otherwise noise alone would add replicas)."""
-FEEDBACK_STEP = 0.25
-"""On feedback, add this fraction of the replicas (at least one)."""
 STALE_WINDOWS = 3
 """An observation older than this many windows is stale."""
-DEFAULT_COLD_START_S = 60.0
-"""Until a scale-up has been watched, assume new replicas take a minute to take traffic."""
-COLD_START_SMOOTHING = 0.3
-"""Weight of a new cold-start measurement against the previous estimate."""
-DEFAULT_INTERVAL_S = 15.0
-"""The decision interval assumed at the first decision, before one has been measured."""
-SHED_TOLERANCE = 0.01
-"""The SLA is met only while at most this share of the offered requests goes unserved (refused
-at arrival, expired): a refused request is a request not answered within the SLA, and the
-runtime's admission keeps the P99 of the admitted ones inside it however many it refuses."""
-SHED_FEEDBACK = 0.05
-"""Refusals beyond this share, while the model says the replicas in force carry the offered
-load, are evidence against the model and add replicas (as a P99 over the SLA does). Between
-`SHED_TOLERANCE` and this, a burst within the window is the likelier cause: the SLA is
-reported missed, and the plan (which already counts every arrival) decides."""
 
 
 def _hold(
@@ -138,11 +117,9 @@ def decide(
     assert observation.qps is not None
     assert observation.ready_replicas is not None
     sla = policy.sla_p99_s
-    p99 = observation.p99_s
     idle = observation.idle
     ready = observation.ready_replicas
     offered = observation.offered_qps or 0.0
-    unserved = observation.unserved_share
     delay_s = stored_delay_s(min(policy.max_queue_delay_s, 0.1 * sla))
 
     # 2. Judge the window, and keep the books of the objective.
@@ -194,7 +171,7 @@ def decide(
         want_replicas, want_batch = policy.min_replicas, current.batch_size
         why = "no traffic"
     elif model is None:
-        want_replicas, want_batch, why = _feedback(observation, policy, current)
+        want_replicas, want_batch, why = feedback_only(observation, policy, current)
     else:
         chosen = plan_capacity(
             model,
@@ -219,23 +196,19 @@ def decide(
             notes.append("no configuration within maxReplicas is predicted to meet the SLA")
         # 5. Guard: over the SLA in a window of the present, and the plan adds no capacity →
         # trust the observation.
-        if (
-            ((p99 is not None and p99 > sla) or unserved > SHED_FEEDBACK)
-            and settled
-            and ready >= current.replicas
-            and not adds_capacity(model, current, want_replicas, want_batch)
-        ):
-            want_replicas = current.replicas + max(1, math.ceil(FEEDBACK_STEP * current.replicas))
+        overrule = overruled(
+            observation,
+            policy,
+            current,
+            model,
+            settled=settled,
+            want_replicas=want_replicas,
+            want_batch=want_batch,
+            predicted=predicted,
+        )
+        if overrule is not None:
+            want_replicas, why = overrule
             want_batch = current.batch_size
-            what = (
-                "P99 over the SLA"
-                if p99 is not None and p99 > sla
-                else f"{unserved:.0%} of the requests refused or expired"
-            )
-            why = (
-                f"{what} although the model predicts {format_ms(predicted)}; "
-                f"feedback: adding {want_replicas - current.replicas} replicas"
-            )
         elif not model.confident:
             if want_replicas > current.replicas and want_batch > current.batch_size:
                 want_replicas, predicted, first = batch_first(
@@ -317,116 +290,6 @@ def decide(
     ), new_state
 
 
-def judge(observation: Observation, policy: Policy) -> bool | None:
-    """Whether the window was inside the SLA: P99 under it and at most `SHED_TOLERANCE` of the
-    offered requests unserved; None when unknown (no traffic, no latency)."""
-    if observation.idle or observation.p99_s is None:
-        return None
-    return observation.p99_s <= policy.sla_p99_s and observation.unserved_share <= SHED_TOLERANCE
-
-
-@dataclass(frozen=True, slots=True)
-class Learned:
-    state: State
-    """The state with what was learned (fit, overhead, change, readiness, cold start)."""
-    settled: bool
-    """Whether the window describes the settings in force."""
-    interval: float
-    """Seconds since the previous decision (0 at the first)."""
-
-
-def learn(
-    observation: Observation,
-    policy: Policy,
-    current: InForce,
-    state: State,
-    now: float,
-    *,
-    sla_met: bool | None,
-) -> Learned:
-    """Refit t(b); learn the latency outside the batcher from healthy windows of the present;
-    note when the capacity in force changed and how long new replicas took to start."""
-    assert observation.ready_replicas is not None
-    ready = observation.ready_replicas
-    changed_at = state.changed_at
-    if state.ready is not None and ready != state.ready:
-        changed_at = now
-    # The window describes the settings in force once it starts after the change, and after the
-    # backlog of the old settings has drained: allow one decision interval for that.
-    interval = now - state.rate[0] if state.rate is not None else 0.0
-    settled = changed_at is None or now - changed_at >= observation.window_s + interval
-    model = fit(observation.compute, state.fit)
-    overhead = state.overhead_s
-    p99 = observation.p99_s
-    if model is not None and p99 is not None and sla_met and settled:
-        # Only healthy windows teach the overhead: an unhealthy one is the guard's business.
-        expected = predict(
-            model,
-            rate=observation.offered_qps or 0.0,
-            replicas=max(1, ready),
-            max_batch=current.batch_size,
-            delay_s=current.max_queue_delay_s,
-        )
-        if expected.load < LEARN_BELOW_LOAD:
-            residual = min(policy.sla_p99_s, max(0.0, p99 - expected.p99_s))
-            overhead = (
-                residual
-                if overhead is None
-                else OVERHEAD_SMOOTHING * residual + (1 - OVERHEAD_SMOOTHING) * overhead
-            )
-    cold_start, pending = state.cold_start_s, state.pending_since
-    if pending is not None and ready >= current.replicas:
-        # They became ready within the last interval: count half of it.
-        sample = max(0.0, now - pending - interval / 2)
-        cold_start = (
-            sample
-            if cold_start is None
-            else COLD_START_SMOOTHING * sample + (1 - COLD_START_SMOOTHING) * cold_start
-        )
-        pending = None
-    return Learned(
-        state=replace(
-            state,
-            fit=model,
-            overhead_s=overhead,
-            changed_at=changed_at,
-            ready=ready,
-            cold_start_s=cold_start,
-            pending_since=pending,
-        ),
-        settled=settled,
-        interval=interval,
-    )
-
-
-def present_load(
-    observation: Observation, state: State, now: float, *, settled: bool
-) -> tuple[float, str]:
-    """The offered rate now, and a note when it is not the window's.
-
-    The window's rate trails a sudden rise by half the window. The runtime's arrival counter
-    over a short recent window shows it a few seconds in: taken when it is significantly above
-    the window's (more than `TREND_SIGNIFICANCE` standard deviations of Poisson noise over the
-    short window); a fall waits for the window (never scale down on a few seconds). Without the
-    short window, a rising window's trend is extrapolated: the window moved by one interval, so
-    the newest interval carries the whole change."""
-    offered = observation.offered_qps or 0.0
-    recent, span = observation.recent_qps, observation.recent_window_s
-    if recent is not None and span:
-        noise = math.sqrt(max(offered, 1.0) / span)
-        if recent - offered > TREND_SIGNIFICANCE * noise:
-            return recent, f"; rising: {recent:.0f} rps over the last {span:.0f} s"
-        return offered, ""
-    if settled and state.rate is not None:
-        then, before = state.rate
-        gap = now - then
-        noise = math.sqrt(2 * max(before, 1.0) * gap) / observation.window_s
-        if 0 < gap < observation.window_s and offered - before > TREND_SIGNIFICANCE * noise:
-            rate = before + (offered - before) * observation.window_s / gap
-            return rate, f", rising to {rate:.0f} rps"
-    return offered, ""
-
-
 def with_season(
     headroom: Headroom,
     observation: Observation,
@@ -452,112 +315,3 @@ def with_season(
         f"{forecast.periods} periods the load rose to {forecast.rate:.0f} rps within minutes "
         f"(scaled ×{forecast.scale:.2f} to today's level)",
     )
-
-
-def reaction_horizon(state: State, *, interval: float) -> float:
-    """How long a rise goes uncarried: until the metrics show it (a scrape, then the next
-    decision: about two intervals, the scrape interval being about one), plus the cold start
-    (learned; `DEFAULT_COLD_START_S` until measured)."""
-    cold = state.cold_start_s if state.cold_start_s is not None else DEFAULT_COLD_START_S
-    return 2 * (interval or DEFAULT_INTERVAL_S) + cold
-
-
-def explain(
-    observation: Observation,
-    policy: Policy,
-    current: InForce,
-    *,
-    replicas: int,
-    want_replicas: int,
-    batch: int,
-    delay_s: float,
-    sla_met: bool | None,
-    why: str,
-    notes: list[str],
-    predicted: float | None,
-    capacity: float | None,
-    retuned: bool,
-) -> Decision:
-    """The decision with its action, reason and condition inputs."""
-    sla, p99 = policy.sla_p99_s, observation.p99_s
-    limited = None
-    if (
-        sla_met is False
-        and replicas >= policy.max_replicas
-        and want_replicas >= policy.max_replicas
-    ):
-        limited = (
-            f"at maxReplicas {policy.max_replicas} with P99 {format_ms(p99)} over the "
-            f"{format_ms(sla)} SLA; raise maxReplicas or maxBatchSize"
-        )
-    if replicas > current.replicas:
-        action = "scale-up"
-    elif replicas < current.replicas:
-        action = "scale-down"
-    elif retuned:
-        action = "retune"
-    else:
-        action = "steady"
-    unserved = observation.unserved_share
-    observed = (
-        "no traffic"
-        if observation.idle
-        else f"P99 {format_ms(p99)} vs SLA {format_ms(sla)} "
-        f"at {observation.offered_qps or 0.0:.0f} rps"
-        + (f", {unserved:.0%} unserved" if unserved > SHED_TOLERANCE else "")
-        + (
-            f", device {observation.utilization * 100:.0f}% busy"
-            if observation.utilization is not None
-            else ""
-        )
-    )
-    changes = []
-    if replicas != current.replicas:
-        changes.append(f"replicas {current.replicas}→{replicas}")
-    if batch != current.batch_size:
-        changes.append(f"batch {current.batch_size}→{batch}")
-    if delay_s != current.max_queue_delay_s:
-        changes.append(f"queue delay {format_ms(current.max_queue_delay_s)}→{format_ms(delay_s)}")
-    reason = f"{observed}; {why}" + (f"; {', '.join(changes)}" if changes else "; no change")
-    if notes:
-        reason += f" ({'; '.join(notes)})"
-    return Decision(
-        replicas=replicas,
-        batch_size=batch,
-        max_queue_delay_s=delay_s,
-        action=action,
-        reason=reason,
-        metrics_available=True,
-        sla_met=sla_met,
-        scaling_limited=limited,
-        predicted_p99_s=predicted,
-        capacity_rps=capacity,
-        notes=tuple(notes),
-    )
-
-
-def _feedback(observation: Observation, policy: Policy, current: InForce) -> tuple[int, int, str]:
-    """A step on observed P99 alone: batch first (fast, cheap), then replicas."""
-    p99 = observation.p99_s
-    sla = policy.sla_p99_s
-    if p99 is not None and p99 > sla:
-        if current.batch_size < policy.max_batch_size:
-            batch = min(policy.max_batch_size, current.batch_size * 2)
-            return current.replicas, batch, "feedback: doubling the batch limit"
-        step = max(1, math.ceil(current.replicas * min(1.0, p99 / sla - 1)))
-        replicas = min(policy.max_replicas, current.replicas + step)
-        return (
-            replicas,
-            current.batch_size,
-            f"feedback: adding {replicas - current.replicas} replicas",
-        )
-    utilization = observation.utilization
-    if (
-        p99 is not None
-        and p99 < 0.5 * sla
-        and utilization is not None
-        and utilization < policy.min_utilization
-        and current.replicas > policy.min_replicas
-    ):
-        return current.replicas - 1, current.batch_size, "feedback: device under-used with headroom"
-    return current.replicas, current.batch_size, "feedback: within the SLA"

@@ -1,0 +1,98 @@
+"""The decision's account of itself: the window's verdict against the SLA (`judge`: what the
+SLAMet condition and the objective's books record) and the decision's action, reason and condition
+inputs (`explain`), which become Events, conditions and `status.lastDecision`.
+
+Pure: values in, a `Decision` out.
+"""
+
+from __future__ import annotations
+
+from batchpilot.operator.autopilot.observation import Observation
+from batchpilot.operator.autopilot.policy import Decision, InForce, Policy, format_ms
+
+SHED_TOLERANCE = 0.01
+"""The SLA is met only while at most this share of the offered requests goes unserved (refused
+at arrival, expired): a refused request is a request not answered within the SLA, and the
+runtime's admission keeps the P99 of the admitted ones inside it however many it refuses."""
+
+
+def judge(observation: Observation, policy: Policy) -> bool | None:
+    """Whether the window was inside the SLA: P99 under it and at most `SHED_TOLERANCE` of the
+    offered requests unserved; None when unknown (no traffic, no latency)."""
+    if observation.idle or observation.p99_s is None:
+        return None
+    return observation.p99_s <= policy.sla_p99_s and observation.unserved_share <= SHED_TOLERANCE
+
+
+def explain(
+    observation: Observation,
+    policy: Policy,
+    current: InForce,
+    *,
+    replicas: int,
+    want_replicas: int,
+    batch: int,
+    delay_s: float,
+    sla_met: bool | None,
+    why: str,
+    notes: list[str],
+    predicted: float | None,
+    capacity: float | None,
+    retuned: bool,
+) -> Decision:
+    """The decision with its action, reason and condition inputs."""
+    sla, p99 = policy.sla_p99_s, observation.p99_s
+    limited = None
+    if (
+        sla_met is False
+        and replicas >= policy.max_replicas
+        and want_replicas >= policy.max_replicas
+    ):
+        limited = (
+            f"at maxReplicas {policy.max_replicas} with P99 {format_ms(p99)} over the "
+            f"{format_ms(sla)} SLA; raise maxReplicas or maxBatchSize"
+        )
+    if replicas > current.replicas:
+        action = "scale-up"
+    elif replicas < current.replicas:
+        action = "scale-down"
+    elif retuned:
+        action = "retune"
+    else:
+        action = "steady"
+    unserved = observation.unserved_share
+    observed = (
+        "no traffic"
+        if observation.idle
+        else f"P99 {format_ms(p99)} vs SLA {format_ms(sla)} "
+        f"at {observation.offered_qps or 0.0:.0f} rps"
+        + (f", {unserved:.0%} unserved" if unserved > SHED_TOLERANCE else "")
+        + (
+            f", device {observation.utilization * 100:.0f}% busy"
+            if observation.utilization is not None
+            else ""
+        )
+    )
+    changes = []
+    if replicas != current.replicas:
+        changes.append(f"replicas {current.replicas}→{replicas}")
+    if batch != current.batch_size:
+        changes.append(f"batch {current.batch_size}→{batch}")
+    if delay_s != current.max_queue_delay_s:
+        changes.append(f"queue delay {format_ms(current.max_queue_delay_s)}→{format_ms(delay_s)}")
+    reason = f"{observed}; {why}" + (f"; {', '.join(changes)}" if changes else "; no change")
+    if notes:
+        reason += f" ({'; '.join(notes)})"
+    return Decision(
+        replicas=replicas,
+        batch_size=batch,
+        max_queue_delay_s=delay_s,
+        action=action,
+        reason=reason,
+        metrics_available=True,
+        sla_met=sla_met,
+        scaling_limited=limited,
+        predicted_p99_s=predicted,
+        capacity_rps=capacity,
+        notes=tuple(notes),
+    )

@@ -1,0 +1,144 @@
+"""What each window teaches the decision, before it plans: the fit t(b) ≈ α + β·b, the latency
+spent outside the batcher, how long new replicas take to start, whether the window describes the
+settings in force, and the load now (a 60 s window trails a rise by half its length).
+
+These are the decision's measurements of the service — its own state, carried between decisions
+in `State` — as opposed to what it plans from them (`capacity`, `headroom`, `pacing`).
+
+Pure: state in, state out; `now` is an argument.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from batchpilot.operator.autopilot.observation import Observation
+from batchpilot.operator.autopilot.policy import InForce, Policy
+from batchpilot.operator.autopilot.service_model import fit, predict
+from batchpilot.operator.autopilot.state import State
+
+OVERHEAD_SMOOTHING = 0.2
+"""Weight of a new estimate of the latency outside the batcher against the previous one."""
+LEARN_BELOW_LOAD = 0.9
+"""Learn from observed P99 only below this fraction of saturation: near it, P99 is too steep
+(and too noisy) to tell the model's error from the load's."""
+TREND_SIGNIFICANCE = 3.0
+"""Extrapolate a rising rate only when the rise exceeds this many standard deviations of
+Poisson noise (otherwise noise alone would add replicas)."""
+DEFAULT_COLD_START_S = 60.0
+"""Until a scale-up has been watched, assume new replicas take a minute to take traffic."""
+COLD_START_SMOOTHING = 0.3
+"""Weight of a new cold-start measurement against the previous estimate."""
+DEFAULT_INTERVAL_S = 15.0
+"""The decision interval assumed at the first decision, before one has been measured."""
+
+
+@dataclass(frozen=True, slots=True)
+class Learned:
+    state: State
+    """The state with what was learned (fit, overhead, change, readiness, cold start)."""
+    settled: bool
+    """Whether the window describes the settings in force."""
+    interval: float
+    """Seconds since the previous decision (0 at the first)."""
+
+
+def learn(
+    observation: Observation,
+    policy: Policy,
+    current: InForce,
+    state: State,
+    now: float,
+    *,
+    sla_met: bool | None,
+) -> Learned:
+    """Refit t(b); learn the latency outside the batcher from healthy windows of the present;
+    note when the capacity in force changed and how long new replicas took to start."""
+    assert observation.ready_replicas is not None
+    ready = observation.ready_replicas
+    changed_at = state.changed_at
+    if state.ready is not None and ready != state.ready:
+        changed_at = now
+    # The window describes the settings in force once it starts after the change, and after the
+    # backlog of the old settings has drained: allow one decision interval for that.
+    interval = now - state.rate[0] if state.rate is not None else 0.0
+    settled = changed_at is None or now - changed_at >= observation.window_s + interval
+    model = fit(observation.compute, state.fit)
+    overhead = state.overhead_s
+    p99 = observation.p99_s
+    if model is not None and p99 is not None and sla_met and settled:
+        # Only healthy windows teach the overhead: an unhealthy one is the guard's business.
+        expected = predict(
+            model,
+            rate=observation.offered_qps or 0.0,
+            replicas=max(1, ready),
+            max_batch=current.batch_size,
+            delay_s=current.max_queue_delay_s,
+        )
+        if expected.load < LEARN_BELOW_LOAD:
+            residual = min(policy.sla_p99_s, max(0.0, p99 - expected.p99_s))
+            overhead = (
+                residual
+                if overhead is None
+                else OVERHEAD_SMOOTHING * residual + (1 - OVERHEAD_SMOOTHING) * overhead
+            )
+    cold_start, pending = state.cold_start_s, state.pending_since
+    if pending is not None and ready >= current.replicas:
+        # They became ready within the last interval: count half of it.
+        sample = max(0.0, now - pending - interval / 2)
+        cold_start = (
+            sample
+            if cold_start is None
+            else COLD_START_SMOOTHING * sample + (1 - COLD_START_SMOOTHING) * cold_start
+        )
+        pending = None
+    return Learned(
+        state=replace(
+            state,
+            fit=model,
+            overhead_s=overhead,
+            changed_at=changed_at,
+            ready=ready,
+            cold_start_s=cold_start,
+            pending_since=pending,
+        ),
+        settled=settled,
+        interval=interval,
+    )
+
+
+def present_load(
+    observation: Observation, state: State, now: float, *, settled: bool
+) -> tuple[float, str]:
+    """The offered rate now, and a note when it is not the window's.
+
+    The window's rate trails a sudden rise by half the window. The runtime's arrival counter
+    over a short recent window shows it a few seconds in: taken when it is significantly above
+    the window's (more than `TREND_SIGNIFICANCE` standard deviations of Poisson noise over the
+    short window); a fall waits for the window (never scale down on a few seconds). Without the
+    short window, a rising window's trend is extrapolated: the window moved by one interval, so
+    the newest interval carries the whole change."""
+    offered = observation.offered_qps or 0.0
+    recent, span = observation.recent_qps, observation.recent_window_s
+    if recent is not None and span:
+        noise = math.sqrt(max(offered, 1.0) / span)
+        if recent - offered > TREND_SIGNIFICANCE * noise:
+            return recent, f"; rising: {recent:.0f} rps over the last {span:.0f} s"
+        return offered, ""
+    if settled and state.rate is not None:
+        then, before = state.rate
+        gap = now - then
+        noise = math.sqrt(2 * max(before, 1.0) * gap) / observation.window_s
+        if 0 < gap < observation.window_s and offered - before > TREND_SIGNIFICANCE * noise:
+            rate = before + (offered - before) * observation.window_s / gap
+            return rate, f", rising to {rate:.0f} rps"
+    return offered, ""
+
+
+def reaction_horizon(state: State, *, interval: float) -> float:
+    """How long a rise goes uncarried: until the metrics show it (a scrape, then the next
+    decision: about two intervals, the scrape interval being about one), plus the cold start
+    (learned; `DEFAULT_COLD_START_S` until measured)."""
+    cold = state.cold_start_s if state.cold_start_s is not None else DEFAULT_COLD_START_S
+    return 2 * (interval or DEFAULT_INTERVAL_S) + cold
