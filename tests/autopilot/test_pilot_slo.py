@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation
-from batchpilot.operator.autopilot.pilot import Autopilot, slo_text
+from batchpilot.operator.autopilot.pilot import Autopilot
 from batchpilot.operator.autopilot.prometheus import Scope
+from batchpilot.operator.autopilot.reporting import slo_text
 from batchpilot.operator.autopilot.slo import Objective, SloLedger
 from batchpilot.operator.autopilot.state import State
 from batchpilot.operator.kinds import CONFIGMAP

@@ -1,0 +1,107 @@
+"""Acting on a decision, in mode `auto`: replicas on the Deployment, batch settings in the
+ConfigMap and at every ready pod.
+
+- replicas: patch the Deployment's `spec.replicas` (the field reconcile leaves to the autopilot);
+- batch settings: write them into the batching ConfigMap (what new pods start with, and what
+  running pods re-read within a minute) and PUT them to every ready pod's admin endpoint, so
+  they take effect within seconds. A pod that cannot be told is reported, not fatal: the
+  ConfigMap reaches it anyway.
+
+Its edges are small interfaces: `Kube` for the Deployment, ConfigMap and Secret, `Pods` for the
+ready pods' endpoints, `PushBatching` for the PUT.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+from batchpilot.operator import events
+from batchpilot.operator.autopilot.policy import Decision, InForce
+from batchpilot.operator.children.common import ISVC_LABEL, Owner
+from batchpilot.operator.children.configmap import batching_document, service_level
+from batchpilot.operator.children.secret import token_in
+from batchpilot.operator.events import Event
+from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT, SECRET
+from batchpilot.operator.kube import Kube, KubeError
+
+log = logging.getLogger(__name__)
+
+
+class PushBatching(Protocol):
+    def __call__(self, endpoint: str, *, token: str, document: str) -> None:
+        """PUT the batching document to one pod (`IP:PORT`); raises on failure."""
+        ...
+
+
+class Pods(Protocol):
+    def ready_pod_endpoints(self, namespace: str, selector: dict[str, str]) -> list[str]: ...
+
+
+class Actuator:
+    """`apply(...)`: a decision's replicas and batch settings, and the default deadline."""
+
+    def __init__(self, kube: Kube, *, pods: Pods, push: PushBatching) -> None:
+        self._kube = kube
+        self._pods = pods
+        self._push = push
+
+    def apply(
+        self,
+        owner: Owner,
+        current: InForce,
+        decision: Decision,
+        *,
+        deadline_ms: float,
+        in_force_deadline_ms: float | None,
+    ) -> list[Event]:
+        """Apply the decision, and the default deadline (which follows the SLA and the latency
+        learned outside the batcher, whatever the decision)."""
+        if decision.replicas != current.replicas:
+            self._kube.patch(
+                DEPLOYMENT, owner.namespace, owner.name, {"spec": {"replicas": decision.replicas}}
+            )
+        wanted = (decision.batch_size, decision.max_queue_delay_s, deadline_ms)
+        if wanted != (current.batch_size, current.max_queue_delay_s, in_force_deadline_ms):
+            document = batching_document(
+                batch_size=decision.batch_size,
+                max_queue_delay_ms=round(decision.max_queue_delay_s * 1e3, 3),
+                deadline_ms=deadline_ms,
+                **service_level(owner),
+            )
+            self._kube.patch(
+                CONFIGMAP,
+                owner.namespace,
+                owner.configmap_name,
+                {"data": {"batching.json": document}},
+            )
+            return self._push_to_pods(owner, document)
+        return []
+
+    def _push_to_pods(self, owner: Owner, document: str) -> list[Event]:
+        secret = self._kube.get(SECRET, owner.namespace, owner.secret_name)
+        token = token_in(secret) if secret is not None else None
+        if token is None:
+            return []
+        failed = []
+        try:
+            endpoints = self._pods.ready_pod_endpoints(owner.namespace, {ISVC_LABEL: owner.name})
+        except KubeError as exc:
+            log.warning("listing pods of %s/%s failed: %s", owner.namespace, owner.name, exc)
+            return []
+        for endpoint in endpoints:
+            try:
+                self._push(endpoint, token=token, document=document)
+            except Exception as exc:  # any failure: the ConfigMap still gets there
+                failed.append(f"{endpoint} ({exc})")
+        if not failed:
+            return []
+        return [
+            Event(
+                "Warning",
+                events.APPLY_FAILED,
+                "batch settings could not be pushed to "
+                + ", ".join(failed)
+                + "; they will pick them up from the ConfigMap",
+            )
+        ]

@@ -1,0 +1,249 @@
+"""What a tick reports: `status.metrics`, `status.slo`, the last decision or the recommendation,
+the autopilot's four conditions (MetricsAvailable, SLAMet, ScalingLimited, SLOAtRisk), and the
+Events that mark their changes.
+
+Apart from the tick (`pilot`) because it is the part users read — `kubectl get` columns,
+Events, alerts — and it is pure: the decision and what it was made from in, status and Events
+out. `status.slo` shows the objective as SRE practice reads it (attainment, error budget left,
+burn rates); the SLOAtRisk condition and its Events say when the budget burns fast enough to
+fire an alert.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Any
+
+from batchpilot.operator import conditions
+from batchpilot.operator.autopilot.observation import Observation
+from batchpilot.operator.autopilot.policy import Decision, InForce
+from batchpilot.operator.autopilot.slo import SloReport
+from batchpilot.operator.autopilot.state import State
+from batchpilot.operator.events import Event
+from batchpilot.operator.spec import InferenceServiceSpec, SLASpec
+
+DECIDED = "AutopilotDecided"
+RECOMMENDED = "AutopilotRecommends"
+HOLDING = "MetricsUnavailable"
+LIMITED = "ScalingLimited"
+SLO_AT_RISK = "SLOAtRisk"
+SLO_WITHIN_BUDGET = "SLOWithinBudget"
+
+
+def report_tick(
+    status: dict[str, Any],
+    spec: InferenceServiceSpec,
+    *,
+    observation: Observation | None,
+    decision: Decision,
+    current: InForce,
+    state: State,
+    report: SloReport,
+    acting: bool,
+    generation: int | None,
+    now: datetime,
+) -> tuple[dict[str, Any], list[Event]]:
+    """The status a tick writes (to merge into `status`, the InferenceService's as read) and the
+    Events it posts, for `decision` made from `observation` with `current` in force; `state` is
+    the memory after the decision, `report` the objective's books; `acting`: mode auto."""
+    doc: dict[str, Any] = {}
+    events: list[Event] = []
+    conds = status.get("conditions")
+    conds = conditions.set_condition(
+        conds,
+        type_=conditions.METRICS_AVAILABLE,
+        status="True" if decision.metrics_available else "False",
+        reason="MetricsRead" if decision.metrics_available else "MetricsMissing",
+        message=decision.reason
+        if not decision.metrics_available
+        else "P99, request rate and utilization read from Prometheus",
+        generation=generation,
+        now=now,
+    )
+    sla_status = {True: "True", False: "False", None: "Unknown"}[decision.sla_met]
+    conds = conditions.set_condition(
+        conds,
+        type_=conditions.SLA_MET,
+        status=sla_status,  # type: ignore[arg-type]
+        reason={"True": "WithinSLA", "False": "SLABroken", "Unknown": "NoData"}[sla_status],
+        message=metrics_sentence(observation, spec),
+        generation=generation,
+        now=now,
+    )
+    conds = conditions.set_condition(
+        conds,
+        type_=conditions.SCALING_LIMITED,
+        status="True" if decision.scaling_limited else "False",
+        reason="AtMaxReplicas" if decision.scaling_limited else "WithinLimits",
+        message=decision.scaling_limited or "the autopilot can reach what the SLA needs",
+        generation=generation,
+        now=now,
+    )
+    slo_state, slo_reason, slo_message = slo_condition(spec.sla, report)
+    conds = conditions.set_condition(
+        conds,
+        type_=conditions.SLO_AT_RISK,
+        status=slo_state,
+        reason=slo_reason,
+        message=slo_message,
+        generation=generation,
+        now=now,
+    )
+    was_at_risk = conditions.find(status.get("conditions"), conditions.SLO_AT_RISK)
+    if (was_at_risk or {}).get("status") == "True" and slo_state != "True":
+        events.append(Event("Normal", SLO_WITHIN_BUDGET, slo_message))
+    elif slo_state == "True" and (was_at_risk or {}).get("status") != "True":
+        events.append(Event("Warning", SLO_AT_RISK, slo_message))
+    previous = conditions.find(status.get("conditions"), conditions.SCALING_LIMITED)
+    if decision.scaling_limited and (previous or {}).get("status") != "True":
+        events.append(Event("Warning", LIMITED, decision.scaling_limited))
+    was_available = conditions.find(status.get("conditions"), conditions.METRICS_AVAILABLE)
+    if not decision.metrics_available and (was_available or {}).get("status") != "False":
+        events.append(Event("Warning", HOLDING, decision.reason))
+
+    if decision.changes(current):
+        reason = DECIDED if acting else RECOMMENDED
+        verb = "" if acting else "recommends: "
+        events.append(Event("Normal", reason, f"{verb}{decision.reason}"))
+        doc["lastDecision"] = {
+            "action": decision.action if acting else f"recommend-{decision.action}",
+            "from": {"replicas": current.replicas, "batchSize": current.batch_size},
+            "to": {"replicas": decision.replicas, "batchSize": decision.batch_size},
+            "reason": decision.reason,
+            "at": conditions.timestamp(now),
+        }
+    if acting and decision.changes(current):
+        doc["batchSize"] = decision.batch_size
+        doc["maxQueueDelayMs"] = round(decision.max_queue_delay_s * 1e3, 3)
+    doc["metrics"] = metrics_status(observation, now=now)
+    doc["slo"] = clearing(slo_status(spec.sla, report), status.get("slo"))
+    doc["conditions"] = conds
+    doc["autopilot"] = state.to_dict()
+    if not acting:
+        doc["recommendation"] = {
+            "replicas": decision.replicas,
+            "batchSize": decision.batch_size,
+            "reason": decision.reason,
+        }
+    return doc, events
+
+
+def _ms_text(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.0f}ms"
+
+
+def metrics_status(observation: Observation | None, *, now: datetime) -> dict[str, Any]:
+    if observation is None:
+        return {
+            "observedAt": conditions.timestamp(now),
+            "p99Text": "-",
+            "qpsText": "-",
+            "gpuText": "-",
+        }
+
+    def ms(value: float | None) -> float | None:
+        return None if value is None else round(value * 1e3, 2)
+
+    doc: dict[str, Any] = {
+        "p99Ms": ms(observation.p99_s),
+        "p95Ms": ms(observation.p95_s),
+        "queueP99Ms": ms(observation.queue_p99_s),
+        "qps": None if observation.qps is None else round(observation.qps, 1),
+        "rejectedQps": None
+        if observation.rejected_qps is None
+        else round(observation.rejected_qps, 1),
+        "offeredQps": None
+        if observation.offered_qps is None
+        else round(observation.offered_qps, 1),
+        "gpuUtilization": None
+        if observation.utilization is None
+        else round(observation.utilization * 100, 1),
+        "meanBatchSize": None
+        if observation.mean_batch is None
+        else round(observation.mean_batch, 2),
+        "window": f"{observation.window_s:.0f}s",
+        "observedAt": conditions.timestamp(now),
+        "p99Text": _ms_text(observation.p99_s),
+        "qpsText": "-" if observation.qps is None else f"{observation.qps:.0f}",
+        "gpuText": "-" if observation.utilization is None else f"{observation.utilization:.0%}",
+    }
+    return {key: value for key, value in doc.items() if value is not None}
+
+
+def _plain_number(value: float) -> float | int:
+    return int(value) if float(value).is_integer() else value
+
+
+def slo_text(attainment: float | None, objective_percent: float) -> str:
+    """`99.6%/99%`: attainment against the objective, with one digit more than the objective
+    has, cut rather than rounded (98.96 % must not read as a met 99.0 %)."""
+    objective = f"{_plain_number(objective_percent):g}"
+    if attainment is None:
+        return f"-/{objective}%"
+    if attainment >= 1:
+        return f"100%/{objective}%"
+    digits = len(objective.partition(".")[2]) + 1
+    scale = 10**digits
+    cut = math.floor(attainment * 100 * scale + 1e-6) / scale
+    return f"{cut:.{digits}f}%/{objective}%"
+
+
+def slo_status(sla: SLASpec, report: SloReport) -> dict[str, Any]:
+    """`status.slo`: the objective and how it stands; what is not known yet is left out."""
+    doc: dict[str, Any] = {
+        "objectivePercent": _plain_number(sla.objective_percent),
+        "window": sla.window,
+        "text": slo_text(report.attainment, sla.objective_percent),
+    }
+    if report.attainment is not None:
+        doc["attainmentPercent"] = round(report.attainment * 100, 4)
+    if report.budget_remaining is not None:
+        doc["errorBudgetRemainingPercent"] = round(report.budget_remaining * 100, 1)
+    if report.burn_rates:
+        doc["burnRate"] = {name: round(rate, 2) for name, rate in report.burn_rates.items()}
+    return doc
+
+
+def clearing(new: dict[str, Any], old: Any) -> dict[str, Any]:
+    """`new`, with None for each key only `old` has (nested too): status is written as a merge
+    patch, and a key left out would keep its stale value where null removes it."""
+    if not isinstance(old, dict):
+        return new
+    merged = dict(new)
+    for key, value in old.items():
+        if key not in new and value is not None:
+            merged[key] = None
+        elif isinstance(new[key], dict):
+            merged[key] = clearing(new[key], value)
+    return merged
+
+
+def slo_condition(sla: SLASpec, report: SloReport) -> tuple[conditions.Status, str, str]:
+    """(status, reason, message) of the SLOAtRisk condition."""
+    window = f"the {sla.window} window"
+    objective = f"{_plain_number(sla.objective_percent):g}%"
+    if report.attainment is None:
+        return "Unknown", "NoData", f"no verdict on the SLA yet in {window}"
+    if report.at_risk is not None:
+        return "True", "ErrorBudgetBurning", report.at_risk
+    attained = slo_text(report.attainment, sla.objective_percent).partition("/")[0]
+    message = f"{attained} of {window} inside the SLA against an objective of {objective}"
+    if report.budget_remaining is not None:
+        message += f"; {max(0.0, report.budget_remaining):.0%} of the error budget left"
+    return "False", "WithinBudget", message
+
+
+def metrics_sentence(observation: Observation | None, spec: InferenceServiceSpec) -> str:
+    sla = f"{spec.sla.latency_p99_ms} ms"
+    if observation is None or observation.qps is None:
+        return "no metrics to judge the SLA by"
+    if observation.idle:
+        return "no traffic in the window"
+    sentence = (
+        f"P99 {_ms_text(observation.p99_s)} against the {sla} SLA at {observation.qps:.0f} rps"
+    )
+    if unserved := observation.unserved_share:
+        offered = observation.offered_qps or 0.0
+        sentence += f" served of {offered:.0f} offered ({unserved:.1%} refused or expired)"
+    return sentence
