@@ -1,0 +1,114 @@
+"""Prometheus' answers read into an `Observation`: one service's share of a round, or its own
+queries' answers.
+
+Results that are empty, NaN or infinite are *missing* (None), never zero: an idle service has
+request rate 0.0 (the counter exists and did not move) but no latency, while a service whose
+metrics are gone has neither — and the decision holds on missing signals. A past period
+Prometheus has no history for makes the daily pattern unknown, not smaller.
+
+Pure: instant-vector results in, an `Observation` out.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from batchpilot.operator.autopilot.observation import ComputePoint, Observation, PastPeriod
+from batchpilot.operator.autopilot.promql import Seasonality
+
+
+def _number(result: list[dict[str, Any]]) -> float | None:
+    """The single value of an instant vector, or None if empty, NaN or infinite."""
+    if not result:
+        return None
+    try:
+        value = float(result[0]["value"][1])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _by_label(result: list[dict[str, Any]], label: str) -> dict[str, float]:
+    values = {}
+    for series in result:
+        key = series.get("metric", {}).get(label)
+        try:
+            value = float(series["value"][1])
+        except (KeyError, IndexError, TypeError, ValueError):
+            continue
+        if key is not None and math.isfinite(value):
+            values[key] = value
+    return values
+
+
+Raw = dict[str, list[dict[str, Any]]]
+"""Each signal's answer, by name: Prometheus' instant-vector result."""
+
+
+def observation_from(
+    raw: Raw,
+    *,
+    window_s: int,
+    recent_s: int | None,
+    seasonality: Seasonality | None,
+    ready_replicas: int | None,
+    at: float,
+) -> Observation:
+    """One service's `Observation` from the answers to its queries (`queries`); a signal
+    without an answer (no series for this service) is missing, as an empty answer is."""
+
+    def number(name: str) -> float | None:
+        return _number(raw.get(name, []))
+
+    if number("reporting") is None:
+        qps = rejected = arrivals = recent = None  # no replica of this service reports
+    else:
+        qps, rejected, arrivals = number("qps"), number("rejected"), number("arrivals")
+        recent = number("recent")
+    seconds = _by_label(raw.get("compute_seconds", []), "batch_bucket")
+    rows = _by_label(raw.get("compute_rows", []), "batch_bucket")
+    batches = _by_label(raw.get("compute_batches", []), "batch_bucket")
+    points = tuple(
+        ComputePoint(
+            mean_batch=rows[bucket] / rate,
+            mean_seconds=seconds[bucket] / rate,
+            batches=rate * window_s,
+        )
+        for bucket, rate in sorted(batches.items(), key=lambda kv: int(kv[0]))
+        if rate > 0 and bucket in rows and bucket in seconds
+    )
+    return Observation(
+        at=at,
+        window_s=window_s,
+        p99_s=number("p99"),
+        p95_s=number("p95"),
+        qps=qps,
+        rejected_qps=rejected,
+        queue_p99_s=number("queue_p99"),
+        utilization=number("utilization"),
+        mean_batch=number("mean_batch"),
+        compute=points,
+        ready_replicas=ready_replicas,
+        arrival_qps=arrivals,
+        recent_qps=recent,
+        # two scrapes fit the range: their distance is about half of it
+        recent_window_s=None if recent is None or recent_s is None else recent_s / 2,
+        level_qps=number("level"),
+        past=_past(raw, seasonality),
+    )
+
+
+def _past(raw: Raw, seasonality: Seasonality | None) -> tuple[PastPeriod, ...]:
+    """Every past period's level and look-ahead peak, or none: a period Prometheus has no
+    history for yet (retention, a new service) makes the pattern unknown, not smaller."""
+    if seasonality is None:
+        return ()
+    past = []
+    for n in range(1, seasonality.periods + 1):
+        level, ahead = _number(raw.get(f"level_{n}", [])), _number(raw.get(f"ahead_{n}", []))
+        then = _number(raw.get(f"then_{n}", []))
+        if level is None or ahead is None or then is None:
+            return ()
+        past.append(PastPeriod(ahead_qps=ahead, level_qps=level, then_qps=then))
+    return tuple(past)

@@ -1,0 +1,135 @@
+"""The PromQL the autopilot asks: one text per signal, for one service or for every service.
+
+Every query is scoped to the InferenceService by the `namespace` and `isvc` labels the runtime
+puts on its series; the fleet's texts are the same with each aggregation grouped by
+`FLEET_LABELS`, so one round asks as many questions as one service's tick, whatever the fleet's
+size. Apart from the asking (`prometheus`) because the texts are the contract with the runtime's
+metrics — the simulator and the tests read them too — and they are pure: strings in, strings out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+UtilizationSource = Literal["busy", "nvml", "dcgm"]
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    namespace: str
+    isvc: str
+
+    @property
+    def selector(self) -> str:
+        return f'namespace="{self.namespace}",isvc="{self.isvc}"'
+
+
+@dataclass(frozen=True, slots=True)
+class Seasonality:
+    """Where to look for a recurring pattern: `periods` whole periods back (a day each by
+    default), `lookahead_s` after that time, scaled by the mean rate over `level_s` before it."""
+
+    period_s: int = 86_400
+    periods: int = 2
+    lookahead_s: int = 300
+    level_s: int = 3600
+    step_s: int = 30
+    """The resolution of the look-ahead's peak (a subquery step)."""
+
+
+FLEET_LABELS = ("namespace", "isvc")
+"""What the fleet's round groups every signal by: one series per InferenceService."""
+
+
+def queries(
+    scope: Scope | None,
+    *,
+    window_s: int,
+    utilization: UtilizationSource,
+    recent_s: int | None = None,
+    seasonality: Seasonality | None = None,
+) -> dict[str, str]:
+    """The PromQL for each signal, by name: for one service (`scope`), or for every service at
+    once (None: each aggregation grouped by `FLEET_LABELS`, the same text otherwise — so the
+    fleet's round asks as many questions as one service's tick, whatever the fleet's size).
+    `recent_s` adds the fast signal: the arrival rate between the last two scrapes within that
+    range (empty unless two scrapes fit in it). `seasonality` adds today's level and, per past
+    period, its level and its look-ahead peak."""
+    sel = scope.selector if scope is not None else 'isvc!=""'
+    group = () if scope is not None else FLEET_LABELS
+    w = f"{window_s}s"
+
+    def agg(op: str, expr: str, *labels: str) -> str:
+        by = ", ".join((*group, *labels))
+        return f"{op} by ({by}) ({expr})" if by else f"{op}({expr})"
+
+    def quantile(q: float, metric: str) -> str:
+        return (
+            f"histogram_quantile({q}, {agg('sum', f'rate({metric}_bucket{{{sel}}}[{w}])', 'le')})"
+        )
+
+    def rate(metric: str, extra: str = "", *labels: str) -> str:
+        return agg("sum", f"rate({metric}{{{sel}{extra}}}[{w}])", *labels)
+
+    busy = "batchpilot_device_busy_seconds_total"
+    if scope is not None:
+        dcgm = (
+            f'avg(avg_over_time(DCGM_FI_DEV_GPU_UTIL{{namespace="{scope.namespace}",'
+            f'pod=~"{scope.isvc}-.*"}}[{w}])) / 100'
+        )
+    else:
+        # dcgm-exporter labels pods, not services: a Deployment's pod is <isvc>-<hash>-<hash>.
+        dcgm = (
+            agg(
+                "avg",
+                f'label_replace(avg_over_time(DCGM_FI_DEV_GPU_UTIL{{pod!=""}}[{w}]), '
+                f'"isvc", "$1", "pod", "(.+)-[^-]+-[^-]+")',
+            )
+            + " / 100"
+        )
+    util = {
+        "busy": f"{rate(busy)} / {agg('count', f'{busy}{{{sel}}}')}",
+        "nvml": agg("avg", f"avg_over_time(batchpilot_gpu_utilization_ratio{{{sel}}}[{w}])"),
+        "dcgm": dcgm,
+    }[utilization]
+    arrivals = f"batchpilot_arrivals_total{{{sel}}}"
+    # irate: the rate between the last two scrapes in the range, the freshest Prometheus has.
+    recent = {} if recent_s is None else {"recent": agg("sum", f"irate({arrivals}[{recent_s}s])")}
+    seasonal: dict[str, str] = {}
+    if seasonality is not None:
+        level, ahead = f"{seasonality.level_s}s", f"{seasonality.lookahead_s}s"
+        # The level is the median one-minute rate over the hour: what the traffic runs at,
+        # which a burst within the hour (today's or a past day's) does not move.
+        steps = f"[{level}:{seasonality.step_s}s]"
+        median = f"quantile_over_time(0.5, {agg('sum', f'rate({arrivals}[{w}])')}{steps}"
+        seasonal["level"] = f"{median})"
+        for n in range(1, seasonality.periods + 1):
+            back = n * seasonality.period_s
+            seasonal[f"level_{n}"] = f"{median} offset {back}s)"
+            seasonal[f"then_{n}"] = agg("sum", f"rate({arrivals}[{w}] offset {back}s)")
+            # The subquery's range ends `lookahead` after this time, then: offset back − ahead.
+            seasonal[f"ahead_{n}"] = (
+                f"max_over_time({agg('sum', f'rate({arrivals}[{w}])')}"
+                f"[{ahead}:{seasonality.step_s}s] offset {back - seasonality.lookahead_s}s)"
+            )
+    return (
+        recent
+        | seasonal
+        | {
+            "p99": quantile(0.99, "batchpilot_request_duration_seconds"),
+            "p95": quantile(0.95, "batchpilot_request_duration_seconds"),
+            "queue_p99": quantile(0.99, "batchpilot_queue_wait_seconds"),
+            "qps": rate("batchpilot_requests_total", ',outcome="success"'),
+            "rejected": rate("batchpilot_requests_total", ',outcome="rejected"'),
+            "arrivals": rate("batchpilot_arrivals_total"),
+            "utilization": util,
+            "mean_batch": (
+                f"{rate('batchpilot_batch_size_sum')} / {rate('batchpilot_batch_size_count')}"
+            ),
+            "compute_seconds": rate("batchpilot_batch_compute_seconds_total", "", "batch_bucket"),
+            "compute_rows": rate("batchpilot_batch_rows_total", "", "batch_bucket"),
+            "compute_batches": rate("batchpilot_batches_total", "", "batch_bucket"),
+            "reporting": agg("count", f"batchpilot_engine_info{{{sel}}}"),
+        }
+    )
