@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from batchpilot.runtime.access import AccessGate
 from batchpilot.runtime.async_jobs import JobStore
 from batchpilot.runtime.errors import InferenceError
 from batchpilot.runtime.infer_dispatch import RuntimeApp
@@ -46,9 +47,11 @@ class AppConfig:
     """Serve `GET /metrics` on the inference listener (False: the metrics have their own)."""
 
 
-def create_app(server: ModelServer, *, config: AppConfig | None = None) -> FastAPI:
+def create_app(
+    server: ModelServer, *, config: AppConfig | None = None, access: AccessGate | None = None
+) -> FastAPI:
     """The inference app around one model server; starts its batcher and drains it on
-    shutdown."""
+    shutdown. `access`: the API key gate (None: open to every caller that reaches the port)."""
     config = config or AppConfig()
     jobs: JobStore[EncodedResult] = JobStore(
         capacity=config.async_capacity, ttl_s=config.async_result_ttl_s
@@ -79,8 +82,8 @@ def create_app(server: ModelServer, *, config: AppConfig | None = None) -> FastA
     app.add_exception_handler(InferenceError, _handle_error)
 
     # Route order is match order (and the OpenAPI document's order).
-    add_v2_routes(app, server, max_body_bytes=config.max_body_bytes)
-    add_async_routes(app, server, jobs=jobs, max_body_bytes=config.max_body_bytes)
+    add_v2_routes(app, server, max_body_bytes=config.max_body_bytes, access=access)
+    add_async_routes(app, server, jobs=jobs, max_body_bytes=config.max_body_bytes, access=access)
     if config.metrics:
         add_metrics_route(app, server)
     return app

@@ -51,4 +51,24 @@ class EngineFailure(InferenceError):
 
 
 class Unauthorized(InferenceError):
-    """The admin endpoint was called without the right token (401)."""
+    """The caller did not prove who it is: no key or token, or one the server does not know
+    (401, with a `WWW-Authenticate: Bearer` challenge). `error` is RFC 6750's code for the
+    challenge: "invalid_token" for a credential that was sent and is wrong, None when none was
+    sent."""
+
+    def __init__(self, message: str, *, error: str | None = None) -> None:
+        super().__init__(message)
+        self.error = error
+
+
+class Forbidden(InferenceError):
+    """The caller is known and may not do this: an API key not allowed on this model (403)."""
+
+
+class QuotaExceeded(InferenceError):
+    """The caller is over its rate limit (429 with Retry-After): `retry_after_s` is how long
+    until the limit lets a request through."""
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

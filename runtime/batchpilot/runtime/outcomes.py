@@ -15,10 +15,12 @@ from batchpilot.runtime.async_jobs import JobNotFound, StoreFull
 from batchpilot.runtime.errors import (
     DeadlineExceeded,
     EngineFailure,
+    Forbidden,
     InferenceError,
     InvalidRequest,
     ModelNotFound,
     Overloaded,
+    QuotaExceeded,
     RequestTooLarge,
     ShuttingDown,
     Unauthorized,
@@ -39,6 +41,7 @@ class RequestOutcome(StrEnum):
 ERROR_STATUS: dict[type[InferenceError], tuple[int, RequestOutcome]] = {
     InvalidRequest: (400, RequestOutcome.INVALID),
     Unauthorized: (401, RequestOutcome.INVALID),
+    Forbidden: (403, RequestOutcome.INVALID),
     ModelNotFound: (404, RequestOutcome.INVALID),
     RequestTooLarge: (413, RequestOutcome.INVALID),
     Overloaded: (503, RequestOutcome.REJECTED),
@@ -46,6 +49,7 @@ ERROR_STATUS: dict[type[InferenceError], tuple[int, RequestOutcome]] = {
     DeadlineExceeded: (504, RequestOutcome.TIMEOUT),
     EngineFailure: (500, RequestOutcome.ERROR),
     StoreFull: (429, RequestOutcome.REJECTED),
+    QuotaExceeded: (429, RequestOutcome.REJECTED),
     JobNotFound: (404, RequestOutcome.INVALID),
 }
 """The HTTP status and the outcome of each domain error (its nearest listed base class's)."""

@@ -1,8 +1,8 @@
 """How the REST endpoints answer: JSON documents, domain errors, and encoded infer results.
 
 Every route module answers through these, so an error says the same thing with the same status
-and headers (`Retry-After` on 503s, `Connection: close` while shutting down) wherever it is
-raised, and a sync infer result and a fetched async result are the same bytes.
+and headers (`Retry-After` on 503s and 429s, `Connection: close` while shutting down, the
+`WWW-Authenticate` challenge on 401s) wherever it is raised, and a sync infer result and a fetched async result are the same bytes.
 """
 
 from __future__ import annotations
@@ -14,7 +14,13 @@ from typing import Any
 import orjson
 from fastapi.responses import Response
 
-from batchpilot.runtime.errors import InferenceError, Overloaded, ShuttingDown
+from batchpilot.runtime.errors import (
+    InferenceError,
+    Overloaded,
+    QuotaExceeded,
+    ShuttingDown,
+    Unauthorized,
+)
 from batchpilot.runtime.outcomes import status_of
 from batchpilot.runtime.protocol.server_codec import InferRequest, encode_response
 from batchpilot.runtime.protocol.tensors import Tensor
@@ -32,6 +38,16 @@ def json_response(
     )
 
 
+def www_authenticate(error: Unauthorized) -> str:
+    """The Bearer challenge of a 401 (RFC 6750): the error code only when a credential was sent;
+    the description is the message, quotes replaced (it is a quoted string)."""
+    challenge = 'Bearer realm="batchpilot"'
+    if error.error is not None:
+        description = str(error).replace('"', "'").replace("\\", "/")
+        challenge += f', error="{error.error}", error_description="{description}"'
+    return challenge
+
+
 def error_response(error: InferenceError) -> Response:
     status, _ = status_of(error)
     headers = {}
@@ -40,6 +56,10 @@ def error_response(error: InferenceError) -> Response:
     elif isinstance(error, ShuttingDown):
         headers["Retry-After"] = "1"
         headers["Connection"] = "close"
+    elif isinstance(error, QuotaExceeded):
+        headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
+    elif isinstance(error, Unauthorized):
+        headers["WWW-Authenticate"] = www_authenticate(error)
     return json_response({"error": str(error)}, status=status, headers=headers)
 
 

@@ -21,6 +21,7 @@ from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 from starlette.routing import Route
 
+from batchpilot.runtime.access import AccessGate
 from batchpilot.runtime.asgi_io import read_body, request_header_length
 from batchpilot.runtime.async_jobs import Job, JobNotFound, JobState, JobStore
 from batchpilot.runtime.errors import EngineFailure, InferenceError, InvalidRequest, ShuttingDown
@@ -63,8 +64,10 @@ def add_async_routes(
     *,
     jobs: JobStore[EncodedResult],
     max_body_bytes: int,
+    access: AccessGate | None = None,
 ) -> None:
-    """`POST .../infer/async`, `GET` and `DELETE .../infer/async/{job_id}`, on `jobs`."""
+    """`POST .../infer/async`, `GET` and `DELETE .../infer/async/{job_id}`, on `jobs`. With
+    `access`, each needs an allowed API key, and a submit is within quota."""
     metrics = server.metrics
     model_name = server.signature.name
     check_model = server.check_model
@@ -102,6 +105,11 @@ def add_async_routes(
         )
 
     async def submit(request: Request) -> Response:
+        if access is not None:
+            try:
+                access.admit(request.headers.items())
+            except InferenceError as exc:
+                return error_response(exc)
         started = time.perf_counter()
         try:
             check_model(request.path_params["name"])
@@ -129,6 +137,8 @@ def add_async_routes(
     async def fetch(request: Request) -> Response:
         job_id = request.path_params["job_id"]
         try:
+            if access is not None:
+                access.identify(request.headers.items())
             check_model(request.path_params["name"])
             wait_s = _wait_s(request)
             job = jobs.get(job_id)
@@ -155,6 +165,8 @@ def add_async_routes(
     async def discard(request: Request) -> Response:
         job_id = request.path_params["job_id"]
         try:
+            if access is not None:
+                access.identify(request.headers.items())
             check_model(request.path_params["name"])
             job = jobs.discard(job_id)
             if job is None:

@@ -4,6 +4,10 @@ The metadata and health endpoints are ordinary FastAPI routes. The sync infer en
 request path of every inference, so it is a plain ASGI app (`asgi_io` does its I/O) that
 `RuntimeApp` calls directly; its two routes serve the requests that take FastAPI's usual way.
 Either way it parses the body once, never goes through pydantic, and answers every error itself.
+
+With API keys (`access`), the sync infer endpoint admits a request through the gate before it
+reads the body, and the model's metadata needs a key too; health, readiness and the server's
+metadata stay open, as probes and load balancers call them without one.
 """
 
 from __future__ import annotations
@@ -12,11 +16,13 @@ import asyncio
 import logging
 import time
 
+from fastapi import Request
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from batchpilot.runtime.access import AccessGate
 from batchpilot.runtime.asgi_io import (
     body_headers,
     parse_header_length,
@@ -51,8 +57,27 @@ class _AsgiEndpoint:
         await self._app(scope, receive, send)
 
 
-def add_v2_routes(app: RuntimeApp, server: ModelServer, *, max_body_bytes: int) -> None:
-    """The v2 metadata, health and sync infer routes; also sets `app.infer_endpoint`."""
+_KEY_HEADERS = (b"authorization", b"x-api-key")
+
+
+def key_headers(scope: Scope) -> list[tuple[str, str]]:
+    """The headers that may carry an API key, decoded (ASGI gives names lower-cased)."""
+    return [
+        (name.decode("latin-1"), value.decode("latin-1"))
+        for name, value in scope["headers"]
+        if name in _KEY_HEADERS
+    ]
+
+
+def add_v2_routes(
+    app: RuntimeApp,
+    server: ModelServer,
+    *,
+    max_body_bytes: int,
+    access: AccessGate | None = None,
+) -> None:
+    """The v2 metadata, health and sync infer routes; also sets `app.infer_endpoint`. With
+    `access`, infer and model metadata need an allowed API key, and infer is within quota."""
     metrics = server.metrics
     signature = server.signature
     model_name = signature.name
@@ -78,7 +103,9 @@ def add_v2_routes(app: RuntimeApp, server: ModelServer, *, max_body_bytes: int) 
 
     @app.get("/v2/models/{name}")
     @app.get("/v2/models/{name}/versions/{version}")
-    async def model_metadata(name: str) -> Response:
+    async def model_metadata(name: str, request: Request) -> Response:
+        if access is not None:
+            access.identify(request.headers.items())
         model(name)
         info = server.engine.info
         return json_response(
@@ -117,7 +144,15 @@ def add_v2_routes(app: RuntimeApp, server: ModelServer, *, max_body_bytes: int) 
     async def infer(scope: Scope, receive: Receive, send: Send) -> None:
         """POST /v2/models/{name}[/versions/{version}]/infer, as a plain ASGI app: the request
         path of every sync inference, so it reads headers from the scope and writes a success
-        straight to `send`, without Starlette's request and response objects."""
+        straight to `send`, without Starlette's request and response objects. A request the
+        gate refuses is answered before its body is read, and is not one of the model's
+        requests: it is counted by key (`access.metrics`), not in `batchpilot_requests_total`."""
+        if access is not None:
+            try:
+                access.admit(key_headers(scope))
+            except InferenceError as exc:
+                await error_response(exc)(scope, receive, send)
+                return
         started = time.perf_counter()
         metrics.inflight.inc()
         watcher: asyncio.Task[None] | None = None

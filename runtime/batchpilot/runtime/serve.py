@@ -25,6 +25,8 @@ from typing import Any
 
 import uvicorn
 
+from batchpilot.runtime.access.files import AccessFileError
+from batchpilot.runtime.access.serving import serving_gate
 from batchpilot.runtime.app import (
     AppConfig,
     PortDispatch,
@@ -269,8 +271,26 @@ def serve(settings: RuntimeSettings) -> int:
         pipeline=pipeline,
         pipeline_threads=settings.pipeline_threads,
     )
+    access = None
+    if settings.api_keys is not None:
+        try:
+            access, access_watcher = serving_gate(
+                keys=settings.api_keys,
+                access=settings.access_config,
+                model=settings.model_name,
+                registry=metrics.registry,
+                labels={
+                    "model": settings.model_name,
+                    "isvc": settings.isvc_name,
+                    "namespace": settings.isvc_namespace,
+                },
+            )
+        except AccessFileError as exc:
+            log.error("model %s cannot be served: %s", settings.model_path, exc)
+            return 1
     app = create_app(
         model_server,
+        access=access,
         config=AppConfig(
             max_body_bytes=settings.max_body_bytes,
             drain_grace_s=settings.drain_grace_s,
@@ -287,6 +307,8 @@ def serve(settings: RuntimeSettings) -> int:
         )
         watcher.check()  # the file's settings are in force before the first request
         _attach_background(app, watcher.run(interval_s=settings.config_poll_s))
+    if access is not None:
+        _attach_background(app, access_watcher.run(interval_s=settings.config_poll_s))
     on_drain: list[Callable[[], Awaitable[None]]] = []
     if settings.grpc_port is not None:
         # Imported here: servers without gRPC never load grpcio.
@@ -300,6 +322,7 @@ def serve(settings: RuntimeSettings) -> int:
                 max_message_bytes=settings.max_body_bytes,
                 grace_s=settings.drain_grace_s,
             ),
+            access=access,
         )
         attach(app, endpoint)
         on_drain.append(endpoint.stop)  # GOAWAY when the drain starts; the batcher still runs
@@ -514,6 +537,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     a("--pipeline-threads", type=int, help="pre/post-processing threads (default: CPU count)")
     a("--admin-token-file", help="file holding the bearer token for PUT /admin/batching")
+    a(
+        "--api-keys",
+        help="folder of API keys, one file per key named by its key id (a mounted Secret): "
+        "inference then needs 'Authorization: Bearer <key>' or 'x-api-key: <key>'; re-read on "
+        "change (BATCHPILOT_API_KEYS)",
+    )
+    a(
+        "--access-config",
+        help="JSON access document: allowedKeyIds, defaultQuota, keyQuotas, totalQuota; re-read "
+        "on change (BATCHPILOT_ACCESS_CONFIG)",
+    )
     a("--drain-grace-s", type=float, help="on SIGTERM, time allowed to finish queued requests")
     a(
         "--drain-linger-s",

@@ -87,6 +87,16 @@ class RuntimeSettings(BaseSettings):
         default=None, description="JSON file with maxBatchSize/maxQueueDelayMs, re-read on change"
     )
     config_poll_s: float = Field(default=1.0, gt=0)
+    api_keys: Path | None = Field(
+        default=None,
+        description="folder of API keys, one file per key named by its key id (a mounted "
+        "Secret); set: inference needs a key; re-read on change",
+    )
+    access_config: Path | None = Field(
+        default=None,
+        description="the access document (allowed key ids, quotas), re-read on change; needs "
+        "api_keys",
+    )
     admin_token: SecretStr | None = None
     admin_token_file: Path | None = None
     drain_grace_s: float = Field(default=25.0, ge=0)
@@ -132,6 +142,10 @@ class RuntimeSettings(BaseSettings):
                     "of its own"
                 )
             taken[number] = name
+        if self.access_config is not None and self.api_keys is None:
+            raise ValueError(
+                "access_config (allowed key ids and quotas) needs api_keys: the keys it is about"
+            )
         if not self.model_name:
             self.model_name = self.model_path.stem
         if self.drain_linger_s > self.drain_grace_s:

@@ -25,13 +25,16 @@ from typing import Any, NoReturn
 
 import grpc
 
+from batchpilot.runtime.access import AccessGate
 from batchpilot.runtime.errors import (
     DeadlineExceeded,
     EngineFailure,
+    Forbidden,
     InferenceError,
     InvalidRequest,
     ModelNotFound,
     Overloaded,
+    QuotaExceeded,
     RequestTooLarge,
     ShuttingDown,
     Unauthorized,
@@ -49,6 +52,8 @@ Context = grpc.aio.ServicerContext[Any, Any]
 GRPC_STATUS: dict[type[InferenceError], grpc.StatusCode] = {
     InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
     Unauthorized: grpc.StatusCode.UNAUTHENTICATED,
+    Forbidden: grpc.StatusCode.PERMISSION_DENIED,
+    QuotaExceeded: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ModelNotFound: grpc.StatusCode.NOT_FOUND,
     RequestTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Overloaded: grpc.StatusCode.UNAVAILABLE,
@@ -86,7 +91,18 @@ def trailing_metadata(error: InferenceError) -> tuple[tuple[str, str], ...]:
         )
     if isinstance(error, ShuttingDown):
         return (("retry-after", "1"),)
+    if isinstance(error, QuotaExceeded):
+        return (("retry-after", str(max(1, math.ceil(error.retry_after_s)))),)
     return ()
+
+
+def _key_metadata(context: Context) -> list[tuple[str, str]]:
+    """The metadata that may carry an API key (gRPC gives names lower-cased)."""
+    return [
+        (str(key), str(value))
+        for key, value in context.invocation_metadata() or ()
+        if key in ("authorization", "x-api-key")
+    ]
 
 
 async def _abort(context: Context, error: InferenceError) -> NoReturn:
@@ -97,8 +113,9 @@ async def _abort(context: Context, error: InferenceError) -> NoReturn:
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     """`inference.GRPCInferenceService` for one model server."""
 
-    def __init__(self, server: ModelServer) -> None:
+    def __init__(self, server: ModelServer, *, access: AccessGate | None = None) -> None:
         self._server = server
+        self._access = access
         self._metrics = server.metrics
         self._version = server_version()
 
@@ -132,6 +149,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelMetadataRequest, context: Context
     ) -> pb.ModelMetadataResponse:
         try:
+            if self._access is not None:
+                self._access.identify(_key_metadata(context))
             self._server.check_model(request.name)
         except InferenceError as exc:
             await _abort(context, exc)
@@ -152,6 +171,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(  # noqa: N802
         self, request: pb.ModelInferRequest, context: Context
     ) -> pb.ModelInferResponse:
+        if self._access is not None:
+            try:
+                self._access.admit(_key_metadata(context))
+            except InferenceError as exc:  # not one of the model's requests: counted by key
+                await _abort(context, exc)
         metrics = self._metrics
         started = time.perf_counter()
         metrics.inflight.inc()
@@ -214,9 +238,12 @@ def _address(host: str, port: int) -> str:
 class GrpcEndpoint:
     """A grpc.aio server for one model server, in the running event loop."""
 
-    def __init__(self, model_server: ModelServer, config: GrpcConfig) -> None:
+    def __init__(
+        self, model_server: ModelServer, config: GrpcConfig, *, access: AccessGate | None = None
+    ) -> None:
         self._model_server = model_server
         self._config = config
+        self._access = access
         self._server: grpc.aio.Server | None = None
         self._stopping: asyncio.Future[None] | None = None
         self.port: int | None = None
@@ -232,7 +259,7 @@ class GrpcEndpoint:
             ]
         )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(
-            InferenceService(self._model_server), server
+            InferenceService(self._model_server, access=self._access), server
         )
         address = _address(self._config.host, self._config.port)
         try:
