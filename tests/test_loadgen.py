@@ -1004,3 +1004,26 @@ def test_main_takes_the_dispatchers_namespace() -> None:
     loadgen.add_arguments(parser)
     args = parser.parse_args(["--url", "http://127.0.0.1:1", "--model", MODEL, "--rate", "1"])
     assert loadgen.main(args) == 2  # no --duration
+
+
+class TestHeaders:
+    def target(self, *extra: str) -> Target:
+        parser = argparse.ArgumentParser()
+        loadgen.add_arguments(parser)
+        argv = ["--url", "http://127.0.0.1:1", "--model", MODEL, "--rate", "1", "--duration", "1"]
+        config = loadgen.config_from_args(parser.parse_args([*argv, *extra]))
+        return config.target
+
+    def test_an_api_key_and_headers_go_with_every_request(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.delenv("BATCHPILOT_API_KEY", raising=False)
+        target = self.target("--api-key", "k-123", "--header", "x-team: vision")
+        assert target.headers == {"Authorization": "Bearer k-123", "x-team": "vision"}
+        assert "k-123" not in repr(target)
+        monkeypatch.setenv("BATCHPILOT_API_KEY", "from-env")
+        assert self.target().headers == {"Authorization": "Bearer from-env"}
+
+    def test_a_header_without_a_colon_is_a_usage_error(self) -> None:
+        with pytest.raises(ValueError, match="is not 'NAME: VALUE'"):
+            self.target("--header", "x-team")

@@ -27,8 +27,21 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-_FORWARD_REQUEST = ("Content-Type", "Inference-Header-Content-Length", "Accept")
-_FORWARD_RESPONSE = ("Content-Type", "Inference-Header-Content-Length", "Retry-After")
+# The callers' API keys go through to the pods, which check them (a Service does not look at
+# them either); the pods' 401 challenge and 429 Retry-After come back.
+_FORWARD_REQUEST = (
+    "Content-Type",
+    "Inference-Header-Content-Length",
+    "Accept",
+    "Authorization",
+    "X-Api-Key",
+)
+_FORWARD_RESPONSE = (
+    "Content-Type",
+    "Inference-Header-Content-Length",
+    "Retry-After",
+    "WWW-Authenticate",
+)
 _RECENT_S = 5.0
 
 

@@ -8,6 +8,7 @@ statuses are described in the help's epilog, since scripts depend on them.
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 from typing import Final
 
@@ -51,6 +52,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     target.add_argument("--verify", action="store_true", help="decode and check every response")
     target.add_argument("--timeout-s", type=float, default=10.0, help="per request (default 10)")
+    target.add_argument(
+        "--header",
+        action="append",
+        default=[],
+        metavar="NAME: VALUE",
+        help="an HTTP header for every request (repeatable)",
+    )
+    target.add_argument(
+        "--api-key",
+        help="send 'Authorization: Bearer KEY' with every request (default: $BATCHPILOT_API_KEY, "
+        "which keeps the key out of the process list)",
+    )
 
     load = parser.add_argument_group("load")
     mode = load.add_mutually_exclusive_group()
@@ -132,6 +145,19 @@ def _parse_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _parse_headers(items: Sequence[str], api_key: str | None) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition(":")
+        if not sep or not name.strip() or " " in name.strip():
+            raise ValueError(f"--header {item.split(':')[0]!r}... is not 'NAME: VALUE'")
+        headers[name.strip()] = value.strip()
+    key = api_key if api_key is not None else os.environ.get("BATCHPILOT_API_KEY")
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    return headers
+
+
 def _target_from(args: argparse.Namespace) -> Target:
     return Target(
         url=args.url,
@@ -142,6 +168,7 @@ def _target_from(args: argparse.Namespace) -> Target:
         json_tensors=args.json_tensors,
         verify=args.verify,
         timeout_s=args.timeout_s,
+        headers=_parse_headers(args.header, args.api_key),
     )
 
 

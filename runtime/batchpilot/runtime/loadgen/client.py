@@ -83,6 +83,7 @@ class TargetSession:
             aiohttp.ClientSession(
                 connector=connector,
                 timeout=aiohttp.ClientTimeout(total=self.target.timeout_s),
+                headers=dict(self.target.headers),
             )
         )
         try:

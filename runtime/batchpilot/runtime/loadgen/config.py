@@ -30,6 +30,9 @@ class Target:
     json_tensors: bool = False
     verify: bool = False
     timeout_s: float = 10.0
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    """Sent with every request, the metadata read included: an API key, say. Not shown in the
+    target's repr, which may end up in a log."""
 
     def __post_init__(self) -> None:
         if self.rows < 1:
