@@ -210,14 +210,16 @@ class TestTheFastModelIsTheWrittenOne:
             for delay_s in (0.0, 0.002, 0.005):
                 capacity = model.capacity(max_batch)
                 for share in (0.0, 0.001, 0.05, 0.3, 0.6, 0.85, 0.95, 0.999, 1.3):
-                    asked = {
-                        "rate": 2 * capacity * share,
-                        "replicas": 2,
-                        "max_batch": max_batch,
-                        "delay_s": delay_s,
-                        "overhead_s": 0.013,
-                    }
-                    assert predict(model, **asked) == written_predict(model, **asked), asked
+                    rate = 2 * capacity * share
+                    fast = predict(
+                        model, rate=rate, replicas=2, max_batch=max_batch, delay_s=delay_s,
+                        overhead_s=0.013,
+                    )  # fmt: skip
+                    written = written_predict(
+                        model, rate=rate, replicas=2, max_batch=max_batch, delay_s=delay_s,
+                        overhead_s=0.013,
+                    )  # fmt: skip
+                    assert fast == written, (max_batch, delay_s, share)
 
     @pytest.mark.parametrize("model", MODELS)
     def test_every_capacity_is_the_plain_bisections(self, model: LatencyFit) -> None:
@@ -229,12 +231,12 @@ class TestTheFastModelIsTheWrittenOne:
             for delay_s in (0.0, 0.005):
                 for overhead_s in (0.0, 0.0123):
                     for target_s in (0.03, 0.0812, 0.1, 0.25):
-                        asked = {
-                            "max_batch": max_batch,
-                            "delay_s": delay_s,
-                            "overhead_s": overhead_s,
-                            "target_s": target_s,
-                        }
-                        assert sla_capacity(model, **asked) == written_capacity(model, **asked), (
-                            asked
-                        )
+                        fast = sla_capacity(
+                            model, max_batch=max_batch, delay_s=delay_s, overhead_s=overhead_s,
+                            target_s=target_s,
+                        )  # fmt: skip
+                        written = written_capacity(
+                            model, max_batch=max_batch, delay_s=delay_s, overhead_s=overhead_s,
+                            target_s=target_s,
+                        )  # fmt: skip
+                        assert fast == written, (max_batch, delay_s, overhead_s, target_s)

@@ -23,7 +23,7 @@ FEEDBACK_STEP = 0.25
 SHED_FEEDBACK = 0.05
 """Refusals beyond this share, while the model says the replicas in force carry the offered
 load, are evidence against the model and add replicas (as a P99 over the SLA does). Between
-`SHED_TOLERANCE` and this, a burst within the window is the likelier cause: the SLA is
+`explain.SHED_TOLERANCE` and this, a burst within the window is the likelier cause: the SLA is
 reported missed, and the plan (which already counts every arrival) decides."""
 
 
