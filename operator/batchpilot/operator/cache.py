@@ -34,6 +34,8 @@ What keeps it right:
 - Children are kept when they carry the operator's labels, or when their name is already known
   (a child whose labels someone edited, a foreign object met by a 409): a miss is then "no
   such object", and the PodDisruptionBudget that should not exist costs no GET either.
+- What a spec names and the operator does not own (the API keys' Secret) is read through
+  `get_referenced`: asked of the API when not in memory, then kept as a known name.
 
 Objects handed out are shared with the cache: callers read them and never change them (the
 plan deep-copies what it writes back).
@@ -176,6 +178,16 @@ class WatchCache:
                 return None
             found = self._objects[kind].get((namespace, name))
         if found is not None or self.synced:
+            return found
+        return self._refresh(kind, namespace, name)
+
+    def get_referenced(self, kind: ResourceKind, namespace: str, name: str) -> Obj | None:
+        """An object a spec names that is not a child (the API keys' Secret): the watch shows it,
+        but `keep` lets no such object in, so a miss is asked of the API, and what it answers is
+        kept — its name is known from then on, and the watch keeps it current. Only a missing
+        object costs a request per read."""
+        found = self.get(kind, namespace, name)
+        if found is not None or kind not in self._objects:
             return found
         return self._refresh(kind, namespace, name)
 

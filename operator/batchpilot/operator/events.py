@@ -11,6 +11,10 @@ DELETED = "Deleted"
 CHILD_CONFLICT = "ChildConflict"
 INVALID_SPEC = "InvalidSpec"
 APPLY_FAILED = "ApplyFailed"
+API_KEYS_SECRET_MISSING = "ApiKeysSecretMissing"
+API_KEYS_SECRET_INVALID = "ApiKeysSecretInvalid"
+"""The spec is held back (nothing applied) until the API keys' Secret it names can be used; also
+the Ready condition's reason."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -92,7 +92,12 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     )
     memo.cache = kube
     memo.passes = Passes(kube)
-    memo.reconciler = Reconciler(kube, _SETTINGS, learned_outside_s=learned_outside_s)
+    memo.reconciler = Reconciler(
+        kube,
+        _SETTINGS,
+        learned_outside_s=learned_outside_s,
+        read_referenced=kube.get_referenced,
+    )
     observer = FleetObserver(
         http_query(_SETTINGS.prometheus_url),
         window_s=_SETTINGS.metrics_window_seconds,

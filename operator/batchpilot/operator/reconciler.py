@@ -20,12 +20,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from batchpilot.operator import conditions, events
+from batchpilot.operator.children.apikeys import auth_status, keys_secret_problem
 from batchpilot.operator.children.common import Owner
 from batchpilot.operator.children.deployment import UnsupportedModelSource
 from batchpilot.operator.children.networkpolicy import access_status
 from batchpilot.operator.children.service import grpc_address, service_url
 from batchpilot.operator.events import Event
-from batchpilot.operator.kinds import DEPLOYMENT, ResourceKind
+from batchpilot.operator.kinds import DEPLOYMENT, SECRET, ResourceKind
 from batchpilot.operator.kube import Kube, KubeError
 from batchpilot.operator.plan import CHILD_KINDS, ChildrenPlan, child_names, owned_values, plan
 from batchpilot.operator.settings import OperatorSettings
@@ -57,11 +58,19 @@ def _changed(current: dict[str, Any], wanted: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in wanted.items() if current.get(key) != value}
 
 
+ReadReferenced = Callable[[ResourceKind, str, str], dict[str, Any] | None]
+"""Reads an object the spec names and the operator does not own (the API keys' Secret)."""
+
+
 class Reconciler:
     """`learned_outside_s(status)`: the latency the autopilot has learned is spent outside the
     batcher (None: not learned), which the pods' default deadline follows. Handed in rather than
     read here: that memory is the autopilot's, in its format, and the reconciler sits beside the
-    autopilot, not above it (the handlers hand it `autopilot.pilot.learned_outside_s`)."""
+    autopilot, not above it (the handlers hand it `autopilot.pilot.learned_outside_s`).
+
+    `read_referenced`: how to read what the spec names but the operator does not own (the API
+    keys' Secret); default `kube.get`. The handlers hand the watch-fed cache's, which keeps such
+    an object once read (a child's label filter would never let it in)."""
 
     def __init__(
         self,
@@ -70,11 +79,13 @@ class Reconciler:
         *,
         learned_outside_s: Callable[[dict[str, Any]], float | None],
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        read_referenced: ReadReferenced | None = None,
     ) -> None:
         self._kube = kube
         self._settings = settings
         self._learned_outside_s = learned_outside_s
         self._clock = clock
+        self._read_referenced = read_referenced or kube.get
 
     def reconcile(self, body: dict[str, Any]) -> ReconcileOutcome:
         meta = body["metadata"]
@@ -86,6 +97,15 @@ class Reconciler:
         except ValidationError as exc:
             return self._refuse(status, generation, now, describe_validation_error(exc))
         owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"], spec=spec)
+        if spec.auth is not None:
+            # Pods would not start on a Secret that is missing or that the runtime refuses:
+            # apply nothing of this spec until it can be used, and say why.
+            secret = self._read_referenced(SECRET, owner.namespace, spec.auth.api_keys.secret_name)
+            problem = keys_secret_problem(owner, secret)
+            if problem is not None:
+                return self._refuse(
+                    status, generation, now, problem.message, reason=problem.reason, retry=True
+                )
 
         outcome = ReconcileOutcome()
         for attempt in (1, 2):
@@ -137,6 +157,7 @@ class Reconciler:
             "maxQueueDelayMs": owned.max_queue_delay_ms,
             "deadlineMs": owned.deadline_ms,
             "access": access_status(owner, self._settings),
+            "auth": auth_status(owner),
             "conditions": conditions.set_condition(
                 status.get("conditions"),
                 type_=conditions.READY,
@@ -193,11 +214,19 @@ class Reconciler:
         message: str,
         *,
         reason: str = "InvalidSpec",
+        retry: bool = False,
     ) -> ReconcileOutcome:
+        """Write nothing but the Ready condition. `retry`: what is wrong may be fixed without a
+        new spec (a Secret created later), so the pass is tried again rather than given up."""
         previous = conditions.find(status.get("conditions"), conditions.READY)
-        outcome = ReconcileOutcome(permanent_error=message)
+        outcome = (
+            ReconcileOutcome(retry_error=message)
+            if retry
+            else ReconcileOutcome(permanent_error=message)
+        )
         if previous is None or previous.get("message") != message:
-            outcome.events.append(Event("Warning", events.INVALID_SPEC, message))
+            event_reason = reason if retry else events.INVALID_SPEC
+            outcome.events.append(Event("Warning", event_reason, message))
         wanted = {
             "observedGeneration": generation,
             "conditions": conditions.set_condition(

@@ -16,6 +16,14 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from batchpilot.api.access import (
+    KEY_ID_MESSAGE,
+    KEY_ID_PATTERN,
+    MAX_BURST,
+    MAX_KEYS,
+    MAX_RATE_RPS,
+    MIN_RATE_RPS,
+)
 from batchpilot.api.pipeline import PipelineConfig
 
 GROUP = "batchpilot.io"
@@ -315,6 +323,82 @@ class AccessSpec(_Model):
         return [OWN_NAMESPACE] if self.allow_from is None else list(self.allow_from)
 
 
+SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+"""A Secret's name: a DNS subdomain (no backslashes, so the CRD's CEL rule carries it as is)."""
+SECRET_NAME_MESSAGE = (
+    "secretName names a Secret in this namespace: lowercase letters, digits, '-' and '.', "
+    "starting and ending with a letter or digit"
+)
+QUOTA_KEY_MESSAGE = "each keyId has one quota in quotas.perKey"
+
+
+def _key_id(value: str) -> str:
+    if re.fullmatch(KEY_ID_PATTERN, value) is None:
+        raise ValueError(f"{value!r}: {KEY_ID_MESSAGE}")
+    return value
+
+
+class ApiKeysSpec(_Model):
+    """The keys' Secret: each entry's name is a key id, its value the key."""
+
+    secret_name: str = Field(min_length=1, max_length=253)
+    allowed_key_ids: list[str] | None = Field(default=None, max_length=MAX_KEYS)
+    """The key ids that may call this model; absent: every key in the Secret."""
+
+    @field_validator("secret_name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        if re.fullmatch(SECRET_NAME_PATTERN, value) is None:
+            raise ValueError(SECRET_NAME_MESSAGE)
+        return value
+
+    @field_validator("allowed_key_ids")
+    @classmethod
+    def _valid_ids(cls, ids: list[str] | None) -> list[str] | None:
+        for key_id in ids or []:
+            _key_id(key_id)
+        return ids
+
+
+class QuotaSpec(_Model):
+    """A token bucket per replica: `burst` requests at once, then `requestsPerSecond`."""
+
+    requests_per_second: float = Field(ge=MIN_RATE_RPS, le=MAX_RATE_RPS)
+    burst: int | None = Field(default=None, ge=1, le=MAX_BURST)
+    """Absent: one second's worth of requests."""
+
+
+class KeyQuotaSpec(QuotaSpec):
+    key_id: str = Field(max_length=63)
+
+    @field_validator("key_id")
+    @classmethod
+    def _valid_id(cls, value: str) -> str:
+        return _key_id(value)
+
+
+class QuotasSpec(_Model):
+    default: QuotaSpec | None = None
+    """Each key's limit unless `perKey` names it; absent: no per-key limit."""
+    per_key: list[KeyQuotaSpec] | None = Field(default=None, max_length=MAX_KEYS)
+    total: QuotaSpec | None = None
+    """The limit over every key together."""
+
+    @model_validator(mode="after")
+    def _one_quota_per_key(self) -> QuotasSpec:
+        ids = [quota.key_id for quota in self.per_key or []]
+        if len(ids) != len(set(ids)):
+            raise ValueError(QUOTA_KEY_MESSAGE)
+        return self
+
+
+class AuthSpec(_Model):
+    """Callers with identities: API keys, and how fast each may call."""
+
+    api_keys: ApiKeysSpec
+    quotas: QuotasSpec = QuotasSpec()
+
+
 class InferenceServiceSpec(_Model):
     model: ModelSource
     runtime: RuntimeSpec = RuntimeSpec()
@@ -325,6 +409,8 @@ class InferenceServiceSpec(_Model):
     """Pre/post-processing around the model; the runtime's `--pipeline-config` document."""
     access: AccessSpec = AccessSpec()
     """Who may reach the pods over the network (the InferenceService's NetworkPolicy)."""
+    auth: AuthSpec | None = None
+    """API keys and quotas; absent: every caller the network admits may call, unlimited."""
 
     @model_validator(mode="after")
     def _engine_fits_the_format(self) -> InferenceServiceSpec:

@@ -12,6 +12,8 @@ BATCHING_FILE = "batching.json"
 BATCHING_DIR = "/etc/batchpilot/batching"
 PIPELINE_FILE = "pipeline.json"
 """The pipeline document (spec.pipeline), in the same ConfigMap as the batch settings."""
+ACCESS_FILE = "access.json"
+"""The access document (spec.auth: allowed key ids, quotas), in the same ConfigMap: live."""
 TOKEN_FILE = "admin-token"
 TOKEN_DIR = "/var/run/secrets/batchpilot"
 

@@ -7,8 +7,9 @@ them (the chart's burn-rate alerts). The runtime watches the mounted file, and t
 autopilot also tells ready pods directly through their admin endpoint, because a mounted
 ConfigMap takes up to a minute to reach a pod. It also carries the pipeline document
 (spec.pipeline), which the runtime reads once at start: the Deployment's pod template holds its
-hash, so a changed pipeline rolls the pods. Both documents are `batchpilot.api`'s, the contract
-the runtime reads them by.
+hash, so a changed pipeline rolls the pods. With `spec.auth`, the access document (allowed key
+ids, quotas; `children.apikeys`) rides along, re-read like the batch settings. The documents are
+`batchpilot.api`'s, the contract the runtime reads them by.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import json
 from typing import Any, NamedTuple
 
 from batchpilot.api.batching import BatchingDocument
-from batchpilot.operator.children.common import BATCHING_FILE, PIPELINE_FILE, Owner
+from batchpilot.operator.children.apikeys import access_document
+from batchpilot.operator.children.common import ACCESS_FILE, BATCHING_FILE, PIPELINE_FILE, Owner
 
 
 class Batching(NamedTuple):
@@ -85,6 +87,8 @@ def build_configmap(
     }
     if (pipeline := pipeline_document(owner)) is not None:
         data[PIPELINE_FILE] = pipeline
+    if (access := access_document(owner)) is not None:
+        data[ACCESS_FILE] = access  # re-read by running pods: quotas change without a restart
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",

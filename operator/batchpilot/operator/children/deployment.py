@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from batchpilot.operator.children.apikeys import api_keys_args, api_keys_volume
 from batchpilot.operator.children.common import (
     BATCHING_DIR,
     BATCHING_FILE,
@@ -176,6 +177,7 @@ def runtime_args(owner: Owner, settings: OperatorSettings, model_path: str) -> l
         f"{TOKEN_DIR}/{TOKEN_FILE}",
         "--drain-grace-s",
         str(settings.drain_grace_seconds),
+        *api_keys_args(owner),
     ]
     args += [
         "--grpc-port",
@@ -218,6 +220,7 @@ def build_deployment(owner: Owner, settings: OperatorSettings, *, replicas: int)
     gpu = runtime.device == "gpu"
     image = runtime_image(owner, settings)
     model_path, volumes, mounts, init_containers = _model_volumes(owner, settings, image)
+    key_volumes, key_mounts = api_keys_volume(owner)
 
     resources: dict[str, Any] = {
         key: dict(value) for key, value in (runtime.resources or {}).items() if value
@@ -256,6 +259,7 @@ def build_deployment(owner: Owner, settings: OperatorSettings, *, replicas: int)
             *mounts,
             {"name": "batching", "mountPath": BATCHING_DIR, "readOnly": True},
             {"name": "admin-token", "mountPath": TOKEN_DIR, "readOnly": True},
+            *key_mounts,
             {"name": "tmp", "mountPath": "/tmp"},
         ],
     }
@@ -265,6 +269,7 @@ def build_deployment(owner: Owner, settings: OperatorSettings, *, replicas: int)
             *volumes,
             {"name": "batching", "configMap": {"name": owner.configmap_name}},
             {"name": "admin-token", "secret": {"secretName": owner.secret_name}},
+            *key_volumes,
             {"name": "tmp", "emptyDir": {}},
         ],
         # Drain (SIGTERM → queued requests finish) after the pre-stop pause, with room to exit.

@@ -1,0 +1,162 @@
+"""API keys and quotas in the pods: the keys' Secret mounted as a folder, the access document
+beside the batching document, the runtime's flags — and the check that the Secret can be used
+before any of it is applied.
+
+The Secret is the user's, not a child: the operator reads it, mounts it and never writes it.
+The kubelet updates a mounted Secret in place (a `..data` symlink swap), so rotating a key is
+editing the Secret; the runtime notices and swaps its key table. That is also why the mount is a
+whole volume and never a `subPath`, which the kubelet does not update. The access document (the
+allowed key ids and the quotas, `batchpilot.api.access`) lives in the batching ConfigMap, which
+running pods re-read: quotas change without a restart.
+
+Pure: the Secret is an argument; the reconciler reads it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+from typing import Any, NamedTuple
+
+from batchpilot.api.access import (
+    MAX_KEYS,
+    AccessDocument,
+    KeyQuotaDocument,
+    QuotaDocument,
+    key_id_problem,
+    key_problem,
+)
+from batchpilot.operator.children.common import ACCESS_FILE, BATCHING_DIR, Owner
+from batchpilot.operator.events import API_KEYS_SECRET_INVALID, API_KEYS_SECRET_MISSING
+from batchpilot.operator.spec import QuotaSpec
+
+API_KEYS_DIR = "/var/run/secrets/batchpilot-api-keys"
+API_KEYS_VOLUME = "api-keys"
+
+
+class SecretProblem(NamedTuple):
+    """Why the keys' Secret cannot be mounted yet: a condition reason and a message."""
+
+    reason: str
+    message: str
+
+
+def _quota(spec: QuotaSpec) -> QuotaDocument:
+    rate = spec.requests_per_second
+    return {
+        "requestsPerSecond": rate,
+        "burst": spec.burst if spec.burst is not None else max(1, math.ceil(rate)),
+    }
+
+
+def access_document(owner: Owner) -> str | None:
+    """The access document the runtime reads (`--access-config`); None without `spec.auth`."""
+    auth = owner.spec.auth
+    if auth is None:
+        return None
+    doc: AccessDocument = {}
+    if auth.api_keys.allowed_key_ids is not None:
+        doc["allowedKeyIds"] = sorted(set(auth.api_keys.allowed_key_ids))
+    quotas = auth.quotas
+    if quotas.default is not None:
+        doc["defaultQuota"] = _quota(quotas.default)
+    if quotas.per_key:
+        per_key: list[KeyQuotaDocument] = []
+        for quota in sorted(quotas.per_key, key=lambda q: q.key_id):
+            limit = _quota(quota)
+            per_key.append({"keyId": quota.key_id, **limit})
+        doc["keyQuotas"] = per_key
+    if quotas.total is not None:
+        doc["totalQuota"] = _quota(quotas.total)
+    return json.dumps(doc, sort_keys=True)
+
+
+def api_keys_args(owner: Owner) -> list[str]:
+    """The runtime's flags for API keys (none without `spec.auth`)."""
+    if owner.spec.auth is None:
+        return []
+    return ["--api-keys", API_KEYS_DIR, "--access-config", f"{BATCHING_DIR}/{ACCESS_FILE}"]
+
+
+def api_keys_volume(owner: Owner) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, mounts) of the keys' Secret: read-only, readable by the runtime's group only."""
+    auth = owner.spec.auth
+    if auth is None:
+        return [], []
+    volume = {
+        "name": API_KEYS_VOLUME,
+        "secret": {"secretName": auth.api_keys.secret_name, "defaultMode": 0o440},
+    }
+    mount = {"name": API_KEYS_VOLUME, "mountPath": API_KEYS_DIR, "readOnly": True}
+    return [volume], [mount]
+
+
+def keys_secret_problem(owner: Owner, secret: dict[str, Any] | None) -> SecretProblem | None:
+    """Why the Secret `spec.auth.apiKeys.secretName` names cannot be used (None: it can, or
+    there is no `spec.auth`). The runtime refuses to start with a Secret like that, so the
+    operator applies nothing of the spec until it is fixed. Messages never show a key."""
+    auth = owner.spec.auth
+    if auth is None:
+        return None
+    name = auth.api_keys.secret_name
+    if secret is None:
+        return SecretProblem(
+            API_KEYS_SECRET_MISSING,
+            f"the API keys' Secret {name} does not exist in namespace {owner.namespace}: create "
+            "it with one entry per key (the entry's name is the key id, its value the key); "
+            "nothing of this spec is applied until it exists",
+        )
+    data = secret.get("data") or {}
+    problems: list[str] = []
+    if not data:
+        problems.append("it holds no keys")
+    elif len(data) > MAX_KEYS:
+        problems.append(f"it holds {len(data)} keys, at most {MAX_KEYS}")
+    for key_id, encoded in sorted(data.items()):
+        problem = key_id_problem(key_id)
+        if problem is None:
+            try:
+                problem = key_problem(key_id, base64.b64decode(encoded, validate=True))
+            except (binascii.Error, TypeError, ValueError):
+                problem = f"the value of {key_id!r} is not base64"
+        if problem is not None:
+            problems.append(problem)
+    if not problems:
+        return None
+    return SecretProblem(
+        API_KEYS_SECRET_INVALID,
+        f"the API keys' Secret {name} cannot be used: {'; '.join(problems[:5])}"
+        + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else "")
+        + "; nothing of this spec is applied until it is fixed",
+    )
+
+
+def _describe(quota: QuotaDocument) -> str:
+    return f"{quota['requestsPerSecond']:g} rps, burst {quota['burst']}"
+
+
+def auth_status(owner: Owner) -> dict[str, Any] | None:
+    """`status.auth`: the keys and limits in force, in words; None without `spec.auth`."""
+    auth = owner.spec.auth
+    document = access_document(owner)
+    if auth is None or document is None:
+        return None
+    doc: AccessDocument = json.loads(document)
+    allowed = doc.get("allowedKeyIds")
+    who = "every key" if allowed is None else f"key ids {', '.join(allowed) or 'none'}"
+    limits = []
+    if "defaultQuota" in doc:
+        limits.append(f"each key {_describe(doc['defaultQuota'])}")
+    for quota in doc.get("keyQuotas", []):
+        limits.append(f"{quota['keyId']} {_describe(quota)}")
+    if "totalQuota" in doc:
+        limits.append(f"in total {_describe(doc['totalQuota'])}")
+    text = f"API keys from Secret {auth.api_keys.secret_name}: {who}"
+    if limits:
+        text += f"; per replica: {', '.join(limits)}"
+    status: dict[str, Any] = {"secretName": auth.api_keys.secret_name, "text": text}
+    if allowed is not None:
+        status["allowedKeyIds"] = allowed
+    return status
