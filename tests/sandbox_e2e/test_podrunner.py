@@ -20,7 +20,14 @@ from typing import Any
 import pytest
 
 from batchpilot.sandbox import LocalKubernetesAPI
-from batchpilot.sandbox.podrunner import API, Endpoints, PodRunner, container_command
+from batchpilot.sandbox.podrunner import (
+    API,
+    API_KEYS_FOLDER,
+    Endpoints,
+    PodRunner,
+    container_command,
+    publish_folder,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -232,3 +239,27 @@ def test_the_runner_plays_the_kubelet(tmp_path: Path) -> None:
             runner.stop()
     assert runner.started_pids
     assert not [pid for pid in runner.started_pids if alive(pid)]
+
+
+def test_a_pod_with_api_keys_reads_a_folder_of_its_own(tmp_path: Path) -> None:
+    container = deployment(1)["spec"]["template"]["spec"]["containers"][0]
+    pod_args = ["--api-keys", "/var/run/secrets/batchpilot-api-keys", "--access-config", "/x.json"]
+    container = {**container, "args": [*container["args"], *pod_args]}
+    args = container_command(container, port=1234, models_dir=tmp_path, directory=tmp_path)[3:]
+    assert args[args.index("--api-keys") + 1] == str(tmp_path / API_KEYS_FOLDER)
+    assert args[args.index("--access-config") + 1] == str(tmp_path / "access.json")
+    assert args.count("--api-keys") == 1
+
+
+def test_the_keys_folder_is_updated_as_the_kubelet_updates_a_secret(tmp_path: Path) -> None:
+    folder = tmp_path / API_KEYS_FOLDER
+    publish_folder(folder, {"alice": b"a" * 20, "bob": b"b" * 20})
+    first = os.readlink(folder / "..data")
+    assert (folder / "alice").read_bytes() == b"a" * 20
+    publish_folder(folder, {"alice": b"a" * 20, "bob": b"b" * 20})
+    assert os.readlink(folder / "..data") == first  # unchanged: nothing written
+    publish_folder(folder, {"alice": b"c" * 20})
+    assert sorted(p for p in os.listdir(folder) if not p.startswith("..")) == ["alice"]
+    assert (folder / "alice").read_bytes() == b"c" * 20
+    assert (folder / "alice").is_symlink()
+    assert not (folder / first).exists()  # the old version is gone

@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -47,7 +48,13 @@ _REWRITTEN = {
     "--model",
     "--batching-config",
     "--admin-token-file",
+    "--api-keys",
+    "--access-config",
 }
+API_KEYS_FOLDER = "api-keys"
+"""The replica's folder for the API keys' Secret (the volume the operator names so): a folder of
+its own, updated as the kubelet updates one (`publish_folder`), since the runtime reads every
+file in it as a key."""
 
 
 class API:
@@ -110,6 +117,34 @@ class Endpoints:
     scrape: Sequence[tuple[str, Mapping[str, str]]]
 
 
+def publish_folder(folder: Path, files: Mapping[str, bytes]) -> None:
+    """Make `folder` hold exactly `files`, as the kubelet updates a mounted Secret: the new
+    version in a fresh `..<n>` folder, the `..data` symlink swapped to it in one rename, one
+    symlink per file through `..data`. Nothing is written when nothing changed."""
+    data = folder / "..data"
+    if data.is_symlink():
+        current = data.resolve()
+        names = sorted(p.name for p in current.iterdir())
+        if names == sorted(files) and all((current / n).read_bytes() == files[n] for n in names):
+            return
+    folder.mkdir(parents=True, exist_ok=True)
+    old = os.readlink(data) if data.is_symlink() else None
+    version = folder / f"..{time.time_ns()}"
+    version.mkdir()
+    for name, content in files.items():
+        (version / name).write_bytes(content)
+    (folder / "..data_tmp").symlink_to(version.name)
+    os.replace(folder / "..data_tmp", data)
+    for name in files:
+        if not (folder / name).is_symlink():
+            (folder / name).symlink_to(f"..data/{name}")
+    for entry in os.listdir(folder):
+        if not entry.startswith("..") and entry not in files:
+            (folder / entry).unlink()
+    if old is not None:
+        shutil.rmtree(folder / old, ignore_errors=True)
+
+
 def container_command(
     container: Mapping[str, Any],
     *,
@@ -127,12 +162,13 @@ def container_command(
     args = [str(a) for a in container.get("args", [])]
     out: list[str] = []
     model = ""
-    serves_grpc = serves_metrics = False
+    serves_grpc = serves_metrics = keyed = False
     i = 0
     while i < len(args):
         if args[i] in _REWRITTEN and i + 1 < len(args):
             if args[i] == "--model":
                 model = args[i + 1]
+            keyed = keyed or args[i] == "--api-keys"
             serves_grpc = serves_grpc or args[i] == "--grpc-port"
             serves_metrics = serves_metrics or args[i] == "--metrics-port"
             i += 2
@@ -147,6 +183,11 @@ def container_command(
         "--batching-config", str(directory / "batching.json"),
         "--admin-token-file", str(directory / "admin-token"),
     ]  # fmt: skip
+    if keyed:
+        out += [
+            "--api-keys", str(directory / API_KEYS_FOLDER),
+            "--access-config", str(directory / "access.json"),
+        ]  # fmt: skip
     if serves_grpc and grpc_port is not None:
         out += ["--grpc-port", str(grpc_port)]
     if admin_port is not None:
@@ -290,12 +331,19 @@ class PodRunner:
                 secret = self.api.call(
                     f"/api/v1/namespaces/{namespace}/secrets/{volume['secret']['secretName']}"
                 )
+                folder = f"{API_KEYS_FOLDER}/" if volume.get("name") == API_KEYS_FOLDER else ""
                 for key, value in ((secret or {}).get("data") or {}).items():
-                    files[key] = base64.b64decode(value)
+                    files[folder + key] = base64.b64decode(value)
         return files
 
     def _write_files(self, replica: Replica, files: Mapping[str, bytes]) -> None:
+        prefix = f"{API_KEYS_FOLDER}/"
+        keys = {k.removeprefix(prefix): v for k, v in files.items() if k.startswith(prefix)}
+        if keys:
+            publish_folder(replica.directory / API_KEYS_FOLDER, keys)
         for key, content in files.items():
+            if key.startswith(prefix):
+                continue
             path = replica.directory / key
             if not path.exists() or path.read_bytes() != content:
                 tmp = path.with_suffix(".tmp")
