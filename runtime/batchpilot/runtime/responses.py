@@ -2,7 +2,8 @@
 
 Every route module answers through these, so an error says the same thing with the same status
 and headers (`Retry-After` on 503s and 429s, `Connection: close` while shutting down, the
-`WWW-Authenticate` challenge on 401s) wherever it is raised, and a sync infer result and a fetched async result are the same bytes.
+`WWW-Authenticate` challenge on 401s) wherever it is raised, and a sync infer result and a
+fetched async result are the same bytes.
 """
 
 from __future__ import annotations
