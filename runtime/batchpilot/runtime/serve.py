@@ -18,9 +18,7 @@ import math
 import os
 import socket
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from pathlib import Path
-from types import FrameType
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import uvicorn
@@ -37,177 +35,16 @@ from batchpilot.runtime.app import (
 from batchpilot.runtime.batching import BatchSettings
 from batchpilot.runtime.device import DeviceUnavailable, Nvml
 from batchpilot.runtime.draining import CloseWhenDraining
-from batchpilot.runtime.engine import Engine
+from batchpilot.runtime.engines import build_engine
+from batchpilot.runtime.graceful import DrainingServer
 from batchpilot.runtime.live_settings import ConfigFileWatcher
 from batchpilot.runtime.metrics import RuntimeMetrics
-from batchpilot.runtime.onnx_engine import ModelLoadError, OnnxEngine, SessionConfig
-from batchpilot.runtime.optimize.variants import missing_variant_message, variant_path
+from batchpilot.runtime.onnx_engine import ModelLoadError
 from batchpilot.runtime.outcomes import RequestOutcome
 from batchpilot.runtime.server import ModelServer
 from batchpilot.runtime.settings import RuntimeSettings
-from batchpilot.runtime.simulated import LatencyModel, SimulatedEngine
 
 log = logging.getLogger("batchpilot.runtime")
-
-
-def model_file(settings: RuntimeSettings) -> Path:
-    """The file to serve: the model, or its variant `<stem>.<variant>.onnx` beside it."""
-    path = variant_path(settings.model_path, settings.model_variant)
-    if not path.is_file() and settings.model_variant != "original":
-        raise ModelLoadError(missing_variant_message(settings.model_path, settings.model_variant))
-    return path
-
-
-def torch_engine(settings: RuntimeSettings) -> Engine:
-    """The PyTorch engine; imported here, so that only servers of PyTorch programs import torch."""
-    try:
-        from batchpilot.runtime.torch_engine import TorchEngine
-    except ModuleNotFoundError as exc:
-        if exc.name != "torch":
-            raise
-        raise ModelLoadError(
-            "--engine torch needs PyTorch, which is not installed here: pip install "
-            "'batchpilot[runtime,torch]' (or a runtime image built with the torch extra)"
-        ) from exc
-    return TorchEngine.load(
-        settings.model_path,
-        name=settings.model_name,
-        device=settings.device,
-        instances=settings.instances,
-        variant=settings.model_variant,
-        intra_op_threads=settings.intra_op_threads,
-    )
-
-
-def build_engine(settings: RuntimeSettings, *, nvml: Nvml | None) -> Engine:
-    if settings.engine == "torch":
-        return torch_engine(settings)
-    if settings.engine == "simulated":
-        return SimulatedEngine.load(
-            model_file(settings),
-            name=settings.model_name,
-            latency=LatencyModel.parse(settings.simulated_latency),
-            instances=settings.instances,
-        )
-    return OnnxEngine.load(
-        model_file(settings),
-        name=settings.model_name,
-        device=settings.device,
-        gpu_present=nvml is not None,
-        config=SessionConfig(
-            intra_op_threads=settings.intra_op_threads,
-            inter_op_threads=settings.inter_op_threads,
-            graph_optimization=settings.graph_optimization,
-        ),
-        instances=settings.instances,
-        variant=settings.model_variant,
-        accelerator=settings.accelerator,
-        tensorrt_cache_dir=settings.tensorrt_cache_dir,
-    )
-
-
-LINGER_STRETCH = 5
-"""The linger lasts while connections are still open, up to this many times `--drain-linger-s`."""
-
-
-class _DrainingServer(uvicorn.Server):
-    """uvicorn, but the first SIGTERM/SIGINT starts a drain that resets no connection: the
-    queue closes at once (new requests get 503, readiness fails), gRPC sends GOAWAY, every HTTP
-    answer from then on says `Connection: close`, and the sockets close only once the queue is
-    served and a linger has passed. The process exits 0 after a clean drain instead of
-    re-raising the signal; a second signal forces the exit."""
-
-    def __init__(
-        self,
-        config: uvicorn.Config,
-        *,
-        model_server: ModelServer,
-        closing: CloseWhenDraining,
-        grace_s: float,
-        linger_s: float,
-        on_drain: Sequence[Callable[[], Awaitable[None]]] = (),
-    ) -> None:
-        super().__init__(config)
-        self._model_server = model_server
-        self._closing = closing
-        self._grace_s = grace_s
-        self._linger_s = linger_s
-        self._on_drain = on_drain
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._drain_started: float | None = None
-        self._drain_tasks: list[asyncio.Future[None]] = []
-        self._forced: asyncio.Event | None = None
-
-    async def serve(self, sockets: Any = None) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._forced = asyncio.Event()
-        await super().serve(sockets)
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self.should_exit:
-            log.warning("second signal: exiting without finishing queued requests")
-            self.force_exit = True
-            if self._loop is not None and self._forced is not None:
-                self._loop.call_soon_threadsafe(self._forced.set)
-            return
-        log.info("signal %d: draining %d queued requests", sig, self._model_server.queued)
-        self.should_exit = True
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._begin_drain)
-
-    def _begin_drain(self) -> None:
-        """Close the queue, answer `Connection: close` from now on, and start gRPC's GOAWAY."""
-        if self._drain_started is not None:
-            return
-        self._drain_started = asyncio.get_running_loop().time()
-        self._model_server.stop_accepting()
-        self._closing.start()
-        self._drain_tasks = [asyncio.ensure_future(stop()) for stop in self._on_drain]
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        """Drain before uvicorn's own shutdown, which closes the listening socket and every
-        idle keep-alive connection at once. "Idle" is only the server's view: the client may
-        have a request on the wire right then, and gets "server disconnected without a
-        response", not knowing whether it ran; a client that reconnects finds the port shut.
-
-        So first the batcher serves what is queued (within the grace); meanwhile each answer
-        says `Connection: close`, so busy connections are closed by the server right after a
-        complete answer, and those clients reconnect to a port that still answers 503. Then
-        `linger_s` more with the port open, for clients that have not yet heard (in Kubernetes,
-        endpoints take seconds to drop a terminating pod). Only then uvicorn's shutdown, given
-        what is left of the grace: close the listener and idle connections, wait for answers
-        being written, run the lifespan shutdown (gRPC's stop, the batcher, the engine)."""
-        self._begin_drain()
-        assert self._drain_started is not None
-        assert self._forced is not None
-        loop = asyncio.get_running_loop()
-        deadline = self._drain_started + self._grace_s
-        drained = loop.create_task(
-            self._model_server.drain(grace_s=max(0.0, deadline - loop.time()))
-        )
-        forced = loop.create_task(self._forced.wait())
-        await asyncio.wait({drained, forced}, return_when=asyncio.FIRST_COMPLETED)
-        linger_s = min(self._linger_s, max(0.0, deadline - loop.time()))
-        if drained.done() and linger_s > 0:
-            log.info("drain: queue empty; the port answers 503 for %.1f s more", linger_s)
-            await asyncio.wait({forced}, timeout=linger_s)
-            # Connections still open have not had their `Connection: close` answer yet: a
-            # client slower than the linger (a loaded machine) would otherwise send into a
-            # connection being closed. Give them up to LINGER_STRETCH lingers, within the grace.
-            # uvicorn offers no event for a closed connection: look every 50 ms, as its own
-            # shutdown does every 100 ms.
-            stretch = min(deadline, loop.time() + (LINGER_STRETCH - 1) * linger_s)
-            while self.server_state.connections and not forced.done() and loop.time() < stretch:
-                await asyncio.wait({forced}, timeout=0.05)
-            if self.server_state.connections:
-                log.info(
-                    "drain: closing %d connections that sent nothing since the signal",
-                    len(self.server_state.connections),
-                )
-        forced.cancel()
-        # uvicorn's wait for answers still being written; at least 1 s, as uvicorn's own floor.
-        self.config.timeout_graceful_shutdown = max(1, int(deadline - loop.time()))
-        await super().shutdown(sockets)
 
 
 def serve(settings: RuntimeSettings) -> int:
@@ -354,7 +191,7 @@ def serve(settings: RuntimeSettings) -> int:
         timeout_graceful_shutdown=max(1, math.ceil(settings.drain_grace_s)),
         timeout_keep_alive=30,
     )
-    server = _DrainingServer(
+    server = DrainingServer(
         config,
         model_server=model_server,
         closing=closing,

@@ -1,0 +1,128 @@
+"""A uvicorn server that shuts down without resetting a connection: the drain on SIGTERM.
+
+Kubernetes sends SIGTERM and, at the same time, starts taking the pod out of the Service's
+endpoints — which takes seconds to reach every client. uvicorn's own shutdown would close idle
+keep-alive connections at once and refuse new ones, so a client with a request on the wire gets
+"server disconnected" without knowing whether it ran. This one drains first (see
+`DrainingServer.shutdown`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Awaitable, Callable, Sequence
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+from batchpilot.runtime.draining import CloseWhenDraining
+from batchpilot.runtime.server import ModelServer
+
+log = logging.getLogger("batchpilot.runtime")
+
+
+LINGER_STRETCH = 5
+"""The linger lasts while connections are still open, up to this many times `--drain-linger-s`."""
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, but the first SIGTERM/SIGINT starts a drain that resets no connection: the
+    queue closes at once (new requests get 503, readiness fails), gRPC sends GOAWAY, every HTTP
+    answer from then on says `Connection: close`, and the sockets close only once the queue is
+    served and a linger has passed. The process exits 0 after a clean drain instead of
+    re-raising the signal; a second signal forces the exit."""
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        *,
+        model_server: ModelServer,
+        closing: CloseWhenDraining,
+        grace_s: float,
+        linger_s: float,
+        on_drain: Sequence[Callable[[], Awaitable[None]]] = (),
+    ) -> None:
+        super().__init__(config)
+        self._model_server = model_server
+        self._closing = closing
+        self._grace_s = grace_s
+        self._linger_s = linger_s
+        self._on_drain = on_drain
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_started: float | None = None
+        self._drain_tasks: list[asyncio.Future[None]] = []
+        self._forced: asyncio.Event | None = None
+
+    async def serve(self, sockets: Any = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._forced = asyncio.Event()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.should_exit:
+            log.warning("second signal: exiting without finishing queued requests")
+            self.force_exit = True
+            if self._loop is not None and self._forced is not None:
+                self._loop.call_soon_threadsafe(self._forced.set)
+            return
+        log.info("signal %d: draining %d queued requests", sig, self._model_server.queued)
+        self.should_exit = True
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._begin_drain)
+
+    def _begin_drain(self) -> None:
+        """Close the queue, answer `Connection: close` from now on, and start gRPC's GOAWAY."""
+        if self._drain_started is not None:
+            return
+        self._drain_started = asyncio.get_running_loop().time()
+        self._model_server.stop_accepting()
+        self._closing.start()
+        self._drain_tasks = [asyncio.ensure_future(stop()) for stop in self._on_drain]
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """Drain before uvicorn's own shutdown, which closes the listening socket and every
+        idle keep-alive connection at once. "Idle" is only the server's view: the client may
+        have a request on the wire right then, and gets "server disconnected without a
+        response", not knowing whether it ran; a client that reconnects finds the port shut.
+
+        So first the batcher serves what is queued (within the grace); meanwhile each answer
+        says `Connection: close`, so busy connections are closed by the server right after a
+        complete answer, and those clients reconnect to a port that still answers 503. Then
+        `linger_s` more with the port open, for clients that have not yet heard (in Kubernetes,
+        endpoints take seconds to drop a terminating pod). Only then uvicorn's shutdown, given
+        what is left of the grace: close the listener and idle connections, wait for answers
+        being written, run the lifespan shutdown (gRPC's stop, the batcher, the engine)."""
+        self._begin_drain()
+        assert self._drain_started is not None
+        assert self._forced is not None
+        loop = asyncio.get_running_loop()
+        deadline = self._drain_started + self._grace_s
+        drained = loop.create_task(
+            self._model_server.drain(grace_s=max(0.0, deadline - loop.time()))
+        )
+        forced = loop.create_task(self._forced.wait())
+        await asyncio.wait({drained, forced}, return_when=asyncio.FIRST_COMPLETED)
+        linger_s = min(self._linger_s, max(0.0, deadline - loop.time()))
+        if drained.done() and linger_s > 0:
+            log.info("drain: queue empty; the port answers 503 for %.1f s more", linger_s)
+            await asyncio.wait({forced}, timeout=linger_s)
+            # Connections still open have not had their `Connection: close` answer yet: a
+            # client slower than the linger (a loaded machine) would otherwise send into a
+            # connection being closed. Give them up to LINGER_STRETCH lingers, within the grace.
+            # uvicorn offers no event for a closed connection: look every 50 ms, as its own
+            # shutdown does every 100 ms.
+            stretch = min(deadline, loop.time() + (LINGER_STRETCH - 1) * linger_s)
+            while self.server_state.connections and not forced.done() and loop.time() < stretch:
+                await asyncio.wait({forced}, timeout=0.05)
+            if self.server_state.connections:
+                log.info(
+                    "drain: closing %d connections that sent nothing since the signal",
+                    len(self.server_state.connections),
+                )
+        forced.cancel()
+        # uvicorn's wait for answers still being written; at least 1 s, as uvicorn's own floor.
+        self.config.timeout_graceful_shutdown = max(1, int(deadline - loop.time()))
+        await super().shutdown(sockets)
