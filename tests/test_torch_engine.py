@@ -237,7 +237,16 @@ class TestServedByTheRuntime:
             {"inputs": [{"name": "x", "datatype": "FP32", "shape": [5, 64], "data": X.ravel()}]},
             option=orjson.OPT_SERIALIZE_NUMPY,
         )
-        args = ("--engine", "torch", "--device", "cpu", "--intra-op-threads", "1")
+        args = (
+            "--engine",
+            "torch",
+            "--device",
+            "cpu",
+            "--intra-op-threads",
+            "1",
+            "--drain-linger-s",
+            "0",
+        )
         with runtime_process(path, *args, log_dir=tmp_path, ready_timeout_s=60) as server:
             meta = send(server, "GET", "/v2/models/mlp").json()
             assert meta["platform"] == "pytorch_libtorch"

@@ -5,12 +5,13 @@ max batch 1 and with dynamic batching, measured with the real load generator.
    small residual network of the same signature, on the CPU — and the report says so in words.
 2. t(b) timed directly at batch 1…64 (`timing`), no server.
 3. For each configuration — max batch 1, and dynamic batching (max batch 64, 5 ms queue delay) —
-   a fresh server, `batchpilot loadgen --find-max --sla-ms 100` (the highest rate whose P99 is
+   the same server, given the configuration's batch settings as a pod gets a new ConfigMap,
+   `batchpilot loadgen --find-max --sla-ms 100` (the highest rate whose P99 is
    within 100 ms), then a steady run at that rate, during which GPU utilization is read two ways:
    NVML's (the runtime's `batchpilot_gpu_utilization_ratio`, sampled) and the runtime's busy
    counter (`batchpilot_device_busy_seconds_total`'s increase over the run's length).
 4. t(b) fitted from the runtime's own per-bucket counters (`batchpilot_batch_compute_seconds`,
-   `_rows`, `_batches`) over the batching server's life, beside the direct timing's line.
+   `_rows`, `_batches`) over the dynamic batching configuration, beside the direct timing's line.
 5. The autopilot's `decide()` on the steady run of the batching server, observed as its pilot
    would observe it (rates, server-side P99, utilization, compute points), for a 100 ms SLA.
 
@@ -54,7 +55,9 @@ each find-max probe's worst case (and so the search's time budget) short."""
 @dataclass(frozen=True, slots=True)
 class Plan:
     """How long each step may take: `full` for a GPU (under 8 minutes in all), `quick` for the
-    CPU run that `make test` does (a few tens of seconds)."""
+    CPU run that `make test` does (under 20 seconds: two batch-size points more than a line
+    needs, two probes per search, a second of steady load — enough for every number to exist,
+    not to mean much)."""
 
     batches: tuple[int, ...]
     seconds_per_batch: float
@@ -63,6 +66,8 @@ class Plan:
     search_budget_s: float
     steady_s: float
     warmup_s: float
+    settle_s: float
+    """The pause between the search's probes, for the queue to drain."""
     start_rps: float
 
     @classmethod
@@ -75,19 +80,21 @@ class Plan:
             search_budget_s=100.0,
             steady_s=15.0,
             warmup_s=1.0,
+            settle_s=0.5,
             start_rps=50.0,
         )
 
     @classmethod
     def quick(cls) -> Plan:
         return cls(
-            batches=(1, 2, 4, 8),
-            seconds_per_batch=0.2,
-            probe_s=1.0,
-            max_probes=3,
-            search_budget_s=12.0,
-            steady_s=1.5,
-            warmup_s=0.3,
+            batches=(1, 4, 8),
+            seconds_per_batch=0.1,
+            probe_s=0.5,
+            max_probes=2,
+            search_budget_s=8.0,
+            steady_s=1.0,
+            warmup_s=0.2,
+            settle_s=0.2,
             start_rps=10.0,
         )
 
@@ -105,34 +112,34 @@ def environment() -> dict[str, Any]:
     }
 
 
+CONFIGURATIONS = (("batch1", 1, 0.0), ("dynamic", MAX_BATCH, QUEUE_DELAY_MS))
+"""(label, max batch size, max queue delay in ms): without batching, and with dynamic batching."""
+
+
 def _configuration(
-    model: Path,
+    server: Server,
     *,
     label: str,
     max_batch: int,
     delay_ms: float,
-    device_args: list[str],
     plan: Plan,
     out: Path,
 ) -> dict[str, Any]:
-    """One server: find-max within the SLA, then a steady run at the rate found."""
-    args = [
-        "--max-batch-size", str(max_batch), "--max-queue-delay-ms", str(delay_ms),
-        "--deadline-ms", str(SLA_MS), "--queue-capacity", "4096", *device_args,
-    ]  # fmt: skip
-    log_path = out / f"runtime-{label}.log"
-    with serving(model, *args, name=MODEL_NAME, log_path=log_path, ready_timeout_s=300) as server:
-        search = loadgen(
-            server.url, MODEL_NAME, "--find-max", "--sla-ms", str(SLA_MS),
-            "--start-rps", str(plan.start_rps), "--probe-duration-s", str(plan.probe_s),
-            "--warmup-s", str(plan.warmup_s), "--max-probes", str(plan.max_probes),
-            "--max-total-s", str(plan.search_budget_s), "--settle-s", "0.5", "--precision", "0.1",
-            "--timeout-s", str(CLIENT_TIMEOUT_S),
-            out=out / f"search-{label}.json", timeout_s=plan.search_budget_s + 120,
-        )  # fmt: skip
-        best = float(search.get("best_rps") or 0.0)
-        steady = _steady_run(server, best or plan.start_rps, plan=plan, label=label, out=out)
-        lifetime = server.scrape()
+    """One configuration: its batch settings in force, find-max within the SLA, then a steady
+    run at the rate found."""
+    server.configure(max_batch=max_batch, delay_ms=delay_ms)
+    start = server.scrape()
+    search = loadgen(
+        server.url, MODEL_NAME, "--find-max", "--sla-ms", str(SLA_MS),
+        "--start-rps", str(plan.start_rps), "--probe-duration-s", str(plan.probe_s),
+        "--warmup-s", str(plan.warmup_s), "--max-probes", str(plan.max_probes),
+        "--max-total-s", str(plan.search_budget_s), "--settle-s", str(plan.settle_s),
+        "--precision", "0.1", "--timeout-s", str(CLIENT_TIMEOUT_S),
+        out=out / f"search-{label}.json",
+    )  # fmt: skip
+    best = float(search.get("best_rps") or 0.0)
+    steady = _steady_run(server, best or plan.start_rps, plan=plan, label=label, out=out)
+    end = server.scrape()
     return {
         "max_batch_size": max_batch,
         "max_queue_delay_ms": delay_ms,
@@ -149,14 +156,21 @@ def _configuration(
             for p in search.get("probes", [])
         ],
         "steady": steady,
-        "runtime_compute": _compute_points(lifetime),
+        "runtime_compute": _compute_points(end, since=start),
     }
 
 
-def _compute_points(scrape: Scrape) -> list[dict[str, float]]:
-    seconds = scrape.by_label("batchpilot_batch_compute_seconds_total", "batch_bucket")
-    rows = scrape.by_label("batchpilot_batch_rows_total", "batch_bucket")
-    batches = scrape.by_label("batchpilot_batches_total", "batch_bucket")
+def _compute_points(scrape: Scrape, *, since: Scrape) -> list[dict[str, float]]:
+    """Per batch-size bucket, the batches run between the two scrapes: how many, their mean
+    size and mean compute time."""
+
+    def increase(name: str) -> dict[str, float]:
+        before = since.by_label(name, "batch_bucket")
+        return {b: v - before.get(b, 0.0) for b, v in scrape.by_label(name, "batch_bucket").items()}
+
+    seconds = increase("batchpilot_batch_compute_seconds_total")
+    rows = increase("batchpilot_batch_rows_total")
+    batches = increase("batchpilot_batches_total")
     points = [
         {
             "bucket": int(bucket),
@@ -165,7 +179,7 @@ def _compute_points(scrape: Scrape) -> list[dict[str, float]]:
             "mean_seconds": seconds[bucket] / batches[bucket],
         }
         for bucket in seconds
-        if batches.get(bucket)
+        if batches.get(bucket, 0.0) > 0
     ]
     return sorted(points, key=lambda p: p["bucket"])
 
@@ -181,7 +195,6 @@ def _steady_run(
             server.url, MODEL_NAME, "--rate", f"{rate:.3f}", "--duration", str(plan.steady_s),
             "--sla-ms", str(SLA_MS), "--timeout-s", str(CLIENT_TIMEOUT_S),
             out=out / f"steady-{label}.json",
-            timeout_s=plan.steady_s + 120,
         )  # fmt: skip
     after = server.scrape()
     # The counters' increase is the run's (nothing else loads the server), spread over the run's
@@ -193,27 +206,6 @@ def _steady_run(
 
     batches = after.total("batchpilot_batches_total") - before.total("batchpilot_batches_total")
     rows = after.total("batchpilot_batch_rows_total") - before.total("batchpilot_batch_rows_total")
-    compute = _compute_points(after)
-    earlier = {p["bucket"]: p for p in _compute_points(before)}
-    window_points = []
-    for p in compute:
-        prior = earlier.get(p["bucket"], {"batches": 0.0, "mean_batch": 0.0, "mean_seconds": 0.0})
-        n = p["batches"] - prior["batches"]
-        if n > 0:
-            window_points.append(
-                {
-                    "bucket": p["bucket"],
-                    "batches": n,
-                    "mean_batch": (
-                        p["mean_batch"] * p["batches"] - prior["mean_batch"] * prior["batches"]
-                    )
-                    / n,
-                    "mean_seconds": (
-                        p["mean_seconds"] * p["batches"] - prior["mean_seconds"] * prior["batches"]
-                    )
-                    / n,
-                }
-            )
     latency = report.get("latency_ms") or {}
     return {
         "rate_rps": rate,
@@ -235,7 +227,7 @@ def _steady_run(
             "p95_s": histogram_quantile(0.95, before, after, "batchpilot_request_duration_seconds"),
             "queue_p99_s": histogram_quantile(0.99, before, after, "batchpilot_queue_wait_seconds"),
             "mean_batch": rows / batches if batches else None,
-            "compute": window_points,
+            "compute": _compute_points(after, since=before),
         },
         "utilization": {
             "busy_counter": rate_of("batchpilot_device_busy_seconds_total"),
@@ -337,19 +329,25 @@ def run_check(
     )
 
     configurations = {}
-    for label, max_batch, delay_ms in (("batch1", 1, 0.0), ("dynamic", MAX_BATCH, QUEUE_DELAY_MS)):
-        configurations[label] = _configuration(
-            model, label=label, max_batch=max_batch, delay_ms=delay_ms,
-            device_args=device_args, plan=plan, out=out,
-        )  # fmt: skip
-        c = configurations[label]
-        print(
-            f"gpu-check: {label}: max QPS at P99 <= {SLA_MS:g} ms: {c['max_qps_within_sla']:.1f} "
-            f"({c['search_stopped_because']}); utilization busy "
-            f"{c['steady']['utilization']['busy_counter']:.2f}, NVML "
-            f"{c['steady']['utilization']['nvml']}",
-            flush=True,
-        )
+    _, first_batch, first_delay_ms = CONFIGURATIONS[0]
+    args = [
+        "--max-batch-size", str(first_batch), "--max-queue-delay-ms", str(first_delay_ms),
+        "--deadline-ms", str(SLA_MS), "--queue-capacity", "4096", *device_args,
+    ]  # fmt: skip
+    log_path = out / "runtime.log"
+    with serving(model, *args, name=MODEL_NAME, log_path=log_path, ready_timeout_s=300) as server:
+        for label, max_batch, delay_ms in CONFIGURATIONS:
+            configurations[label] = _configuration(
+                server, label=label, max_batch=max_batch, delay_ms=delay_ms, plan=plan, out=out
+            )
+            c = configurations[label]
+            print(
+                f"gpu-check: {label}: max QPS at P99 <= {SLA_MS:g} ms: "
+                f"{c['max_qps_within_sla']:.1f} ({c['search_stopped_because']}); utilization "
+                f"busy {c['steady']['utilization']['busy_counter']:.2f}, NVML "
+                f"{c['steady']['utilization']['nvml']}",
+                flush=True,
+            )
     dynamic = configurations["dynamic"]
     runtime_points = [
         (p["mean_batch"], p["mean_seconds"], p["batches"]) for p in dynamic["runtime_compute"]

@@ -1,16 +1,21 @@
-"""The runtime and the load generator as the GPU check drives them: real processes, the
-`batchpilot runtime serve --engine torch` server and `batchpilot loadgen`, read through what they
-publish (the server's /metrics, the load generator's JSON report).
+"""The runtime and the load generator as the GPU check drives them: the server a real process,
+`batchpilot runtime serve --engine torch`, and `batchpilot loadgen` run in this process, each read
+through what it publishes (the server's /metrics, the load generator's JSON report).
 
-Both are started as `python -m batchpilot.runtime.cli …`, the code the `batchpilot` command runs,
-so the check works from a source tree on a machine where the project is not installed.
+The server is started as `python -m batchpilot.runtime.cli …`, the code the `batchpilot` command
+runs, so the check works from a source tree on a machine where the project is not installed. The
+load generator is the same command's code called in-process (`run_cli`, arguments, exit status
+and JSON report as on the command line): its own process would add an interpreter's start, a
+second or more, to each of the check's four runs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import math
+import os
 import socket
 import subprocess
 import sys
@@ -24,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from batchpilot.runtime.loadgen.cli import run_cli
 
 CLI = [sys.executable, "-m", "batchpilot.runtime.cli"]
 
@@ -106,19 +113,50 @@ class Server:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def configure(self, *, max_batch: int, delay_ms: float, timeout_s: float = 30) -> None:
+        """New batch settings, as the operator gives a running pod a new ConfigMap: the batching
+        document written over the file the server watches, then awaited on its gauges."""
+        path = self.batching_path
+        document = {"maxBatchSize": max_batch, "maxQueueDelayMs": delay_ms}
+        staged = path.with_suffix(".new")
+        staged.write_text(json.dumps(document))
+        staged.replace(path)  # a new inode: the watcher sees the change whatever the clock says
+        deadline = time.monotonic() + timeout_s
+        while True:
+            scrape = self.scrape()
+            batch = scrape.total("batchpilot_batching_max_batch_size")
+            delay_s = scrape.total("batchpilot_batching_max_queue_delay_seconds")
+            if batch == max_batch and math.isclose(delay_s, delay_ms / 1e3, abs_tol=1e-9):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the runtime did not apply {document} in {timeout_s:g} s")
+            time.sleep(0.05)
+
+    @property
+    def batching_path(self) -> Path:
+        return self.log_path.with_suffix(".batching.json")
+
 
 @contextlib.contextmanager
 def serve(
     model: Path, *args: str, name: str, log_path: Path, ready_timeout_s: float
 ) -> Iterator[Server]:
-    """`batchpilot runtime serve --engine torch` for `model`, ready; SIGTERM on exit."""
+    """`batchpilot runtime serve --engine torch` for `model`, ready; SIGTERM on exit. Its batch
+    settings can change while it serves (`Server.configure`): it watches a batching document
+    beside its log, as a pod watches its ConfigMap, at a tenth of a pod's poll interval."""
     port = free_port()
+    batching = log_path.with_suffix(".batching.json")
+    batching.unlink(missing_ok=True)
     command = [
         *CLI, "runtime", "serve", "--engine", "torch", "--model", str(model), "--name", name,
-        "--host", "127.0.0.1", "--port", str(port), "--admin-port", str(free_port()), *args,
+        "--host", "127.0.0.1", "--port", str(port), "--admin-port", str(free_port()),
+        "--batching-config", str(batching),
+        # Nothing routes to this server: on SIGTERM it may close its port at once.
+        "--drain-linger-s", "0", *args,
     ]  # fmt: skip
+    env = {**os.environ, "BATCHPILOT_CONFIG_POLL_S": "0.1"}
     with log_path.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     server = Server(process, f"http://127.0.0.1:{port}", log_path)
     try:
         deadline = time.monotonic() + ready_timeout_s
@@ -145,15 +183,18 @@ def serve(
                 process.wait()
 
 
-def loadgen(url: str, model: str, *args: str, out: Path, timeout_s: float) -> dict[str, Any]:
-    """`batchpilot loadgen --url URL --model MODEL ARGS --json OUT`, its report as a dict. Exit
-    status 3 (an invalid run or probe) still leaves a report: the check records it as such."""
-    command = [*CLI, "loadgen", "--url", url, "--model", model, *args, "--json", str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
-    if done.returncode not in (0, 3) or not out.exists():
-        raise RuntimeError(f"loadgen failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+def loadgen(url: str, model: str, *args: str, out: Path) -> dict[str, Any]:
+    """`batchpilot loadgen --url URL --model MODEL ARGS --json OUT`, its report as a dict; what it
+    prints goes to OUT's .txt beside it. Exit status 3 (an invalid run or probe) still leaves a
+    report: the check records it as such."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        status = run_cli(["--url", url, "--model", model, *args, "--json", str(out)])
+    out.with_suffix(".txt").write_text(printed.getvalue())
+    if status not in (0, 3) or not out.exists():
+        raise RuntimeError(f"loadgen failed ({status}):\n{printed.getvalue()}")
     report: dict[str, Any] = json.loads(out.read_text())
-    report["exit_status"] = done.returncode
+    report["exit_status"] = status
     return report
 
 
@@ -171,7 +212,9 @@ class GaugeSampler:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
+        # The first reading, at once, is the baseline the next one's arrivals are compared with:
+        # a short run still gets its readings.
+        while True:
             with contextlib.suppress(OSError, ValueError):
                 scrape = self._server.scrape()
                 arrivals = scrape.total("batchpilot_arrivals_total")
@@ -179,6 +222,8 @@ class GaugeSampler:
                 self._arrivals = arrivals
                 if loaded and scrape.has("batchpilot_gpu_utilization_ratio"):
                     self.values.append(scrape.total("batchpilot_gpu_utilization_ratio"))
+            if self._stop.wait(self._interval_s):
+                return
 
     def __enter__(self) -> GaugeSampler:
         self._thread.start()
