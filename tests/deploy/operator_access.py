@@ -252,6 +252,28 @@ def run_scenarios() -> RecordingKube:
     kube.objects[("Deployment", namespace, name)]["spec"]["replicas"] = 1
     reconcile()  # one replica again: the budget goes
 
+    # Exposed through a Gateway, with a canary: the routes are created, edited back, and go when
+    # the spec asks for an Ingress instead, which goes when spec.exposure does.
+    gateway = {"gateway": {"name": "edge"}, "canary": {"service": "resnet50-v2", "weight": 10}}
+    body["spec"]["exposure"] = gateway
+    reconcile()
+    for kind in ("HTTPRoute", "GRPCRoute"):
+        kube.objects[(kind, namespace, name)]["spec"]["rules"] = []
+    reconcile()
+    body["spec"]["exposure"] = {"ingress": {"host": "resnet.example.com"}}
+    reconcile()
+    kube.objects[("Ingress", namespace, name)]["spec"]["rules"] = []
+    reconcile()
+    del body["spec"]["exposure"]
+    reconcile()
+    # A Gateway API without GRPCRoute: the HTTPRoute created in that pass is deleted again.
+    kube.not_served.add("GRPCRoute")
+    body["spec"]["exposure"] = gateway
+    reconcile()
+    assert ("HTTPRoute", namespace, name) not in kube.objects
+    kube.not_served.clear()
+    del body["spec"]["exposure"]
+
     # An InferenceService whose status is not written yet (the operator restarted, say).
     kube.put_object({"kind": INFERENCESERVICE.kind, **copy.deepcopy(body), "status": {}})
     child = kube.get(DEPLOYMENT, namespace, name)

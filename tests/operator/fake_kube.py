@@ -17,7 +17,9 @@ from batchpilot.operator.kube import KubeError
 
 
 class FakeKube:
-    def __init__(self) -> None:
+    def __init__(self, *, not_served: frozenset[str] = frozenset()) -> None:
+        self.not_served = set(not_served)
+        """Kinds this API server does not serve (CRDs not installed): creating one is a 404."""
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.writes: list[tuple[str, str, str]] = []
         self._versions = itertools.count(1)
@@ -41,6 +43,8 @@ class FakeKube:
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         meta = obj["metadata"]
         key = self._key(obj["kind"], meta["namespace"], meta["name"])
+        if obj["kind"] in self.not_served:
+            raise KubeError(404, "the server could not find the requested resource")
         if key in self.objects:
             raise KubeError(409, f"{obj['kind']} {meta['name']} already exists")
         self.writes.append(("create", obj["kind"], meta["name"]))

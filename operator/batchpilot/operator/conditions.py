@@ -14,6 +14,8 @@ READY = "Ready"
 METRICS_AVAILABLE = "MetricsAvailable"
 SLA_MET = "SLAMet"
 SCALING_LIMITED = "ScalingLimited"
+EXPOSED = "Exposed"
+"""Whether spec.exposure's routes (or Ingress) are applied; absent without spec.exposure."""
 SLO_AT_RISK = "SLOAtRisk"
 """True while the error budget burns fast enough to fire a burn-rate alert (see autopilot.slo)."""
 
@@ -63,3 +65,8 @@ def set_condition(
             return result
     result.append(condition)
     return result
+
+
+def without(conditions: list[dict[str, Any]] | None, type_: str) -> list[dict[str, Any]]:
+    """A new list without `type_`; the others and their order kept."""
+    return [dict(c) for c in conditions or [] if c.get("type") != type_]

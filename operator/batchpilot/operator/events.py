@@ -16,6 +16,9 @@ API_KEYS_SECRET_INVALID = "ApiKeysSecretInvalid"
 """The spec is held back (nothing applied) until the API keys' Secret it names can be used; also
 the Ready condition's reason."""
 
+EXPOSURE_NOT_APPLIED = "ExposureNotApplied"
+"""The cluster does not serve a kind spec.exposure needs (no Gateway API): the rest is applied."""
+
 
 @dataclass(frozen=True, slots=True)
 class Event:

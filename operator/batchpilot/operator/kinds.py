@@ -26,6 +26,10 @@ CONFIGMAP = ResourceKind("ConfigMap", "v1", "configmaps")
 SECRET = ResourceKind("Secret", "v1", "secrets")
 PDB = ResourceKind("PodDisruptionBudget", "policy/v1", "poddisruptionbudgets")
 NETWORK_POLICY = ResourceKind("NetworkPolicy", "networking.k8s.io/v1", "networkpolicies")
+HTTP_ROUTE = ResourceKind("HTTPRoute", "gateway.networking.k8s.io/v1", "httproutes")
+GRPC_ROUTE = ResourceKind("GRPCRoute", "gateway.networking.k8s.io/v1", "grpcroutes")
+"""The Gateway API's routes (standard channel, v1): served only where its CRDs are installed."""
+INGRESS = ResourceKind("Ingress", "networking.k8s.io/v1", "ingresses")
 POD = ResourceKind("Pod", "v1", "pods")
 INFERENCESERVICE = ResourceKind("InferenceService", f"{GROUP}/{VERSION}", PLURAL)
 LEASE = ResourceKind("Lease", "coordination.k8s.io/v1", "leases")
@@ -39,6 +43,9 @@ KINDS = {
         SECRET,
         PDB,
         NETWORK_POLICY,
+        HTTP_ROUTE,
+        GRPC_ROUTE,
+        INGRESS,
         POD,
         INFERENCESERVICE,
         LEASE,

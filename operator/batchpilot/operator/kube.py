@@ -106,7 +106,8 @@ class KubeClient:
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         kind = KINDS[obj["kind"]]
         result = self._call("POST", kind.collection(obj["metadata"]["namespace"]), obj)
-        assert result is not None
+        if result is None:  # the collection is not there: the server does not serve the kind
+            raise KubeError(404, f"the server does not serve {kind.plural} ({kind.group_version})")
         return result
 
     def replace(self, obj: dict[str, Any]) -> dict[str, Any]:

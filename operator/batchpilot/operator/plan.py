@@ -21,6 +21,7 @@ from batchpilot.operator.children.common import Owner, owned_by
 from batchpilot.operator.children.configmap import batching_in, build_configmap
 from batchpilot.operator.children.deadline import default_deadline_ms
 from batchpilot.operator.children.deployment import build_deployment
+from batchpilot.operator.children.exposure import build_grpc_route, build_http_route, build_ingress
 from batchpilot.operator.children.networkpolicy import build_network_policy
 from batchpilot.operator.children.pdb import build_pdb
 from batchpilot.operator.children.secret import build_secret, new_token, token_in
@@ -28,6 +29,9 @@ from batchpilot.operator.children.service import build_service
 from batchpilot.operator.kinds import (
     CONFIGMAP,
     DEPLOYMENT,
+    GRPC_ROUTE,
+    HTTP_ROUTE,
+    INGRESS,
     NETWORK_POLICY,
     PDB,
     SECRET,
@@ -37,8 +41,11 @@ from batchpilot.operator.kinds import (
 from batchpilot.operator.settings import OperatorSettings
 
 Obj = dict[str, Any]
-CHILD_KINDS = (NETWORK_POLICY, SECRET, CONFIGMAP, DEPLOYMENT, SERVICE, PDB)
-"""In creation order: the pods' fence and what they mount exist before the pods."""
+EXPOSURE_KINDS = (HTTP_ROUTE, GRPC_ROUTE, INGRESS)
+"""The way in from outside (spec.exposure): applied as one, after the rest (see reconciler)."""
+CHILD_KINDS = (NETWORK_POLICY, SECRET, CONFIGMAP, DEPLOYMENT, SERVICE, PDB, *EXPOSURE_KINDS)
+"""In creation order: the pods' fence and what they mount exist before the pods, the Service
+before the routes to it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +73,20 @@ class ChildrenPlan:
     @property
     def writes(self) -> int:
         return len(self.create) + len(self.replace) + len(self.delete)
+
+    def split(self, kinds: tuple[ResourceKind, ...]) -> tuple[ChildrenPlan, ChildrenPlan]:
+        """(the writes of other kinds, the writes of `kinds`)."""
+        names = {kind.kind for kind in kinds}
+        rest, these = ChildrenPlan(), ChildrenPlan()
+        for obj in self.create:
+            (these if obj["kind"] in names else rest).create.append(obj)
+        for obj in self.replace:
+            (these if obj["kind"] in names else rest).replace.append(obj)
+        for kind, name in self.delete:
+            (these if kind in kinds else rest).delete.append((kind, name))
+        for kind, name in self.conflicts:
+            (these if kind in kinds else rest).conflicts.append((kind, name))
+        return rest, these
 
 
 def _clamp(value: int, low: int, high: int) -> int:
@@ -135,6 +156,9 @@ def desired_children(
         DEPLOYMENT: build_deployment(owner, settings, replicas=owned.replicas),
         SERVICE: build_service(owner),
         PDB: build_pdb(owner, replicas=owned.replicas),
+        HTTP_ROUTE: build_http_route(owner),
+        GRPC_ROUTE: build_grpc_route(owner),
+        INGRESS: build_ingress(owner),
     }
 
 
@@ -164,6 +188,7 @@ def converged(desired: Obj, actual: Obj) -> bool:
     meta, actual_meta = desired["metadata"], actual.get("metadata", {})
     return (
         contains(actual_meta.get("labels", {}), meta["labels"])
+        and contains(actual_meta.get("annotations") or {}, meta.get("annotations", {}))
         and contains(actual_meta.get("ownerReferences", []), meta["ownerReferences"])
         and all(contains(actual.get(f), desired[f]) for f in _BODY_FIELDS if f in desired)
         # The API server adds no entries to a ConfigMap's or Secret's data: one the spec no
@@ -181,6 +206,11 @@ def replacement(desired: Obj, actual: Obj) -> Obj:
         if key in actual_meta:
             meta[key] = copy.deepcopy(actual_meta[key])
     meta["labels"] = {**actual_meta.get("labels", {}), **meta["labels"]}
+    if "annotations" in desired["metadata"]:  # ours (the Ingress's timeouts) over the rest
+        meta["annotations"] = {
+            **(actual_meta.get("annotations") or {}),
+            **desired["metadata"]["annotations"],
+        }
     if desired["kind"] == "Service":
         # Assigned by the API server once, immutable after.
         for key in ("clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy"):

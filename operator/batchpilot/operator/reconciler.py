@@ -23,12 +23,21 @@ from batchpilot.operator import conditions, events
 from batchpilot.operator.children.apikeys import auth_status, keys_secret_problem
 from batchpilot.operator.children.common import Owner
 from batchpilot.operator.children.deployment import UnsupportedModelSource
+from batchpilot.operator.children.exposure import exposure_status, not_served_message
 from batchpilot.operator.children.networkpolicy import access_status
 from batchpilot.operator.children.service import grpc_address, service_url
 from batchpilot.operator.events import Event
-from batchpilot.operator.kinds import DEPLOYMENT, SECRET, ResourceKind
+from batchpilot.operator.exposure_spec import CANARY_SELF_MESSAGE
+from batchpilot.operator.kinds import DEPLOYMENT, KINDS, SECRET, ResourceKind
 from batchpilot.operator.kube import Kube, KubeError
-from batchpilot.operator.plan import CHILD_KINDS, ChildrenPlan, child_names, owned_values, plan
+from batchpilot.operator.plan import (
+    CHILD_KINDS,
+    EXPOSURE_KINDS,
+    ChildrenPlan,
+    child_names,
+    owned_values,
+    plan,
+)
 from batchpilot.operator.settings import OperatorSettings
 from batchpilot.operator.spec import InferenceServiceSpec
 
@@ -97,6 +106,9 @@ class Reconciler:
         except ValidationError as exc:
             return self._refuse(status, generation, now, describe_validation_error(exc))
         owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"], spec=spec)
+        canary = spec.exposure.canary if spec.exposure is not None else None
+        if canary is not None and canary.service == owner.name:
+            return self._refuse(status, generation, now, f"spec.{CANARY_SELF_MESSAGE}")
         if spec.auth is not None:
             # Pods would not start on a Secret that is missing or that the runtime refuses:
             # apply nothing of this spec until it can be used, and say why.
@@ -116,7 +128,9 @@ class Reconciler:
             except UnsupportedModelSource as exc:
                 return self._refuse(status, generation, now, str(exc), reason="UnsupportedModel")
             try:
-                deployment = self._apply(todo, observed, outcome)
+                rest, exposure = todo.split(EXPOSURE_KINDS)
+                deployment = self._apply(rest, observed, outcome)
+                not_served = self._apply_exposure(exposure, observed, outcome)
                 break
             except KubeError as exc:
                 if exc.status == 409 and attempt == 1:
@@ -158,8 +172,9 @@ class Reconciler:
             "deadlineMs": owned.deadline_ms,
             "access": access_status(owner, self._settings),
             "auth": auth_status(owner),
+            "exposure": exposure_status(owner) if not_served is None else status.get("exposure"),
             "conditions": conditions.set_condition(
-                status.get("conditions"),
+                self._exposed(owner, status, exposure, not_served, generation, now, outcome),
                 type_=conditions.READY,
                 status=ready_condition[0],  # type: ignore[arg-type]
                 reason=ready_condition[1],
@@ -170,6 +185,83 @@ class Reconciler:
         }
         outcome.status = _changed(status, wanted)
         return outcome
+
+    def _exposed(
+        self,
+        owner: Owner,
+        status: dict[str, Any],
+        todo: ChildrenPlan,
+        not_served: ResourceKind | None,
+        generation: int | None,
+        now: datetime,
+        outcome: ReconcileOutcome,
+    ) -> list[dict[str, Any]]:
+        """The conditions with `Exposed` as this pass leaves it (none without spec.exposure)."""
+        current = status.get("conditions")
+        if owner.spec.exposure is None:
+            return conditions.without(current, conditions.EXPOSED)
+        state: tuple[conditions.Status, str, str]
+        if not_served is not None:
+            gateway_api = not_served.kind in {"HTTPRoute", "GRPCRoute"}
+            reason = "GatewayAPIMissing" if gateway_api else "KindNotServed"
+            state = ("False", reason, not_served_message(not_served.kind))
+            previous = conditions.find(current, conditions.EXPOSED)
+            if (previous or {}).get("message") != state[2]:
+                outcome.events.append(Event("Warning", events.EXPOSURE_NOT_APPLIED, state[2]))
+        elif todo.conflicts:
+            taken = ", ".join(f"{kind.kind} {name}" for kind, name in todo.conflicts)
+            state = (
+                "False",
+                "ChildConflict",
+                f"{taken} is not controlled by this InferenceService",
+            )
+        else:
+            text = (exposure_status(owner) or {}).get("text", "")
+            state = (
+                "True",
+                "Applied",
+                f"{text} (whether the Gateway or Ingress controller accepted it is in the "
+                "route's own status)",
+            )
+        return conditions.set_condition(
+            current,
+            type_=conditions.EXPOSED,
+            status=state[0],
+            reason=state[1],
+            message=state[2],
+            generation=generation,
+            now=now,
+        )
+
+    def _apply_exposure(
+        self,
+        todo: ChildrenPlan,
+        observed: dict[ResourceKind, dict[str, Any] | None],
+        outcome: ReconcileOutcome,
+    ) -> ResourceKind | None:
+        """The exposure's writes, as one. A create answered 404 means the API server does not
+        serve that kind (the Gateway API's CRDs are not installed: a namespaced collection of a
+        served kind always exists): what this pass created of the exposure is deleted again,
+        nothing else of it is written — the way in that was in force stays — and the kind is
+        returned. None: all written."""
+        created: list[dict[str, Any]] = []
+        for obj in todo.create:
+            try:
+                self._kube.create(obj)
+            except KubeError as exc:
+                if exc.status != 404:
+                    raise
+                for made in reversed(created):
+                    meta = made["metadata"]
+                    self._kube.delete(KINDS[made["kind"]], meta["namespace"], meta["name"])
+                return KINDS[obj["kind"]]
+            created.append(obj)
+        for obj in created:
+            outcome.events.append(
+                Event("Normal", events.CREATED, f"created {obj['kind']} {obj['metadata']['name']}")
+            )
+        self._apply(ChildrenPlan(replace=todo.replace, delete=todo.delete), observed, outcome)
+        return None
 
     def _observe(self, owner: Owner) -> dict[ResourceKind, dict[str, Any] | None]:
         names = child_names(owner)

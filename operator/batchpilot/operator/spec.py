@@ -25,6 +25,7 @@ from batchpilot.api.access import (
     MIN_RATE_RPS,
 )
 from batchpilot.api.pipeline import PipelineConfig
+from batchpilot.operator.exposure_spec import ExposureSpec
 
 GROUP = "batchpilot.io"
 VERSION = "v1alpha1"
@@ -411,6 +412,8 @@ class InferenceServiceSpec(_Model):
     """Who may reach the pods over the network (the InferenceService's NetworkPolicy)."""
     auth: AuthSpec | None = None
     """API keys and quotas; absent: every caller the network admits may call, unlimited."""
+    exposure: ExposureSpec | None = None
+    """A route from outside the cluster (Gateway API or Ingress); absent: in-cluster only."""
 
     @model_validator(mode="after")
     def _engine_fits_the_format(self) -> InferenceServiceSpec:
