@@ -112,7 +112,11 @@ class Operator:
         self.api = WatchedApi()
         self.api.put_object(body or isvc())
         self.cache = WatchCache(
-            self.api, (INFERENCESERVICE, *CHILD_KINDS, POD), keep=ours, slim={POD: slim_pod}
+            self.api,
+            (INFERENCESERVICE, *CHILD_KINDS, POD),
+            keep=ours,
+            slim={POD: slim_pod},
+            packed=CHILD_KINDS,
         )
         self.api.deliver(self.cache)  # the initial list
         self.cache.mark_synced()
@@ -254,7 +258,7 @@ class TestItsOwnWrites:
         written = operator.cache.get(DEPLOYMENT, NS, "resnet50")
         assert written is not None
         operator.cache.seen(DEPLOYMENT, before)  # an event from before the write, late
-        assert operator.cache.get(DEPLOYMENT, NS, "resnet50") is written
+        assert operator.cache.get(DEPLOYMENT, NS, "resnet50") == written
         assert operator.calls_of_a_pass() == []
 
     def test_a_child_it_deleted_stays_gone_until_the_watch_says_so(self) -> None:
@@ -320,7 +324,7 @@ class TestOthersChanges:
         older = copy.deepcopy(kept)
         older["metadata"]["resourceVersion"] = "1"  # an earlier object of that name, gone
         operator.cache.gone(SERVICE, older)
-        assert operator.cache.get(SERVICE, NS, "resnet50") is kept
+        assert operator.cache.get(SERVICE, NS, "resnet50") == kept
 
     def test_a_name_taken_by_someone_elses_object_is_a_conflict_not_a_failure(self) -> None:
         foreign = {
@@ -343,6 +347,24 @@ class TestOthersChanges:
 
 
 class TestSharedObjects:
+    def test_children_are_kept_as_text_and_each_read_is_a_copy(self) -> None:
+        operator = settled()
+        first = operator.cache.get(DEPLOYMENT, NS, "resnet50")
+        assert first is not None
+        first["spec"]["replicas"] = 99
+        again = operator.cache.get(DEPLOYMENT, NS, "resnet50")
+        assert again is not None
+        assert again["spec"]["replicas"] == 1
+        assert again == operator.api.of(DEPLOYMENT, NS, "resnet50")
+
+    def test_the_watchs_copy_of_an_inferenceservice_replaces_the_writes_answer(self) -> None:
+        operator = Operator()
+        operator.reconcile()  # its status write's answer is kept
+        from_watch = [obj for _, obj in operator.api.events if obj["kind"] == "InferenceService"]
+        operator.api.deliver(operator.cache)  # the same version from the watch: kopf's copy
+        kept = operator.cache.get(INFERENCESERVICE, NS, "resnet50")
+        assert kept is from_watch[-1]  # one dict for kopf and the cache, not two
+
     @pytest.mark.parametrize("drift", [False, True], ids=["idle", "drift"])
     def test_a_pass_changes_nothing_it_was_handed(self, drift: bool) -> None:
         operator = settled()

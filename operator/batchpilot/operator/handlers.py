@@ -89,6 +89,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         (INFERENCESERVICE, *CHILD_KINDS, POD),
         keep=ours,
         slim={POD: slim_pod},
+        packed=CHILD_KINDS,
     )
     memo.cache = kube
     memo.passes = Passes(kube)
