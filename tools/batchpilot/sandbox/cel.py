@@ -16,9 +16,12 @@ unchanged values on update, as in Kubernetes 1.30+.
 
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
+import json
 import re
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -242,11 +245,41 @@ def _message(rule: Rule, activation: dict[str, Any]) -> str:
     return f"failed rule: {rule.rule.strip()}"
 
 
+_OUTCOMES: collections.OrderedDict[tuple[Rule, str, str, str], tuple[FieldError, ...]] = (
+    collections.OrderedDict()
+)
+_OUTCOMES_KEPT = 4096
+_OUTCOMES_LOCK = threading.Lock()  # several sandboxes may run in one process (tests)
+
+
 def _evaluate_rule(
     rule: Rule, value: Any, old: Any, schema: Schema, path: str, errors: list[FieldError]
 ) -> None:
+    """A rule's errors for a value; those of rules without `oldSelf` are remembered by value
+    (cel-python interprets the parse tree on every evaluation, a few ms each, and a fleet's
+    objects repeat the same small values: `scaling`, `sla`, `runtime`)."""
     if rule.transition and old is None:
         return
+    if rule.transition:
+        _evaluate_rule_now(rule, value, old, schema, path, errors)
+        return
+    key = (rule, path, _schema_type(schema), json.dumps(value, sort_keys=True, default=str))
+    with _OUTCOMES_LOCK:
+        found = _OUTCOMES.get(key)
+    if found is None:
+        fresh: list[FieldError] = []
+        _evaluate_rule_now(rule, value, old, schema, path, fresh)
+        found = tuple(fresh)
+        with _OUTCOMES_LOCK:
+            _OUTCOMES[key] = found
+            if len(_OUTCOMES) > _OUTCOMES_KEPT:
+                _OUTCOMES.popitem(last=False)
+    errors.extend(found)
+
+
+def _evaluate_rule_now(
+    rule: Rule, value: Any, old: Any, schema: Schema, path: str, errors: list[FieldError]
+) -> None:
     activation: dict[str, Any] = {"self": to_cel(value, schema)}
     if rule.transition:
         activation["oldSelf"] = to_cel(old, schema)

@@ -8,10 +8,10 @@ an Event that a client posted through the newer API, and the other way round.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from typing import Any
 
+from batchpilot.sandbox.objects import copy_json
 from batchpilot.sandbox.resources import ResourceType
 
 # events.k8s.io/v1 field -> core/v1 field
@@ -41,7 +41,7 @@ def _is_events_v1(rt: ResourceType) -> bool:
 
 def to_storage(rt: ResourceType, obj: Mapping[str, Any]) -> dict[str, Any]:
     """The stored form of an object sent to the `rt` API."""
-    result = copy.deepcopy(dict(obj))
+    result = copy_json(dict(obj))
     if _is_events_v1(rt):
         result = _rename(result, _EVENT_FIELDS)
     return _typed(rt.storage_api_version, rt.kind, result)
@@ -49,7 +49,7 @@ def to_storage(rt: ResourceType, obj: Mapping[str, Any]) -> dict[str, Any]:
 
 def from_storage(rt: ResourceType, obj: Mapping[str, Any]) -> dict[str, Any]:
     """The object as the `rt` API serves it."""
-    result = copy.deepcopy(dict(obj))
+    result = copy_json(dict(obj))
     if _is_events_v1(rt):
         result = _rename(result, {core: new for new, core in _EVENT_FIELDS.items()})
     return _typed(rt.api_version, rt.kind, result)

@@ -13,7 +13,6 @@ objects, the walk was most of the sandbox's time).
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -23,6 +22,16 @@ from batchpilot.sandbox.watching import Change, WatchHub
 
 Key = tuple[kmock.resource, str | None, str]
 RemovalHook = Callable[[Key, Mapping[str, Any]], None]
+
+
+def copy_json(value: Any) -> Any:
+    """A deep copy of a JSON document (dicts, lists and scalars), several times faster than
+    `copy.deepcopy`, which every write and every answer would otherwise spend most time in."""
+    if isinstance(value, dict):
+        return {key: copy_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [copy_json(item) for item in value]
+    return value
 
 
 def metadata(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -88,7 +97,7 @@ class ObjectTable:
         uid = metadata(obj).get("uid")
         if uid:
             self._uids[str(uid)] = key
-        self.hub.publish(key[0], Change(self._version, kind, copy.deepcopy(obj), old))
+        self.hub.publish(key[0], Change(self._version, kind, copy_json(obj), old))
         return obj
 
     def remove(self, key: Key) -> dict[str, Any]:
@@ -96,7 +105,7 @@ class ObjectTable:
         stored = self.get(key)
         if stored is None:  # pragma: no cover - callers check first
             raise KeyError(key)
-        final = copy.deepcopy(stored)
+        final: dict[str, Any] = copy_json(stored)
         self._version += 1
         metadata(final)["resourceVersion"] = str(self._version)
         self.objects[key].delete()

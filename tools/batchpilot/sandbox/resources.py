@@ -9,6 +9,7 @@ creating or deleting a CRD through the API adds or removes its kinds, as on a re
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -78,7 +79,7 @@ class ResourceType:
     @property
     def storage(self) -> kmock.resource:
         """The key under which objects of this kind live in `emulator.objects`."""
-        return kmock.resource(
+        return _storage_key(
             self.storage_group if self.storage_group is not None else self.group,
             self.storage_version or self.version,
             self.storage_plural or self.plural,
@@ -88,6 +89,13 @@ class ResourceType:
     def storage_api_version(self) -> str:
         resource = self.storage
         return f"{resource.group}/{resource.version}" if resource.group else str(resource.version)
+
+
+@functools.lru_cache(maxsize=1024)
+def _storage_key(group: str, version: str, plural: str) -> kmock.resource:
+    """One key object per kind: building a `kmock.resource` parses its arguments, and every
+    request asks for its kind's key several times."""
+    return kmock.resource(group, version, plural)
 
 
 def version_priority(version: str) -> tuple[int, int, int, str]:
