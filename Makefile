@@ -54,7 +54,7 @@ demo: install
 
 bench: install
 	$(BIN)/python bench/run.py --json bench/results.json
-	$(BIN)/python bench/operator_scale.py --count 200 --json bench/operator-scale.json
+	$(BIN)/python bench/operator_scale.py --counts 200,1000,2000 --json bench/operator-scale.json
 	$(BIN)/python bench/fleet_autopilot.py --count 1000 --json bench/fleet-autopilot.json
 
 # The GPU check: the textbook case (ResNet-50 served with max batch 1 and with dynamic batching,
