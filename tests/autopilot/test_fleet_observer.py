@@ -1,14 +1,16 @@
 """The fleet's round without a Prometheus: what is asked, in which order, and what a failure costs.
 
-The round asks one query alone, then the others a few at a time (Prometheus evaluates them in
-parallel): the answers must be split per service exactly as one query after another would split
-them, and a Prometheus that fails costs the round one bounded attempt.
+The round asks one query after another, or (`concurrency` > 1) one alone and then the others a
+few at a time: the answers must be split per service the same either way, and a Prometheus that
+fails costs the round one bounded attempt.
 """
 
 from __future__ import annotations
 
 import threading
 from typing import Any
+
+import pytest
 
 from batchpilot.operator.autopilot.prometheus import (
     FleetObserver,
@@ -67,21 +69,23 @@ def test_the_queries_after_the_first_are_asked_together() -> None:
     assert sorted(met) == [0, 1, 2, 3]
 
 
-def test_a_prometheus_that_does_not_answer_is_asked_once() -> None:
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_a_prometheus_that_does_not_answer_is_asked_once(concurrency: int) -> None:
     calls = []
 
     def dead(text: str, /, *, at: float | None = None) -> list[dict[str, Any]]:
         calls.append(text)
         raise PrometheusUnavailable("connection refused")
 
-    observer = FleetObserver(dead, recent_s=30, clock=lambda: 100.0)
+    observer = FleetObserver(dead, recent_s=30, concurrency=concurrency, clock=lambda: 100.0)
     round_ = observer.round()
     assert round_.answers is None
     assert observer.asked == len(calls) == 1
     assert round_.observe(Scope("a", "one"), ready_replicas=1) is None
 
 
-def test_a_query_that_fails_later_holds_the_whole_round() -> None:
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_a_query_that_fails_later_holds_the_whole_round(concurrency: int) -> None:
     failing = FAST["p99"]
 
     def query(text: str, /, *, at: float | None = None) -> list[dict[str, Any]]:
@@ -89,7 +93,7 @@ def test_a_query_that_fails_later_holds_the_whole_round() -> None:
             raise PrometheusUnavailable("timeout")
         return answer(text, at=at)
 
-    observer = FleetObserver(query, recent_s=30, clock=lambda: 100.0)
+    observer = FleetObserver(query, recent_s=30, concurrency=concurrency, clock=lambda: 100.0)
     assert observer.round().answers is None
     # The next round asks afresh.
     assert FleetObserver(answer, recent_s=30, clock=lambda: 100.0).round().answers is not None

@@ -131,10 +131,14 @@ class FleetObserver:
     """Every service's signals in one round of grouped queries — as many queries as one
     service's tick asks, whatever the number of services, each answered once per interval and
     split by (namespace, isvc). A failing or slow Prometheus costs the round one bounded attempt:
-    the first query is asked alone, and only once it has answered are the others asked,
-    `concurrency` at a time (Prometheus evaluates queries in parallel; asked one after another,
-    the three histogram quantiles over every service's buckets alone took 2.5 s of a 2.7 s
-    round for 1,000 services). The first query that fails ends the round.
+    the first query that fails ends the round.
+
+    One query after another by default. With `concurrency` > 1 the first is asked alone and,
+    once it has answered, the others that many at a time: the three histogram quantiles over
+    every service's buckets are most of a round (2.5 s of 2.7 s for 1,000 services), and a
+    Prometheus with idle cores evaluates them side by side — on two idle cores the round took
+    half as long — but it spent about a quarter more CPU on the round, and on a busy machine
+    the round was no faster (bench/README.md).
 
     The seasonal signals move slowly: asked once per `seasonal_refresh_s` with the look-ahead
     widened by that much (so the forecast in force covers every tick until the next refresh),
@@ -149,7 +153,7 @@ class FleetObserver:
         recent_s: int | None = None,
         seasonality: Seasonality | None = None,
         seasonal_refresh_s: float = 60.0,
-        concurrency: int = 4,
+        concurrency: int = 1,
         clock: Callable[[], float],
     ) -> None:
         self._query = query
@@ -198,9 +202,16 @@ class FleetObserver:
         return FleetRound(now, answers, self._window_s, self._recent_s, self._seasonality)
 
     def _ask(self, texts: dict[str, str], *, at: float | None) -> Raw:
-        """Every text's answer, by name, in the order of `texts`: the first alone, the rest
-        `concurrency` at a time; raises the first failure (`PrometheusUnavailable`)."""
+        """Every text's answer, by name, in the order of `texts`: one after another, or the
+        first alone and the rest `concurrency` at a time; raises the first failure
+        (`PrometheusUnavailable`)."""
         names = list(texts)
+        if self._concurrency <= 1:
+            results = {}
+            for name in names:
+                self.asked += 1
+                results[name] = self._query(texts[name], at=at)
+            return results
         self.asked += 1
         results = {names[0]: self._query(texts[names[0]], at=at)}
         rest = names[1:]
