@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import re
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import Field, field_validator, model_validator
+
+from batchpilot.operator.spec_base import SpecModel
 
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -65,12 +66,6 @@ MAX_HOSTNAMES = 16
 """The Gateway API's limit on a route's hostnames."""
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True
-    )
-
-
 def _matches(pattern: str, value: str, message: str) -> str:
     if re.fullmatch(pattern, value) is None:
         raise ValueError(message)
@@ -84,7 +79,7 @@ def hostname(value: str) -> str:
     return value
 
 
-class GatewayExposure(_Model):
+class GatewayExposure(SpecModel):
     """Routes attached to a Gateway someone else runs: an HTTPRoute to the Service's HTTP port
     and a GRPCRoute to its gRPC port. TLS lives on the Gateway's listener, not here."""
 
@@ -126,7 +121,7 @@ class GatewayExposure(_Model):
         return values
 
 
-class IngressExposure(_Model):
+class IngressExposure(SpecModel):
     """An Ingress (networking.k8s.io/v1) to the Service's HTTP port, for clusters without the
     Gateway API. gRPC is not exposed this way."""
 
@@ -159,7 +154,7 @@ class IngressExposure(_Model):
         return None if value is None else _matches(DNS_SUBDOMAIN_PATTERN, value, TLS_SECRET_MESSAGE)
 
 
-class CanarySpec(_Model):
+class CanarySpec(SpecModel):
     """Another InferenceService of this namespace (a new model version) that gets `weight`
     percent of the route's requests; this one gets the rest."""
 
@@ -172,7 +167,7 @@ class CanarySpec(_Model):
         return _matches(DNS_LABEL_PATTERN, value, CANARY_NAME_MESSAGE)
 
 
-class ExposureSpec(_Model):
+class ExposureSpec(SpecModel):
     gateway: GatewayExposure | None = None
     ingress: IngressExposure | None = None
     canary: CanarySpec | None = None

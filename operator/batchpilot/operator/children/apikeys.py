@@ -28,9 +28,9 @@ from batchpilot.api.access import (
     key_id_problem,
     key_problem,
 )
+from batchpilot.operator.access_spec import QuotaSpec
 from batchpilot.operator.children.common import ACCESS_FILE, BATCHING_DIR, Owner
 from batchpilot.operator.events import API_KEYS_SECRET_INVALID, API_KEYS_SECRET_MISSING
-from batchpilot.operator.spec import QuotaSpec
 
 API_KEYS_DIR = "/var/run/secrets/batchpilot-api-keys"
 API_KEYS_VOLUME = "api-keys"

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from batchpilot.operator.access_spec import AccessPeer, LabelSelector
 from batchpilot.operator.children.common import Owner
 from batchpilot.operator.settings import OperatorSettings
-from batchpilot.operator.spec import AccessPeer, LabelSelector
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 """Set by Kubernetes on every namespace (1.21+): selects a namespace by its name."""
