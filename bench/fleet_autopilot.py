@@ -11,9 +11,9 @@ Prometheus (`batchpilot.sandbox.backfill`). Then, side by side in one run:
   decisions for every service from its answers (`decide`, each pure), each service's state
   carried from a first round as a running operator carries it (and the capacity answers of the
   round before forgotten, as the fits of a running fleet differ from tick to tick); `rounds`
-  rounds 15 s apart, the median reported. Each round's queries are also asked `--concurrency`
-  at a time after the first (`FleetObserver(concurrency=...)`; the round asks one after another
-  by default), in alternating order: wall time and Prometheus CPU;
+  rounds 15 s apart, the median reported. Each round's queries are also asked one after another
+  (`FleetObserver(concurrency=1)`; the round asks four at a time after the first by default), in
+  alternating order: wall time and Prometheus CPU;
 - per-service observation (`PrometheusObserver`, what a tick per service would ask) over a
   sample of services, scaled to the fleet: queries, wall time and Prometheus CPU per interval.
 
@@ -75,14 +75,14 @@ class Clock:
         return self.at
 
 
-def measure_concurrent(
+def measure_sequential(
     observer: FleetObserver, at: float, pid: int, measured: dict[str, list[float]]
 ) -> None:
-    """One round of `observer` (queries asked together), its wall time and Prometheus' CPU."""
+    """One round of `observer` (one query after another): its wall time and Prometheus' CPU."""
     cpu, began = cpu_seconds(pid), time.perf_counter()
     observer.round(at=at)
-    measured.setdefault("fleet_observe_concurrent_s", []).append(time.perf_counter() - began)
-    measured.setdefault("fleet_prometheus_cpu_concurrent_s", []).append(cpu_seconds(pid) - cpu)
+    measured.setdefault("fleet_observe_sequential_s", []).append(time.perf_counter() - began)
+    measured.setdefault("fleet_prometheus_cpu_sequential_s", []).append(cpu_seconds(pid) - cpu)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -96,9 +96,6 @@ def main() -> int:
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--sample", type=int, default=50, help="services asked one by one")
     parser.add_argument("--rounds", type=int, default=5, help="measured rounds, 15 s apart")
-    parser.add_argument(
-        "--concurrency", type=int, default=4, help="queries at a time in the concurrent rounds"
-    )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--profile", type=Path, default=None, help="cProfile of the last round")
     args = parser.parse_args()
@@ -119,16 +116,16 @@ def main() -> int:
             # refreshed once a minute, are asked in the first round only).
             clock = Clock(now - 15.0 * args.rounds)
             observer = FleetObserver(query, clock=clock, **settings)  # type: ignore[arg-type]
-            concurrent = FleetObserver(
+            sequential = FleetObserver(
                 query,
                 clock=clock,
-                concurrency=args.concurrency,
+                concurrency=1,
                 **settings,  # type: ignore[arg-type]
             )
             # A first round, as a running operator has had: Prometheus' caches warm, and every
             # service's decision state (its t(b) fit) carried into the measured rounds.
             warm = observer.round(at=clock.at)
-            concurrent.round(at=clock.at)
+            sequential.round(at=clock.at)
             states = {}
             for service in services:
                 scope = Scope(service.namespace, service.isvc)
@@ -142,7 +139,7 @@ def main() -> int:
                 clock.at += 15.0
                 last = k == args.rounds - 1
                 if k % 2 == 1:  # alternate which way asks first
-                    measure_concurrent(concurrent, clock.at, pid, measured)
+                    measure_sequential(sequential, clock.at, pid, measured)
                 # In a running fleet every tick's fit differs from the last (each window measures
                 # afresh, and the memory's round trip through status rounds it), so the capacity
                 # answers of one round are not the next one's; here the backfilled series are
@@ -175,10 +172,10 @@ def main() -> int:
                 }.items():
                     measured.setdefault(key, []).append(value)
                 if k % 2 == 0:
-                    measure_concurrent(concurrent, clock.at, pid, measured)
+                    measure_sequential(sequential, clock.at, pid, measured)
             results |= {key: statistics.median(values) for key, values in measured.items()}
             results["fleet_observe_concurrent_vs_sequential"] = (
-                results["fleet_observe_concurrent_s"] / results["fleet_observe_s"]
+                results["fleet_observe_s"] / results["fleet_observe_sequential_s"]
             )
             # A seasonal refresh round (once a minute): the slow queries too.
             refresh = FleetObserver(query, clock=time.time, **settings)  # type: ignore[arg-type]

@@ -133,12 +133,12 @@ class FleetObserver:
     split by (namespace, isvc). A failing or slow Prometheus costs the round one bounded attempt:
     the first query that fails ends the round.
 
-    One query after another by default. With `concurrency` > 1 the first is asked alone and,
-    once it has answered, the others that many at a time: the three histogram quantiles over
-    every service's buckets are most of a round (2.5 s of 2.7 s for 1,000 services), and a
-    Prometheus with idle cores evaluates them side by side — on two idle cores the round took
-    half as long — but it spent about a quarter more CPU on the round, and on a busy machine
-    the round was no faster (bench/README.md).
+    The three histogram quantiles over every service's buckets are most of a round (2.5 s of
+    2.7 s for 1,000 services, one query after another), and Prometheus evaluates queries side by
+    side: the first query is asked alone and, once it has answered, the others `concurrency` at a
+    time (1: one after another). On the 2-core bench machine with its cores idle the round took
+    two thirds of the time for 4 % more Prometheus CPU; with the machine saturated by other work
+    it was no faster and cost up to a quarter more (bench/README.md).
 
     The seasonal signals move slowly: asked once per `seasonal_refresh_s` with the look-ahead
     widened by that much (so the forecast in force covers every tick until the next refresh),
@@ -153,7 +153,7 @@ class FleetObserver:
         recent_s: int | None = None,
         seasonality: Seasonality | None = None,
         seasonal_refresh_s: float = 60.0,
-        concurrency: int = 1,
+        concurrency: int = 4,
         clock: Callable[[], float],
     ) -> None:
         self._query = query
