@@ -1,12 +1,24 @@
-"""Shared fixtures: test models built once per session."""
+"""Shared fixtures: test models built once per session; the operator's settings for tests.
+
+kopf reads timer intervals when `batchpilot.operator.handlers` is imported, and test modules in
+several folders import it (tests/deploy reads its handler registry, tests/operator runs it), so
+the settings are set here, in the first conftest loaded, before any of them is collected: a fast
+periodic reconcile (2 s) to exercise idle passes, and an autopilot that stays out of the way (its
+own tests drive it directly).
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from tests import onnx_models
+
+os.environ.setdefault("BATCHPILOT_OPERATOR_RECONCILE_INTERVAL_SECONDS", "2")
+os.environ.setdefault("BATCHPILOT_OPERATOR_AUTOPILOT_INTERVAL_SECONDS", "3600")
+os.environ.setdefault("BATCHPILOT_OPERATOR_PROMETHEUS_URL", "http://127.0.0.1:9")
 
 
 @pytest.fixture(scope="session")

@@ -20,11 +20,11 @@ from typing import Any
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
+from batchpilot.sandbox.prometheus import free_ports
+
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
 
 
 @dataclass
@@ -89,10 +89,10 @@ def runtime_process(
 ) -> Iterator[RuntimeProcess]:
     """Start a server for `model` with extra CLI `args` (and a gRPC port when `grpc`; a free
     admin port unless `args` name one); SIGTERM it on exit."""
-    port = free_port()
-    grpc_port = free_port() if grpc else None
+    port, spare_grpc, spare_admin = free_ports(3)
+    grpc_port = spare_grpc if grpc else None
     admin_port = int(args[args.index("--admin-port") + 1]) if "--admin-port" in args else None
-    admin_args = [] if admin_port is not None else ["--admin-port", str(admin_port := free_port())]
+    admin_args = [] if admin_port is not None else ["--admin-port", str(admin_port := spare_admin)]
     log_path = log_dir / f"runtime-{port}.log"
     command: Sequence[str] = [
         sys.executable,
@@ -131,9 +131,9 @@ def runtime_process(
 def refused_start(*args: str, log_path: Path, timeout_s: float = 15) -> str:
     """Run `batchpilot runtime serve ARGS` on a free port, expecting it to refuse: exit status 1
     and the port never opened. Returns the log."""
-    port = free_port()
+    port, admin_port = free_ports(2)
     command = [sys.executable, "-m", "batchpilot.runtime.cli", "runtime", "serve",
-               "--admin-port", str(free_port()), *args,
+               "--admin-port", str(admin_port), *args,
                "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from batchpilot.operator.children.common import MANAGED_BY
-from batchpilot.sandbox.prometheus import free_port
+from batchpilot.sandbox.prometheus import free_ports
 
 SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"
 _REWRITTEN = {
@@ -365,12 +365,10 @@ class PodRunner:
             template=template_hash(deployment),
             container=dict(containers[0]),
         )
-        replica.port = free_port()
-        replica.grpc_port = free_port()
-        replica.admin_port = free_port()
+        replica.port, replica.grpc_port, replica.admin_port, metrics_port = free_ports(4)
         named = {"http": replica.port, "grpc": replica.grpc_port, "admin": replica.admin_port}
         if "--metrics-port" in containers[0].get("args", []):
-            replica.metrics_port = named["metrics"] = free_port()
+            replica.metrics_port = named["metrics"] = metrics_port
         containers[0]["ports"] = [
             {"name": name, "containerPort": port} for name, port in named.items()
         ]

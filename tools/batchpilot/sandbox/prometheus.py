@@ -29,6 +29,19 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports: each socket stays bound until all are chosen (one at a time,
+    the kernel may hand out the port it just took back — two listeners of one process on one
+    port)."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
+
+
 class PrometheusMissing(RuntimeError):
     """The prometheus binary is not installed."""
 
