@@ -85,7 +85,8 @@ def test_rate_and_latency_read_back_agree_with_the_load_generator(
         whole = PrometheusObserver(
             http_query(prometheus.url), window_s=int(time.time() - first_scraped), clock=time.time
         ).observe(SCOPE, ready_replicas=1)
-        buckets = Scrape(runtime).buckets("batchpilot_request_duration_seconds")
+        scrape = Scrape(runtime)
+        buckets = scrape.buckets("batchpilot_request_duration_seconds")
 
     assert observation is not None
     assert observation.qps == pytest.approx(report.achieved_qps, rel=0.10)
@@ -108,10 +109,28 @@ def test_rate_and_latency_read_back_agree_with_the_load_generator(
     assert observation.mean_batch >= 1
     assert observation.utilization is not None
     assert 0 < observation.utilization < 1
-    # Compute points: t(b) = 20 + 2·b ms, as the simulated accelerator was told.
-    assert observation.compute
-    for point in observation.compute:
-        assert point.mean_seconds == pytest.approx(0.020 + 0.002 * point.mean_batch, rel=0.1)
+    # Compute points, read back over the whole run: each bucket's mean batch and mean time are
+    # the runtime's own counters' (rows / batches, seconds / batches); and no batch computed in
+    # less than the simulated accelerator's t(b) = 20 + 2·b ms (on a busy machine its timers
+    # only ever fire late).
+    assert whole.compute
+    labels = {s.labels["batch_bucket"] for s in scrape.samples if "batch_bucket" in s.labels}
+    own = {}  # the runtime's own (mean rows, mean seconds) per batch-size bucket
+    for label in labels:
+        batches = scrape.value("batchpilot_batches_total", batch_bucket=label)
+        if batches:
+            own[label] = (
+                scrape.value("batchpilot_batch_rows_total", batch_bucket=label) / batches,
+                scrape.value("batchpilot_batch_compute_seconds_total", batch_bucket=label)
+                / batches,
+            )
+    read_back = sorted((p.mean_batch, p.mean_seconds) for p in whole.compute)
+    expected = sorted(own.values())
+    assert len(read_back) == len(expected)
+    for got, want in zip(read_back, expected, strict=True):
+        assert got == pytest.approx(want, rel=0.02)
+    for mean_batch, mean_seconds in read_back:
+        assert mean_seconds >= 0.98 * (0.020 + 0.002 * mean_batch)
 
 
 def test_a_dead_prometheus_is_no_observation_not_a_hang(tmp_path: Path) -> None:
