@@ -596,3 +596,19 @@ class TestRecurringBursts:
         obs = seen(at=TICK, qps=900, p99_ms=130, ready=3, batch=best)
         decision, _ = decide(obs, POLICY, InForce(3, best, 0.005), State(fit=MODEL), TICK)
         assert decision.batch_size == best
+
+    def test_just_back_inside_the_sla_a_raised_limit_stays_until_clearly_inside(self) -> None:
+        # A replica at its edge: just inside the SLA (P99 near it, or a few requests still
+        # refused), where the verdict flips from window to window. A batch limit above the plan's
+        # (raised while over the SLA) is not lowered on such a window — each flip would push new
+        # settings to every pod — but on a clear one.
+        current = InForce(3, 32, 0.005)
+        for p99_ms, rejected in ((96, 0.0), (60, 4.0)):
+            obs = seen(at=TICK, qps=500, p99_ms=p99_ms, ready=3, batch=8, rejected=rejected)
+            decision, _ = decide(obs, POLICY, current, State(fit=MODEL), TICK)
+            assert decision.sla_met is True
+            assert decision.batch_size == 32, (p99_ms, rejected)
+            assert "clearly inside" in decision.reason
+        clearly = seen(at=TICK, qps=500, p99_ms=50, ready=3, batch=8)
+        decision, _ = decide(clearly, POLICY, current, State(fit=MODEL), TICK)
+        assert decision.batch_size < 32

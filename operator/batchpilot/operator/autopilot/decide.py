@@ -49,7 +49,7 @@ from batchpilot.operator.autopilot.capacity import (
     burst_batch,
     plan_capacity,
 )
-from batchpilot.operator.autopilot.explain import explain, judge
+from batchpilot.operator.autopilot.explain import explain, judge, near_the_edge
 from batchpilot.operator.autopilot.feedback import feedback_only, overruled
 from batchpilot.operator.autopilot.headroom import (
     Headroom,
@@ -260,6 +260,12 @@ def decide(
                 else "over the SLA"
             )
             want_batch = absorbing
+    elif sla_met and current.batch_size > want_batch and near_the_edge(observation, policy):
+        # Back inside the SLA only just (P99 near it, or some requests still refused): the
+        # verdict flickers from window to window, and each flip would push new settings to every
+        # pod. A larger batch limit in force stays until the window is clearly inside.
+        why += f"; batch stays {current.batch_size} until the window is clearly inside the SLA"
+        want_batch = current.batch_size
     retuned = (want_batch, delay_s) != (current.batch_size, current.max_queue_delay_s)
     new_state = replace(
         learned_state,

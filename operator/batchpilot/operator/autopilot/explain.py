@@ -24,6 +24,23 @@ def judge(observation: Observation, policy: Policy) -> bool | None:
     return observation.p99_s <= policy.sla_p99_s and observation.unserved_share <= SHED_TOLERANCE
 
 
+EDGE = 0.9
+"""Inside the SLA but within this share of it (P99), the verdict may flip from one window to the
+next on noise alone."""
+
+
+def near_the_edge(observation: Observation, policy: Policy) -> bool:
+    """Inside the SLA, but not clearly: P99 above `EDGE` of it, or more than half the tolerated
+    share of requests unserved — where `judge` flickers between windows, so what was done while
+    over the SLA is not undone yet."""
+    if observation.p99_s is None:
+        return False
+    return (
+        observation.p99_s > EDGE * policy.sla_p99_s
+        or observation.unserved_share > SHED_TOLERANCE / 2
+    )
+
+
 def explain(
     observation: Observation,
     policy: Policy,
