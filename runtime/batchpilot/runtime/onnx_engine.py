@@ -15,12 +15,10 @@ may use (affinity and cgroup quota).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import tempfile
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -35,6 +33,7 @@ from batchpilot.runtime.device import (
     choose_accelerated_providers,
 )
 from batchpilot.runtime.engine import EngineInfo, ModelSignature, TensorSpec, example_inputs
+from batchpilot.runtime.instances import Instances
 from batchpilot.runtime.metrics import available_cores
 
 log = logging.getLogger(__name__)
@@ -158,12 +157,6 @@ def open_session(path: Path, *, providers: Sequence[Provider], config: SessionCo
         raise ModelLoadError(f"onnxruntime cannot load {path}: {exc}") from exc
 
 
-@dataclass(frozen=True, slots=True)
-class _Instance:
-    session: Any
-    executor: ThreadPoolExecutor
-
-
 class OnnxEngine:
     def __init__(
         self, session: Any | Sequence[Any], *, signature: ModelSignature, info: EngineInfo
@@ -171,16 +164,10 @@ class OnnxEngine:
         sessions = list(session) if isinstance(session, Sequence) else [session]
         if not sessions:
             raise ValueError("OnnxEngine needs at least one session")
-        self._instances = [
-            _Instance(s, ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"onnxruntime-{i}"))
-            for i, s in enumerate(sessions)
-        ]
+        self._instances = Instances(sessions, thread_name="onnxruntime")
         self._signature = signature
         self._info = info
         self._output_names = list(signature.output_names)
-        self._free: asyncio.Queue[_Instance] = asyncio.Queue()
-        for instance in self._instances:
-            self._free.put_nowait(instance)
 
     @classmethod
     def load(
@@ -268,8 +255,8 @@ class OnnxEngine:
         """Run a batch on every session before the server reports ready, so the first caller
         pays no setup."""
         try:
-            for instance in self._instances:
-                instance.session.run(self._output_names, example_inputs(self._signature))
+            for session in self._instances.handles:
+                session.run(self._output_names, example_inputs(self._signature))
         except Exception as exc:
             raise ModelLoadError(f"warm-up inference failed: {exc}") from exc
 
@@ -279,17 +266,7 @@ class OnnxEngine:
 
     async def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
         """Run the batch on a free instance; with all of them busy, wait for one."""
-        instance = await self._free.get()
-        try:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(
-                instance.executor, self._run_on, instance.session, inputs
-            )
-        finally:
-            # A cancelled call leaves its thread finishing the batch; the next call on this
-            # instance queues behind it on the same single-thread executor, never beside it.
-            self._free.put_nowait(instance)
+        return await self._instances.run(lambda session: self._run_on(session, inputs))
 
     async def close(self) -> None:
-        for instance in self._instances:
-            instance.executor.shutdown(wait=True)
+        self._instances.close()

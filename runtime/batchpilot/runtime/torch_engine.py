@@ -21,11 +21,8 @@ imports the engine only when `--engine torch` is asked for.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +31,7 @@ import torch
 
 from batchpilot.runtime.device import DeviceChoice
 from batchpilot.runtime.engine import EngineInfo, ModelSignature, example_inputs
+from batchpilot.runtime.instances import Instances
 from batchpilot.runtime.metrics import available_cores
 from batchpilot.runtime.onnx_engine import ModelLoadError, threads_per_instance
 from batchpilot.runtime.torch_program import (
@@ -49,13 +47,6 @@ from batchpilot.runtime.torch_program import (
 WARM_UP_ROWS = (1, 1, 2)
 """Batches run before readiness: TorchScript's profiling executor specializes the graph on its
 second call, and a batch of 2 proves dimension 0 is a batch axis the program accepts."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Instance:
-    executor: ThreadPoolExecutor
-    stream: Any
-    """This instance's CUDA stream, or None on the CPU."""
 
 
 def _writable(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -82,18 +73,14 @@ class TorchEngine:
         self._device = device
         self._fp16 = fp16
         self._output_dtypes = [V2_TO_TORCH[spec.datatype] for spec in signature.outputs]
-        self._instances = [
-            _Instance(
-                ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"torch-{i}"),
-                torch.cuda.Stream(device)  # type: ignore[no-untyped-call]  # not annotated
-                if device.type == "cuda"
-                else None,
-            )
-            for i in range(info.instances)
+        # One CUDA stream per instance (None on the CPU) over the one module's weights.
+        streams: list[Any] = [
+            torch.cuda.Stream(device)  # type: ignore[no-untyped-call]  # not annotated
+            if device.type == "cuda"
+            else None
+            for _ in range(info.instances)
         ]
-        self._free: asyncio.Queue[_Instance] = asyncio.Queue()
-        for instance in self._instances:
-            self._free.put_nowait(instance)
+        self._instances = Instances(streams, thread_name="torch")
 
     @classmethod
     def load(
@@ -235,10 +222,10 @@ class TorchEngine:
     def warm_up(self) -> None:
         """Run and check batches on every instance before the server reports ready, so the first
         caller pays no setup and a program that does not fit its signature never serves."""
-        for instance in self._instances:
+        for stream in self._instances.handles:
             for rows in WARM_UP_ROWS:
                 try:
-                    self._check(instance.stream, rows)
+                    self._check(stream, rows)
                 except ModelLoadError:
                     raise
                 except Exception as exc:
@@ -252,17 +239,7 @@ class TorchEngine:
 
     async def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
         """Run the batch on a free instance; with all of them busy, wait for one."""
-        instance = await self._free.get()
-        try:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(
-                instance.executor, self._call, instance.stream, inputs
-            )
-        finally:
-            # A cancelled call leaves its thread finishing the batch; the next call on this
-            # instance queues behind it on the same single-thread executor.
-            self._free.put_nowait(instance)
+        return await self._instances.run(lambda stream: self._call(stream, inputs))
 
     async def close(self) -> None:
-        for instance in self._instances:
-            instance.executor.shutdown(wait=True)
+        self._instances.close()

@@ -1,0 +1,54 @@
+"""Model instances, each on a thread of its own: what the onnxruntime and PyTorch engines share.
+
+An engine with N instances (sessions, or CUDA streams over one module) runs up to N batches at
+once. Each instance has a single-thread executor, so one instance never runs two batches side by
+side; a call that finds every instance busy waits for one (the engine contract: queue, never
+fail). A cancelled call leaves its thread finishing the batch, and the next call on that instance
+queues behind it on the same thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Generic, TypeVar
+
+H = TypeVar("H")
+R = TypeVar("R")
+
+
+class Instances(Generic[H]):
+    """One handle per instance (a session, a stream), each with its executor thread."""
+
+    def __init__(self, handles: Sequence[H], *, thread_name: str) -> None:
+        if not handles:
+            raise ValueError("an engine needs at least one instance")
+        self._handles = list(handles)
+        self._executors = [
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{thread_name}-{i}")
+            for i in range(len(self._handles))
+        ]
+        self._free: asyncio.Queue[int] = asyncio.Queue()
+        for index in range(len(self._handles)):
+            self._free.put_nowait(index)
+
+    def __len__(self) -> int:
+        return len(self._handles)
+
+    @property
+    def handles(self) -> list[H]:
+        return list(self._handles)
+
+    async def run(self, call: Callable[[H], R]) -> R:
+        """`call(handle)` on a free instance's thread; with all of them busy, wait for one."""
+        index = await self._free.get()
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._executors[index], call, self._handles[index])
+        finally:
+            self._free.put_nowait(index)
+
+    def close(self) -> None:
+        for executor in self._executors:
+            executor.shutdown(wait=True)
