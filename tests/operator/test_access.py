@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import kmock
 import kubernetes_validate
 import pytest
 import yaml
@@ -23,8 +22,8 @@ from batchpilot.operator.kinds import NETWORK_POLICY
 from batchpilot.operator.settings import OperatorSettings
 from batchpilot.operator.spec import InferenceServiceSpec
 from batchpilot.sandbox import errors
-from batchpilot.sandbox.crds import load_documents
-from batchpilot.sandbox.store import Store, new_store
+from batchpilot.sandbox.store import Store
+from tests.operator.crd_store import crd_store, create_isvc
 from tests.operator.test_reconciler import Cluster, isvc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -370,28 +369,11 @@ BAD_ACCESS = [
 
 @pytest.fixture
 def store() -> Store:
-    created = new_store(kmock.ObjectsArray(), seed=3)
-    for crd in load_documents([ROOT / "crds" / "inferenceservice.yaml"]):
-        created.install_crd(crd)
-    created.ensure_namespace(NS)
-    return created
+    return crd_store(NS)
 
 
 def create(store: Store, access: dict[str, Any]) -> dict[str, Any]:
-    rt = store.registry.get("batchpilot.io", "v1alpha1", "inferenceservices")
-    assert rt is not None
-    body = {
-        "apiVersion": "batchpilot.io/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {"name": "m"},
-        "spec": {
-            "model": {"uri": "file:///m.onnx"},
-            "sla": {"latencyP99Ms": 100},
-            "access": access,
-        },
-    }
-    created, _ = store.create(rt, NS, body, field_validation="Strict")
-    return created
+    return create_isvc(store, NS, {"access": access})
 
 
 class TestMalformedSelectorsAreRefused:

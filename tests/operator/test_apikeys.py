@@ -10,7 +10,6 @@ import copy
 import json
 from typing import Any
 
-import kmock
 import pytest
 from pydantic import ValidationError
 
@@ -27,9 +26,8 @@ from batchpilot.operator.settings import OperatorSettings
 from batchpilot.operator.spec import InferenceServiceSpec
 from batchpilot.runtime.access import parse_access
 from batchpilot.sandbox import errors
-from batchpilot.sandbox.crds import load_documents
-from batchpilot.sandbox.store import Store, new_store
-from tests.operator.test_access import ROOT
+from batchpilot.sandbox.store import Store
+from tests.operator.crd_store import crd_store, create_isvc
 from tests.operator.test_cache import WatchedApi
 from tests.operator.test_reconciler import NS, T0, Cluster, isvc
 
@@ -152,24 +150,11 @@ SPEC_MESSAGES = {
 
 @pytest.fixture
 def store() -> Store:
-    created = new_store(kmock.ObjectsArray(), seed=3)
-    for crd in load_documents([ROOT / "crds" / "inferenceservice.yaml"]):
-        created.install_crd(crd)
-    created.ensure_namespace(NS)
-    return created
+    return crd_store(NS)
 
 
 def create(store: Store, auth: dict[str, Any]) -> dict[str, Any]:
-    rt = store.registry.get("batchpilot.io", "v1alpha1", "inferenceservices")
-    assert rt is not None
-    body = {
-        "apiVersion": "batchpilot.io/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {"name": "m"},
-        "spec": {"model": {"uri": "file:///m.onnx"}, "sla": {"latencyP99Ms": 100}, "auth": auth},
-    }
-    created, _ = store.create(rt, NS, body, field_validation="Strict")
-    return created
+    return create_isvc(store, NS, {"auth": auth})
 
 
 class TestBadSpecsAreRefused:

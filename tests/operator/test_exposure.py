@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import kmock
 import kubernetes_validate
 import pytest
 import yaml
@@ -50,9 +49,9 @@ from batchpilot.operator.reconciler import Reconciler
 from batchpilot.operator.settings import OperatorSettings
 from batchpilot.operator.spec import InferenceServiceSpec
 from batchpilot.sandbox import LocalKubernetesAPI, errors
-from batchpilot.sandbox.crds import load_documents
-from batchpilot.sandbox.store import Store, new_store
+from batchpilot.sandbox.store import Store
 from tests.deploy.chart import find, render
+from tests.operator.crd_store import crd_store, create_isvc
 from tests.operator.election_support import client_for
 from tests.operator.fake_kube import FakeKube
 from tests.operator.test_reconciler import T0, Cluster, isvc
@@ -683,28 +682,11 @@ GOOD_EXPOSURES = {
 
 @pytest.fixture
 def store() -> Store:
-    created = new_store(kmock.ObjectsArray(), seed=3)
-    for crd in load_documents([ROOT / "crds" / "inferenceservice.yaml"]):
-        created.install_crd(crd)
-    created.ensure_namespace(NS)
-    return created
+    return crd_store(NS)
 
 
 def create(store: Store, exposure: dict[str, Any], *, name: str = "m") -> dict[str, Any]:
-    rt = store.registry.get("batchpilot.io", "v1alpha1", "inferenceservices")
-    assert rt is not None
-    body = {
-        "apiVersion": "batchpilot.io/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {"name": name},
-        "spec": {
-            "model": {"uri": "file:///m.onnx"},
-            "sla": {"latencyP99Ms": 100},
-            "exposure": exposure,
-        },
-    }
-    created, _ = store.create(rt, NS, body, field_validation="Strict")
-    return created
+    return create_isvc(store, NS, {"exposure": exposure}, name=name)
 
 
 class TestMalformedExposuresAreRefused:
