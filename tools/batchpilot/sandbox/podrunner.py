@@ -1,86 +1,70 @@
-"""The sandbox's kubelet: runs the runtime processes that batchpilot's Deployments ask for.
+"""The sandbox's kubelet: runs the runtime pods that batchpilot's Deployments ask for.
 
 There is no kubelet and no container engine on the machines the sandbox runs on, so this
-plays both, honestly and in the open: it watches (polls, twice a second) the Deployments that
-InferenceServices own, and for each desired replica starts `batchpilot runtime serve` with the
-arguments the Deployment's container asks for — rewritten only where a pod and a process
-differ: loopback host, free ports (one per listener), the model path mapped from `/models/...`
-to a local directory, the mounted ConfigMap and Secret replaced by files this runner keeps in
-sync with the API. A replica waits `start_delay_s` before its process starts (image pull and cold
-start), becomes Ready when `GET /v2/health/ready` answers, and is restarted when it crashes.
-Pods and Deployment status are reported back into the API, so the operator and kubectl see
-what a cluster would show; the ready endpoints go to the sandbox's Service proxy and every
-running process to Prometheus' file-based discovery.
+plays both, honestly and in the open: every pass (twice a second by default) it lists the
+Deployments that InferenceServices own, and the ConfigMaps and Secrets their pods mount, and for
+each desired replica starts `batchpilot runtime serve` with the arguments the Deployment's
+container asks for, made local (pods.py). A replica waits `start_delay_s` before it starts
+(image pull and cold start), becomes Ready when `GET /v2/health/ready` answers, and is
+restarted when it crashes. Pods and Deployment status are reported back into the API, so the
+operator and kubectl see what a cluster would show; the ready endpoints go to the sandbox's
+Service proxy and every running pod to Prometheus' file-based discovery.
+
+With a pod host (hosting.py), pods of the simulated engine are served by that one process
+instead of a process each, which is what lets the sandbox hold a fleet: the runner plays the
+kubelet for them all the same, and learns their readiness in one request per pass.
 """
 
 from __future__ import annotations
 
 import base64
+import collections
 import contextlib
-import hashlib
-import json
 import os
 import secrets
-import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from batchpilot.operator.children.common import MANAGED_BY
+from batchpilot.sandbox.hosting import HostedPod, HostRefused, PodHostClient, hostable
+from batchpilot.sandbox.pods import (
+    API,
+    API_KEYS_FOLDER,
+    SELECTOR,
+    container_command,
+    healthy,
+    pod_object,
+    pod_status,
+    publish_folder,
+    serve_flags,
+    template_hash,
+)
 from batchpilot.sandbox.prometheus import free_ports
 
-SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"
-_REWRITTEN = {
-    "--host",
-    "--port",
-    "--grpc-port",
-    "--admin-port",
-    "--metrics-port",
-    "--model",
-    "--batching-config",
-    "--admin-token-file",
-    "--api-keys",
-    "--access-config",
-}
-API_KEYS_FOLDER = "api-keys"
-"""The replica's folder for the API keys' Secret (the volume the operator names so): a folder of
-its own, updated as the kubelet updates one (`publish_folder`), since the runtime reads every
-file in it as a key."""
+__all__ = [
+    "API",
+    "API_KEYS_FOLDER",
+    "Endpoints",
+    "PodRunner",
+    "Replica",
+    "container_command",
+    "publish_folder",
+]
 
-
-class API:
-    """Just enough of a Kubernetes client for the runner: JSON over urllib."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-
-    def call(self, path: str, method: str = "GET", body: Any = None, *, patch: bool = False) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        content = "application/merge-patch+json" if patch else "application/json"
-        request = urllib.request.Request(
-            self.url + path, data=data, method=method, headers={"Content-Type": content}
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=10) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:
-                return None
-            raise
+Key = tuple[str, str]
+"""(namespace, name)"""
 
 
 @dataclass
 class Replica:
-    """One pod: its object name, its process, its state."""
+    """One pod: its object name, what runs it, its state."""
 
     name: str
     namespace: str
@@ -95,9 +79,17 @@ class Replica:
     admin_port: int = 0
     metrics_port: int = 0
     process: subprocess.Popen[bytes] | None = None
+    hosted_in_pass: int | None = None
+    """The pass in which the pod host took this pod (None: not hosted, or not started)."""
     ready: bool = False
     restarts: int = 0
     reported: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, bytes] = field(default_factory=dict)
+    """The mounted files as last written, so that a pass compares in memory."""
+
+    @property
+    def started(self) -> bool:
+        return self.process is not None or self.hosted_in_pass is not None
 
     @property
     def endpoint(self) -> str:
@@ -113,92 +105,12 @@ class Replica:
 class Endpoints:
     """What the runner found after a pass: ready endpoints per Deployment, scrape targets."""
 
-    ready: Mapping[tuple[str, str], Sequence[str]]
+    ready: Mapping[Key, Sequence[str]]
     scrape: Sequence[tuple[str, Mapping[str, str]]]
 
 
-def publish_folder(folder: Path, files: Mapping[str, bytes]) -> None:
-    """Make `folder` hold exactly `files`, as the kubelet updates a mounted Secret: the new
-    version in a fresh `..<n>` folder, the `..data` symlink swapped to it in one rename, one
-    symlink per file through `..data`. Nothing is written when nothing changed."""
-    data = folder / "..data"
-    if data.is_symlink():
-        current = data.resolve()
-        names = sorted(p.name for p in current.iterdir())
-        if names == sorted(files) and all((current / n).read_bytes() == files[n] for n in names):
-            return
-    folder.mkdir(parents=True, exist_ok=True)
-    old = os.readlink(data) if data.is_symlink() else None
-    version = folder / f"..{time.time_ns()}"
-    version.mkdir()
-    for name, content in files.items():
-        (version / name).write_bytes(content)
-    (folder / "..data_tmp").symlink_to(version.name)
-    os.replace(folder / "..data_tmp", data)
-    for name in files:
-        if not (folder / name).is_symlink():
-            (folder / name).symlink_to(f"..data/{name}")
-    for entry in os.listdir(folder):
-        if not entry.startswith("..") and entry not in files:
-            (folder / entry).unlink()
-    if old is not None:
-        shutil.rmtree(folder / old, ignore_errors=True)
-
-
-def container_command(
-    container: Mapping[str, Any],
-    *,
-    port: int,
-    models_dir: Path,
-    directory: Path,
-    grpc_port: int | None = None,
-    admin_port: int | None = None,
-    metrics_port: int | None = None,
-) -> list[str]:
-    """The process for a runtime container: its args, with the pod-only parts made local.
-    Every pod shares the loopback host, so each listener gets a free port of its own: the
-    admin endpoint `admin_port` always (the runtime's default is one fixed port); gRPC
-    `grpc_port` and metrics `metrics_port` when the container serves them and a port is given."""
-    args = [str(a) for a in container.get("args", [])]
-    out: list[str] = []
-    model = ""
-    serves_grpc = serves_metrics = keyed = False
-    i = 0
-    while i < len(args):
-        if args[i] in _REWRITTEN and i + 1 < len(args):
-            if args[i] == "--model":
-                model = args[i + 1]
-            keyed = keyed or args[i] == "--api-keys"
-            serves_grpc = serves_grpc or args[i] == "--grpc-port"
-            serves_metrics = serves_metrics or args[i] == "--metrics-port"
-            i += 2
-            continue
-        out.append(args[i])
-        i += 1
-    local_model = models_dir / Path(model).name if model.startswith("/models/") else Path(model)
-    out += [
-        "--model", str(local_model),
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--batching-config", str(directory / "batching.json"),
-        "--admin-token-file", str(directory / "admin-token"),
-    ]  # fmt: skip
-    if keyed:
-        out += [
-            "--api-keys", str(directory / API_KEYS_FOLDER),
-            "--access-config", str(directory / "access.json"),
-        ]  # fmt: skip
-    if serves_grpc and grpc_port is not None:
-        out += ["--grpc-port", str(grpc_port)]
-    if admin_port is not None:
-        out += ["--admin-port", str(admin_port)]
-    if serves_metrics and metrics_port is not None:
-        out += ["--metrics-port", str(metrics_port)]
-    return [sys.executable, "-m", "batchpilot.runtime.cli", *out]
-
-
 class PodRunner:
-    """Converges running processes to the Deployments' replicas; call `run_in_thread()`."""
+    """Converges running pods to the Deployments' replicas; call `run_in_thread()`."""
 
     def __init__(
         self,
@@ -210,6 +122,7 @@ class PodRunner:
         pre_stop_s: float = 1.5,
         poll_s: float = 0.5,
         on_endpoints: Callable[[Endpoints], None] | None = None,
+        pod_host: PodHostClient | None = None,
     ) -> None:
         self.api = API(api_url)
         self.workdir = workdir
@@ -218,14 +131,21 @@ class PodRunner:
         self.pre_stop_s = pre_stop_s
         self.poll_s = poll_s
         self.on_endpoints = on_endpoints
+        self.pod_host = pod_host
+        """Where simulated pods run; None: every pod is a process of its own."""
         self.replicas: dict[str, Replica] = {}
         self.terminating: list[tuple[subprocess.Popen[bytes], float, float]] = []
         """Removed pods' processes: (process, SIGTERM at, SIGKILL at); SIGTERM sent: 0."""
+        self.leaving_host: list[tuple[str, float]] = []
+        """Removed hosted pods: (name, when the host is told to drain it)."""
         self.errors: list[str] = []
+        self.passes = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_endpoints: Endpoints | None = None
         self._reported_deployments: dict[str, dict[str, Any]] = {}
+        self._mounts: dict[str, dict[Key, Mapping[str, Any]]] = {}
+        self._hosted: dict[str, HostedPod] = {}
         self.started_pids: list[int] = []
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -242,10 +162,16 @@ class PodRunner:
             self._stop.wait(self.poll_s)
 
     def stop(self, *, grace_s: float = 10.0) -> None:
-        """Stop every process this runner started: SIGTERM, then SIGKILL after `grace_s`."""
+        """Stop every pod this runner started: processes get SIGTERM, then SIGKILL after
+        `grace_s`; hosted pods are handed back to the host to drain."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=15)
+        if self.pod_host is not None:
+            hosted = [r.name for r in self.replicas.values() if r.hosted_in_pass is not None]
+            for name in hosted + [name for name, _ in self.leaving_host]:
+                with contextlib.suppress(Exception):
+                    self.pod_host.delete(name)
         processes = [r.process for r in self.replicas.values() if r.process is not None]
         processes += [p for p, _, _ in self.terminating]
         for process in processes:
@@ -261,6 +187,7 @@ class PodRunner:
                 process.wait()
         self.replicas.clear()
         self.terminating.clear()
+        self.leaving_host.clear()
 
     def pids(self) -> list[int]:
         """Every process this runner has running now (for hygiene checks)."""
@@ -269,6 +196,9 @@ class PodRunner:
 
     # -- one pass --------------------------------------------------------------------------
     def sync_once(self) -> None:
+        """One pass: a list each of Deployments, ConfigMaps and Secrets (never a read per
+        pod), one listing from the pod host, then every Deployment converged."""
+        self.passes += 1
         listing = self.api.call(
             "/apis/apps/v1/deployments?" + urllib.parse.urlencode({"labelSelector": SELECTOR})
         )
@@ -276,21 +206,29 @@ class PodRunner:
             (d["metadata"]["namespace"], d["metadata"]["name"]): d
             for d in (listing or {}).get("items", [])
         }
+        self._mounts = {kind: self._list(kind) for kind in ("configmaps", "secrets")}
+        if self.pod_host is not None:
+            self._hosted = self.pod_host.pods()
+        mine: dict[Key, list[Replica]] = collections.defaultdict(list)
         for replica in list(self.replicas.values()):
-            if (replica.namespace, replica.deployment) not in deployments:
+            key = (replica.namespace, replica.deployment)
+            if key not in deployments:
                 self._remove(replica, delete_pod=False)
-        for (namespace, name), deployment in deployments.items():
-            self._converge(namespace, name, deployment)
+            else:
+                mine[key].append(replica)
+        for key, deployment in deployments.items():
+            self._converge(key, deployment, mine[key])
         self._reap()
         self._publish(deployments)
 
-    def _converge(self, namespace: str, name: str, deployment: dict[str, Any]) -> None:
+    def _list(self, kind: str) -> dict[Key, Mapping[str, Any]]:
+        items = (self.api.call(f"/api/v1/{kind}") or {}).get("items", [])
+        return {(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in items}
+
+    def _converge(self, key: Key, deployment: dict[str, Any], mine: list[Replica]) -> None:
         now = time.monotonic()
         desired = int(deployment["spec"].get("replicas", 1))
         template = template_hash(deployment)
-        mine = [
-            r for r in self.replicas.values() if (r.namespace, r.deployment) == (namespace, name)
-        ]
         fresh = [r for r in mine if r.template == template]
         outdated = [r for r in mine if r.template != template]
         doomed: list[Replica] = []
@@ -302,41 +240,39 @@ class PodRunner:
             # A rolling update, maxSurge 1 and maxUnavailable 0 (what the operator asks for):
             # one new pod at a time; an old one goes once every new one is ready.
             if len(fresh) < desired and len(mine) < desired + 1:
-                mine.append(self._create(namespace, name, deployment, now))
+                mine.append(self._create(key, deployment, now))
             elif all(r.ready for r in fresh) and len(fresh) + len(outdated) > desired:
                 doomed = sorted(outdated, key=lambda r: (r.ready, r.start_at))[:1]
         else:
             while len(mine) < desired:
-                mine.append(self._create(namespace, name, deployment, now))
+                mine.append(self._create(key, deployment, now))
         for replica in doomed:
             self._remove(replica, delete_pod=True)
             mine.remove(replica)
-        files = self._file_sources(namespace, deployment)
+        files = self._file_sources(key[0], deployment)
         for replica in mine:
             self._write_files(replica, files)
             self._advance(replica, now)
-        self._report_deployment(namespace, name, deployment, mine, template)
+        self._report_deployment(key, deployment, mine, template)
 
     def _file_sources(self, namespace: str, deployment: dict[str, Any]) -> dict[str, bytes]:
-        """The mounted ConfigMap and Secret, as file contents by name."""
+        """The mounted ConfigMaps and Secrets, as file contents by name."""
         files: dict[str, bytes] = {}
         for volume in deployment["spec"]["template"]["spec"].get("volumes", []):
             if "configMap" in volume:
-                cm = self.api.call(
-                    f"/api/v1/namespaces/{namespace}/configmaps/{volume['configMap']['name']}"
-                )
+                cm = self._mounts["configmaps"].get((namespace, volume["configMap"]["name"]))
                 for key, value in ((cm or {}).get("data") or {}).items():
                     files[key] = str(value).encode()
             if "secret" in volume:
-                secret = self.api.call(
-                    f"/api/v1/namespaces/{namespace}/secrets/{volume['secret']['secretName']}"
-                )
+                secret = self._mounts["secrets"].get((namespace, volume["secret"]["secretName"]))
                 folder = f"{API_KEYS_FOLDER}/" if volume.get("name") == API_KEYS_FOLDER else ""
                 for key, value in ((secret or {}).get("data") or {}).items():
                     files[folder + key] = base64.b64decode(value)
         return files
 
     def _write_files(self, replica: Replica, files: Mapping[str, bytes]) -> None:
+        if files == replica.files:
+            return
         prefix = f"{API_KEYS_FOLDER}/"
         keys = {k.removeprefix(prefix): v for k, v in files.items() if k.startswith(prefix)}
         if keys:
@@ -349,8 +285,10 @@ class PodRunner:
                 tmp = path.with_suffix(".tmp")
                 tmp.write_bytes(content)
                 tmp.replace(path)  # atomic, like the kubelet's symlink swap
+        replica.files = dict(files)
 
-    def _create(self, namespace: str, name: str, deployment: dict[str, Any], now: float) -> Replica:
+    def _create(self, key: Key, deployment: dict[str, Any], now: float) -> Replica:
+        namespace, name = key
         pod_name = f"{name}-{secrets.token_hex(3)}"
         directory = self.workdir / "pods" / pod_name
         directory.mkdir(parents=True, exist_ok=True)
@@ -372,78 +310,88 @@ class PodRunner:
         containers[0]["ports"] = [
             {"name": name, "containerPort": port} for name, port in named.items()
         ]
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": pod_name,
-                "namespace": namespace,
-                "labels": dict(template["metadata"].get("labels", {})),
-                "annotations": dict(template["metadata"].get("annotations", {})),
-                "ownerReferences": [
-                    {
-                        "apiVersion": "apps/v1",
-                        "kind": "Deployment",
-                        "name": name,
-                        "uid": deployment["metadata"]["uid"],
-                        "controller": True,
-                    }
-                ],
-            },
-            "spec": {**template["spec"], "containers": containers, "nodeName": "sandbox"},
-        }
+        pod = pod_object(pod_name, deployment, containers)
         self.api.call(f"/api/v1/namespaces/{namespace}/pods", "POST", pod)
         self.replicas[pod_name] = replica
         self._report_pod(replica, phase="Pending")
         return replica
 
     def _advance(self, replica: Replica, now: float) -> None:
-        container = replica.container
-        if replica.process is None:
-            if now < replica.start_at:
-                return
-            command = container_command(
-                container,
-                port=replica.port,
-                grpc_port=replica.grpc_port,
-                admin_port=replica.admin_port,
-                metrics_port=replica.metrics_port or None,
-                models_dir=self.models_dir,
-                directory=replica.directory,
-            )
-            env = {
-                **os.environ,
-                "PYTHONUNBUFFERED": "1",
-                **{e["name"]: str(e.get("value", "")) for e in container.get("env", [])},
-            }
-            with (replica.directory / "runtime.log").open("ab") as log:
-                replica.process = subprocess.Popen(
-                    command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=False
-                )
-            self.started_pids.append(replica.process.pid)
-            self._report_pod(replica, phase="Running")
+        if not replica.started:
+            if now >= replica.start_at:
+                self._start(replica, now)
             return
-        if replica.process.poll() is not None:
+        if self._exited(replica):
             # Crashed: CrashLoopBackOff, briefly; the same pod restarts its container.
-            replica.ready = False
-            replica.restarts += 1
-            replica.process = None
-            replica.start_at = now + min(10.0, 1.0 * replica.restarts)
-            self._report_pod(replica, phase="Running")
+            self._crashed(replica, now)
             return
-        ready = _healthy(f"http://{replica.endpoint}/v2/health/ready")
+        if replica.hosted_in_pass is not None:
+            hosted = self._hosted.get(replica.name)
+            ready = hosted is not None and hosted.ready
+        else:
+            ready = healthy(f"http://{replica.endpoint}/v2/health/ready")
         if ready != replica.ready:
             replica.ready = ready
             self._report_pod(replica, phase="Running")
 
+    def _start(self, replica: Replica, now: float) -> None:
+        container = replica.container
+        command = container_command(
+            container,
+            port=replica.port,
+            grpc_port=replica.grpc_port,
+            admin_port=replica.admin_port,
+            metrics_port=replica.metrics_port or None,
+            models_dir=self.models_dir,
+            directory=replica.directory,
+        )
+        env = {e["name"]: str(e.get("value", "")) for e in container.get("env", [])}
+        if self.pod_host is not None and hostable(command):
+            try:
+                self.pod_host.put(replica.name, args=serve_flags(command), env=env)
+            except HostRefused as exc:  # what makes a runtime exit at start: a crash loop
+                with (replica.directory / "runtime.log").open("a") as log:
+                    log.write(f"{exc}\n")
+                self._crashed(replica, now)
+                return
+            replica.hosted_in_pass = self.passes
+        else:
+            with (replica.directory / "runtime.log").open("ab") as log:
+                replica.process = subprocess.Popen(
+                    command,
+                    env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=False,
+                )
+            self.started_pids.append(replica.process.pid)
+        self._report_pod(replica, phase="Running")
+
+    def _exited(self, replica: Replica) -> bool:
+        if replica.process is not None:
+            return replica.process.poll() is not None
+        # A hosted pod is gone when a listing taken after the host took it lacks it.
+        taken = replica.hosted_in_pass
+        return taken is not None and taken < self.passes and replica.name not in self._hosted
+
+    def _crashed(self, replica: Replica, now: float) -> None:
+        replica.ready = False
+        replica.restarts += 1
+        replica.process = None
+        replica.hosted_in_pass = None
+        replica.start_at = now + min(10.0, 1.0 * replica.restarts)
+        self._report_pod(replica, phase="Running")
+
     def _remove(self, replica: Replica, *, delete_pod: bool) -> None:
         self.replicas.pop(replica.name, None)
         replica.ready = False
+        # The pre-stop pause: the endpoint leaves the Service (published at the end of this
+        # pass) before SIGTERM makes the runtime refuse new requests and drain.
+        now = time.monotonic()
         if replica.process is not None and replica.process.poll() is None:
-            # The pre-stop pause: the endpoint leaves the Service (published at the end of this
-            # pass) before SIGTERM makes the runtime refuse new requests and drain.
-            now = time.monotonic()
             self.terminating.append((replica.process, now + self.pre_stop_s, now + 30))
+        if replica.hosted_in_pass is not None:
+            self.leaving_host.append((replica.name, now + self.pre_stop_s))
         if delete_pod:
             with contextlib.suppress(urllib.error.HTTPError):
                 self.api.call(
@@ -463,27 +411,19 @@ class PodRunner:
                     term_at = 0
                 still.append((process, term_at, kill_at))
         self.terminating = still
+        leaving = []
+        for name, drain_at in self.leaving_host:
+            if drain_at > now:
+                leaving.append((name, drain_at))
+            elif self.pod_host is not None:
+                self.pod_host.delete(name)  # the host drains it as SIGTERM would
+        self.leaving_host = leaving
 
     # -- reporting -------------------------------------------------------------------------
     def _report_pod(self, replica: Replica, *, phase: str) -> None:
-        ready = "True" if replica.ready else "False"
-        status = {
-            "phase": phase,
-            "hostIP": "127.0.0.1",
-            "podIP": "127.0.0.1" if replica.process is not None else None,
-            "conditions": [
-                {"type": "ContainersReady", "status": ready},
-                {"type": "Ready", "status": ready},
-            ],
-            "containerStatuses": [
-                {
-                    "name": "runtime",
-                    "ready": replica.ready,
-                    "started": replica.process is not None,
-                    "restartCount": replica.restarts,
-                }
-            ],
-        }
+        status = pod_status(
+            phase, ready=replica.ready, started=replica.started, restarts=replica.restarts
+        )
         if status == replica.reported:
             return
         with contextlib.suppress(urllib.error.HTTPError):
@@ -496,13 +436,9 @@ class PodRunner:
             replica.reported = status
 
     def _report_deployment(
-        self,
-        namespace: str,
-        name: str,
-        deployment: dict[str, Any],
-        mine: Sequence[Replica],
-        template: str,
+        self, key: Key, deployment: dict[str, Any], mine: Sequence[Replica], template: str
     ) -> None:
+        namespace, name = key
         ready = sum(r.ready for r in mine)
         status = {
             "observedGeneration": deployment["metadata"].get("generation", 1),
@@ -512,9 +448,9 @@ class PodRunner:
             "availableReplicas": ready,
             "unavailableReplicas": len(mine) - ready,
         }
-        key = f"{namespace}/{name}"
+        path = f"{namespace}/{name}"
         current = {k: deployment.get("status", {}).get(k) for k in status}
-        if status == current and self._reported_deployments.get(key) == status:
+        if status == current and self._reported_deployments.get(path) == status:
             return
         self.api.call(
             f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}/status",
@@ -522,13 +458,13 @@ class PodRunner:
             {"status": status},
             patch=True,
         )
-        self._reported_deployments[key] = status
+        self._reported_deployments[path] = status
 
-    def _publish(self, deployments: Mapping[tuple[str, str], Any]) -> None:
-        ready: dict[tuple[str, str], list[str]] = {key: [] for key in deployments}
+    def _publish(self, deployments: Mapping[Key, Any]) -> None:
+        ready: dict[Key, list[str]] = {key: [] for key in deployments}
         scrape: list[tuple[str, Mapping[str, str]]] = []
         for replica in sorted(self.replicas.values(), key=lambda r: r.name):
-            if replica.process is None:
+            if not replica.started:
                 continue
             scrape.append((replica.metrics_endpoint, {"pod": replica.name}))
             if replica.ready:
@@ -539,16 +475,3 @@ class PodRunner:
         if endpoints != self._last_endpoints and self.on_endpoints is not None:
             self.on_endpoints(endpoints)
         self._last_endpoints = endpoints
-
-
-def template_hash(deployment: Mapping[str, Any]) -> str:
-    text = json.dumps(deployment["spec"]["template"], sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:10]
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=0.5) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-        return False

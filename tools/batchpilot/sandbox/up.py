@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from batchpilot.sandbox.apiserver import LocalKubernetesAPI
+from batchpilot.sandbox.hosting import pod_host_process
 from batchpilot.sandbox.liveview import (
     HEADER,
     Sample,
@@ -73,6 +74,8 @@ class SandboxOptions:
     recent_window_s: int = 3
     request_timeout_s: float = 30.0
     quiet: bool = False
+    pod_host: bool = False
+    """Serve simulated pods from one pod host process instead of a process each."""
 
 
 @dataclass
@@ -168,7 +171,8 @@ def _check(watched: dict[str, subprocess.Popen[bytes]], runner: PodRunner, workd
     """Fail loudly, with the log's tail, when a part of the sandbox has died."""
     for what, process in watched.items():
         if process.poll() is not None:
-            log = workdir / ("operator.log" if what == "operator" else "service.log")
+            logs = {"operator": "operator.log", "pod host": "podhost/podhost.log"}
+            log = workdir / logs.get(what, "service.log")
             raise RuntimeError(f"the {what} exited ({process.returncode}):\n{_tail(log)}")
     for replica in list(runner.replicas.values()):
         if replica.restarts >= 3:
@@ -271,12 +275,18 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
                 tmp.replace(endpoints_file)
                 prometheus.set_targets(endpoints.scrape)
 
+            host = (
+                stack.enter_context(pod_host_process(workdir / "podhost"))
+                if options.pod_host
+                else None
+            )
             runner = PodRunner(
                 api.url,
                 workdir=workdir,
                 models_dir=models_dir,
                 start_delay_s=options.start_delay_s,
                 on_endpoints=publish,
+                pod_host=None if host is None else host.client,
             )
             runner.run_in_thread()
 
@@ -296,6 +306,8 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
             say(f"applied InferenceService {namespace}/{name}; waiting for a ready replica")
             deadline = time.monotonic() + 90
             watched = {"operator": operator_process, "service proxy": proxy_process}
+            if host is not None:
+                watched["pod host"] = host.process
             while not json.loads(endpoints_file.read_text() or "[]"):
                 _check(watched, runner, workdir)
                 if time.monotonic() > deadline:
@@ -482,6 +494,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--keep", action="store_true", help="keep the temporary workdir")
     a("--start-delay-s", type=float, default=3.0, help="simulated pod start-up delay (3)")
     a("--scale-down-delay-s", type=int, default=20, help="scale-down delay (20)")  # fmt: skip
+    a(
+        "--pod-host",
+        action="store_true",
+        help="serve simulated pods from one process (how the sandbox holds a fleet) instead of "
+        "a runtime process per pod",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -500,6 +518,7 @@ def main(args: argparse.Namespace) -> int:
         json_out=args.json_out,
         start_delay_s=args.start_delay_s,
         scale_down_delay_s=args.scale_down_delay_s,
+        pod_host=args.pod_host,
     )
     try:
         result = run_sandbox(options, out=lambda text: print(text, flush=True))
