@@ -204,3 +204,32 @@ class TestSchemaKeywords:
         assert [e.message() for e in schema.validate(dict.fromkeys("abc", ""), spec, path="m")] == [
             "m: Too many: 3: must have at most 2 items"
         ]
+
+    def test_ip_formats(self) -> None:
+        spec = {"type": "string", "format": "ipv4"}
+        assert schema.validate("10.0.0.9", spec, path="a") == []
+        assert [e.message() for e in schema.validate("10.0.0.x", spec, path="a")] == [
+            'a: Invalid value: "10.0.0.x": a in body must be of type ipv4: "10.0.0.x"'
+        ]
+        assert schema.validate("fd00::1", spec, path="a") != []
+        assert schema.validate("fd00::1", {"type": "string", "format": "ipv6"}, path="a") == []
+        assert schema.validate("10.0.0.9", {"type": "string", "format": "ipv6"}, path="a") != []
+
+    def test_one_of_with_ip_formats_as_the_gateway_api_writes_it(self) -> None:
+        address = {
+            "type": "object",
+            "oneOf": [
+                {
+                    "properties": {
+                        "type": {"enum": ["IPAddress"]},
+                        "value": {"anyOf": [{"format": "ipv4"}, {"format": "ipv6"}]},
+                    }
+                },
+                {"properties": {"type": {"not": {"enum": ["IPAddress"]}}}},
+            ],
+            "properties": {"type": {"type": "string"}, "value": {"type": "string"}},
+        }
+        assert schema.validate({"type": "IPAddress", "value": "fd00::1"}, address, path="a") == []
+        assert schema.validate({"type": "Hostname", "value": "gw.example"}, address, path="a") == []
+        (error,) = schema.validate({"type": "IPAddress", "value": "gw.example"}, address, path="a")
+        assert error.detail == "a in body must validate one and only one schema (oneOf)"

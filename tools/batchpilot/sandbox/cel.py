@@ -6,12 +6,19 @@ each rule where its schema node is present, with `self` bound to that node's val
 `oldSelf` to the previous value on updates, for transition rules), and refuses the write with
 the rule's `message`, its `messageExpression`, or `failed rule: <rule>`.
 
+Property names are escaped as the server escapes them (`namespace` is `__namespace__`, `a-b`
+is `a__dash__b`: CEL reserved words, `__`, `.`, `-`, `/`), so upstream rules such as the Gateway
+API's `has(p.__namespace__)` read the same fields.
+
 Differences from the real server, kept on purpose: no cost budget; rules using `oldSelf` with
 `optionalOldSelf: true` are skipped on create (cel-python has no optionals); numbers compare
 by CEL's strict typing (schema `number` values are passed as doubles, as the server does);
-only a few functions of the Kubernetes CEL library exist (`lowerAscii`, `upperAscii`, `trim`,
-`isSorted`, `sum`, `min`, `max`, `indexOf`, `lastIndexOf`); validation ratcheting applies to
-unchanged values on update, as in Kubernetes 1.30+.
+only part of the Kubernetes CEL library exists (strings: `lowerAscii`, `upperAscii`, `trim`,
+`split`, `join`, `replace`, `substring`, `charAt`, `indexOf`, `lastIndexOf`; lists: `isSorted`,
+`sum`, `min`, `max`, `indexOf`, `lastIndexOf`), and a rule calling any other function is refused
+when its CRD is installed (`check_schema_rules`), naming the rule and the function, rather than
+failing on every write later; validation ratcheting applies to unchanged values on update, as in
+Kubernetes 1.30+.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import celpy
 from celpy import celtypes
 from celpy.adapter import json_to_cel
 from celpy.celparser import CELParseError
-from celpy.evaluation import CELEvalError
+from celpy.evaluation import CELEvalError, base_functions
 
 from batchpilot.sandbox.errors import FieldError
 
@@ -96,10 +103,70 @@ def _last_index_of(value: Any, item: Any) -> celtypes.IntType:
     return celtypes.IntType(len(items) - 1 - items[::-1].index(item) if item in items else -1)
 
 
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an int, got {type(value).__name__}")  # "no such overload"
+    return int(value)
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__}")  # "no such overload"
+    return str(value)
+
+
+def _split(value: Any, separator: Any, limit: Any = None) -> celtypes.ListType:
+    """`'a/b'.split('/')`, and `split(sep, n)`: at most n parts (0: none, negative: all)."""
+    text, sep = _str(value), _str(separator)
+    count = -1 if limit is None else _int(limit)
+    if count == 0:
+        return celtypes.ListType([])
+    if sep == "":
+        parts = list(text)
+        if count > 0 and len(parts) > count:
+            parts = [*parts[: count - 1], "".join(parts[count - 1 :])]
+    else:
+        parts = text.split(sep, count - 1) if count > 0 else text.split(sep)
+    return celtypes.ListType([celtypes.StringType(part) for part in parts])
+
+
+def _join(value: Any, separator: Any = "") -> celtypes.StringType:
+    items = _cel_list(value)
+    if not all(isinstance(item, celtypes.StringType) for item in items):
+        raise TypeError("join needs a list of strings")
+    return celtypes.StringType(_str(separator).join(str(item) for item in items))
+
+
+def _replace(value: Any, old: Any, new: Any, limit: Any = None) -> celtypes.StringType:
+    count = -1 if limit is None else _int(limit)
+    return celtypes.StringType(_str(value).replace(_str(old), _str(new), count))
+
+
+def _substring(value: Any, start: Any, end: Any = None) -> celtypes.StringType | CELEvalError:
+    text = _str(value)
+    first = _int(start)
+    last = len(text) if end is None else _int(end)
+    if not 0 <= first <= last <= len(text):
+        return CELEvalError(f"index out of range: substring({first}, {last}) of {len(text)}")
+    return celtypes.StringType(text[first:last])
+
+
+def _char_at(value: Any, index: Any) -> celtypes.StringType | CELEvalError:
+    text, at = _str(value), _int(index)
+    if not 0 <= at <= len(text):
+        return CELEvalError(f"index out of range: charAt({at}) of {len(text)}")
+    return celtypes.StringType(text[at : at + 1])
+
+
 _FUNCTIONS: dict[str, Callable[..., Any]] = {
     "lowerAscii": _lower_ascii,
     "upperAscii": _upper_ascii,
     "trim": _trim,
+    "split": _split,
+    "join": _join,
+    "replace": _replace,
+    "substring": _substring,
+    "charAt": _char_at,
     "isSorted": _is_sorted,
     "sum": _sum,
     "min": _min,
@@ -107,6 +174,47 @@ _FUNCTIONS: dict[str, Callable[..., Any]] = {
     "indexOf": _index_of,
     "lastIndexOf": _last_index_of,
 }
+_MACROS = frozenset({"has", "dyn", "all", "exists", "exists_one", "map", "filter"})
+_KNOWN_FUNCTIONS = (
+    frozenset(name for name in base_functions if name.isidentifier())
+    | frozenset(_FUNCTIONS)
+    | _MACROS
+)
+"""What a rule may call: CEL's standard functions (as cel-python has them), its macros, and the
+part of the Kubernetes library above. Anything else is refused when the CRD is installed."""
+_RESERVED = frozenset(
+    {
+        "true", "false", "null", "in", "as", "break", "const", "continue", "else", "for",
+        "function", "if", "import", "let", "loop", "package", "namespace", "return", "var",
+        "void", "while",
+    }
+)  # fmt: skip
+
+
+def escape(name: str) -> str:
+    """A property's name as rules see it (Kubernetes' `cel.Escape`): reserved words become
+    `__word__`; `__`, `.`, `-` and `/` become `__underscores__`, `__dot__`, `__dash__` and
+    `__slash__`."""
+    if name in _RESERVED:
+        return f"__{name}__"
+    return (
+        name.replace("__", "__underscores__")
+        .replace(".", "__dot__")
+        .replace("-", "__dash__")
+        .replace("/", "__slash__")
+    )
+
+
+def _called(tree: Any) -> list[str]:
+    """The names of the functions and macros an expression calls (in cel-python's parse tree,
+    a call's name is its first token: lark tokens are strings, subtrees are not)."""
+    names = []
+    for node in tree.iter_subtrees():
+        if node.data in ("member_dot_arg", "ident_arg", "dot_ident_arg"):
+            token = next((child for child in node.children if isinstance(child, str)), None)
+            if token is not None:
+                names.append(str(token))
+    return names
 
 
 @functools.lru_cache(maxsize=1024)
@@ -117,6 +225,13 @@ def compile_expression(expression: str) -> celpy.Runner:
         ast = env.compile(expression)
     except CELParseError as exc:
         raise RuleCompileError(f"compilation failed: {exc}") from None
+    unknown = sorted({name for name in _called(ast) if name not in _KNOWN_FUNCTIONS})
+    if unknown:
+        names = ", ".join(f"'{name}'" for name in unknown)
+        raise RuleCompileError(
+            f"compilation failed: undeclared reference to {names}: not a function of the"
+            " sandbox's CEL (batchpilot/sandbox/cel.py), so the rule could not be evaluated"
+        )
     return env.program(ast, functions=cast(Any, _FUNCTIONS))
 
 
@@ -198,7 +313,10 @@ def to_cel(value: Any, schema: Schema | None) -> Any:
         additional = schema.get("additionalProperties")
         converted = {}
         for key, item in value.items():
-            sub = properties.get(key) or (additional if isinstance(additional, Mapping) else None)
+            if key in properties:  # an object's field: escaped; a map's key: as it is
+                converted[celtypes.StringType(escape(key))] = to_cel(item, properties[key])
+                continue
+            sub = additional if isinstance(additional, Mapping) else None
             converted[celtypes.StringType(key)] = to_cel(item, sub)
         return celtypes.MapType(converted)
     return json_to_cel(value)

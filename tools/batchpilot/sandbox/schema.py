@@ -11,9 +11,10 @@ three steps as on a real server (structural schemas only):
 2. defaulting: `default` values fill absent (or non-nullable `null`) fields, recursively, so
    defaults inside a defaulted `{}` apply too;
 3. validation: type, required, enum, minimum/maximum (exclusive too), multipleOf,
-   minLength/maxLength, pattern, format (date-time, date, int32, uuid), minItems/maxItems,
-   uniqueItems, list-type set/map, min/maxProperties, additionalProperties, nullable,
-   x-kubernetes-int-or-string, allOf/anyOf/oneOf/not — with the messages of kube-openapi.
+   minLength/maxLength, pattern, format (date-time, date, int32, uuid, ipv4, ipv6),
+   minItems/maxItems, uniqueItems, list-type set/map, min/maxProperties, additionalProperties,
+   nullable, x-kubernetes-int-or-string, allOf/anyOf/oneOf/not — with the messages of
+   kube-openapi.
 
 CEL rules (`x-kubernetes-validations`) are in `cel.py`. `metadata` at the root is not touched
 here: the server validates it as ObjectMeta (see `objectmeta.py`).
@@ -24,6 +25,7 @@ from __future__ import annotations
 import copy
 import datetime
 import functools
+import ipaddress
 import json
 import re
 from collections.abc import Mapping
@@ -188,6 +190,12 @@ def _check_format(value: str, fmt: str) -> bool:
             return len(value) == 10
         case "uuid":
             return bool(_UUID.match(value))
+        case "ipv4" | "ipv6":  # kube-openapi: an IP that parses, with a '.' (v4) or ':' (v6)
+            try:
+                ipaddress.ip_address(value)
+            except ValueError:
+                return False
+            return ("." if fmt == "ipv4" else ":") in value
     return True
 
 
