@@ -1,10 +1,13 @@
 """API keys and quotas, the pure core: the key table, the token bucket with a stepped clock, the
-access document, and the gate's answers (401, 403, 429 with the wait) — values only, no server."""
+access document (read, and written back), and the gate's answers (401, 403, 429 with the wait) —
+values only, no server; and the watcher taking a document sent to the admin port."""
 
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
+import orjson
 import pytest
 
 from batchpilot.runtime.access import (
@@ -19,6 +22,8 @@ from batchpilot.runtime.access import (
     parse_access,
     presented_key,
 )
+from batchpilot.runtime.access.files import AccessWatcher, read_keys, read_policy
+from batchpilot.runtime.access.policy import access_doc
 from batchpilot.runtime.errors import Forbidden, InvalidRequest, QuotaExceeded, Unauthorized
 
 ALICE = "alice-key-0123456789abcdef"
@@ -143,6 +148,25 @@ class TestAccessDocument:
         )
         assert parse_access(b"{}") == OPEN_POLICY
 
+    def test_the_policy_written_back_reads_as_the_same_policy(self) -> None:
+        body = (
+            b'{"allowedKeyIds": ["bob", "alice"], "defaultQuota": {"requestsPerSecond": 5},'
+            b' "keyQuotas": [{"keyId": "z", "requestsPerSecond": 0.5, "burst": 1},'
+            b' {"keyId": "a", "requestsPerSecond": 2, "burst": 4}]}'
+        )
+        policy = parse_access(body)
+        doc = access_doc(policy)
+        assert doc == {
+            "allowedKeyIds": ["alice", "bob"],
+            "defaultQuota": {"requestsPerSecond": 5.0, "burst": 5},
+            "keyQuotas": [
+                {"keyId": "a", "requestsPerSecond": 2.0, "burst": 4},
+                {"keyId": "z", "requestsPerSecond": 0.5, "burst": 1},
+            ],
+        }
+        assert parse_access(orjson.dumps(doc)) == policy
+        assert access_doc(OPEN_POLICY) == {}
+
     @pytest.mark.parametrize(
         ("body", "message"),
         [
@@ -187,7 +211,9 @@ class TestPresentedKey:
 
 
 class TestGate:
-    def gate(self, policy: AccessPolicy = OPEN_POLICY) -> tuple[AccessGate, Clock, list]:
+    def gate(
+        self, policy: AccessPolicy = OPEN_POLICY
+    ) -> tuple[AccessGate, Clock, list[tuple[str, str]]]:
         clock, counted = Clock(), []
         gate = AccessGate(
             KeyTable.from_keys(KEYS),
@@ -248,3 +274,42 @@ class TestGate:
         gate.replace(policy=AccessPolicy(allowed=frozenset({"alice"})))
         with pytest.raises(Forbidden):
             gate.admit([("x-api-key", BOB)])
+
+    def test_an_equal_policy_changes_nothing(self) -> None:
+        policy = AccessPolicy(default=Limit(rate_rps=1, burst=2))
+        gate, _, _ = self.gate(policy)
+        gate.admit(bearer(ALICE))
+        gate.replace(policy=AccessPolicy(default=Limit(rate_rps=1, burst=2)))
+        assert gate.policy is policy  # the one in force stays, buckets and all
+        gate.admit(bearer(ALICE))
+        with pytest.raises(QuotaExceeded):
+            gate.admit(bearer(ALICE))
+
+
+class TestTheWatcherTakesDocumentsFromTheAdminPort:
+    def watcher(self, tmp_path: Path) -> tuple[AccessWatcher, AccessGate, list[tuple[str, bool]]]:
+        keys = tmp_path / "keys"
+        keys.mkdir()
+        (keys / "alice").write_bytes(KEYS["alice"])
+        access = tmp_path / "access.json"
+        access.write_text('{"defaultQuota": {"requestsPerSecond": 1, "burst": 3}}')
+        gate = AccessGate(read_keys(keys), read_policy(access), model="m", clock=Clock())
+        reported: list[tuple[str, bool]] = []
+        watcher = AccessWatcher(
+            gate, keys=keys, access=access, report=lambda s, ok: reported.append((s, ok))
+        )
+        return watcher, gate, reported
+
+    def test_a_document_is_swapped_in_whole_and_a_bad_one_refused(self, tmp_path: Path) -> None:
+        watcher, gate, reported = self.watcher(tmp_path)
+        for _ in range(3):
+            gate.admit(bearer(ALICE))
+        policy = watcher.apply(b'{"defaultQuota": {"requestsPerSecond": 1, "burst": 10}}')
+        assert gate.policy == policy == AccessPolicy(default=Limit(1, 10))
+        with pytest.raises(QuotaExceeded):  # the bucket emptied under the old limit stays empty
+            gate.admit(bearer(ALICE))
+        with pytest.raises(InvalidRequest, match=r"defaultQuota\.burst must be a whole number"):
+            watcher.apply(b'{"defaultQuota": {"requestsPerSecond": 1, "burst": 0.5}}')
+        assert gate.policy is policy
+        assert reported == [("admin", True), ("admin", False)]
+        assert watcher.check() is False  # the file has not changed

@@ -1,7 +1,10 @@
 """The admin endpoint and the metrics on ports of their own: a caller of the model, on the
 inference port, never reaches the endpoint that changes batch settings, whatever token it holds;
 the operator's push reaches it on the port the Deployment names `admin`. Real processes, real
-HTTP."""
+HTTP — and the access document over the same port (`PUT /admin/access`): the token, the reasons
+for a bad document, limits changed live with each bucket keeping what it holds, and the mounted
+file that wins only when its content changes (an in-process runtime, real HTTP, its file watcher
+stepped by the test)."""
 
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from batchpilot.operator.kube import KubeClient
 from batchpilot.operator.settings import OperatorSettings
 from batchpilot.operator.spec import InferenceServiceSpec
 from batchpilot.runtime.settings import RuntimeSettings
+from tests.access_runtime import Answer, KeyedRuntime, keyed_runtime
 from tests.runtime_process import (
     RuntimeProcess,
     free_port,
@@ -222,3 +226,128 @@ class TestPortsAreChecked:
             )  # fmt: skip
         assert f"the admin port 127.0.0.1:{port}" in log
         assert "in use" in log
+
+
+# --- The access document over the admin port --------------------------------------------------
+
+ALICE = "alice-0123456789abcdef0123"
+BOB = "bob-0123456789abcdef012345"
+
+
+def keys_folder(folder: Path) -> Path:
+    folder.mkdir()
+    (folder / "alice").write_text(ALICE + "\n")
+    (folder / "bob").write_text(BOB + "\n")
+    return folder
+
+
+@pytest.fixture
+def keyed(mlp_model: Path, tmp_path: Path) -> Iterator[KeyedRuntime]:
+    access = tmp_path / "access.json"
+    # five requests, then one every 100 s: what a bucket holds is what was left of the five
+    access.write_text(json.dumps({"defaultQuota": {"requestsPerSecond": 0.01, "burst": 5}}))
+    with keyed_runtime(
+        mlp_model, keys=keys_folder(tmp_path / "keys"), access=access, token=TOKEN
+    ) as running:
+        yield running
+
+
+def put_access(runtime: KeyedRuntime, doc: Any, headers: dict[str, str] = AUTHORIZED) -> Answer:
+    body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+    return runtime.send("PUT", "/admin/access", body, headers, admin=True)
+
+
+class TestAccessOverTheAdminPort:
+    def test_changes_need_the_admin_token_like_the_batch_settings(
+        self, keyed: KeyedRuntime
+    ) -> None:
+        doc = {"defaultQuota": {"requestsPerSecond": 1, "burst": 1}}
+        before = keyed.send("GET", "/admin/access", admin=True).json()
+        assert before == {"defaultQuota": {"requestsPerSecond": 0.01, "burst": 5}}
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}):
+            refused = put_access(keyed, doc, headers)
+            assert refused.status == 401, headers
+            assert refused.headers["www-authenticate"].startswith("Bearer")
+        assert keyed.send("GET", "/admin/access", admin=True).json() == before
+        # the inference port has no admin endpoint, whatever token a caller holds
+        wrong_port = keyed.send("PUT", "/admin/access", json.dumps(doc).encode(), AUTHORIZED)
+        assert wrong_port.status == 404
+        assert keyed.reloads("admin", "applied") == 0
+
+    @pytest.mark.parametrize(
+        ("body", "reason"),
+        [
+            (b"{not json", "not valid JSON"),
+            (b'{"defaultQuota": {"requestsPerSecond": 0}}', "defaultQuota.requestsPerSecond must"),
+            (b'{"totalQuota": {"requestsPerSecond": 5, "burst": 0}}', "totalQuota.burst must"),
+            (b'{"quotas": {}}', "unknown access setting quotas"),
+        ],
+    )
+    def test_a_bad_document_is_400_with_the_reason_and_changes_nothing(
+        self, keyed: KeyedRuntime, body: bytes, reason: str
+    ) -> None:
+        before = keyed.gate.policy
+        answer = put_access(keyed, body)
+        assert answer.status == 400
+        assert reason in answer.json()["error"]
+        assert keyed.gate.policy is before
+        assert keyed.reloads("admin", "refused") == 1
+
+    def test_new_limits_apply_at_once_and_each_bucket_keeps_what_it_holds(
+        self, keyed: KeyedRuntime
+    ) -> None:
+        assert [keyed.infer(ALICE) for _ in range(3)] == [200] * 3  # 2 of 5 left
+        assert [keyed.infer(BOB) for _ in range(4)] == [200] * 4  # 1 of 5 left
+        doc = {
+            "defaultQuota": {"requestsPerSecond": 0.01, "burst": 3},
+            "keyQuotas": [{"keyId": "alice", "requestsPerSecond": 0.01, "burst": 1}],
+        }
+        answer = put_access(keyed, doc)
+        assert answer.status == 200
+        assert answer.json() == doc
+        assert keyed.send("GET", "/admin/access", admin=True).json() == doc
+        assert keyed.reloads("admin", "applied") == 1
+        # alice is over her new, lower limit right after the PUT: 1 of her 2 tokens fits it
+        assert [keyed.infer(ALICE) for _ in range(2)] == [200, 429]
+        # bob keeps the 1 he had, not a fresh bucket of 3
+        assert [keyed.infer(BOB) for _ in range(2)] == [200, 429]
+
+    def test_the_same_document_from_the_file_later_changes_nothing_and_a_new_one_wins(
+        self, keyed: KeyedRuntime, tmp_path: Path
+    ) -> None:
+        pushed = {"defaultQuota": {"requestsPerSecond": 0.01, "burst": 2}}
+        assert put_access(keyed, pushed).status == 200
+        assert [keyed.infer(ALICE) for _ in range(2)] == [200, 200]
+        in_force = keyed.gate.policy
+        # the kubelet delivers the ConfigMap the operator wrote the same document into
+        replace_file(tmp_path / "access.json", json.dumps(pushed, indent=2))
+        assert keyed.watcher.check() is False
+        assert keyed.gate.policy is in_force
+        assert keyed.infer(ALICE) == 429  # her bucket was not refilled by the reload
+        assert keyed.reloads("access", "applied") == 0
+        # the file re-published with the rest of the ConfigMap, its content unchanged
+        replace_file(tmp_path / "access.json", json.dumps(pushed, indent=2))
+        assert keyed.watcher.check() is False
+        # a file with a different document still wins
+        replace_file(tmp_path / "access.json", json.dumps({"allowedKeyIds": ["bob"]}))
+        assert keyed.watcher.check() is True
+        assert keyed.reloads("access", "applied") == 1
+        assert keyed.infer(ALICE) == 403
+        assert keyed.infer(BOB) == 200
+
+    def test_a_server_without_api_keys_says_there_is_nothing_to_change(
+        self, server: RuntimeProcess
+    ) -> None:
+        doc = b'{"defaultQuota": {"requestsPerSecond": 1}}'
+        for method, headers in (("GET", {}), ("PUT", AUTHORIZED)):
+            reply = send(server, method, "/admin/access", doc, headers, port=server.admin_port)
+            assert reply.status == 400, method
+            assert "started without --api-keys" in reply.json()["error"]
+        assert send(server, "PUT", "/admin/access", doc, port=server.admin_port).status == 401
+
+
+def replace_file(path: Path, text: str) -> None:
+    """Replace `path` by a new file (a new inode, as the kubelet's swap makes)."""
+    fresh = path.with_suffix(".new")
+    fresh.write_text(text)
+    fresh.replace(path)

@@ -4,8 +4,12 @@ them.
 
 `GET /metrics` is what Prometheus scrapes; `GET /admin/batching` shows the batching settings in
 force and `PUT /admin/batching` changes them while serving (the operator PUTs the batching
-document, `live_settings`, to ready pods on their admin port). Changing them needs the admin
-bearer token; without one configured, changes over HTTP are refused.
+document, `live_settings`, to ready pods on their admin port). `GET` and `PUT /admin/access` do
+the same for the access document (allowed key ids and quotas, `batchpilot.api.access`): the
+operator sends each ready pod its share of the service's limits the moment the spec or the number
+of serving replicas changes, rather than waiting a minute for the kubelet to deliver the
+ConfigMap. Changing either needs the admin bearer token; without one configured, changes over
+HTTP are refused.
 """
 
 from __future__ import annotations
@@ -16,14 +20,23 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from batchpilot.runtime.access.files import AccessWatcher
+from batchpilot.runtime.access.policy import access_doc
 from batchpilot.runtime.asgi_io import read_body
-from batchpilot.runtime.errors import Unauthorized
+from batchpilot.runtime.errors import InvalidRequest, Unauthorized
 from batchpilot.runtime.live_settings import batching_doc, parse_batching
 from batchpilot.runtime.responses import json_response
 from batchpilot.runtime.server import ModelServer
 
 SETTINGS_BODY_LIMIT = 64 * 1024
 """Largest batching settings document `PUT /admin/batching` reads (bytes)."""
+ACCESS_BODY_LIMIT = 1024 * 1024
+"""Largest access document `PUT /admin/access` reads (bytes): a quota for each of 1,000 keys fits
+ten times over."""
+NO_KEYS_MESSAGE = (
+    "this server checks no API keys (it was started without --api-keys): there is no access "
+    "document to show or change"
+)
 
 
 def add_metrics_route(app: FastAPI, server: ModelServer) -> None:
@@ -35,8 +48,15 @@ def add_metrics_route(app: FastAPI, server: ModelServer) -> None:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-def add_admin_routes(app: FastAPI, server: ModelServer, *, admin_token: str | None) -> None:
-    """`GET` and `PUT /admin/batching`."""
+def add_admin_routes(
+    app: FastAPI,
+    server: ModelServer,
+    *,
+    admin_token: str | None,
+    access: AccessWatcher | None = None,
+) -> None:
+    """`GET` and `PUT /admin/batching` and `/admin/access`. `access`: what keeps the API key
+    gate current (None: the server checks no keys, and `/admin/access` says so)."""
 
     @app.get("/admin/batching")
     async def get_batching() -> Response:
@@ -49,6 +69,20 @@ def add_admin_routes(app: FastAPI, server: ModelServer, *, admin_token: str | No
         settings = parse_batching(body, current=server.batching)
         server.set_batching(settings, source="admin endpoint")
         return json_response(batching_doc(settings))
+
+    @app.get("/admin/access")
+    async def get_access() -> Response:
+        if access is None:
+            raise InvalidRequest(NO_KEYS_MESSAGE)
+        return json_response(access_doc(access.gate.policy))
+
+    @app.put("/admin/access")
+    async def put_access(request: Request) -> Response:
+        _authorize(request, admin_token)
+        if access is None:
+            raise InvalidRequest(NO_KEYS_MESSAGE)
+        body = await read_body(request, ACCESS_BODY_LIMIT)
+        return json_response(access_doc(access.apply(body, source="admin")))
 
 
 def _authorize(request: Request, token: str | None) -> None:

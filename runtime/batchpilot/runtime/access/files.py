@@ -1,11 +1,18 @@
 """The keys' Secret and the access document as the pod mounts them: read at start, watched
-while serving, swapped into the gate when they change.
+while serving, swapped into the gate when they change — and the access document the operator
+sends to the admin port (`PUT /admin/access`), swapped in the same way.
 
 Kubernetes updates a mounted Secret or ConfigMap by writing the new version into a fresh folder
 and swapping the `..data` symlink to it: each file appears to change at once. The keys are read
 through the resolved `..data`, so one table comes from one version of the Secret even if a swap
 happens during the read. Like the batching file (`live_settings.ConfigFileWatcher`), both are
 polled: one stat per file and second, on any filesystem.
+
+The operator sends a changed access document to each ready pod at once (a mounted ConfigMap
+takes up to a minute) and writes the same document into the ConfigMap, the durable copy. So the
+file is judged by its content: the kubelet re-publishes every entry of the ConfigMap when any one
+changes (the batch settings, often), and a file whose content did not change changes nothing —
+it never undoes what the admin port applied. A file with new content wins, as it always did.
 
 Never open up: a folder or document that cannot be read or parsed is refused at start (the
 server exits 1, saying why) and, while serving, keeps the table and policy in force, logged and
@@ -15,6 +22,7 @@ counted. Messages name key ids and files, never a key.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Callable
@@ -65,12 +73,21 @@ def read_policy(path: Path | None) -> AccessPolicy:
     `AccessFileError`."""
     if path is None:
         return OPEN_POLICY
+    return _parse_document(path, _read_document(path))
+
+
+def _read_document(path: Path) -> bytes:
     try:
-        return parse_access(path.read_bytes())
-    except InvalidRequest as exc:
-        raise AccessFileError(f"access document {path}: {exc}") from None
+        return path.read_bytes()
     except OSError as exc:
         raise AccessFileError(f"access document {path} cannot be read: {exc.strerror}") from None
+
+
+def _parse_document(path: Path, body: bytes) -> AccessPolicy:
+    try:
+        return parse_access(body)
+    except InvalidRequest as exc:
+        raise AccessFileError(f"access document {path}: {exc}") from None
 
 
 Fingerprint = tuple[object, ...]
@@ -93,8 +110,9 @@ def _fingerprint(path: Path) -> Fingerprint:
 
 
 class AccessWatcher:
-    """Re-reads the keys folder and the access document when they change, and swaps what it
-    read into `gate`. `report(source, applied)` is told each attempt ("keys" or "access")."""
+    """Keeps the gate current: re-reads the keys folder and the access document when they
+    change, and takes the access documents sent to the admin port (`apply`). `report(source,
+    applied)` is told each attempt: "keys" or "access" (the files), "admin" (the endpoint)."""
 
     def __init__(
         self,
@@ -108,6 +126,34 @@ class AccessWatcher:
         self._paths = {"keys": keys, **({"access": access} if access is not None else {})}
         self._report = report
         self._seen = {source: _fingerprint(path) for source, path in self._paths.items()}
+        self._document: bytes | None = None
+        """The access file's content when last read: the same content again is no change."""
+        if access is not None:
+            with contextlib.suppress(AccessFileError):
+                self._document = _read_document(access)
+
+    @property
+    def gate(self) -> AccessGate:
+        return self._gate
+
+    def apply(self, body: bytes, *, source: str = "admin") -> AccessPolicy:
+        """Swap in the access document `body` whole, each bucket keeping what it holds, as a
+        changed file is. Raises `InvalidRequest` saying what is wrong; the policy in force
+        stays then. The file keeps its say: when its content next changes, it wins."""
+        try:
+            policy = parse_access(body)
+        except InvalidRequest as exc:
+            log.error(
+                "access document from the %s endpoint refused: %s; the limits in force stay",
+                source,
+                exc,
+            )
+            self._report(source, False)
+            raise
+        self._gate.replace(policy=policy)
+        log.info("access document from the %s endpoint applied", source)
+        self._report(source, True)
+        return policy
 
     def check(self) -> bool:
         """Apply whatever changed since the last check; True when something was swapped in."""
@@ -122,9 +168,8 @@ class AccessWatcher:
                     table = read_keys(path)
                     self._gate.replace(table=table)
                     log.info("API keys %s reloaded: %d keys", path, len(table.entries))
-                else:
-                    self._gate.replace(policy=read_policy(path))
-                    log.info("access document %s reloaded", path)
+                elif not self._reload_document(path):
+                    continue
             except AccessFileError as exc:
                 log.error("%s; the keys and limits in force stay", exc)
                 self._report(source, False)
@@ -132,6 +177,21 @@ class AccessWatcher:
             self._report(source, True)
             swapped = True
         return swapped
+
+    def _reload_document(self, path: Path) -> bool:
+        """Swap in the access file's policy if its content changed and differs from the policy
+        in force (False: nothing to do). Raises `AccessFileError`."""
+        body = _read_document(path)
+        if body == self._document:
+            return False  # re-published with the rest of the ConfigMap: the same document
+        self._document = body
+        policy = _parse_document(path, body)
+        if policy == self._gate.policy:
+            log.debug("access document %s: already in force", path)
+            return False
+        self._gate.replace(policy=policy)
+        log.info("access document %s reloaded", path)
+        return True
 
     async def run(self, *, interval_s: float) -> None:
         while True:

@@ -91,9 +91,12 @@ class AccessGate:
         return self._state.policy
 
     def replace(self, *, table: KeyTable | None = None, policy: AccessPolicy | None = None) -> None:
-        """Swap in a new key table and/or policy; the buckets keep what they hold."""
+        """Swap in a new key table and/or policy; the buckets keep what they hold. A policy
+        equal to the one in force changes nothing (the same document from the admin port and,
+        later, from the file)."""
         state = self._state
-        policy = policy or state.policy
+        if policy is None or policy == state.policy:
+            policy = state.policy
         quotas = state.quotas
         if policy is not state.policy:
             quotas = quotas.reconfigured(

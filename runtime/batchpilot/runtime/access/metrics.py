@@ -5,9 +5,10 @@
   of the key table in force, or `unknown` for a request without a key or with a key no entry
   holds, so the label set is bounded by the Secret.
 - `batchpilot_api_keys` (gauge): keys in the table in force.
-- `batchpilot_access_reloads_total` (counter by `source`: keys, access; `result`: applied,
-  refused): changed files read while serving; a refused one left the previous table or policy
-  in force.
+- `batchpilot_access_reloads_total` (counter by `source`: keys, access — the files — or admin,
+  the operator's `PUT /admin/access`; `result`: applied, refused): changes taken while serving; a
+  refused one left the previous table or policy in force. A file re-published with the content it
+  had is not counted: it changes nothing.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ class AccessMetrics:
         ).labels(**labels)
         self._reloads = Counter(
             "batchpilot_access_reloads",
-            "Changed API key or access files read while serving, by result (refused: the "
-            "previous ones stay in force)",
+            "API key or access changes taken while serving, from the files or the admin "
+            "endpoint, by result (refused: the previous ones stay in force)",
             [*names, "source", "result"],
             registry=registry,
         )

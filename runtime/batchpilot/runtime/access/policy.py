@@ -1,8 +1,10 @@
 """The access document (`batchpilot.api.access`) read into the policy the gate enforces: which
-key ids may call, and their limits.
+key ids may call, and their limits — and the policy written back as a document, for
+`GET /admin/access`.
 
 Parsed here, strictly, in the runtime's error vocabulary: a document that is not exactly right is
-refused whole (`InvalidRequest`), and the file watcher keeps the policy in force. Pure.
+refused whole (`InvalidRequest`), and the policy in force stays (the file watcher's and the admin
+endpoint's rule alike). Pure.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from batchpilot.api.access import (
     MAX_BURST,
     MAX_RATE_RPS,
     MIN_RATE_RPS,
+    AccessDocument,
+    KeyQuotaDocument,
+    QuotaDocument,
     key_id_problem,
 )
 from batchpilot.runtime.access.quota import Limit
@@ -105,3 +110,25 @@ def parse_access(body: bytes) -> AccessPolicy:
         per_key=per_key,
         total=_limit(doc["totalQuota"], "totalQuota") if "totalQuota" in doc else None,
     )
+
+
+def _quota_doc(limit: Limit) -> QuotaDocument:
+    return {"requestsPerSecond": limit.rate_rps, "burst": limit.burst}
+
+
+def access_doc(policy: AccessPolicy) -> AccessDocument:
+    """The access document of `policy`: `parse_access` of it gives the same policy back."""
+    doc: AccessDocument = {}
+    if policy.allowed is not None:
+        doc["allowedKeyIds"] = sorted(policy.allowed)
+    if policy.default is not None:
+        doc["defaultQuota"] = _quota_doc(policy.default)
+    if policy.per_key:
+        per_key: list[KeyQuotaDocument] = [
+            {"keyId": key_id, **_quota_doc(limit)}
+            for key_id, limit in sorted(policy.per_key.items())
+        ]
+        doc["keyQuotas"] = per_key
+    if policy.total is not None:
+        doc["totalQuota"] = _quota_doc(policy.total)
+    return doc
