@@ -198,6 +198,50 @@ class TestDiscard:
         store.submit()
 
 
+class TestOwnership:
+    """A job submitted by an owner (an API key's id) exists for that owner only."""
+
+    def test_another_owner_sees_nothing_and_cannot_discard(self) -> None:
+        store, _ = make_store()
+        job = store.submit(owner="alice")
+        assert job.owner == "alice"
+        assert store.get(job.id, owner="bob") is None
+        assert store.get(job.id) is None  # no owner is another owner too
+        assert store.discard(job.id, owner="bob") is None
+        assert store.get(job.id, owner="alice") is job  # untouched
+        store.succeed(job, "x")
+        assert store.get(job.id, owner="bob") is None
+        assert store.discard(job.id, owner="alice") is job
+        assert store.get(job.id, owner="alice") is None
+
+    async def test_another_owner_cannot_cancel_a_pending_job(self) -> None:
+        store, _ = make_store()
+        job = store.submit(owner="alice")
+
+        async def work() -> None:
+            await asyncio.Event().wait()
+
+        job.work = asyncio.get_running_loop().create_task(work())
+        assert store.discard(job.id, owner="bob") is None
+        await asyncio.sleep(0)
+        assert not job.work.cancelled()
+        assert store.counts()["pending"] == 1
+        assert store.discard(job.id, owner="alice") is job
+        with pytest.raises(asyncio.CancelledError):
+            await job.work
+
+    def test_owners_share_the_capacity_and_expiry(self) -> None:
+        store, clock = make_store(capacity=2, ttl_s=10)
+        mine, theirs = store.submit(owner="alice"), store.submit(owner="bob")
+        with pytest.raises(StoreFull):
+            store.submit(owner="carol")
+        store.succeed(mine, "x")
+        store.succeed(theirs, "y")
+        clock.now += 10
+        assert store.expire() == 2
+        assert len(store) == 0
+
+
 # --- The real server --------------------------------------------------------------------------
 
 FEATURES = 64

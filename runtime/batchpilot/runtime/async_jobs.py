@@ -7,6 +7,11 @@ a submit when it is full fails at once (the HTTP layer answers 429 with Retry-Af
 is ever dropped to make room. A job that has not finished never expires, so an accepted job is
 never silently lost; it only leaves by finishing and then expiring, or by being discarded.
 
+A job may have an owner (with API keys on, the id of the key that submitted it): it is then
+found, fetched and discarded only by that owner, and to anyone else it is just as absent as an
+id never submitted, so a job id alone neither reads a result nor tells that the job exists.
+Ownership is by key id, so a rotated key (same id, new value) keeps its jobs.
+
 This module is pure: time comes from an injected clock, expiry happens when the store is used
 (every call expires what is due first), and results are opaque to it. asyncio is used only for
 the event a long-polling reader waits on.
@@ -48,6 +53,8 @@ class JobNotFound(InferenceError):
 class Job(Generic[R]):
     id: str
     submitted_at: float
+    owner: str | None = None
+    """Who may see the job (the submitting API key's id); None: whoever can call the model."""
     state: JobState = JobState.PENDING
     finished_at: float | None = None
     result: R | None = None
@@ -98,8 +105,8 @@ class JobStore(Generic[R]):
     def ttl_s(self) -> float:
         return self._ttl_s
 
-    def submit(self) -> Job[R]:
-        """Accept a new pending job, or raise StoreFull at once."""
+    def submit(self, *, owner: str | None = None) -> Job[R]:
+        """Accept a new pending job belonging to `owner`, or raise StoreFull at once."""
         now = self._clock()
         self._expire(now)
         if len(self._jobs) >= self._capacity:
@@ -112,7 +119,7 @@ class JobStore(Generic[R]):
         job_id = self._new_id()
         while job_id in self._jobs:
             job_id = self._new_id()
-        job: Job[R] = Job(id=job_id, submitted_at=now)
+        job: Job[R] = Job(id=job_id, submitted_at=now, owner=owner)
         self._jobs[job_id] = job
         self._pending += 1
         return job
@@ -125,10 +132,14 @@ class JobStore(Generic[R]):
                 return max(1.0, math.ceil(job.finished_at + self._ttl_s - now))
         return 1.0
 
-    def get(self, job_id: str) -> Job[R] | None:
-        """The job, or None when unknown, discarded or expired."""
+    def _owned(self, job_id: str, owner: str | None) -> Job[R] | None:
+        job = self._jobs.get(job_id)
+        return job if job is not None and job.owner == owner else None
+
+    def get(self, job_id: str, *, owner: str | None = None) -> Job[R] | None:
+        """`owner`'s job, or None when unknown, discarded, expired or another owner's."""
         self._expire(self._clock())
-        return self._jobs.get(job_id)
+        return self._owned(job_id, owner)
 
     def succeed(self, job: Job[R], result: R) -> bool:
         """Record a result; False when the job had already left the store (discarded)."""
@@ -157,12 +168,14 @@ class JobStore(Generic[R]):
         self._expire(now)
         return True
 
-    def discard(self, job_id: str) -> Job[R] | None:
-        """Remove a job; a pending one has its work cancelled. None when there was none."""
+    def discard(self, job_id: str, *, owner: str | None = None) -> Job[R] | None:
+        """Remove `owner`'s job; a pending one has its work cancelled. None when `owner` has
+        no such job (another owner's is left alone)."""
         self._expire(self._clock())
-        job = self._jobs.pop(job_id, None)
+        job = self._owned(job_id, owner)
         if job is None:
             return None
+        del self._jobs[job_id]
         if not job.done:
             self._pending -= 1
             if job.work is not None:

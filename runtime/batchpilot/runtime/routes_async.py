@@ -6,6 +6,10 @@ task, and its result waits in the `JobStore` (`async_jobs`) until it is fetched,
 expires. Its outcome is counted in the request metrics like a sync request's, with its latency
 from submit to completion. The routes are plain Starlette routes: like the sync infer endpoint
 they read the body themselves and answer every error themselves.
+
+With API keys on, a job belongs to the id of the key that submitted it: reading or discarding
+it with another key answers 404, exactly as for an id never submitted, so a job id that leaks
+(a log, a shared Location) neither reads the result nor tells that the job exists.
 """
 
 from __future__ import annotations
@@ -67,7 +71,8 @@ def add_async_routes(
     access: AccessGate | None = None,
 ) -> None:
     """`POST .../infer/async`, `GET` and `DELETE .../infer/async/{job_id}`, on `jobs`. With
-    `access`, each needs an allowed API key, and a submit is within quota."""
+    `access`, each needs an allowed API key, a submit is within quota, and a job is read or
+    discarded only with the key id that submitted it."""
     metrics = server.metrics
     model_name = server.signature.name
     check_model = server.check_model
@@ -97,17 +102,29 @@ def add_async_routes(
     def location(job_id: str) -> str:
         return f"/v2/models/{model_name}/infer/async/{job_id}"
 
+    owned_by_key = (
+        "; with API keys, a job is read or deleted only with the key that submitted it"
+        if access is not None
+        else ""
+    )
+
     def not_found(job_id: str) -> JobNotFound:
+        # The same answer whether or not another key's job has this id: it confirms nothing.
         return JobNotFound(
             f"no async job '{job_id}' for model '{model_name}': it was never submitted, was "
             f"deleted, or its result expired (results are kept {jobs.ttl_s:g} s after they "
-            "finish)"
+            f"finish){owned_by_key}"
         )
 
+    def owner_of(request: Request) -> str | None:
+        """The caller's key id with API keys on (raises 401/403 as a submit would), else None."""
+        return None if access is None else access.identify(request.headers.items())
+
     async def submit(request: Request) -> Response:
+        owner: str | None = None
         if access is not None:
             try:
-                access.admit(request.headers.items())
+                owner = access.admit(request.headers.items())
             except InferenceError as exc:
                 return error_response(exc)
         started = time.perf_counter()
@@ -118,7 +135,7 @@ def add_async_routes(
             body = await read_body(request, max_body_bytes)
             parsed = decode_request(body, header_length=request_header_length(request))
             server.validate(parsed)  # a bad request fails now, not when its job runs
-            job = jobs.submit()
+            job = jobs.submit(owner=owner)
         except InferenceError as exc:
             metrics.request_finished(status_of(exc)[1], time.perf_counter() - started)
             return error_response(exc)
@@ -137,15 +154,14 @@ def add_async_routes(
     async def fetch(request: Request) -> Response:
         job_id = request.path_params["job_id"]
         try:
-            if access is not None:
-                access.identify(request.headers.items())
+            owner = owner_of(request)
             check_model(request.path_params["name"])
             wait_s = _wait_s(request)
-            job = jobs.get(job_id)
+            job = jobs.get(job_id, owner=owner)
             if job is not None and not job.done and wait_s > 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(job.finished.wait(), wait_s)
-                job = jobs.get(job_id)
+                job = jobs.get(job_id, owner=owner)
             if job is None:
                 raise not_found(job_id)
         except InferenceError as exc:
@@ -165,10 +181,9 @@ def add_async_routes(
     async def discard(request: Request) -> Response:
         job_id = request.path_params["job_id"]
         try:
-            if access is not None:
-                access.identify(request.headers.items())
+            owner = owner_of(request)
             check_model(request.path_params["name"])
-            job = jobs.discard(job_id)
+            job = jobs.discard(job_id, owner=owner)
             if job is None:
                 raise not_found(job_id)
         except InferenceError as exc:
