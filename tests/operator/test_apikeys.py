@@ -204,8 +204,13 @@ class TestTheSecretBeforeAnything:
         assert cluster.body["status"]["auth"] == {
             "secretName": "model-keys",
             "allowedKeyIds": ["batch", "storefront"],
-            "text": "API keys from Secret model-keys: key ids batch, storefront; per replica: "
-            "each key 50 rps, burst 100, batch 2.5 rps, burst 3, in total 400 rps, burst 400",
+            "quotaScope": "service",
+            "servingReplicas": 1,  # no replica ready yet: the first to be enforces it all
+            "text": "API keys from Secret model-keys: key ids batch, storefront; limits: "
+            "each key 50 requests/s for the service, 50 per replica across 1 replica "
+            "(burst 100, 100 per replica); batch 2.5 requests/s for the service, 2.5 per replica "
+            "across 1 replica (burst 3, 3 per replica); in total 400 requests/s for the service, "
+            "400 per replica across 1 replica (burst 400, 400 per replica)",
         }
 
     def test_a_secret_the_runtime_would_refuse_holds_the_spec_without_showing_a_key(

@@ -3,7 +3,9 @@ document and checks the keys' Secret, and the runtime, which enforces both.
 
 An InferenceService with `spec.auth` gets two things in its pods: the keys' Secret, mounted as a
 folder (one file per key, named by its key id, holding the key), and this document, in the
-ConfigMap beside the batching document (re-read when it changes, like the batching one):
+ConfigMap beside the batching document (re-read when its content changes, like the batching one)
+and sent by the operator to each ready pod's admin port (`PUT /admin/access`), which applies it at
+once:
 
 `{"allowedKeyIds": [...], "defaultQuota": {"requestsPerSecond": R, "burst": B},
 "keyQuotas": [{"keyId": ..., "requestsPerSecond": R, "burst": B}], "totalQuota": {...}}`
@@ -13,8 +15,11 @@ ConfigMap beside the batching document (re-read when it changes, like the batchi
 - `defaultQuota`: each key's rate limit unless `keyQuotas` names it; absent: no per-key limit.
 - `totalQuota`: the limit over every key together.
 
-Limits are token buckets per replica: a key may make `burst` requests at once and
-`requestsPerSecond` after that, on each replica that serves it.
+Limits are token buckets, and each runtime enforces the document it holds on the requests it
+receives: a key may make `burst` requests at once and `requestsPerSecond` after that, on that
+replica. For service-wide quotas (`spec.auth.quotas.scope: service`, the default) the operator
+writes each replica its share — the service's rates and bursts divided by the ready replicas — so
+the document changes when the service scales.
 
 The rules a key id and a key must follow are here too (`key_id_problem`, `key_problem`), so the
 operator refuses a Secret the runtime would refuse, with the same words. Pure: the standard

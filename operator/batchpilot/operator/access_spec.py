@@ -168,7 +168,8 @@ class ApiKeysSpec(SpecModel):
 
 
 class QuotaSpec(SpecModel):
-    """A token bucket per replica: `burst` requests at once, then `requestsPerSecond`."""
+    """A token bucket: `burst` requests at once, then `requestsPerSecond` — for the service, or
+    on each replica (`QuotasSpec.scope`)."""
 
     requests_per_second: float = Field(ge=MIN_RATE_RPS, le=MAX_RATE_RPS)
     burst: int | None = Field(default=None, ge=1, le=MAX_BURST)
@@ -184,7 +185,15 @@ class KeyQuotaSpec(QuotaSpec):
         return _key_id(value)
 
 
+QuotaScope = Literal["service", "replica"]
+
+
 class QuotasSpec(SpecModel):
+    scope: QuotaScope = "service"
+    """`service`: the limits are the service's — each of the N replicas that serve enforces its
+    share (the rates and bursts divided by N), so that together they enforce the limit written.
+    `replica`: each replica enforces the whole limit on the requests it receives (with N
+    replicas, up to N times the limit)."""
     default: QuotaSpec | None = None
     """Each key's limit unless `perKey` names it; absent: no per-key limit."""
     per_key: list[KeyQuotaSpec] | None = Field(default=None, max_length=MAX_KEYS)

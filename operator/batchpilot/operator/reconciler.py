@@ -20,11 +20,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from batchpilot.operator import conditions, events
-from batchpilot.operator.children.apikeys import auth_status, keys_secret_problem
+from batchpilot.operator.children.apikeys import access_document, auth_status, keys_secret_problem
 from batchpilot.operator.children.common import Owner
 from batchpilot.operator.children.deployment import UnsupportedModelSource
 from batchpilot.operator.children.exposure import exposure_status, not_served_message
 from batchpilot.operator.children.networkpolicy import access_status
+from batchpilot.operator.children.quota_share import serving_replicas
 from batchpilot.operator.children.service import grpc_address, service_url
 from batchpilot.operator.events import Event
 from batchpilot.operator.exposure_spec import CANARY_SELF_MESSAGE
@@ -69,6 +70,9 @@ def _changed(current: dict[str, Any], wanted: dict[str, Any]) -> dict[str, Any]:
 
 ReadReferenced = Callable[[ResourceKind, str, str], dict[str, Any] | None]
 """Reads an object the spec names and the operator does not own (the API keys' Secret)."""
+PushAccess = Callable[[Owner, str | None], list[Event]]
+"""Sends the access document to the ready pods that were not given it yet, and says what failed
+(None: no `spec.auth`). The handlers hand `autopilot.push.AccessPusher`."""
 
 
 class Reconciler:
@@ -79,7 +83,10 @@ class Reconciler:
 
     `read_referenced`: how to read what the spec names but the operator does not own (the API
     keys' Secret); default `kube.get`. The handlers hand the watch-fed cache's, which keeps such
-    an object once read (a child's label filter would never let it in)."""
+    an object once read (a child's label filter would never let it in).
+
+    `push_access`: how the access document reaches the running pods at once (None: through the
+    ConfigMap alone)."""
 
     def __init__(
         self,
@@ -89,12 +96,14 @@ class Reconciler:
         learned_outside_s: Callable[[dict[str, Any]], float | None],
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         read_referenced: ReadReferenced | None = None,
+        push_access: PushAccess | None = None,
     ) -> None:
         self._kube = kube
         self._settings = settings
         self._learned_outside_s = learned_outside_s
         self._clock = clock
         self._read_referenced = read_referenced or kube.get
+        self._push_access = push_access
 
     def reconcile(self, body: dict[str, Any]) -> ReconcileOutcome:
         meta = body["metadata"]
@@ -144,6 +153,10 @@ class Reconciler:
         conflict_text = ", ".join(f"{kind.kind} {name}" for kind, name in todo.conflicts)
         ready = (deployment or {}).get("status", {}).get("readyReplicas") or 0
         desired = (deployment or {}).get("spec", {}).get("replicas", owned.replicas)
+        serving = serving_replicas(deployment)  # they share service-wide quotas
+        if self._push_access is not None:
+            access = access_document(owner, serving_replicas=serving)
+            outcome.events.extend(self._push_access(owner, access))
         if todo.conflicts:
             ready_condition = (
                 "False",
@@ -171,7 +184,7 @@ class Reconciler:
             "maxQueueDelayMs": owned.max_queue_delay_ms,
             "deadlineMs": owned.deadline_ms,
             "access": access_status(owner, self._settings),
-            "auth": auth_status(owner),
+            "auth": auth_status(owner, serving_replicas=serving),
             "exposure": exposure_status(owner) if not_served is None else status.get("exposure"),
             "conditions": conditions.set_condition(
                 self._exposed(owner, status, exposure, not_served, generation, now, outcome),

@@ -1,15 +1,29 @@
-"""Tells a running runtime pod its new batch settings through its admin endpoint."""
+"""Tells running runtime pods new settings through their admin endpoint, because a mounted
+ConfigMap takes up to a minute to reach a pod: the batch settings (the autopilot's decisions) and
+the access document (allowed key ids and quotas: the reconciler sends it when the spec's quotas or
+the number of serving replicas change, `AccessPusher`)."""
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import urllib.error
 import urllib.request
+from typing import Protocol
+
+from batchpilot.operator import events
+from batchpilot.operator.children.common import Owner
+from batchpilot.operator.children.secret import token_in
+from batchpilot.operator.events import Event
+from batchpilot.operator.kinds import SECRET
+from batchpilot.operator.kube import Kube, KubeError
+
+log = logging.getLogger(__name__)
 
 
-def push_batching(endpoint: str, *, token: str, document: str, timeout_s: float = 2.0) -> None:
-    """PUT the batching document to `http://IP:PORT/admin/batching`; raises on failure."""
+def _put(endpoint: str, path: str, *, token: str, document: str, timeout_s: float) -> None:
     request = urllib.request.Request(
-        f"http://{endpoint}/admin/batching",
+        f"http://{endpoint}{path}",
         data=document.encode(),
         method="PUT",
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
@@ -19,3 +33,85 @@ def push_batching(endpoint: str, *, token: str, document: str, timeout_s: float 
             raise urllib.error.HTTPError(
                 request.full_url, response.status, "unexpected status", response.headers, None
             )
+
+
+def push_batching(endpoint: str, *, token: str, document: str, timeout_s: float = 2.0) -> None:
+    """PUT the batching document to `http://IP:PORT/admin/batching`; raises on failure."""
+    _put(endpoint, "/admin/batching", token=token, document=document, timeout_s=timeout_s)
+
+
+def push_access(endpoint: str, *, token: str, document: str, timeout_s: float = 2.0) -> None:
+    """PUT the access document to `http://IP:PORT/admin/access`; raises on failure."""
+    _put(endpoint, "/admin/access", token=token, document=document, timeout_s=timeout_s)
+
+
+class PushDocument(Protocol):
+    def __call__(self, endpoint: str, *, token: str, document: str) -> None:
+        """PUT a document to one pod (`IP:PORT`); raises on failure."""
+        ...
+
+
+class ReadyPods(Protocol):
+    def ready_pod_endpoints(self, namespace: str, selector: dict[str, str]) -> list[str]: ...
+
+
+class AccessPusher:
+    """Sends an InferenceService's access document to each of its ready pods that was not given
+    that document yet: after a spec change, after the number of serving replicas changed (each
+    replica's share did), and to a pod that has just become ready. Called by every reconcile
+    pass; a pass with nothing new sends nothing.
+
+    What each pod (by its admin endpoint) was given is remembered, as a digest, in memory: after
+    the operator restarts, each pod is sent the document once more. A pod that could not be
+    reached is not tried again until the document changes: it reads the same document from the
+    ConfigMap within a minute, and a pass never fails for it (a Warning Event says so)."""
+
+    def __init__(self, kube: Kube, *, pods: ReadyPods, push: PushDocument = push_access) -> None:
+        self._kube = kube
+        self._pods = pods
+        self._push = push
+        self._given: dict[tuple[str, str], dict[str, bytes]] = {}
+
+    def __call__(self, owner: Owner, document: str | None) -> list[Event]:
+        """Send `document` (None: the InferenceService has no `spec.auth`: forget its pods)."""
+        key = (owner.namespace, owner.name)
+        if document is None:
+            self._given.pop(key, None)
+            return []
+        try:
+            endpoints = self._pods.ready_pod_endpoints(owner.namespace, owner.selector)
+        except KubeError as exc:
+            log.warning("listing pods of %s/%s failed: %s", owner.namespace, owner.name, exc)
+            return []
+        digest = hashlib.sha256(document.encode()).digest()
+        given = {  # the pods that are gone are forgotten
+            endpoint: sent
+            for endpoint, sent in self._given.get(key, {}).items()
+            if endpoint in endpoints
+        }
+        todo = [endpoint for endpoint in endpoints if given.get(endpoint) != digest]
+        self._given[key] = given
+        if not todo:
+            return []
+        secret = self._kube.get(SECRET, owner.namespace, owner.secret_name)
+        token = token_in(secret) if secret is not None else None
+        if token is None:  # the pods have no token either; the ConfigMap reaches them
+            return []
+        failed = []
+        for endpoint in todo:
+            try:
+                self._push(endpoint, token=token, document=document)
+            except Exception as exc:  # any failure: the ConfigMap still gets there
+                failed.append(f"{endpoint} ({exc})")
+            given[endpoint] = digest
+        if not failed:
+            return []
+        return [
+            Event(
+                "Warning",
+                events.APPLY_FAILED,
+                "the access document (allowed keys, quotas) could not be sent to "
+                + ", ".join(failed)
+                + "; they will read it from the ConfigMap",
+            )
+        ]

@@ -7,7 +7,9 @@ The kubelet updates a mounted Secret in place (a `..data` symlink swap), so rota
 editing the Secret; the runtime notices and swaps its key table. That is also why the mount is a
 whole volume and never a `subPath`, which the kubelet does not update. The access document (the
 allowed key ids and the quotas, `batchpilot.api.access`) lives in the batching ConfigMap, which
-running pods re-read: quotas change without a restart.
+running pods re-read, and the operator also sends it to each ready pod's admin port: quotas
+change without a restart. With service-wide quotas (the default) the document is one replica's
+share of the limits written (`quota_share`), so it changes with the number of serving replicas.
 
 Pure: the Secret is an argument; the reconciler reads it.
 """
@@ -30,6 +32,7 @@ from batchpilot.api.access import (
 )
 from batchpilot.operator.access_spec import QuotaSpec
 from batchpilot.operator.children.common import ACCESS_FILE, BATCHING_DIR, Owner
+from batchpilot.operator.children.quota_share import share, shared
 from batchpilot.operator.events import API_KEYS_SECRET_INVALID, API_KEYS_SECRET_MISSING
 
 API_KEYS_DIR = "/var/run/secrets/batchpilot-api-keys"
@@ -51,8 +54,21 @@ def _quota(spec: QuotaSpec) -> QuotaDocument:
     }
 
 
-def access_document(owner: Owner) -> str | None:
-    """The access document the runtime reads (`--access-config`); None without `spec.auth`."""
+def access_document(owner: Owner, *, serving_replicas: int = 1) -> str | None:
+    """The access document each pod enforces (the ConfigMap's `--access-config`, and what the
+    operator sends to the pods' admin port); None without `spec.auth`. Service-wide quotas are
+    divided among the `serving_replicas` replicas that serve."""
+    doc = _written(owner)
+    if doc is None:
+        return None
+    auth = owner.spec.auth
+    if auth is not None and auth.quotas.scope == "service":
+        doc = shared(doc, serving_replicas)
+    return json.dumps(doc, sort_keys=True)
+
+
+def _written(owner: Owner) -> AccessDocument | None:
+    """The access document of the limits as `spec.auth` writes them, undivided."""
     auth = owner.spec.auth
     if auth is None:
         return None
@@ -70,7 +86,7 @@ def access_document(owner: Owner) -> str | None:
         doc["keyQuotas"] = per_key
     if quotas.total is not None:
         doc["totalQuota"] = _quota(quotas.total)
-    return json.dumps(doc, sort_keys=True)
+    return doc
 
 
 def api_keys_args(owner: Owner) -> list[str]:
@@ -133,30 +149,49 @@ def keys_secret_problem(owner: Owner, secret: dict[str, Any] | None) -> SecretPr
     )
 
 
-def _describe(quota: QuotaDocument) -> str:
-    return f"{quota['requestsPerSecond']:g} rps, burst {quota['burst']}"
+def _describe(quota: QuotaDocument, *, scope: str, replicas: int) -> str:
+    rate, burst = quota["requestsPerSecond"], quota["burst"]
+    if scope == "replica":
+        return f"{rate:g} requests/s, burst {burst}"
+    part = share(quota, replicas)
+    across = f"across {replicas} replica{'s' if replicas != 1 else ''}"
+    return (
+        f"{rate:g} requests/s for the service, {part['requestsPerSecond']:g} per replica "
+        f"{across} (burst {burst}, {part['burst']} per replica)"
+    )
 
 
-def auth_status(owner: Owner) -> dict[str, Any] | None:
+def auth_status(owner: Owner, *, serving_replicas: int = 1) -> dict[str, Any] | None:
     """`status.auth`: the keys and limits in force, in words; None without `spec.auth`."""
     auth = owner.spec.auth
-    document = access_document(owner)
-    if auth is None or document is None:
+    doc = _written(owner)
+    if auth is None or doc is None:
         return None
-    doc: AccessDocument = json.loads(document)
+    scope = auth.quotas.scope
     allowed = doc.get("allowedKeyIds")
     who = "every key" if allowed is None else f"key ids {', '.join(allowed) or 'none'}"
-    limits = []
+    limits: list[tuple[str, QuotaDocument]] = []
     if "defaultQuota" in doc:
-        limits.append(f"each key {_describe(doc['defaultQuota'])}")
+        limits.append(("each key", doc["defaultQuota"]))
     for quota in doc.get("keyQuotas", []):
-        limits.append(f"{quota['keyId']} {_describe(quota)}")
+        limits.append((quota["keyId"], quota))
     if "totalQuota" in doc:
-        limits.append(f"in total {_describe(doc['totalQuota'])}")
+        limits.append(("in total", doc["totalQuota"]))
     text = f"API keys from Secret {auth.api_keys.secret_name}: {who}"
     if limits:
-        text += f"; per replica: {', '.join(limits)}"
-    status: dict[str, Any] = {"secretName": auth.api_keys.secret_name, "text": text}
+        described = [
+            f"{name} {_describe(quota, scope=scope, replicas=serving_replicas)}"
+            for name, quota in limits
+        ]
+        heading = "per replica" if scope == "replica" else "limits"
+        text += f"; {heading}: {'; '.join(described)}"
+    status: dict[str, Any] = {
+        "secretName": auth.api_keys.secret_name,
+        "text": text,
+        "quotaScope": scope,
+    }
+    if scope == "service":
+        status["servingReplicas"] = serving_replicas
     if allowed is not None:
         status["allowedKeyIds"] = allowed
     return status

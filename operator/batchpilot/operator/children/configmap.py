@@ -8,8 +8,11 @@ autopilot also tells ready pods directly through their admin endpoint, because a
 ConfigMap takes up to a minute to reach a pod. It also carries the pipeline document
 (spec.pipeline), which the runtime reads once at start: the Deployment's pod template holds its
 hash, so a changed pipeline rolls the pods. With `spec.auth`, the access document (allowed key
-ids, quotas; `children.apikeys`) rides along, re-read like the batch settings. The documents are
-`batchpilot.api`'s, the contract the runtime reads them by.
+ids, quotas; `children.apikeys`) rides along, re-read like the batch settings and, like them,
+also sent to the ready pods' admin port. It is one replica's share of service-wide limits, so it
+changes whenever the number of serving replicas does: the pod template holds no hash of it, or
+every scale event would restart the service. The documents are `batchpilot.api`'s, the contract
+the runtime reads them by.
 """
 
 from __future__ import annotations
@@ -75,8 +78,15 @@ def pipeline_hash(owner: Owner) -> str | None:
 
 
 def build_configmap(
-    owner: Owner, *, batch_size: int, max_queue_delay_ms: float, deadline_ms: float
+    owner: Owner,
+    *,
+    batch_size: int,
+    max_queue_delay_ms: float,
+    deadline_ms: float,
+    serving_replicas: int = 1,
 ) -> dict[str, Any]:
+    """The ConfigMap; `serving_replicas`: the replicas that share service-wide quotas
+    (`quota_share.serving_replicas`)."""
     data = {
         BATCHING_FILE: batching_document(
             batch_size=batch_size,
@@ -87,7 +97,7 @@ def build_configmap(
     }
     if (pipeline := pipeline_document(owner)) is not None:
         data[PIPELINE_FILE] = pipeline
-    if (access := access_document(owner)) is not None:
+    if (access := access_document(owner, serving_replicas=serving_replicas)) is not None:
         data[ACCESS_FILE] = access  # re-read by running pods: quotas change without a restart
     return {
         "apiVersion": "v1",
