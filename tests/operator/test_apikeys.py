@@ -1,25 +1,34 @@
 """API keys and quotas as spec: `spec.auth` rendered into the pods (the Secret mounted whole, the
 runtime's flags, the access document in the ConfigMap), bad specs refused by the CRD and by the
-spec with the reason, a missing or unusable Secret held in a condition with nothing applied, and
-the watch-fed cache reading the user's Secret once."""
+spec with the reason, a missing or unusable Secret held in a condition with nothing applied, the
+watch-fed cache keeping the Secret an InferenceService names as the check's verdict (never a
+key), and the Secret's events reconciling whoever names it."""
 
 from __future__ import annotations
 
 import base64
 import copy
 import json
-from typing import Any
+from typing import Any, cast
 
+import kopf
 import pytest
 from pydantic import ValidationError
 
+from batchpilot.operator import handlers
 from batchpilot.operator.autopilot.pilot import learned_outside_s
 from batchpilot.operator.cache import WatchCache
-from batchpilot.operator.children.apikeys import API_KEYS_DIR, access_document
+from batchpilot.operator.children.apikeys import (
+    API_KEYS_DIR,
+    access_document,
+    keys_secret_problem,
+)
 from batchpilot.operator.children.common import Owner
 from batchpilot.operator.children.deployment import build_deployment
-from batchpilot.operator.handlers import ours
+from batchpilot.operator.children.keys_secret import CHECKED, slim_secret
+from batchpilot.operator.handlers import names, ours
 from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT, INFERENCESERVICE, SECRET
+from batchpilot.operator.passes import Passes
 from batchpilot.operator.plan import CHILD_KINDS
 from batchpilot.operator.reconciler import Reconciler
 from batchpilot.operator.settings import OperatorSettings
@@ -92,7 +101,7 @@ class TestInThePods:
             "totalQuota": {"requestsPerSecond": 400, "burst": 400},
         }
         policy = parse_access(document.encode())  # the runtime's own parser accepts it
-        assert policy.allowed == {"batch", "storefront"}
+        assert policy.allowed == frozenset({"batch", "storefront"})
         assert policy.per_key["batch"].burst == 3  # absent: one second's worth, rounded up
 
 
@@ -186,14 +195,16 @@ class TestTheSecretBeforeAnything:
         (ready,) = cluster.body["status"]["conditions"]
         assert (ready["status"], ready["reason"]) == ("False", "ApiKeysSecretMissing")
         assert "Secret model-keys does not exist in namespace vision" in ready["message"]
-        assert outcome.retry_error == ready["message"]  # tried again: the Secret may come
+        # Held until the Secret changes: its watch brings the next pass, no timer retries.
+        assert outcome.waiting == ready["message"]
+        assert outcome.retry_error is None
         assert outcome.permanent_error is None
         assert [(e.type, e.reason) for e in outcome.events] == [("Warning", "ApiKeysSecretMissing")]
         assert cluster.reconcile().events == []  # said once
 
         cluster.kube.put_object(keys_secret(GOOD_KEYS))
         outcome = cluster.reconcile()
-        assert outcome.retry_error is None
+        assert outcome.waiting is None
         assert ("create", "Deployment") in [w[:2] for w in cluster.kube.writes]
         configmap = cluster.kube.of(CONFIGMAP, NS, "resnet50-batching")
         assert json.loads(configmap["data"]["access.json"])["allowedKeyIds"] == [
@@ -225,7 +236,7 @@ class TestTheSecretBeforeAnything:
         assert "'bad id': a key id is 1 to 63 letters" in ready["message"]
         assert "the key of 'storefront' has 8 characters" in ready["message"]
         assert "tooshort" not in ready["message"]
-        assert outcome.retry_error is not None
+        assert outcome.waiting == ready["message"]
 
     def test_a_secret_broken_later_leaves_the_running_children_alone(self) -> None:
         cluster = Cluster(isvc(auth=AUTH))
@@ -252,34 +263,123 @@ class TestTheSecretBeforeAnything:
         assert cluster.body["status"]["auth"] is None  # the status patch removes it
 
 
-class TestTheCacheReadsTheSecretOnce:
-    def test_a_users_secret_is_read_from_the_api_once_then_kept_current_by_the_watch(
-        self,
-    ) -> None:
+def operator_cache(api: WatchedApi) -> WatchCache:
+    """The cache as the operator configures it for Secrets (handlers.configure)."""
+    return WatchCache(
+        api,
+        (INFERENCESERVICE, *CHILD_KINDS),
+        keep=ours,
+        slim={SECRET: slim_secret},
+        packed=CHILD_KINDS,
+        references=names,
+    )
+
+
+class TestTheSecretInMemory:
+    """The watch keeps the Secret an InferenceService names, as the check's verdict (no key in
+    the operator's memory), and says whom to reconcile when it changes."""
+
+    def test_named_it_is_kept_from_the_watch_without_a_request(self) -> None:
         api = WatchedApi()
         api.put_object(isvc(auth=AUTH))
         api.put_object(keys_secret(GOOD_KEYS))  # the user's: no operator labels
-        cache = WatchCache(api, (INFERENCESERVICE, *CHILD_KINDS), keep=ours)
-        api.deliver(cache)
+        cache = operator_cache(api)
+        api.deliver(cache)  # the InferenceService first, then the Secret it names
         cache.mark_synced()
-        assert cache.get(SECRET, NS, "model-keys") is None  # not a child: not kept by the watch
+        assert cache.referrers(SECRET, NS, "model-keys") == ["resnet50"]
+        assert cache.referrers(SECRET, NS, "other") == []
+        found = cache.get_referenced(SECRET, NS, "model-keys")
+        assert found is not None
+        assert api.calls == []
+
+    def test_what_is_kept_is_the_verdict_and_never_a_key(self) -> None:
+        api = WatchedApi()
+        api.put_object(isvc(auth=AUTH))
+        api.put_object(keys_secret(GOOD_KEYS))
+        cache = operator_cache(api)
+        api.deliver(cache)
+        kept = cache.get_referenced(SECRET, NS, "model-keys")
+        assert kept is not None
+        assert "data" not in kept
+        assert kept[CHECKED] == {"problem": None}
+        for key in GOOD_KEYS.values():
+            assert key not in json.dumps(kept)
+            assert base64.b64encode(key.encode()).decode() not in json.dumps(kept)
+        assert keys_secret_problem(owner(), kept) is None
+
+        api.edit(SECRET, "model-keys", lambda s: s["data"].update({"storefront": "c2hvcnQ="}))
+        api.deliver(cache)  # the watch brings the edit: a key too short
+        kept = cache.get_referenced(SECRET, NS, "model-keys")
+        assert kept is not None
+        problem = keys_secret_problem(owner(), kept)
+        assert problem is not None
+        assert problem.reason == "ApiKeysSecretInvalid"
+        assert "the key of 'storefront' has 5 characters" in problem.message
+        assert keys_secret_problem(owner(), api.get(SECRET, NS, "model-keys")) == problem
+
+    def test_listed_before_anything_named_it_it_is_read_once(self) -> None:
+        api = WatchedApi()
+        api.put_object(keys_secret(GOOD_KEYS))
+        api.put_object(isvc(auth=AUTH))
+        cache = operator_cache(api)
+        api.deliver(cache)  # the Secret first: no one named it yet, so the cache dropped it
+        cache.mark_synced()
         api.calls.clear()
         assert cache.get_referenced(SECRET, NS, "model-keys") is not None
         assert cache.get_referenced(SECRET, NS, "model-keys") is not None
-        assert api.calls == ["get Secret"]  # once; then from memory
-
-        api.edit(SECRET, "model-keys", lambda s: s["data"].update({"new": "bmV3" * 8}))
-        api.deliver(cache)  # the watch brings the rotation; its name is known now
-        found = cache.get_referenced(SECRET, NS, "model-keys")
-        assert found is not None
-        assert "new" in found["data"]
         assert api.calls == ["get Secret"]
+
+    def test_missing_it_is_asked_once_and_its_creation_comes_by_the_watch(self) -> None:
+        api = WatchedApi()
+        api.put_object(isvc(auth=AUTH))
+        cache = operator_cache(api)
+        api.deliver(cache)
+        cache.mark_synced()
+        assert cache.get_referenced(SECRET, NS, "model-keys") is None
+        assert cache.get_referenced(SECRET, NS, "model-keys") is None
+        assert api.calls == ["get Secret"]  # once: from then on the watch would show it
+
+        api.put_object(keys_secret(GOOD_KEYS))
+        api.deliver(cache)
+        assert cache.get_referenced(SECRET, NS, "model-keys") is not None
+        api.remove(SECRET, "model-keys")
+        api.deliver(cache)
+        assert cache.get_referenced(SECRET, NS, "model-keys") is None
+        assert api.calls == ["get Secret"]
+
+    def test_named_no_more_it_is_dropped(self) -> None:
+        api = WatchedApi()
+        api.put_object(isvc(auth=AUTH))
+        api.put_object(keys_secret(GOOD_KEYS))
+        cache = operator_cache(api)
+        api.deliver(cache)
+        before = len(cache)
+
+        def rename(body: dict[str, Any]) -> None:
+            body["spec"]["auth"]["apiKeys"]["secretName"] = "new-keys"
+
+        api.edit(INFERENCESERVICE, "resnet50", rename)
+        api.deliver(cache)
+        assert cache.referrers(SECRET, NS, "model-keys") == []
+        assert cache.referrers(SECRET, NS, "new-keys") == ["resnet50"]
+        assert len(cache) == before - 1  # the old Secret went
+
+        api.remove(INFERENCESERVICE, "resnet50")
+        api.deliver(cache)
+        assert cache.referrers(SECRET, NS, "new-keys") == []
+
+    def test_the_operators_own_secret_is_kept_whole(self) -> None:
+        cluster = Cluster(isvc())
+        cluster.reconcile()
+        token = cluster.kube.of(SECRET, NS, "resnet50-admin-token")
+        assert slim_secret(token)["data"] == token["data"]  # the plan keeps the token
+        assert "data" not in slim_secret(keys_secret(GOOD_KEYS))
 
     def test_the_reconciler_over_the_cache_makes_no_request_once_settled(self) -> None:
         api = WatchedApi()
         api.put_object(isvc(auth=AUTH))
         api.put_object(keys_secret(GOOD_KEYS))
-        cache = WatchCache(api, (INFERENCESERVICE, *CHILD_KINDS), keep=ours)
+        cache = operator_cache(api)
         api.deliver(cache)
         cache.mark_synced()
         reconciler = Reconciler(
@@ -291,8 +391,50 @@ class TestTheCacheReadsTheSecretOnce:
         )
         body = api.get(INFERENCESERVICE, NS, "resnet50")
         assert body is not None
-        assert reconciler.reconcile(copy.deepcopy(body)).retry_error is None
+        assert reconciler.reconcile(copy.deepcopy(body)).waiting is None
         api.deliver(cache)
         api.calls.clear()
         reconciler.reconcile(copy.deepcopy(body))
         assert api.calls == []
+
+
+def added(obj: dict[str, Any]) -> kopf.RawEvent:
+    """A watch event as kopf hands it to a handler."""
+    return {"type": "ADDED", "object": cast(kopf.RawBody, obj)}
+
+
+class TestTheSecretsEventReconcilesWhoNamesIt:
+    """The handlers' glue, called as kopf calls it: a Secret's event reaches the passes of the
+    InferenceServices that name it, and no other Secret takes a worker."""
+
+    def test_its_creation_lifts_the_hold(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(kopf, "event", lambda *args, **kwargs: None)
+        api = WatchedApi()
+        api.put_object(isvc(auth=AUTH))
+        cache = operator_cache(api)
+        api.deliver(cache)
+        memo = kopf.Memo(
+            cache=cache,
+            passes=Passes(cache),
+            reconciler=Reconciler(
+                cache,
+                OperatorSettings(),
+                learned_outside_s=learned_outside_s,
+                clock=lambda: T0,
+                read_referenced=cache.get_referenced,
+            ),
+        )
+        outcome = handlers.reconcile_now(NS, "resnet50", memo)
+        assert outcome is not None
+        assert outcome.waiting is not None  # held: the resource's handler does not retry it
+
+        created = api.put_object(keys_secret(GOOD_KEYS))
+        unrelated = api.put_object(keys_secret(GOOD_KEYS, name="someone-elses"))
+        api.deliver(cache)  # the index function runs first, for each event
+        assert not handlers._names_it(event=added(unrelated), memo=memo)
+        event = added(created)
+        assert handlers._names_it(event=event, memo=memo)
+        handlers._on_named_secret_event(event=event, memo=memo)
+        body = api.of(INFERENCESERVICE, NS, "resnet50")
+        assert body["status"]["conditions"][0]["reason"] == "Progressing"
+        assert api.get(DEPLOYMENT, NS, "resnet50") is not None

@@ -17,8 +17,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-import kubernetes_validate
+import jsonschema  # type: ignore[import-untyped]  # no stubs installed
+import kubernetes_validate  # type: ignore[import-untyped]  # no py.typed marker
 import pytest
 import yaml
 from pydantic import ValidationError
@@ -493,7 +493,12 @@ class TestTheReconciler:
         )
         condition = exposed_condition(cluster)
         assert condition is not None
-        assert (condition["status"], condition["reason"]) == ("True", "Applied")
+        # Applied; whether it works is the Gateway's word, which no controller has given yet.
+        assert (condition["status"], condition["reason"]) == ("Unknown", "Pending")
+        assert condition["message"] == (
+            "applied; waiting for the Gateway infra/edge to accept the routes "
+            "(HTTPRoute resnet50, GRPCRoute resnet50)"
+        )
         assert cluster.writes_of(cluster.reconcile) == []  # converged: nothing to do
 
     def test_a_new_weight_or_sla_updates_the_routes(self) -> None:
@@ -555,6 +560,78 @@ class TestTheReconciler:
         assert cluster.kube.writes == []
 
 
+def gateway_says(
+    cluster: Cluster, kind: str, *, status: str = "True", reason: str = "Accepted"
+) -> None:
+    """A Gateway controller writes the route's status for infra/edge (listener https)."""
+    route = cluster.kube.objects[(kind, NS, "resnet50")]
+    generation = route["metadata"].get("generation", 1)
+    route["status"] = {
+        "parents": [
+            {
+                "parentRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway", **GATEWAY},
+                "controllerName": "example.net/gateway",
+                "conditions": [
+                    {
+                        "type": "Accepted",
+                        "status": status,
+                        "reason": reason,
+                        "message": "" if status == "True" else "listener https: not from vision",
+                        "observedGeneration": generation,
+                    },
+                    {
+                        "type": "ResolvedRefs",
+                        "status": "True",
+                        "reason": "ResolvedRefs",
+                        "observedGeneration": generation,
+                    },
+                ],
+            }
+        ]
+    }
+
+
+class TestWhatTheGatewaySays:
+    """The reconciler reads the routes' status as it finds them (in the operator, the watch-fed
+    cache: a Gateway's status write is a route event, which reconciles the owner)."""
+
+    def test_exposed_follows_acceptance_and_a_refusal_warns_once(self) -> None:
+        cluster = exposed(gateway(hostnames=["resnet.example.com"]))
+        cluster.reconcile()
+        gateway_says(cluster, "HTTPRoute")
+        gateway_says(cluster, "GRPCRoute")
+        outcome = cluster.reconcile()
+        condition = exposed_condition(cluster)
+        assert condition is not None
+        assert (condition["status"], condition["reason"]) == ("True", "Accepted")
+        assert condition["message"] == (
+            "resnet.example.com via gateway infra/edge listener https: resnet50: accepted by the "
+            "Gateway infra/edge"
+        )
+        assert cluster.body["status"]["exposure"]["routes"] == [
+            "HTTPRoute resnet50: accepted",
+            "GRPCRoute resnet50: accepted",
+        ]
+        assert [e for e in outcome.events if e.type == "Warning"] == []
+
+        gateway_says(cluster, "HTTPRoute", status="False", reason="NotAllowedByListeners")
+        outcome = cluster.reconcile()
+        condition = exposed_condition(cluster)
+        assert condition is not None
+        assert (condition["status"], condition["reason"]) == ("False", "NotAllowedByListeners")
+        assert condition["message"] == (
+            "HTTPRoute resnet50: the Gateway infra/edge did not accept it: NotAllowedByListeners: "
+            "listener https: not from vision"
+        )
+        (warning,) = [e for e in outcome.events if e.type == "Warning"]
+        assert (warning.reason, warning.message) == (events.EXPOSURE_REFUSED, condition["message"])
+        assert cluster.body["status"]["exposure"]["routes"][0] == (
+            "HTTPRoute resnet50: refused (NotAllowedByListeners)"
+        )
+        assert cluster.reconcile().events == []  # said once, not on every pass
+        assert cluster.writes_of(cluster.reconcile) == []  # and nothing is rewritten for it
+
+
 class TestAClusterWithoutTheGatewayAPI:
     def test_the_condition_says_so_and_everything_else_is_reconciled(self) -> None:
         cluster = exposed(gateway(), not_served=frozenset({"HTTPRoute", "GRPCRoute"}))
@@ -606,7 +683,7 @@ class TestAClusterWithoutTheGatewayAPI:
         cluster.reconcile()
         condition = exposed_condition(cluster)
         assert condition is not None
-        assert condition["status"] == "True"
+        assert (condition["status"], condition["reason"]) == ("Unknown", "Pending")
         cluster.kube.of(HTTP_ROUTE, NS, "resnet50")
 
 

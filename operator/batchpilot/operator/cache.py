@@ -34,15 +34,21 @@ What keeps it right:
 - Children are kept when they carry the operator's labels, or when their name is already known
   (a child whose labels someone edited, a foreign object met by a 409): a miss is then "no
   such object", and the PodDisruptionBudget that should not exist costs no GET either.
-- What a spec names and the operator does not own (the API keys' Secret) is read through
-  `get_referenced`: asked of the API when not in memory, then kept as a known name.
+- What a spec names and the operator does not own (the API keys' Secret) is kept too, from the
+  moment an object that names it is in memory (`references`): the watch brings its creation, its
+  edits and its deletion, and `referrers` says whom to reconcile for them (handlers.py). Read
+  through `get_referenced`: a miss is asked of the API once after it is first named (it may
+  predate the naming, which the watch did not know to keep), then means "no such object". An
+  object no one names any longer is dropped, unless `keep` wants it anyway.
 
 Memory: the children are kept as their JSON text (`packed`) and parsed on each read — a
 Deployment's dict is several times its text, and at 2,000 services the children's dicts alone
-were ~80 MiB; a pass parses its six in well under a millisecond. The InferenceServices stay
-dicts: kopf keeps each one's latest body for its timer anyway, and the cache shares it. Objects
-handed out that are not packed are shared with the cache: callers read them and never change
-them (the plan deep-copies what it writes back).
+were ~80 MiB; a pass parses its six in well under a millisecond. `slim` trims what is kept: a pod
+to what its endpoints need, a Secret the operator does not control to the API keys check's
+verdict, never its keys (children/keys_secret.py). The InferenceServices stay dicts: kopf keeps
+each one's latest body for its timer anyway, and the cache shares it. Objects handed out that
+are not packed are shared with the cache: callers read them and never change them (the plan
+deep-copies what it writes back).
 """
 
 from __future__ import annotations
@@ -58,6 +64,9 @@ from batchpilot.operator.kube import Kube, KubeError, ready_pod_endpoints
 Obj = dict[str, Any]
 Key = tuple[str, str]
 """(namespace, name)"""
+Ref = tuple[ResourceKind, Key]
+References = Callable[[ResourceKind, Obj], Iterable[tuple[ResourceKind, str]]]
+"""What an object names in its own namespace that the cache keeps for it: (kind, name)."""
 
 
 class ApiClient(Kube, Protocol):
@@ -142,7 +151,9 @@ class WatchCache:
     (deleted), both from kopf's loop; read and written through from kopf's worker threads.
     `keep(kind, obj)` says whether an object not known yet belongs in the cache (children: the
     operator's labels). `slim[kind]` trims what is kept of an object (default: managedFields);
-    `packed` kinds are kept as JSON text, and each read of one is a new dict.
+    `packed` kinds are kept as JSON text, and each read of one is a new dict. `references(kind,
+    obj)`: what `obj` names that is kept while it does (the API keys' Secret an InferenceService
+    names), whatever `keep` says of it.
     """
 
     def __init__(
@@ -153,6 +164,7 @@ class WatchCache:
         keep: Callable[[ResourceKind, Obj], bool] = lambda kind, obj: True,
         slim: Mapping[ResourceKind, Callable[[Obj], Obj]] | None = None,
         packed: Iterable[ResourceKind] = (),
+        references: References = lambda kind, obj: (),
     ) -> None:
         self._api = api
         self._keep = keep
@@ -162,6 +174,13 @@ class WatchCache:
         self._objects: dict[ResourceKind, dict[Key, _Kept]] = {kind: {} for kind in kinds}
         self._deleted: dict[tuple[ResourceKind, Key], int | None] = {}
         """Objects this operator deleted, by the version it deleted, until the watch says so."""
+        self._references = references
+        self._names: dict[Ref, frozenset[Ref]] = {}
+        """What each object in memory names (only objects that name something)."""
+        self._named_by: dict[Ref, set[Ref]] = {}
+        """The other way round: each object named, and who names it."""
+        self._absent: set[Ref] = set()
+        """Named objects the API said do not exist since they were named: a miss is final."""
         self._synced = threading.Event()
 
     # --- fed by the watches ------------------------------------------------------------------
@@ -171,7 +190,8 @@ class WatchCache:
         if kind not in self._objects:
             return
         with self._lock:
-            if _key(obj) in self._objects[kind] or self._keep(kind, obj):
+            key = _key(obj)
+            if key in self._objects[kind] or (kind, key) in self._named_by or self._keep(kind, obj):
                 self._put(kind, obj, watched=True)
 
     def gone(self, kind: ResourceKind, obj: Obj) -> None:
@@ -183,6 +203,9 @@ class WatchCache:
             current = self._objects[kind].get(key)
             if current is not None and not _older(obj, current.version):
                 del self._objects[kind][key]
+                self._name(kind, key, ())
+                if (kind, key) in self._named_by:
+                    self._absent.add((kind, key))
             if (kind, key) in self._deleted and not _older(obj, self._deleted[(kind, key)]):
                 del self._deleted[(kind, key)]
 
@@ -214,14 +237,27 @@ class WatchCache:
         return self._refresh(kind, namespace, name)
 
     def get_referenced(self, kind: ResourceKind, namespace: str, name: str) -> Obj | None:
-        """An object a spec names that is not a child (the API keys' Secret): the watch shows it,
-        but `keep` lets no such object in, so a miss is asked of the API, and what it answers is
-        kept — its name is known from then on, and the watch keeps it current. Only a missing
-        object costs a request per read."""
+        """An object a spec names that is not a child (the API keys' Secret). Kept from the
+        watch once named (`references`); a miss is asked of the API, once after it is named,
+        since it may have been listed before anything named it. What the API answers is kept,
+        and the watch keeps it current."""
         found = self.get(kind, namespace, name)
+        ref = (kind, (namespace, name))
         if found is not None or kind not in self._objects:
             return found
-        return self._refresh(kind, namespace, name)
+        with self._lock:
+            if self.synced and ref in self._absent:
+                return None
+        found = self._refresh(kind, namespace, name)
+        with self._lock:
+            if found is None and ref in self._named_by:
+                self._absent.add(ref)
+        return found
+
+    def referrers(self, kind: ResourceKind, namespace: str, name: str) -> list[str]:
+        """The names of the objects in memory that name this one (`references`)."""
+        with self._lock:
+            return sorted(key[1] for _, key in self._named_by.get((kind, (namespace, name)), ()))
 
     def ready_pod_endpoints(self, namespace: str, selector: dict[str, str]) -> list[str]:
         if POD not in self._objects or not self.synced:
@@ -296,6 +332,34 @@ class WatchCache:
         objects[key] = _Kept(
             self._slim.get(kind, without_managed_fields)(obj), packed=kind in self._packed
         )
+        self._name(kind, key, self._references(kind, obj))
+        self._absent.discard((kind, key))
+
+    def _name(
+        self, kind: ResourceKind, key: Key, names: Iterable[tuple[ResourceKind, str]]
+    ) -> None:
+        """What the object `key` of `kind` names now (call with the lock held). An object that
+        no one names any longer goes, unless `keep` wants it."""
+        referrer = (kind, key)
+        now = frozenset((named, (key[0], name)) for named, name in names)
+        before = self._names.pop(referrer, frozenset())
+        if now:
+            self._names[referrer] = now
+        for ref in now - before:
+            self._named_by.setdefault(ref, set()).add(referrer)
+        for ref in before - now:
+            by = self._named_by.get(ref)
+            if by is None:
+                continue
+            by.discard(referrer)
+            if by:
+                continue
+            del self._named_by[ref]
+            self._absent.discard(ref)
+            named_kind, named_key = ref
+            kept = self._objects.get(named_kind, {}).get(named_key)
+            if kept is not None and not self._keep(named_kind, kept.value()):
+                del self._objects[named_kind][named_key]
 
     def _written(self, kind: ResourceKind, target: Obj, write: Callable[[], Obj]) -> Obj:
         try:
@@ -317,7 +381,8 @@ class WatchCache:
         with self._lock:
             self._deleted.pop((kind, key), None)
             if fresh is None:
-                self._objects[kind].pop(key, None)
+                if self._objects[kind].pop(key, None) is not None:
+                    self._name(kind, key, ())
                 return None
             self._put(kind, fresh)
             kept = self._objects[kind].get(key)

@@ -15,7 +15,10 @@ METRICS_AVAILABLE = "MetricsAvailable"
 SLA_MET = "SLAMet"
 SCALING_LIMITED = "ScalingLimited"
 EXPOSED = "Exposed"
-"""Whether spec.exposure's routes (or Ingress) are applied; absent without spec.exposure."""
+"""Whether the way in of spec.exposure works: True once the Gateway accepted every route (an
+Ingress: once applied), False with the Gateway's reason when it refused one or the routes could
+not be applied, Unknown while the Gateway has not said (children/route_acceptance.py); absent
+without spec.exposure."""
 SLO_AT_RISK = "SLOAtRisk"
 """True while the error budget burns fast enough to fire a burn-rate alert (see autopilot.slo)."""
 

@@ -14,10 +14,13 @@ APPLY_FAILED = "ApplyFailed"
 API_KEYS_SECRET_MISSING = "ApiKeysSecretMissing"
 API_KEYS_SECRET_INVALID = "ApiKeysSecretInvalid"
 """The spec is held back (nothing applied) until the API keys' Secret it names can be used; also
-the Ready condition's reason."""
+the Ready condition's reason. The Secret's watch brings the next pass (handlers.py)."""
 
 EXPOSURE_NOT_APPLIED = "ExposureNotApplied"
 """The cluster does not serve a kind spec.exposure needs (no Gateway API): the rest is applied."""
+EXPOSURE_REFUSED = "ExposureRefused"
+"""The Gateway refused a route (its status.parents): posted when it starts refusing, not on every
+pass."""
 
 
 @dataclass(frozen=True, slots=True)

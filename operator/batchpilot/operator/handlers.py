@@ -1,18 +1,20 @@
 """kopf glue: every trigger runs the same level-triggered reconcile pass, through `Passes`.
 
 Triggers: the InferenceService's create/update/resume, a periodic timer (drift that no event
-reports), and events of the children it owns (someone edits or deletes a Deployment; a pod
-becomes ready). Each names the InferenceService and calls `reconcile_now`: `Passes` serializes it
-per object, reads the object and writes its status (see there why), `Reconciler` decides.
-Handlers differ only in what a failure means to kopf: the resource's handler retries, the timer
-and child events wait for the next trigger. Every pass reads through `WatchCache` (cache.py):
-the InferenceServices, their children and their pods, fed by an index function per kind (and a
-DELETED-only event handler), so a pass that changes nothing makes no request. The autopilot
-runs as one loop for the whole fleet (`FleetPilot`: one Prometheus round per interval, then
-every piloted service's tick), started with the operator and stopped with it; its ticks go
-through `Passes` too: they write the same status (conditions, batch settings), so they must not
-interleave with a reconcile. Handlers parse nothing and decide nothing; they post the Events a
-pass returns.
+reports), events of the children it owns (someone edits or deletes a Deployment; a pod becomes
+ready; the Gateway accepts or refuses a route, in the route's status), and events of the API keys'
+Secret it names (created, edited, deleted: a spec held for it goes ahead at once, so nothing
+retries on a timer). Each names the InferenceService and calls `reconcile_now`: `Passes`
+serializes it per object, reads the object and writes its status (see there why), `Reconciler`
+decides. Handlers differ only in what a failure means to kopf: the resource's handler retries,
+the timer and the other events wait for the next trigger. Every pass reads through `WatchCache`
+(cache.py): the InferenceServices, their children, their pods and the Secrets they name, fed by
+an index function per kind (and a DELETED-only event handler), so a pass that changes nothing
+makes no request. The autopilot runs as one loop for the whole fleet (`FleetPilot`: one
+Prometheus round per interval, then every piloted service's tick), started with the operator and
+stopped with it; its ticks go through `Passes` too: they write the same status (conditions,
+batch settings), so they must not interleave with a reconcile. Handlers parse nothing and decide
+nothing; they post the Events a pass returns.
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ from batchpilot.operator.autopilot.prometheus import FleetObserver, Seasonality,
 from batchpilot.operator.autopilot.push import push_batching
 from batchpilot.operator.cache import WatchCache, slim_pod
 from batchpilot.operator.children.common import ISVC_LABEL, MANAGED_BY
+from batchpilot.operator.children.keys_secret import keys_secret_name, slim_secret
 from batchpilot.operator.events import Event
 from batchpilot.operator.fleet import FleetPilot, autopiloted
-from batchpilot.operator.kinds import INFERENCESERVICE, POD, ResourceKind
+from batchpilot.operator.kinds import INFERENCESERVICE, POD, SECRET, ResourceKind
 from batchpilot.operator.kube import KubeClient, KubeError
 from batchpilot.operator.passes import Passes
 from batchpilot.operator.plan import CHILD_KINDS
@@ -63,6 +66,15 @@ def ours(kind: ResourceKind, obj: dict[str, Any]) -> bool:
     return labels.get("app.kubernetes.io/managed-by") == MANAGED_BY and ISVC_LABEL in labels
 
 
+def names(kind: ResourceKind, obj: dict[str, Any]) -> list[tuple[ResourceKind, str]]:
+    """What an object names that the cache keeps for it, though it is not a child: an
+    InferenceService's API keys' Secret."""
+    if kind != INFERENCESERVICE:
+        return []
+    secret = keys_secret_name(obj)
+    return [] if secret is None else [(SECRET, secret)]
+
+
 @kopf.on.login()
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     """In-cluster service account, else $KUBECONFIG as it is now (kopf's client-based login
@@ -88,8 +100,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         KubeClient.from_environment(),
         (INFERENCESERVICE, *CHILD_KINDS, POD),
         keep=ours,
-        slim={POD: slim_pod},
+        slim={POD: slim_pod, SECRET: slim_secret},
         packed=CHILD_KINDS,
+        references=names,
     )
     memo.cache = kube
     memo.passes = Passes(kube)
@@ -275,6 +288,30 @@ def _on_child_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     _reconcile_or_log(namespace, owner_name, memo, trigger="a child's event")
 
 
+def _names_it(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> bool:
+    """Whether an InferenceService names this Secret: kopf asks in its loop, before a worker is
+    taken, so the cluster's other Secrets cost a dict lookup each."""
+    cache: WatchCache | None = memo.get("cache")
+    meta = event["object"].get("metadata", {})
+    return (
+        cache is not None
+        and "passes" in memo
+        and bool(cache.referrers(SECRET, meta.get("namespace") or "", meta.get("name") or ""))
+    )
+
+
+def _on_named_secret_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    """The API keys' Secret of some InferenceServices was created, edited or deleted (the cache
+    has the change already: its index runs first): reconcile each of them, as a child's event
+    reconciles its owner — a spec held for a missing or unusable Secret goes ahead, one whose
+    Secret breaks is held."""
+    cache: WatchCache = memo.cache
+    meta = event["object"].get("metadata", {})
+    namespace, name = meta.get("namespace") or "", meta.get("name") or ""
+    for owner in cache.referrers(SECRET, namespace, name):
+        _reconcile_or_log(namespace, owner, memo, trigger=f"an event of its Secret {name}")
+
+
 def _group_version(kind: ResourceKind) -> tuple[str, str]:
     group, _, version = kind.group_version.rpartition("/")
     return group, version
@@ -317,3 +354,8 @@ for _kind in CHILD_KINDS:  # the plan's: every child kind it makes is watched
     kopf.on.event(_group, _version, _kind.plural, labels=CHILD_FILTER, id=f"child-{_kind.plural}")(
         _on_child_event
     )
+
+# After the cache's feed of Secrets (a child kind), which kopf then runs first for each event.
+kopf.on.event("", "v1", SECRET.plural, id="api-keys-secrets", when=_names_it)(
+    _on_named_secret_event
+)

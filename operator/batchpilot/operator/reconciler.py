@@ -26,6 +26,7 @@ from batchpilot.operator.children.deployment import UnsupportedModelSource
 from batchpilot.operator.children.exposure import exposure_status, not_served_message
 from batchpilot.operator.children.networkpolicy import access_status
 from batchpilot.operator.children.quota_share import serving_replicas
+from batchpilot.operator.children.route_acceptance import Exposure, exposure_now
 from batchpilot.operator.children.service import grpc_address, service_url
 from batchpilot.operator.events import Event
 from batchpilot.operator.exposure_spec import CANARY_SELF_MESSAGE
@@ -54,6 +55,9 @@ class ReconcileOutcome:
     """The spec cannot work until someone changes it."""
     retry_error: str | None = None
     """A write failed; try again."""
+    waiting: str | None = None
+    """Held until something the operator watches changes (the API keys' Secret): its watch
+    event brings the next pass, so nothing is retried on a timer."""
 
 
 def describe_validation_error(error: ValidationError) -> str:
@@ -125,7 +129,7 @@ class Reconciler:
             problem = keys_secret_problem(owner, secret)
             if problem is not None:
                 return self._refuse(
-                    status, generation, now, problem.message, reason=problem.reason, retry=True
+                    status, generation, now, problem.message, reason=problem.reason, waiting=True
                 )
 
         outcome = ReconcileOutcome()
@@ -138,8 +142,9 @@ class Reconciler:
                 return self._refuse(status, generation, now, str(exc), reason="UnsupportedModel")
             try:
                 rest, exposure = todo.split(EXPOSURE_KINDS)
-                deployment = self._apply(rest, observed, outcome)
-                not_served = self._apply_exposure(exposure, observed, outcome)
+                children = dict(observed)  # as each write leaves them
+                self._apply(rest, children, outcome)
+                not_served = self._apply_exposure(exposure, children, outcome)
                 break
             except KubeError as exc:
                 if exc.status == 409 and attempt == 1:
@@ -150,6 +155,8 @@ class Reconciler:
                 outcome.events.append(Event("Warning", events.APPLY_FAILED, outcome.retry_error))
                 return outcome
 
+        deployment = children[DEPLOYMENT]
+        exposed = exposure_now(owner, {kind.kind: children[kind] for kind in EXPOSURE_KINDS})
         conflict_text = ", ".join(f"{kind.kind} {name}" for kind, name in todo.conflicts)
         ready = (deployment or {}).get("status", {}).get("readyReplicas") or 0
         desired = (deployment or {}).get("spec", {}).get("replicas", owned.replicas)
@@ -185,9 +192,15 @@ class Reconciler:
             "deadlineMs": owned.deadline_ms,
             "access": access_status(owner, self._settings),
             "auth": auth_status(owner, serving_replicas=serving),
-            "exposure": exposure_status(owner) if not_served is None else status.get("exposure"),
+            "exposure": (
+                _with_routes(exposure_status(owner), exposed)
+                if not_served is None
+                else status.get("exposure")
+            ),
             "conditions": conditions.set_condition(
-                self._exposed(owner, status, exposure, not_served, generation, now, outcome),
+                self._exposed(
+                    owner, status, exposure, not_served, exposed, generation, now, outcome
+                ),
                 type_=conditions.READY,
                 status=ready_condition[0],  # type: ignore[arg-type]
                 reason=ready_condition[1],
@@ -205,11 +218,14 @@ class Reconciler:
         status: dict[str, Any],
         todo: ChildrenPlan,
         not_served: ResourceKind | None,
+        exposed: Exposure | None,
         generation: int | None,
         now: datetime,
         outcome: ReconcileOutcome,
     ) -> list[dict[str, Any]]:
-        """The conditions with `Exposed` as this pass leaves it (none without spec.exposure)."""
+        """The conditions with `Exposed` as this pass leaves it (none without spec.exposure):
+        what the Gateway said of the routes (`route_acceptance`), unless they could not be
+        applied. A Warning Event when the Gateway refuses one, once."""
         current = status.get("conditions")
         if owner.spec.exposure is None:
             return conditions.without(current, conditions.EXPOSED)
@@ -229,13 +245,12 @@ class Reconciler:
                 f"{taken} is not controlled by this InferenceService",
             )
         else:
-            text = (exposure_status(owner) or {}).get("text", "")
-            state = (
-                "True",
-                "Applied",
-                f"{text} (whether the Gateway or Ingress controller accepted it is in the "
-                "route's own status)",
-            )
+            assert exposed is not None  # spec.exposure, all applied
+            state = (exposed.status, exposed.reason, exposed.message)
+            previous = conditions.find(current, conditions.EXPOSED)
+            was = (previous or {}).get("status"), (previous or {}).get("reason")
+            if exposed.refused and was != ("False", exposed.reason):
+                outcome.events.append(Event("Warning", events.EXPOSURE_REFUSED, exposed.message))
         return conditions.set_condition(
             current,
             type_=conditions.EXPOSED,
@@ -249,18 +264,18 @@ class Reconciler:
     def _apply_exposure(
         self,
         todo: ChildrenPlan,
-        observed: dict[ResourceKind, dict[str, Any] | None],
+        children: dict[ResourceKind, dict[str, Any] | None],
         outcome: ReconcileOutcome,
     ) -> ResourceKind | None:
         """The exposure's writes, as one. A create answered 404 means the API server does not
         serve that kind (the Gateway API's CRDs are not installed: a namespaced collection of a
         served kind always exists): what this pass created of the exposure is deleted again,
         nothing else of it is written — the way in that was in force stays — and the kind is
-        returned. None: all written."""
+        returned. None: all written. `children` follows the writes, as `_apply`'s."""
         created: list[dict[str, Any]] = []
         for obj in todo.create:
             try:
-                self._kube.create(obj)
+                answered = self._kube.create(obj)
             except KubeError as exc:
                 if exc.status != 404:
                     raise
@@ -268,12 +283,13 @@ class Reconciler:
                     meta = made["metadata"]
                     self._kube.delete(KINDS[made["kind"]], meta["namespace"], meta["name"])
                 return KINDS[obj["kind"]]
-            created.append(obj)
+            created.append(answered)
         for obj in created:
+            children[KINDS[obj["kind"]]] = obj
             outcome.events.append(
                 Event("Normal", events.CREATED, f"created {obj['kind']} {obj['metadata']['name']}")
             )
-        self._apply(ChildrenPlan(replace=todo.replace, delete=todo.delete), observed, outcome)
+        self._apply(ChildrenPlan(replace=todo.replace, delete=todo.delete), children, outcome)
         return None
 
     def _observe(self, owner: Owner) -> dict[ResourceKind, dict[str, Any] | None]:
@@ -283,20 +299,18 @@ class Reconciler:
     def _apply(
         self,
         todo: ChildrenPlan,
-        observed: dict[ResourceKind, dict[str, Any] | None],
+        children: dict[ResourceKind, dict[str, Any] | None],
         outcome: ReconcileOutcome,
-    ) -> dict[str, Any] | None:
-        """Make the planned writes; returns the Deployment as it is afterwards."""
-        deployment = observed.get(DEPLOYMENT)
+    ) -> None:
+        """Make the planned writes; `children` follows them (what each write answered, None for
+        a child deleted): the Deployment's status and the routes' are read from it after."""
         for obj in todo.create:
-            created = self._kube.create(obj)
+            children[KINDS[obj["kind"]]] = self._kube.create(obj)
             outcome.events.append(
                 Event("Normal", events.CREATED, f"created {obj['kind']} {obj['metadata']['name']}")
             )
-            if obj["kind"] == DEPLOYMENT.kind:
-                deployment = created
         for obj in todo.replace:
-            replaced = self._kube.replace(obj)
+            children[KINDS[obj["kind"]]] = self._kube.replace(obj)
             outcome.events.append(
                 Event(
                     "Normal",
@@ -304,12 +318,10 @@ class Reconciler:
                     f"updated {obj['kind']} {obj['metadata']['name']} to match the spec",
                 )
             )
-            if obj["kind"] == DEPLOYMENT.kind:
-                deployment = replaced
         for kind, name in todo.delete:
-            self._kube.delete(kind, observed_namespace(observed, kind), name)
+            self._kube.delete(kind, observed_namespace(children, kind), name)
+            children[kind] = None
             outcome.events.append(Event("Normal", events.DELETED, f"deleted {kind.kind} {name}"))
-        return deployment
 
     def _refuse(
         self,
@@ -319,18 +331,18 @@ class Reconciler:
         message: str,
         *,
         reason: str = "InvalidSpec",
-        retry: bool = False,
+        waiting: bool = False,
     ) -> ReconcileOutcome:
-        """Write nothing but the Ready condition. `retry`: what is wrong may be fixed without a
-        new spec (a Secret created later), so the pass is tried again rather than given up."""
+        """Write nothing but the Ready condition. `waiting`: what is wrong may be fixed without
+        a new spec (a Secret created later), and the watch of it brings the next pass."""
         previous = conditions.find(status.get("conditions"), conditions.READY)
         outcome = (
-            ReconcileOutcome(retry_error=message)
-            if retry
+            ReconcileOutcome(waiting=message)
+            if waiting
             else ReconcileOutcome(permanent_error=message)
         )
         if previous is None or previous.get("message") != message:
-            event_reason = reason if retry else events.INVALID_SPEC
+            event_reason = reason if waiting else events.INVALID_SPEC
             outcome.events.append(Event("Warning", event_reason, message))
         wanted = {
             "observedGeneration": generation,
@@ -346,6 +358,15 @@ class Reconciler:
         }
         outcome.status = _changed(status, wanted)
         return outcome
+
+
+def _with_routes(
+    exposure: dict[str, Any] | None, exposed: Exposure | None
+) -> dict[str, Any] | None:
+    """`status.exposure` with each route's word from the Gateway (`kubectl describe`)."""
+    if exposure is None or exposed is None:
+        return exposure
+    return {**exposure, "routes": exposed.routes}
 
 
 def observed_namespace(

@@ -16,22 +16,14 @@ Pure: the Secret is an argument; the reconciler reads it.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import math
 from typing import Any, NamedTuple
 
-from batchpilot.api.access import (
-    MAX_KEYS,
-    AccessDocument,
-    KeyQuotaDocument,
-    QuotaDocument,
-    key_id_problem,
-    key_problem,
-)
+from batchpilot.api.access import AccessDocument, KeyQuotaDocument, QuotaDocument
 from batchpilot.operator.access_spec import QuotaSpec
 from batchpilot.operator.children.common import ACCESS_FILE, BATCHING_DIR, Owner
+from batchpilot.operator.children.keys_secret import checked_problem
 from batchpilot.operator.children.quota_share import share, shared
 from batchpilot.operator.events import API_KEYS_SECRET_INVALID, API_KEYS_SECRET_MISSING
 
@@ -124,29 +116,8 @@ def keys_secret_problem(owner: Owner, secret: dict[str, Any] | None) -> SecretPr
             "it with one entry per key (the entry's name is the key id, its value the key); "
             "nothing of this spec is applied until it exists",
         )
-    data = secret.get("data") or {}
-    problems: list[str] = []
-    if not data:
-        problems.append("it holds no keys")
-    elif len(data) > MAX_KEYS:
-        problems.append(f"it holds {len(data)} keys, at most {MAX_KEYS}")
-    for key_id, encoded in sorted(data.items()):
-        problem = key_id_problem(key_id)
-        if problem is None:
-            try:
-                problem = key_problem(key_id, base64.b64decode(encoded, validate=True))
-            except (binascii.Error, TypeError, ValueError):
-                problem = f"the value of {key_id!r} is not base64"
-        if problem is not None:
-            problems.append(problem)
-    if not problems:
-        return None
-    return SecretProblem(
-        API_KEYS_SECRET_INVALID,
-        f"the API keys' Secret {name} cannot be used: {'; '.join(problems[:5])}"
-        + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else "")
-        + "; nothing of this spec is applied until it is fixed",
-    )
+    problem = checked_problem(secret)  # whole, or as the cache keeps it (keys_secret)
+    return None if problem is None else SecretProblem(API_KEYS_SECRET_INVALID, problem)
 
 
 def _describe(quota: QuotaDocument, *, scope: str, replicas: int) -> str:
