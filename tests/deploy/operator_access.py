@@ -20,6 +20,7 @@ Three sources, each read from the code rather than written down a second time:
 from __future__ import annotations
 
 import ast
+import base64
 import copy
 import importlib.util
 import inspect
@@ -41,6 +42,7 @@ from batchpilot.operator import run as operator_run
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation
 from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
 from batchpilot.operator.autopilot.prometheus import Scope
+from batchpilot.operator.autopilot.push import AccessPusher
 from batchpilot.operator.election import LeaderElector
 from batchpilot.operator.kinds import DEPLOYMENT, INFERENCESERVICE, ResourceKind
 from batchpilot.operator.kube import KubeClient
@@ -273,6 +275,29 @@ def run_scenarios() -> RecordingKube:
     assert ("HTTPRoute", namespace, name) not in kube.objects
     kube.not_served.clear()
     del body["spec"]["exposure"]
+
+    # API keys with service-wide quotas: the keys Secret is read, the access document goes to
+    # the ready pods' admin endpoints (their admin token read from the operator's Secret).
+    keys = base64.b64encode(b"k" * 32).decode()
+    kube.put_object({
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": "model-keys", "namespace": namespace},
+        "data": {"storefront": keys},
+    })  # fmt: skip
+    body["spec"]["auth"] = {
+        "apiKeys": {"secretName": "model-keys"},
+        "quotas": {"default": {"requestsPerSecond": 10}},
+    }
+    keyed = Reconciler(
+        kube,
+        OperatorSettings(),
+        learned_outside_s=learned_outside_s,
+        clock=lambda: NOW,
+        push_access=AccessPusher(kube, pods=kube, push=lambda endpoint, *, token, document: None),
+    )
+    body["status"] = {**body["status"], **keyed.reconcile(copy.deepcopy(body)).status}
+    del body["spec"]["auth"]
+    reconcile()
 
     # An InferenceService whose status is not written yet (the operator restarted, say).
     kube.put_object({"kind": INFERENCESERVICE.kind, **copy.deepcopy(body), "status": {}})

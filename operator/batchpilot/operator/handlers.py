@@ -31,7 +31,7 @@ import kopf
 
 from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
 from batchpilot.operator.autopilot.prometheus import FleetObserver, Seasonality, http_query
-from batchpilot.operator.autopilot.push import push_batching
+from batchpilot.operator.autopilot.push import AccessPusher, push_access, push_batching
 from batchpilot.operator.cache import WatchCache, slim_pod
 from batchpilot.operator.children.common import ISVC_LABEL, MANAGED_BY
 from batchpilot.operator.children.keys_secret import keys_secret_name, slim_secret
@@ -111,6 +111,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         _SETTINGS,
         learned_outside_s=learned_outside_s,
         read_referenced=kube.get_referenced,
+        push_access=AccessPusher(kube, pods=kube, push=push_access),
     )
     observer = FleetObserver(
         http_query(_SETTINGS.prometheus_url),

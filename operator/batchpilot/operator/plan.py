@@ -24,6 +24,7 @@ from batchpilot.operator.children.deployment import build_deployment
 from batchpilot.operator.children.exposure import build_grpc_route, build_http_route, build_ingress
 from batchpilot.operator.children.networkpolicy import build_network_policy
 from batchpilot.operator.children.pdb import build_pdb
+from batchpilot.operator.children.quota_share import serving_replicas
 from batchpilot.operator.children.secret import build_secret, new_token, token_in
 from batchpilot.operator.children.service import build_service
 from batchpilot.operator.kinds import (
@@ -58,6 +59,8 @@ class Owned:
     token: str
     deadline_ms: float | None = None
     """The pods' default deadline; None: the SLA itself."""
+    serving_replicas: int = 1
+    """The ready replicas, which share service-wide quotas (`children.quota_share`)."""
 
 
 @dataclass
@@ -133,6 +136,7 @@ def owned_values(
             outside_s=outside_s,
             in_force_ms=None if recorded is None else recorded.deadline_ms,
         ),
+        serving_replicas=serving_replicas(mine.get(DEPLOYMENT)),
     )
 
 
@@ -152,6 +156,7 @@ def desired_children(
                 if owned.deadline_ms is not None
                 else default_deadline_ms(sla_ms=owner.spec.sla.latency_p99_ms, outside_s=None)
             ),
+            serving_replicas=owned.serving_replicas,
         ),
         DEPLOYMENT: build_deployment(owner, settings, replicas=owned.replicas),
         SERVICE: build_service(owner),

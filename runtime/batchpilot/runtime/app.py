@@ -24,6 +24,7 @@ from fastapi.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from batchpilot.runtime.access import AccessGate
+from batchpilot.runtime.access.files import AccessWatcher
 from batchpilot.runtime.async_jobs import JobStore
 from batchpilot.runtime.errors import InferenceError
 from batchpilot.runtime.infer_dispatch import RuntimeApp
@@ -89,11 +90,14 @@ def create_app(
     return app
 
 
-def create_admin_app(server: ModelServer, *, admin_token: str | None) -> FastAPI:
-    """The admin listener's app: the batching settings (`admin_token`: the bearer token that
-    may change them; None refuses every change)."""
+def create_admin_app(
+    server: ModelServer, *, admin_token: str | None, access: AccessWatcher | None = None
+) -> FastAPI:
+    """The admin listener's app: the batching settings and the access document (`admin_token`:
+    the bearer token that may change them, None refuses every change; `access`: what keeps the
+    API key gate current, None when the server checks no keys)."""
     app = _platform_app("batchpilot runtime admin")
-    add_admin_routes(app, server, admin_token=admin_token)
+    add_admin_routes(app, server, admin_token=admin_token, access=access)
     return app
 
 
