@@ -5,9 +5,9 @@ a condition with nothing of the exposure applied and every other child reconcile
 exposures refused by the CRD and by the spec with the same reasons; what is in force in
 `status.exposure`.
 
-The Gateway API's CRDs are not vendored here: `GATEWAY_API_V1` below is the part of the
-standard channel's v1 schema (gateway-api v1.2, HTTPRoute and GRPCRoute) that covers every field
-the operator renders, with the upstream patterns and bounds, and no other field allowed.
+Routes are checked against the Gateway API's own CRDs (vendored in tests/data/gateway-api/,
+loaded by tests/operator/gateway_api.py), with no field beyond their schema allowed; their CEL
+rules are applied by the sandbox's API in test_gateway_crds.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import jsonschema  # type: ignore[import-untyped]  # no stubs installed
 import kubernetes_validate  # type: ignore[import-untyped]  # no py.typed marker
 import pytest
 import yaml
@@ -51,6 +50,7 @@ from batchpilot.operator.spec import InferenceServiceSpec
 from batchpilot.sandbox import LocalKubernetesAPI, errors
 from batchpilot.sandbox.store import Store
 from tests.deploy.chart import find, render
+from tests.operator import gateway_api
 from tests.operator.crd_store import crd_store, create_isvc
 from tests.operator.election_support import client_for
 from tests.operator.fake_kube import FakeKube
@@ -79,133 +79,8 @@ def gateway(**fields: Any) -> dict[str, Any]:
     return {"gateway": {**GATEWAY, **fields}}
 
 
-# --- The Gateway API's v1 schema, for the fields rendered ---------------------------------------
-
-DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-_PARENT_REF = {
-    "type": "object",
-    "required": ["name"],
-    "additionalProperties": False,
-    "properties": {
-        "group": {"type": "string", "maxLength": 253, "pattern": r"^$|" + DNS_SUBDOMAIN},
-        "kind": {
-            "type": "string",
-            "minLength": 1,
-            "maxLength": 63,
-            "pattern": r"^[a-zA-Z]([-a-zA-Z0-9]*[a-zA-Z0-9])?$",
-        },
-        "name": {"type": "string", "minLength": 1, "maxLength": 253},
-        "namespace": {
-            "type": "string",
-            "minLength": 1,
-            "maxLength": 63,
-            "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
-        },
-        "sectionName": {
-            "type": "string",
-            "minLength": 1,
-            "maxLength": 253,
-            "pattern": DNS_SUBDOMAIN,
-        },
-    },
-}
-_BACKEND_REFS = {
-    "type": "array",
-    "maxItems": 16,
-    "items": {
-        "type": "object",
-        "required": ["name"],
-        "additionalProperties": False,
-        "properties": {
-            "group": {"type": "string", "maxLength": 253, "pattern": r"^$|" + DNS_SUBDOMAIN},
-            "kind": {"type": "string", "minLength": 1, "maxLength": 63},
-            "name": {"type": "string", "minLength": 1, "maxLength": 253},
-            "port": {"type": "integer", "minimum": 1, "maximum": 65535},
-            "weight": {"type": "integer", "minimum": 0, "maximum": 1_000_000},
-        },
-    },
-}
-_HOSTNAMES = {
-    "type": "array",
-    "maxItems": 16,
-    "items": {
-        "type": "string",
-        "minLength": 1,
-        "maxLength": 253,
-        "pattern": r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
-    },
-}
-GATEWAY_DURATION = r"^([0-9]{1,5}(h|m|s|ms)){1,4}$"
-"""GEP-2257, the Gateway API's Duration."""
-
-
-def _route(rule: dict[str, Any], kind: str) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "required": ["apiVersion", "kind", "metadata", "spec"],
-        "properties": {
-            "apiVersion": {"const": "gateway.networking.k8s.io/v1"},
-            "kind": {"const": kind},
-            "spec": {
-                "type": "object",
-                "additionalProperties": False,
-                "properties": {
-                    "parentRefs": {"type": "array", "maxItems": 32, "items": _PARENT_REF},
-                    "hostnames": _HOSTNAMES,
-                    "rules": {"type": "array", "minItems": 1, "maxItems": 16, "items": rule},
-                },
-            },
-        },
-    }
-
-
-GATEWAY_API_V1 = {
-    "HTTPRoute": _route(
-        {
-            "type": "object",
-            "additionalProperties": False,
-            "properties": {
-                "matches": {
-                    "type": "array",
-                    "maxItems": 64,
-                    "items": {
-                        "type": "object",
-                        "additionalProperties": False,
-                        "properties": {
-                            "path": {
-                                "type": "object",
-                                "additionalProperties": False,
-                                "properties": {
-                                    "type": {"enum": ["Exact", "PathPrefix", "RegularExpression"]},
-                                    "value": {"type": "string", "maxLength": 1024, "pattern": "^/"},
-                                },
-                            }
-                        },
-                    },
-                },
-                "backendRefs": _BACKEND_REFS,
-                "timeouts": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "properties": {"request": {"type": "string", "pattern": GATEWAY_DURATION}},
-                },
-            },
-        },
-        "HTTPRoute",
-    ),
-    "GRPCRoute": _route(
-        {
-            "type": "object",
-            "additionalProperties": False,
-            "properties": {"backendRefs": _BACKEND_REFS},
-        },
-        "GRPCRoute",
-    ),
-}
-
-
 def assert_valid_route(route: dict[str, Any]) -> None:
-    jsonschema.validate(route, GATEWAY_API_V1[route["kind"]])
+    gateway_api.validate(route)  # the vendored CRD's schema, no field beyond it
     backend_weights = [
         ref["weight"] for rule in route["spec"]["rules"] for ref in rule["backendRefs"]
     ]
@@ -384,7 +259,7 @@ class TestTimeoutsFollowTheSLA:
         timeout = request_timeout_ms(sla_ms)
         assert timeout >= sla_ms + 1000
         text = gateway_duration(timeout)
-        assert re.fullmatch(GATEWAY_DURATION, text), text
+        assert re.fullmatch(gateway_api.duration_pattern(), text), text
         assert parse_duration_ms(text) == timeout
 
     def test_durations(self) -> None:
