@@ -5,43 +5,29 @@ cannot run: a model that fails to load is one clear log line and exit status 1. 
 server stops taking new requests (503 with Connection: close, readiness fails), finishes every
 request already queued, keeps its port open a short linger longer so that no client finds its
 connection reset or refused, and exits 0 within the grace period; a second signal forces the exit.
+The parts come from `assembly` (which the sandbox's pod host shares); this module binds the
+listeners, runs them behind one `DrainingServer`, and reports the tally at exit.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import gc
 import logging
 import math
 import os
 import socket
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
 
 import uvicorn
 
-from batchpilot.runtime.access.files import AccessFileError
-from batchpilot.runtime.access.serving import serving_gate
-from batchpilot.runtime.app import (
-    AppConfig,
-    PortDispatch,
-    create_admin_app,
-    create_app,
-    create_metrics_app,
-)
-from batchpilot.runtime.batching import BatchSettings
-from batchpilot.runtime.device import DeviceUnavailable, Nvml
+from batchpilot.runtime.app import PortDispatch
+from batchpilot.runtime.assembly import CannotServe, assemble
+from batchpilot.runtime.device import Nvml
 from batchpilot.runtime.draining import CloseWhenDraining
-from batchpilot.runtime.engines import build_engine
 from batchpilot.runtime.graceful import DrainingServer
-from batchpilot.runtime.live_settings import ConfigFileWatcher
 from batchpilot.runtime.metrics import RuntimeMetrics
-from batchpilot.runtime.onnx_engine import ModelLoadError
 from batchpilot.runtime.outcomes import RequestOutcome
-from batchpilot.runtime.server import ModelServer
 from batchpilot.runtime.settings import RuntimeSettings
 
 log = logging.getLogger("batchpilot.runtime")
@@ -53,119 +39,13 @@ def serve(settings: RuntimeSettings) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    nvml = Nvml.probe()
     try:
-        engine = build_engine(settings, nvml=nvml)
-    except (ModelLoadError, DeviceUnavailable, ValueError, OSError) as exc:
+        parts = assemble(settings, nvml=Nvml.probe())
+    except CannotServe as exc:
         log.error("model %s cannot be served: %s", settings.model_path, exc)
         return 1
-    pipeline = None
-    if settings.pipeline_config is not None:
-        # Imported here: servers without a pipeline never load Pillow or tokenizers.
-        from batchpilot.runtime.pipeline.pipeline import PipelineConfigError, load_pipeline
-
-        try:
-            pipeline = load_pipeline(
-                settings.pipeline_config,
-                engine.signature,
-                model_dir=settings.model_path.absolute().parent,
-            )
-        except PipelineConfigError as exc:
-            log.error("model %s cannot be served: %s", settings.model_path, exc)
-            return 1
-        log.info(
-            "pipeline %s: inputs %s, outputs %s",
-            settings.pipeline_config,
-            ", ".join(f"{s.name}:{s.datatype}{list(s.shape)}" for s in pipeline.signature.inputs),
-            ", ".join(f"{s.name}:{s.datatype}{list(s.shape)}" for s in pipeline.signature.outputs),
-        )
-    info = engine.info
-    log.info(
-        "serving model '%s' on %s (%s%s), inputs %s",
-        settings.model_name,
-        info.device,
-        info.detail or info.kind,
-        ", SIMULATED: no real accelerator" if info.simulated else "",
-        ", ".join(f"{s.name}:{s.datatype}{list(s.shape)}" for s in engine.signature.inputs),
-    )
-    metrics = RuntimeMetrics(
-        model=settings.model_name,
-        service=settings.isvc_name,
-        namespace=settings.isvc_namespace,
-        engine=info,
-        nvml=nvml,
-    )
-    model_server = ModelServer(
-        engine,
-        batching=BatchSettings(
-            max_batch_size=settings.max_batch_size,
-            max_queue_delay_s=settings.max_queue_delay_ms / 1e3,
-            deadline_s=settings.deadline_ms / 1e3 if settings.deadline_ms else None,
-        ),
-        queue_capacity=settings.queue_capacity,
-        metrics=metrics,
-        admission=settings.admission,
-        pipeline=pipeline,
-        pipeline_threads=settings.pipeline_threads,
-    )
-    access = None
-    if settings.api_keys is not None:
-        try:
-            access, access_watcher = serving_gate(
-                keys=settings.api_keys,
-                access=settings.access_config,
-                model=settings.model_name,
-                registry=metrics.registry,
-                labels={
-                    "model": settings.model_name,
-                    "isvc": settings.isvc_name,
-                    "namespace": settings.isvc_namespace,
-                },
-            )
-        except AccessFileError as exc:
-            log.error("model %s cannot be served: %s", settings.model_path, exc)
-            return 1
-    app = create_app(
-        model_server,
-        access=access,
-        config=AppConfig(
-            max_body_bytes=settings.max_body_bytes,
-            drain_grace_s=settings.drain_grace_s,
-            async_result_ttl_s=settings.async_result_ttl_s,
-            async_capacity=settings.async_capacity,
-            metrics=settings.metrics_port is None,
-        ),
-    )
-    if settings.batching_config is not None:
-        watcher = ConfigFileWatcher(
-            settings.batching_config,
-            current=lambda: model_server.batching,
-            apply=lambda s: model_server.set_batching(s, source=str(settings.batching_config)),
-        )
-        watcher.check()  # the file's settings are in force before the first request
-        _attach_background(app, watcher.run(interval_s=settings.config_poll_s))
-    if access is not None:
-        _attach_background(app, access_watcher.run(interval_s=settings.config_poll_s))
-    on_drain: list[Callable[[], Awaitable[None]]] = []
-    if settings.grpc_port is not None:
-        # Imported here: servers without gRPC never load grpcio.
-        from batchpilot.runtime.grpc_api.service import GrpcConfig, GrpcEndpoint, attach
-
-        endpoint = GrpcEndpoint(
-            model_server,
-            GrpcConfig(
-                host=settings.host,
-                port=settings.grpc_port,
-                max_message_bytes=settings.max_body_bytes,
-                grace_s=settings.drain_grace_s,
-            ),
-            access=access,
-        )
-        attach(app, endpoint)
-        on_drain.append(endpoint.stop)  # GOAWAY when the drain starts; the batcher still runs
-
     try:
-        listeners = _listen(settings)
+        listeners = bind_listeners(settings)
     except OSError as exc:
         log.error("model %s cannot be served: %s", settings.model_path, exc)
         return 1
@@ -175,10 +55,7 @@ def serve(settings: RuntimeSettings) -> int:
         settings.host,
         ", ".join(f"{name} {port}" for name, port in ports.items()),
     )
-    platform = {ports["admin"]: create_admin_app(model_server, admin_token=settings.token())}
-    if "metrics" in ports:
-        platform[ports["metrics"]] = create_metrics_app(model_server)
-    closing = CloseWhenDraining(PortDispatch(app, platform))
+    closing = CloseWhenDraining(PortDispatch(parts.app, parts.platform_apps(ports)))
     config = uvicorn.Config(
         closing,
         host=settings.host,
@@ -193,11 +70,11 @@ def serve(settings: RuntimeSettings) -> int:
     )
     server = DrainingServer(
         config,
-        model_server=model_server,
+        model_server=parts.model_server,
         closing=closing,
         grace_s=settings.drain_grace_s,
         linger_s=settings.drain_linger_s,
-        on_drain=on_drain,
+        on_drain=parts.on_drain,
     )
     # Everything loaded so far lives as long as the process: keep it out of the collector's
     # full passes, which otherwise stall the event loop for tens of milliseconds.
@@ -206,11 +83,11 @@ def serve(settings: RuntimeSettings) -> int:
     server.run(sockets=list(listeners.values()))
     if not server.started:
         return 1
-    _log_final_tally(metrics)
+    _log_final_tally(parts.metrics)
     return 0
 
 
-def _listen(settings: RuntimeSettings) -> dict[str, socket.socket]:
+def bind_listeners(settings: RuntimeSettings) -> dict[str, socket.socket]:
     """The HTTP listeners, bound (not yet listening: connections are refused until the server
     starts): inference, admin and, when it has a port of its own, metrics. Raises `OSError`
     (naming the listener) when a port cannot be had; none stays bound then."""
@@ -241,33 +118,17 @@ def _listen(settings: RuntimeSettings) -> dict[str, socket.socket]:
 def _log_final_tally(metrics: RuntimeMetrics) -> None:
     """One line at exit that counts every answered request by outcome, so whoever stopped the
     server can check that a drain lost nothing: what clients received must add up to this."""
+    log.info("stopped; requests by outcome: %s", outcome_tally(metrics))
+
+
+def outcome_tally(metrics: RuntimeMetrics) -> str:
+    """Every answered request counted by outcome: `success=N rejected=N …`."""
     tally = dict.fromkeys((outcome.value for outcome in RequestOutcome), 0)
     for family in metrics.registry.collect():
         for sample in family.samples:
             if sample.name == "batchpilot_requests_total":
                 tally[sample.labels["outcome"]] += int(sample.value)
-    log.info(
-        "stopped; requests by outcome: %s",
-        " ".join(f"{outcome}={count}" for outcome, count in tally.items()),
-    )
-
-
-def _attach_background(app: Any, job: Any) -> None:
-    """Run `job` for the app's lifetime, wrapped around the app's own lifespan."""
-    inner = app.router.lifespan_context
-
-    @contextlib.asynccontextmanager
-    async def lifespan(a: Any) -> AsyncIterator[None]:
-        task = asyncio.get_running_loop().create_task(job)
-        try:
-            async with inner(a):
-                yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    app.router.lifespan_context = lifespan
+    return " ".join(f"{outcome}={count}" for outcome, count in tally.items())
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
