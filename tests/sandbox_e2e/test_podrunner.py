@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from batchpilot.sandbox import LocalKubernetesAPI
+from batchpilot.sandbox.hosting import pod_host_process
 from batchpilot.sandbox.podrunner import (
     API,
     API_KEYS_FOLDER,
@@ -263,3 +264,97 @@ def test_the_keys_folder_is_updated_as_the_kubelet_updates_a_secret(tmp_path: Pa
     assert (folder / "alice").read_bytes() == b"c" * 20
     assert (folder / "alice").is_symlink()
     assert not (folder / first).exists()  # the old version is gone
+
+
+def test_simulated_pods_run_in_the_pod_host(tmp_path: Path) -> None:
+    """With a pod host, simulated pods start no process of their own: the host serves them on
+    their own ports, and the runner still plays the kubelet for them (readiness, the ConfigMap,
+    scaling, a pod the host refuses counted as a crashing container)."""
+    published: list[Endpoints] = []
+    with (
+        LocalKubernetesAPI(crds=[ROOT / "crds"]).threaded() as api,
+        pod_host_process(tmp_path / "host") as host,
+    ):
+        rest = API(api.url)
+        rest.call(f"/api/v1/namespaces/{NS}/configmaps", "POST", batching(4))
+        token = base64.b64encode(b"sandbox-token").decode()
+        rest.call(f"/api/v1/namespaces/{NS}/secrets", "POST", {
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "m-admin-token", "namespace": NS},
+            "data": {"admin-token": token},
+        })  # fmt: skip
+        rest.call(DEPLOYMENTS, "POST", deployment(2))
+        runner = PodRunner(
+            api.url,
+            workdir=tmp_path,
+            models_dir=ROOT / "examples" / "models",
+            start_delay_s=0.2,
+            on_endpoints=published.append,
+            pod_host=host.client,
+        )
+        runner.run_in_thread()
+        try:
+            wait_until(
+                lambda: (
+                    (rest.call(f"{DEPLOYMENTS}/m") or {}).get("status", {}).get("readyReplicas")
+                    == 2
+                ),
+                timeout=30,
+                what="readyReplicas 2",
+            )
+            assert runner.pids() == []  # no process per pod
+            hosted = host.client.pods()
+            pods = rest.call(f"/api/v1/namespaces/{NS}/pods")["items"]
+            assert sorted(hosted) == sorted(p["metadata"]["name"] for p in pods)
+            assert all(p.ready for p in hosted.values())
+            ports = [
+                {p["name"]: p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}
+                for pod in pods
+            ]
+            assert sorted(published[-1].ready[(NS, "m")]) == sorted(
+                f"127.0.0.1:{p['http']}" for p in ports
+            )
+
+            def batch_of(admin_port: int) -> int:
+                with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/admin/batching") as r:
+                    return int(json.loads(r.read())["maxBatchSize"])
+
+            assert [batch_of(p["admin"]) for p in ports] == [4, 4]
+            rest.call(f"/api/v1/namespaces/{NS}/configmaps/m-batching", "PUT", batching(8))
+            wait_until(
+                lambda: [batch_of(p["admin"]) for p in ports] == [8, 8],
+                timeout=10,
+                what="the ConfigMap change in both hosted pods",
+            )
+
+            body = json.dumps(
+                {"inputs": [{"name": "images", "shape": [1, 3, 224, 224], "datatype": "FP32",
+                             "data": [0.0] * (3 * 224 * 224)}]}
+            ).encode()  # fmt: skip
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{ports[0]['http']}/v2/models/m/infer", data=body, method="POST"
+            )
+            with urllib.request.urlopen(request, timeout=10) as response:
+                assert response.status == 200
+
+            rest.call(f"{DEPLOYMENTS}/m", "PATCH", {"spec": {"replicas": 0}}, patch=True)
+            wait_until(lambda: not host.client.pods(), timeout=30, what="the host drained both")
+
+            # A pod the host refuses (its model file is missing) crash-loops, as a process would.
+            broken = deployment(1)
+            args = broken["spec"]["template"]["spec"]["containers"][0]["args"]
+            args[args.index("/models/resnet50-signature.onnx")] = "/models/missing.onnx"
+            rest.call(f"{DEPLOYMENTS}/m", "PUT", broken)
+
+            def crash_looping() -> bool:
+                items = rest.call(f"/api/v1/namespaces/{NS}/pods")["items"]
+                return any(
+                    p["status"]["containerStatuses"][0]["restartCount"] >= 1
+                    for p in items
+                    if p.get("status", {}).get("containerStatuses")
+                )
+
+            wait_until(crash_looping, timeout=30, what="the refused pod restarting")
+            assert not host.client.pods()
+        finally:
+            runner.stop()

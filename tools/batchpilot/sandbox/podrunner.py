@@ -23,6 +23,7 @@ import contextlib
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -40,13 +41,15 @@ from batchpilot.sandbox.pods import (
     SELECTOR,
     container_command,
     healthy,
+    hold_ports,
     pod_object,
     pod_status,
     publish_folder,
+    release,
+    reserve_ports,
     serve_flags,
     template_hash,
 )
-from batchpilot.sandbox.prometheus import free_ports
 
 __all__ = [
     "API",
@@ -86,6 +89,12 @@ class Replica:
     reported: dict[str, Any] = field(default_factory=dict)
     files: dict[str, bytes] = field(default_factory=dict)
     """The mounted files as last written, so that a pass compares in memory."""
+    held: list[socket.socket] = field(default_factory=list)
+    """Its ports, held until its server starts (`pods.reserve_ports`)."""
+
+    @property
+    def ports(self) -> list[int]:
+        return [p for p in (self.port, self.grpc_port, self.admin_port, self.metrics_port) if p]
 
     @property
     def started(self) -> bool:
@@ -172,6 +181,8 @@ class PodRunner:
             for name in hosted + [name for name, _ in self.leaving_host]:
                 with contextlib.suppress(Exception):
                     self.pod_host.delete(name)
+        for replica in self.replicas.values():
+            release(replica.held)
         processes = [r.process for r in self.replicas.values() if r.process is not None]
         processes += [p for p, _, _ in self.terminating]
         for process in processes:
@@ -303,7 +314,9 @@ class PodRunner:
             template=template_hash(deployment),
             container=dict(containers[0]),
         )
-        replica.port, replica.grpc_port, replica.admin_port, metrics_port = free_ports(4)
+        replica.held = reserve_ports(4)
+        ports = [sock.getsockname()[1] for sock in replica.held]
+        replica.port, replica.grpc_port, replica.admin_port, metrics_port = ports
         named = {"http": replica.port, "grpc": replica.grpc_port, "admin": replica.admin_port}
         if "--metrics-port" in containers[0].get("args", []):
             replica.metrics_port = named["metrics"] = metrics_port
@@ -346,6 +359,8 @@ class PodRunner:
             directory=replica.directory,
         )
         env = {e["name"]: str(e.get("value", "")) for e in container.get("env", [])}
+        release(replica.held)
+        replica.held = []
         if self.pod_host is not None and hostable(command):
             try:
                 self.pod_host.put(replica.name, args=serve_flags(command), env=env)
@@ -375,6 +390,7 @@ class PodRunner:
         return taken is not None and taken < self.passes and replica.name not in self._hosted
 
     def _crashed(self, replica: Replica, now: float) -> None:
+        replica.held = hold_ports(replica.ports)  # no other pod gets them meanwhile
         replica.ready = False
         replica.restarts += 1
         replica.process = None
@@ -384,6 +400,7 @@ class PodRunner:
 
     def _remove(self, replica: Replica, *, delete_pod: bool) -> None:
         self.replicas.pop(replica.name, None)
+        release(replica.held)
         replica.ready = False
         # The pre-stop pause: the endpoint leaves the Service (published at the end of this
         # pass) before SIGTERM makes the runtime refuse new requests and drain.

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import sys
 import time
 import urllib.error
@@ -204,3 +205,39 @@ def pod_status(phase: str, *, ready: bool, started: bool, restarts: int) -> dict
             {"name": "runtime", "ready": ready, "started": started, "restartCount": restarts}
         ],
     }
+
+
+def reserve_ports(count: int) -> list[socket.socket]:
+    """`count` distinct free loopback ports, each held by a bound (not listening) socket until
+    the caller closes it — right before the pod's server binds it. A port chosen and let go at
+    once can be handed out again by the kernel before the pod starts, seconds later, and two
+    pods of a burst then ask for the same port."""
+    held: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            held.append(sock)
+            sock.bind(("127.0.0.1", 0))
+    except OSError:
+        release(held)
+        raise
+    return held
+
+
+def hold_ports(ports: Sequence[int]) -> list[socket.socket]:
+    """Hold these ports again where they are free (a crashed pod's, until it restarts)."""
+    held = []
+    for port in ports:
+        sock = socket.socket()
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            sock.close()
+            continue
+        held.append(sock)
+    return held
+
+
+def release(sockets: Sequence[socket.socket]) -> None:
+    for sock in sockets:
+        sock.close()
