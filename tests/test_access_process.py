@@ -412,6 +412,50 @@ class TestRotation:
                 what="alice no longer allowed",
             )
 
+    def test_the_operator_changes_limits_at_once_through_the_admin_port(
+        self, mlp_model: Path, tmp_path: Path
+    ) -> None:
+        """`PUT /admin/access` (what the operator sends each ready pod) applies at once, needs the
+        admin token, is refused whole when bad, and the same document arriving later as the
+        mounted file changes nothing."""
+        publish(tmp_path / "keys", {"alice": ALICE})
+        write_document(tmp_path / "access.json", {})
+        (tmp_path / "admin-token").write_text("admin-secret\n")
+        args = (
+            *key_args(tmp_path / "keys", tmp_path / "access.json"),
+            "--admin-token-file",
+            str(tmp_path / "admin-token"),
+        )
+        body, headers = v2_request(mlp_rows(1, seed=0))
+        keyed = {**headers, "x-api-key": ALICE}
+        tight = orjson.dumps({"defaultQuota": {"requestsPerSecond": 0.01, "burst": 1}})
+        with runtime_process(mlp_model, *args, log_dir=tmp_path, env=FAST_POLL) as server:
+            admin = server.admin_port
+
+            def put(document: bytes, token: str | None) -> int:
+                auth = {} if token is None else {"Authorization": f"Bearer {token}"}
+                return send(server, "PUT", "/admin/access", document, auth, port=admin).status
+
+            assert put(tight, None) == 401
+            assert put(tight, "wrong") == 401
+            assert put(b'{"defaultQuota": {"requestsPerSecond": -1}}', "admin-secret") == 400
+            assert send(server, "POST", "/v2/models/mlp/infer", body, keyed).status == 200
+            assert put(tight, "admin-secret") == 200
+            statuses = [
+                send(server, "POST", "/v2/models/mlp/infer", body, keyed).status for _ in range(2)
+            ]
+            assert statuses == [200, 429]  # at once: no file, no poll
+            assert reloads(server, "admin", "applied") == 1
+            assert reloads(server, "admin", "refused") == 1
+            in_force = send(server, "GET", "/admin/access", b"", {}, port=admin)
+            assert orjson.loads(in_force.body)["defaultQuota"]["requestsPerSecond"] == 0.01
+            # The ConfigMap catches up with the same document: nothing changes, the bucket
+            # stays empty.
+            write_document(tmp_path / "access.json", orjson.loads(tight))
+            time.sleep(0.5)  # five polls of the file: a change would have been applied by now
+            assert reloads(server, "access", "applied") == 0
+            assert send(server, "POST", "/v2/models/mlp/infer", body, keyed).status == 429
+
 
 ALPHA_MS, BETA_MS, MAX_BATCH = 40.0, 2.0, 8
 CAPACITY_RPS = MAX_BATCH / (ALPHA_MS + BETA_MS * MAX_BATCH) * 1e3  # 8 / 56 ms = 143 rps

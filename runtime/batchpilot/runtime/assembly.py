@@ -22,7 +22,7 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 from starlette.types import ASGIApp
 
-from batchpilot.runtime.access.files import AccessFileError
+from batchpilot.runtime.access.files import AccessFileError, AccessWatcher
 from batchpilot.runtime.access.serving import serving_gate
 from batchpilot.runtime.app import AppConfig, create_admin_app, create_app, create_metrics_app
 from batchpilot.runtime.batching import BatchSettings
@@ -65,13 +65,17 @@ class Assembled:
     `poll_files=False`, when whoever runs the app polls them (`check()`)."""
     on_drain: tuple[Callable[[], Awaitable[None]], ...]
     """To start when a drain starts: gRPC's GOAWAY (the batcher keeps running)."""
+    access: AccessWatcher | None = None
+    """What keeps the API key gate current: the admin app's `/admin/access` (None: no keys)."""
 
     def platform_apps(self, ports: Mapping[str, int]) -> dict[int, ASGIApp]:
         """The platform listeners' apps by port (`ports`: the bound listeners by name): the
         admin app always, the metrics app when there is a metrics listener. Reads the admin
         token, so it raises `OSError` when its file cannot be read."""
         apps: dict[int, ASGIApp] = {
-            ports["admin"]: create_admin_app(self.model_server, admin_token=self.settings.token())
+            ports["admin"]: create_admin_app(
+                self.model_server, admin_token=self.settings.token(), access=self.access
+            )
         }
         if "metrics" in ports:
             apps[ports["metrics"]] = create_metrics_app(self.model_server)
@@ -143,6 +147,7 @@ def assemble(
     )
     watchers: list[FileWatcher] = []
     access = None
+    access_watcher: AccessWatcher | None = None
     if settings.api_keys is not None:
         try:
             access, access_watcher = serving_gate(
@@ -177,7 +182,7 @@ def assemble(
         )
         watcher.check()  # the file's settings are in force before the first request
         watchers.append(watcher)
-    if access is not None:
+    if access_watcher is not None:
         watchers.append(access_watcher)
     if poll_files:
         for each in watchers:
@@ -206,6 +211,7 @@ def assemble(
         app=app,
         watchers=tuple(watchers),
         on_drain=tuple(on_drain),
+        access=access_watcher,
     )
 
 
