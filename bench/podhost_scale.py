@@ -6,8 +6,8 @@ N pods through its control API as the pod runner does (each with its batching fi
 and a metrics port, on the tiny MLP model), and measures:
 - the host's resident memory before and after, and per pod; the time to add them;
 - the host's CPU while idle, in cores, twice over `--idle-s`: with no traffic at all, then with
-  every pod's /metrics scraped every `--scrape-interval-s` (spread evenly, as Prometheus
-  spreads its targets), the scrapes' own cost included;
+  every pod's /metrics scraped every `--scrape-interval-s` (spread evenly and over keep-alive
+  connections, as Prometheus scrapes), the scrapes' own cost included, and per scrape;
 - the longest answer of the control port's /healthz, probed every 100 ms through both windows:
   how long the loop stalls (a collector pass, a burst of timers) for every pod at once;
 - the time SIGTERM takes to drain every pod, and the exit status.
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import os
 import signal
@@ -99,19 +100,48 @@ class Prober(threading.Thread):
             self.worst_s = max(self.worst_s, time.perf_counter() - started)
 
 
+class Scraper:
+    """GET /metrics over one keep-alive connection per target, as Prometheus scrapes."""
+
+    def __init__(self) -> None:
+        self.connections: dict[int, http.client.HTTPConnection] = {}
+
+    def scrape(self, port: int) -> None:
+        for _ in range(2):  # a connection the server closed meanwhile: once more, on a new one
+            connection = self.connections.get(port)
+            if connection is None:
+                connection = self.connections[port] = http.client.HTTPConnection(
+                    "127.0.0.1", port, timeout=10
+                )
+            try:
+                connection.request("GET", "/metrics")
+                response = connection.getresponse()
+                response.read()
+                return
+            except (OSError, http.client.HTTPException):
+                connection.close()
+                del self.connections[port]
+
+    def close(self) -> None:
+        for connection in self.connections.values():
+            connection.close()
+
+
 def idle_cores(pid: int, seconds: float, *, scrape: list[int], interval_s: float) -> float:
     """The host's CPU over `seconds`, in cores; each port in `scrape` scraped every
     `interval_s`, spread evenly."""
+    scraper = Scraper()
     start_cpu, start = cpu_s(pid), time.monotonic()
     step = interval_s / len(scrape) if scrape else seconds
     i = 0
     while (now := time.monotonic()) < start + seconds:
         if scrape:
-            with contextlib.suppress(OSError):
-                call(f"http://127.0.0.1:{scrape[i % len(scrape)]}/metrics", timeout=10)
+            scraper.scrape(scrape[i % len(scrape)])
             i += 1
         time.sleep(max(0.0, start + i * step - time.monotonic()) if scrape else 0.5)
-    return (cpu_s(pid) - start_cpu) / (now - start)
+    used = cpu_s(pid) - start_cpu
+    scraper.close()
+    return used / (now - start)
 
 
 def main() -> int:
