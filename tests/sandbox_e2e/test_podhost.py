@@ -245,7 +245,10 @@ class TestEachPodServesAsItsOwnProcess:
         self, pods: dict[str, HostedPod]
     ) -> None:
         for pod in pods.values():
-            labelled = [s for s in scrape(pod.metrics_port) if "isvc" in s.labels]
+            samples = scrape(pod.metrics_port)
+            # The host process's own series, as each runtime reports its process's.
+            assert {"process_cpu_seconds_total", "process_open_fds"} <= {s.name for s in samples}
+            labelled = [s for s in samples if "isvc" in s.labels]
             assert labelled
             assert {s.labels["isvc"] for s in labelled} == {pod.name}  # from the pod's env
             assert {s.labels["model"] for s in labelled} == {pod.name}
