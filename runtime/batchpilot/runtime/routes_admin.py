@@ -18,12 +18,13 @@ import hmac
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from batchpilot.runtime.access.files import AccessWatcher
 from batchpilot.runtime.access.policy import access_doc
 from batchpilot.runtime.asgi_io import read_body
 from batchpilot.runtime.errors import InvalidRequest, Unauthorized
+from batchpilot.runtime.exposition import Exposition
 from batchpilot.runtime.live_settings import batching_doc, parse_batching
 from batchpilot.runtime.responses import json_response
 from batchpilot.runtime.server import ModelServer
@@ -41,11 +42,11 @@ NO_KEYS_MESSAGE = (
 
 def add_metrics_route(app: FastAPI, server: ModelServer) -> None:
     """`GET /metrics`."""
-    metrics = server.metrics
+    exposition = Exposition(server.metrics.registry)
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(exposition.render(), media_type=CONTENT_TYPE_LATEST)
 
 
 def add_admin_routes(
