@@ -1,0 +1,232 @@
+"""The whole sandbox holding a fleet: N InferenceServices running, scraped and piloted.
+
+The local Kubernetes API, the pod runner with a pod host (one process serving every simulated
+pod: a process per pod would not fit 2,000 on one machine), the real Prometheus scraping every
+pod (every 15 s by default), and the operator with its autopilot on — all on this machine. Measured:
+- time from the first InferenceService created until every one has a Ready pod, and until
+  Prometheus has scraped every pod (`count(up == 1)`);
+- then a steady window (default 60 s), without traffic: CPU seconds
+  and resident memory of each part (the API and pod runner share this process), the autopilot's
+  status writes per service per interval (1.0: every service decided every interval), the
+  queries Prometheus answered per interval (the fleet round asks a constant number), and
+  whether every part is still up.
+
+    .venv/bin/python bench/sandbox_fleet.py [--count 2000] [--window-s 60] [--scrape-s 15]
+        [--autopilot-s 15] [--runner-poll-s 2] [--json OUT]
+
+The aim (the control plane at fleet scale): 2,000 InferenceServices held on one 2-core machine,
+every pod Ready and scraped, and the autopilot deciding for every service every interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+from batchpilot.sandbox import LocalKubernetesAPI  # noqa: E402
+from batchpilot.sandbox.hosting import pod_host_process  # noqa: E402
+from batchpilot.sandbox.podrunner import Endpoints, PodRunner  # noqa: E402
+from batchpilot.sandbox.prometheus import prometheus_process  # noqa: E402
+
+ISVCS = "/apis/batchpilot.io/v1alpha1/namespaces/default/inferenceservices"
+MODEL = ROOT / "examples" / "models" / "resnet50-signature.onnx"
+QUERY_COUNTER = re.compile(
+    rb'^prometheus_http_requests_total\{[^}]*handler="/api/v1/query(_range)?"[^}]*\} (\S+)$', re.M
+)
+
+
+def inference_service(index: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "batchpilot.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": f"svc-{index:04d}", "namespace": "default"},
+        "spec": {
+            "model": {"uri": f"file:///models/{MODEL.name}"},
+            "runtime": {
+                "device": "cpu",
+                "engine": "simulated",
+                "simulatedLatency": {"alphaMs": 1.52, "betaMs": 2.25},
+            },
+            "sla": {"latencyP99Ms": 100},
+            "scaling": {"minReplicas": 1, "maxReplicas": 4},
+        },
+    }
+
+
+def post(url: str, body: dict[str, Any]) -> None:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="POST",
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=30):
+        pass
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def wait_for(condition: Callable[[], bool], *, timeout_s: float, what: str, every: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(every)
+
+
+def queries_answered(prometheus_url: str) -> float:
+    with urllib.request.urlopen(f"{prometheus_url}/metrics", timeout=10) as response:
+        return sum(float(m.group(2)) for m in QUERY_COUNTER.finditer(response.read()))
+
+
+def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    count: int = args.count
+    window_s: float = args.window_s
+    models = workdir / "models"
+    models.mkdir(parents=True)
+    (models / MODEL.name).write_bytes(MODEL.read_bytes())
+    api_cm = LocalKubernetesAPI(crds=[ROOT / "crds"], request_limit=20_000).threaded()
+    with (
+        api_cm as api,
+        prometheus_process(workdir / "prometheus", scrape_interval_s=args.scrape_s) as prom,
+        pod_host_process(workdir / "podhost") as host,
+    ):
+        kubeconfig = api.write_kubeconfig(workdir / "kubeconfig")
+
+        def publish(endpoints: Endpoints) -> None:
+            prom.set_targets(endpoints.scrape)
+
+        runner = PodRunner(
+            api.url, workdir=workdir, models_dir=models, start_delay_s=0.5,
+            poll_s=args.runner_poll_s, on_endpoints=publish, pod_host=host.client,
+        )  # fmt: skip
+        env = {
+            **os.environ,
+            "BATCHPILOT_OPERATOR_PROMETHEUS_URL": prom.url,
+            "BATCHPILOT_OPERATOR_AUTOPILOT_INTERVAL_SECONDS": str(args.autopilot_s),
+            "BATCHPILOT_OPERATOR_RECONCILE_INTERVAL_SECONDS": "120",
+        }
+        with (workdir / "operator.log").open("wb") as operator_log:
+            operator = subprocess.Popen(
+                [sys.executable, "-m", "batchpilot.runtime.cli", "operator", "run",
+                 "--kubeconfig", str(kubeconfig)],
+                env=env, stdout=operator_log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        runner.run_in_thread()
+        try:
+            started = time.monotonic()
+            for index in range(count):
+                post(api.url + ISVCS, inference_service(index))
+            created_s = time.monotonic() - started
+            log(f"{count} InferenceServices created in {created_s:.1f} s")
+
+            def all_ready() -> bool:
+                if operator.poll() is not None or host.process.poll() is not None:
+                    raise RuntimeError(f"a part exited; see {workdir}")
+                ready = sum(r.ready for r in list(runner.replicas.values()))
+                return ready >= count
+
+            wait_for(all_ready, timeout_s=1800, what="a Ready pod per service", every=1.0)
+            ready_s = time.monotonic() - started
+            log(f"every service has a Ready pod after {ready_s:.1f} s")
+
+            def all_scraped() -> bool:
+                found = prom.query("count(up == 1)")
+                return bool(found) and float(found[0]["value"][1]) >= count
+
+            wait_for(all_scraped, timeout_s=300, what="every pod scraped", every=5.0)
+            scraped_s = time.monotonic() - started
+            log(f"Prometheus scrapes every pod after {scraped_s:.1f} s")
+
+            parts = {
+                "operator": operator.pid,
+                "pod host": host.process.pid,
+                "prometheus": prom.process.pid,
+                "API + pod runner": os.getpid(),
+            }
+            cpu_before = {name: cpu_seconds(pid) for name, pid in parts.items()}
+            queries_before = queries_answered(prom.url)
+            status_mark = api.writes.total
+            window_start = time.monotonic()
+            time.sleep(window_s)
+            elapsed = time.monotonic() - window_start
+            cpu = {n: (cpu_seconds(pid) - cpu_before[n]) / elapsed for n, pid in parts.items()}
+            queries = queries_answered(prom.url) - queries_before
+            status_writes = sum(
+                1
+                for record in api.writes.since(status_mark)
+                if record.resource == "inferenceservices" and record.subresource == "status"
+            )
+            ready_now = sum(r.ready for r in list(runner.replicas.values()))
+            up = prom.query("count(up == 1)")
+            intervals = elapsed / args.autopilot_s
+            return {
+                "inference_services": count,
+                "scrape_interval_s": args.scrape_s,
+                "autopilot_interval_s": args.autopilot_s,
+                "runner_pass_s": args.runner_poll_s,
+                "create_requests_s": round(created_s, 1),
+                "all_ready_s": round(ready_s, 1),
+                "all_scraped_s": round(scraped_s, 1),
+                "window_s": round(elapsed, 1),
+                "cpu_cores": {n: round(v, 3) for n, v in cpu.items()},
+                "cpu_cores_total": round(sum(cpu.values()), 3),
+                "rss_mib": {n: round(rss_mib(pid), 1) for n, pid in parts.items()},
+                "rss_mib_per_hosted_pod": round(rss_mib(host.process.pid) / count, 3),
+                "autopilot_status_writes_per_service_per_interval": round(
+                    status_writes / count / intervals, 2
+                ),
+                "prometheus_queries_per_interval": round(queries / intervals, 1),
+                "ready_pods_at_end": ready_now,
+                "scraped_pods_at_end": int(float(up[0]["value"][1])) if up else 0,
+                "runner_errors": runner.errors[-5:],
+            }
+        finally:
+            runner.stop()
+            operator.terminate()
+            try:
+                operator.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                operator.kill()
+                operator.wait()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=2000)
+    parser.add_argument("--window-s", type=float, default=60.0)
+    parser.add_argument("--scrape-s", type=float, default=15.0, help="Prometheus scrape interval")
+    parser.add_argument("--autopilot-s", type=int, default=15, help="the autopilot's interval")
+    parser.add_argument("--runner-poll-s", type=float, default=2.0, help="the pod runner's pass")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="batchpilot-fleet-") as tmp:
+        result = run(args, Path(tmp), lambda m: print(m, flush=True))
+    print(json.dumps(result, indent=2))
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
