@@ -299,6 +299,31 @@ class TestThePushFollowsTheSpecAndTheReplicas:
         cluster.reconcile()
         assert cluster.pushes.take() == [(P2, limit(400, 400))]
 
+    def test_the_configmap_holds_what_was_sent_so_a_new_pod_starts_with_its_share(
+        self,
+    ) -> None:
+        """The ConfigMap is the durable copy: after a scale it holds the same divided document
+        the pods were sent (a new pod starts from it, and a file arriving later undoes nothing);
+        a scale writes the ConfigMap alone, and the pass after it writes nothing."""
+
+        def in_configmap() -> Any:
+            data = cluster.kube.of(CONFIGMAP, NS, "resnet50-batching")["data"][ACCESS_FILE]
+            return json.loads(data)
+
+        cluster = PushingCluster(isvc(auth=auth()))
+        cluster.reconcile()
+        assert in_configmap()["totalQuota"] == limit(400, 400)
+        cluster.ready(P1, P2)
+        writes = cluster.writes_of(cluster.reconcile)
+        assert [w[1:] for w in writes if w[1] != "InferenceService"] == [
+            ("ConfigMap", "resnet50-batching")
+        ]
+        sent = cluster.pushes.take()
+        assert in_configmap()["totalQuota"] == limit(200, 200)
+        assert [document for _, document in sent] == [limit(200, 200)] * 2
+        assert sent == [(P1, in_configmap()["totalQuota"]), (P2, in_configmap()["totalQuota"])]
+        assert [w for w in cluster.writes_of(cluster.reconcile) if w[1] != "InferenceService"] == []
+
     def test_a_spec_change_is_sent_to_every_ready_pod(self) -> None:
         cluster = PushingCluster(isvc(auth=auth()))
         cluster.reconcile()
