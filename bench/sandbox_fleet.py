@@ -7,9 +7,10 @@ pod (every 15 s by default), and the operator with its autopilot on — all on t
   Prometheus has scraped every pod (`count(up == 1)`);
 - then a steady window (default 60 s), without traffic: CPU seconds
   and resident memory of each part (the API and pod runner share this process), the autopilot's
-  status writes per service per interval (1.0: every service decided every interval), the
-  queries Prometheus answered per interval (the fleet round asks a constant number), and
-  whether every part is still up.
+  rounds (from the operator's log line per round: services ticked, failures, how long each took
+  against the interval), its status writes per service per interval (none are due without
+  traffic), the queries Prometheus answered per interval (the fleet round asks a constant
+  number), and whether every part is still up.
 
     .venv/bin/python bench/sandbox_fleet.py [--count 2000] [--window-s 60] [--scrape-s 15]
         [--autopilot-s 15] [--runner-poll-s 2] [--json OUT]
@@ -42,6 +43,10 @@ from batchpilot.sandbox.prometheus import prometheus_process  # noqa: E402
 
 ISVCS = "/apis/batchpilot.io/v1alpha1/namespaces/default/inferenceservices"
 MODEL = ROOT / "examples" / "models" / "resnet50-signature.onnx"
+ROUND_LINE = re.compile(
+    r"autopilot round: (\d+) services, (\d+) ticked, (\d+) failed, Prometheus (\w+).*?, "
+    r"([\d.]+) s of a"
+)
 QUERY_COUNTER = re.compile(
     rb'^prometheus_http_requests_total\{[^}]*handler="/api/v1/query(_range)?"[^}]*\} (\S+)$', re.M
 )
@@ -167,6 +172,7 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> 
             cpu_before = {name: cpu_seconds(pid) for name, pid in parts.items()}
             queries_before = queries_answered(prom.url)
             status_mark = api.writes.total
+            log_mark = (workdir / "operator.log").stat().st_size
             window_start = time.monotonic()
             time.sleep(window_s)
             elapsed = time.monotonic() - window_start
@@ -177,6 +183,10 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> 
                 for record in api.writes.since(status_mark)
                 if record.resource == "inferenceservices" and record.subresource == "status"
             )
+            with (workdir / "operator.log").open("rb") as text:
+                text.seek(log_mark)
+                rounds = ROUND_LINE.findall(text.read().decode(errors="replace"))
+            round_s = sorted(float(r[4]) for r in rounds)
             ready_now = sum(r.ready for r in list(runner.replicas.values()))
             up = prom.query("count(up == 1)")
             intervals = elapsed / args.autopilot_s
@@ -197,6 +207,11 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> 
                     status_writes / count / intervals, 2
                 ),
                 "prometheus_queries_per_interval": round(queries / intervals, 1),
+                "autopilot_rounds": len(rounds),
+                "autopilot_round_s_median": round_s[len(round_s) // 2] if round_s else None,
+                "autopilot_round_s_max": round_s[-1] if round_s else None,
+                "autopilot_services_ticked_per_round": sorted({int(r[1]) for r in rounds}),
+                "autopilot_ticks_failed": sum(int(r[2]) for r in rounds),
                 "ready_pods_at_end": ready_now,
                 "scraped_pods_at_end": int(float(up[0]["value"][1])) if up else 0,
                 "runner_errors": runner.errors[-5:],

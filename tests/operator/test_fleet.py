@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 from typing import Any
 
 import kopf
@@ -98,7 +99,10 @@ def test_which_services_the_autopilot_ticks(spec: dict[str, Any], piloted: bool)
     assert autopiloted(NS, "m", spec) is piloted
 
 
-async def test_the_loop_runs_a_round_per_interval_over_the_piloted_index() -> None:
+async def test_the_loop_runs_a_round_per_interval_over_the_piloted_index(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger=handlers.__name__)
     seen: list[list[tuple[str, str]]] = []
     done = asyncio.Event()
 
@@ -116,6 +120,10 @@ async def test_the_loop_runs_a_round_per_interval_over_the_piloted_index() -> No
     finally:
         loop.cancel()
     assert seen[:3] == [[(NS, "a")]] * 3
+    rounds = [r.getMessage() for r in caplog.records if "autopilot round" in r.getMessage()]
+    assert rounds[0].startswith(
+        "autopilot round: 1 services, 1 ticked, 0 failed, Prometheus answered, "
+    )  # one line a round, for whoever sizes the operator: a WARNING when it outgrows the interval
 
 
 def test_the_round_gives_each_service_its_own_answers() -> None:

@@ -173,7 +173,19 @@ async def fleet_loop(
         try:
             if keys:
                 run = (context() or contextvars.copy_context()).copy()
-                await asyncio.to_thread(run.run, fleet.run_round, keys)
+                report = await asyncio.to_thread(run.run, fleet.run_round, keys)
+                took = loop.time() - started
+                log.log(
+                    logging.WARNING if took > interval else logging.INFO,
+                    "autopilot round: %d services, %d ticked, %d failed, Prometheus %s, "
+                    "%.2f s of a %g s interval",
+                    report.services,
+                    report.ticked,
+                    report.failed,
+                    "answered" if report.prometheus_answered else "unreachable (all held)",
+                    took,
+                    interval,
+                )
         except Exception:  # the loop outlives any one round
             log.exception("the autopilot's round failed")
         await asyncio.sleep(max(0.0, interval - (loop.time() - started)))
