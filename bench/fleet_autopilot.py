@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -88,7 +89,7 @@ def measure_sequential(
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process, from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / 100.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> int:

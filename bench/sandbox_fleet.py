@@ -40,6 +40,8 @@ from batchpilot.sandbox import LocalKubernetesAPI  # noqa: E402
 from batchpilot.sandbox.hosting import pod_host_process  # noqa: E402
 from batchpilot.sandbox.podrunner import Endpoints, PodRunner  # noqa: E402
 from batchpilot.sandbox.prometheus import prometheus_process  # noqa: E402
+from fleet_autopilot import cpu_seconds  # noqa: E402
+from operator_scale import memory_kib, request, wait_for  # noqa: E402
 
 ISVCS = "/apis/batchpilot.io/v1alpha1/namespaces/default/inferenceservices"
 MODEL = ROOT / "examples" / "models" / "resnet50-signature.onnx"
@@ -70,33 +72,8 @@ def inference_service(index: int) -> dict[str, Any]:
     }
 
 
-def post(url: str, body: dict[str, Any]) -> None:
-    request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), method="POST",
-        headers={"Content-Type": "application/json"},
-    )  # fmt: skip
-    with urllib.request.urlopen(request, timeout=30):
-        pass
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def wait_for(condition: Callable[[], bool], *, timeout_s: float, what: str, every: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(every)
+    return memory_kib(pid).get("VmRSS", 0) / 1024
 
 
 def queries_answered(prometheus_url: str) -> float:
@@ -141,7 +118,7 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> 
         try:
             started = time.monotonic()
             for index in range(count):
-                post(api.url + ISVCS, inference_service(index))
+                request(api.url + ISVCS, "POST", inference_service(index))
             created_s = time.monotonic() - started
             log(f"{count} InferenceServices created in {created_s:.1f} s")
 

@@ -90,6 +90,24 @@ def batching(max_batch: int) -> dict[str, Any]:
     }
 
 
+def seeded(url: str) -> API:
+    """The API with what the Deployment mounts: its batching ConfigMap (batch 4) and the admin
+    token's Secret."""
+    rest = API(url)
+    rest.call(f"/api/v1/namespaces/{NS}/configmaps", "POST", batching(4))
+    token = base64.b64encode(b"sandbox-token").decode()
+    rest.call(f"/api/v1/namespaces/{NS}/secrets", "POST", {
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "m-admin-token", "namespace": NS},
+        "data": {"admin-token": token},
+    })  # fmt: skip
+    return rest
+
+
+def ready_replicas(rest: API) -> int | None:
+    return (rest.call(f"{DEPLOYMENTS}/m") or {}).get("status", {}).get("readyReplicas")
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -145,14 +163,7 @@ def test_every_pod_gets_its_own_admin_and_metrics_ports(tmp_path: Path) -> None:
 def test_the_runner_plays_the_kubelet(tmp_path: Path) -> None:
     published: list[Endpoints] = []
     with LocalKubernetesAPI(crds=[ROOT / "crds"]).threaded() as api:
-        rest = API(api.url)
-        rest.call(f"/api/v1/namespaces/{NS}/configmaps", "POST", batching(4))
-        token = base64.b64encode(b"sandbox-token").decode()
-        rest.call(f"/api/v1/namespaces/{NS}/secrets", "POST", {
-            "apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": "m-admin-token", "namespace": NS},
-            "data": {"admin-token": token},
-        })  # fmt: skip
+        rest = seeded(api.url)
         rest.call(DEPLOYMENTS, "POST", deployment(1))
         runner = PodRunner(
             api.url,
@@ -163,14 +174,7 @@ def test_the_runner_plays_the_kubelet(tmp_path: Path) -> None:
         )
         runner.run_in_thread()
         try:
-            wait_until(
-                lambda: (
-                    (rest.call(f"{DEPLOYMENTS}/m") or {}).get("status", {}).get("readyReplicas")
-                    == 1
-                ),
-                timeout=30,
-                what="readyReplicas 1",
-            )
+            wait_until(lambda: ready_replicas(rest) == 1, timeout=30, what="readyReplicas 1")
             pods = rest.call(f"/api/v1/namespaces/{NS}/pods")["items"]
             assert len(pods) == 1
             pod = pods[0]
@@ -275,14 +279,7 @@ def test_simulated_pods_run_in_the_pod_host(tmp_path: Path) -> None:
         LocalKubernetesAPI(crds=[ROOT / "crds"]).threaded() as api,
         pod_host_process(tmp_path / "host") as host,
     ):
-        rest = API(api.url)
-        rest.call(f"/api/v1/namespaces/{NS}/configmaps", "POST", batching(4))
-        token = base64.b64encode(b"sandbox-token").decode()
-        rest.call(f"/api/v1/namespaces/{NS}/secrets", "POST", {
-            "apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": "m-admin-token", "namespace": NS},
-            "data": {"admin-token": token},
-        })  # fmt: skip
+        rest = seeded(api.url)
         rest.call(DEPLOYMENTS, "POST", deployment(2))
         runner = PodRunner(
             api.url,
@@ -294,14 +291,7 @@ def test_simulated_pods_run_in_the_pod_host(tmp_path: Path) -> None:
         )
         runner.run_in_thread()
         try:
-            wait_until(
-                lambda: (
-                    (rest.call(f"{DEPLOYMENTS}/m") or {}).get("status", {}).get("readyReplicas")
-                    == 2
-                ),
-                timeout=30,
-                what="readyReplicas 2",
-            )
+            wait_until(lambda: ready_replicas(rest) == 2, timeout=30, what="readyReplicas 2")
             assert runner.pids() == []  # no process per pod
             hosted = host.client.pods()
             pods = rest.call(f"/api/v1/namespaces/{NS}/pods")["items"]
