@@ -83,25 +83,35 @@ class Actuator:
         token = token_in(secret) if secret is not None else None
         if token is None:
             return []
-        failed = []
         try:
             endpoints = self._pods.ready_pod_endpoints(owner.namespace, {ISVC_LABEL: owner.name})
         except KubeError as exc:
             log.warning("listing pods of %s/%s failed: %s", owner.namespace, owner.name, exc)
             return []
-        for endpoint in endpoints:
-            try:
-                self._push(endpoint, token=token, document=document)
-            except Exception as exc:  # any failure: the ConfigMap still gets there
-                failed.append(f"{endpoint} ({exc})")
+        failed = send_each(self._push, endpoints, token=token, document=document)
         if not failed:
             return []
         return [
-            Event(
-                "Warning",
-                events.APPLY_FAILED,
-                "batch settings could not be pushed to "
-                + ", ".join(failed)
-                + "; they will pick them up from the ConfigMap",
+            not_sent(
+                "batch settings could not be pushed to",
+                failed,
+                "they will pick them up from the ConfigMap",
             )
         ]
+
+
+def send_each(push: PushBatching, endpoints: list[str], *, token: str, document: str) -> list[str]:
+    """`document` to each pod's admin endpoint; the ones that failed, as `IP:PORT (reason)`.
+    Any failure is only reported: the ConfigMap still gets the document to the pod."""
+    failed = []
+    for endpoint in endpoints:
+        try:
+            push(endpoint, token=token, document=document)
+        except Exception as exc:
+            failed.append(f"{endpoint} ({exc})")
+    return failed
+
+
+def not_sent(what: str, failed: list[str], then: str) -> Event:
+    """The Warning for pods a document could not be sent to."""
+    return Event("Warning", events.APPLY_FAILED, f"{what} {', '.join(failed)}; {then}")

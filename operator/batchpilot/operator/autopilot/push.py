@@ -9,9 +9,8 @@ import hashlib
 import logging
 import urllib.error
 import urllib.request
-from typing import Protocol
 
-from batchpilot.operator import events
+from batchpilot.operator.autopilot.acting import Pods, PushBatching, not_sent, send_each
 from batchpilot.operator.children.common import Owner
 from batchpilot.operator.children.secret import token_in
 from batchpilot.operator.events import Event
@@ -45,14 +44,9 @@ def push_access(endpoint: str, *, token: str, document: str, timeout_s: float = 
     _put(endpoint, "/admin/access", token=token, document=document, timeout_s=timeout_s)
 
 
-class PushDocument(Protocol):
-    def __call__(self, endpoint: str, *, token: str, document: str) -> None:
-        """PUT a document to one pod (`IP:PORT`); raises on failure."""
-        ...
-
-
-class ReadyPods(Protocol):
-    def ready_pod_endpoints(self, namespace: str, selector: dict[str, str]) -> list[str]: ...
+PushDocument = PushBatching
+"""PUT a document to one pod (`IP:PORT`), raising on failure: the batching and the access
+document alike."""
 
 
 class AccessPusher:
@@ -66,7 +60,7 @@ class AccessPusher:
     reached is not tried again until the document changes: it reads the same document from the
     ConfigMap within a minute, and a pass never fails for it (a Warning Event says so)."""
 
-    def __init__(self, kube: Kube, *, pods: ReadyPods, push: PushDocument = push_access) -> None:
+    def __init__(self, kube: Kube, *, pods: Pods, push: PushDocument = push_access) -> None:
         self._kube = kube
         self._pods = pods
         self._push = push
@@ -97,21 +91,14 @@ class AccessPusher:
         token = token_in(secret) if secret is not None else None
         if token is None:  # the pods have no token either; the ConfigMap reaches them
             return []
-        failed = []
-        for endpoint in todo:
-            try:
-                self._push(endpoint, token=token, document=document)
-            except Exception as exc:  # any failure: the ConfigMap still gets there
-                failed.append(f"{endpoint} ({exc})")
-            given[endpoint] = digest
+        failed = send_each(self._push, todo, token=token, document=document)
+        given.update(dict.fromkeys(todo, digest))
         if not failed:
             return []
         return [
-            Event(
-                "Warning",
-                events.APPLY_FAILED,
-                "the access document (allowed keys, quotas) could not be sent to "
-                + ", ".join(failed)
-                + "; they will read it from the ConfigMap",
+            not_sent(
+                "the access document (allowed keys, quotas) could not be sent to",
+                failed,
+                "they will read it from the ConfigMap",
             )
         ]
