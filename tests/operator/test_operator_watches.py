@@ -12,14 +12,11 @@ an hour away a condition that changes within the bounded wait was changed by a w
 from __future__ import annotations
 
 import base64
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +24,7 @@ from typing import Any
 import pytest
 
 from batchpilot.sandbox import LocalKubernetesAPI
+from batchpilot.sandbox.pods import API
 from tests.operator.gateway_api import CRD_FILES
 from tests.waiting import wait_until
 
@@ -49,29 +47,13 @@ class Cluster:
     def __init__(self, api: LocalKubernetesAPI, log_path: Path) -> None:
         self.api = api
         self.log_path = log_path
+        self.rest = API(api.url)  # JSON over urllib; a 404 reads as None
 
-    def request(
-        self,
-        path: str,
-        method: str = "GET",
-        body: dict[str, Any] | None = None,
-        *,
-        content_type: str = "application/json",
-    ) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(
-            self.api.url + path, data=data, method=method, headers={"Content-Type": content_type}
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=10) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:
-                return None
-            raise
+    def request(self, path: str, method: str = "GET", body: dict[str, Any] | None = None) -> Any:
+        return self.rest.call(path, method, body)
 
     def merge(self, path: str, patch: dict[str, Any]) -> Any:
-        return self.request(path, "PATCH", patch, content_type="application/merge-patch+json")
+        return self.rest.call(path, "PATCH", patch, patch=True)
 
     def condition(self, name: str, type_: str) -> dict[str, Any]:
         body = self.request(f"{ISVCS}/{name}") or {}
