@@ -12,8 +12,12 @@ pod (every 15 s by default), and the operator with its autopilot on — all on t
   traffic), the queries Prometheus answered per interval (the fleet round asks a constant
   number), and whether every part is still up.
 
+Prometheus evaluates the autopilot's recording rules (`recorded.rule_group`, as the chart's
+PrometheusRule installs them) and the round reads them; `--no-rules` leaves them out, so the
+round asks the raw grouped queries.
+
     .venv/bin/python bench/sandbox_fleet.py [--count 2000] [--window-s 60] [--scrape-s 15]
-        [--autopilot-s 15] [--runner-poll-s 2] [--json OUT]
+        [--autopilot-s 15] [--runner-poll-s 2] [--no-rules] [--json OUT]
 
 The aim (the control plane at fleet scale): 2,000 InferenceServices held on one 2-core machine,
 every pod Ready and scraped, and the autopilot deciding for every service every interval.
@@ -36,6 +40,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
+from batchpilot.operator.autopilot import recorded  # noqa: E402
 from batchpilot.sandbox import LocalKubernetesAPI  # noqa: E402
 from batchpilot.sandbox.hosting import pod_host_process  # noqa: E402
 from batchpilot.sandbox.podrunner import Endpoints, PodRunner  # noqa: E402
@@ -46,9 +51,12 @@ from operator_scale import memory_kib, request, wait_for  # noqa: E402
 ISVCS = "/apis/batchpilot.io/v1alpha1/namespaces/default/inferenceservices"
 MODEL = ROOT / "examples" / "models" / "resnet50-signature.onnx"
 ROUND_LINE = re.compile(
-    r"autopilot round: (\d+) services, (\d+) ticked, (\d+) failed, Prometheus (\w+).*?, "
+    r"autopilot round: (\d+) services, (\d+) ticked, (\d+) failed, Prometheus "
+    r"(?:answered from (its recording rules|raw queries) in ([\d.]+) s|unreachable[^,]*), "
     r"([\d.]+) s of a"
 )
+WINDOW_S = 60
+"""The operator's metrics window (its default): the recording rules are written for it."""
 QUERY_COUNTER = re.compile(
     rb'^prometheus_http_requests_total\{[^}]*handler="/api/v1/query(_range)?"[^}]*\} (\S+)$', re.M
 )
@@ -90,7 +98,15 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> 
     api_cm = LocalKubernetesAPI(crds=[ROOT / "crds"], request_limit=20_000).threaded()
     with (
         api_cm as api,
-        prometheus_process(workdir / "prometheus", scrape_interval_s=args.scrape_s) as prom,
+        prometheus_process(
+            workdir / "prometheus",
+            scrape_interval_s=args.scrape_s,
+            rule_groups=(
+                [recorded.rule_group(WINDOW_S, "busy", interval_s=args.autopilot_s)]
+                if args.rules
+                else []
+            ),
+        ) as prom,
         pod_host_process(workdir / "podhost") as host,
     ):
         kubeconfig = api.write_kubeconfig(workdir / "kubeconfig")
@@ -106,6 +122,7 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> 
             **os.environ,
             "BATCHPILOT_OPERATOR_PROMETHEUS_URL": prom.url,
             "BATCHPILOT_OPERATOR_AUTOPILOT_INTERVAL_SECONDS": str(args.autopilot_s),
+            "BATCHPILOT_OPERATOR_METRICS_WINDOW_SECONDS": str(WINDOW_S),
             "BATCHPILOT_OPERATOR_RECONCILE_INTERVAL_SECONDS": "120",
         }
         with (workdir / "operator.log").open("wb") as operator_log:
@@ -163,7 +180,9 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> 
             with (workdir / "operator.log").open("rb") as text:
                 text.seek(log_mark)
                 rounds = ROUND_LINE.findall(text.read().decode(errors="replace"))
-            round_s = sorted(float(r[4]) for r in rounds)
+            round_s = sorted(float(r[5]) for r in rounds)
+            answered = [r for r in rounds if r[3]]
+            observe_s = sorted(float(r[4]) for r in answered)
             ready_now = sum(r.ready for r in list(runner.replicas.values()))
             up = prom.query("count(up == 1)")
             intervals = elapsed / args.autopilot_s
@@ -172,6 +191,7 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> 
                 "scrape_interval_s": args.scrape_s,
                 "autopilot_interval_s": args.autopilot_s,
                 "runner_pass_s": args.runner_poll_s,
+                "recording_rules": args.rules,
                 "create_requests_s": round(created_s, 1),
                 "all_ready_s": round(ready_s, 1),
                 "all_scraped_s": round(scraped_s, 1),
@@ -187,6 +207,14 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> 
                 "autopilot_rounds": len(rounds),
                 "autopilot_round_s_median": round_s[len(round_s) // 2] if round_s else None,
                 "autopilot_round_s_max": round_s[-1] if round_s else None,
+                "autopilot_rounds_answered": {
+                    how: sum(1 for r in answered if r[3] == how)
+                    for how in ("its recording rules", "raw queries")
+                },
+                "autopilot_observe_s_median": (
+                    observe_s[len(observe_s) // 2] if observe_s else None
+                ),
+                "autopilot_observe_s_max": observe_s[-1] if observe_s else None,
                 "autopilot_services_ticked_per_round": sorted({int(r[1]) for r in rounds}),
                 "autopilot_ticks_failed": sum(int(r[2]) for r in rounds),
                 "ready_pods_at_end": ready_now,
@@ -210,6 +238,12 @@ def main() -> int:
     parser.add_argument("--scrape-s", type=float, default=15.0, help="Prometheus scrape interval")
     parser.add_argument("--autopilot-s", type=int, default=15, help="the autopilot's interval")
     parser.add_argument("--runner-poll-s", type=float, default=2.0, help="the pod runner's pass")
+    parser.add_argument(
+        "--no-rules",
+        dest="rules",
+        action="store_false",
+        help="no recording rules in Prometheus: the round asks the raw grouped queries",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="batchpilot-fleet-") as tmp:

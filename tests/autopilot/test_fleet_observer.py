@@ -1,17 +1,20 @@
 """The fleet's round without a Prometheus: what is asked, in which order, and what a failure costs.
 
-The round asks one query after another, or (`concurrency` > 1) one alone and then the others a
-few at a time: the answers must be split per service the same either way, and a Prometheus that
+The round first asks whether Prometheus has the recording rules (one series), then reads the
+recorded series or asks the raw grouped queries, one after another or (`concurrency` > 1) a few
+at a time: the answers must be split per service the same either way, and a Prometheus that
 fails costs the round one bounded attempt.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
 import pytest
 
+from batchpilot.operator.autopilot import recorded
 from batchpilot.operator.autopilot.prometheus import (
     FleetObserver,
     PrometheusUnavailable,
@@ -20,7 +23,11 @@ from batchpilot.operator.autopilot.prometheus import (
 )
 
 FAST = queries(None, window_s=60, utilization="busy", recent_s=30)
-NAMES = {text: name for name, text in FAST.items()}
+RECORDED = recorded.recorded_queries(60, "busy", recent_s=30)
+MARKER = recorded.marker_query(60, "busy")
+NAMES = {text: name for name, text in FAST.items()} | {
+    text: name for name, text in RECORDED.items()
+}
 
 
 def series(namespace: str, isvc: str, value: float, **labels: str) -> dict[str, Any]:
@@ -31,7 +38,10 @@ def series(namespace: str, isvc: str, value: float, **labels: str) -> dict[str, 
 
 
 def answer(text: str, /, *, at: float | None = None) -> list[dict[str, Any]]:
-    """Two services' answers to every signal: each signal's own number for each."""
+    """Two services' answers to every signal: each signal's own number for each (no recording
+    rules: the marker has no series)."""
+    if text == MARKER:
+        return []
     number = sorted(FAST).index(NAMES[text]) + 1.0
     if NAMES[text].startswith("compute_"):
         return [series("a", "one", number, batch_bucket="8"), series("b", "two", 2 * number)]
@@ -45,14 +55,15 @@ def test_the_answers_are_split_as_one_query_after_another_splits_them() -> None:
     assert together.answers == alone.answers
     assert together.answers is not None
     assert list(together.answers[("a", "one")]) == list(FAST)  # in the order of the signals
-    assert asked_together.asked == asked_alone.asked == len(FAST)
+    assert asked_together.asked == asked_alone.asked == 1 + len(FAST)  # the marker, then FAST
+    assert together.reading == "raw"
     assert together.observe(Scope("b", "two"), ready_replicas=1) == alone.observe(
         Scope("b", "two"), ready_replicas=1
     )
 
 
 def test_the_queries_after_the_first_are_asked_together() -> None:
-    first = next(iter(FAST.values()))
+    first = MARKER
     together = threading.Barrier(4, timeout=10)
     lock, waiting, met = threading.Lock(), [0], []
 
@@ -69,6 +80,76 @@ def test_the_queries_after_the_first_are_asked_together() -> None:
     assert sorted(met) == [0, 1, 2, 3]
 
 
+def test_without_the_marker_query_the_first_signal_is_asked_alone() -> None:
+    first = next(iter(FAST.values()))
+    order: list[str] = []
+    lock = threading.Lock()
+
+    def query(text: str, /, *, at: float | None = None) -> list[dict[str, Any]]:
+        with lock:
+            order.append(text)
+        return answer(text, at=at)
+
+    observer = FleetObserver(query, recent_s=30, rules="off", clock=lambda: 100.0)
+    assert observer.round(at=100.0).answers is not None
+    assert MARKER not in order
+    assert order[0] == first
+    assert sorted(order) == sorted(FAST.values())
+    assert observer.reading == "raw"
+
+
+def with_rules(text: str, /, *, at: float | None = None) -> list[dict[str, Any]]:
+    """Prometheus with the recording rules: the marker has its series."""
+    if text == MARKER:
+        return [{"metric": {"utilization": "busy"}, "value": [0, "1"]}]
+    return answer(text, at=at)
+
+
+def test_with_the_rules_loaded_the_round_reads_the_recorded_series() -> None:
+    asked: list[str] = []
+
+    def query(text: str, /, *, at: float | None = None) -> list[dict[str, Any]]:
+        asked.append(text)
+        return with_rules(text, at=at)
+
+    raw = FleetObserver(answer, recent_s=30, clock=lambda: 100.0).round(at=100.0)
+    observer = FleetObserver(query, recent_s=30, clock=lambda: 100.0)
+    round_ = observer.round(at=100.0)
+    assert round_.reading == observer.reading == "recorded"
+    assert asked[0] == MARKER
+    assert sorted(asked[1:]) == sorted(RECORDED.values())
+    assert observer.asked == 1 + len(RECORDED) == 1 + len(FAST)
+    for signal in recorded.RECORDED:
+        assert recorded.series(signal, 60) in RECORDED[signal]
+        assert RECORDED[signal] not in FAST.values()
+    # The recorded series answer what the raw queries answer: the same observations.
+    assert round_.answers == raw.answers
+    assert round_.observe(Scope("a", "one"), ready_replicas=1) == raw.observe(
+        Scope("a", "one"), ready_replicas=1
+    )
+
+
+def test_the_round_follows_the_rules_coming_and_going_and_says_so_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    prometheus = [answer]
+
+    def query(text: str, /, *, at: float | None = None) -> list[dict[str, Any]]:
+        return prometheus[0](text, at=at)
+
+    observer = FleetObserver(query, recent_s=30, clock=lambda: 100.0)
+    readings = []
+    with caplog.at_level(logging.INFO, logger="batchpilot.operator.autopilot.prometheus"):
+        for rules in (False, False, True, True, False):
+            prometheus[0] = with_rules if rules else answer
+            readings.append(observer.round(at=100.0).reading)
+    assert readings == ["raw", "raw", "recorded", "recorded", "raw"]
+    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert [level for level, _ in said] == ["WARNING", "INFO", "WARNING"]
+    assert "no batchpilot recording rules for a 60 s window" in said[0][1]
+    assert "reads Prometheus' recording rules" in said[1][1]
+
+
 @pytest.mark.parametrize("concurrency", [1, 4])
 def test_a_prometheus_that_does_not_answer_is_asked_once(concurrency: int) -> None:
     calls = []
@@ -80,18 +161,20 @@ def test_a_prometheus_that_does_not_answer_is_asked_once(concurrency: int) -> No
     observer = FleetObserver(dead, recent_s=30, concurrency=concurrency, clock=lambda: 100.0)
     round_ = observer.round()
     assert round_.answers is None
+    assert round_.reading is None
     assert observer.asked == len(calls) == 1
     assert round_.observe(Scope("a", "one"), ready_replicas=1) is None
 
 
+@pytest.mark.parametrize("rules", [False, True])
 @pytest.mark.parametrize("concurrency", [1, 4])
-def test_a_query_that_fails_later_holds_the_whole_round(concurrency: int) -> None:
-    failing = FAST["p99"]
+def test_a_query_that_fails_later_holds_the_whole_round(concurrency: int, rules: bool) -> None:
+    failing = (RECORDED if rules else FAST)["p99"]
 
     def query(text: str, /, *, at: float | None = None) -> list[dict[str, Any]]:
         if text == failing:
             raise PrometheusUnavailable("timeout")
-        return answer(text, at=at)
+        return (with_rules if rules else answer)(text, at=at)
 
     observer = FleetObserver(query, recent_s=30, concurrency=concurrency, clock=lambda: 100.0)
     assert observer.round().answers is None

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from batchpilot.operator.autopilot import recorded
 from batchpilot.operator.autopilot.prometheus import (
     FleetObserver,
     PrometheusObserver,
@@ -50,7 +53,7 @@ def test_one_round_answers_every_service_as_its_own_queries_do(tmp_path: Path) -
         each = PrometheusObserver(query, clock=time.time, **settings)  # type: ignore[arg-type]
 
         first = fleet_observer.round(at=now - 30)
-        assert fleet_observer.asked == len(
+        assert fleet_observer.asked == 1 + len(  # the recording rules' marker, then raw
             queries(None, window_s=60, utilization="busy", recent_s=30, seasonality=season)
         )
         for service in SERVICES:
@@ -71,7 +74,7 @@ def test_one_round_answers_every_service_as_its_own_queries_do(tmp_path: Path) -
         asked = fleet_observer.asked
         second = fleet_observer.round(at=now - 15)
         fast = queries(None, window_s=60, utilization="busy", recent_s=30)
-        assert fleet_observer.asked - asked == len(fast)
+        assert fleet_observer.asked - asked == 1 + len(fast)
         kept = second.observe(Scope(SERVICES[0].namespace, SERVICES[0].isvc), ready_replicas=1)
         assert kept is not None
         assert (
@@ -93,3 +96,56 @@ def test_a_prometheus_that_does_not_answer_costs_the_round_one_attempt() -> None
     assert round_.answers is None
     assert observer.asked == 1
     assert round_.observe(Scope("a", "b"), ready_replicas=1) is None
+
+
+def test_the_recorded_round_answers_every_service_as_the_raw_queries_do(tmp_path: Path) -> None:
+    """The recording rules, evaluated by the real Prometheus over the same history, give every
+    service the observation the raw grouped queries give at the rules' evaluation time."""
+    now = int(time.time()) // 15 * 15 + 15  # history up to the next scrape: the rules see it
+    data = tmp_path / "prometheus" / "data"
+    backfill(openmetrics(SERVICES, start=now - 900, end=now), data, workdir=tmp_path)
+    group = recorded.rule_group(60, "busy", interval_s=1.0)
+    with prometheus_process(
+        tmp_path / "prometheus", retention="1d", rule_groups=[group]
+    ) as prometheus:
+        query = http_query(prometheus.url)
+        marker = wait_for(lambda: prometheus.query(recorded.marker_query(60, "busy")))
+        # The rules' last evaluation: the raw queries asked at that time answer the same.
+        p99 = wait_for(lambda: prometheus.query(recorded.series("p99", 60)))
+        evaluated = float(p99[0]["value"][0])
+        assert marker
+        observer = FleetObserver(query, recent_s=30, clock=time.time)
+        raw = FleetObserver(query, recent_s=30, rules="off", clock=time.time)
+        ours, theirs = observer.round(at=evaluated), raw.round(at=evaluated)
+        assert ours.reading == "recorded"
+        assert theirs.reading == "raw"
+        assert observer.asked == 1 + len(recorded.recorded_queries(60, "busy", recent_s=30))
+        for service in SERVICES:
+            scope = Scope(service.namespace, service.isvc)
+            mine = ours.observe(scope, ready_replicas=1)
+            assert comparable(mine) == comparable(theirs.observe(scope, ready_replicas=1))
+            assert mine is not None
+            assert mine.p99_s is not None
+            assert mine.compute
+            assert not mine.missing()
+
+        # Asked a window and more after the rules' last evaluation, a recorded value is missing
+        # (the rules stopped: the autopilot holds), though Prometheus would still return it.
+        later = evaluated + 120
+        assert query(recorded.series("p99", 60), at=later)
+        stale = observer.round(at=later)
+        assert stale.reading == "recorded"
+        late = stale.observe(Scope(SERVICES[0].namespace, SERVICES[0].isvc), ready_replicas=1)
+        assert late is not None
+        assert late.p99_s is None
+        assert late.missing()
+
+
+def wait_for(
+    probe: Callable[[], list[dict[str, Any]]], timeout_s: float = 30
+) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout_s
+    while not (found := probe()):
+        assert time.monotonic() < deadline, "Prometheus did not evaluate the rules in time"
+        time.sleep(0.1)
+    return found

@@ -15,6 +15,7 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from batchpilot.operator.autopilot import recorded
 from batchpilot.operator.autopilot.slo import Objective
 from batchpilot.runtime.engine import EngineInfo
 from batchpilot.runtime.metrics import RuntimeMetrics
@@ -115,12 +116,49 @@ class TestRendering:
         assert result.returncode == 0, result.stdout + result.stderr
 
 
+class TestTheAutopilotsRules:
+    """The chart's rules for the autopilot are the ones the operator's round reads
+    (`recorded.rule_group`: the rules the sandbox's Prometheus loads and the fleet's tests
+    evaluate against the raw queries), for its window, utilization source and interval."""
+
+    @pytest.mark.parametrize(
+        ("autopilot", "source"),
+        [
+            ({}, "busy"),
+            ({"metricsWindowSeconds": 120, "intervalSeconds": 7.5}, "nvml"),
+            ({"metricsWindowSeconds": 30, "intervalSeconds": 30}, "dcgm"),
+        ],
+    )
+    def test_they_are_the_rules_the_operator_reads(
+        self, autopilot: dict[str, Any], source: str, tmp_path: Path
+    ) -> None:
+        values = ENABLED | {"autopilot": autopilot, "gpu": {"utilizationSource": source}}
+        (group,) = [g for g in rule_groups(values)["groups"] if g["name"] == recorded.GROUP]
+        window = autopilot.get("metricsWindowSeconds", 60)
+        interval = autopilot.get("intervalSeconds", 15)
+        assert group == recorded.rule_group(window, source, interval_s=interval)  # type: ignore[arg-type]
+        result = check_rules(values, tmp_path)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+    def test_they_read_series_the_runtime_exports(self) -> None:
+        (group,) = [g for g in rule_groups(ENABLED)["groups"] if g["name"] == recorded.GROUP]
+        read = {
+            name
+            for rule in group["rules"]
+            for name in re.findall(r"\b(batchpilot_[a-z_]+)\b", rule["expr"])
+        }
+        exported = exported_series()
+        for name in read:
+            assert name in exported, name
+            assert {"namespace", "isvc"} <= exported[name], name
+
+
 class TestPromtool:
     @pytest.mark.parametrize("values", [ENABLED, NAMESPACED], ids=["defaults", "namespaced"])
     def test_the_rules_are_valid(self, values: dict[str, Any], tmp_path: Path) -> None:
         result = check_rules(values, tmp_path)
         assert result.returncode == 0, result.stdout + result.stderr
-        assert "SUCCESS: 11 rules found" in result.stdout
+        assert "SUCCESS: 25 rules found" in result.stdout  # 11 of the SLO, 14 of the autopilot
 
     def test_the_alerts_fire_on_a_service_outside_its_sla_and_stop_with_the_burning(
         self, tmp_path: Path
@@ -238,7 +276,8 @@ def service_series(
     return [{"series": name, "values": values} for name, values in series]
 
 
-def test_the_rules_read_series_the_runtime_exports_with_its_labels() -> None:
+def exported_series() -> dict[str, set[str]]:
+    """Every series name the runtime exports, with its label names."""
     metrics = RuntimeMetrics(
         model="resnet50",
         service="resnet50",
@@ -249,10 +288,17 @@ def test_the_rules_read_series_the_runtime_exports_with_its_labels() -> None:
     metrics.settings_changed(max_batch_size=4, max_queue_delay_s=0.005, sla_s=0.1, objective=0.99)
     metrics.request_finished(RequestOutcome.SUCCESS, 0.01)
     metrics.arrivals.inc()
+    metrics.batch_done(rows=4, requests=4, compute_s=0.01, queue_waits_s=[0.001] * 4)
+    metrics.track_busy_seconds(lambda: 1.0)
     exported: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(generate_latest(metrics.registry).decode()):
         for sample in family.samples:
             exported.setdefault(sample.name, set()).update(sample.labels)
+    return exported
+
+
+def test_the_rules_read_series_the_runtime_exports_with_its_labels() -> None:
+    exported = exported_series()
     rules = rule_groups(ENABLED)["groups"][0]["rules"]
     read = {
         name for rule in rules for name in re.findall(r"\b(batchpilot_[a-z_]+)\b", rule["expr"])

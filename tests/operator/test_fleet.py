@@ -34,7 +34,7 @@ class CountingRounds:
 
     def round(self, at: float | None = None) -> FleetRound:
         self.rounds += 1
-        return FleetRound(T0.timestamp(), {}, 60, None, None)
+        return FleetRound(T0.timestamp(), {}, 60, None, None, reading="recorded", took_s=0.25)
 
 
 def fleet_of(count: int, kube: FakeKube | None = None) -> tuple[Operator, CountingRounds]:
@@ -60,7 +60,7 @@ def test_one_observation_round_for_every_service() -> None:
         handlers.reconcile(name=f"model-{i}", namespace=NS, memo=operator.memo)
     report = operator.memo.fleet.run_round(names(30))
     assert rounds.rounds == 1
-    assert report == RoundReport(30, 30, 0, prometheus_answered=True)
+    assert report == RoundReport(30, 30, 0, reading="recorded", observed_s=0.25)
     # Every service without series holds alone, and says so.
     for i in range(30):
         status = operator.kube.of(INFERENCESERVICE, NS, f"model-{i}")["status"]
@@ -111,7 +111,7 @@ async def test_the_loop_runs_a_round_per_interval_over_the_piloted_index(
             seen.append(list(services))
             if len(seen) == 3:
                 done.set()
-            return RoundReport(len(services), len(services), 0, prometheus_answered=True)
+            return RoundReport(len(services), len(services), 0, reading="raw", observed_s=1.5)
 
     index: dict[tuple[str, str], Any] = {(NS, "a"): True}
     loop = asyncio.create_task(handlers.fleet_loop(Recording(), index, 0.01))  # type: ignore[arg-type]
@@ -122,7 +122,8 @@ async def test_the_loop_runs_a_round_per_interval_over_the_piloted_index(
     assert seen[:3] == [[(NS, "a")]] * 3
     rounds = [r.getMessage() for r in caplog.records if "autopilot round" in r.getMessage()]
     assert rounds[0].startswith(
-        "autopilot round: 1 services, 1 ticked, 0 failed, Prometheus answered, "
+        "autopilot round: 1 services, 1 ticked, 0 failed, "
+        "Prometheus answered from raw queries in 1.50 s, "
     )  # one line a round, for whoever sizes the operator: a WARNING when it outgrows the interval
 
 

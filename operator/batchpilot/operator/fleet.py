@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from batchpilot.operator.autopilot.pilot import Autopilot, TickResult
-from batchpilot.operator.autopilot.prometheus import FleetRound
+from batchpilot.operator.autopilot.prometheus import FleetRound, Reading
 from batchpilot.operator.events import Event
 from batchpilot.operator.kube import KubeError
 from batchpilot.operator.passes import Passes
@@ -49,7 +49,15 @@ class RoundReport:
     services: int
     ticked: int
     failed: int
-    prometheus_answered: bool
+    reading: Reading | None
+    """Where the signals came from (recording rules or raw queries); None: Prometheus did not
+    answer, and every service held."""
+    observed_s: float = 0.0
+    """How long Prometheus took to answer the round (the rest of the round is the ticks)."""
+
+    @property
+    def prometheus_answered(self) -> bool:
+        return self.reading is not None
 
 
 class FleetPilot:
@@ -74,7 +82,7 @@ class FleetPilot:
         """Observe every service at once, then tick each of `services` (namespace, name)."""
         keys = list(services)
         if not keys:
-            return RoundReport(0, 0, 0, prometheus_answered=True)
+            return RoundReport(0, 0, 0, reading=None)
         answers = self._observer.round()
         # Each tick in the caller's context (kopf's: its Events need it), copied per tick.
         futures = [
@@ -86,7 +94,8 @@ class FleetPilot:
             services=len(keys),
             ticked=sum(1 for ok in outcomes if ok),
             failed=sum(1 for ok in outcomes if not ok),
-            prometheus_answered=answers.answers is not None,
+            reading=answers.reading if answers.answers is not None else None,
+            observed_s=answers.took_s,
         )
 
     def _tick(self, namespace: str, name: str, answers: FleetRound) -> bool:

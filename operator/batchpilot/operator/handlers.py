@@ -36,7 +36,7 @@ from batchpilot.operator.cache import WatchCache, slim_pod
 from batchpilot.operator.children.common import ISVC_LABEL, MANAGED_BY
 from batchpilot.operator.children.keys_secret import keys_secret_name, slim_secret
 from batchpilot.operator.events import Event
-from batchpilot.operator.fleet import FleetPilot, autopiloted
+from batchpilot.operator.fleet import FleetPilot, RoundReport, autopiloted
 from batchpilot.operator.kinds import INFERENCESERVICE, POD, SECRET, ResourceKind
 from batchpilot.operator.kube import KubeClient, KubeError
 from batchpilot.operator.passes import Passes
@@ -157,6 +157,13 @@ async def piloted(
     return {(namespace, name): True}
 
 
+def _prometheus_said(report: RoundReport) -> str:
+    if report.reading is None:
+        return "unreachable (all held)"
+    source = {"recorded": "its recording rules", "raw": "raw queries"}[report.reading]
+    return f"answered from {source} in {report.observed_s:.2f} s"
+
+
 async def fleet_loop(
     fleet: FleetPilot,
     services: kopf.Index[Any, Any],
@@ -182,7 +189,7 @@ async def fleet_loop(
                     report.services,
                     report.ticked,
                     report.failed,
-                    "answered" if report.prometheus_answered else "unreachable (all held)",
+                    _prometheus_said(report),
                     took,
                     interval,
                 )

@@ -94,20 +94,26 @@ def prometheus_process(
     scrape_interval_s: float = 1.0,
     ready_timeout_s: float = 30,
     retention: str = "1h",
+    rule_groups: Sequence[Mapping[str, Any]] = (),
 ) -> Iterator[PrometheusProcess]:
     """A Prometheus with file-based discovery under `workdir`; stopped on exit. Its data is
-    `workdir/data`, which may hold backfilled blocks (kept for `retention`)."""
+    `workdir/data`, which may hold backfilled blocks (kept for `retention`). `rule_groups`:
+    recording rule groups to evaluate (a rule file's `groups`, e.g. the autopilot's
+    `recorded.rule_group`)."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     targets = workdir / "targets.json"
     targets.write_text("[]")
     config = workdir / "prometheus.yml"
+    rules = workdir / "rules.yml"
+    rules.write_text(json.dumps({"groups": list(rule_groups)}))  # JSON is YAML
     interval = f"{round(scrape_interval_s * 1000)}ms"
     config.write_text(
         f"""
 global:
   scrape_interval: {interval}
   evaluation_interval: {interval}
+rule_files: [{rules}]
 scrape_configs:
   - job_name: batchpilot-runtime
     file_sd_configs:

@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from batchpilot.operator.autopilot import recorded
 from batchpilot.sandbox.apiserver import LocalKubernetesAPI
 from batchpilot.sandbox.hosting import pod_host_process
 from batchpilot.sandbox.liveview import (
@@ -239,8 +240,12 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
         try:
             api = stack.enter_context(LocalKubernetesAPI(crds=[ROOT / "crds"]).threaded())
             kubeconfig = api.write_kubeconfig(workdir / "kubeconfig")
+            # The autopilot's recording rules, as the chart's PrometheusRule installs them.
+            rules = recorded.rule_group(
+                options.metrics_window_s, "busy", interval_s=options.autopilot_interval_s
+            )
             prometheus: PrometheusProcess = stack.enter_context(
-                prometheus_process(workdir / "prometheus")
+                prometheus_process(workdir / "prometheus", rule_groups=[rules])
             )
             proxy_port = free_port()
             endpoints_file = workdir / "endpoints.json"

@@ -1,5 +1,6 @@
 """Asks Prometheus (the autopilot's eyes): one service's queries (`PrometheusObserver`), or every
-service's at once, once per interval (`FleetObserver`), over one HTTP client (`http_query`).
+service's at once, once per interval (`FleetObserver`: from the recording rules of `recorded`
+where Prometheus has them), over one HTTP client (`http_query`).
 
 Queries have a timeout and no retries, so a dead Prometheus costs one timeout and an observation
 of None — the autopilot then holds. What is asked is `promql`'s; how an answer becomes an
@@ -14,8 +15,9 @@ import math
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
+from batchpilot.operator.autopilot import recorded
 from batchpilot.operator.autopilot.answers import Raw, observation_from
 from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.autopilot.promql import (
@@ -33,6 +35,7 @@ __all__ = [
     "PrometheusObserver",
     "PrometheusUnavailable",
     "QueryFn",
+    "Reading",
     "Scope",
     "Seasonality",
     "UtilizationSource",
@@ -42,6 +45,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+Reading = Literal["recorded", "raw"]
+"""Where a round's signals came from: the recording rules, or the raw grouped queries."""
 
 
 class QueryFn(Protocol):
@@ -111,6 +118,10 @@ class FleetRound:
     window_s: int
     recent_s: int | None
     seasonality: Seasonality | None
+    reading: Reading | None = None
+    """Recorded or raw; None when Prometheus did not answer."""
+    took_s: float = 0.0
+    """How long the round's queries took, in seconds of the observer's clock."""
 
     def observe(self, scope: Scope, *, ready_replicas: int | None) -> Observation | None:
         """The service's observation from this round; None when the round had no answers. A
@@ -142,7 +153,13 @@ class FleetObserver:
 
     The seasonal signals move slowly: asked once per `seasonal_refresh_s` with the look-ahead
     widened by that much (so the forecast in force covers every tick until the next refresh),
-    kept in between. `asked` counts the queries sent (for the fleet benchmark)."""
+    kept in between. `asked` counts the queries sent (for the fleet benchmark).
+
+    With `rules="auto"` each round first asks whether Prometheus has the recording rules for
+    this window and utilization source (`recorded.marker`, one series: the round's first query,
+    the one a dead Prometheus fails): if so the round reads the recorded series, one per service
+    and signal, whatever the pods' buckets; if not, the raw grouped queries. Either way the
+    round asks a fixed number of queries. `rules="off"` always asks raw."""
 
     def __init__(
         self,
@@ -154,6 +171,7 @@ class FleetObserver:
         seasonality: Seasonality | None = None,
         seasonal_refresh_s: float = 60.0,
         concurrency: int = 4,
+        rules: Literal["auto", "off"] = "auto",
         clock: Callable[[], float],
     ) -> None:
         self._query = query
@@ -164,6 +182,10 @@ class FleetObserver:
         self._concurrency = concurrency
         self._clock = clock
         self._fast = queries(None, window_s=window_s, utilization=utilization, recent_s=recent_s)
+        self._marker = recorded.marker_query(window_s, utilization) if rules == "auto" else None
+        self._recorded = recorded.recorded_queries(window_s, utilization, recent_s=recent_s)
+        self._utilization = utilization
+        self.reading: Reading | None = None
         self._seasonal: dict[str, str] = {}
         if seasonality is not None:
             widened = replace(
@@ -178,17 +200,25 @@ class FleetObserver:
     def round(self, at: float | None = None) -> FleetRound:
         """Ask every signal once (at `at`, Unix seconds; None: now) and split the answers."""
         now = self._clock()
-        texts = dict(self._fast)
         refresh = bool(self._seasonal) and (
             self._kept_at is None or now - self._kept_at >= self._refresh_s
         )
-        if refresh:
-            texts |= self._seasonal
         try:
-            results = self._ask(texts, at=at)
+            reading = self._reading(at)
+            texts = dict(self._recorded if reading == "recorded" else self._fast)
+            if refresh:
+                texts |= self._seasonal
+            results = self._ask(texts, at=at, probed=self._marker is not None)
         except PrometheusUnavailable as exc:
             log.warning("Prometheus unavailable: the autopilot holds this round (%s)", exc)
-            return FleetRound(now, None, self._window_s, self._recent_s, self._seasonality)
+            return FleetRound(
+                now,
+                None,
+                self._window_s,
+                self._recent_s,
+                self._seasonality,
+                took_s=self._clock() - now,
+            )
         answers = split(results)
         if refresh:
             self._kept = {
@@ -199,32 +229,68 @@ class FleetObserver:
         else:
             for key, kept in self._kept.items():
                 answers.setdefault(key, {}).update(kept)
-        return FleetRound(now, answers, self._window_s, self._recent_s, self._seasonality)
+        return FleetRound(
+            now,
+            answers,
+            self._window_s,
+            self._recent_s,
+            self._seasonality,
+            reading=reading,
+            took_s=self._clock() - now,
+        )
 
-    def _ask(self, texts: dict[str, str], *, at: float | None) -> Raw:
-        """Every text's answer, by name, in the order of `texts`: one after another, or the
-        first alone and the rest `concurrency` at a time; raises the first failure
-        (`PrometheusUnavailable`)."""
+    def _reading(self, at: float | None) -> Reading:
+        """Recorded while Prometheus has this window's rules (asked each round, alone: a dead
+        Prometheus fails here), raw otherwise; a change is logged once."""
+        if self._marker is None:
+            reading: Reading = "raw"
+        else:
+            self.asked += 1
+            reading = "recorded" if self._query(self._marker, at=at) else "raw"
+        if reading != self.reading:
+            if reading == "recorded":
+                log.info(
+                    "the autopilot reads Prometheus' recording rules (group %s, %d s window)",
+                    recorded.GROUP,
+                    self._window_s,
+                )
+            elif self._marker is not None:
+                log.warning(
+                    "Prometheus has no batchpilot recording rules for a %d s window and "
+                    "utilization %r (%s): the autopilot asks the raw grouped queries, which "
+                    "read every pod's histogram buckets each round",
+                    self._window_s,
+                    self._utilization,
+                    recorded.marker(self._window_s),
+                )
+            self.reading = reading
+        return reading
+
+    def _ask(self, texts: dict[str, str], *, at: float | None, probed: bool) -> Raw:
+        """Every text's answer, by name, in the order of `texts`: one after another, or
+        `concurrency` at a time — after the first alone unless Prometheus has just answered
+        (`probed`); raises the first failure (`PrometheusUnavailable`)."""
         names = list(texts)
+        results: Raw = {}
         if self._concurrency <= 1:
-            results = {}
             for name in names:
                 self.asked += 1
                 results[name] = self._query(texts[name], at=at)
             return results
-        self.asked += 1
-        results = {names[0]: self._query(texts[names[0]], at=at)}
-        rest = names[1:]
-        if not rest:
+        if not probed and names:
+            self.asked += 1
+            results[names[0]] = self._query(texts[names[0]], at=at)
+            names = names[1:]
+        if not names:
             return results
         pool = ThreadPoolExecutor(
-            max_workers=max(1, min(self._concurrency, len(rest))),
+            max_workers=max(1, min(self._concurrency, len(names))),
             thread_name_prefix="prometheus",
         )
         try:
-            futures = {name: pool.submit(self._query, texts[name], at=at) for name in rest}
+            futures = {name: pool.submit(self._query, texts[name], at=at) for name in names}
             self.asked += len(futures)
-            for name in rest:
+            for name in names:
                 results[name] = futures[name].result()
         finally:
             # After a failure the queries not started are dropped; those in flight end at
