@@ -20,6 +20,13 @@ Prometheus (`batchpilot.sandbox.backfill`). Then, side by side in one run:
 `--profile` writes cProfile statistics of the last round's observation and decisions (read them
 with `python -m pstats OUT.pstats`).
 
+`--recorded` measures the autopilot's recording rules instead (`recorded.rule_group`, as the
+chart installs them): Prometheus evaluates them every 5 s over the backfilled history (which
+ends at the next scrape, so the first evaluations see a full window), and at the time of one
+evaluation the round is asked both ways, alternately — reading the recorded series, and asking
+the raw grouped queries: wall time and Prometheus CPU of each, with the rule group's own
+evaluation time (Prometheus' `prometheus_rule_group_last_duration_seconds`).
+
 The aims (issue: the control plane at fleet scale): queries per interval a constant ≤ 15
 whatever the count; one full observe-decide round over 1,000 services < 5 s.
 """
@@ -36,6 +43,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from batchpilot.operator.autopilot import recorded
 from batchpilot.operator.autopilot.decide import decide
 from batchpilot.operator.autopilot.policy import InForce, Policy
 from batchpilot.operator.autopilot.prometheus import (
@@ -50,7 +58,7 @@ from batchpilot.operator.autopilot.service_model import _sla_capacity
 from batchpilot.operator.autopilot.slo import Objective
 from batchpilot.operator.autopilot.state import State
 from batchpilot.sandbox.backfill import backfill, fleet, openmetrics
-from batchpilot.sandbox.prometheus import prometheus_process
+from batchpilot.sandbox.prometheus import PrometheusProcess, prometheus_process
 
 POLICY = Policy(
     sla_p99_s=0.1,
@@ -92,6 +100,54 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def recorded_against_raw(prometheus: PrometheusProcess, rounds: int) -> dict[str, float]:
+    """Rounds read from the recording rules and asked raw, alternately, at the time of one
+    evaluation of the rules (medians), and the rule group's last evaluation time."""
+    pid = prometheus.process.pid
+    query = http_query(prometheus.url, timeout_s=30)
+    deadline = time.monotonic() + 60
+    while not (p99 := prometheus.query(recorded.series("p99", 60))):
+        assert time.monotonic() < deadline, "the rules were not evaluated within 60 s"
+        time.sleep(0.2)
+    at = float(p99[0]["value"][0])
+    ways = {
+        "recorded": FleetObserver(query, recent_s=30, clock=time.time),
+        "raw": FleetObserver(query, recent_s=30, rules="off", clock=time.time),
+    }
+    for observer in ways.values():  # warm: Prometheus' caches, as a running operator has them
+        observer.round(at=at)
+    measured: dict[str, list[float]] = {}
+    for k in range(rounds):
+        order = list(ways) if k % 2 == 0 else list(reversed(ways))
+        for way in order:
+            observer = ways[way]
+            asked = observer.asked
+            cpu, began = cpu_seconds(pid), time.perf_counter()
+            round_ = observer.round(at=at)
+            took = time.perf_counter() - began
+            assert round_.reading == way, (way, round_.reading)
+            answered = sum(1 for raw in (round_.answers or {}).values() if "p99" in raw)
+            for key, value in {
+                f"{way}_observe_s": took,
+                f"{way}_prometheus_cpu_s": cpu_seconds(pid) - cpu,
+                f"{way}_queries_per_round": observer.asked - asked,
+                f"{way}_services_with_p99": answered,
+            }.items():
+                measured.setdefault(key, []).append(value)
+    results: dict[str, float] = {key: statistics.median(values) for key, values in measured.items()}
+    evaluation = prometheus.query(
+        f'prometheus_rule_group_last_duration_seconds{{rule_group=~".*;{recorded.GROUP}"}}'
+    )
+    results["rule_group_evaluation_s"] = (
+        float(evaluation[0]["value"][1]) if evaluation else float("nan")
+    )
+    results["recorded_vs_raw_observe"] = results["recorded_observe_s"] / results["raw_observe_s"]
+    results["recorded_vs_raw_prometheus_cpu"] = results["recorded_prometheus_cpu_s"] / max(
+        results["raw_prometheus_cpu_s"], 1e-9
+    )
+    return results
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=1000)
@@ -99,10 +155,26 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5, help="measured rounds, 15 s apart")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--profile", type=Path, default=None, help="cProfile of the last round")
+    parser.add_argument(
+        "--recorded", action="store_true", help="recording rules against raw queries, only"
+    )
     args = parser.parse_args()
     services = list(fleet(args.count))
     now = int(time.time()) // 15 * 15
     results: dict[str, float] = {"services": args.count}
+    if args.recorded:
+        end = now + 15  # the history reaches the first evaluations of the rules
+        with tempfile.TemporaryDirectory() as tmp:
+            work = Path(tmp)
+            history = openmetrics(services, start=end - 900, end=end)
+            backfill(history, work / "prometheus" / "data", workdir=work)
+            with prometheus_process(
+                work / "prometheus",
+                retention="1d",
+                rule_groups=[recorded.rule_group(60, "busy", interval_s=5.0)],
+            ) as prometheus:
+                results |= recorded_against_raw(prometheus, args.rounds)
+        return report(results, args.json)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         began = time.perf_counter()
@@ -213,10 +285,14 @@ def main() -> int:
         if results["per_service_prometheus_cpu_s_scaled"]
         else float("nan")
     )
+    return report(results, args.json)
+
+
+def report(results: dict[str, float], json_path: Path | None) -> int:
     for key, value in results.items():
         print(f"{key:<40} {value:.3f}" if isinstance(value, float) else f"{key:<40} {value}")
-    if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    if json_path is not None:
+        json_path.write_text(json.dumps(results, indent=1) + "\n")
     return 0
 
 
