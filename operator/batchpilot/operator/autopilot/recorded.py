@@ -5,8 +5,10 @@ window at the moment of asking — the three latency quantiles every bucket of e
 the query's timeout; on a Prometheus busy ingesting thousands of targets those queries are the
 first to time out, and the autopilot then holds every service. Recorded, Prometheus computes the
 same expressions on its own schedule (one rule group, every autopilot interval) and the round
-reads one precomputed series per service and signal. The latency buckets are summed per service
-once and both quantiles read that sum.
+reads one precomputed series per service and signal. Each rule records exactly its signal's raw
+grouped query. (Recording the latency buckets summed per service, for both quantiles to read,
+was measured and dropped: with a pod or two per service the sums are as many series as the
+pods' own buckets, and appending them every evaluation cost more than the quantile it saved.)
 
 The same rules ship in the chart's PrometheusRule (templates/prometheusrule.yaml, checked
 against `rules` by the chart's tests) and the sandbox's Prometheus loads them from here. A
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from batchpilot.operator.autopilot.promql import FLEET_LABELS, UtilizationSource, queries
+from batchpilot.operator.autopilot.promql import UtilizationSource, queries
 
 GROUP = "batchpilot-autopilot"
 """The rule group's name, in the chart's PrometheusRule and the sandbox's rule file."""
@@ -46,13 +48,6 @@ RECORDED = (
 )
 """The signals read from recorded series; the others of `queries` are asked raw."""
 
-_QUANTILES = {
-    "p99": (0.99, "batchpilot_request_duration_seconds"),
-    "p95": (0.95, "batchpilot_request_duration_seconds"),
-    "queue_p99": (0.99, "batchpilot_queue_wait_seconds"),
-}
-
-
 def series(signal: str, window_s: int) -> str:
     """The recorded series of one signal over a window, e.g. `batchpilot:autopilot_p99:60s`."""
     return f"batchpilot:autopilot_{signal}:{window_s}s"
@@ -68,30 +63,13 @@ def marker_query(window_s: int, utilization: UtilizationSource) -> str:
     return f'{marker(window_s)}{{utilization="{utilization}"}}'
 
 
-def _buckets(metric: str, window_s: int) -> str:
-    return f"batchpilot:autopilot_{metric.removeprefix('batchpilot_')}_bucket:rate{window_s}s"
-
-
 def rules(window_s: int, utilization: UtilizationSource) -> list[dict[str, Any]]:
-    """The recording rules, in evaluation order (the bucket sums before the quantiles that read
-    them, the marker last): Prometheus' rule-file shape (`record`, `expr`, optional `labels`)."""
+    """The recording rules, the marker last: Prometheus' rule-file shape (`record`, `expr`,
+    optional `labels`). Each records its signal's raw grouped query: the same numbers."""
     raw = queries(None, window_s=window_s, utilization=utilization)
-    by = ", ".join((*FLEET_LABELS, "le"))
-    out: list[dict[str, Any]] = []
-    for metric in dict.fromkeys(metric for _, metric in _QUANTILES.values()):
-        out.append(
-            {
-                "record": _buckets(metric, window_s),
-                "expr": f'sum by ({by}) (rate({metric}_bucket{{isvc!=""}}[{window_s}s]))',
-            }
-        )
-    for signal in RECORDED:
-        if signal in _QUANTILES:
-            q, metric = _QUANTILES[signal]
-            expr = f"histogram_quantile({q}, {_buckets(metric, window_s)})"
-        else:
-            expr = raw[signal]
-        out.append({"record": series(signal, window_s), "expr": expr})
+    out: list[dict[str, Any]] = [
+        {"record": series(signal, window_s), "expr": raw[signal]} for signal in RECORDED
+    ]
     out.append(
         {"record": marker(window_s), "expr": "vector(1)", "labels": {"utilization": utilization}}
     )
