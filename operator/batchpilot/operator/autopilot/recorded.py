@@ -48,6 +48,7 @@ RECORDED = (
 )
 """The signals read from recorded series; the others of `queries` are asked raw."""
 
+
 def series(signal: str, window_s: int) -> str:
     """The recorded series of one signal over a window, e.g. `batchpilot:autopilot_p99:60s`."""
     return f"batchpilot:autopilot_{signal}:{window_s}s"
