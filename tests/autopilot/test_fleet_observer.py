@@ -1,9 +1,9 @@
 """The fleet's round without a Prometheus: what is asked, in which order, and what a failure costs.
 
-The round first asks whether Prometheus has the recording rules (one series), then reads the
-recorded series or asks the raw grouped queries, one after another or (`concurrency` > 1) a few
-at a time: the answers must be split per service the same either way, and a Prometheus that
-fails costs the round one bounded attempt.
+The round first asks, alone, how many pods report, with the recording rules' marker in the same
+answer; then it reads the recorded series or asks the raw grouped queries, one after another or
+(`concurrency` > 1) a few at a time: the answers must be split per service the same either way,
+and a Prometheus that fails costs the round one bounded attempt.
 """
 
 from __future__ import annotations
@@ -25,8 +25,16 @@ from batchpilot.operator.autopilot.prometheus import (
 FAST = queries(None, window_s=60, utilization="busy", recent_s=30)
 RECORDED = recorded.recorded_queries(60, "busy", recent_s=30)
 MARKER = recorded.marker_query(60, "busy")
-NAMES = {text: name for name, text in FAST.items()} | {
-    text: name for name, text in RECORDED.items()
+PROBE = f"({FAST['reporting']}) or {MARKER}"
+"""The round's first query: the count of reporting pods, and the recording rules' marker."""
+NAMES = (
+    {text: name for name, text in FAST.items()}
+    | {text: name for name, text in RECORDED.items()}
+    | {PROBE: "reporting"}
+)
+MARKER_SERIES = {
+    "metric": {"__name__": recorded.marker(60), "utilization": "busy"},
+    "value": [0, "1"],
 }
 
 
@@ -40,8 +48,6 @@ def series(namespace: str, isvc: str, value: float, **labels: str) -> dict[str, 
 def answer(text: str, /, *, at: float | None = None) -> list[dict[str, Any]]:
     """Two services' answers to every signal: each signal's own number for each (no recording
     rules: the marker has no series)."""
-    if text == MARKER:
-        return []
     number = sorted(FAST).index(NAMES[text]) + 1.0
     if NAMES[text].startswith("compute_"):
         return [series("a", "one", number, batch_bucket="8"), series("b", "two", 2 * number)]
@@ -55,7 +61,7 @@ def test_the_answers_are_split_as_one_query_after_another_splits_them() -> None:
     assert together.answers == alone.answers
     assert together.answers is not None
     assert list(together.answers[("a", "one")]) == list(FAST)  # in the order of the signals
-    assert asked_together.asked == asked_alone.asked == 1 + len(FAST)  # the marker, then FAST
+    assert asked_together.asked == asked_alone.asked == len(FAST)
     assert together.reading == "raw"
     assert together.observe(Scope("b", "two"), ready_replicas=1) == alone.observe(
         Scope("b", "two"), ready_replicas=1
@@ -63,7 +69,7 @@ def test_the_answers_are_split_as_one_query_after_another_splits_them() -> None:
 
 
 def test_the_queries_after_the_first_are_asked_together() -> None:
-    first = MARKER
+    first = PROBE
     together = threading.Barrier(4, timeout=10)
     lock, waiting, met = threading.Lock(), [0], []
 
@@ -80,8 +86,7 @@ def test_the_queries_after_the_first_are_asked_together() -> None:
     assert sorted(met) == [0, 1, 2, 3]
 
 
-def test_without_the_marker_query_the_first_signal_is_asked_alone() -> None:
-    first = next(iter(FAST.values()))
+def test_without_the_rules_the_round_asks_the_same_and_no_marker() -> None:
     order: list[str] = []
     lock = threading.Lock()
 
@@ -91,17 +96,18 @@ def test_without_the_marker_query_the_first_signal_is_asked_alone() -> None:
         return answer(text, at=at)
 
     observer = FleetObserver(query, recent_s=30, rules="off", clock=lambda: 100.0)
-    assert observer.round(at=100.0).answers is not None
-    assert MARKER not in order
-    assert order[0] == first
+    round_ = observer.round(at=100.0)
+    auto = FleetObserver(answer, recent_s=30, clock=lambda: 100.0).round(at=100.0)
+    assert round_.answers == auto.answers
+    assert order[0] == FAST["reporting"]  # alone, first
     assert sorted(order) == sorted(FAST.values())
     assert observer.reading == "raw"
 
 
 def with_rules(text: str, /, *, at: float | None = None) -> list[dict[str, Any]]:
     """Prometheus with the recording rules: the marker has its series."""
-    if text == MARKER:
-        return [{"metric": {"utilization": "busy"}, "value": [0, "1"]}]
+    if text == PROBE:
+        return [*answer(text, at=at), MARKER_SERIES]
     return answer(text, at=at)
 
 
@@ -116,13 +122,14 @@ def test_with_the_rules_loaded_the_round_reads_the_recorded_series() -> None:
     observer = FleetObserver(query, recent_s=30, clock=lambda: 100.0)
     round_ = observer.round(at=100.0)
     assert round_.reading == observer.reading == "recorded"
-    assert asked[0] == MARKER
-    assert sorted(asked[1:]) == sorted(RECORDED.values())
-    assert observer.asked == 1 + len(RECORDED) == 1 + len(FAST)
+    assert asked[0] == PROBE
+    assert sorted(asked[1:]) == sorted(t for n, t in RECORDED.items() if n != "reporting")
+    assert observer.asked == len(RECORDED) == len(FAST)
     for signal in recorded.RECORDED:
         assert recorded.series(signal, 60) in RECORDED[signal]
         assert RECORDED[signal] not in FAST.values()
-    # The recorded series answer what the raw queries answer: the same observations.
+    # The recorded series answer what the raw queries answer: the same observations, and the
+    # marker is nobody's answer.
     assert round_.answers == raw.answers
     assert round_.observe(Scope("a", "one"), ready_replicas=1) == raw.observe(
         Scope("a", "one"), ready_replicas=1

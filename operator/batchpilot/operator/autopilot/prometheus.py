@@ -47,6 +47,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
+_PROBE = "reporting"
+"""The signal asked first and alone each round, with the recording rules' marker beside it."""
+
 Reading = Literal["recorded", "raw"]
 """Where a round's signals came from: the recording rules, or the raw grouped queries."""
 
@@ -155,11 +158,11 @@ class FleetObserver:
     widened by that much (so the forecast in force covers every tick until the next refresh),
     kept in between. `asked` counts the queries sent (for the fleet benchmark).
 
-    With `rules="auto"` each round first asks whether Prometheus has the recording rules for
-    this window and utilization source (`recorded.marker`, one series: the round's first query,
-    the one a dead Prometheus fails): if so the round reads the recorded series, one per service
-    and signal, whatever the pods' buckets; if not, the raw grouped queries. Either way the
-    round asks a fixed number of queries. `rules="off"` always asks raw."""
+    With `rules="auto"` the first query (the count of reporting pods, always asked raw) carries
+    the recording rules' marker for this window and utilization source (`recorded.marker`, one
+    series `or`-ed in): while Prometheus has it, the rest of the round reads the recorded series,
+    one per service and signal, whatever the pods' buckets; otherwise the raw grouped queries.
+    Either way the round asks one query per signal. `rules="off"` always asks raw."""
 
     def __init__(
         self,
@@ -182,7 +185,7 @@ class FleetObserver:
         self._concurrency = concurrency
         self._clock = clock
         self._fast = queries(None, window_s=window_s, utilization=utilization, recent_s=recent_s)
-        self._marker = recorded.marker_query(window_s, utilization) if rules == "auto" else None
+        self._marker = None if rules == "off" else recorded.marker_query(window_s, utilization)
         self._recorded = recorded.recorded_queries(window_s, utilization, recent_s=recent_s)
         self._utilization = utilization
         self.reading: Reading | None = None
@@ -204,11 +207,12 @@ class FleetObserver:
             self._kept_at is None or now - self._kept_at >= self._refresh_s
         )
         try:
-            reading = self._reading(at)
+            reading, first = self._probe(at)
             texts = dict(self._recorded if reading == "recorded" else self._fast)
             if refresh:
                 texts |= self._seasonal
-            results = self._ask(texts, at=at, probed=self._marker is not None)
+            rest = self._ask({n: t for n, t in texts.items() if n != _PROBE}, at=at)
+            results = {name: first if name == _PROBE else rest[name] for name in texts}
         except PrometheusUnavailable as exc:
             log.warning("Prometheus unavailable: the autopilot holds this round (%s)", exc)
             return FleetRound(
@@ -239,37 +243,43 @@ class FleetObserver:
             took_s=self._clock() - now,
         )
 
-    def _reading(self, at: float | None) -> Reading:
-        """Recorded while Prometheus has this window's rules (asked each round, alone: a dead
-        Prometheus fails here), raw otherwise; a change is logged once."""
+    def _probe(self, at: float | None) -> tuple[Reading, list[dict[str, Any]]]:
+        """The round's first query, asked alone (a dead Prometheus fails here, once): the count
+        of reporting pods, with the rules' marker `or`-ed into the same answer
+        (`rules="auto"`), which says whether the rest of the round reads recorded series."""
+        self.asked += 1
         if self._marker is None:
             reading: Reading = "raw"
+            answer = self._query(self._fast[_PROBE], at=at)
         else:
-            self.asked += 1
-            reading = "recorded" if self._query(self._marker, at=at) else "raw"
-        if reading != self.reading:
-            if reading == "recorded":
-                log.info(
-                    "the autopilot reads Prometheus' recording rules (group %s, %d s window)",
-                    recorded.GROUP,
-                    self._window_s,
-                )
-            elif self._marker is not None:
-                log.warning(
-                    "Prometheus has no batchpilot recording rules for a %d s window and "
-                    "utilization %r (%s): the autopilot asks the raw grouped queries, which "
-                    "read every pod's histogram buckets each round",
-                    self._window_s,
-                    self._utilization,
-                    recorded.marker(self._window_s),
-                )
-            self.reading = reading
-        return reading
+            both = self._query(f"({self._fast[_PROBE]}) or {self._marker}", at=at)
+            answer = [s for s in both if "isvc" in s.get("metric", {})]
+            reading = "recorded" if len(answer) < len(both) else "raw"
+            if reading != self.reading:
+                self._say(reading)
+        self.reading = reading
+        return reading, answer
 
-    def _ask(self, texts: dict[str, str], *, at: float | None, probed: bool) -> Raw:
-        """Every text's answer, by name, in the order of `texts`: one after another, or
-        `concurrency` at a time — after the first alone unless Prometheus has just answered
-        (`probed`); raises the first failure (`PrometheusUnavailable`)."""
+    def _say(self, reading: Reading) -> None:
+        if reading == "recorded":
+            log.info(
+                "the autopilot reads Prometheus' recording rules (group %s, %d s window)",
+                recorded.GROUP,
+                self._window_s,
+            )
+        else:
+            log.warning(
+                "Prometheus has no batchpilot recording rules for a %d s window and "
+                "utilization %r (%s): the autopilot asks the raw grouped queries, which "
+                "read every pod's histogram buckets each round",
+                self._window_s,
+                self._utilization,
+                recorded.marker(self._window_s),
+            )
+
+    def _ask(self, texts: dict[str, str], *, at: float | None) -> Raw:
+        """Every text's answer, by name: one after another, or `concurrency` at a time; raises
+        the first failure (`PrometheusUnavailable`)."""
         names = list(texts)
         results: Raw = {}
         if self._concurrency <= 1:
@@ -277,10 +287,6 @@ class FleetObserver:
                 self.asked += 1
                 results[name] = self._query(texts[name], at=at)
             return results
-        if not probed and names:
-            self.asked += 1
-            results[names[0]] = self._query(texts[names[0]], at=at)
-            names = names[1:]
         if not names:
             return results
         pool = ThreadPoolExecutor(
