@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation
 from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
 from batchpilot.operator.autopilot.prometheus import Scope
+from batchpilot.operator.autopilot.reporting import HEARTBEAT_S
 from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT
 from batchpilot.operator.reconciler import Reconciler
 from batchpilot.operator.settings import OperatorSettings
@@ -203,3 +205,107 @@ class TestBlind:
 def test_mode_off_does_nothing() -> None:
     world = World(mode="off")
     assert world.tick().status == {}
+
+
+class TestQuietStatus:
+    """A tick with nothing new for users writes no status: its memory waits in the operator and
+    is written within `HEARTBEAT_S`, losing nothing; anything users read writes it all."""
+
+    @staticmethod
+    def ticks(
+        observe: Any, seconds: list[float], *, restart_at: float | None = None
+    ) -> tuple[World, list[dict[str, Any]]]:
+        """What each tick, `seconds` after the first, wrote (the status fields that changed);
+        `restart_at`: a fresh operator from then on (only the stored status remembers)."""
+        world = World(observe=observe)
+        now = {"at": 0.0}
+
+        def observed_now(scope: Scope, *, ready_replicas: int | None) -> Observation | None:
+            found = observe(scope, ready_replicas=ready_replicas)
+            return None if found is None else dataclasses.replace(found, at=T + now["at"])
+
+        def operator() -> Autopilot:
+            return Autopilot(
+                world.kube,
+                observe=observed_now,
+                pods=world,
+                push=world.push,
+                clock=lambda: NOW + timedelta(seconds=now["at"]),
+                seconds=lambda: T + now["at"],
+            )
+
+        world.autopilot = operator()
+        written = []
+        for at in seconds:
+            now["at"] = at
+            if at == restart_at:
+                world.autopilot = operator()
+            current = copy.deepcopy(world.body["status"])
+            world.tick()
+            written.append({k: v for k, v in world.body["status"].items() if current.get(k) != v})
+        return world, written
+
+    @staticmethod
+    def idle(scope: Scope, *, ready_replicas: int | None) -> Observation:
+        return Observation(
+            at=T, window_s=60, p99_s=None, p95_s=None, qps=0.0, rejected_qps=0.0,
+            queue_p99_s=None, utilization=0.0, mean_batch=None, compute=(),
+            ready_replicas=ready_replicas, arrival_qps=0.0,
+        )  # fmt: skip
+
+    def test_a_service_without_traffic_writes_when_the_heartbeat_is_due(self) -> None:
+        assert HEARTBEAT_S == 300.0
+        every = [15.0 * n for n in range(23)]  # 0 … 330 s
+        world, written = self.ticks(self.idle, every)
+        assert written[0]  # the first tick says everything
+        assert "slo" in written[1]  # the first verdict: the objective's figures appear
+        assert written[2:21] == [{}] * 19  # 30 … 300 s: nothing new for users
+        assert set(written[21]) == {"metrics", "autopilot"}  # the heartbeat, 300 s on
+        assert written[21]["metrics"]["observedAt"] == "2026-11-30T12:05:15Z"
+        assert written[22] == {}
+        # Nothing was lost while the memory waited: the ledger counted every quiet interval.
+        fine = world.body["status"]["autopilot"]["slo"]["fine"]
+        assert sum(fine["judgedS"]) == 315.0
+        assert sum(fine["badS"]) == 0.0
+
+    def test_a_restart_resumes_from_what_was_written(self) -> None:
+        every = [15.0 * n for n in range(23)]
+        world, written = self.ticks(self.idle, every, restart_at=150.0)
+        assert written[21]  # the heartbeat still comes
+        # The new operator resumed from the memory written at 15 s: of the gap to 150 s the
+        # ledger counted one metrics window (60 s), then every interval again.
+        fine = world.body["status"]["autopilot"]["slo"]["fine"]
+        assert sum(fine["judgedS"]) == 15.0 + 60.0 + 165.0
+
+    def test_a_blind_autopilot_writes_nothing_in_between_either(self) -> None:
+        _, written = self.ticks(lambda scope, *, ready_replicas: None, [0, 15, 30])
+        assert written[1:] == [{}, {}]
+
+    def test_a_service_with_traffic_writes_what_users_read_at_once(self) -> None:
+        rate = {"qps": 20.0}
+
+        def steady(scope: Scope, *, ready_replicas: int | None) -> Observation:
+            return Observation(
+                at=T, window_s=60, p99_s=0.015, p95_s=0.012, qps=rate["qps"], rejected_qps=0,
+                queue_p99_s=0.005, utilization=0.05, mean_batch=1.0,
+                compute=(ComputePoint(1, 0.006, 1000), ComputePoint(2, 0.008, 100)),
+                ready_replicas=ready_replicas,
+            )  # fmt: skip
+
+        world = World(observe=steady)
+        world.tick()
+
+        def changed(after: Any) -> dict[str, Any]:
+            current = copy.deepcopy(world.body["status"])
+            after()
+            world.tick()
+            return {k: v for k, v in world.body["status"].items() if current.get(k) != v}
+
+        assert changed(lambda: None) == {}  # the same numbers: nothing new for users
+        assert "metrics" in changed(lambda: rate.update(qps=25.0))  # a new rate: written
+
+    def test_what_waits_for_a_service_gone_from_the_round_is_dropped(self) -> None:
+        world, _ = self.ticks(self.idle, [0, 15, 30])
+        assert world.autopilot._waiting
+        world.autopilot.forget([("vision", "other")])
+        assert not world.autopilot._waiting

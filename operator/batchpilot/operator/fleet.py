@@ -90,6 +90,7 @@ class FleetPilot:
             for ns, name in keys
         ]
         outcomes = [future.result() for future in futures]
+        self._pilot.forget(keys)  # what waits for services gone from the round goes too
         return RoundReport(
             services=len(keys),
             ticked=sum(1 for ok in outcomes if ok),

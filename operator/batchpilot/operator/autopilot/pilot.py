@@ -10,13 +10,18 @@ ConfigMap), takes its observation, calls the pure `decide`, acts in mode `auto` 
 mode `recommend` the decision is computed and reported, never applied), and returns the status
 and Events to write (`reporting`). The autopilot's memory (the t(b) fit, the latency outside the
 batcher, scale-down recommendations, the verdicts the objective is kept with) is kept in
-`status.autopilot`, so an operator restart, or a new leader, resumes without a jump.
+`status.autopilot`, so an operator restart, or a new leader, resumes without a jump. A tick
+with nothing new for users (a service without traffic: only the ledger's count of quiet time and
+the time of observation move) leaves its status waiting in memory, written within
+`reporting.HEARTBEAT_S` (`may_wait`) — an idle fleet does not write every service's status every
+interval.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -26,7 +31,7 @@ from batchpilot.operator.autopilot.decide import decide
 from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.autopilot.policy import Decision, InForce, Policy
 from batchpilot.operator.autopilot.prometheus import Scope
-from batchpilot.operator.autopilot.reporting import report_tick
+from batchpilot.operator.autopilot.reporting import HELD, may_wait, report_tick
 from batchpilot.operator.autopilot.slo import Objective
 from batchpilot.operator.autopilot.state import State
 from batchpilot.operator.children.common import Owner
@@ -87,12 +92,19 @@ class Autopilot:
         self._clock = clock
         # Wall-clock seconds: remembered scale-down recommendations must outlive a restart.
         self._seconds = seconds
+        self._lock = threading.Lock()
+        self._waiting: dict[tuple[str, str], dict[str, Any]] = {}
 
     def tick(self, body: dict[str, Any], *, observe: Observe | None = None) -> TickResult:
         """One tick for the InferenceService `body`; `observe` (default: the one given at
         construction) reads its metrics — the fleet's round hands each tick its own answers."""
         meta = body["metadata"]
-        status = body.get("status") or {}
+        stored = body.get("status") or {}
+        key = (meta["namespace"], meta["name"])
+        with self._lock:
+            waiting = self._waiting.get(key)
+        # What the last ticks said and did not write yet, over what is stored (`may_wait`).
+        status = stored | waiting if waiting else stored
         try:
             spec = InferenceServiceSpec.model_validate(body.get("spec") or {})
         except ValueError:
@@ -152,6 +164,23 @@ class Autopilot:
             generation=meta.get("generation"),
             now=now,
         )
-        result.status |= status_doc
+        doc = result.status | status_doc
+        if may_wait(stored, doc, now=now):
+            # Nothing new for users: the memory waits here, and the pass writes nothing.
+            with self._lock:
+                self._waiting[key] = {k: doc[k] for k in HELD if k in doc}
+            result.status = {k: v for k, v in doc.items() if k not in HELD}
+        else:
+            with self._lock:
+                self._waiting.pop(key, None)
+            result.status = doc
         result.events += said
         return result
+
+    def forget(self, keep: Iterable[tuple[str, str]]) -> None:
+        """Drop the waiting status of every service but `keep` (deleted, or out of the
+        autopilot's hands)."""
+        kept = set(keep)
+        with self._lock:
+            for key in [k for k in self._waiting if k not in kept]:
+                del self._waiting[key]

@@ -12,7 +12,7 @@ fire an alert.
 from __future__ import annotations
 
 import math
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from batchpilot.operator import conditions
@@ -127,6 +127,60 @@ def report_tick(
             "reason": decision.reason,
         }
     return doc, events
+
+
+HEARTBEAT_S = 300.0
+"""While a tick has nothing new to say to users, its status waits in the operator's memory for
+at most this long (measured from the stored `status.metrics.observedAt`)."""
+
+HELD = ("metrics", "autopilot")
+"""The parts of a tick's status that may wait: when it was observed, and the autopilot's memory."""
+
+
+def may_wait(
+    stored: dict[str, Any],
+    doc: dict[str, Any],
+    *,
+    now: datetime,
+    heartbeat_s: float = HEARTBEAT_S,
+) -> bool:
+    """Whether `doc` (the status a tick reports) may wait instead of being written: nothing a
+    user reads changed against `stored` — no condition, decision, SLO figure or metric value;
+    only when the metrics were observed and the autopilot's memory (the SLO ledger counting
+    another quiet interval, the rate history) — and the stored observedAt is younger than
+    `heartbeat_s`.
+
+    Why: a service without traffic still has a tick every interval whose memory moves (the
+    ledger counts idle time as good), and writing it each time is a heartbeat in status, which
+    Kubernetes' API conventions steer away from: 2,000 idle services at a 15 s interval would
+    be 133 status writes a second to the API server and every watcher of InferenceServices.
+    What waiting costs: an operator that restarts (or a new leader) resumes from memory up to
+    `heartbeat_s` old — the ledger then counts at most one metrics window of the gap, as it
+    does for any gap between verdicts."""
+    stored_at = (stored.get("metrics") or {}).get("observedAt")
+    if not isinstance(stored_at, str):
+        return False
+    try:
+        then = datetime.strptime(stored_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return False
+    if not 0 <= (now - then).total_seconds() < heartbeat_s:
+        return False
+    for key, value in doc.items():
+        if key == "autopilot":
+            continue
+        if key == "metrics":
+            if _untimed(value) != _untimed(stored.get("metrics")):
+                return False
+        elif stored.get(key) != value:
+            return False
+    return True
+
+
+def _untimed(metrics: Any) -> Any:
+    if not isinstance(metrics, dict):
+        return metrics
+    return {k: v for k, v in metrics.items() if k != "observedAt"}
 
 
 def _ms_text(seconds: float | None) -> str:
