@@ -17,7 +17,7 @@ PrometheusRule installs them) and the round reads them; `--no-rules` leaves them
 round asks the raw grouped queries.
 
     .venv/bin/python bench/sandbox_fleet.py [--count 2000] [--window-s 60] [--scrape-s 15]
-        [--autopilot-s 15] [--runner-poll-s 2] [--no-rules] [--json OUT]
+        [--autopilot-s 15] [--runner-poll-s 2] [--no-rules] [--json OUT] [--workdir DIR]
 
 The aim (the control plane at fleet scale): 2,000 InferenceServices held on one 2-core machine,
 every pod Ready and scraped, and the autopilot deciding for every service every interval.
@@ -179,7 +179,9 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> 
             )
             with (workdir / "operator.log").open("rb") as text:
                 text.seek(log_mark)
-                rounds = ROUND_LINE.findall(text.read().decode(errors="replace"))
+                lines = text.read().decode(errors="replace").splitlines()
+            round_lines = [line for line in lines if "autopilot round" in line]
+            rounds = [m.groups() for line in round_lines if (m := ROUND_LINE.search(line))]
             round_s = sorted(float(r[5]) for r in rounds)
             answered = [r for r in rounds if r[3]]
             observe_s = sorted(float(r[4]) for r in answered)
@@ -217,6 +219,7 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> 
                 "autopilot_observe_s_max": observe_s[-1] if observe_s else None,
                 "autopilot_services_ticked_per_round": sorted({int(r[1]) for r in rounds}),
                 "autopilot_ticks_failed": sum(int(r[2]) for r in rounds),
+                "autopilot_round_lines": [line[:200] for line in round_lines[-5:]],
                 "ready_pods_at_end": ready_now,
                 "scraped_pods_at_end": int(float(up[0]["value"][1])) if up else 0,
                 "runner_errors": runner.errors[-5:],
@@ -245,9 +248,13 @@ def main() -> int:
         help="no recording rules in Prometheus: the round asks the raw grouped queries",
     )
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--workdir", type=Path, default=None, help="keep every part's files and logs here"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="batchpilot-fleet-") as tmp:
-        result = run(args, Path(tmp), lambda m: print(m, flush=True))
+        workdir = args.workdir or Path(tmp)
+        result = run(args, workdir, lambda m: print(m, flush=True))
     print(json.dumps(result, indent=2))
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2))
