@@ -19,6 +19,7 @@ from batchpilot.operator.autopilot.prometheus import (
     FleetObserver,
     PrometheusUnavailable,
     Scope,
+    Seasonality,
     queries,
 )
 
@@ -187,3 +188,46 @@ def test_a_query_that_fails_later_holds_the_whole_round(concurrency: int, rules:
     assert observer.round().answers is None
     # The next round asks afresh.
     assert FleetObserver(answer, recent_s=30, clock=lambda: 100.0).round().answers is not None
+
+
+def test_seasonal_signals_that_fail_cost_the_forecast_its_refresh_not_the_round(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    season = Seasonality(period_s=3600, lookahead_s=60)
+    failing = [True]
+    asked: list[str] = []
+
+    def slow(texts: list[str]) -> int:
+        return sum(1 for text in texts if text not in NAMES)  # not a fast signal's
+
+    def query(text: str, /, *, at: float | None = None) -> list[dict[str, Any]]:
+        asked.append(text)
+        if slow([text]):
+            if failing[0]:
+                raise PrometheusUnavailable("timeout")
+            return [series("a", "one", 5.0)]
+        return answer(text, at=at)
+
+    clock = [100.0]
+    observer = FleetObserver(query, recent_s=30, seasonality=season, clock=lambda: clock[0])
+    first = observer.round(at=100.0)
+    assert first.answers is not None  # the fast signals answered: the round goes on
+    assert first.observe(Scope("a", "one"), ready_replicas=1) is not None
+    assert "seasonal signals" in caplog.text
+    # Asked again the next round, not a refresh interval later.
+    failing[0] = False
+    clock[0] = 115.0
+    asked.clear()
+    second = observer.round(at=115.0)
+    assert slow(asked) == 7  # today's level; per past period its level, rate then and peak
+    observed = second.observe(Scope("a", "one"), ready_replicas=1)
+    assert observed is not None
+    assert observed.level_qps == 5.0
+    # Kept until the next refresh.
+    clock[0] = 130.0
+    asked.clear()
+    third = observer.round(at=130.0)
+    assert slow(asked) == 0
+    kept = third.observe(Scope("a", "one"), ready_replicas=1)
+    assert kept is not None
+    assert kept.level_qps == 5.0

@@ -156,7 +156,7 @@ class FleetObserver:
 
     The seasonal signals move slowly: asked once per `seasonal_refresh_s` with the look-ahead
     widened by that much (so the forecast in force covers every tick until the next refresh),
-    kept in between. `asked` counts the queries sent (for the fleet benchmark).
+    after the others, kept in between; when they fail, the round goes on with the last ones. `asked` counts the queries sent (for the fleet benchmark).
 
     With `rules="auto"` the first query (the count of reporting pods, always asked raw) carries
     the recording rules' marker for this window and utilization source (`recorded.marker`, one
@@ -208,9 +208,7 @@ class FleetObserver:
         )
         try:
             reading, first = self._probe(at)
-            texts = dict(self._recorded if reading == "recorded" else self._fast)
-            if refresh:
-                texts |= self._seasonal
+            texts = self._recorded if reading == "recorded" else self._fast
             rest = self._ask({n: t for n, t in texts.items() if n != _PROBE}, at=at)
             results = {name: first if name == _PROBE else rest[name] for name in texts}
         except PrometheusUnavailable as exc:
@@ -223,6 +221,18 @@ class FleetObserver:
                 self._seasonality,
                 took_s=self._clock() - now,
             )
+        if refresh:
+            # Slow signals over days of history: a failure here costs the forecast its refresh
+            # (the last answers stay, asked again next round), not the round.
+            try:
+                results |= self._ask(self._seasonal, at=at)
+            except PrometheusUnavailable as exc:
+                log.warning(
+                    "Prometheus did not answer the seasonal signals (%s): the forecast keeps "
+                    "its last answers and asks again next round",
+                    exc,
+                )
+                refresh = False
         answers = split(results)
         if refresh:
             self._kept = {
