@@ -156,7 +156,8 @@ class FleetObserver:
 
     The seasonal signals move slowly: asked once per `seasonal_refresh_s` with the look-ahead
     widened by that much (so the forecast in force covers every tick until the next refresh),
-    after the others, kept in between; when they fail, the round goes on with the last ones. `asked` counts the queries sent (for the fleet benchmark).
+    after the others, kept in between; when they fail, the round goes on with the last ones.
+    `asked` counts the queries sent (for the fleet benchmark).
 
     With `rules="auto"` the first query (the count of reporting pods, always asked raw) carries
     the recording rules' marker for this window and utilization source (`recorded.marker`, one
