@@ -12,10 +12,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import kopf
 import pytest
 from pydantic import ValidationError
 
 from batchpilot.api.access import AccessDocument, QuotaDocument
+from batchpilot.operator import handlers
 from batchpilot.operator.autopilot.pilot import learned_outside_s
 from batchpilot.operator.autopilot.push import AccessPusher, PushDocument, push_access
 from batchpilot.operator.children.apikeys import access_document, auth_status
@@ -323,6 +325,27 @@ class TestThePushFollowsTheSpecAndTheReplicas:
         assert [document for _, document in sent] == [limit(200, 200)] * 2
         assert sent == [(P1, in_configmap()["totalQuota"]), (P2, in_configmap()["totalQuota"])]
         assert [w for w in cluster.writes_of(cluster.reconcile) if w[1] != "InferenceService"] == []
+
+    def test_a_deleted_inferenceservice_is_forgotten(self) -> None:
+        """What was given to its pods lives only in the operator's memory: the delete handler
+        drops it (else it would stay until a restart, one entry per deleted service)."""
+        cluster = PushingCluster(isvc(auth=auth()))
+        cluster.reconciler = Reconciler(
+            cluster.kube,
+            OperatorSettings(),
+            learned_outside_s=learned_outside_s,
+            clock=lambda: cluster.now,
+            push_access=(
+                pusher := AccessPusher(cluster.kube, pods=cluster.pods, push=cluster.pushes)
+            ),
+        )
+        cluster.reconcile()  # the children
+        cluster.ready(P1)
+        cluster.reconcile()
+        assert cluster.pushes.take() == [(P1, limit(400, 400))]
+        assert len(pusher) == 1
+        handlers.deleted(name="resnet50", namespace=NS, memo=kopf.Memo(access_pusher=pusher))
+        assert len(pusher) == 0
 
     def test_a_spec_change_is_sent_to_every_ready_pod(self) -> None:
         cluster = PushingCluster(isvc(auth=auth()))

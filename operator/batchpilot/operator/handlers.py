@@ -106,12 +106,13 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     )
     memo.cache = kube
     memo.passes = Passes(kube)
+    memo.access_pusher = AccessPusher(kube, pods=kube, push=push_access)
     memo.reconciler = Reconciler(
         kube,
         _SETTINGS,
         learned_outside_s=learned_outside_s,
         read_referenced=kube.get_referenced,
-        push_access=AccessPusher(kube, pods=kube, push=push_access),
+        push_access=memo.access_pusher,
     )
     observer = FleetObserver(
         http_query(_SETTINGS.prometheus_url),
@@ -294,8 +295,13 @@ def reconcile_periodically(name: str, namespace: str | None, memo: kopf.Memo, **
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
-def deleted(name: str, namespace: str | None, **_: Any) -> None:
+def deleted(name: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
+    """Its children go with it (owner references); what the operator remembers of it in memory
+    goes here (an InferenceService deleted while the operator was down was never in it)."""
     log.info("InferenceService %s/%s deleted; its children go with it", namespace, name)
+    pusher: AccessPusher | None = memo.get("access_pusher")
+    if pusher is not None and namespace is not None:
+        pusher.forget(namespace, name)
 
 
 def _on_child_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:

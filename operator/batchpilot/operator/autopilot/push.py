@@ -70,7 +70,7 @@ class AccessPusher:
         """Send `document` (None: the InferenceService has no `spec.auth`: forget its pods)."""
         key = (owner.namespace, owner.name)
         if document is None:
-            self._given.pop(key, None)
+            self.forget(*key)
             return []
         try:
             endpoints = self._pods.ready_pod_endpoints(owner.namespace, owner.selector)
@@ -102,3 +102,11 @@ class AccessPusher:
                 "they will read it from the ConfigMap",
             )
         ]
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop what was given to an InferenceService's pods (it was deleted, or has no auth)."""
+        self._given.pop((namespace, name), None)
+
+    def __len__(self) -> int:
+        """InferenceServices whose pods' documents are remembered."""
+        return len(self._given)
