@@ -226,10 +226,14 @@ class WatchCache:
     def get(self, kind: ResourceKind, namespace: str, name: str) -> Obj | None:
         if kind not in self._objects:
             return self._api.get(kind, namespace, name)
-        with self._lock:
-            if (kind, (namespace, name)) in self._deleted:
-                return None
-            found = self._objects[kind].get((namespace, name))
+        # No lock: each dict lookup is atomic (the GIL), and a read racing a write sees the
+        # object before or after it, as a read from the API would. With the lock, every tick's
+        # three reads queued behind whichever thread held it when the interpreter switched
+        # threads (a py-spy profile of the operator at 2,000 services: 15 % of its busy
+        # samples waiting here).
+        if (kind, (namespace, name)) in self._deleted:
+            return None
+        found = self._objects[kind].get((namespace, name))
         if found is not None:
             return found.value()
         if self.synced:
