@@ -109,10 +109,11 @@ def recorded_against_raw(prometheus: PrometheusProcess, rounds: int) -> dict[str
     query = http_query(prometheus.url, timeout_s=30)
     deadline = time.monotonic() + 60
     # The marker is the group's last rule: once it is there, so is the rest of an evaluation.
-    while not (marker := prometheus.query(recorded.marker_query(60, "busy"))):
+    evaluated = f"timestamp({recorded.marker_query(60, 'busy')})"
+    while not (marker := prometheus.query(evaluated)):
         assert time.monotonic() < deadline, "the rules were not evaluated within 60 s"
         time.sleep(0.2)
-    at = float(marker[0]["value"][0])
+    at = float(marker[0]["value"][1])  # the evaluation's own time, not the query's
     ways = {
         "recorded": FleetObserver(query, recent_s=30, clock=time.time),
         "raw": FleetObserver(query, recent_s=30, rules="off", clock=time.time),
