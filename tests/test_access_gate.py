@@ -224,6 +224,14 @@ class TestGate:
         )
         return gate, clock, counted
 
+    def test_callers_are_the_keys_the_policy_allows(self) -> None:
+        assert self.gate()[0].callers() == 2
+        only_alice = AccessPolicy(allowed=frozenset({"alice", "carol"}))  # carol: not in the table
+        gate = self.gate(only_alice)[0]
+        assert gate.callers() == 1
+        gate.replace(policy=OPEN_POLICY)
+        assert gate.callers() == 2
+
     def test_the_table_of_answers(self) -> None:
         policy = AccessPolicy(allowed=frozenset({"alice"}), default=Limit(rate_rps=2, burst=1))
         gate, clock, counted = self.gate(policy)

@@ -147,6 +147,32 @@ def test_a_rotated_key_keeps_its_jobs(mlp_model: Path, tmp_path: Path) -> None:
         assert fetch(server, job_id, BOB).status == 404
 
 
+def test_a_key_that_floods_the_store_leaves_the_other_key_its_share(
+    mlp_model: Path, tmp_path: Path
+) -> None:
+    """Four places and two allowed keys (carol is not): two each. Alice's third submit is 429
+    while bob's two still go through; a result alice deletes gives her a place back."""
+    publish(tmp_path / "keys", KEYS)
+    write_document(tmp_path / "access.json", ACCESS)
+    args = (*key_args(tmp_path / "keys", tmp_path / "access.json"), "--async-capacity", "4")
+    with runtime_process(mlp_model, *args, log_dir=tmp_path) as server:
+        mine = [submit(server, ALICE, seed) for seed in range(2)]
+        assert [reply.status for reply in mine] == [202, 202]
+        refused = submit(server, ALICE)
+        assert refused.status == 429
+        assert (
+            "'alice' holds 2 of the async job store's 4 places, its share (2 keys"
+            in (refused.json()["error"])
+        )
+        assert int(refused.headers["retry-after"]) >= 1
+        assert [submit(server, BOB, seed).status for seed in range(2)] == [202, 202]
+        assert submit(server, BOB).status == 429
+        job_id = mine[0].json()["id"]
+        assert fetch(server, job_id, ALICE, wait_s=10).status == 200
+        assert delete(server, job_id, ALICE).status == 200
+        assert submit(server, ALICE).status == 202
+
+
 def test_without_api_keys_any_caller_reads_any_job(mlp_model: Path, tmp_path: Path) -> None:
     with runtime_process(mlp_model, "--device", "cpu", log_dir=tmp_path) as server:
         job_id = submit(server, ALICE).json()["id"]  # a key header means nothing here

@@ -19,7 +19,7 @@ import numpy as np
 import orjson
 import pytest
 
-from batchpilot.runtime.async_jobs import Job, JobState, JobStore, StoreFull
+from batchpilot.runtime.async_jobs import Job, JobState, JobStore, OverShare, StoreFull
 from batchpilot.runtime.errors import DeadlineExceeded
 from tests.runtime_process import Reply, RuntimeProcess, metric, runtime_process, send
 from tests.waiting import wait_until
@@ -240,6 +240,68 @@ class TestOwnership:
         clock.now += 10
         assert store.expire() == 2
         assert len(store) == 0
+
+
+class TestFairShare:
+    """With K keys each holds at most capacity // K jobs, so one key flooding the store leaves
+    every other key its share; a lone key has the whole store."""
+
+    def test_one_key_alone_may_fill_the_store(self) -> None:
+        store, _ = make_store(capacity=8)
+        for _ in range(8):
+            store.submit(owner="alice", owners=1)
+        with pytest.raises(StoreFull) as refused:
+            store.submit(owner="alice", owners=1)
+        assert not isinstance(refused.value, OverShare)
+
+    def test_a_flooding_key_leaves_every_other_key_its_share(self) -> None:
+        store, _ = make_store(capacity=13)  # 3 keys: a share of 4 each
+        for _ in range(4):
+            store.submit(owner="alice", owners=3)
+        with pytest.raises(OverShare) as refused:
+            store.submit(owner="alice", owners=3)
+        assert "holds 4 of the async job store's 13 places, its share (3 keys" in str(refused.value)
+        for who in ("bob", "carol"):
+            for _ in range(4):
+                store.submit(owner=who, owners=3)
+            with pytest.raises(OverShare):
+                store.submit(owner=who, owners=3)
+        assert len(store) == 12
+
+    def test_a_key_at_its_share_gets_room_back_as_its_own_jobs_leave(self) -> None:
+        store, clock = make_store(capacity=4, ttl_s=10)  # 2 keys: 2 each
+        alice = [store.submit(owner="alice", owners=2) for _ in range(2)]
+        store.succeed(alice[0], "a")
+        clock.now += 4
+        store.succeed(alice[1], "b")
+        with pytest.raises(OverShare) as refused:
+            store.submit(owner="alice", owners=2)
+        assert refused.value.retry_after_s == 6  # when alice's oldest result expires
+        clock.now += 6
+        assert store.held("alice") == 1
+        store.submit(owner="alice", owners=2)
+        with pytest.raises(OverShare):
+            store.submit(owner="alice", owners=2)
+        assert store.discard(alice[1].id, owner="alice") is alice[1]
+        store.submit(owner="alice", owners=2)
+        assert store.held("alice") == 2
+
+    def test_without_owners_the_store_is_shared_as_one(self) -> None:
+        store, _ = make_store(capacity=3)
+        for _ in range(3):
+            store.submit(owners=5)
+        with pytest.raises(StoreFull):
+            store.submit(owners=5)
+
+    def test_a_share_is_at_least_one_place_and_the_store_still_bounds_them_all(self) -> None:
+        store, _ = make_store(capacity=2)
+        assert store.share(5) == 1
+        store.submit(owner="a", owners=5)
+        with pytest.raises(OverShare):
+            store.submit(owner="a", owners=5)
+        store.submit(owner="b", owners=5)
+        with pytest.raises(StoreFull):
+            store.submit(owner="c", owners=5)
 
 
 # --- The real server --------------------------------------------------------------------------

@@ -12,6 +12,12 @@ found, fetched and discarded only by that owner, and to anyone else it is just a
 id never submitted, so a job id alone neither reads a result nor tells that the job exists.
 Ownership is by key id, so a rotated key (same id, new value) keeps its jobs.
 
+Owners share the store: with K keys allowed on the model, each holds at most `capacity // K`
+jobs (its *share*; a lone key the whole store), so a caller that floods the store is refused
+(429) at its share while every other key can still submit up to its own. A store that
+partitions is the price of the guarantee: no job is ever dropped to make room, so room kept for
+the others must be kept before they ask.
+
 This module is pure: time comes from an injected clock, expiry happens when the store is used
 (every call expires what is due first), and results are opaque to it. asyncio is used only for
 the event a long-polling reader waits on.
@@ -43,6 +49,11 @@ class JobState(StrEnum):
 
 class StoreFull(Overloaded):
     """The async job store holds `capacity` jobs; the client should retry later (429)."""
+
+
+class OverShare(StoreFull):
+    """The submitting key holds its share of the store; the rest is kept for the other keys
+    (429)."""
 
 
 class JobNotFound(InferenceError):
@@ -92,6 +103,8 @@ class JobStore(Generic[R]):
         self._finished: deque[Job[R]] = deque()
         """Finished jobs in completion order, which with one TTL is expiry order."""
         self._pending = 0
+        self._held: dict[str, int] = {}
+        """Jobs in the store by owner (owners with none are not in it)."""
         self.expired_total = 0
 
     def __len__(self) -> int:
@@ -105,8 +118,19 @@ class JobStore(Generic[R]):
     def ttl_s(self) -> float:
         return self._ttl_s
 
-    def submit(self, *, owner: str | None = None) -> Job[R]:
-        """Accept a new pending job belonging to `owner`, or raise StoreFull at once."""
+    def share(self, owners: int) -> int:
+        """The places each of `owners` keys is guaranteed."""
+        return max(1, self._capacity // max(1, owners))
+
+    def held(self, owner: str) -> int:
+        """The jobs `owner` has in the store, pending or finished."""
+        self._expire(self._clock())
+        return self._held.get(owner, 0)
+
+    def submit(self, *, owner: str | None = None, owners: int = 1) -> Job[R]:
+        """Accept a new pending job belonging to `owner`, one of `owners` keys that share the
+        store, or raise at once: StoreFull when the store is full, OverShare when `owner`
+        already holds its share."""
         now = self._clock()
         self._expire(now)
         if len(self._jobs) >= self._capacity:
@@ -116,21 +140,48 @@ class JobStore(Generic[R]):
                 "retry later, or DELETE results you have fetched",
                 retry_after_s=self._room_in(now),
             )
+        if owner is not None and owners > 1:
+            self._check_share(owner, owners, now)
         job_id = self._new_id()
         while job_id in self._jobs:
             job_id = self._new_id()
         job: Job[R] = Job(id=job_id, submitted_at=now, owner=owner)
         self._jobs[job_id] = job
         self._pending += 1
+        if owner is not None:
+            self._held[owner] = self._held.get(owner, 0) + 1
         return job
 
-    def _room_in(self, now: float) -> float:
-        """Seconds until the oldest finished result expires; 1 s when every job is pending."""
+    def _check_share(self, owner: str, owners: int, now: float) -> None:
+        share = self.share(owners)
+        held = self._held.get(owner, 0)
+        if held < share:
+            return
+        raise OverShare(
+            f"key {owner!r} holds {held} of the async job store's {self._capacity} places, its "
+            f"share ({owners} keys share the store; the rest is kept for the others); retry "
+            "later, or DELETE results you have fetched",
+            retry_after_s=self._room_in(now, owner=owner),
+        )
+
+    def _room_in(self, now: float, *, owner: str | None = None) -> float:
+        """Seconds until the oldest finished result (of `owner`, when given) expires; 1 s when
+        there is none."""
         for job in self._finished:
-            if self._jobs.get(job.id) is job:
+            if self._jobs.get(job.id) is job and (owner is None or job.owner == owner):
                 assert job.finished_at is not None
                 return max(1.0, math.ceil(job.finished_at + self._ttl_s - now))
         return 1.0
+
+    def _release(self, job: Job[R]) -> None:
+        """Count `job` out of its owner's holding (it left the store)."""
+        if job.owner is None:
+            return
+        left = self._held[job.owner] - 1
+        if left:
+            self._held[job.owner] = left
+        else:
+            del self._held[job.owner]
 
     def _owned(self, job_id: str, owner: str | None) -> Job[R] | None:
         job = self._jobs.get(job_id)
@@ -176,6 +227,7 @@ class JobStore(Generic[R]):
         if job is None:
             return None
         del self._jobs[job_id]
+        self._release(job)
         if not job.done:
             self._pending -= 1
             if job.work is not None:
@@ -213,6 +265,7 @@ class JobStore(Generic[R]):
                 break
             self._finished.popleft()
             del self._jobs[job.id]
+            self._release(job)
             dropped += 1
         self.expired_total += dropped
         return dropped

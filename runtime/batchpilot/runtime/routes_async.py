@@ -9,7 +9,9 @@ they read the body themselves and answer every error themselves.
 
 With API keys on, a job belongs to the id of the key that submitted it: reading or discarding
 it with another key answers 404, exactly as for an id never submitted, so a job id that leaks
-(a log, a shared Location) neither reads the result nor tells that the job exists.
+(a log, a shared Location) neither reads the result nor tells that the job exists. Each allowed
+key holds at most its share of the store (`JobStore.submit`), so one key cannot fill it for the
+others.
 """
 
 from __future__ import annotations
@@ -135,7 +137,7 @@ def add_async_routes(
             body = await read_body(request, max_body_bytes)
             parsed = decode_request(body, header_length=request_header_length(request))
             server.validate(parsed)  # a bad request fails now, not when its job runs
-            job = jobs.submit(owner=owner)
+            job = jobs.submit(owner=owner, owners=1 if access is None else access.callers())
         except InferenceError as exc:
             metrics.request_finished(status_of(exc)[1], time.perf_counter() - started)
             return error_response(exc)

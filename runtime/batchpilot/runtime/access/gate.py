@@ -90,6 +90,11 @@ class AccessGate:
     def policy(self) -> AccessPolicy:
         return self._state.policy
 
+    def callers(self) -> int:
+        """How many keys may call this model: the table's keys the policy allows."""
+        state = self._state
+        return sum(1 for key_id, _ in state.table.entries if state.policy.allows(key_id))
+
     def replace(self, *, table: KeyTable | None = None, policy: AccessPolicy | None = None) -> None:
         """Swap in a new key table and/or policy; the buckets keep what they hold. A policy
         equal to the one in force changes nothing (the same document from the admin port and,
