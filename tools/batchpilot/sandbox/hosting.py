@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from batchpilot.sandbox.processes import stop_processes
 from batchpilot.sandbox.prometheus import free_port
 
 HOSTED_ENGINE = "simulated"
@@ -106,13 +106,7 @@ class PodHostProcess:
 
     def stop(self, *, grace_s: float = 30.0) -> None:
         """SIGTERM: the host drains every pod, then exits."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_processes([self.process], grace_s=grace_s)
 
 
 @contextlib.contextmanager

@@ -50,6 +50,7 @@ from batchpilot.sandbox.pods import (
     serve_flags,
     template_hash,
 )
+from batchpilot.sandbox.processes import stop_processes
 
 __all__ = [
     "API",
@@ -185,17 +186,7 @@ class PodRunner:
             release(replica.held)
         processes = [r.process for r in self.replicas.values() if r.process is not None]
         processes += [p for p, _, _ in self.terminating]
-        for process in processes:
-            if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for process in processes:
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_processes(processes, grace_s=grace_s)
         self.replicas.clear()
         self.terminating.clear()
         self.leaving_host.clear()

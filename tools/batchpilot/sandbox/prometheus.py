@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from batchpilot.sandbox.processes import stop_processes
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -78,13 +80,7 @@ class PrometheusProcess:
             return list(json.loads(response.read())["data"]["result"])
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_processes([self.process], grace_s=10)
 
 
 @contextlib.contextmanager

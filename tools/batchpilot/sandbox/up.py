@@ -44,6 +44,7 @@ from batchpilot.sandbox.liveview import (
     sample_from,
 )
 from batchpilot.sandbox.podrunner import API, Endpoints, PodRunner
+from batchpilot.sandbox.processes import stop_processes
 from batchpilot.sandbox.prometheus import PrometheusProcess, free_port, prometheus_process
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -111,17 +112,7 @@ class Processes:
         return process
 
     def stop_all(self, *, grace_s: float = 10.0) -> None:
-        for process in reversed(self.running):
-            if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    process.terminate()
-        deadline = time.monotonic() + grace_s
-        for process in self.running:
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_processes(reversed(self.running), grace_s=grace_s)
         self.running.clear()
 
 
