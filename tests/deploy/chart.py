@@ -129,6 +129,7 @@ NAMESPACED: dict[str, Any] = {
             "torch": "registry.example.com/batchpilot/runtime-torch:0.1.0",
         },
         "imagePullPolicy": "Always",
+        "imagePullSecrets": [{"name": "mirror"}, {"name": "mirror-2"}],
         "port": 9000,
         "storageInitializerImage": "kserve/storage-initializer:v0.14.1",
         "drainGraceSeconds": 40,

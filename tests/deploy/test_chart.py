@@ -260,6 +260,7 @@ class TestSettings:
         assert settings.runtime_image_gpu == runtime["images"]["gpu"]
         assert settings.runtime_image_torch == runtime["images"]["torch"]
         assert settings.image_pull_policy == "Always"
+        assert settings.runtime_image_pull_secrets == ["mirror", "mirror-2"]
         assert settings.runtime_port == 9000
         assert settings.storage_initializer_image == runtime["storageInitializerImage"]
         assert settings.drain_grace_seconds == 40

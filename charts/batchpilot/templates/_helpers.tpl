@@ -125,3 +125,12 @@ namespace, the way client-go's users do. Checked against the code by tests/deplo
   resourceNames: [{{ include "batchpilot.leaseName" . | quote }}]
   verbs: ["get", "update"]
 {{- end -}}
+
+{{/* The names of a list of LocalObjectReferences ([{name: a}, {name: b}]), as a JSON list. */}}
+{{- define "batchpilot.names" -}}
+{{- $names := list -}}
+{{- range . -}}
+{{- $names = append $names .name -}}
+{{- end -}}
+{{- $names | toJson -}}
+{{- end -}}

@@ -46,13 +46,13 @@ SELECTOR_OPERATOR_MESSAGE = (
 PEER_MESSAGE = "each allowFrom entry needs namespaceSelector, podSelector or both"
 
 
-def _label_key(key: str) -> str:
+def check_label_key(key: str) -> str:
     if len(key) > LABEL_KEY_MAX or re.fullmatch(LABEL_KEY_PATTERN, key) is None:
         raise ValueError(f"{key!r}: {LABEL_KEY_MESSAGE}")
     return key
 
 
-def _label_value(value: str) -> str:
+def check_label_value(value: str) -> str:
     if re.fullmatch(LABEL_VALUE_PATTERN, value) is None:
         raise ValueError(f"{value!r}: {LABEL_VALUE_MESSAGE}")
     return value
@@ -68,13 +68,13 @@ class LabelSelectorRequirement(SpecModel):
     @field_validator("key")
     @classmethod
     def _valid_key(cls, key: str) -> str:
-        return _label_key(key)
+        return check_label_key(key)
 
     @field_validator("values")
     @classmethod
     def _valid_values(cls, values: list[str] | None) -> list[str] | None:
         for value in values or []:
-            _label_value(value)
+            check_label_value(value)
         return values
 
     @model_validator(mode="after")
@@ -95,8 +95,8 @@ class LabelSelector(SpecModel):
     @classmethod
     def _valid_labels(cls, labels: dict[str, str] | None) -> dict[str, str] | None:
         for key, value in (labels or {}).items():
-            _label_key(key)
-            _label_value(value)
+            check_label_key(key)
+            check_label_value(value)
         return labels
 
 

@@ -27,6 +27,9 @@ class OperatorSettings(BaseSettings):
         description="image that fetches s3:// models: args [URI, DEST] (KServe's contract)",
     )
     image_pull_policy: str = "IfNotPresent"
+    runtime_image_pull_secrets: list[str] = Field(default_factory=list)
+    """Secrets (by name, in each InferenceService's namespace) the runtime pods pull their
+    images with, unless the spec names its own (`runtime.imagePullSecrets`)."""
     gpu_resource: str = "nvidia.com/gpu"
     gpu_node_selector: dict[str, str] = Field(default_factory=dict)
     gpu_tolerations: list[dict[str, Any]] = Field(

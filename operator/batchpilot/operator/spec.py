@@ -16,7 +16,13 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 
 from batchpilot.api.pipeline import PipelineConfig
-from batchpilot.operator.access_spec import AccessSpec, AuthSpec
+from batchpilot.operator.access_spec import (
+    SECRET_NAME_PATTERN,
+    AccessSpec,
+    AuthSpec,
+    check_label_key,
+    check_label_value,
+)
 from batchpilot.operator.exposure_spec import ExposureSpec
 from batchpilot.operator.spec_base import SpecModel
 
@@ -106,6 +112,38 @@ class AsyncInferenceSpec(SpecModel):
     capacity: int = Field(default=1024, ge=1, le=100_000)
 
 
+OBJECT_NAME_MESSAGE = (
+    "{field} names a {kind}: lowercase letters, digits, '-' and '.', starting and ending with a "
+    "letter or digit"
+)
+
+
+def _object_name(value: str | None, field: str, kind: str) -> str | None:
+    if value is not None and re.fullmatch(SECRET_NAME_PATTERN, value) is None:
+        raise ValueError(OBJECT_NAME_MESSAGE.format(field=field, kind=kind))
+    return value
+
+
+class PullSecret(SpecModel):
+    """core/v1 LocalObjectReference: a Secret of type kubernetes.io/dockerconfigjson here."""
+
+    name: str = Field(min_length=1, max_length=253)
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        _object_name(value, "imagePullSecrets[].name", "Secret in this namespace")
+        return value
+
+
+def _metadata_map(values: dict[str, str] | None, *, label_values: bool) -> dict[str, str] | None:
+    for key, value in (values or {}).items():
+        check_label_key(key)
+        if label_values:
+            check_label_value(value)
+    return values
+
+
 class RuntimeSpec(SpecModel):
     device: Literal["gpu", "cpu"] = "gpu"
     engine: Literal["onnx", "simulated"] = "onnx"
@@ -118,6 +156,38 @@ class RuntimeSpec(SpecModel):
     node_selector: dict[str, str] | None = None
     tolerations: list[dict[str, Any]] | None = None
     env: list[dict[str, Any]] | None = None
+    # Where and how the pods run: core/v1 PodSpec fields passed through as written.
+    affinity: dict[str, Any] | None = None
+    topology_spread_constraints: list[dict[str, Any]] | None = Field(default=None, max_length=8)
+    """A constraint without a labelSelector gets the pods' own selector (spread these pods)."""
+    priority_class_name: str | None = Field(default=None, min_length=1, max_length=253)
+    service_account_name: str | None = Field(default=None, min_length=1, max_length=253)
+    image_pull_secrets: list[PullSecret] | None = Field(default=None, max_length=16)
+    """Absent: the operator's default (`runtimeImagePullSecrets`); [] for none."""
+    pod_labels: dict[str, str] | None = Field(default=None, max_length=32)
+    """Under the operator's own labels, which win (the Deployment selects on them)."""
+    pod_annotations: dict[str, str] | None = Field(default=None, max_length=32)
+    """Under the operator's own annotations (scrape settings, the pipeline hash), which win."""
+
+    @field_validator("priority_class_name")
+    @classmethod
+    def _priority_class(cls, value: str | None) -> str | None:
+        return _object_name(value, "priorityClassName", "PriorityClass")
+
+    @field_validator("service_account_name")
+    @classmethod
+    def _service_account(cls, value: str | None) -> str | None:
+        return _object_name(value, "serviceAccountName", "ServiceAccount in this namespace")
+
+    @field_validator("pod_labels")
+    @classmethod
+    def _labels(cls, values: dict[str, str] | None) -> dict[str, str] | None:
+        return _metadata_map(values, label_values=True)
+
+    @field_validator("pod_annotations")
+    @classmethod
+    def _annotations(cls, values: dict[str, str] | None) -> dict[str, str] | None:
+        return _metadata_map(values, label_values=False)
 
     @model_validator(mode="after")
     def _tensorrt_on_gpu(self) -> RuntimeSpec:

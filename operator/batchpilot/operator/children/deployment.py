@@ -15,6 +15,7 @@ never the admin port.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from batchpilot.operator.children.apikeys import api_keys_args, api_keys_volume
@@ -215,6 +216,34 @@ def runtime_image(owner: Owner, settings: OperatorSettings) -> str:
     return settings.runtime_image_gpu if runtime.device == "gpu" else settings.runtime_image_cpu
 
 
+def _placement(owner: Owner, settings: OperatorSettings) -> dict[str, Any]:
+    """The PodSpec fields that say where and how the pods run, as the spec wrote them: affinity,
+    topology spread (a constraint without a labelSelector spreads these pods: it gets their
+    selector), priority class, service account, image pull secrets (the operator's default when
+    the spec names none)."""
+    runtime = owner.spec.runtime
+    fields: dict[str, Any] = {}
+    if runtime.affinity:
+        fields["affinity"] = copy.deepcopy(runtime.affinity)
+    if runtime.topology_spread_constraints:
+        fields["topologySpreadConstraints"] = [
+            {"labelSelector": {"matchLabels": dict(owner.selector)}, **copy.deepcopy(constraint)}
+            for constraint in runtime.topology_spread_constraints
+        ]
+    if runtime.priority_class_name is not None:
+        fields["priorityClassName"] = runtime.priority_class_name
+    if runtime.service_account_name is not None:
+        fields["serviceAccountName"] = runtime.service_account_name
+    pull_secrets = (
+        [secret.name for secret in runtime.image_pull_secrets]
+        if runtime.image_pull_secrets is not None
+        else settings.runtime_image_pull_secrets
+    )
+    if pull_secrets:
+        fields["imagePullSecrets"] = [{"name": name} for name in pull_secrets]
+    return fields
+
+
 def build_deployment(owner: Owner, settings: OperatorSettings, *, replicas: int) -> dict[str, Any]:
     runtime = owner.spec.runtime
     gpu = runtime.device == "gpu"
@@ -298,8 +327,10 @@ def build_deployment(owner: Owner, settings: OperatorSettings, *, replicas: int)
         tolerations = settings.gpu_tolerations
     if tolerations:
         pod_spec["tolerations"] = [dict(t) for t in tolerations]
+    pod_spec |= _placement(owner, settings)
 
     annotations = {
+        **(runtime.pod_annotations or {}),
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(settings.runtime_metrics_port),
         "prometheus.io/path": "/metrics",
@@ -319,7 +350,8 @@ def build_deployment(owner: Owner, settings: OperatorSettings, *, replicas: int)
             },
             "template": {
                 "metadata": {
-                    "labels": dict(owner.labels),
+                    # The spec's labels under the operator's: the Deployment selects on these.
+                    "labels": {**(runtime.pod_labels or {}), **owner.labels},
                     "annotations": annotations,
                 },
                 "spec": pod_spec,
