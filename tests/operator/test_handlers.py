@@ -103,7 +103,36 @@ TRIGGERS: dict[str, Callable[[Operator], None]] = {
         name="resnet50", namespace=NS, memo=op.memo
     ),
     "a child's event": lambda op: handlers._on_child_event(event=child_event(), memo=op.memo),
+    "a stuck pod's event": lambda op: handlers._on_pod_stuck(event=pod_event(), memo=op.memo),
 }
+
+
+def pod_event(waiting: str = "ImagePullBackOff") -> dict[str, Any]:
+    """kopf's raw event for a pod of resnet50 whose runtime container waits for `waiting`."""
+    return {
+        "type": "MODIFIED",
+        "object": {
+            "kind": "Pod",
+            "metadata": {
+                "name": "resnet50-5c7d-x",
+                "namespace": NS,
+                "labels": {"batchpilot.io/inferenceservice": "resnet50"},
+            },
+            "status": {
+                "containerStatuses": [
+                    {"name": "runtime", "state": {"waiting": {"reason": waiting}}}
+                ]
+            },
+        },
+    }
+
+
+def test_only_stuck_pods_reconcile_their_inference_service() -> None:
+    memo = Operator(isvc()).memo
+    assert handlers._pod_stuck(event=pod_event(), memo=memo)
+    assert handlers._pod_stuck(event=pod_event("CrashLoopBackOff"), memo=memo)
+    assert not handlers._pod_stuck(event=pod_event("ContainerCreating"), memo=memo)
+    assert not handlers._pod_stuck(event=pod_event(), memo=kopf.Memo())  # not leading
 
 
 def triggered(name: str, body: dict[str, Any], posted: Posted) -> tuple[Any, ...]:

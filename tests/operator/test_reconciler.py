@@ -48,11 +48,19 @@ class Cluster:
         self.kube = FakeKube()
         self.body = body
         self.now = T0
+        self.pods: list[dict[str, Any]] = []
+        """What the cache holds of the service's pods."""
         self.reconciler = Reconciler(
             self.kube,
             OperatorSettings(),
             learned_outside_s=learned_outside_s,
             clock=lambda: self.now,
+            read_pods=lambda namespace, selector: [
+                pod
+                for pod in self.pods
+                if pod["metadata"]["namespace"] == namespace
+                and selector.items() <= pod["metadata"]["labels"].items()
+            ],
         )
 
     def reconcile(self) -> Any:
@@ -113,6 +121,95 @@ class TestCreate:
         assert (ready["status"], ready["reason"]) == ("True", "Available")
         assert ready["lastTransitionTime"] == "2026-11-30T12:00:30Z"
         assert cluster.body["status"]["replicasText"] == "1/1"
+
+
+def crashing_pod(name: str) -> dict[str, Any]:
+    """A runtime pod in a crash loop, as the kubelet reports it (`FallbackToLogsOnError`)."""
+    return {
+        "metadata": {"name": name, "namespace": NS, "labels": {ISVC_LABEL: "resnet50"}},
+        "status": {
+            "conditions": [{"type": "PodScheduled", "status": "True"}],
+            "containerStatuses": [
+                {
+                    "name": "runtime",
+                    "restartCount": 4,
+                    "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off"}},
+                    "lastState": {
+                        "terminated": {
+                            "exitCode": 1,
+                            "message": "ERROR model /models/model.onnx cannot be served: model "
+                            "file /models/model.onnx does not exist\n",
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+class TestReadySaysWhy:
+    def test_a_crash_loop_is_the_ready_conditions_reason_with_one_warning(self) -> None:
+        cluster = Cluster(isvc())
+        cluster.reconcile()
+        cluster.pods = [crashing_pod("resnet50-a")]
+        outcome = cluster.reconcile()
+        (ready,) = cluster.body["status"]["conditions"]
+        assert (ready["status"], ready["reason"]) == ("False", "CrashLoopBackOff")
+        assert ready["message"] == (
+            "1 of 1 pods CrashLoopBackOff: runtime: exit code 1: ERROR model /models/model.onnx "
+            "cannot be served: model file /models/model.onnx does not exist"
+        )
+        assert [(e.type, e.reason, e.message) for e in outcome.events] == [
+            ("Warning", "ReplicasFailing", ready["message"])
+        ]
+        # Said once: the next pass, with nothing new, writes and posts nothing.
+        again = cluster.reconcile()
+        assert again.events == []
+        assert again.status == {}
+
+    def test_ready_replicas_with_missing_ones_stay_available_and_say_why(self) -> None:
+        cluster = Cluster(isvc(scaling={"minReplicas": 2}))
+        cluster.reconcile()
+        deployment = cluster.kube.objects[("Deployment", NS, "resnet50")]
+        deployment["status"] = {
+            "readyReplicas": 1,
+            "replicas": 2,
+            "conditions": [
+                {
+                    "type": "ReplicaFailure",
+                    "status": "True",
+                    "reason": "FailedCreate",
+                    "message": 'pods "resnet50-b" is forbidden: exceeded quota: gpus',
+                }
+            ],
+        }
+        cluster.reconcile()
+        (ready,) = cluster.body["status"]["conditions"]
+        assert (ready["status"], ready["reason"]) == ("True", "Available")
+        assert ready["message"] == (
+            '1 of 2 replicas ready; pods cannot be created: pods "resnet50-b" is forbidden: '
+            "exceeded quota: gpus"
+        )
+        deployment["status"] = {"readyReplicas": 2, "replicas": 2}
+        cluster.reconcile()
+        (ready,) = cluster.body["status"]["conditions"]
+        assert ready["message"] == "2 of 2 replicas ready"
+
+    def test_pods_starting_are_progress_not_trouble(self) -> None:
+        cluster = Cluster(isvc())
+        cluster.pods = [
+            {
+                "metadata": {"name": "p", "namespace": NS, "labels": {ISVC_LABEL: "resnet50"}},
+                "status": {"conditions": [{"type": "PodScheduled", "status": "True"}]},
+            }
+        ]
+        outcome = cluster.reconcile()
+        (ready,) = cluster.body["status"]["conditions"]
+        assert (ready["reason"], ready["message"]) == (
+            "Progressing",
+            "waiting for a replica to become ready",
+        )
+        assert "ReplicasFailing" not in [e.reason for e in outcome.events]
 
 
 class TestDoNothing:

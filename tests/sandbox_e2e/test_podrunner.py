@@ -348,3 +348,36 @@ def test_simulated_pods_run_in_the_pod_host(tmp_path: Path) -> None:
             assert not host.client.pods()
         finally:
             runner.stop()
+
+
+def test_a_runtime_that_cannot_start_is_reported_as_the_kubelet_would(tmp_path: Path) -> None:
+    """A model that is not there: the runtime exits at start, and the pod says so — waiting in
+    CrashLoopBackOff, its last exit carrying the log's tail (FallbackToLogsOnError), from which
+    the operator's Ready condition takes the reason."""
+    broken = deployment(1)
+    args = broken["spec"]["template"]["spec"]["containers"][0]["args"]
+    args[args.index("/models/resnet50-signature.onnx")] = "/models/missing.onnx"
+    with LocalKubernetesAPI(crds=[ROOT / "crds"]).threaded() as api:
+        rest = seeded(api.url)
+        rest.call(DEPLOYMENTS, "POST", broken)
+        runner = PodRunner(
+            api.url, workdir=tmp_path, models_dir=ROOT / "examples" / "models", start_delay_s=0.1
+        )
+        runner.run_in_thread()
+        try:
+
+            def crash_looping() -> dict[str, Any] | None:
+                pods = rest.call(f"/api/v1/namespaces/{NS}/pods")["items"]
+                statuses = pods[0]["status"].get("containerStatuses") if pods else None
+                waiting = (statuses or [{}])[0].get("state", {}).get("waiting", {})
+                return statuses[0] if waiting.get("reason") == "CrashLoopBackOff" else None
+
+            container = wait_until(crash_looping, timeout=30, what="CrashLoopBackOff")
+            last = container["lastState"]["terminated"]
+            assert last["exitCode"] != 0
+            said = last["message"].splitlines()[-1]
+            assert said.endswith("models/missing.onnx does not exist"), said
+            assert container["restartCount"] >= 1
+            assert ready_replicas(rest) in (None, 0)
+        finally:
+            runner.stop()

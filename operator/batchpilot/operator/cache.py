@@ -74,6 +74,10 @@ class ApiClient(Kube, Protocol):
 
     def ready_pod_endpoints(self, namespace: str, selector: dict[str, str]) -> list[str]: ...
 
+    def list_objects(
+        self, kind: ResourceKind, namespace: str, selector: dict[str, str]
+    ) -> list[Obj]: ...
+
 
 def _version(obj: Mapping[str, Any]) -> int | None:
     try:
@@ -93,9 +97,35 @@ def _older(obj: Mapping[str, Any], than: int | None) -> bool:
     return version is not None and than is not None and version < than
 
 
+def _slim_container_status(container: Obj) -> Obj | None:
+    """What a container waits on or last exited with (`rollout`); None for one with neither
+    (a healthy fleet keeps nothing of its containers)."""
+    waiting = (container.get("state") or {}).get("waiting")
+    terminated = (container.get("lastState") or {}).get("terminated")
+    if not waiting and not terminated:
+        return None
+    slim: Obj = {k: container[k] for k in ("name", "restartCount") if k in container}
+    if waiting:
+        slim["state"] = {"waiting": {k: waiting[k] for k in ("reason", "message") if k in waiting}}
+    if terminated:
+        slim["lastState"] = {
+            "terminated": {
+                k: terminated[k] for k in ("reason", "message", "exitCode") if k in terminated
+            }
+        }
+    return slim
+
+
 def slim_pod(pod: Obj) -> Obj:
-    """What `ready_pod_endpoints` reads of a pod, and no more: a fleet's pods in a few MiB."""
+    """What `ready_pod_endpoints` and `rollout.why_not_ready` read of a pod, and no more: a
+    fleet's pods in a few MiB."""
     meta = pod.get("metadata", {})
+    status = pod.get("status", {})
+    containers = {
+        key: slim
+        for key in ("initContainerStatuses", "containerStatuses")
+        if (slim := [s for c in status.get(key) or [] if (s := _slim_container_status(c))])
+    }
     return {
         "metadata": {
             k: meta[k]
@@ -107,11 +137,7 @@ def slim_pod(pod: Obj) -> Obj:
                 {"ports": c.get("ports", [])} for c in pod.get("spec", {}).get("containers", [])
             ]
         },
-        "status": {
-            k: pod.get("status", {})[k]
-            for k in ("podIP", "conditions")
-            if k in pod.get("status", {})
-        },
+        "status": {k: status[k] for k in ("podIP", "conditions") if k in status} | containers,
     }
 
 
@@ -263,11 +289,12 @@ class WatchCache:
         with self._lock:
             return sorted(key[1] for _, key in self._named_by.get((kind, (namespace, name)), ()))
 
-    def ready_pod_endpoints(self, namespace: str, selector: dict[str, str]) -> list[str]:
+    def pods(self, namespace: str, selector: dict[str, str]) -> list[Obj]:
+        """The pods in `namespace` with every label of `selector`, as `slim_pod` keeps them."""
         if POD not in self._objects or not self.synced:
-            return self._api.ready_pod_endpoints(namespace, selector)
+            return [slim_pod(pod) for pod in self._api.list_objects(POD, namespace, selector)]
         with self._lock:
-            pods = [
+            return [
                 pod
                 for (ns, _), kept in self._objects[POD].items()
                 if (pod := kept.value())
@@ -277,7 +304,11 @@ class WatchCache:
                     for label, value in selector.items()
                 )
             ]
-        return ready_pod_endpoints(pods)
+
+    def ready_pod_endpoints(self, namespace: str, selector: dict[str, str]) -> list[str]:
+        if POD not in self._objects or not self.synced:
+            return self._api.ready_pod_endpoints(namespace, selector)
+        return ready_pod_endpoints(self.pods(namespace, selector))
 
     # --- Kube: writes, through ---------------------------------------------------------------
 

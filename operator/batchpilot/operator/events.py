@@ -16,6 +16,10 @@ API_KEYS_SECRET_INVALID = "ApiKeysSecretInvalid"
 """The spec is held back (nothing applied) until the API keys' Secret it names can be used; also
 the Ready condition's reason. The Secret's watch brings the next pass (handlers.py)."""
 
+REPLICAS_FAILING = "ReplicasFailing"
+"""Replicas are not ready and Kubernetes says why (pods that cannot be created, are not
+scheduled, cannot pull their image, crash): posted when what it says changes."""
+
 EXPOSURE_NOT_APPLIED = "ExposureNotApplied"
 """The cluster does not serve a kind spec.exposure needs (no Gateway API): the rest is applied."""
 EXPOSURE_REFUSED = "ExposureRefused"

@@ -42,6 +42,7 @@ from batchpilot.operator.kube import KubeClient, KubeError
 from batchpilot.operator.passes import Passes
 from batchpilot.operator.plan import CHILD_KINDS
 from batchpilot.operator.reconciler import ReconcileOutcome, Reconciler
+from batchpilot.operator.rollout import pod_trouble
 from batchpilot.operator.settings import OperatorSettings
 from batchpilot.operator.spec import GROUP, PLURAL, VERSION
 
@@ -113,6 +114,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         learned_outside_s=learned_outside_s,
         read_referenced=kube.get_referenced,
         push_access=memo.access_pusher,
+        read_pods=kube.pods,
     )
     observer = FleetObserver(
         http_query(_SETTINGS.prometheus_url),
@@ -314,6 +316,23 @@ def _on_child_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     _reconcile_or_log(namespace, owner_name, memo, trigger="a child's event")
 
 
+def _pod_stuck(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> bool:
+    """Whether a runtime pod is stuck (`rollout.pod_trouble`): asked in kopf's loop, so the
+    fleet's healthy pods' status updates cost a few dict lookups each."""
+    return "passes" in memo and pod_trouble(event["object"]) is not None
+
+
+def _on_pod_stuck(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    """A pod crashes, cannot pull its image or cannot be scheduled: reconcile its
+    InferenceService, whose Ready condition then says so (the Deployment's own status does not
+    change while its pods are stuck, so no child event would tell)."""
+    meta = event["object"].get("metadata", {})
+    owner_name = meta.get("labels", {}).get(ISVC_LABEL)
+    namespace = meta.get("namespace")
+    if owner_name and namespace:
+        _reconcile_or_log(namespace, owner_name, memo, trigger=f"its pod {meta.get('name')}")
+
+
 def _names_it(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> bool:
     """Whether an InferenceService names this Secret: kopf asks in its loop, before a worker is
     taken, so the cluster's other Secrets cost a dict lookup each."""
@@ -380,6 +399,16 @@ for _kind in CHILD_KINDS:  # the plan's: every child kind it makes is watched
     kopf.on.event(_group, _version, _kind.plural, labels=CHILD_FILTER, id=f"child-{_kind.plural}")(
         _on_child_event
     )
+
+# After the cache's feed of pods, which kopf then runs first for each event.
+kopf.on.event(
+    "",
+    "v1",
+    POD.plural,
+    labels={"app.kubernetes.io/managed-by": MANAGED_BY, ISVC_LABEL: kopf.PRESENT},
+    when=_pod_stuck,
+    id="pods-stuck",
+)(_on_pod_stuck)
 
 # After the cache's feed of Secrets (a child kind), which kopf then runs first for each event.
 kopf.on.event("", "v1", SECRET.plural, id="api-keys-secrets", when=_names_it)(

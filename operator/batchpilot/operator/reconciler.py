@@ -40,6 +40,7 @@ from batchpilot.operator.plan import (
     owned_values,
     plan,
 )
+from batchpilot.operator.rollout import Trouble, why_not_ready
 from batchpilot.operator.settings import OperatorSettings
 from batchpilot.operator.spec import InferenceServiceSpec
 
@@ -74,6 +75,8 @@ def _changed(current: dict[str, Any], wanted: dict[str, Any]) -> dict[str, Any]:
 
 ReadReferenced = Callable[[ResourceKind, str, str], dict[str, Any] | None]
 """Reads an object the spec names and the operator does not own (the API keys' Secret)."""
+ReadPods = Callable[[str, dict[str, str]], list[dict[str, Any]]]
+"""The pods in a namespace with these labels (the watch-fed cache's)."""
 PushAccess = Callable[[Owner, str | None], list[Event]]
 """Sends the access document to the ready pods that were not given it yet, and says what failed
 (None: no `spec.auth`). The handlers hand `autopilot.push.AccessPusher`."""
@@ -90,7 +93,11 @@ class Reconciler:
     an object once read (a child's label filter would never let it in).
 
     `push_access`: how the access document reaches the running pods at once (None: through the
-    ConfigMap alone)."""
+    ConfigMap alone).
+
+    `read_pods`: the service's pods, whose statuses say why replicas are not ready (a crash, an
+    image that cannot be pulled, no node with a free GPU); None: the Deployment's conditions
+    alone."""
 
     def __init__(
         self,
@@ -101,6 +108,7 @@ class Reconciler:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         read_referenced: ReadReferenced | None = None,
         push_access: PushAccess | None = None,
+        read_pods: ReadPods | None = None,
     ) -> None:
         self._kube = kube
         self._settings = settings
@@ -108,6 +116,7 @@ class Reconciler:
         self._clock = clock
         self._read_referenced = read_referenced or kube.get
         self._push_access = push_access
+        self._read_pods = read_pods
 
     def reconcile(self, body: dict[str, Any]) -> ReconcileOutcome:
         meta = body["metadata"]
@@ -164,6 +173,7 @@ class Reconciler:
         if self._push_access is not None:
             access = access_document(owner, serving_replicas=serving)
             outcome.events.extend(self._push_access(owner, access))
+        trouble: Trouble | None = None
         if todo.conflicts:
             ready_condition = (
                 "False",
@@ -171,13 +181,24 @@ class Reconciler:
                 f"{conflict_text} already exists and is not controlled by this "
                 "InferenceService; it was left alone. Delete or rename it.",
             )
-        elif ready >= 1:
-            ready_condition = ("True", "Available", f"{ready} of {desired} replicas ready")
         else:
-            ready_condition = ("False", "Progressing", "waiting for a replica to become ready")
+            trouble = self._trouble(owner, deployment, ready=ready, desired=desired)
+            if ready >= 1:
+                text = f"{ready} of {desired} replicas ready"
+                ready_condition = (
+                    "True",
+                    "Available",
+                    text if trouble is None else f"{text}; {trouble.message}",
+                )
+            elif trouble is not None:
+                ready_condition = ("False", trouble.reason, trouble.message)
+            else:
+                ready_condition = ("False", "Progressing", "waiting for a replica to become ready")
         previous = conditions.find(status.get("conditions"), conditions.READY)
         if todo.conflicts and (previous or {}).get("reason") != "ChildConflict":
             outcome.events.append(Event("Warning", events.CHILD_CONFLICT, ready_condition[2]))
+        if trouble is not None and (previous or {}).get("message") != ready_condition[2]:
+            outcome.events.append(Event("Warning", events.REPLICAS_FAILING, trouble.message))
         wanted = {
             "observedGeneration": generation,
             "replicas": desired,
@@ -211,6 +232,19 @@ class Reconciler:
         }
         outcome.status = _changed(status, wanted)
         return outcome
+
+    def _trouble(
+        self, owner: Owner, deployment: dict[str, Any] | None, *, ready: int, desired: int
+    ) -> Trouble | None:
+        """Why replicas are missing, when some are (`rollout.why_not_ready`)."""
+        if deployment is None or ready >= desired:
+            return None
+        pods = (
+            self._read_pods(owner.namespace, dict(owner.selector))
+            if self._read_pods is not None
+            else []
+        )
+        return why_not_ready(deployment, pods)
 
     def _exposed(
         self,

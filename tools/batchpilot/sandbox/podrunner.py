@@ -42,6 +42,7 @@ from batchpilot.sandbox.pods import (
     container_command,
     healthy,
     hold_ports,
+    log_tail,
     pod_object,
     pod_status,
     publish_folder,
@@ -87,6 +88,10 @@ class Replica:
     """The pass in which the pod host took this pod (None: not hosted, or not started)."""
     ready: bool = False
     restarts: int = 0
+    waiting: dict[str, str] | None = None
+    """Why its container is not running (CrashLoopBackOff, until it restarts)."""
+    last_exit: dict[str, Any] | None = None
+    """How its container last exited: the kubelet's lastState.terminated."""
     reported: dict[str, Any] = field(default_factory=dict)
     files: dict[str, bytes] = field(default_factory=dict)
     """The mounted files as last written, so that a pass compares in memory."""
@@ -371,6 +376,7 @@ class PodRunner:
                     start_new_session=False,
                 )
             self.started_pids.append(replica.process.pid)
+        replica.waiting = None
         self._report_pod(replica, phase="Running")
 
     def _exited(self, replica: Replica) -> bool:
@@ -381,12 +387,24 @@ class PodRunner:
         return taken is not None and taken < self.passes and replica.name not in self._hosted
 
     def _crashed(self, replica: Replica, now: float) -> None:
+        exit_code = replica.process.returncode if replica.process is not None else 1
         replica.held = hold_ports(replica.ports)  # no other pod gets them meanwhile
         replica.ready = False
         replica.restarts += 1
         replica.process = None
         replica.hosted_in_pass = None
-        replica.start_at = now + min(10.0, 1.0 * replica.restarts)
+        back_off = min(10.0, 1.0 * replica.restarts)
+        replica.start_at = now + back_off
+        replica.last_exit = {
+            "exitCode": exit_code,
+            "reason": "Error",
+            "message": log_tail(replica.directory / "runtime.log"),
+        }
+        replica.waiting = {
+            "reason": "CrashLoopBackOff",
+            "message": f"back-off {back_off:g}s restarting failed container=runtime "
+            f"pod={replica.name}",
+        }
         self._report_pod(replica, phase="Running")
 
     def _remove(self, replica: Replica, *, delete_pod: bool) -> None:
@@ -430,7 +448,12 @@ class PodRunner:
     # -- reporting -------------------------------------------------------------------------
     def _report_pod(self, replica: Replica, *, phase: str) -> None:
         status = pod_status(
-            phase, ready=replica.ready, started=replica.started, restarts=replica.restarts
+            phase,
+            ready=replica.ready,
+            started=replica.started,
+            restarts=replica.restarts,
+            waiting=replica.waiting,
+            last_exit=replica.last_exit,
         )
         if status == replica.reported:
             return

@@ -190,9 +190,47 @@ def pod_object(
     }
 
 
-def pod_status(phase: str, *, ready: bool, started: bool, restarts: int) -> dict[str, Any]:
-    """A Pod's status as the kubelet reports it, for one container named `runtime`."""
+LOG_TAIL_BYTES = 2048
+LOG_TAIL_LINES = 80
+
+
+def log_tail(path: Path) -> str:
+    """The end of a container's log as the kubelet makes it a termination message under
+    `FallbackToLogsOnError`: at most the last 80 lines and 2,048 bytes; "" without a log."""
+    try:
+        with path.open("rb") as log:
+            log.seek(0, os.SEEK_END)
+            log.seek(max(0, log.tell() - LOG_TAIL_BYTES))
+            tail = log.read()
+    except FileNotFoundError:
+        return ""
+    lines = tail.decode("utf-8", "replace").splitlines()[-LOG_TAIL_LINES:]
+    return "\n".join(lines)
+
+
+def pod_status(
+    phase: str,
+    *,
+    ready: bool,
+    started: bool,
+    restarts: int,
+    waiting: dict[str, str] | None = None,
+    last_exit: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A Pod's status as the kubelet reports it, for one container named `runtime`: `waiting`
+    (reason, message) while it waits to restart, `last_exit` (exitCode, reason, message — the
+    log's tail, as `terminationMessagePolicy: FallbackToLogsOnError` gives it) once it exited."""
     flag = "True" if ready else "False"
+    container: dict[str, Any] = {
+        "name": "runtime",
+        "ready": ready,
+        "started": started,
+        "restartCount": restarts,
+    }
+    if waiting is not None:
+        container["state"] = {"waiting": waiting}
+    if last_exit is not None:
+        container["lastState"] = {"terminated": last_exit}
     return {
         "phase": phase,
         "hostIP": "127.0.0.1",
@@ -201,9 +239,7 @@ def pod_status(phase: str, *, ready: bool, started: bool, restarts: int) -> dict
             {"type": "ContainersReady", "status": flag},
             {"type": "Ready", "status": flag},
         ],
-        "containerStatuses": [
-            {"name": "runtime", "ready": ready, "started": started, "restartCount": restarts}
-        ],
+        "containerStatuses": [container],
     }
 
 

@@ -36,6 +36,12 @@ PIPELINE_HASH_ANNOTATION = "batchpilot.io/pipeline-sha256"
 RUNTIME_USER = 65532
 
 
+TERMINATION_MESSAGE_POLICY = "FallbackToLogsOnError"
+"""A container that exits with an error and writes no termination message gets its log's tail
+as the message: the runtime's reason for refusing a model reaches the pod's status, and from
+there the InferenceService's Ready condition (`rollout`)."""
+
+
 class UnsupportedModelSource(ValueError):
     """The model URI passed the schema but this operator cannot make pods read it."""
 
@@ -127,6 +133,8 @@ def _model_volumes(
         volumeMounts=[{"name": "model", "mountPath": MODEL_DIR}],
         securityContext=_container_security(),
         resources={"requests": {"cpu": "100m", "memory": "128Mi"}},
+        # A failed fetch's last log lines become its status message (Ready says why).
+        terminationMessagePolicy=TERMINATION_MESSAGE_POLICY,
     )
     volume = {"name": "model", "emptyDir": {}}
     mount = {"name": "model", "mountPath": MODEL_DIR, "readOnly": True}
@@ -267,6 +275,7 @@ def build_deployment(owner: Owner, settings: OperatorSettings, *, replicas: int)
         "name": "runtime",
         "image": image,
         "imagePullPolicy": settings.image_pull_policy,
+        "terminationMessagePolicy": TERMINATION_MESSAGE_POLICY,
         "command": ["batchpilot"],
         "args": runtime_args(owner, settings, model_path),
         "env": env,

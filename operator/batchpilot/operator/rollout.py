@@ -1,0 +1,139 @@
+"""Why an InferenceService's replicas are not ready, in one line for `kubectl describe`.
+
+"Waiting for a replica to become ready" is all a Deployment says on its own while its pods
+cannot be created (a ResourceQuota on GPUs, a PriorityClass or ServiceAccount that does not
+exist), cannot be scheduled (no node with a free GPU), cannot pull their image, or crash — the
+model fetch or the runtime itself. Kubernetes knows which, in the Deployment's conditions and
+the pods' statuses; this module reads them (as the operator's cache keeps them: `cache.slim_pod`)
+and names the first that holds, with Kubernetes' own message, so the person who reads the
+InferenceService knows what to fix without hunting for the pods. Pure: dicts in, words out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+STUCK_WAITING = (
+    "CrashLoopBackOff",
+    "ImagePullBackOff",
+    "ErrImagePull",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+)
+"""A container's waiting reasons that do not go away by waiting (ContainerCreating does)."""
+
+MESSAGE_MAX = 400
+"""Kubernetes' messages can be long (a scheduler's per-node account): one condition line."""
+
+
+@dataclass(frozen=True, slots=True)
+class Trouble:
+    reason: str
+    """CamelCase, for the Ready condition: Kubernetes' own (FailedCreate, Unschedulable,
+    CrashLoopBackOff, ImagePullBackOff, …, ProgressDeadlineExceeded)."""
+    message: str
+
+
+def _short(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MESSAGE_MAX else text[: MESSAGE_MAX - 1] + "…"
+
+
+def _last_line(text: str) -> str:
+    """A log tail's last line with something on it: where a process says why it stopped."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _condition(obj: Mapping[str, Any], type_: str) -> dict[str, Any] | None:
+    for condition in obj.get("status", {}).get("conditions") or []:
+        if condition.get("type") == type_:
+            return dict(condition)
+    return None
+
+
+def _stuck_container(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(reason, message) of the pod's first container stuck waiting, init containers first
+    (the model fetch runs before the runtime)."""
+    status = pod.get("status", {})
+    for key, kind in (("initContainerStatuses", "init container"), ("containerStatuses", "")):
+        for container in status.get(key) or []:
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            reason = waiting.get("reason")
+            if reason not in STUCK_WAITING:
+                continue
+            name = f"{kind} {container.get('name')}".strip()
+            detail = waiting.get("message") or ""
+            last = (container.get("lastState") or {}).get("terminated") or {}
+            if reason == "CrashLoopBackOff" and "exitCode" in last:
+                # What it said as it died (its log's tail: FallbackToLogsOnError), not the back-off.
+                exited = f"exit code {last['exitCode']}"
+                said = _last_line(last.get("message") or "") or last.get("reason")
+                detail = f"{exited}: {said}" if said else exited
+            return reason, f"{name}: {detail}" if detail else name
+    return None
+
+
+def pod_trouble(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(reason, message) when the pod is stuck — a container waiting on what does not pass by
+    waiting, or not schedulable — else None (starting, running, or on its way out)."""
+    if pod.get("metadata", {}).get("deletionTimestamp"):
+        return None
+    found = _stuck_container(pod)
+    if found is not None:
+        return found
+    scheduled = _condition(pod, "PodScheduled")
+    if scheduled and scheduled.get("status") == "False":
+        return "Unschedulable", scheduled.get("message") or scheduled.get("reason") or ""
+    return None
+
+
+def _pods_saying(pods: Sequence[dict[str, Any]], total: int) -> Trouble | None:
+    troubles = [found for pod in pods if (found := pod_trouble(pod)) is not None]
+    # A stuck container first: the pod got a node and still does not serve.
+    stuck = [t for t in troubles if t[0] != "Unschedulable"]
+    if stuck:
+        reason, message = stuck[0]
+        return Trouble(reason, _short(f"{len(stuck)} of {total} pods {reason}: {message}"))
+    if troubles:
+        return Trouble(
+            "Unschedulable",
+            _short(f"{len(troubles)} of {total} pods cannot be scheduled: {troubles[0][1]}"),
+        )
+    return None
+
+
+def why_not_ready(
+    deployment: dict[str, Any] | None, pods: Sequence[dict[str, Any]]
+) -> Trouble | None:
+    """What keeps replicas of `deployment` from becoming ready, if Kubernetes says: pods that
+    cannot be created, then pods stuck (a container waiting on something that does not pass,
+    or not schedulable), then a rollout past its progress deadline. None while nothing is wrong
+    (pods starting, pulling, loading the model)."""
+    if deployment is None:
+        return None
+    failure = _condition(deployment, "ReplicaFailure")
+    if failure and failure.get("status") == "True":
+        return Trouble(
+            failure.get("reason") or "ReplicaFailure",
+            _short(f"pods cannot be created: {failure.get('message') or failure.get('reason')}"),
+        )
+    live = [p for p in pods if not p.get("metadata", {}).get("deletionTimestamp")]
+    said = _pods_saying(live, len(live))
+    if said is not None:
+        return said
+    progressing = _condition(deployment, "Progressing")
+    if (
+        progressing
+        and progressing.get("status") == "False"
+        and progressing.get("reason") == "ProgressDeadlineExceeded"
+    ):
+        return Trouble(
+            "ProgressDeadlineExceeded",
+            _short(f"the rollout is stuck: {progressing.get('message') or 'no progress'}"),
+        )
+    return None

@@ -1,0 +1,215 @@
+"""Why replicas are not ready, read from what Kubernetes reports: the Deployment's conditions
+and its pods' statuses, in the shapes the API server and the kubelet write them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from batchpilot.operator.cache import slim_pod
+from batchpilot.operator.rollout import MESSAGE_MAX, Trouble, pod_trouble, why_not_ready
+
+QUOTA = (
+    'pods "resnet50-7d9c5b-x2m4q" is forbidden: exceeded quota: gpus, requested: '
+    "requests.nvidia.com/gpu=1, used: requests.nvidia.com/gpu=4, limited: requests.nvidia.com/gpu=4"
+)
+NO_GPU = (
+    "0/3 nodes are available: 1 node(s) had untolerated taint {node-role.kubernetes.io/control-"
+    "plane: }, 2 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available: 1 "
+    "Preemption is not helpful for scheduling, 2 No preemption victims found for incoming pod."
+)
+TRACEBACK = (
+    "2026-12-02 10:00:01 INFO batchpilot.runtime.device: CUDA device 0: NVIDIA H100\n"
+    "2026-12-02 10:00:02 ERROR batchpilot.runtime: model /models/model.onnx cannot be served: "
+    "model file /models/model.onnx does not exist\n"
+)
+
+
+def deployment(*conditions: dict[str, Any], ready: int = 0) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "resnet50"},
+        "spec": {"replicas": 2},
+        "status": {"readyReplicas": ready, "conditions": list(conditions)},
+    }
+
+
+def pod(
+    name: str = "resnet50-7d9c5b-a",
+    *,
+    scheduled: dict[str, Any] | None = None,
+    containers: list[dict[str, Any]] | None = None,
+    init: list[dict[str, Any]] | None = None,
+    terminating: bool = False,
+) -> dict[str, Any]:
+    status: dict[str, Any] = {
+        "phase": "Pending",
+        "conditions": [scheduled or {"type": "PodScheduled", "status": "True"}],
+    }
+    if containers is not None:
+        status["containerStatuses"] = containers
+    if init is not None:
+        status["initContainerStatuses"] = init
+    meta: dict[str, Any] = {"name": name, "labels": {"batchpilot.io/inferenceservice": "resnet50"}}
+    if terminating:
+        meta["deletionTimestamp"] = "2026-12-02T10:00:00Z"
+    return {"metadata": meta, "status": status}
+
+
+def waiting(reason: str, note: str = "", last: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A container waiting for `reason` (the kubelet's `note`), `last` how it last exited."""
+    container: dict[str, Any] = {
+        "name": "runtime",
+        "ready": False,
+        "restartCount": 3,
+        "state": {"waiting": {"reason": reason, "message": note}},
+    }
+    if last is not None:
+        container["lastState"] = {"terminated": {"reason": "Error", **last}}
+    return container
+
+
+UNSCHEDULABLE = {
+    "type": "PodScheduled",
+    "status": "False",
+    "reason": "Unschedulable",
+    "message": NO_GPU,
+}
+REPLICA_FAILURE = {
+    "type": "ReplicaFailure",
+    "status": "True",
+    "reason": "FailedCreate",
+    "message": QUOTA,
+}
+DEADLINE = {
+    "type": "Progressing",
+    "status": "False",
+    "reason": "ProgressDeadlineExceeded",
+    "message": 'ReplicaSet "resnet50-7d9c5b" has timed out progressing.',
+}
+
+
+class TestWhyNotReady:
+    def test_pods_that_cannot_be_created_say_the_api_servers_reason(self) -> None:
+        assert why_not_ready(deployment(REPLICA_FAILURE), []) == Trouble(
+            "FailedCreate", f"pods cannot be created: {QUOTA}"
+        )
+
+    def test_pods_with_no_node_say_the_schedulers_reason(self) -> None:
+        pods = [pod(scheduled=UNSCHEDULABLE), pod("b", scheduled=UNSCHEDULABLE), pod("c")]
+        assert why_not_ready(deployment(), pods) == Trouble(
+            "Unschedulable", f"2 of 3 pods cannot be scheduled: {NO_GPU}"
+        )
+
+    def test_a_crash_loop_says_the_last_line_the_container_logged(self) -> None:
+        pods = [
+            pod(
+                containers=[
+                    waiting(
+                        "CrashLoopBackOff", "back-off 40s", {"exitCode": 1, "message": TRACEBACK}
+                    )
+                ]
+            )
+        ]
+        trouble = why_not_ready(deployment(), pods)
+        assert trouble == Trouble(
+            "CrashLoopBackOff",
+            "1 of 1 pods CrashLoopBackOff: runtime: exit code 1: 2026-12-02 10:00:02 ERROR "
+            "batchpilot.runtime: model /models/model.onnx cannot be served: model file "
+            "/models/model.onnx does not exist",
+        )
+
+    def test_a_crash_without_a_message_says_the_exit(self) -> None:
+        pods = [
+            pod(
+                containers=[
+                    waiting(
+                        "CrashLoopBackOff", "back-off 10s", {"exitCode": 137, "reason": "OOMKilled"}
+                    )
+                ]
+            )
+        ]
+        trouble = why_not_ready(deployment(), pods)
+        assert trouble is not None
+        assert trouble.message == "1 of 1 pods CrashLoopBackOff: runtime: exit code 137: OOMKilled"
+
+    def test_an_image_that_cannot_be_pulled_says_which(self) -> None:
+        message = 'Back-off pulling image "ghcr.io/batchpilot/runtime-gpu:0.1.0"'
+        pods = [
+            pod(containers=[waiting("ImagePullBackOff", message)]),
+            pod("b", scheduled=UNSCHEDULABLE),
+        ]
+        # A pod that got a node and still cannot run comes first.
+        assert why_not_ready(deployment(), pods) == Trouble(
+            "ImagePullBackOff", f"1 of 2 pods ImagePullBackOff: runtime: {message}"
+        )
+
+    def test_the_model_fetch_failing_is_named(self) -> None:
+        fetch = waiting(
+            "CrashLoopBackOff",
+            "",
+            {
+                "exitCode": 1,
+                "message": "fetch: 404 Not Found for https://models.example.com/r50.onnx",
+            },
+        )
+        fetch["name"] = "fetch-model"
+        pods = [pod(init=[fetch], containers=[waiting("PodInitializing")])]
+        trouble = why_not_ready(deployment(), pods)
+        assert trouble is not None
+        assert trouble.message == (
+            "1 of 1 pods CrashLoopBackOff: init container fetch-model: exit code 1: fetch: 404 Not "
+            "Found for https://models.example.com/r50.onnx"
+        )
+
+    def test_a_stuck_rollout_is_said_when_the_pods_say_nothing(self) -> None:
+        assert why_not_ready(deployment(DEADLINE), [pod()]) == Trouble(
+            "ProgressDeadlineExceeded",
+            'the rollout is stuck: ReplicaSet "resnet50-7d9c5b" has timed out progressing.',
+        )
+
+    @pytest.mark.parametrize("reason", ["ContainerCreating", "PodInitializing"])
+    def test_pods_on_their_way_up_are_no_trouble(self, reason: str) -> None:
+        assert why_not_ready(deployment(), [pod(containers=[waiting(reason)])]) is None
+        assert why_not_ready(deployment(), []) is None
+        assert why_not_ready(None, []) is None
+
+    def test_terminating_pods_are_not_counted(self) -> None:
+        leaving = pod(containers=[waiting("CrashLoopBackOff", "x")], terminating=True)
+        assert pod_trouble(leaving) is None
+        assert why_not_ready(deployment(), [leaving, pod("b")]) is None
+
+    def test_a_long_message_is_cut_to_one_line(self) -> None:
+        long = "0/500 nodes are available: " + "x" * 2000 + "\n and more"
+        trouble = why_not_ready(deployment(), [pod(scheduled={**UNSCHEDULABLE, "message": long})])
+        assert trouble is not None
+        assert len(trouble.message) == MESSAGE_MAX
+        assert "\n" not in trouble.message
+        assert trouble.message.endswith("…")
+
+
+def test_the_cache_keeps_what_it_takes() -> None:
+    """The operator reads pods from its cache, which slims them: the answer is the same."""
+    full = [
+        pod(
+            containers=[
+                {
+                    **waiting("CrashLoopBackOff", "b", {"exitCode": 1, "message": TRACEBACK}),
+                    "image": "x",
+                    "imageID": "y",
+                    "containerID": "z",
+                }
+            ]
+        ),
+        pod("b", scheduled=UNSCHEDULABLE),
+        pod(
+            "c",
+            containers=[
+                {"name": "runtime", "ready": True, "state": {"running": {"startedAt": "t"}}}
+            ],
+        ),
+    ]
+    assert why_not_ready(deployment(), [slim_pod(p) for p in full]) == why_not_ready(
+        deployment(), full
+    )
+    assert "containerStatuses" not in slim_pod(full[2])["status"]  # healthy: nothing kept
