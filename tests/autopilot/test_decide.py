@@ -308,6 +308,38 @@ class TestARoughModelTriesTheBatchFirst:
         assert "t(b) = 20.00 + 2.00·b ms" in decisions[1].reason
         assert "batch 4→16" in decisions[1].reason
 
+    def test_a_guess_that_sees_no_gain_in_batching_still_tries_the_batch_first(self) -> None:
+        # A fixed cost much larger than the per-row one, t(b) = 30 + 0.5·b ms (a large model on
+        # an accelerator), with a tight SLA: 100 ms, target 80 ms. One replica at limit 2 ran
+        # batches of 1 only (30.5 ms); 210 rps offered, 33 served. The rough fit splits 30.5 ms
+        # evenly (α = β = 15.25 ms), by which batch 2 (45.75 ms) no longer fits the target and a
+        # replica carries some 10 rps at batch 1: its plan lowers the batch and asks for every
+        # replica it may. But if all 30.5 ms were α, batch 64 would carry 2,000 rps a replica:
+        # one may well do. So the batch limit goes up first — to what that reading would run —
+        # and the replicas stay; the next window measures t(b) and one replica carries it.
+        policy = replace(self.POLICY, sla_p99_s=0.100, max_replicas=32, max_batch_size=64)
+        current, state = InForce(1, 2, 0.002), State()
+
+        def window(
+            at: float, qps: float, rejected: float, batches: list[tuple[float, int]]
+        ) -> Observation:
+            return replace(
+                self.window(at, qps, rejected, 101.0, []),
+                compute=tuple(ComputePoint(b, 0.030 + 0.0005 * b, n) for b, n in batches),
+            )
+
+        first, state = decide(window(0.0, 33.0, 177.0, [(1.0, 450)]), policy, current, state, 0.0)
+        assert "(rough)" in first.reason
+        assert "raising the batch limit first and holding 1 replica one interval" in first.reason
+        assert first.replicas == 1
+        assert first.batch_size > 2
+        current = InForce(first.replicas, first.batch_size, first.max_queue_delay_s)
+        second, _ = decide(
+            window(2.0, 200.0, 10.0, [(1.0, 300), (7.0, 150)]), policy, current, state, 2.0
+        )
+        assert "t(b) = 30.00 + 0.50·b ms" in second.reason
+        assert second.replicas == 1
+
     def test_load_no_batch_can_carry_adds_replicas_at_once(self) -> None:
         # 1600 rps offered, 45 served at batch 1; the plan is for 1.05 × 1600 = 1680 rps. Even if
         # every batch took the measured 22 ms, batch 16 would carry at most 16 / 22 ms = 727 rps

@@ -184,18 +184,24 @@ def batch_first(
     delay_s: float,
     overhead_s: float,
     target_s: float,
-) -> tuple[int, float, str]:
-    """Replicas to ask for when a rough model's plan raises the batch limit and adds replicas,
-    the P99 predicted for them, and why.
+) -> tuple[int, int, float, str]:
+    """Replicas and batch limit to ask for when a rough model's plan adds replicas, the P99
+    predicted for them, and why.
 
     Raising the batch limit takes effect in seconds and costs nothing; a replica costs a device
     for at least the scale-down delay. The next window measures the new batch sizes and makes
-    the fit confident, so replicas wait that one interval — unless even the most optimistic
-    reading of the fit (`_optimistic`) needs more of them. Then no batch limit can carry the load
-    whatever α and β turn out to be, the SLA stays broken until new replicas are ready, and
-    waiting would only make them an interval later: the plan is followed at once (P99 comes
-    before the fewest replicas). The wait happens once: if the fit is still
-    rough after it, the plan is followed."""
+    the fit confident, so replicas wait that one interval behind a larger batch limit — unless
+    even the most optimistic reading of the fit (`_optimistic`) needs more of them. Then no batch
+    limit can carry the load whatever α and β turn out to be, the SLA stays broken until new
+    replicas are ready, and waiting would only make them an interval later: the plan is followed
+    at once (P99 comes before the fewest replicas). The wait happens once: if the fit is still
+    rough after it, the plan is followed.
+
+    The larger batch limit is the plan's when it raises one. When it does not — the guess splits
+    the measured time evenly, so it sees little gain in batching, while a fixed cost α much
+    larger than β (common on accelerators) would make batching carry many times the load — it
+    is the optimistic reading's: if α dominates, that limit carries the load at once; if β does,
+    a replica carries about what it did, and the next window's fit says so."""
     optimistic = _optimistic(model)
     best = plan_capacity(
         optimistic,
@@ -215,15 +221,18 @@ def batch_first(
             f"the fit is a guess from one batch size, but even {reading}: no batch limit lets "
             f"{current.replicas} carry {rate:.0f} rps, so replicas are added at once"
         )
-        return chosen.replicas, chosen.predicted_p99_s, why
+        return chosen.replicas, chosen.batch_size, chosen.predicted_p99_s, why
     if state.batch_first_at is not None:
         why = "still a guess after an interval at a new batch limit: following it"
-        return chosen.replicas, chosen.predicted_p99_s, why
+        return chosen.replicas, chosen.batch_size, chosen.predicted_p99_s, why
+    # The plan's larger limit, judged by the guess; else the optimistic reading's, judged by it.
+    plans_larger = chosen.batch_size > current.batch_size
+    batch = chosen.batch_size if plans_larger else max(best.batch_size, current.batch_size)
     held = predict(
-        model,
+        model if plans_larger else optimistic,
         rate=rate,
         replicas=current.replicas,
-        max_batch=chosen.batch_size,
+        max_batch=batch,
         delay_s=delay_s,
         overhead_s=overhead_s,
     )
@@ -231,7 +240,7 @@ def batch_first(
     why = (
         f"the fit is a guess from one batch size and {reading}: raising the batch limit first "
         f"and holding {current.replicas} replica{plural} one interval, until the next window "
-        f"has measured the new batch sizes (the guess puts P99 at {format_ms(held.p99_s)} "
-        "meanwhile)"
+        f"has measured the new batch sizes ({'the guess' if plans_larger else 'that reading'} "
+        f"puts P99 at {format_ms(held.p99_s)} meanwhile)"
     )
-    return current.replicas, held.p99_s, why
+    return current.replicas, batch, held.p99_s, why

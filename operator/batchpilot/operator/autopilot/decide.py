@@ -21,10 +21,10 @@ Steps, each small and named:
 4. guard: if P99 is over the SLA in a window that describes the present and the plan adds no
    capacity, add replicas on feedback instead (the model is wrong somewhere; observed latency
    wins: `feedback.overruled`);
-   batch first on a rough model: while the plan raises the batch limit, replicas wait one
-   interval for the next window to measure the new batch sizes, unless even the most
-   optimistic reading of the guess needs more of them (`capacity.batch_first`); a rough model
-   never scales down;
+   batch first on a rough model: when the plan adds replicas, the batch limit rises first and
+   replicas wait one interval for the next window to measure the new batch sizes, unless even
+   the most optimistic reading of the guess needs more of them (`capacity.batch_first`); a
+   rough model never scales down;
 5. pace replicas: cold start, scale-down stabilization, hysteresis, bounds (`pacing.pace`);
 6. explain: action, reason and the condition inputs.
 
@@ -210,8 +210,8 @@ def decide(
             want_replicas, why = overrule
             want_batch = current.batch_size
         elif not model.confident:
-            if want_replicas > current.replicas and want_batch > current.batch_size:
-                want_replicas, predicted, first = batch_first(
+            if want_replicas > current.replicas:
+                want_replicas, want_batch, predicted, first = batch_first(
                     model,
                     chosen,
                     current=current,
@@ -248,7 +248,13 @@ def decide(
     )
     if pace_note:
         notes.append(pace_note)
-    if model is not None and not idle and (replicas > ready or sla_met is False):
+    trying_the_batch = learned_state.batch_first_at == now and replicas == current.replicas
+    if (
+        model is not None
+        and not idle
+        and not trying_the_batch
+        and (replicas > ready or sla_met is False)
+    ):
         # 7. Absorb: until the new replicas take traffic, the ready ones carry it all; and over
         # the SLA, capacity is not given back. The batch limit moves in seconds and costs
         # nothing: the one with the most capacity inside the SLA itself.
