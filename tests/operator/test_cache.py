@@ -221,6 +221,10 @@ class TestReadsFromMemory:
         api.calls.clear()
         endpoints = cache.ready_pod_endpoints(NS, {ISVC_LABEL: "resnet50"})
         assert [endpoint.split(":")[0] for endpoint in endpoints] == ["10.0.0.1"]
+        # The service's pods, ready or not; not another service's, nor another namespace's.
+        pods = cache.pods(NS, {ISVC_LABEL: "resnet50"})
+        assert sorted(p["metadata"]["name"] for p in pods) == ["a", "bb"]
+        assert cache.pods(NS, {ISVC_LABEL: "resnet50", "team": "x"}) == []
         assert api.calls == []
         kept = cache.get(POD, NS, "a")
         assert kept is not None

@@ -293,17 +293,21 @@ class WatchCache:
         """The pods in `namespace` with every label of `selector`, as `slim_pod` keeps them."""
         if POD not in self._objects or not self.synced:
             return [slim_pod(pod) for pod in self._api.list_objects(POD, namespace, selector)]
-        with self._lock:
-            return [
-                pod
-                for (ns, _), kept in self._objects[POD].items()
-                if (pod := kept.value())
-                and ns == namespace
-                and all(
-                    pod.get("metadata", {}).get("labels", {}).get(label) == value
-                    for label, value in selector.items()
-                )
-            ]
+        with self._lock:  # a copy of the references only: the filtering holds no lock
+            kept = list(self._objects[POD].items())
+        wanted = tuple(selector.items())
+        found = []
+        for (ns, _), entry in kept:
+            if ns != namespace:
+                continue
+            pod = entry.value()
+            labels = pod.get("metadata", {}).get("labels") or {}
+            for label, value in wanted:
+                if labels.get(label) != value:
+                    break
+            else:
+                found.append(pod)
+        return found
 
     def ready_pod_endpoints(self, namespace: str, selector: dict[str, str]) -> list[str]:
         if POD not in self._objects or not self.synced:
