@@ -5,7 +5,9 @@ cache (`WatchCache.get`), eight threads at a time, while kopf's loop feeds it ev
 This runs that shape on its own: 2,000 services' Deployments (kept packed, as JSON text, as the
 operator keeps its children) and InferenceServices, `--readers` threads reading them round and
 round, one thread writing a new version of every seventh Deployment over and over, for
-`--seconds`; it prints the reads a second. Run it on two checkouts side by side to compare
+`--seconds`; it prints the reads a second. Then it times `WatchCache.pods` — one service's pods
+by label among every service's (what the reconcile reads while replicas are missing, and the
+access push on every ready pod). Run it on two checkouts side by side to compare
 (`PYTHONPATH=<checkout>/api:<checkout>/operator python bench/cache_reads.py`).
 
     .venv/bin/python bench/cache_reads.py [--services 2000] [--readers 8] [--seconds 3]
@@ -19,8 +21,8 @@ import threading
 import time
 from typing import Any
 
-from batchpilot.operator.cache import WatchCache
-from batchpilot.operator.kinds import DEPLOYMENT, INFERENCESERVICE
+from batchpilot.operator.cache import WatchCache, slim_pod
+from batchpilot.operator.kinds import DEPLOYMENT, INFERENCESERVICE, POD
 
 
 class NoApi:
@@ -90,7 +92,23 @@ def main() -> int:
     for thread in threads:
         thread.join()
     print(f"reads a second: {sum(reads) / args.seconds:.0f} ({args.readers} readers, 1 writer)")
+    print(f"one service's pods among {count}: {pods_by_label(count) * 1e3:.2f} ms")
     return 0
+
+
+def pods_by_label(count: int, *, calls: int = 200) -> float:
+    """Seconds per `WatchCache.pods` call, one pod per service, all in one namespace."""
+    pods = WatchCache(NoApi(), (POD,), slim={POD: slim_pod})  # type: ignore[arg-type]
+    for i in range(count):
+        labels = {"batchpilot.io/inferenceservice": f"svc-{i}"}
+        meta = {"name": f"svc-{i}-0", "namespace": "default", "resourceVersion": "1"}
+        ready = {"conditions": [{"type": "Ready", "status": "True"}]}
+        pods.seen(POD, {"metadata": meta | {"labels": labels}, "status": ready})
+    pods.mark_synced()
+    began = time.perf_counter()
+    for i in range(calls):
+        pods.pods("default", {"batchpilot.io/inferenceservice": f"svc-{i % count}"})
+    return (time.perf_counter() - began) / calls
 
 
 if __name__ == "__main__":
