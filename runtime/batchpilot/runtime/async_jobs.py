@@ -119,7 +119,8 @@ class JobStore(Generic[R]):
         return self._ttl_s
 
     def share(self, owners: int) -> int:
-        """The places each of `owners` keys is guaranteed."""
+        """The most jobs each of `owners` keys may hold: an equal part of the store, and at least
+        one (with more keys than places, the store's own bound is the one that refuses)."""
         return max(1, self._capacity // max(1, owners))
 
     def held(self, owner: str) -> int:
