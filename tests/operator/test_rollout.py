@@ -8,7 +8,16 @@ from typing import Any
 import pytest
 
 from batchpilot.operator.cache import slim_pod
-from batchpilot.operator.rollout import MESSAGE_MAX, Trouble, pod_trouble, why_not_ready
+from batchpilot.operator.rollout import (
+    MESSAGE_MAX,
+    STUCK_WAITING,
+    TROUBLE_REASONS,
+    Trouble,
+    pod_trouble,
+    ready_condition,
+    trouble_in,
+    why_not_ready,
+)
 
 QUOTA = (
     'pods "resnet50-7d9c5b-x2m4q" is forbidden: exceeded quota: gpus, requested: '
@@ -93,6 +102,12 @@ class TestWhyNotReady:
     def test_pods_that_cannot_be_created_say_the_api_servers_reason(self) -> None:
         assert why_not_ready(deployment(REPLICA_FAILURE), []) == Trouble(
             "FailedCreate", f"pods cannot be created: {QUOTA}"
+        )
+
+    def test_a_replica_failure_without_a_known_reason_is_named_replica_failure(self) -> None:
+        odd = {**REPLICA_FAILURE, "reason": "SomethingNew"}
+        assert why_not_ready(deployment(odd), []) == Trouble(
+            "ReplicaFailure", f"pods cannot be created: {QUOTA}"
         )
 
     def test_pods_with_no_node_say_the_schedulers_reason(self) -> None:
@@ -186,6 +201,69 @@ class TestWhyNotReady:
         assert len(trouble.message) == MESSAGE_MAX
         assert "\n" not in trouble.message
         assert trouble.message.endswith("…")
+
+
+class TestReadyCondition:
+    """The Ready condition worded from a trouble, and the trouble read back from it (what the
+    autopilot's ScalingLimited says)."""
+
+    TROUBLES = (
+        Trouble("FailedCreate", f"pods cannot be created: {QUOTA}"),
+        Trouble("Unschedulable", f"1 of 1 pods cannot be scheduled: {NO_GPU}"),
+        Trouble("CrashLoopBackOff", "1 of 1 pods CrashLoopBackOff: runtime: exit code 1; again"),
+        Trouble("ProgressDeadlineExceeded", "the rollout is stuck: timed out progressing."),
+    )
+
+    @pytest.mark.parametrize("trouble", TROUBLES, ids=[t.reason for t in TROUBLES])
+    def test_some_ready_stay_available_and_the_trouble_reads_back(self, trouble: Trouble) -> None:
+        status, reason, message = ready_condition(ready=1, desired=2, trouble=trouble)
+        assert (status, reason, message) == (
+            "True",
+            "Available",
+            f"1 of 2 replicas ready; {trouble.message}",
+        )
+        said = {"status": status, "reason": reason, "message": message}
+        assert trouble_in(said) == trouble.message
+
+    @pytest.mark.parametrize("trouble", TROUBLES, ids=[t.reason for t in TROUBLES])
+    def test_none_ready_take_the_troubles_reason_and_it_reads_back(self, trouble: Trouble) -> None:
+        status, reason, message = ready_condition(ready=0, desired=2, trouble=trouble)
+        assert (status, reason, message) == ("False", trouble.reason, trouble.message)
+        said = {"status": status, "reason": reason, "message": message}
+        assert trouble_in(said) == trouble.message
+
+    @pytest.mark.parametrize(
+        ("ready", "reason", "message"),
+        [
+            (2, "Available", "2 of 2 replicas ready"),
+            (0, "Progressing", "waiting for a replica to become ready"),
+        ],
+    )
+    def test_without_trouble_nothing_reads_back(
+        self, ready: int, reason: str, message: str
+    ) -> None:
+        status, said_reason, said = ready_condition(ready=ready, desired=2, trouble=None)
+        assert (said_reason, said) == (reason, message)
+        assert trouble_in({"status": status, "reason": said_reason, "message": said}) is None
+
+    def test_a_ready_condition_not_about_replicas_names_no_trouble(self) -> None:
+        for reason in ("ChildConflict", "InvalidSpec", "UnsupportedModel"):
+            refused = {"status": "False", "reason": reason, "message": "spec.x: no"}
+            assert trouble_in(refused) is None
+        assert trouble_in(None) is None
+
+    def test_every_trouble_found_has_a_trouble_reason(self) -> None:
+        found = [
+            why_not_ready(deployment(REPLICA_FAILURE), []),
+            why_not_ready(deployment({**REPLICA_FAILURE, "reason": None}), []),
+            why_not_ready(deployment(), [pod(scheduled=UNSCHEDULABLE)]),
+            why_not_ready(deployment(DEADLINE), []),
+            *(
+                why_not_ready(deployment(), [pod(containers=[waiting(reason, "x")])])
+                for reason in STUCK_WAITING
+            ),
+        ]
+        assert all(t is not None and t.reason in TROUBLE_REASONS for t in found), found
 
 
 def test_the_cache_keeps_what_it_takes() -> None:

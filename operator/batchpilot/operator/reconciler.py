@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from batchpilot.operator import conditions, events
+from batchpilot.operator import conditions, events, rollout
 from batchpilot.operator.children.apikeys import access_document, auth_status, keys_secret_problem
 from batchpilot.operator.children.common import Owner
 from batchpilot.operator.children.deployment import UnsupportedModelSource
@@ -183,17 +183,7 @@ class Reconciler:
             )
         else:
             trouble = self._trouble(owner, deployment, ready=ready, desired=desired)
-            if ready >= 1:
-                text = f"{ready} of {desired} replicas ready"
-                ready_condition = (
-                    "True",
-                    "Available",
-                    text if trouble is None else f"{text}; {trouble.message}",
-                )
-            elif trouble is not None:
-                ready_condition = ("False", trouble.reason, trouble.message)
-            else:
-                ready_condition = ("False", "Progressing", "waiting for a replica to become ready")
+            ready_condition = rollout.ready_condition(ready=ready, desired=desired, trouble=trouble)
         previous = conditions.find(status.get("conditions"), conditions.READY)
         if todo.conflicts and (previous or {}).get("reason") != "ChildConflict":
             outcome.events.append(Event("Warning", events.CHILD_CONFLICT, ready_condition[2]))

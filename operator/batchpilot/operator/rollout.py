@@ -6,14 +6,16 @@ exist), cannot be scheduled (no node with a free GPU), cannot pull their image, 
 model fetch or the runtime itself. Kubernetes knows which, in the Deployment's conditions and
 the pods' statuses; this module reads them (as the operator's cache keeps them: `cache.slim_pod`)
 and names the first that holds, with Kubernetes' own message, so the person who reads the
-InferenceService knows what to fix without hunting for the pods. Pure: dicts in, words out.
+InferenceService knows what to fix without hunting for the pods. The Ready condition is worded
+here too (`ready_condition`), beside the reading of it back (`trouble_in`): the autopilot's
+ScalingLimited says from it when replicas it asked for cannot come up. Pure: dicts in, words out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 STUCK_WAITING = (
     "CrashLoopBackOff",
@@ -25,6 +27,23 @@ STUCK_WAITING = (
     "RunContainerError",
 )
 """A container's waiting reasons that do not go away by waiting (ContainerCreating does)."""
+
+CREATE_FAILED = ("FailedCreate", "FailedDelete")
+"""The reasons of a Deployment's ReplicaFailure condition (its ReplicaSet controller's); any other
+is named ReplicaFailure, so that a Trouble's reason is always one of TROUBLE_REASONS."""
+
+TROUBLE_REASONS = (
+    *CREATE_FAILED,
+    "ReplicaFailure",
+    "Unschedulable",
+    *STUCK_WAITING,
+    "ProgressDeadlineExceeded",
+)
+"""Every reason a Trouble can have: how a Ready condition that is False says replicas cannot come
+up, as opposed to coming up (Progressing) or a spec the operator refused."""
+
+AVAILABLE = "Available"
+PROGRESSING = "Progressing"
 
 MESSAGE_MAX = 400
 """Kubernetes' messages can be long (a scheduler's per-node account): one condition line."""
@@ -38,7 +57,8 @@ class Trouble:
     message: str
 
 
-def _short(text: str) -> str:
+def short(text: str) -> str:
+    """`text` on one line, cut to MESSAGE_MAX."""
     text = " ".join(text.split())
     return text if len(text) <= MESSAGE_MAX else text[: MESSAGE_MAX - 1] + "…"
 
@@ -98,11 +118,11 @@ def _pods_saying(pods: Sequence[dict[str, Any]], total: int) -> Trouble | None:
     stuck = [t for t in troubles if t[0] != "Unschedulable"]
     if stuck:
         reason, message = stuck[0]
-        return Trouble(reason, _short(f"{len(stuck)} of {total} pods {reason}: {message}"))
+        return Trouble(reason, short(f"{len(stuck)} of {total} pods {reason}: {message}"))
     if troubles:
         return Trouble(
             "Unschedulable",
-            _short(f"{len(troubles)} of {total} pods cannot be scheduled: {troubles[0][1]}"),
+            short(f"{len(troubles)} of {total} pods cannot be scheduled: {troubles[0][1]}"),
         )
     return None
 
@@ -118,9 +138,10 @@ def why_not_ready(
         return None
     failure = _condition(deployment, "ReplicaFailure")
     if failure and failure.get("status") == "True":
+        reason = failure.get("reason")
         return Trouble(
-            failure.get("reason") or "ReplicaFailure",
-            _short(f"pods cannot be created: {failure.get('message') or failure.get('reason')}"),
+            reason if reason in CREATE_FAILED else "ReplicaFailure",
+            short(f"pods cannot be created: {failure.get('message') or failure.get('reason')}"),
         )
     live = [p for p in pods if not p.get("metadata", {}).get("deletionTimestamp")]
     said = _pods_saying(live, len(live))
@@ -134,6 +155,34 @@ def why_not_ready(
     ):
         return Trouble(
             "ProgressDeadlineExceeded",
-            _short(f"the rollout is stuck: {progressing.get('message') or 'no progress'}"),
+            short(f"the rollout is stuck: {progressing.get('message') or 'no progress'}"),
         )
+    return None
+
+
+def ready_condition(
+    *, ready: int, desired: int, trouble: Trouble | None
+) -> tuple[Literal["True", "False"], str, str]:
+    """(status, reason, message) of the Ready condition for `ready` of `desired` replicas and
+    what keeps the others from becoming ready: True (Available) from one ready replica on, with
+    the trouble after a "; " while there is one; False with the trouble's reason, or Progressing
+    while nothing is wrong. `trouble_in` reads it back."""
+    if ready >= 1:
+        text = f"{ready} of {desired} replicas ready"
+        return "True", AVAILABLE, text if trouble is None else f"{text}; {trouble.message}"
+    if trouble is not None:
+        return "False", trouble.reason, trouble.message
+    return "False", PROGRESSING, "waiting for a replica to become ready"
+
+
+def trouble_in(condition: Mapping[str, Any] | None) -> str | None:
+    """What a Ready condition written from `ready_condition` says keeps replicas from becoming
+    ready, or None when it names nothing (all ready, progressing, or not about replicas)."""
+    if condition is None:
+        return None
+    message = str(condition.get("message") or "")
+    if condition.get("status") == "True" and condition.get("reason") == AVAILABLE:
+        return message.partition("; ")[2] or None
+    if condition.get("status") == "False" and condition.get("reason") in TROUBLE_REASONS:
+        return message or None
     return None

@@ -158,6 +158,7 @@ class Autopilot:
             observation=observation,
             decision=decision,
             current=current,
+            ready_replicas=ready,
             state=new_state,
             report=report,
             acting=acting,

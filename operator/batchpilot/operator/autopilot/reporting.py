@@ -15,7 +15,7 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
-from batchpilot.operator import conditions
+from batchpilot.operator import conditions, rollout
 from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.autopilot.policy import Decision, InForce
 from batchpilot.operator.autopilot.slo import SloReport
@@ -38,6 +38,7 @@ def report_tick(
     observation: Observation | None,
     decision: Decision,
     current: InForce,
+    ready_replicas: int,
     state: State,
     report: SloReport,
     acting: bool,
@@ -45,8 +46,9 @@ def report_tick(
     now: datetime,
 ) -> tuple[dict[str, Any], list[Event]]:
     """The status a tick writes (to merge into `status`, the InferenceService's as read) and the
-    Events it posts, for `decision` made from `observation` with `current` in force; `state` is
-    the memory after the decision, `report` the objective's books; `acting`: mode auto."""
+    Events it posts, for `decision` made from `observation` with `current` in force and
+    `ready_replicas` of them ready; `state` is the memory after the decision, `report` the
+    objective's books; `acting`: mode auto."""
     doc: dict[str, Any] = {}
     events: list[Event] = []
     conds = status.get("conditions")
@@ -71,12 +73,15 @@ def report_tick(
         generation=generation,
         now=now,
     )
+    limited, limited_reason, limited_message = scaling_limited(
+        status, decision, current=current, ready_replicas=ready_replicas, acting=acting
+    )
     conds = conditions.set_condition(
         conds,
         type_=conditions.SCALING_LIMITED,
-        status="True" if decision.scaling_limited else "False",
-        reason="AtMaxReplicas" if decision.scaling_limited else "WithinLimits",
-        message=decision.scaling_limited or "the autopilot can reach what the SLA needs",
+        status=limited,
+        reason=limited_reason,
+        message=limited_message,
         generation=generation,
         now=now,
     )
@@ -96,8 +101,8 @@ def report_tick(
     elif slo_state == "True" and (was_at_risk or {}).get("status") != "True":
         events.append(Event("Warning", SLO_AT_RISK, slo_message))
     previous = conditions.find(status.get("conditions"), conditions.SCALING_LIMITED)
-    if decision.scaling_limited and (previous or {}).get("status") != "True":
-        events.append(Event("Warning", LIMITED, decision.scaling_limited))
+    if limited == "True" and (previous or {}).get("status") != "True":
+        events.append(Event("Warning", LIMITED, limited_message))
     was_available = conditions.find(status.get("conditions"), conditions.METRICS_AVAILABLE)
     if not decision.metrics_available and (was_available or {}).get("status") != "False":
         events.append(Event("Warning", HOLDING, decision.reason))
@@ -127,6 +132,53 @@ def report_tick(
             "reason": decision.reason,
         }
     return doc, events
+
+
+AT_MAX_REPLICAS = "AtMaxReplicas"
+REPLICAS_UNAVAILABLE = "ReplicasUnavailable"
+WITHIN_LIMITS = "WithinLimits"
+
+
+def scaling_limited(
+    status: dict[str, Any],
+    decision: Decision,
+    *,
+    current: InForce,
+    ready_replicas: int,
+    acting: bool,
+) -> tuple[conditions.Status, str, str]:
+    """(status, reason, message) of the ScalingLimited condition: True at maxReplicas with the SLA
+    broken (the decision says so), or while replicas the autopilot asked for cannot come up —
+    not created (a GPU quota), not scheduled (no free GPU), crashing, not pulled, a rollout past
+    its deadline — as the reconciler's Ready condition in `status` names it (`rollout`).
+
+    Missing replicas count only while both the replicas in force and the decision are above the
+    ready ones: the trouble in Ready was found for replicas already asked for, and a decision
+    that wants no more than run is not held back by it. Pods that are merely starting are not
+    a limit (Ready says Progressing, or Available without a trouble)."""
+    trouble = rollout.trouble_in(conditions.find(status.get("conditions"), conditions.READY))
+    unavailable = None
+    if trouble is not None and min(decision.replicas, current.replicas) > ready_replicas:
+        unavailable = f"{ready_replicas} of {decision.replicas} replicas ready: {trouble}"
+    if decision.scaling_limited:
+        # maxReplicas binds the decision itself, and an alert keyed on AtMaxReplicas keeps
+        # firing; replicas that also cannot come up are said after it, since raising
+        # maxReplicas alone would not bring them.
+        message = decision.scaling_limited
+        if unavailable is not None:
+            message = rollout.short(f"{message}; {unavailable}")
+        return "True", AT_MAX_REPLICAS, message
+    if unavailable is not None:
+        verb = "asks for" if acting else "recommends"
+        return (
+            "True",
+            REPLICAS_UNAVAILABLE,
+            rollout.short(
+                f"the autopilot {verb} {decision.replicas} replicas, {ready_replicas} "
+                f"{'is' if ready_replicas == 1 else 'are'} ready: {trouble}"
+            ),
+        )
+    return "False", WITHIN_LIMITS, "the autopilot can reach what the SLA needs"
 
 
 HEARTBEAT_S = 300.0
