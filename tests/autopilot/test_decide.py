@@ -9,10 +9,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from batchpilot.operator.autopilot.capacity import batch_candidates, burst_batch
-from batchpilot.operator.autopilot.decide import decide
+from batchpilot.operator.autopilot.decide import decide, pending_since
 from batchpilot.operator.autopilot.learn import (
     DEFAULT_COLD_START_S,
     DEFAULT_INTERVAL_S,
+    MAX_COLD_START_S,
     reaction_horizon,
 )
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation
@@ -544,6 +545,25 @@ class TestLearnedColdStart:
         # asked for at t = 0, seen ready at t = 45: 45 s less half an interval
         assert state.cold_start_s == pytest.approx(37.5)
         assert reaction_horizon(state, interval=TICK) == pytest.approx(2 * TICK + 37.5)
+
+    def test_a_scale_up_blocked_for_an_hour_counts_as_the_longest_cold_start(self) -> None:
+        # A GPU quota held the second replica back for an hour: that was no cold start, and the
+        # horizon (hence the headroom) must not plan for an hour's rises once it cleared.
+        current = InForce(2, 8, 0.005)
+        state = State(fit=MODEL, pending_since=0.0, ready=1, rate=(3600 - TICK, 600))
+        obs = seen(at=3600, qps=600, p99_ms=40, ready=2, batch=8)
+        _, _, state = step(obs, current, state, 3600)
+        assert state.pending_since is None
+        assert state.cold_start_s == MAX_COLD_START_S
+        assert reaction_horizon(state, interval=TICK) == 2 * TICK + MAX_COLD_START_S
+
+    def test_a_scale_down_before_the_new_replicas_start_measures_nothing(self) -> None:
+        assert pending_since(None, asked=3, current=2, now=30) == 30
+        assert pending_since(30, asked=4, current=3, now=45) == 30  # the first ask still waits
+        assert pending_since(30, asked=3, current=3, now=60) == 30
+        # The replicas removed may be the ones that never started: the ready count reaching the
+        # lower number is no cold start.
+        assert pending_since(30, asked=2, current=3, now=75) is None
 
     def test_until_measured_a_minute_is_assumed(self) -> None:
         horizon = reaction_horizon(State(), interval=0)

@@ -277,10 +277,8 @@ def decide(
         learned_state,
         recommendations=recommendations,
         changed_at=now if retuned else learned_state.changed_at,
-        pending_since=(
-            now
-            if replicas > current.replicas and learned_state.pending_since is None
-            else learned_state.pending_since
+        pending_since=pending_since(
+            learned_state.pending_since, asked=replicas, current=current.replicas, now=now
         ),
     )
 
@@ -300,6 +298,17 @@ def decide(
         capacity=capacity_per_replica,
         retuned=retuned,
     ), new_state
+
+
+def pending_since(since: float | None, *, asked: int, current: int, now: float) -> float | None:
+    """When the replicas not yet ready were asked for: set by a scale-up, kept while it waits,
+    and dropped by a scale-down — the replicas it removes may be the ones that never started, so
+    the ready count reaching the lower number measures no cold start."""
+    if asked > current:
+        return now if since is None else since
+    if asked < current:
+        return None
+    return since
 
 
 def with_season(

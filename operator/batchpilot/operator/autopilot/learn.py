@@ -30,6 +30,13 @@ DEFAULT_COLD_START_S = 60.0
 """Until a scale-up has been watched, assume new replicas take a minute to take traffic."""
 COLD_START_SMOOTHING = 0.3
 """Weight of a new cold-start measurement against the previous estimate."""
+MAX_COLD_START_S = 600.0
+"""The longest wait that counts as a cold start. Starting a GPU replica can take minutes (a new
+node, a large image, the model's download and warm-up); a scale-up that waited longer was
+blocked — a ResourceQuota, no node to schedule on, an image that does not pull (the Ready
+condition says which) — and the hour it waited says nothing about how long the next replica
+takes once it can start. Counted as such, it would stretch the reaction horizon to that hour and
+the headroom would plan for an hour's rises long after the block cleared."""
 DEFAULT_INTERVAL_S = 15.0
 """The decision interval assumed at the first decision, before one has been measured."""
 
@@ -86,7 +93,7 @@ def learn(
     cold_start, pending = state.cold_start_s, state.pending_since
     if pending is not None and ready >= current.replicas:
         # They became ready within the last interval: count half of it.
-        sample = max(0.0, now - pending - interval / 2)
+        sample = min(MAX_COLD_START_S, max(0.0, now - pending - interval / 2))
         cold_start = (
             sample
             if cold_start is None
