@@ -61,8 +61,26 @@ class TestLatencyOutsideTheBatcher:
         first = state.overhead_s
         assert first is not None
         _, state = decide(seen(at=15, qps=150, p99_ms=70), POLICY, current, state, now=15)
-        # Then smoothed: 0.2 · (70 ms - model) + 0.8 · first.
-        assert state.overhead_s == pytest.approx(0.2 * (0.070 - model_p99(150)) + 0.8 * first)
+        # A window that shows more moves it slowly: 0.1 · (70 ms - model) + 0.9 · first.
+        assert state.overhead_s == pytest.approx(0.1 * (0.070 - model_p99(150)) + 0.9 * first)
+        second = state.overhead_s
+        _, state = decide(seen(at=30, qps=150, p99_ms=50), POLICY, current, state, now=30)
+        # One that shows less, at once: 0.5 · (50 ms - model) + 0.5 · second.
+        assert state.overhead_s == pytest.approx(0.5 * (0.050 - model_p99(150)) + 0.5 * second)
+
+    def test_it_settles_on_the_floor_the_model_error_comes_and_goes_above(self) -> None:
+        # 40 ms outside the batcher in every window; in every other window the model misses
+        # 20 ms more (the busiest part of a rising window). The estimate stays near the floor
+        # instead of the 50 ms an even average settles on.
+        current, state = InForce(1, 8, 0.005), State(fit=MODEL, overhead_s=0.040)
+        for tick in range(40):
+            extra = 0.020 if tick % 2 else 0.0
+            p99_ms = (model_p99(150) + 0.040 + extra) * 1e3
+            _, state = decide(
+                seen(at=tick * 15, qps=150, p99_ms=p99_ms), POLICY, current, state, tick * 15
+            )
+        assert state.overhead_s is not None
+        assert 0.040 <= state.overhead_s < 0.045
 
     def test_a_window_over_the_sla_teaches_nothing(self) -> None:
         state = State(fit=MODEL)

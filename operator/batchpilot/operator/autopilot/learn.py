@@ -18,8 +18,18 @@ from batchpilot.operator.autopilot.policy import InForce, Policy
 from batchpilot.operator.autopilot.service_model import fit, predict
 from batchpilot.operator.autopilot.state import State
 
-OVERHEAD_SMOOTHING = 0.2
-"""Weight of a new estimate of the latency outside the batcher against the previous one."""
+OVERHEAD_FALL = 0.5
+"""Weight of a window that shows less latency outside the batcher than the estimate."""
+OVERHEAD_RISE = 0.1
+"""Weight of a window that shows more. The latency outside the batcher (decoding, the network,
+post-processing) is a floor under every window's P99, while what the model misses comes and goes
+with the operating point — a window whose P99 comes from its busiest part, a batch limit that
+changed within it, a batch limit where the model under-predicts. Both land in the residual; the
+estimate follows it down at once and up slowly, so it tracks the floor. Averaged evenly, a few
+such windows taught 10 ms where there was none: the plan then ruled out the batch limits that
+carry the load (on a fixed-cost service, 16 → 8 halves what a replica carries), and at the
+smaller batch the model's error taught it again. A floor that really rises is followed within
+ten windows, and an SLA broken meanwhile is the guard's business (`feedback`)."""
 LEARN_BELOW_LOAD = 0.9
 """Learn from observed P99 only below this fraction of saturation: near it, P99 is too steep
 (and too noisy) to tell the model's error from the load's."""
@@ -85,11 +95,11 @@ def learn(
         )
         if expected.load < LEARN_BELOW_LOAD:
             residual = min(policy.sla_p99_s, max(0.0, p99 - expected.p99_s))
-            overhead = (
-                residual
-                if overhead is None
-                else OVERHEAD_SMOOTHING * residual + (1 - OVERHEAD_SMOOTHING) * overhead
-            )
+            if overhead is None:
+                overhead = residual
+            else:
+                weight = OVERHEAD_FALL if residual < overhead else OVERHEAD_RISE
+                overhead = weight * residual + (1 - weight) * overhead
     cold_start, pending = state.cold_start_s, state.pending_since
     if pending is not None and ready >= current.replicas:
         # They became ready within the last interval: count half of it.
