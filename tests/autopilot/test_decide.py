@@ -8,7 +8,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchpilot.operator.autopilot.capacity import batch_candidates, burst_batch
+from batchpilot.operator.autopilot.capacity import (
+    Carried,
+    batch_candidates,
+    burst_batch,
+    replica_capacity,
+)
 from batchpilot.operator.autopilot.decide import decide, pending_since
 from batchpilot.operator.autopilot.learn import (
     DEFAULT_COLD_START_S,
@@ -17,8 +22,8 @@ from batchpilot.operator.autopilot.learn import (
     reaction_horizon,
 )
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation
-from batchpilot.operator.autopilot.policy import Decision, InForce, Policy
-from batchpilot.operator.autopilot.service_model import LatencyFit
+from batchpilot.operator.autopilot.policy import LOAD_HEADROOM, Decision, InForce, Policy
+from batchpilot.operator.autopilot.service_model import LatencyFit, predict
 from batchpilot.operator.autopilot.slo import Objective
 from batchpilot.operator.autopilot.state import State
 from batchpilot.operator.children.configmap import batching_document, batching_in
@@ -591,6 +596,69 @@ class TestObjective:
         obs = seen(at=TICK, qps=300, p99_ms=30, ready=2, batch=8)
         _, state = decide(obs, policy, InForce(2, 8, 0.005), State(fit=MODEL), now=TICK)
         assert state.slo.objective == Objective(0.95, 600)
+
+
+class TestHeadroomKeptTheCheaperWay:
+    """A batch's time mostly fixed (30 + 0.5·b ms): P99 is near twice a batch's time at any load
+    up to the knee, so keeping 20 % of the latency in reserve would halve the batch the SLA
+    allows (32 → 16) and what a replica carries; keeping 20 % of the load costs 20 %."""
+
+    FIXED = LatencyFit(alpha_s=0.030, beta_s=0.0005, confident=True)
+
+    def carried(self, model: LatencyFit, batch: int) -> Carried | None:
+        return replica_capacity(
+            model, batch=batch, delay_s=0.005, overhead_s=0.0, target_s=0.080, sla_s=0.100
+        )
+
+    def test_a_fixed_cost_service_keeps_its_headroom_in_load(self) -> None:
+        by_latency = self.carried(self.FIXED, 16)
+        by_load = self.carried(self.FIXED, 32)
+        assert by_latency is not None
+        assert not by_latency.load_headroom
+        assert by_load is not None
+        assert by_load.load_headroom
+        assert by_load.rate > 1.3 * by_latency.rate
+        # What the load headroom promises: 25 % more still inside 95 ms, as the model sees it.
+        loaded = predict(
+            self.FIXED,
+            rate=by_load.rate * LOAD_HEADROOM,
+            replicas=1,
+            max_batch=32,
+            delay_s=0.005,
+        )
+        assert loaded.p99_s <= 0.095 + 1e-3
+        policy = replace(POLICY, max_replicas=20, max_batch_size=64)
+        window = replace(
+            seen(at=0, qps=1000, p99_ms=80, ready=3, batch=16),
+            compute=(ComputePoint(16, self.FIXED.batch_seconds(16), 1000),),
+        )
+        decision, _ = decide(
+            window,
+            policy,
+            InForce(3, 16, 0.005),
+            State(fit=self.FIXED, overhead_s=0.0),
+            now=0,
+        )
+        assert decision.batch_size == 32
+        assert "with 25% to spare inside 95 ms" in decision.reason
+
+    def test_where_a_batch_grows_with_its_size_the_latency_headroom_stays(self) -> None:
+        # t(b) = 4 + 2·b ms: the latency headroom costs a few per cent of the load.
+        for batch in batch_candidates(32):
+            carried = self.carried(MODEL, batch)
+            assert carried is None or not carried.load_headroom
+        decision, _ = decide(
+            seen(at=0, qps=600, p99_ms=60, ready=2, batch=8),
+            POLICY,
+            InForce(2, 8, 0.005),
+            State(fit=MODEL, overhead_s=0.0),
+            now=0,
+        )
+        assert "inside 80 ms" in decision.reason
+
+    def test_a_limit_whose_full_batches_break_the_sla_is_never_planned(self) -> None:
+        # 2 · t(64) = 2 · 62 ms > 95 ms: only a backlog would fill such batches.
+        assert self.carried(self.FIXED, 64) is None
 
 
 class TestBurstAbsorber:

@@ -19,8 +19,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from batchpilot.operator.autopilot.policy import InForce, Policy, format_ms
+from batchpilot.operator.autopilot.policy import (
+    LOAD_HEADROOM,
+    InForce,
+    Policy,
+    format_ms,
+    p99_bounds,
+)
 from batchpilot.operator.autopilot.service_model import (
     LatencyFit,
     Prediction,
@@ -55,7 +62,9 @@ class CapacityPlan:
     predicted_p99_s: float
     feasible: bool
     capacity: float
-    """Requests per second one replica carries at this batch limit inside the target."""
+    """Requests per second one replica carries at this batch limit with headroom."""
+    load_headroom: bool = False
+    """Whether that headroom is kept in load rather than in latency (`replica_capacity`)."""
 
 
 def plan_capacity(
@@ -72,17 +81,26 @@ def plan_capacity(
     the most capacity — among limits nearly as good, `prefer` (the one in force), else the
     largest; the best effort at maxReplicas if none fits."""
     options: list[tuple[int, float, int]] = []  # (replicas needed, -capacity, batch limit)
+    by_load: set[int] = set()  # the limits whose capacity keeps its headroom in load
     for batch in batch_candidates(policy.max_batch_size):
-        if batch > 1 and overhead_s + 2 * model.batch_seconds(batch) > target_s:
-            continue  # a backlog of full batches alone would break the target
         # Latency, not utilization, bounds a batching replica: its device is busy nearly all the
         # time long before its P99 suffers (batches grow to fill the time), so a busy-fraction
         # ceiling would buy replicas that change nothing.
-        per_replica = sla_capacity(
-            model, max_batch=batch, delay_s=delay_s, overhead_s=overhead_s, target_s=target_s
+        per_replica = replica_capacity(
+            model,
+            batch=batch,
+            delay_s=delay_s,
+            overhead_s=overhead_s,
+            target_s=target_s,
+            sla_s=policy.sla_p99_s,
         )
-        needed = math.ceil(rate / per_replica - 1e-9) if per_replica > 0 else 1 << 30
-        options.append((max(policy.min_replicas, needed), -per_replica, batch))
+        if per_replica is None:
+            continue  # a backlog of full batches alone would break the SLA's bound
+        if per_replica.load_headroom:
+            by_load.add(batch)
+        carried = per_replica.rate
+        needed = math.ceil(rate / carried - 1e-9) if carried > 0 else 1 << 30
+        options.append((max(policy.min_replicas, needed), -carried, batch))
     needed, negative_capacity, batch = min(options)
     # Limits within a few per cent of the best are as good: keep the one in force (no churn),
     # else take the largest (most throughput when a burst fills the batches).
@@ -110,7 +128,47 @@ def plan_capacity(
         predicted_p99_s=prediction.p99_s,
         feasible=feasible,
         capacity=-negative_capacity,
+        load_headroom=batch in by_load,
     )
+
+
+class Carried(NamedTuple):
+    rate: float
+    """Requests per second a replica is planned to carry."""
+    load_headroom: bool
+    """Whether its headroom is kept in load (else in latency)."""
+
+
+def replica_capacity(
+    model: LatencyFit,
+    *,
+    batch: int,
+    delay_s: float,
+    overhead_s: float,
+    target_s: float,
+    sla_s: float,
+) -> Carried | None:
+    """The rate one replica at batch limit `batch` is planned to carry, with headroom kept the
+    cheaper of two ways (`policy.LOAD_HEADROOM`): predicted P99 under `target_s` at that rate
+    (the latency headroom), or just inside the SLA (`policy.p99_bounds`) at `LOAD_HEADROOM`
+    times it (the load headroom). None when the limit's full batches alone (one in flight, then
+    one's own) would break both bounds: such a limit buys throughput only in a backlog, where
+    its latency is already too long."""
+    near = p99_bounds(sla_s, overhead_s)[1]
+    full = overhead_s + 2 * model.batch_seconds(batch)
+    best: Carried | None = None
+    if batch == 1 or full <= target_s:
+        rate = sla_capacity(
+            model, max_batch=batch, delay_s=delay_s, overhead_s=overhead_s, target_s=target_s
+        )
+        best = Carried(rate, load_headroom=False)
+    if batch == 1 or full <= near:
+        rate = sla_capacity(
+            model, max_batch=batch, delay_s=delay_s, overhead_s=overhead_s, target_s=near
+        )
+        if best is None or rate / LOAD_HEADROOM > best.rate:
+            best = Carried(rate / LOAD_HEADROOM, load_headroom=True)
+    return best
 
 
 def burst_batch(model: LatencyFit, policy: Policy, *, delay_s: float, overhead_s: float) -> int:
@@ -143,9 +201,23 @@ def absorbed_rise(
     sla_s: float,
 ) -> float:
     """How many times its planned load a replica carries before its P99 reaches the SLA itself:
-    the rise the latency headroom absorbs without a new replica."""
-    planned = sla_capacity(
-        model, max_batch=batch, delay_s=delay_s, overhead_s=overhead_s, target_s=target_s
+    the rise the headroom absorbs without a new replica."""
+    # The limit in force may be one the plan would not choose (the burst's): judged all the same.
+    planned = max(
+        sla_capacity(
+            model, max_batch=batch, delay_s=delay_s, overhead_s=overhead_s, target_s=target_s
+        ),
+        (
+            replica_capacity(
+                model,
+                batch=batch,
+                delay_s=delay_s,
+                overhead_s=overhead_s,
+                target_s=target_s,
+                sla_s=sla_s,
+            )
+            or Carried(0.0, load_headroom=False)
+        ).rate,
     )
     limit = sla_capacity(
         model, max_batch=batch, delay_s=delay_s, overhead_s=overhead_s, target_s=sla_s

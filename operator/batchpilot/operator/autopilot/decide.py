@@ -44,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from batchpilot.operator.autopilot.capacity import (
+    CapacityPlan,
     absorbed_rise,
     batch_first,
     burst_batch,
@@ -60,11 +61,12 @@ from batchpilot.operator.autopilot.learn import learn, present_load, reaction_ho
 from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.autopilot.pacing import pace
 from batchpilot.operator.autopilot.policy import (
-    SLA_HEADROOM,
+    LOAD_HEADROOM,
     Decision,
     InForce,
     Policy,
     format_ms,
+    p99_bounds,
     stored_delay_s,
 )
 from batchpilot.operator.autopilot.season import seasonal_forecast
@@ -133,7 +135,7 @@ def decide(
     model, overhead, settled = learned.state.fit, learned.state.overhead_s, learned.settled
     outside = min(overhead or 0.0, sla)
     # Headroom applies to the part of P99 the knobs move: the latency outside the batcher stays.
-    target = outside + SLA_HEADROOM * (sla - outside)
+    target = p99_bounds(sla, outside)[0]
     rate, trend = present_load(observation, state, now, settled=settled)
     # Measurements only: an extrapolated rate in the history would raise the peak it caps by.
     history = state.history.add(now, max(offered, observation.recent_qps or 0.0))
@@ -162,6 +164,13 @@ def decide(
     headroom = with_season(headroom, observation, present=rate, absorbed=absorbs)
     learned_state = replace(learned.state, slo=slo, history=history, rate=(now, offered))
 
+    def kept_in(plan: CapacityPlan) -> str:
+        """Where the plan keeps its headroom, in the words of the reason."""
+        if not plan.load_headroom:
+            return f"inside {format_ms(target)}"
+        near = p99_bounds(sla, outside)[1]
+        return f"with {LOAD_HEADROOM - 1:.0%} to spare inside {format_ms(near)}"
+
     # 4. Plan from the model; or, without one yet, from feedback alone.
     notes: list[str] = []
     predicted: float | None = None
@@ -189,7 +198,7 @@ def decide(
             f"model t(b) = {model.alpha_s * 1e3:.2f} + {model.beta_s * 1e3:.2f}·b ms"
             f"{'' if model.confident else ' (rough)'} + {format_ms(outside)} outside the batcher: "
             f"a replica carries "
-            f"{chosen.capacity:.0f} rps at batch ≤ {chosen.batch_size} inside {format_ms(target)}, "
+            f"{chosen.capacity:.0f} rps at batch ≤ {chosen.batch_size} {kept_in(chosen)}, "
             f"so {chosen.replicas} for {headroom.rate:.0f} rps (P99 {format_ms(predicted)})"
         )
         if not chosen.feasible:

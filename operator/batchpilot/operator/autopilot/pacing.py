@@ -5,7 +5,7 @@ Scale-up happens at once. Scale-down waits until the stabilization window (the p
 scale-down delay) has recommended fewer replicas all along — the highest recommendation in the
 window wins, as in Kubernetes' HPA — never while over the SLA or while replicas are still
 starting, and only with a wider margin than scale-up needs (hysteresis: the replicas that stay
-must carry the load at `SCALE_DOWN_LOAD` of their capacity inside the planning target), so the
+must carry the load at `SCALE_DOWN_LOAD` of their capacity with the plan's headroom), so the
 count does not flap. Bounds (minReplicas, maxReplicas) apply to every recommendation.
 
 Apart from `decide` because it is a step with a memory of its own: the window of
@@ -16,7 +16,7 @@ Pure: state in, state out, `now` an argument.
 
 from __future__ import annotations
 
-from batchpilot.operator.autopilot.policy import SLA_HEADROOM, InForce, Policy
+from batchpilot.operator.autopilot.policy import LOAD_HEADROOM, InForce, Policy, p99_bounds
 from batchpilot.operator.autopilot.service_model import LatencyFit, predict
 from batchpilot.operator.autopilot.state import State
 
@@ -69,15 +69,19 @@ def pace(
         )
     if model is not None:
         # Hysteresis: the replicas that stay must carry the load with room to spare.
-        remaining = predict(
-            model,
-            rate=rate / SCALE_DOWN_LOAD,
-            replicas=stable,
-            max_batch=batch,
-            delay_s=delay_s,
-            overhead_s=overhead_s,
-        )
-        outside = min(overhead_s, policy.sla_p99_s)
-        if remaining.p99_s > outside + SLA_HEADROOM * (policy.sla_p99_s - outside):
+        # Either headroom will do, as in the plan (`capacity.replica_capacity`).
+        target, near = p99_bounds(policy.sla_p99_s, overhead_s)
+
+        def p99(load: float) -> float:
+            return predict(
+                model,
+                rate=load / SCALE_DOWN_LOAD,
+                replicas=stable,
+                max_batch=batch,
+                delay_s=delay_s,
+                overhead_s=overhead_s,
+            ).p99_s
+
+        if p99(rate) > target and p99(rate * LOAD_HEADROOM) > near:
             return current.replicas, window, "fewer replicas would leave too little headroom"
     return stable, ((now, stable),), None

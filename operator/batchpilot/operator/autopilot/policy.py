@@ -17,6 +17,27 @@ from batchpilot.operator.autopilot.slo import Objective
 SLA_HEADROOM = 0.8
 """Plan for predicted P99 at most this fraction of the SLA — of the part the batcher spends: the
 latency outside it (the learned overhead) is the same whatever the replicas and batch limit."""
+LOAD_HEADROOM = 1.25
+"""Or plan for a load this many times the planned one with P99 just inside the SLA (`NEAR_SLA`),
+whichever lets a replica carry more (`capacity.replica_capacity`). Both keep room for the load
+to rise and the model to err before the next decision, and on a service whose batches take
+mostly a fixed time the latency headroom costs far more: its P99 is near twice a batch's time
+at any load up to the knee, so 20 % of the latency is half the batch the SLA allows, and half
+the load a replica carries; 20 % of the load costs 20 %. Where a batch's time grows with its
+size (the textbook's ResNet-50), the latency headroom is the cheaper one and is kept."""
+NEAR_SLA = 0.95
+"""The load headroom's P99 bound, as a fraction of the SLA's part the batcher spends: room for
+the quantile's own noise (a histogram's buckets, one window's sample)."""
+
+
+def p99_bounds(sla_s: float, overhead_s: float) -> tuple[float, float]:
+    """(the latency headroom's P99 target, the load headroom's P99 bound) for an SLA, with
+    `overhead_s` spent outside the batcher: the headroom applies to the part the knobs move."""
+    outside = min(max(0.0, overhead_s), sla_s)
+    return (
+        outside + SLA_HEADROOM * (sla_s - outside),
+        outside + NEAR_SLA * (sla_s - outside),
+    )
 
 
 @dataclass(frozen=True, slots=True)
