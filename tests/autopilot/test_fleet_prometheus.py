@@ -109,11 +109,12 @@ def test_the_recorded_round_answers_every_service_as_the_raw_queries_do(tmp_path
         tmp_path / "prometheus", retention="1d", rule_groups=[group]
     ) as prometheus:
         query = http_query(prometheus.url)
+        assert wait_for(lambda: prometheus.query(recorded.series("p99", 60)))
+        # The rules' last complete evaluation: the marker is written last, so every recorded
+        # series has a sample at its time (a signal read on its own may already be one
+        # evaluation ahead of the rules after it). The raw queries asked then answer the same.
         marker = wait_for(lambda: prometheus.query(recorded.marker_query(60, "busy")))
-        # The rules' last evaluation: the raw queries asked at that time answer the same.
-        p99 = wait_for(lambda: prometheus.query(recorded.series("p99", 60)))
-        evaluated = float(p99[0]["value"][0])
-        assert marker
+        evaluated = float(marker[0]["value"][0])
         observer = FleetObserver(query, recent_s=30, clock=time.time)
         raw = FleetObserver(query, recent_s=30, rules="off", clock=time.time)
         ours, theirs = observer.round(at=evaluated), raw.round(at=evaluated)
