@@ -1,0 +1,119 @@
+"""The autopilot on service physics the shipped traces do not use, beside the bounds.
+
+    .venv/bin/python bench/physics_matrix.py --seed 5353 [--physics textbook,fixed,mid,big]
+        [--kinds ramp,step] [--procs 2] [--json out.json]
+
+`slo_matrix.py` runs every baseline on one physics at a time; this runs the autopilot, the
+reactive bound (knows the present rate and the true capacity, pays the cold start) and the
+oracle (knows the coming peak) over several at once, in parallel processes, so a change to the
+autopilot is seen on all of them side by side: the textbook's ResNet-50, where a batch's time
+grows with its size; a fixed cost far above the per-row one (a large model on an accelerator);
+a per-row cost far above it; one in between with latency outside the device; a large model with
+a 300 ms SLA and a two-minute cold start. Per trace: the share of 15 s intervals inside the SLA
+and GPU-seconds over the oracle's. Traces are generated from `--seed` (pick one the shipped
+files do not use); the objective is declared per kind as in `slo_matrix.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from multiprocessing import Pool
+from pathlib import Path
+
+from batchpilot.simulation import Scenario, Trace, simulate
+from batchpilot.simulation.cluster import ClusterConfig
+from batchpilot.simulation.generate import generate
+from batchpilot.simulation.service import ServiceTruth
+from slo_matrix import OBJECTIVE
+
+
+@dataclass(frozen=True)
+class Physics:
+    service: str
+    """`ServiceTruth.parse`'s spelling."""
+    cold_start_s: float
+    max_replicas: int
+    sla_s: float
+
+
+PHYSICS = {
+    "textbook": Physics("textbook", 30, 8, 0.1),
+    "textbook-cold": Physics("textbook", 120, 8, 0.1),
+    "fixed": Physics("alpha_ms=30,beta_ms=0.5", 30, 200, 0.1),
+    "per-row": Physics("alpha_ms=5,beta_ms=8", 30, 200, 0.1),
+    "mid": Physics("alpha_ms=10,beta_ms=1,overhead_ms=5", 30, 200, 0.1),
+    "big": Physics("alpha_ms=60,beta_ms=2", 120, 200, 0.3),
+}
+POLICIES = ("autopilot", "reactive", "oracle")
+
+
+def run(job: tuple[str, str, int, str]) -> tuple[str, str, str, float, float]:
+    """(physics, kind, policy, attainment, GPU-seconds) of one simulation."""
+    name, kind, seed, policy = job
+    physics = PHYSICS[name]
+    trace = Trace.from_points(generate(kind, seed), name=f"{kind}-{seed}", duration_s=None)
+    scenario = Scenario(
+        trace=trace,
+        service=ServiceTruth.parse(physics.service),
+        sla_s=physics.sla_s,
+        objective=OBJECTIVE[kind],
+        max_replicas=physics.max_replicas,
+        cluster=ClusterConfig(cold_start_s=physics.cold_start_s),
+    )
+    summary = simulate(scenario, policy).summary
+    return name, kind, policy, summary.interval_attainment, summary.gpu_seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=5353)
+    parser.add_argument("--physics", default=",".join(PHYSICS), help=", ".join(PHYSICS))
+    parser.add_argument("--kinds", default=",".join(OBJECTIVE))
+    parser.add_argument("--procs", type=int, default=2)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    names, kinds = args.physics.split(","), args.kinds.split(",")
+    unknown = [n for n in names if n not in PHYSICS] + [k for k in kinds if k not in OBJECTIVE]
+    if unknown:
+        parser.error(f"unknown: {', '.join(unknown)}")
+    began = time.perf_counter()
+    jobs = [(n, k, args.seed, p) for n in names for k in kinds for p in POLICIES]
+    with Pool(args.procs) as pool:
+        results = pool.map(run, jobs)
+    table = {(n, k, p): (a, g) for n, k, p, a, g in results}
+    print(
+        f"{'physics':<14} {'trace':<15} {'objective':>9}  "
+        + "  ".join(f"{p + ': intervals, vs oracle':>30}" for p in POLICIES[:2])
+        + f"  {'oracle':>8}"
+    )
+    rows = []
+    for name in names:
+        for kind in kinds:
+            oracle = table[name, kind, "oracle"]
+            cells = []
+            row = {"physics": name, "trace": f"{kind}-{args.seed}", "objective": OBJECTIVE[kind]}
+            for policy in POLICIES:
+                attainment, gpu_seconds = table[name, kind, policy]
+                row[policy] = {
+                    "attainment": attainment,
+                    "gpuSeconds": gpu_seconds,
+                    "vsOracle": gpu_seconds / oracle[1],
+                }
+                cells.append(f"{attainment:>20.2%} {gpu_seconds / oracle[1]:>8.2f}x")
+            rows.append(row)
+            print(
+                f"{name:<14} {kind + '-' + str(args.seed):<15} {OBJECTIVE[kind]:>9.0%}  "
+                f"{cells[0]}  {cells[1]}  {oracle[0]:>8.2%}"
+            )
+    print(f"({len(jobs)} simulations in {time.perf_counter() - began:.0f} s)")
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
