@@ -162,7 +162,10 @@ def replica_capacity(
             model, max_batch=batch, delay_s=delay_s, overhead_s=overhead_s, target_s=target_s
         )
         best = Carried(rate, load_headroom=False)
-    if batch == 1 or full <= near:
+    # No replica carries more than full batches back to back: where even that, less the load
+    # headroom, is no more than the latency headroom's rate, the search would not change it.
+    beyond = best is None or model.capacity(batch) / LOAD_HEADROOM > best.rate
+    if (batch == 1 or full <= near) and beyond:
         rate = sla_capacity(
             model, max_batch=batch, delay_s=delay_s, overhead_s=overhead_s, target_s=near
         )
