@@ -1,10 +1,11 @@
 """The capacity plan: how many replicas, at which batch limit, carry a rate inside a target.
 
 Given the fit t(b) ≈ α + β·b, every batch limit has a capacity — the rate one replica carries
-with predicted P99 under the target — and the plan is the fewest replicas that carry the load,
-with, among the limits that need that many, the one with the most capacity. Limits whose full
-batches alone (one in flight, then one's own) would break the target are never chosen: they buy
-throughput only in a backlog, where their latency is already too long.
+with headroom: predicted P99 under the target, or just inside the SLA at 1.25× the rate,
+whichever lets it carry more (`replica_capacity`) — and the plan is the fewest replicas that
+carry the load, with, among the limits that need that many, the one with the most capacity.
+Limits whose full batches alone (one in flight, then one's own) would break those bounds are
+never chosen: they buy throughput only in a backlog, where their latency is already too long.
 
 The same search answers the other questions `decide` asks of the model: the batch limit to
 absorb a burst while replicas start (`burst_batch`), how much of a rise the latency headroom
@@ -206,21 +207,14 @@ def absorbed_rise(
     """How many times its planned load a replica carries before its P99 reaches the SLA itself:
     the rise the headroom absorbs without a new replica."""
     # The limit in force may be one the plan would not choose (the burst's): judged all the same.
+    carried = replica_capacity(
+        model, batch=batch, delay_s=delay_s, overhead_s=overhead_s, target_s=target_s, sla_s=sla_s
+    )
     planned = max(
         sla_capacity(
             model, max_batch=batch, delay_s=delay_s, overhead_s=overhead_s, target_s=target_s
         ),
-        (
-            replica_capacity(
-                model,
-                batch=batch,
-                delay_s=delay_s,
-                overhead_s=overhead_s,
-                target_s=target_s,
-                sla_s=sla_s,
-            )
-            or Carried(0.0, load_headroom=False)
-        ).rate,
+        carried.rate if carried is not None else 0.0,
     )
     limit = sla_capacity(
         model, max_batch=batch, delay_s=delay_s, overhead_s=overhead_s, target_s=sla_s
