@@ -657,9 +657,9 @@ class TestHeadroomKeptTheCheaperWay:
         )
         assert "inside 80 ms" in decision.reason
 
-    def test_scale_down_keeps_the_headroom_the_plan_kept(self) -> None:
-        # 900 rps on 3 replicas at batch 32; 2 would each carry 900 / 0.95 / 2 = 474 rps: over
-        # what batch 32 carries inside 80 ms (337), inside 95 ms with 25 % to spare (520).
+    def scale_down_to_2_of_3(self, rate: float) -> tuple[int, str | None]:
+        """Pace a recommendation of 2 replicas, held all through the window, with 3 at batch 32
+        in force, at `rate`."""
         policy = replace(POLICY, max_batch_size=64, max_replicas=20)
         replicas, _, note = pace(
             want=2,
@@ -670,29 +670,22 @@ class TestHeadroomKeptTheCheaperWay:
             state=State(fit=self.FIXED, recommendations=((0.0, 2),)),
             now=policy.scale_down_delay_s + TICK,
             model=self.FIXED,
-            rate=900,
+            rate=rate,
             batch=32,
             delay_s=0.005,
             overhead_s=0.0,
         )
-        assert (replicas, note) == (2, None)
+        return replicas, note
+
+    def test_scale_down_keeps_the_headroom_the_plan_kept(self) -> None:
+        # 900 rps on 2 replicas: each would carry 900 / 0.95 / 2 = 474 rps — over what batch 32
+        # carries inside 80 ms (337), inside 95 ms with 25 % to spare (520).
+        assert self.scale_down_to_2_of_3(900) == (2, None)
         # At 1,100 rps even the load headroom is gone: 3 stay.
-        replicas, _, note = pace(
-            want=2,
-            current=InForce(3, 32, 0.005),
-            ready=3,
-            sla_met=True,
-            policy=policy,
-            state=State(fit=self.FIXED, recommendations=((0.0, 2),)),
-            now=policy.scale_down_delay_s + TICK,
-            model=self.FIXED,
-            rate=1100,
-            batch=32,
-            delay_s=0.005,
-            overhead_s=0.0,
+        assert self.scale_down_to_2_of_3(1100) == (
+            3,
+            "fewer replicas would leave too little headroom",
         )
-        assert replicas == 3
-        assert note == "fewer replicas would leave too little headroom"
 
     def test_a_limit_whose_full_batches_break_the_sla_is_never_planned(self) -> None:
         # 2 · t(64) = 2 · 62 ms > 95 ms: only a backlog would fill such batches.
