@@ -135,7 +135,7 @@ def decide(
     model, overhead, settled = learned.state.fit, learned.state.overhead_s, learned.settled
     outside = min(overhead or 0.0, sla)
     # Headroom applies to the part of P99 the knobs move: the latency outside the batcher stays.
-    target = p99_bounds(sla, outside)[0]
+    target, near = p99_bounds(sla, outside)
     rate, trend = present_load(observation, state, now, settled=settled)
     # Measurements only: an extrapolated rate in the history would raise the peak it caps by.
     history = state.history.add(now, max(offered, observation.recent_qps or 0.0))
@@ -168,7 +168,6 @@ def decide(
         """Where the plan keeps its headroom, in the words of the reason."""
         if not plan.load_headroom:
             return f"inside {format_ms(target)}"
-        near = p99_bounds(sla, outside)[1]
         return f"with {LOAD_HEADROOM - 1:.0%} to spare inside {format_ms(near)}"
 
     # 4. Plan from the model; or, without one yet, from feedback alone.

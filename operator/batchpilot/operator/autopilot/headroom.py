@@ -154,10 +154,10 @@ def plan_rate(
     """The load to plan for: the lowest recurring level whose uncovered episodes the budget
     can afford (`affordable`: a share of time), and at least the present plus the growth margin.
 
-    `absorbed()` is the rise the plan already survives: capacity is planned for a P99 below the
-    SLA (`SLA_HEADROOM`), so a replica carries this many times its planned load before the SLA
-    itself breaks. Only the part of a reach beyond it needs replicas (asked only when rises
-    recur: it costs a capacity search)."""
+    `absorbed()` is the rise the plan already survives: capacity is planned with headroom (in
+    latency or in load: `capacity.replica_capacity`), so a replica carries this many times its
+    planned load before the SLA itself breaks. Only the part of a reach beyond it needs replicas
+    (asked only when rises recur: it costs a capacity search)."""
     least = present * GROWTH_MARGIN
     rises = history.rises(horizon_s)
     # Episodes that rose from about where the load is now: on the way down from a peak, the
