@@ -458,6 +458,12 @@ class TestConcurrentClientsGetTheirOwnRows:
 
 # --- Metrics follow the traffic ---------------------------------------------------------------
 
+BUCKETED = (
+    "batchpilot_batches_total",
+    "batchpilot_batch_rows_total",
+    "batchpilot_batch_compute_seconds_total",
+)
+
 
 class TestMetricsFollowTheTraffic:
     def test_counts_match_what_was_sent(self, mlp_model: Path, tmp_path: Path) -> None:
@@ -471,6 +477,13 @@ class TestMetricsFollowTheTraffic:
             log_dir=tmp_path,
             env={"BATCHPILOT_ISVC_NAME": "classifier", "BATCHPILOT_ISVC_NAMESPACE": "vision"},
         ) as server:
+            # Before the first batch, every bucket a batch of at most 8 rows falls in is there at
+            # zero: Prometheus sees each count from the first, and its rate() misses none.
+            before = Scrape(server)
+            for name in BUCKETED:
+                assert {
+                    s.labels["batch_bucket"]: s.value for s in before.samples if s.name == name
+                } == {"1": 0, "2": 0, "4": 0, "8": 0}
             sizes = [1, 2, 3, 4, 5]  # one request at a time: one batch each
             for rows in sizes:
                 reply = send(

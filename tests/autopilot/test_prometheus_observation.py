@@ -12,6 +12,7 @@ takes less than one simulated batch (20 + 2 ms).
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from pathlib import Path
 
@@ -53,13 +54,13 @@ def test_rate_and_latency_read_back_agree_with_the_load_generator(
         ) as runtime,
         prometheus_process(tmp_path) as prometheus,
     ):
+        targets_set = time.time()
         prometheus.set_targets([(f"127.0.0.1:{runtime.port}", {})])
         wait_until(
             lambda: prometheus.query("up") and prometheus.query("batchpilot_engine_info"),
             timeout=20,
             what="the first scrape",
         )
-        first_scraped = time.time()
         config = LoadConfig(
             target=Target(url=runtime.url, model="image"),
             duration_s=LOAD_S,
@@ -80,10 +81,15 @@ def test_rate_and_latency_read_back_agree_with_the_load_generator(
             http_query(prometheus.url), window_s=int(LOAD_S) - 2, recent_s=3, clock=time.time
         )
         observation = observer.observe(SCOPE, ready_replicas=1, at=ended - 0.5)
-        # A window over the whole run, starting after the first (all-zero) scrape: every request
-        # counted, as the runtime's own histogram counts them.
+        # A window over the whole run, reaching back to before the target was set: the first
+        # sample of every bucket in it is the first scrape's zero, so increase() extrapolates
+        # nothing at the start and counts every request, as the runtime's own histogram does.
+        # (A window that starts after the first scrape begins at a sample that already counts
+        # some requests, and increase() extrapolates each bucket back to zero differently.)
         whole = PrometheusObserver(
-            http_query(prometheus.url), window_s=int(time.time() - first_scraped), clock=time.time
+            http_query(prometheus.url),
+            window_s=math.ceil(time.time() - targets_set) + 1,
+            clock=time.time,
         ).observe(SCOPE, ready_replicas=1)
         scrape = Scrape(runtime)
         buckets = scrape.buckets("batchpilot_request_duration_seconds")

@@ -371,6 +371,12 @@ class RuntimeMetrics:
         objective: float | None = None,
     ) -> None:
         self.max_batch_size.set(max_batch_size)
+        # Every bucket a batch may now fall in exported at zero before its first batch: a
+        # series that appears with its first count already in it starts increase() and rate()
+        # from that count, so its first batches are missed, and the rows and the batches of one
+        # bucket are extrapolated back to zero differently (a wrong mean batch).
+        for size in range(int(batch_bucket(max_batch_size)).bit_length()):
+            self._bucket(str(1 << size))
         self.max_queue_delay.set(max_queue_delay_s)
         self.deadline.set(deadline_s or 0.0)
         for gauge, value in ((self._sla, sla_s), (self._objective, objective)):
@@ -390,8 +396,7 @@ class RuntimeMetrics:
     def batch_failed(self, *, rows: int, requests: int, compute_s: float) -> None:
         self._count_batch(rows, compute_s)
 
-    def _count_batch(self, rows: int, compute_s: float) -> None:
-        bucket = batch_bucket(rows)
+    def _bucket(self, bucket: str) -> tuple[Counter, Counter, Counter]:
         counters = self._bucket_counters.get(bucket)
         if counters is None:
             counters = self._bucket_counters[bucket] = (
@@ -399,7 +404,10 @@ class RuntimeMetrics:
                 self._rows_by_bucket.labels(**self._labels, batch_bucket=bucket),
                 self._batches_by_bucket.labels(**self._labels, batch_bucket=bucket),
             )
-        compute, rows_total, batches = counters
+        return counters
+
+    def _count_batch(self, rows: int, compute_s: float) -> None:
+        compute, rows_total, batches = self._bucket(batch_bucket(rows))
         self.batch_size.observe(rows)
         self.compute.observe(compute_s)
         compute.inc(compute_s)
