@@ -19,7 +19,9 @@ from batchpilot.operator.autopilot.learn import (
     DEFAULT_COLD_START_S,
     DEFAULT_INTERVAL_S,
     MAX_COLD_START_S,
+    MIN_BUSY,
     reaction_horizon,
+    saturated_load,
 )
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation
 from batchpilot.operator.autopilot.pacing import pace
@@ -290,10 +292,11 @@ class TestARoughModelTriesTheBatchFirst:
         # most (2·t(4) = 110 ms ≤ 120 ms; 2·t(6) = 154 ms is not), where a replica runs full
         # batches at 4 / 55 ms = 72.7 rps < 73.5: two replicas by that guess. But if all 22 ms
         # were α, every batch would take 22 ms and batch 16 would carry 16 / 22 ms = 727 rps:
-        # one replica may well do, so the batch goes 1→4 and the replicas stay at 1.
-        # t=2: 8 s of batch 1 and 2 s of full batches of 4 (28 ms): α = 20 ms, β = 2 ms, exactly;
+        # one replica may well do, so the replicas stay at 1; and since the window is over the
+        # SLA whatever is tried, the batch goes to what that reading would run, 1→16.
+        # t=2: 8 s of batch 1 and 2 s of batches of 4 (28 ms): α = 20 ms, β = 2 ms, exactly;
         # 2·t(16) = 104 ms fits, and a replica carries 16 / 52 ms = 308 rps at full batches
-        # (276 inside the target): batch 4→16 on one replica, the operating point.
+        # (276 inside the target): batch 16 on one replica, the operating point.
         # Then the backlog drains and P99 falls; nothing else moves.
         decisions = self.run(
             [
@@ -304,7 +307,7 @@ class TestARoughModelTriesTheBatchFirst:
                 (70.0, 0.0, 70.0, [(1.0, 90), (4.0, 70), (6.0, 180)]),
             ]
         )
-        assert [d.batch_size for d in decisions] == [4, 16, 16, 16, 16]
+        assert [d.batch_size for d in decisions] == [16, 16, 16, 16, 16]
         assert [d.replicas for d in decisions] == [1] * 5
         assert decisions[0].action == "retune"
         assert "(rough)" in decisions[0].reason
@@ -312,8 +315,29 @@ class TestARoughModelTriesTheBatchFirst:
         assert "raising the batch limit first and holding 1 replica one interval" in (
             decisions[0].reason
         )
+        assert "that reading puts P99 at" in decisions[0].reason
         assert "t(b) = 20.00 + 2.00·b ms" in decisions[1].reason
-        assert "batch 4→16" in decisions[1].reason
+
+    def test_inside_the_sla_the_guess_picks_the_batch_it_tries(self) -> None:
+        # 44 rps at batch 1, P99 110 ms inside the SLA (150 ms); the plan (1.05 × 44 = 46 rps
+        # and the headroom) adds a replica by the guess. The SLA holds: the limit tried is the
+        # one the guess itself allows, not the optimistic reading's, which could break it.
+        decisions = self.run([(44.0, 0.0, 110.0, [(1.0, 440)])])
+        assert decisions[0].replicas == 1
+        assert decisions[0].batch_size == 4
+        assert "the guess puts P99 at" in decisions[0].reason
+
+    def test_the_wait_lasts_until_the_new_limit_is_measured(self) -> None:
+        # A batch size shows in rate() from the second scrape after its limit: the window right
+        # after the raise still holds batch 1 only, and the guess would add a replica. It
+        # waits; two intervals after the raise the guess is followed.
+        decisions = self.run([(45.0, 25.0, 2000.0, [(1.0, 450)])] * 4)
+        assert [d.replicas for d in decisions] == [1, 1, 2, 2]
+        assert "the batch limit raised 2 s ago is not measured yet" in decisions[1].reason
+        assert "holding 1 replica one more interval" in decisions[1].reason
+        assert "still a guess 4 s after the batch limit was raised: following it" in (
+            decisions[2].reason
+        )
 
     def test_a_guess_that_sees_no_gain_in_batching_still_tries_the_batch_first(self) -> None:
         # A fixed cost much larger than the per-row one, t(b) = 30 + 0.5·b ms (a large model on
@@ -536,6 +560,63 @@ class TestFastSignal:
         )
         decision, _ = decide(obs, POLICY, InForce(2, 8, 0.005), State(fit=MODEL), now=TICK)
         assert decision.replicas == 2
+
+
+class TestTrafficThatBeganInsideTheWindow:
+    """Its rates average it with the silence before it; the devices' busy share does not."""
+
+    CURRENT = InForce(1, 8, 0.005)  # a replica carries 8 / 20 ms = 400 rps at batch ≤ 8
+
+    def window(
+        self, *, served: float, arrived: float, busy: float, recent: float | None, ready: int = 1
+    ) -> Observation:
+        return replace(
+            seen(at=TICK, qps=served, p99_ms=99, ready=ready, batch=8, utilization=busy),
+            arrival_qps=arrived,
+            recent_qps=recent,
+            recent_window_s=None if recent is None else 15,
+        )
+
+    def test_the_busy_share_of_a_saturated_window_gives_the_load_since(self) -> None:
+        # 1,000 rps for the last 15 s of the 60 s window: the replica served its 400 rps while
+        # busy, a quarter of the window; 60 % refused. The window reads 250 rps arrived, 100
+        # served; the last two scrapes straddle the start and read 600.
+        obs = self.window(served=100, arrived=250, busy=0.25, recent=600)
+        assert saturated_load(obs, settled=True) == pytest.approx(1000)
+        decision, _ = decide(obs, POLICY, self.CURRENT, State(fit=MODEL), now=TICK)
+        assert (
+            "rising: 60% refused with the devices busy 25% of the window, about 1000 rps since"
+            in decision.reason
+        )
+        assert decision.replicas == 3  # 395 rps each at batch ≤ 12, for 1,000 rps + 5 %
+        # The rate between the scrapes alone plans fewer.
+        straddled = replace(obs, arrival_qps=110)  # 9 % refused: under the busy share's bar
+        decision, _ = decide(straddled, POLICY, self.CURRENT, State(fit=MODEL), now=TICK)
+        assert "rising: 600 rps over the last 15 s" in decision.reason
+        assert decision.replicas == 2
+
+    def test_a_window_without_a_rise_is_its_own_rate(self) -> None:
+        # Refusals the model cannot explain, the devices half busy all along: the guard's
+        # business (`feedback`), not traffic that began inside the window.
+        obs = self.window(served=175, arrived=250, busy=0.5, recent=None, ready=2)
+        decision, _ = decide(obs, POLICY, InForce(2, 8, 0.005), State(fit=MODEL), now=TICK)
+        assert "rising" not in decision.reason
+
+    def test_a_few_refusals_are_not_saturation(self) -> None:
+        obs = self.window(served=240, arrived=250, busy=0.25, recent=600)  # 4 % refused
+        assert saturated_load(obs, settled=True) is None
+
+    def test_a_window_of_other_replicas_says_nothing_of_the_present(self) -> None:
+        # A second replica became ready since the last decision: it was idle before, which is
+        # no silence of the traffic.
+        obs = self.window(served=100, arrived=250, busy=0.25, recent=600, ready=2)
+        decision, _ = decide(obs, POLICY, InForce(2, 8, 0.005), State(fit=MODEL, ready=1), TICK)
+        assert "rising: 600 rps over the last 15 s" in decision.reason
+        assert saturated_load(obs, settled=False) is None
+
+    def test_the_busy_share_is_bounded_below(self) -> None:
+        obs = self.window(served=1, arrived=10, busy=0.001, recent=600)
+        assert saturated_load(obs, settled=True) == pytest.approx(10 / MIN_BUSY)
 
 
 class TestLearnedColdStart:

@@ -98,6 +98,17 @@ class TestTarget:
         # Samples 35, 50 s hold 10, 40: as in the by-hand case above, 30 · 30/15 = 60.
         assert target.increase(60.0, 60.0, slice(0, 1))[0] == pytest.approx(60)
 
+    def test_an_exported_series_is_seen_at_zero_from_the_next_scrape(self) -> None:
+        # The runtime exports a batch bucket's series at zero when a batch limit that reaches
+        # it comes into force, before its first batch.
+        lazy = np.array([True])
+        target = Target(phase_s=5.0, interval_s=15.0, since=0.0, until=300.0, columns=1, lazy=lazy)
+        target.export(np.array([0]), 12.0)  # seen from the scrape at 20 s
+        self.add(target, uniform(2.0, 30.25, 62.0))
+        # Samples 20, 35, 50 s hold 0, 10, 40: nothing extrapolated back past the zero, 10 s
+        # forward to the range's end at the average rate: 40 · 40/30.
+        assert target.increase(60.0, 60.0, slice(0, 1))[0] == pytest.approx(40 * 40 / 30)
+
 
 def scraped(intervals: int) -> Telemetry:
     """Decisions every second, scrapes every 15 s, a 60 s window."""
@@ -114,7 +125,7 @@ def between_scrapes(target: Target, after: float) -> float:
 class TestScrapeLag:
     def test_a_step_in_traffic_shows_only_after_the_next_scrape(self) -> None:
         telemetry = scraped(200)
-        telemetry.add_target(0, since=0.0)
+        telemetry.add_target(0, since=0.0, batch_limit=1)
         step = between_scrapes(telemetry.targets[0], 100.0)  # 100 → 300 rps
         telemetry.record_arrivals(
             0, np.concatenate([uniform(100, 0, step), uniform(300, step, 200)])
@@ -144,8 +155,8 @@ class TestStaleness:
     def setup(self) -> tuple[Telemetry, float]:
         """Two replicas at 100 rps each; the second goes away between two of its scrapes."""
         telemetry = scraped(400)
-        telemetry.add_target(0, since=0.0)
-        telemetry.add_target(1, since=0.0)
+        telemetry.add_target(0, since=0.0, batch_limit=1)
+        telemetry.add_target(1, since=0.0, batch_limit=1)
         gone = between_scrapes(telemetry.targets[1], 120.0)
         telemetry.record_arrivals(0, uniform(100, 0, 400))
         telemetry.record_arrivals(1, uniform(100, 0, gone))

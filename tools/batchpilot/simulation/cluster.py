@@ -157,6 +157,7 @@ class _Fleet:
             if pod.gone_at is None:
                 pod.replica.max_batch = command.batch_size
                 pod.replica.delay_s = command.max_queue_delay_s
+                self.telemetry.batch_limit(pod.index, command.batch_size, at=now)
         active = self.active()
         for _ in range(command.replicas - len(active)):
             pod = Pod(
@@ -175,7 +176,7 @@ class _Fleet:
             )
             self.pods.append(pod)
             since = pod.ready_at if scraped_since is None else scraped_since
-            self.telemetry.add_target(pod.index, since=since)
+            self.telemetry.add_target(pod.index, since=since, batch_limit=command.batch_size)
         surplus = len(active) - command.replicas
         if surplus > 0:
             # Starting pods go first (a ReplicaSet deletes not-ready pods first), then the newest.

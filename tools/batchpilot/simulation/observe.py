@@ -84,8 +84,17 @@ class Column:
 def _lazy_columns() -> np.ndarray[Any, np.dtype[np.bool_]]:
     lazy = np.zeros(Column.COUNT, dtype=np.bool_)
     for cols in (Column.BATCHES, Column.ROWS, Column.COMPUTE):
-        lazy[cols] = True  # the runtime creates a batch bucket's series at its first batch
+        lazy[cols] = True  # a batch bucket's series exists from its batch limit (`_bucket_columns`)
     return lazy
+
+
+def _bucket_columns(batch_limit: int) -> IntArray:
+    """The columns of every batch bucket a batch of at most `batch_limit` rows falls in: the
+    runtime exports them at zero when that limit comes into force."""
+    top = int(_pow2_slot(np.array([max(batch_limit, 1)]))[0])
+    slots = np.arange(min(top + 1, POW2_SLOTS))
+    bucketed = (Column.BATCHES, Column.ROWS, Column.COMPUTE)
+    return np.concatenate([slots + cols.start for cols in bucketed])
 
 
 def histogram_quantile(q: float, bounds: Sequence[float], counts: Sequence[float]) -> float:
@@ -225,11 +234,12 @@ class Telemetry:
         counts = np.bincount((rows - lo) * width + cols, minlength=(hi - lo + 1) * width)
         table[lo : hi + 1] += counts.reshape(hi - lo + 1, width)
 
-    def add_target(self, pod: int, *, since: float) -> None:
-        """Scraped: Prometheus scrapes `pod` from `since` on (when its server answers)."""
+    def add_target(self, pod: int, *, since: float, batch_limit: int) -> None:
+        """Scraped: Prometheus scrapes `pod` from `since` on (when its server answers), its
+        batch limit `batch_limit`."""
         if self._phases is None:
             return
-        self.targets[pod] = Target(
+        target = self.targets[pod] = Target(
             phase_s=float(self._phases.uniform(0.0, self.scrape_interval_s)),
             interval_s=self.scrape_interval_s,
             since=since,
@@ -241,6 +251,13 @@ class Telemetry:
             ),
             lazy=self._lazy,
         )
+        target.export(_bucket_columns(batch_limit), since)
+
+    def batch_limit(self, pod: int, limit: int, *, at: float) -> None:
+        """Scraped: `pod`'s batch limit is `limit` from `at` on."""
+        target = self.targets.get(pod)
+        if target is not None:
+            target.export(_bucket_columns(limit), at)
 
     def remove_target(self, pod: int, *, at: float) -> None:
         """`pod` went away at `at`: it is scraped no more."""

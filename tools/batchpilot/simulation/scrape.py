@@ -119,6 +119,12 @@ class Target:
     def time(self, row: int) -> float:
         return self.origin + row * self.interval_s
 
+    def export(self, cols: np.ndarray[Any, Any], at: float) -> None:
+        """Lazy series `cols` exist from `at` on, at zero until their first event: seen from the
+        first scrape at or after it."""
+        row = int(self.rows(np.array([at]))[0])
+        self.born[cols] = np.minimum(self.born[cols], row)
+
     def rows(self, times: FloatArray) -> np.ndarray[Any, np.dtype[np.int64]]:
         """The row of the first scrape at or after each time (events at a scrape count in it)."""
         rows = np.ceil((times - self.origin) / self.interval_s).astype(np.int64)

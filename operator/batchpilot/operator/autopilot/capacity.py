@@ -37,6 +37,9 @@ from batchpilot.operator.autopilot.service_model import (
 )
 from batchpilot.operator.autopilot.state import State
 
+TRIAL_INTERVALS = 2
+"""Intervals a rough model's plan waits behind a raised batch limit for the fit to become
+confident (`batch_first`)."""
 BATCH_STICKINESS = 0.97
 """Batch limits with at least this fraction of the best limit's capacity count as equally good."""
 BATCH_STICKINESS_GAIN = 1 / BATCH_STICKINESS - 1
@@ -253,6 +256,9 @@ def batch_first(
     delay_s: float,
     overhead_s: float,
     target_s: float,
+    now: float,
+    interval: float,
+    sla_met: bool | None,
 ) -> tuple[int, int, float, str]:
     """Replicas and batch limit to ask for when a rough model's plan adds replicas, the P99
     predicted for them, and why.
@@ -263,14 +269,20 @@ def batch_first(
     even the most optimistic reading of the fit (`_optimistic`) needs more of them. Then no batch
     limit can carry the load whatever α and β turn out to be, the SLA stays broken until new
     replicas are ready, and waiting would only make them an interval later: the plan is followed
-    at once (P99 comes before the fewest replicas). The wait happens once: if the fit is still
-    rough after it, the plan is followed.
+    at once (P99 comes before the fewest replicas). The wait happens once, and lasts until the
+    fit is confident or `TRIAL_INTERVALS` intervals have passed: a batch size shows in `rate()`
+    from the second scrape after the limit changed, so with the usual 15 s scrape interval the
+    window right after the change rarely holds it, and a plan followed then would be the guess's.
+    (Take t(b) = 30 + 0.5·b ms: the guess from batch 1 reads 15 + 15·b, and its plan for 200 rps
+    is 16 replicas where one carries the load.) If the fit is still rough after the wait, the
+    plan is followed.
 
-    The larger batch limit is the plan's when it raises one. When it does not — the guess splits
-    the measured time evenly, so it sees little gain in batching, while a fixed cost α much
-    larger than β (common on accelerators) would make batching carry many times the load — it
-    is the optimistic reading's: if α dominates, that limit carries the load at once; if β does,
-    a replica carries about what it did, and the next window's fit says so."""
+    The larger batch limit is the plan's when it raises one and the SLA holds. Otherwise — the
+    guess splits the measured time evenly, so it sees little gain in batching, while a fixed
+    cost α much larger than β (common on accelerators) would make batching carry many times the
+    load — it is the optimistic reading's: if α dominates, that limit carries the load at once;
+    if β does, a replica carries about what it did, and the next fit says so. Over the SLA the
+    interval is missed whichever limit is tried, so the one that could carry the most is."""
     optimistic = _optimistic(model)
     best = plan_capacity(
         optimistic,
@@ -292,13 +304,34 @@ def batch_first(
         )
         return chosen.replicas, chosen.batch_size, chosen.predicted_p99_s, why
     if state.batch_first_at is not None:
-        why = "still a guess after an interval at a new batch limit: following it"
-        return chosen.replicas, chosen.batch_size, chosen.predicted_p99_s, why
+        waited = now - state.batch_first_at
+        if waited >= (TRIAL_INTERVALS - 0.5) * interval:
+            why = f"still a guess {waited:.0f} s after the batch limit was raised: following it"
+            return chosen.replicas, chosen.batch_size, chosen.predicted_p99_s, why
+        held = predict(
+            model,
+            rate=rate,
+            replicas=current.replicas,
+            max_batch=current.batch_size,
+            delay_s=delay_s,
+            overhead_s=overhead_s,
+        )
+        why = (
+            f"the fit is a guess from one batch size, and the batch limit raised {waited:.0f} s "
+            f"ago is not measured yet (a batch size shows from the second scrape after it "
+            f"changes): holding {current.replicas} replica{'s' if current.replicas > 1 else ''} "
+            f"one more interval"
+        )
+        return current.replicas, current.batch_size, held.p99_s, why
     # The plan's larger limit, judged by the guess; else the optimistic reading's, judged by it.
-    plans_larger = chosen.batch_size > current.batch_size
-    batch = chosen.batch_size if plans_larger else max(best.batch_size, current.batch_size)
+    guessed = chosen.batch_size > current.batch_size and sla_met is not False
+    batch = (
+        chosen.batch_size
+        if guessed
+        else max(best.batch_size, chosen.batch_size, current.batch_size)
+    )
     held = predict(
-        model if plans_larger else optimistic,
+        model if guessed else optimistic,
         rate=rate,
         replicas=current.replicas,
         max_batch=batch,
@@ -309,7 +342,7 @@ def batch_first(
     why = (
         f"the fit is a guess from one batch size and {reading}: raising the batch limit first "
         f"and holding {current.replicas} replica{plural} one interval, until the next window "
-        f"has measured the new batch sizes ({'the guess' if plans_larger else 'that reading'} "
+        f"has measured the new batch sizes ({'the guess' if guessed else 'that reading'} "
         f"puts P99 at {format_ms(held.p99_s)} meanwhile)"
     )
     return current.replicas, batch, held.p99_s, why

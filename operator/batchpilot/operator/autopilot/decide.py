@@ -57,7 +57,13 @@ from batchpilot.operator.autopilot.headroom import (
     affordable,
     plan_rate,
 )
-from batchpilot.operator.autopilot.learn import learn, present_load, reaction_horizon
+from batchpilot.operator.autopilot.learn import (
+    DEFAULT_INTERVAL_S,
+    learn,
+    present_load,
+    reaction_horizon,
+    saturated_load,
+)
 from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.autopilot.pacing import pace
 from batchpilot.operator.autopilot.policy import (
@@ -137,6 +143,14 @@ def decide(
     # Headroom applies to the part of P99 the knobs move: the latency outside the batcher stays.
     target, near = p99_bounds(sla, outside)
     rate, trend = present_load(observation, state, now, settled=settled)
+    saturated = saturated_load(observation, settled=settled)
+    if rate > offered and saturated is not None and saturated > rate:
+        # Rising, and the window saturated: the traffic began inside it.
+        rate = saturated
+        trend = (
+            f"; rising: {observation.unserved_share:.0%} refused with the devices busy "
+            f"{observation.utilization:.0%} of the window, about {saturated:.0f} rps since"
+        )
     # Measurements only: an extrapolated rate in the history would raise the peak it caps by.
     history = state.history.add(now, max(offered, observation.recent_qps or 0.0))
     horizon = reaction_horizon(learned.state, interval=learned.interval)
@@ -172,6 +186,7 @@ def decide(
 
     # 4. Plan from the model; or, without one yet, from feedback alone.
     notes: list[str] = []
+    trying_the_batch = False
     predicted: float | None = None
     capacity_per_replica: float | None = None
     if idle and (model is None or headroom.rate <= 0):
@@ -229,9 +244,13 @@ def decide(
                     delay_s=delay_s,
                     overhead_s=overhead or 0.0,
                     target_s=target,
+                    now=now,
+                    interval=learned.interval or DEFAULT_INTERVAL_S,
+                    sla_met=sla_met,
                 )
                 why += f"; {first}"
-                if want_replicas == current.replicas:
+                trying_the_batch = want_replicas == current.replicas
+                if trying_the_batch and learned_state.batch_first_at is None:
                     learned_state = replace(learned_state, batch_first_at=now)
             elif want_replicas < current.replicas:
                 want_replicas = current.replicas
@@ -256,7 +275,7 @@ def decide(
     )
     if pace_note:
         notes.append(pace_note)
-    trying_the_batch = learned_state.batch_first_at == now and replicas == current.replicas
+    trying_the_batch = trying_the_batch and replicas == current.replicas
     if (
         model is not None
         and not idle

@@ -47,6 +47,11 @@ blocked — a ResourceQuota, no node to schedule on, an image that does not pull
 condition says which) — and the hour it waited says nothing about how long the next replica
 takes once it can start. Counted as such, it would stretch the reaction horizon to that hour and
 the headroom would plan for an hour's rises long after the block cleared."""
+SATURATED_SHARE = 0.05
+"""A window that refuses more than this share of its requests ran its replicas flat out."""
+MIN_BUSY = 0.05
+"""The smallest busy share a saturated window's load is read from: traffic that began in the
+last 3 s of a 60 s window says too little of its rate to be multiplied by more."""
 DEFAULT_INTERVAL_S = 15.0
 """The decision interval assumed at the first decision, before one has been measured."""
 
@@ -151,6 +156,25 @@ def present_load(
             rate = before + (offered - before) * observation.window_s / gap
             return rate, f", rising to {rate:.0f} rps"
     return offered, ""
+
+
+def saturated_load(observation: Observation, *, settled: bool) -> float | None:
+    """The load now that a window whose traffic began inside it implies, or None.
+
+    Traffic that began inside the window (a new service, a cut-over, a step up) is averaged with
+    what came before it, and the rate between the last two scrapes straddles its start: both
+    trail the load now. A window that refused more than `SATURATED_SHARE` of its requests ran its
+    devices flat out while the traffic was there, so the share of the window they were busy is
+    the share it had the traffic: the offered rate over that share is the load since. Where the
+    load was there all along, the devices were busy all along and this is the window's rate.
+    Only where the replicas and settings in force are the window's (`settled`): a replica that
+    became ready inside the window was idle before it, which is no silence of the traffic."""
+    busy, offered = observation.utilization, observation.offered_qps
+    if not settled or not busy or not offered:
+        return None
+    if observation.unserved_share <= SATURATED_SHARE:
+        return None
+    return offered / max(busy, MIN_BUSY)
 
 
 def reaction_horizon(state: State, *, interval: float) -> float:
