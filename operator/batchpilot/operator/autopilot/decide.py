@@ -12,7 +12,8 @@ Steps, each small and named:
 1. hold when metrics are missing or stale — never scale down blind;
 2. learn: refit t(b) ≈ α + β·b; learn the latency spent outside the batcher (observed P99 minus
    the model's, from windows that describe the settings in force); estimate the load now from
-   the window's rate and its trend (a 60 s window trails a step by 45 s);
+   the window's rate and its trend (a 60 s window trails a step by 45 s), and for traffic that
+   began inside a saturated window, from the share of it the devices were busy;
 3. plan: the load to plan for — the present, raised for the rises the recent history shows
    recur and the error budget cannot pay for (`headroom`), and to the seasonal forecast where
    every past day rose at this time (`with_season`); then the fewest replicas that carry it
@@ -22,8 +23,8 @@ Steps, each small and named:
    capacity, add replicas on feedback instead (the model is wrong somewhere; observed latency
    wins: `feedback.overruled`);
    batch first on a rough model: when the plan adds replicas, the batch limit rises first and
-   replicas wait one interval for the next window to measure the new batch sizes, unless even
-   the most optimistic reading of the guess needs more of them (`capacity.batch_first`); a
+   replicas wait (two intervals at most) for the windows to measure the new batch sizes, unless
+   even the most optimistic reading of the guess needs more of them (`capacity.batch_first`); a
    rough model never scales down;
 5. pace replicas: cold start, scale-down stabilization, hysteresis, bounds (`pacing.pace`);
 6. explain: action, reason and the condition inputs.
