@@ -200,3 +200,32 @@ class TestServiceLevelGauges:
         assert self.gauges(server) == (0.1, 0.99)
         server.set_batching(BatchSettings(max_batch_size=2, max_queue_delay_s=0.0), source="test")
         assert self.gauges(server) == (None, None)
+
+
+class TestBatchBucketsFromZero:
+    """Every batch-size bucket a batch may fall in is exported at zero from the limit that
+    reaches it, before its first batch: Prometheus counts that batch, and rate() has the
+    bucket's series from the scrape after the limit changed."""
+
+    def buckets(self, server: ModelServer) -> dict[str, float]:
+        registry = server.metrics.registry
+        return {
+            bucket: value
+            for bucket in ("1", "2", "4", "8", "16", "32", "64")
+            if (
+                value := registry.get_sample_value(
+                    "batchpilot_batches_total",
+                    {**TestServiceLevelGauges.LABELS, "batch_bucket": bucket},
+                )
+            )
+            is not None
+        }
+
+    def test_a_raised_limit_exports_its_buckets(self, tmp_path: Path) -> None:
+        server = TestServiceLevelGauges().server(tmp_path)  # started at limit 8
+        assert self.buckets(server) == {"1": 0, "2": 0, "4": 0, "8": 0}
+        server.set_batching(BatchSettings(max_batch_size=20, max_queue_delay_s=0.0), source="test")
+        assert self.buckets(server) == {"1": 0, "2": 0, "4": 0, "8": 0, "16": 0, "32": 0}
+        # a lowered limit keeps them: their counts are history Prometheus still reads
+        server.set_batching(BatchSettings(max_batch_size=1, max_queue_delay_s=0.0), source="test")
+        assert set(self.buckets(server)) == {"1", "2", "4", "8", "16", "32"}
