@@ -339,6 +339,23 @@ class TestARoughModelTriesTheBatchFirst:
             decisions[2].reason
         )
 
+    def test_the_wait_lasts_two_scrapes_where_they_are_longer_than_the_intervals(self) -> None:
+        # Scrapes every 5 s (the fast signal's span) and decisions every 2 s: the new batch
+        # size may show only 10 s after the raise.
+        policy, current, state = self.POLICY, InForce(1, 1, 0.002), State()
+        replicas = []
+        for tick in range(7):
+            now = 2.0 * tick
+            observation = replace(
+                self.window(now, 45.0, 25.0, 2000.0, [(1.0, 450)]),
+                recent_qps=70.0,
+                recent_window_s=5.0,
+            )
+            decision, state = decide(observation, policy, current, state, now)
+            current = InForce(decision.replicas, decision.batch_size, decision.max_queue_delay_s)
+            replicas.append(decision.replicas)
+        assert replicas == [1, 1, 1, 1, 1, 2, 2]
+
     def test_a_guess_that_sees_no_gain_in_batching_still_tries_the_batch_first(self) -> None:
         # A fixed cost much larger than the per-row one, t(b) = 30 + 0.5·b ms (a large model on
         # an accelerator), with a tight SLA: 100 ms, target 80 ms. One replica at limit 2 ran

@@ -39,7 +39,10 @@ from batchpilot.operator.autopilot.state import State
 
 TRIAL_INTERVALS = 2
 """Intervals a rough model's plan waits behind a raised batch limit for the fit to become
-confident (`batch_first`)."""
+confident (`batch_first`)…"""
+TRIAL_SCRAPES = 2
+"""…or this many scrape intervals, if longer: a batch size shows in `rate()` from the second
+scrape after its limit."""
 BATCH_STICKINESS = 0.97
 """Batch limits with at least this fraction of the best limit's capacity count as equally good."""
 BATCH_STICKINESS_GAIN = 1 / BATCH_STICKINESS - 1
@@ -258,6 +261,7 @@ def batch_first(
     target_s: float,
     now: float,
     interval: float,
+    scrape_s: float,
     sla_met: bool | None,
 ) -> tuple[int, int, float, str]:
     """Replicas and batch limit to ask for when a rough model's plan adds replicas, the P99
@@ -270,9 +274,10 @@ def batch_first(
     limit can carry the load whatever α and β turn out to be, the SLA stays broken until new
     replicas are ready, and waiting would only make them an interval later: the plan is followed
     at once (P99 comes before the fewest replicas). The wait happens once, and lasts until the
-    fit is confident or `TRIAL_INTERVALS` intervals have passed: a batch size shows in `rate()`
-    from the second scrape after the limit changed, so with the usual 15 s scrape interval the
-    window right after the change rarely holds it, and a plan followed then would be the guess's.
+    fit is confident, or `TRIAL_INTERVALS` intervals or `TRIAL_SCRAPES` scrape intervals
+    (`scrape_s`) have passed, whichever is longer: a batch size shows in `rate()` from the
+    second scrape after the limit changed, so the window right after the change rarely holds it,
+    and a plan followed then would be the guess's.
     (Take t(b) = 30 + 0.5·b ms: the guess from batch 1 reads 15 + 15·b, and its plan for 200 rps
     is 16 replicas where one carries the load.) If the fit is still rough after the wait, the
     plan is followed.
@@ -305,7 +310,8 @@ def batch_first(
         return chosen.replicas, chosen.batch_size, chosen.predicted_p99_s, why
     if state.batch_first_at is not None:
         waited = now - state.batch_first_at
-        if waited >= (TRIAL_INTERVALS - 0.5) * interval:
+        trial = max(TRIAL_INTERVALS * interval, TRIAL_SCRAPES * scrape_s)
+        if waited >= trial - interval / 2:
             why = f"still a guess {waited:.0f} s after the batch limit was raised: following it"
             return chosen.replicas, chosen.batch_size, chosen.predicted_p99_s, why
         held = predict(

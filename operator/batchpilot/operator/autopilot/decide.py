@@ -247,6 +247,8 @@ def decide(
                     target_s=target,
                     now=now,
                     interval=learned.interval or DEFAULT_INTERVAL_S,
+                    # the fast signal's span: the last two scrapes, about one scrape interval
+                    scrape_s=observation.recent_window_s or 0.0,
                     sla_met=sla_met,
                 )
                 why += f"; {first}"
