@@ -335,6 +335,45 @@ class TestValuesSchema:
         with pytest.raises(RenderError, match=complaint):
             render(values)
 
+    @pytest.mark.parametrize(
+        ("monitoring", "autopilot", "complaint"),
+        [
+            (
+                {"podMonitor": {"enabled": True, "interval": "1m"}},
+                {},
+                r"autopilot\.metricsWindowSeconds \(60 s\) must hold two scrapes of "
+                r"monitoring\.podMonitor\.interval \(1m\)",
+            ),
+            (
+                {"serviceMonitor": {"enabled": True, "interval": "20s"}},
+                {},
+                r"autopilot\.recentWindowSeconds \(30 s\) must hold two scrapes of "
+                r"monitoring\.serviceMonitor\.interval \(20s\)",
+            ),
+            (
+                {"podMonitor": {"enabled": True, "interval": "1m30s"}},
+                {"metricsWindowSeconds": 179, "recentWindowSeconds": 180},
+                r"metricsWindowSeconds \(179 s\)",
+            ),
+        ],
+    )
+    def test_windows_that_cannot_hold_two_scrapes_are_refused(
+        self, monitoring: Any, autopilot: Any, complaint: str
+    ) -> None:
+        with pytest.raises(RenderError, match=complaint):
+            render({"monitoring": monitoring, "autopilot": autopilot})
+
+    def test_windows_of_two_scrapes_or_more_render(self) -> None:
+        for interval, windows in (("30s", (60, 60)), ("5s", (60, 10)), ("500ms", (10, 2))):
+            render(
+                {
+                    "monitoring": {"podMonitor": {"enabled": True, "interval": interval}},
+                    "autopilot": dict(
+                        zip(("metricsWindowSeconds", "recentWindowSeconds"), windows, strict=True)
+                    ),
+                }
+            )
+
     def test_both_monitors_at_once_are_refused(self) -> None:
         both = {"podMonitor": {"enabled": True}, "serviceMonitor": {"enabled": True}}
         with pytest.raises(RenderError, match="not both"):

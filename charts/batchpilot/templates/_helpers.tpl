@@ -134,3 +134,15 @@ namespace, the way client-go's users do. Checked against the code by tests/deplo
 {{- end -}}
 {{- $names | toJson -}}
 {{- end -}}
+
+{{/* A Prometheus duration ("15s", "1m30s", "500ms") in seconds. */}}
+{{- define "batchpilot.seconds" -}}
+{{- $total := 0.0 -}}
+{{- range regexFindAll "[0-9]+(ms|s|m|h)" . -1 -}}
+{{- $n := float64 (regexFind "^[0-9]+" .) -}}
+{{- $unit := regexFind "(ms|s|m|h)$" . -}}
+{{- $scale := dict "ms" 0.001 "s" 1.0 "m" 60.0 "h" 3600.0 -}}
+{{- $total = addf $total (mulf $n (index $scale $unit)) -}}
+{{- end -}}
+{{- $total -}}
+{{- end -}}
