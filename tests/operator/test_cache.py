@@ -173,39 +173,42 @@ class TestReadsFromMemory:
         assert cache.get(DEPLOYMENT, NS, "resnet50") is None
         assert api.calls == ["get Deployment"]
 
-    def test_ready_pods_come_from_memory_once_listed(self) -> None:
-        api = WatchedApi()
-        cache = WatchCache(api, (POD,), slim={POD: slim_pod})
+    @staticmethod
+    def pod(
+        name: str, *, namespace: str = NS, owner: str = "resnet50", ready: str = "True"
+    ) -> dict[str, Any]:
+        return {
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "resourceVersion": "1",
+                "labels": {ISVC_LABEL: owner},
+                "managedFields": [{"manager": "kubelet"}],
+            },
+            "spec": {
+                "containers": [
+                    {
+                        "image": "x",
+                        "ports": [
+                            {"name": "http", "containerPort": 8080},
+                            {"name": "admin", "containerPort": 8082},
+                        ],
+                    }
+                ]
+            },
+            "status": {
+                "podIP": f"10.0.0.{len(name)}",
+                "conditions": [{"type": "Ready", "status": ready}],
+                "containerStatuses": [{"name": "runtime"}],
+            },
+        }
 
-        def pod(
-            name: str, *, namespace: str = NS, owner: str = "resnet50", ready: str = "True"
-        ) -> dict[str, Any]:
-            return {
-                "kind": "Pod",
-                "metadata": {
-                    "name": name,
-                    "namespace": namespace,
-                    "resourceVersion": "1",
-                    "labels": {ISVC_LABEL: owner},
-                    "managedFields": [{"manager": "kubelet"}],
-                },
-                "spec": {
-                    "containers": [
-                        {
-                            "image": "x",
-                            "ports": [
-                                {"name": "http", "containerPort": 8080},
-                                {"name": "admin", "containerPort": 8082},
-                            ],
-                        }
-                    ]
-                },
-                "status": {
-                    "podIP": f"10.0.0.{len(name)}",
-                    "conditions": [{"type": "Ready", "status": ready}],
-                    "containerStatuses": [{"name": "runtime"}],
-                },
-            }
+    @pytest.mark.parametrize("index_label", [None, ISVC_LABEL])
+    def test_ready_pods_come_from_memory_once_listed(self, index_label: str | None) -> None:
+        api = WatchedApi()
+        cache = WatchCache(api, (POD,), slim={POD: slim_pod}, index_label=index_label)
+        pod = self.pod
 
         assert cache.ready_pod_endpoints(NS, {ISVC_LABEL: "resnet50"}) == ["10.9.9.9:8082"]
         assert api.calls == ["list Pod"]  # not listed yet: the API answers
@@ -231,6 +234,32 @@ class TestReadsFromMemory:
         assert "managedFields" not in kept["metadata"]
         assert "containerStatuses" not in kept["status"]
         assert "image" not in kept["spec"]["containers"][0]
+
+    def test_the_index_follows_relabels_and_departures(self) -> None:
+        cache = WatchCache(WatchedApi(), (POD,), slim={POD: slim_pod}, index_label=ISVC_LABEL)
+        cache.mark_synced()
+
+        def names(owner: str) -> list[str]:
+            return sorted(p["metadata"]["name"] for p in cache.pods(NS, {ISVC_LABEL: owner}))
+
+        for name in ("a", "b", "c"):
+            cache.seen(POD, self.pod(name))
+        assert names("resnet50") == ["a", "b", "c"]
+        # relabelled: filed under its new value, and out of the old one
+        moved = self.pod("b", owner="other")
+        moved["metadata"]["resourceVersion"] = "2"
+        cache.seen(POD, moved)
+        assert (names("resnet50"), names("other")) == (["a", "c"], ["b"])
+        # the watch's DELETED, and a delete of the operator's own
+        cache.gone(POD, self.pod("a"))
+        cache.delete(POD, NS, "c")
+        assert (names("resnet50"), names("other")) == ([], ["b"])
+        # a label taken off: in no one's list
+        bare = self.pod("b")
+        bare["metadata"].update(resourceVersion="3", labels={})
+        cache.seen(POD, bare)
+        assert names("other") == []
+        assert cache.get(POD, NS, "b") is not None
 
 
 class TestItsOwnWrites:

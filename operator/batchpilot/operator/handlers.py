@@ -104,6 +104,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         slim={POD: slim_pod, SECRET: slim_secret},
         packed=CHILD_KINDS,
         references=names,
+        index_label=ISVC_LABEL,
     )
     memo.cache = kube
     memo.passes = Passes(kube)
