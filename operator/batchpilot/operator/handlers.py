@@ -49,6 +49,9 @@ from batchpilot.operator.spec import GROUP, PLURAL, VERSION
 log = logging.getLogger(__name__)
 ANNOTATION_PREFIX = "batchpilot.io"
 _SETTINGS = OperatorSettings()
+KOPF_THREADS = 16
+"""API connections kept for kopf's sync handlers (asyncio's default executor: at most 32 threads,
+cores + 4 on a small node) and the leader elector, beside the autopilot's workers."""
 CHILD_FILTER: dict[str, Any] = {
     "app.kubernetes.io/managed-by": MANAGED_BY,
     ISVC_LABEL: kopf.PRESENT,
@@ -98,7 +101,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.watching.server_timeout = 300
     settings.watching.label_selectors["", "v1", POD.plural] = POD_SELECTOR
     kube = WatchCache(
-        KubeClient.from_environment(),
+        # the autopilot's workers and kopf's handler threads call the API at once
+        KubeClient.from_environment(connections=_SETTINGS.autopilot_workers + KOPF_THREADS),
         (INFERENCESERVICE, *CHILD_KINDS, POD),
         keep=ours,
         slim={POD: slim_pod, SECRET: slim_secret},

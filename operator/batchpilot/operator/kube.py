@@ -51,8 +51,13 @@ class KubeClient:
 
     @classmethod
     def from_environment(
-        cls, *, kubeconfig: str | None = None, timeout_s: float = 10.0
+        cls, *, kubeconfig: str | None = None, timeout_s: float = 10.0, connections: int = 0
     ) -> KubeClient:
+        """A client from the pod's service account, `kubeconfig` or $KUBECONFIG. `connections`:
+        keep this many connections to the API server open (0: the client's default, five a
+        core). Every thread that calls at once needs one; urllib3 closes what the pool cannot
+        keep ("Connection pool is full, discarding connection"), and the next call opens a new
+        one, its TLS handshake included."""
         from kubernetes import client, config
 
         kubeconfig = kubeconfig or os.environ.get("KUBECONFIG")
@@ -63,7 +68,10 @@ class KubeClient:
                 config.load_kube_config()  # type: ignore[no-untyped-call]
         else:  # read now: the client reads $KUBECONFIG once, when it is imported
             config.load_kube_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
-        return cls(client.ApiClient(), timeout_s=timeout_s)
+        configuration = client.Configuration.get_default_copy()
+        if connections:
+            configuration.connection_pool_maxsize = connections
+        return cls(client.ApiClient(configuration), timeout_s=timeout_s)
 
     def _call(
         self,
