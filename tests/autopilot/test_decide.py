@@ -312,9 +312,7 @@ class TestARoughModelTriesTheBatchFirst:
         assert decisions[0].action == "retune"
         assert "(rough)" in decisions[0].reason
         assert "if every batch took the measured 22 ms" in decisions[0].reason
-        assert "raising the batch limit first and holding 1 replica one interval" in (
-            decisions[0].reason
-        )
+        assert "raising the batch limit first and holding 1 replica until" in (decisions[0].reason)
         assert "that reading puts P99 at" in decisions[0].reason
         assert "t(b) = 20.00 + 2.00·b ms" in decisions[1].reason
 
@@ -378,7 +376,7 @@ class TestARoughModelTriesTheBatchFirst:
 
         first, state = decide(window(0.0, 33.0, 177.0, [(1.0, 450)]), policy, current, state, 0.0)
         assert "(rough)" in first.reason
-        assert "raising the batch limit first and holding 1 replica one interval" in first.reason
+        assert "raising the batch limit first and holding 1 replica until" in first.reason
         assert first.replicas == 1
         assert first.batch_size > 2
         current = InForce(first.replicas, first.batch_size, first.max_queue_delay_s)

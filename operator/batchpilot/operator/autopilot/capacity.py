@@ -347,8 +347,8 @@ def batch_first(
     plural = "s" if current.replicas > 1 else ""
     why = (
         f"the fit is a guess from one batch size and {reading}: raising the batch limit first "
-        f"and holding {current.replicas} replica{plural} one interval, until the next window "
-        f"has measured the new batch sizes ({'the guess' if guessed else 'that reading'} "
+        f"and holding {current.replicas} replica{plural} until the windows have measured the "
+        f"new batch sizes ({'the guess' if guessed else 'that reading'} "
         f"puts P99 at {format_ms(held.p99_s)} meanwhile)"
     )
     return current.replicas, batch, held.p99_s, why

@@ -23,9 +23,9 @@ Steps, each small and named:
    capacity, add replicas on feedback instead (the model is wrong somewhere; observed latency
    wins: `feedback.overruled`);
    batch first on a rough model: when the plan adds replicas, the batch limit rises first and
-   replicas wait (two intervals at most) for the windows to measure the new batch sizes, unless
-   even the most optimistic reading of the guess needs more of them (`capacity.batch_first`); a
-   rough model never scales down;
+   replicas wait (two intervals or two scrapes at most) for the windows to measure the new
+   batch sizes, unless even the most optimistic reading of the guess needs more of them
+   (`capacity.batch_first`); a rough model never scales down;
 5. pace replicas: cold start, scale-down stabilization, hysteresis, bounds (`pacing.pace`);
 6. explain: action, reason and the condition inputs.
 
