@@ -155,9 +155,10 @@ class _Fleet:
         self.delay_s = command.max_queue_delay_s
         for pod in self.pods:
             if pod.gone_at is None:
+                if pod.replica.max_batch != command.batch_size:
+                    self.telemetry.batch_limit(pod.index, command.batch_size, at=now)
                 pod.replica.max_batch = command.batch_size
                 pod.replica.delay_s = command.max_queue_delay_s
-                self.telemetry.batch_limit(pod.index, command.batch_size, at=now)
         active = self.active()
         for _ in range(command.replicas - len(active)):
             pod = Pod(
