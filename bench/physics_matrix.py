@@ -9,7 +9,9 @@ oracle (knows the coming peak) over several at once, in parallel processes, so a
 autopilot is seen on all of them side by side: the textbook's ResNet-50, where a batch's time
 grows with its size; a fixed cost far above the per-row one (a large model on an accelerator);
 a per-row cost far above it; one in between with latency outside the device; a large model with
-a 300 ms SLA and a two-minute cold start. Per trace: the share of 15 s intervals inside the SLA
+a 300 ms SLA and a two-minute cold start; and two whose clients send several rows a request
+(4 on the textbook's service, 8 on the fixed cost), where the rates count requests and the
+batches rows. Per trace: the share of 15 s intervals inside the SLA
 and GPU-seconds over the oracle's. Traces are generated from `--seed` (pick one the shipped
 files do not use); the objective is declared per kind as in `slo_matrix.py`.
 """
@@ -47,6 +49,8 @@ PHYSICS = {
     "per-row": Physics("alpha_ms=5,beta_ms=8", 30, 200, 0.1),
     "mid": Physics("alpha_ms=10,beta_ms=1,overhead_ms=5", 30, 200, 0.1),
     "big": Physics("alpha_ms=60,beta_ms=2", 120, 200, 0.3),
+    "textbook-rows4": Physics("textbook,rows=4", 30, 32, 0.1),
+    "fixed-rows8": Physics("alpha_ms=30,beta_ms=0.5,rows=8", 30, 200, 0.1),
 }
 POLICIES = ("autopilot", "reactive", "oracle")
 

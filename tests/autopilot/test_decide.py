@@ -182,6 +182,81 @@ class TestRefusalsAreMissesOfTheSla:
         assert older.offered_qps == 110  # a runtime without the arrival counter
 
 
+class TestRequestsOfSeveralRows:
+    """Clients that batch on their side send several rows a request: the rates count requests,
+    the fit and the batch limits rows, and the window's rows per request converts."""
+
+    @staticmethod
+    def window(
+        qps: float, rows: float | None, *, ready: int = 4, p99_ms: float = 50
+    ) -> Observation:
+        return replace(
+            seen(at=0, qps=qps, p99_ms=p99_ms, ready=ready, batch=8),
+            rows_per_request=rows,
+            arrival_qps=qps,
+        )
+
+    def test_a_request_of_4_rows_is_planned_as_4_rows(self) -> None:
+        policy = replace(POLICY, max_replicas=20)
+        current, fitted = InForce(1, 8, 0.005), State(fit=MODEL, overhead_s=0.01)
+        rows, _ = decide(self.window(600, None, ready=1), policy, current, fitted, now=0)
+        requests, state = decide(self.window(150, 4.0, ready=1), policy, current, fitted, now=0)
+        # 150 requests of 4 rows are the 600 rows a second the fit counts; they arrive 4 rows
+        # at once, which fills batches less evenly than single rows: as many replicas or more
+        assert rows.action == requests.action == "scale-up"
+        assert requests.replicas >= rows.replicas > 1
+        assert "4 rows a request" in requests.reason
+        assert f"so {requests.replicas} for 158 rps" in requests.reason  # in requests
+        assert state.fit is not None
+        assert state.fit.rows_per_request == 4.0
+        one_row, _ = decide(self.window(150, 1.0, ready=1), policy, current, fitted, now=0)
+        assert one_row.replicas == 1
+        assert "rows a request" not in one_row.reason
+
+    def test_a_window_without_answers_keeps_the_rows_known(self) -> None:
+        known = State(fit=replace(MODEL, rows_per_request=4.0))
+        _, state = decide(self.window(150, None), POLICY, InForce(4, 8, 0.005), known, now=0)
+        assert state.fit is not None
+        assert state.fit.rows_per_request == 4.0
+
+    def test_a_reading_just_above_one_row_is_one_row(self) -> None:
+        # a batch is counted when it runs, its requests when they are answered: the window's
+        # edges make one row read 1.004
+        _, state = decide(self.window(150, 1.004), POLICY, InForce(4, 8, 0.005), State(), now=0)
+        assert state.fit is not None
+        assert state.fit.rows_per_request == 1.0
+
+    def test_the_rows_a_request_brings_survive_a_restart(self) -> None:
+        state = State(fit=replace(MODEL, rows_per_request=3.5))
+        assert State.from_dict(state.to_dict()) == state
+        assert "rowsPerRequest" not in State(fit=MODEL).to_dict()["fit"]
+        for nonsense in (0.2, -1, "nan"):
+            doc = {
+                "fit": {"alphaMs": 4, "betaMs": 2, "confident": True, "rowsPerRequest": nonsense}
+            }
+            fit = State.from_dict(doc).fit
+            assert fit is not None
+            assert fit.rows_per_request == 1.0
+
+    def test_feedback_doubles_from_the_rows_a_request_brings(self) -> None:
+        # batch limit 1 with 4-row requests: each runs alone, 2 would change nothing
+        obs = Observation(
+            at=0,
+            window_s=30,
+            p99_s=0.3,
+            p95_s=None,
+            qps=100,
+            rejected_qps=0,
+            queue_p99_s=None,
+            utilization=None,
+            mean_batch=4.0,
+            rows_per_request=4.0,
+            ready_replicas=1,
+        )
+        decision, _ = decide(obs, POLICY, InForce(1, 1, 0.005), State(), now=0)
+        assert decision.batch_size == 8
+
+
 class TestShortWindowsDoNotCreep:
     """Short control windows (2 s ticks over a 10 s window, as in the full-loop test): the
     service is t(b) = 20 + 2·b ms, so one replica serves 45 rps at batch 1 and 276 rps inside

@@ -113,6 +113,7 @@ def test_rate_and_latency_read_back_agree_with_the_load_generator(
     assert 0.022 <= whole.p99_s <= 1.15 * client_p99_s + 0.005, (whole.p99_s, client_p99_s)
     assert observation.mean_batch is not None
     assert observation.mean_batch >= 1
+    assert whole.rows_per_request == pytest.approx(1.0, rel=0.01)  # one row a request
     assert observation.utilization is not None
     assert 0 < observation.utilization < 1
     # Compute points, read back over the whole run: each bucket's mean batch and mean time are
@@ -137,6 +138,58 @@ def test_rate_and_latency_read_back_agree_with_the_load_generator(
         assert got == pytest.approx(want, rel=0.02)
     for mean_batch, mean_seconds in read_back:
         assert mean_seconds >= 0.98 * (0.020 + 0.002 * mean_batch)
+
+
+def test_requests_of_several_rows_read_back_as_rows_per_request(
+    image_model: Path, tmp_path: Path
+) -> None:
+    # 4 rows a request, a batch limit of 16 rows: batches of whole requests, 4 to 16 rows.
+    with (
+        runtime_process(
+            image_model,
+            "--engine",
+            "simulated",
+            "--simulated-latency",
+            "alpha_ms=5,beta_ms=0.5",
+            "--max-batch-size",
+            "16",
+            "--max-queue-delay-ms",
+            "2",
+            log_dir=tmp_path,
+            env={"BATCHPILOT_ISVC_NAME": SCOPE.isvc, "BATCHPILOT_ISVC_NAMESPACE": SCOPE.namespace},
+        ) as runtime,
+        prometheus_process(tmp_path) as prometheus,
+    ):
+        targets_set = time.time()
+        prometheus.set_targets([(f"127.0.0.1:{runtime.port}", {})])
+        wait_until(
+            lambda: prometheus.query("batchpilot_engine_info"), timeout=20, what="the first scrape"
+        )
+        config = LoadConfig(
+            target=Target(url=runtime.url, model="image", rows=4),
+            duration_s=4.0,
+            schedule=RateSchedule.constant(40),
+        )
+        report = asyncio.run(run_load(config))
+        total = f'sum(batchpilot_requests_total{{{SCOPE.selector},outcome="success"}})'
+        wait_until(
+            lambda: (r := prometheus.query(total)) and float(r[0]["value"][1]) >= report.succeeded,
+            timeout=10,
+            what="Prometheus to scrape the last requests",
+        )
+        whole = PrometheusObserver(
+            http_query(prometheus.url),
+            window_s=math.ceil(time.time() - targets_set) + 1,
+            clock=time.time,
+        ).observe(SCOPE, ready_replicas=1)
+    assert report.succeeded > 0.9 * 40 * 4.0
+    assert whole is not None
+    assert whole.rows_per_request == pytest.approx(4.0, rel=0.02)
+    assert whole.mean_batch is not None
+    assert 0.98 * 4 <= whole.mean_batch <= 16.0
+    assert whole.compute
+    # every batch holds whole requests of 4 rows: buckets 4, 8 and 16, nothing smaller
+    assert min(p.mean_batch for p in whole.compute) >= 0.98 * 4
 
 
 def test_a_dead_prometheus_is_no_observation_not_a_hang(tmp_path: Path) -> None:

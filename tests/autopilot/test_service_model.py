@@ -240,3 +240,45 @@ class TestTheFastModelIsTheWrittenOne:
                             target_s=target_s,
                         )  # fmt: skip
                         assert fast == written, (max_batch, delay_s, overhead_s, target_s)
+
+
+class TestRequestsOfSeveralRows:
+    """Rates count requests; t(b) and batch limits count rows. A request of k rows costs β·k,
+    and a batch limit of B rows holds ⌊B/k⌋ whole requests (at least one: a larger request
+    runs alone)."""
+
+    ROWS = LatencyFit(alpha_s=0.002, beta_s=0.001, confident=True, rows_per_request=4)
+    PER_REQUEST = LatencyFit(alpha_s=0.002, beta_s=0.004, confident=True)
+    """The same service counted in requests: a request is 4 rows, β·4 = 4 ms."""
+
+    @pytest.mark.parametrize("rate", [0.0, 40.0, 150.0, 240.0, 600.0])
+    def test_a_batch_limit_in_rows_is_whole_requests(self, rate: float) -> None:
+        rows = predict(self.ROWS, rate=rate, replicas=2, max_batch=16, delay_s=0.002)
+        requests = predict(self.PER_REQUEST, rate=rate, replicas=2, max_batch=4, delay_s=0.002)
+        assert rows.p99_s == requests.p99_s
+        assert rows.utilization == requests.utilization
+        assert rows.batch == pytest.approx(4 * requests.batch)  # reported in rows
+
+    def test_capacity_counts_requests(self) -> None:
+        # 16 rows = 4 requests in 2 + 16 ms: 222 requests a second (888 rows)
+        assert self.ROWS.capacity(16) == pytest.approx(4 / 0.018)
+        assert sla_capacity(
+            self.ROWS, max_batch=16, delay_s=0.002, overhead_s=0.01, target_s=0.08
+        ) == sla_capacity(
+            self.PER_REQUEST, max_batch=4, delay_s=0.002, overhead_s=0.01, target_s=0.08
+        )
+
+    def test_a_limit_below_a_request_runs_it_alone(self) -> None:
+        one_request = 1 / self.ROWS.batch_seconds(4)
+        assert self.ROWS.capacity(1) == self.ROWS.capacity(3) == pytest.approx(one_request)
+        assert self.ROWS.capacity(6) == pytest.approx(one_request)  # 1.5 requests: one fits
+
+    def test_a_mean_a_little_over_a_whole_number_keeps_the_request(self) -> None:
+        measured = LatencyFit(alpha_s=0.002, beta_s=0.001, confident=True, rows_per_request=3.02)
+        assert measured.in_requests(6) == (pytest.approx(0.00302), 2)
+        assert measured.in_requests(5) == (pytest.approx(0.00302), 1)
+
+    def test_one_row_is_the_model_unchanged(self) -> None:
+        plain = LatencyFit(alpha_s=0.002, beta_s=0.001, confident=True)
+        assert plain.in_requests(16) == (0.001, 16)
+        assert plain.capacity(16) == 16 / plain.batch_seconds(16)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -61,3 +62,15 @@ class TestService:
         assert ServiceTruth.parse("textbook", overhead_ms=0).overhead_s == 0
         with pytest.raises(ValueError, match="alpha_ms"):
             ServiceTruth.parse("alpha=2")
+
+    def test_rows_a_request(self) -> None:
+        assert ServiceTruth.parse("textbook,rows=4") == replace(TEXTBOOK, rows_per_request=4)
+        assert ServiceTruth.parse("alpha_ms=2,beta_ms=0.5,rows=8").rows_per_request == 8
+        for bad in ("textbook,rows=2.5", "textbook,rows=0", "textbook,alpha_ms=3"):
+            with pytest.raises(ValueError, match="rows"):
+                ServiceTruth.parse(bad)
+        # 16 rows hold 4 requests of 4 rows; a limit below a request's rows runs it alone
+        four = replace(TEXTBOOK, rows_per_request=4)
+        assert four.capacity(16) == pytest.approx(4 / TEXTBOOK.batch_seconds(16))
+        assert four.capacity(2) == pytest.approx(1 / TEXTBOOK.batch_seconds(4))
+        assert "4 rows a request" in four.describe()

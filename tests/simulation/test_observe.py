@@ -15,6 +15,10 @@ from batchpilot.simulation.observe import (
     histogram_quantile,
 )
 from batchpilot.simulation.replica import Served
+from batchpilot.simulation.service import ServiceTruth
+
+T_2_1 = ServiceTruth(alpha_s=0.002, beta_s=0.001)
+"""t(b) = 2 + 1·b ms."""
 
 
 class TestHistogramQuantile:
@@ -62,11 +66,11 @@ class TestTelemetry:
         dispatched = np.arange(0.0, 60.0, 0.5)
         sizes = np.where(np.arange(len(dispatched)) % 2 == 0, 1, 3)
         arrivals = np.repeat(dispatched, sizes) - 0.004  # every request waited 4 ms
-        telemetry.record([(0, Served(dispatched, sizes, arrivals))], alpha_s=0.002, beta_s=0.001)
+        telemetry.record([(0, Served(dispatched, sizes, arrivals))], truth=T_2_1)
         refused = Served(
             np.empty(0), np.empty(0, dtype=np.int64), np.empty(0), shed_at=np.full(6, 30.0)
         )
-        telemetry.record([(0, refused)], alpha_s=0.002, beta_s=0.001)
+        telemetry.record([(0, refused)], truth=T_2_1)
         telemetry.record_arrivals(0, np.concatenate([arrivals, np.full(6, 30.0)]))
         telemetry.record_unreached(4, at=50.0)  # no runtime counts these
         obs = telemetry.observe(4, ready=2, reporting=2)
@@ -79,6 +83,7 @@ class TestTelemetry:
         assert obs.recent_qps == pytest.approx(59 / 15)
         assert obs.recent_window_s == 15
         assert obs.mean_batch == pytest.approx(2.0)
+        assert obs.rows_per_request == pytest.approx(1.0)
         # Busy: 60 · 3 ms + 60 · 5 ms = 0.48 s over 60 s, shared by 2 replicas → 0.4 %.
         assert obs.utilization == pytest.approx(0.48 / 60 / 2)
         one, four = obs.compute  # batch buckets "1" and "4"
@@ -89,6 +94,34 @@ class TestTelemetry:
         assert obs.p99_s == pytest.approx(0.009, rel=0.15)
         assert obs.queue_p99_s == pytest.approx(0.004, rel=0.15)
         assert obs.ready_replicas == 2
+
+    @pytest.mark.parametrize("scrape_s", [0.0, 5.0])
+    def test_requests_of_several_rows_count_rows_in_the_batches(self, scrape_s: float) -> None:
+        # 4 rows a request: batches of 1 and of 2 requests run 4 and 8 rows, t = 6 and 10 ms.
+        telemetry = Telemetry(
+            intervals=8,
+            interval_s=15,
+            sla_s=0.1,
+            overhead_s=0.0,
+            window_s=60,
+            recent_window_s=15,
+            scrape_interval_s=scrape_s,
+        )
+        truth = ServiceTruth(alpha_s=0.002, beta_s=0.001, rows_per_request=4)
+        telemetry.add_target(0, since=-30.0, batch_limit=8)
+        dispatched = np.arange(0.0, 120.0, 0.5)
+        sizes = np.where(np.arange(len(dispatched)) % 2 == 0, 1, 2)
+        arrivals = np.repeat(dispatched, sizes) - 0.004
+        telemetry.record_arrivals(0, arrivals)
+        telemetry.record([(0, Served(dispatched, sizes, arrivals))], truth=truth)
+        obs = telemetry.observe(6, ready=1, reporting=1)
+        assert obs.qps == pytest.approx(3 / 1.0, rel=0.02)  # 3 requests a second
+        assert obs.rows_per_request == pytest.approx(4.0, rel=0.02)
+        assert obs.mean_batch == pytest.approx(6.0, rel=0.02)
+        four, eight = obs.compute  # batch buckets "4" and "8"
+        assert (four.mean_batch, eight.mean_batch) == (pytest.approx(4), pytest.approx(8))
+        assert four.mean_seconds == pytest.approx(0.006)
+        assert eight.mean_seconds == pytest.approx(0.010)
 
 
 class TestSeasonal:

@@ -26,7 +26,6 @@ from functools import lru_cache
 import numpy as np
 
 from batchpilot.simulation.observe import exact_quantile
-from batchpilot.simulation.replica import Replica
 from batchpilot.simulation.service import ServiceTruth
 
 PROBE_REQUESTS = 30_000
@@ -54,15 +53,9 @@ def p99_at(
 ) -> float:
     """Exact P99 latency of one replica under Poisson `rate` (unit-rate arrivals scaled)."""
     arrivals = unit / rate
-    replica = Replica(
-        alpha_s=truth.alpha_s,
-        beta_s=truth.beta_s,
-        max_batch=max_batch,
-        delay_s=delay_s,
-        capacity=len(unit),
-    )
+    replica = truth.replica(max_batch=max_batch, delay_s=delay_s, capacity=len(unit))
     served = replica.serve(arrivals.tolist(), since=0.0, until=math.inf)
-    ended = served.dispatched_at + truth.alpha_s + truth.beta_s * served.sizes
+    ended = served.dispatched_at + replica.alpha_s + replica.beta_s * served.sizes
     latency = np.repeat(ended, served.sizes) - served.arrivals + truth.overhead_s
     return exact_quantile(0.99, latency)
 
@@ -108,11 +101,9 @@ def interval_attainment(
     latencies, slots = [], []
     for unit in streams:
         arrivals = unit[unit < duration * rate] / rate
-        replica = Replica(
-            alpha_s=truth.alpha_s, beta_s=truth.beta_s, max_batch=max_batch, delay_s=delay_s
-        )
+        replica = truth.replica(max_batch=max_batch, delay_s=delay_s)
         served = replica.serve(arrivals.tolist(), since=0.0, until=math.inf)
-        ended = served.dispatched_at + truth.alpha_s + truth.beta_s * served.sizes
+        ended = served.dispatched_at + replica.alpha_s + replica.beta_s * served.sizes
         ended = np.repeat(ended, served.sizes)
         latencies.append(ended - served.arrivals + truth.overhead_s)
         slots.append(np.floor(ended / interval_s).astype(np.int64))

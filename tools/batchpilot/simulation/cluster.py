@@ -106,6 +106,8 @@ class Pod:
     replica: Replica
     requested_at: float
     ready_at: float
+    limit: int
+    """The batch limit in force, in rows (the replica counts whole requests)."""
     removed_at: float | None = None
     gone_at: float | None = None
     """When it stopped costing: removal while starting, or the end of its drain."""
@@ -155,23 +157,23 @@ class _Fleet:
         self.delay_s = command.max_queue_delay_s
         for pod in self.pods:
             if pod.gone_at is None:
-                if pod.replica.max_batch != command.batch_size:
+                if pod.limit != command.batch_size:
                     self.telemetry.batch_limit(pod.index, command.batch_size, at=now)
-                pod.replica.max_batch = command.batch_size
+                pod.limit = command.batch_size
+                pod.replica.max_batch = self.truth.requests_per_batch(command.batch_size)
                 pod.replica.delay_s = command.max_queue_delay_s
         active = self.active()
         for _ in range(command.replicas - len(active)):
             pod = Pod(
                 index=len(self.pods),
-                replica=Replica(
-                    alpha_s=self.truth.alpha_s,
-                    beta_s=self.truth.beta_s,
+                replica=self.truth.replica(
                     max_batch=command.batch_size,
                     delay_s=command.max_queue_delay_s,
                     capacity=self.config.queue_capacity,
                     deadline_s=self.deadline_s,
                     start=now,
                 ),
+                limit=command.batch_size,
                 requested_at=now,
                 ready_at=now + (self.config.cold_start_s if cold_start else 0.0),
             )
@@ -266,8 +268,7 @@ def simulate_cluster(
             (p.index, p.replica.serve([], since=trace.duration_s, until=math.inf))
             for p in fleet.pods
         ],
-        alpha_s=truth.alpha_s,
-        beta_s=truth.beta_s,
+        truth=truth,
     )
     telemetry.close(count + 1)
     records = _records(fleet, telemetry, trace, ticks, interval)
@@ -343,7 +344,7 @@ def _serve(
             served.append((pod.index, pod.replica.serve([], since=lo, until=hi)))
             if pod.replica.idle_at(hi):
                 fleet.retire(pod, max(lo, pod.replica.free_at))
-    telemetry.record(served, alpha_s=fleet.truth.alpha_s, beta_s=fleet.truth.beta_s)
+    telemetry.record(served, truth=fleet.truth)
     return robin
 
 

@@ -55,6 +55,7 @@ from batchpilot.operator.autopilot.prometheus import Seasonality
 from batchpilot.runtime.metrics import LATENCY_BUCKETS
 from batchpilot.simulation.replica import FloatArray, IntArray, Served
 from batchpilot.simulation.scrape import Target, sum_irate, sum_rate
+from batchpilot.simulation.service import ServiceTruth
 
 POW2_SLOTS = 16
 """Power-of-two batch buckets 1, 2, 4, … 32768 (the runtime's `batch_bucket` label)."""
@@ -326,11 +327,10 @@ class Telemetry:
         else:
             target.count(times, Column.ARRIVALS)
 
-    def record(
-        self, served: Sequence[tuple[int, Served]], *, alpha_s: float, beta_s: float
-    ) -> None:
+    def record(self, served: Sequence[tuple[int, Served]], *, truth: ServiceTruth) -> None:
         """Count the batches (and their requests) that replicas ran, by when they finished, and
-        the requests they refused, by when they arrived. `served`: (pod, what it did)."""
+        the requests they refused, by when they arrived. `served`: (pod, what it did), its
+        batch sizes in requests of `truth.rows_per_request` rows each."""
         latencies: list[FloatArray] = []
         slots: list[IntArray] = []
         for pod, result in served:
@@ -345,14 +345,15 @@ class Telemetry:
             if not result.batches:
                 continue
             sizes = result.sizes
+            rows = sizes * truth.rows_per_request
             dispatched = result.dispatched_at
-            seconds: FloatArray = alpha_s + beta_s * sizes.astype(np.float64)
+            seconds: FloatArray = truth.alpha_s + truth.beta_s * rows.astype(np.float64)
             ended = dispatched + seconds
             batch_slot = self._slot(ended)
-            pow2 = _pow2_slot(sizes)
+            pow2 = _pow2_slot(rows)
             np.add.at(self.busy_s, batch_slot, seconds)
             self._add(self.batches, batch_slot, pow2)
-            for table, values in ((self.rows, sizes), (self.compute_s, seconds)):
+            for table, values in ((self.rows, rows), (self.compute_s, seconds)):
                 np.add.at(table, (batch_slot, pow2), values)
             slot = np.repeat(batch_slot, sizes)
             waits = np.repeat(dispatched, sizes) - result.arrivals
@@ -364,7 +365,7 @@ class Telemetry:
                 self._add(self.queue_wait, slot, wait_bucket)
             else:
                 self._scrape_batches(
-                    target, result, seconds, ended, pow2, latency_bucket, wait_bucket
+                    target, result, rows, seconds, ended, pow2, latency_bucket, wait_bucket
                 )
             latencies.append(latency)
             slots.append(slot)
@@ -385,6 +386,7 @@ class Telemetry:
         self,
         target: Target,
         served: Served,
+        rows_run: IntArray,
         seconds: FloatArray,
         ended: FloatArray,
         pow2: IntArray,
@@ -421,10 +423,10 @@ class Telemetry:
                 np.ones(2 * request_row.shape[0]),
                 first_part,
                 seconds - first_part,
-                sizes,
+                rows_run,
                 batch,
                 batch,
-                sizes,
+                rows_run,
                 seconds,
             ]
         )
@@ -471,6 +473,7 @@ class Telemetry:
         compute = self.compute_s[lo:k].sum(axis=0)
         bounds = self.bounds.tolist()
         total_batches = int(batches.sum())
+        completed = float(self.completed[lo:k].sum())
         points = tuple(
             ComputePoint(
                 mean_batch=float(rows[i]) / float(batches[i]),
@@ -485,13 +488,14 @@ class Telemetry:
             window_s=self.window_s,
             p99_s=_quantile(0.99, bounds, latency),
             p95_s=_quantile(0.95, bounds, latency),
-            qps=float(self.completed[lo:k].sum()) / seconds,
+            qps=completed / seconds,
             rejected_qps=float(self.rejected[lo:k].sum()) / seconds,
             queue_p99_s=_quantile(0.99, bounds, waits),
             utilization=(
                 float(self.busy_s[lo:k].sum()) / seconds / reporting if reporting else None
             ),
             mean_batch=float(rows.sum()) / total_batches if total_batches else None,
+            rows_per_request=float(rows.sum()) / completed if completed else None,
             compute=points,
             ready_replicas=ready,
             arrival_qps=float(self.arrived[lo:k].sum()) / seconds,
@@ -533,16 +537,18 @@ class Telemetry:
         )
         counted = reporting > 0  # no replica reports: the request rates are missing too
         fast = _number(recent[0]) if counted else None
+        served = _number(rates[Column.LATENCY.stop - 1]) if counted else None
         return Observation(
             at=now,
             window_s=window,
             p99_s=_quantile(0.99, bounds, buckets(Column.LATENCY)),
             p95_s=_quantile(0.95, bounds, buckets(Column.LATENCY)),
-            qps=_number(rates[Column.LATENCY.stop - 1]) if counted else None,
+            qps=served,
             rejected_qps=_number(rates[Column.REJECTED]) if counted else None,
             queue_p99_s=_quantile(0.99, bounds, buckets(Column.QUEUE_WAIT)),
             utilization=busy / reporting if busy is not None and counted else None,
             mean_batch=(size_sum / size_count if size_sum is not None and size_count else None),
+            rows_per_request=(size_sum / served if size_sum is not None and served else None),
             compute=points,
             ready_replicas=ready,
             arrival_qps=_number(rates[Column.ARRIVALS]) if counted else None,

@@ -26,54 +26,89 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
+
+from batchpilot.simulation.replica import Replica
 
 
 @dataclass(frozen=True, slots=True)
 class ServiceTruth:
-    """What one replica really does: t(b) = α + β·b on the device, plus `overhead_s` per request
-    outside it (in parallel, never queued: the CPU side is not the bottleneck here)."""
+    """What one replica really does: t(b) = α + β·b on the device for a batch of b rows, plus
+    `overhead_s` per request outside it (in parallel, never queued: the CPU side is not the
+    bottleneck here); and what its callers send: `rows_per_request` rows in every request (a
+    client that batches on its side). The batch limit counts rows, as the runtime's does: a
+    batch holds as many whole requests as fit in it, and at least one."""
 
     alpha_s: float
     beta_s: float
     overhead_s: float = 0.0
+    rows_per_request: int = 1
 
     def __post_init__(self) -> None:
         if self.alpha_s < 0 or self.beta_s < 0 or self.overhead_s < 0:
             raise ValueError("alpha, beta and overhead must not be negative")
         if self.alpha_s + self.beta_s <= 0:
             raise ValueError("a batch must take some time: alpha + beta must be positive")
+        if self.rows_per_request < 1:
+            raise ValueError("a request carries at least one row")
 
     def batch_seconds(self, rows: float) -> float:
         return self.alpha_s + self.beta_s * rows
 
+    def requests_per_batch(self, max_batch: int) -> int:
+        """Whole requests a batch limit of `max_batch` rows holds (a larger request runs alone)."""
+        return max(1, max_batch // self.rows_per_request)
+
+    @property
+    def request_beta_s(self) -> float:
+        """Device time one more request adds to a batch: β for each of its rows."""
+        return self.beta_s * self.rows_per_request
+
+    def replica(self, *, max_batch: int, delay_s: float, **options: Any) -> Replica:
+        """A replica of this service, counting in requests: its batch limit is the requests
+        `max_batch` rows hold, a request costs `request_beta_s` (see `set_batch_limit`)."""
+        return Replica(
+            alpha_s=self.alpha_s,
+            beta_s=self.request_beta_s,
+            max_batch=self.requests_per_batch(max_batch),
+            delay_s=delay_s,
+            **options,
+        )
+
     def capacity(self, max_batch: int) -> float:
-        """Requests per second one replica serves with full batches of `max_batch`."""
-        return max_batch / self.batch_seconds(max_batch)
+        """Requests per second one replica serves with full batches of `max_batch` rows."""
+        n = self.requests_per_batch(max_batch)
+        return n / (self.alpha_s + self.request_beta_s * n)
 
     def describe(self) -> str:
         text = f"t(b) = {self.alpha_s * 1e3:.3g} + {self.beta_s * 1e3:.3g}·b ms"
         if self.overhead_s:
             text += f", +{self.overhead_s * 1e3:.3g} ms outside the device"
+        if self.rows_per_request > 1:
+            text += f", {self.rows_per_request} rows a request"
         return text
 
     @classmethod
     def parse(cls, text: str, *, overhead_ms: float | None = None) -> ServiceTruth:
-        """`alpha_ms=A,beta_ms=B[,overhead_ms=C]`, or a preset name (`textbook`)."""
-        name = text.strip().lower()
-        if name in PRESETS:
-            preset = PRESETS[name]
-            if overhead_ms is None:
-                return preset
-            return cls(preset.alpha_s, preset.beta_s, overhead_ms / 1e3)
+        """`alpha_ms=A,beta_ms=B[,overhead_ms=C][,rows=K]`, or a preset name (`textbook`),
+        optionally followed by `,rows=K` (`textbook,rows=4`)."""
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+        preset = PRESETS.get(parts[0].lower()) if parts else None
         values: dict[str, float] = {}
-        for part in filter(None, (p.strip() for p in text.split(","))):
-            match = re.fullmatch(r"(alpha_ms|beta_ms|overhead_ms)=([0-9]*\.?[0-9]+)", part)
-            if match is None:
+        for part in parts[1:] if preset is not None else parts:
+            match = re.fullmatch(r"(alpha_ms|beta_ms|overhead_ms|rows)=([0-9]*\.?[0-9]+)", part)
+            if match is None or (preset is not None and match[1] != "rows"):
                 raise ValueError(
-                    f"expected alpha_ms=A,beta_ms=B[,overhead_ms=C] or one of "
-                    f"{', '.join(PRESETS)}; got {text!r}"
+                    f"expected alpha_ms=A,beta_ms=B[,overhead_ms=C][,rows=K] or one of "
+                    f"{', '.join(PRESETS)}[,rows=K]; got {text!r}"
                 )
             values[match[1]] = float(match[2])
+        rows = values.get("rows", 1.0)
+        if rows != int(rows) or rows < 1:
+            raise ValueError(f"rows is a whole number of rows a request, at least 1; got {text!r}")
+        if preset is not None:
+            overhead_s = preset.overhead_s if overhead_ms is None else overhead_ms / 1e3
+            return cls(preset.alpha_s, preset.beta_s, overhead_s, int(rows))
         if not {"alpha_ms", "beta_ms"} <= set(values):
             raise ValueError(f"expected both alpha_ms and beta_ms, got {text!r}")
         if overhead_ms is not None:
@@ -82,6 +117,7 @@ class ServiceTruth:
             alpha_s=values["alpha_ms"] / 1e3,
             beta_s=values["beta_ms"] / 1e3,
             overhead_s=values.get("overhead_ms", 0.0) / 1e3,
+            rows_per_request=int(rows),
         )
 
 

@@ -88,6 +88,7 @@ def observation_from(
         queue_p99_s=number("queue_p99"),
         utilization=number("utilization"),
         mean_batch=number("mean_batch"),
+        rows_per_request=number("rows_per_request"),
         compute=points,
         ready_replicas=ready_replicas,
         arrival_qps=arrivals,

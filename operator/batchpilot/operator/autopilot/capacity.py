@@ -19,7 +19,7 @@ Pure: arithmetic on the fit, no I/O.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from batchpilot.operator.autopilot.policy import (
@@ -59,6 +59,14 @@ def batch_candidates(max_batch: int) -> list[int]:
     return sorted(values)
 
 
+def limits(model: LatencyFit, max_batch: int) -> list[int]:
+    """The candidates a request fits in: a limit below the rows a request brings runs each
+    request alone, as the limit of that many rows does, and would read "batch ≤ 1" where every
+    batch runs 4 rows."""
+    whole = int(model.rows_per_request + 0.1)
+    return [b for b in batch_candidates(max_batch) if b >= whole] or [max_batch]
+
+
 @dataclass(frozen=True, slots=True)
 class CapacityPlan:
     """Replicas and batch limit that carry a rate inside the target, as the model predicts."""
@@ -89,7 +97,7 @@ def plan_capacity(
     largest; the best effort at maxReplicas if none fits."""
     options: list[tuple[int, float, int]] = []  # (replicas needed, -capacity, batch limit)
     by_load: set[int] = set()  # the limits whose capacity keeps its headroom in load
-    for batch in batch_candidates(policy.max_batch_size):
+    for batch in limits(model, policy.max_batch_size):
         # Latency, not utilization, bounds a batching replica: its device is busy nearly all the
         # time long before its P99 suffers (batches grow to fill the time), so a busy-fraction
         # ceiling would buy replicas that change nothing.
@@ -186,7 +194,7 @@ def burst_batch(model: LatencyFit, policy: Policy, *, delay_s: float, overhead_s
     what a replica carries at most while others start. Limits whose full batches alone would
     break the SLA are left out, as in the plan."""
     best, most = 1, -1.0
-    for batch in batch_candidates(policy.max_batch_size):
+    for batch in limits(model, policy.max_batch_size):
         if batch > 1 and overhead_s + 2 * model.batch_seconds(batch) > policy.sla_p99_s:
             continue
         capacity = sla_capacity(
@@ -241,7 +249,8 @@ def _optimistic(model: LatencyFit) -> LatencyFit:
     so every batch takes t(b₀)."""
     if model.beta_s <= 0:
         return model
-    return LatencyFit(
+    return replace(
+        model,
         alpha_s=model.batch_seconds(model.alpha_s / model.beta_s),
         beta_s=0.0,
         confident=False,

@@ -77,6 +77,7 @@ from batchpilot.operator.autopilot.policy import (
     stored_delay_s,
 )
 from batchpilot.operator.autopilot.season import seasonal_forecast
+from batchpilot.operator.autopilot.service_model import LatencyFit
 from batchpilot.operator.autopilot.state import State
 
 STALE_WINDOWS = 3
@@ -138,7 +139,7 @@ def decide(
     )
 
     # 3. Learn: the fit; the latency outside the batcher; the cold start; the load now.
-    learned = learn(observation, policy, current, state, now, sla_met=sla_met)
+    learned = learn(observation, policy, current, state, now)
     model, overhead, settled = learned.state.fit, learned.state.overhead_s, learned.settled
     outside = min(overhead or 0.0, sla)
     # Headroom applies to the part of P99 the knobs move: the latency outside the batcher stays.
@@ -211,7 +212,9 @@ def decide(
         capacity_per_replica = chosen.capacity
         why = (
             f"model t(b) = {model.alpha_s * 1e3:.2f} + {model.beta_s * 1e3:.2f}·b ms"
-            f"{'' if model.confident else ' (rough)'} + {format_ms(outside)} outside the batcher: "
+            f"{'' if model.confident else ' (rough)'}"
+            f"{_rows_note(model)}"
+            f" + {format_ms(outside)} outside the batcher: "
             f"a replica carries "
             f"{chosen.capacity:.0f} rps at batch ≤ {chosen.batch_size} {kept_in(chosen)}, "
             f"so {chosen.replicas} for {headroom.rate:.0f} rps (P99 {format_ms(predicted)})"
@@ -328,6 +331,12 @@ def decide(
         capacity=capacity_per_replica,
         retuned=retuned,
     ), new_state
+
+
+def _rows_note(model: LatencyFit) -> str:
+    """The rows a request brings, in the model's words, where it is not one."""
+    rows = model.rows_per_request
+    return f", {rows:.3g} rows a request" if rows > 1 else ""
 
 
 def pending_since(since: float | None, *, asked: int, current: int, now: float) -> float | None:

@@ -67,12 +67,15 @@ def overruled(
 def feedback_only(
     observation: Observation, policy: Policy, current: InForce
 ) -> tuple[int, int, str]:
-    """A step on observed P99 alone: batch first (fast, cheap), then replicas."""
+    """A step on observed P99 alone: batch first (fast, cheap), then replicas. The batch limit
+    doubles what a batch runs: a request of more rows than the limit runs alone, so a limit
+    below a request's rows is doubled from the rows a request brings."""
     p99 = observation.p99_s
     sla = policy.sla_p99_s
     if p99 is not None and p99 > sla:
         if current.batch_size < policy.max_batch_size:
-            batch = min(policy.max_batch_size, current.batch_size * 2)
+            runs = max(current.batch_size, round(observation.rows_per_request or 1.0))
+            batch = min(policy.max_batch_size, runs * 2)
             return current.replicas, batch, "feedback: doubling the batch limit"
         step = max(1, math.ceil(current.replicas * min(1.0, p99 / sla - 1)))
         replicas = min(policy.max_replicas, current.replicas + step)

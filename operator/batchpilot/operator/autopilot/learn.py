@@ -52,6 +52,16 @@ SATURATED_SHARE = 0.05
 MIN_BUSY = 0.05
 """The smallest busy share a saturated window's load is read from: traffic that began in the
 last 3 s of a 60 s window says too little of its rate to be multiplied by more."""
+LEARN_BELOW_UNSERVED = 0.05
+"""Learn from windows that refused at most this share of their requests. Refusals at arrival
+keep the admitted requests' P99 inside the SLA, so a window that refused a few per cent to do so
+has its tail trimmed and reads the overhead short, never long — and must teach it: a service
+whose windows all refuse a little (one that started overloaded, say) would otherwise plan with
+no overhead, for too few replicas, and never leave the miss. Where many were refused, P99 is the
+deadline's, and says nothing of the overhead."""
+ONE_ROW = 1.01
+"""Rows per request below this are one row: the rest is the edges of the window (a batch is
+counted when it runs, its requests when they are answered)."""
 DEFAULT_INTERVAL_S = 15.0
 """The decision interval assumed at the first decision, before one has been measured."""
 
@@ -72,10 +82,9 @@ def learn(
     current: InForce,
     state: State,
     now: float,
-    *,
-    sla_met: bool | None,
 ) -> Learned:
-    """Refit t(b); learn the latency outside the batcher from healthy windows of the present;
+    """Refit t(b); learn the latency outside the batcher from windows of the present with P99
+    inside the SLA;
     note when the capacity in force changed and how long new replicas took to start."""
     assert observation.ready_replicas is not None
     ready = observation.ready_replicas
@@ -87,10 +96,21 @@ def learn(
     interval = now - state.rate[0] if state.rate is not None else 0.0
     settled = changed_at is None or now - changed_at >= observation.window_s + interval
     model = fit(observation.compute, state.fit)
+    if model is not None:
+        known = state.fit.rows_per_request if state.fit is not None else 1.0
+        model = replace(model, rows_per_request=rows_per_request(observation, known))
     overhead = state.overhead_s
     p99 = observation.p99_s
-    if model is not None and p99 is not None and sla_met and settled:
-        # Only healthy windows teach the overhead: an unhealthy one is the guard's business.
+    if (
+        model is not None
+        and p99 is not None
+        and p99 <= policy.sla_p99_s
+        and observation.unserved_share <= LEARN_BELOW_UNSERVED
+        and settled
+    ):
+        # Only windows with P99 inside the SLA teach the overhead: one over it is the guard's
+        # business. One that refused a few per cent to keep it there teaches it too (see
+        # `LEARN_BELOW_UNSERVED`).
         expected = predict(
             model,
             rate=observation.offered_qps or 0.0,
@@ -128,6 +148,16 @@ def learn(
         settled=settled,
         interval=interval,
     )
+
+
+def rows_per_request(observation: Observation, known: float) -> float:
+    """The rows a request brings: the window's, else (no request answered) the last known.
+    The fit counts rows and the rates count requests: without this, a client that sends 8
+    rows a request would be planned for an eighth of its load."""
+    measured = observation.rows_per_request
+    if measured is None or not math.isfinite(measured):
+        return known
+    return 1.0 if measured < ONE_ROW else measured
 
 
 def present_load(

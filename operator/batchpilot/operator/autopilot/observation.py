@@ -48,6 +48,10 @@ class Observation:
     """Device busy fraction per replica, 0-1 (busy-seconds rate, NVML or DCGM)."""
     mean_batch: float | None
     compute: tuple[ComputePoint, ...] = ()
+    rows_per_request: float | None = None
+    """Rows the batches ran per request answered: 1 where every request carries one row (an
+    image, a sentence), more where clients batch on their side. The fit t(b) counts rows and
+    the rates count requests; this converts. None without requests answered in the window."""
     ready_replicas: int | None = None
     arrival_qps: float | None = None
     """Requests that arrived per second, counted at arrival by the runtime whatever became of

@@ -94,6 +94,7 @@ def queries(
         "dcgm": dcgm,
     }[utilization]
     arrivals = f"batchpilot_arrivals_total{{{sel}}}"
+    served = rate("batchpilot_requests_total", ',outcome="success"')
     # irate: the rate between the last two scrapes in the range, the freshest Prometheus has.
     recent = {} if recent_s is None else {"recent": agg("sum", f"irate({arrivals}[{recent_s}s])")}
     seasonal: dict[str, str] = {}
@@ -120,13 +121,15 @@ def queries(
             "p99": quantile(0.99, "batchpilot_request_duration_seconds"),
             "p95": quantile(0.95, "batchpilot_request_duration_seconds"),
             "queue_p99": quantile(0.99, "batchpilot_queue_wait_seconds"),
-            "qps": rate("batchpilot_requests_total", ',outcome="success"'),
+            "qps": served,
             "rejected": rate("batchpilot_requests_total", ',outcome="rejected"'),
             "arrivals": rate("batchpilot_arrivals_total"),
             "utilization": util,
             "mean_batch": (
                 f"{rate('batchpilot_batch_size_sum')} / {rate('batchpilot_batch_size_count')}"
             ),
+            # Rows run per request answered: the rates count requests, the fit t(b) rows.
+            "rows_per_request": f"{rate('batchpilot_batch_size_sum')} / {served}",
             "compute_seconds": rate("batchpilot_batch_compute_seconds_total", "", "batch_bucket"),
             "compute_rows": rate("batchpilot_batch_rows_total", "", "batch_bucket"),
             "compute_batches": rate("batchpilot_batches_total", "", "batch_bucket"),

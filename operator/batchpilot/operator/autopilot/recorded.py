@@ -42,6 +42,7 @@ RECORDED = (
     "arrivals",
     "utilization",
     "mean_batch",
+    "rows_per_request",
     "compute_batches",
     "compute_rows",
     "compute_seconds",

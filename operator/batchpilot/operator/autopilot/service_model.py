@@ -52,18 +52,33 @@ SMOOTHING = 0.5
 
 @dataclass(frozen=True, slots=True)
 class LatencyFit:
-    """t(b) = α + β·b, in seconds. `confident`: fitted from at least two distinct batch sizes."""
+    """t(b) = α + β·b, in seconds, for a batch of b rows. `confident`: fitted from at least two
+    distinct batch sizes. `rows_per_request`: the rows a request brings (measured, see
+    `Observation.rows_per_request`): rates are requests, batch limits rows, and a batch holds
+    whole requests — the model counts in requests of k rows, each costing β·k (`in_requests`)."""
 
     alpha_s: float
     beta_s: float
     confident: bool
+    rows_per_request: float = 1.0
 
     def batch_seconds(self, batch: float) -> float:
         return self.alpha_s + self.beta_s * batch
 
+    def in_requests(self, max_batch: int) -> tuple[float, int]:
+        """(β per request, whole requests a batch limit of `max_batch` rows holds: at least one,
+        a larger request runs alone)."""
+        k = self.rows_per_request
+        if k == 1.0:
+            return self.beta_s, max_batch
+        # To a tenth of a request: a mean measured a little above a whole number of rows (3.01
+        # where every request carries 3) must not lose a request from every batch.
+        return self.beta_s * k, max(1, int(max_batch / k + 0.1))
+
     def capacity(self, max_batch: int) -> float:
-        """Requests per second one replica serves at full batches of `max_batch`."""
-        return max_batch / self.batch_seconds(max_batch)
+        """Requests per second one replica serves at full batches of `max_batch` rows."""
+        beta, requests = self.in_requests(max_batch)
+        return requests / (self.alpha_s + beta * requests)
 
 
 def fit(points: Sequence[ComputePoint], prior: LatencyFit | None) -> LatencyFit | None:
@@ -188,15 +203,20 @@ def _operating_point(
 
     t(b) = α + β·b is written out, and so are the fixed point's `max(t(b), D)`, `max(floor, ·)`
     and `min(B, ·)`, with the ties `max` and `min` break the same way: the capacity search runs
-    this loop thousands of times a decision."""
-    alpha, beta = model.alpha_s, model.beta_s
+    this loop thousands of times a decision.
+
+    The queue is modelled in requests (`LatencyFit.in_requests`): the batch size returned is
+    converted back to rows."""
+    alpha = model.alpha_s
+    beta, max_batch = model.in_requests(max_batch)
+    rows = model.rows_per_request
     delay = delay_s if max_batch > 1 else 0.0
     full = alpha + beta * max_batch
     load = lam * full / max_batch
     if lam <= 0:
-        return 1.0, 0.0, 0.0, overhead_s + delay + (alpha + beta)
+        return rows, 0.0, 0.0, overhead_s + delay + (alpha + beta)
     if load >= 1:
-        return max_batch, 1.0, load, math.inf
+        return max_batch * rows, 1.0, load, math.inf
     floor = min(float(max_batch), 1 + lam * delay)
     work = full / max_batch
     backlog = math.log(load / TAIL) * work / _backlog_rate(load) if load > TAIL else 0.0
@@ -227,7 +247,7 @@ def _operating_point(
     filling = min(delay, (fill + Z99 * math.sqrt(fill)) / lam) if fill else 0.0
     in_flight = tail_seconds * max(0.0, 1 - TAIL / utilization) if utilization > TAIL else 0.0
     p99 = overhead_s + max(filling, in_flight, backlog) + tail_seconds
-    return batch, utilization, load, p99
+    return batch * rows, utilization, load, p99
 
 
 def sla_capacity(

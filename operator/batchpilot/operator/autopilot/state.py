@@ -11,6 +11,7 @@ Pure: data and its dict round trip, no I/O.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +66,8 @@ class State:
                 "betaMs": round(self.fit.beta_s * 1e3, 4),
                 "confident": self.fit.confident,
             }
+            if self.fit.rows_per_request != 1.0:
+                doc["fit"]["rowsPerRequest"] = round(self.fit.rows_per_request, 4)
         if self.overhead_s is not None:
             doc["overheadMs"] = round(self.overhead_s * 1e3, 4)
         if self.changed_at is not None:
@@ -89,6 +92,7 @@ class State:
                     alpha_s=float(raw_fit["alphaMs"]) / 1e3,
                     beta_s=float(raw_fit["betaMs"]) / 1e3,
                     confident=bool(raw_fit["confident"]),
+                    rows_per_request=_rows(raw_fit.get("rowsPerRequest")),
                 )
                 if isinstance(raw_fit, dict)
                 else None
@@ -119,3 +123,9 @@ class State:
 
 def _number(value: Any) -> float | None:
     return None if value is None else float(value)
+
+
+def _rows(value: Any) -> float:
+    """A persisted rows-per-request: 1 where absent or out of bounds."""
+    rows = 1.0 if value is None else float(value)
+    return rows if math.isfinite(rows) and rows >= 1.0 else 1.0
