@@ -12,6 +12,7 @@ from batchpilot.operator.autopilot.capacity import (
     Carried,
     batch_candidates,
     burst_batch,
+    limits,
     replica_capacity,
 )
 from batchpilot.operator.autopilot.decide import decide, pending_since
@@ -569,6 +570,12 @@ def test_batch_candidates() -> None:
     assert batch_candidates(32) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
     assert batch_candidates(1) == [1]
     assert batch_candidates(10) == [1, 2, 3, 4, 6, 8, 10]
+    # below the rows a request brings, every limit runs each request alone: left out
+    four = replace(MODEL, rows_per_request=4.0)
+    assert limits(four, 32) == [4, 6, 8, 12, 16, 24, 32]
+    assert limits(replace(MODEL, rows_per_request=2.96), 8) == [3, 4, 6, 8]
+    assert limits(four, 2) == [2]  # a ceiling below a request: the ceiling
+    assert limits(MODEL, 32) == batch_candidates(32)
 
 
 @pytest.mark.parametrize("qps", [50, 150, 300, 600, 900])
