@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -103,6 +104,15 @@ class TestAuto:
         assert json.loads(document)["deadlineMs"] == world.body["status"]["deadlineMs"]
         # the offered load, as the status tells it: served + shed without arrival counts
         assert world.body["status"]["metrics"]["offeredQps"] == 300
+
+    def test_the_rows_a_request_brings_are_in_the_status_and_the_reason(self) -> None:
+        world = World(observe=lambda *a, **k: replace(overloaded(*a, **k), rows_per_request=4.0))
+        decision = world.tick().decision
+        assert decision is not None
+        assert world.body["status"]["metrics"]["rowsPerRequest"] == 4.0
+        assert "4 rows a request" in decision.reason
+        assert world.body["status"]["autopilot"]["fit"]["rowsPerRequest"] == 4.0
+        assert "rowsPerRequest" not in World().tick().status["metrics"]
 
     def test_a_deadline_off_the_sla_is_put_right_and_pushed_even_without_a_decision(
         self,

@@ -268,6 +268,9 @@ def metrics_status(observation: Observation | None, *, now: datetime) -> dict[st
         "meanBatchSize": None
         if observation.mean_batch is None
         else round(observation.mean_batch, 2),
+        "rowsPerRequest": None
+        if observation.rows_per_request is None
+        else round(observation.rows_per_request, 2),
         "window": f"{observation.window_s:.0f}s",
         "observedAt": conditions.timestamp(now),
         "p99Text": _ms_text(observation.p99_s),
