@@ -241,20 +241,10 @@ class TestRequestsOfSeveralRows:
 
     def test_feedback_doubles_from_the_rows_a_request_brings(self) -> None:
         # batch limit 1 with 4-row requests: each runs alone, 2 would change nothing
-        obs = Observation(
-            at=0,
-            window_s=30,
-            p99_s=0.3,
-            p95_s=None,
-            qps=100,
-            rejected_qps=0,
-            queue_p99_s=None,
-            utilization=None,
-            mean_batch=4.0,
-            rows_per_request=4.0,
-            ready_replicas=1,
-        )
+        without_a_fit = replace(seen(at=0, qps=100, p99_ms=300, ready=1, batch=4.0), compute=())
+        obs = replace(without_a_fit, rows_per_request=4.0)
         decision, _ = decide(obs, POLICY, InForce(1, 1, 0.005), State(), now=0)
+        assert "feedback: doubling the batch limit" in decision.reason
         assert decision.batch_size == 8
 
 

@@ -14,10 +14,13 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.autopilot.prometheus import (
     PrometheusObserver,
     PrometheusUnavailable,
@@ -25,8 +28,8 @@ from batchpilot.operator.autopilot.prometheus import (
     http_query,
 )
 from batchpilot.runtime.loadgen import LoadConfig, RateSchedule, Target, run_load
-from batchpilot.sandbox.prometheus import prometheus_process
-from tests.runtime_process import Scrape, free_port, runtime_process
+from batchpilot.sandbox.prometheus import PrometheusProcess, prometheus_process
+from tests.runtime_process import RuntimeProcess, Scrape, free_port, runtime_process
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -35,18 +38,21 @@ SCOPE = Scope(namespace="vision", isvc="resnet50")
 LOAD_S = 8.0
 
 
-def test_rate_and_latency_read_back_agree_with_the_load_generator(
-    image_model: Path, tmp_path: Path
-) -> None:
+@contextmanager
+def scraped_runtime(
+    image_model: Path, tmp_path: Path, latency: str, max_batch: int
+) -> Iterator[tuple[RuntimeProcess, PrometheusProcess, float]]:
+    """A simulated runtime of the service `SCOPE`, Prometheus scraping it, and when its target
+    was set; from its first scrape on."""
     with (
         runtime_process(
             image_model,
             "--engine",
             "simulated",
             "--simulated-latency",
-            "alpha_ms=20,beta_ms=2",
+            latency,
             "--max-batch-size",
-            "8",
+            str(max_batch),
             "--max-queue-delay-ms",
             "2",
             log_dir=tmp_path,
@@ -61,6 +67,40 @@ def test_rate_and_latency_read_back_agree_with_the_load_generator(
             timeout=20,
             what="the first scrape",
         )
+        yield runtime, prometheus, targets_set
+
+
+def scraped_through(prometheus: PrometheusProcess, succeeded: int) -> None:
+    """Wait until Prometheus has scraped every request the load generator had answered."""
+    total = f'sum(batchpilot_requests_total{{{SCOPE.selector},outcome="success"}})'
+    wait_until(
+        lambda: (r := prometheus.query(total)) and float(r[0]["value"][1]) >= succeeded,
+        timeout=10,
+        what="Prometheus to scrape the last requests",
+    )
+
+
+def whole_run(prometheus: PrometheusProcess, targets_set: float) -> Observation | None:
+    """A window over the whole run, reaching back to before the target was set: the first
+    sample of every bucket in it is the first scrape's zero, so increase() extrapolates nothing
+    at the start and counts every request, as the runtime's own histogram does. (A window that
+    starts after the first scrape begins at a sample that already counts some requests, and
+    increase() extrapolates each bucket back to zero differently.)"""
+    return PrometheusObserver(
+        http_query(prometheus.url),
+        window_s=math.ceil(time.time() - targets_set) + 1,
+        clock=time.time,
+    ).observe(SCOPE, ready_replicas=1)
+
+
+def test_rate_and_latency_read_back_agree_with_the_load_generator(
+    image_model: Path, tmp_path: Path
+) -> None:
+    with scraped_runtime(image_model, tmp_path, "alpha_ms=20,beta_ms=2", 8) as (
+        runtime,
+        prometheus,
+        targets_set,
+    ):
         config = LoadConfig(
             target=Target(url=runtime.url, model="image"),
             duration_s=LOAD_S,
@@ -69,28 +109,13 @@ def test_rate_and_latency_read_back_agree_with_the_load_generator(
         report = asyncio.run(run_load(config))
         ended = time.time()
         assert report.succeeded > 0.9 * 80 * LOAD_S
-
-        total = f'sum(batchpilot_requests_total{{{SCOPE.selector},outcome="success"}})'
-        wait_until(
-            lambda: (r := prometheus.query(total)) and float(r[0]["value"][1]) >= report.succeeded,
-            timeout=10,
-            what="Prometheus to scrape the last requests",
-        )
+        scraped_through(prometheus, report.succeeded)
         # A window that sits inside the load, ending when it ended.
         observer = PrometheusObserver(
             http_query(prometheus.url), window_s=int(LOAD_S) - 2, recent_s=3, clock=time.time
         )
         observation = observer.observe(SCOPE, ready_replicas=1, at=ended - 0.5)
-        # A window over the whole run, reaching back to before the target was set: the first
-        # sample of every bucket in it is the first scrape's zero, so increase() extrapolates
-        # nothing at the start and counts every request, as the runtime's own histogram does.
-        # (A window that starts after the first scrape begins at a sample that already counts
-        # some requests, and increase() extrapolates each bucket back to zero differently.)
-        whole = PrometheusObserver(
-            http_query(prometheus.url),
-            window_s=math.ceil(time.time() - targets_set) + 1,
-            clock=time.time,
-        ).observe(SCOPE, ready_replicas=1)
+        whole = whole_run(prometheus, targets_set)
         scrape = Scrape(runtime)
         buckets = scrape.buckets("batchpilot_request_duration_seconds")
 
@@ -144,44 +169,19 @@ def test_requests_of_several_rows_read_back_as_rows_per_request(
     image_model: Path, tmp_path: Path
 ) -> None:
     # 4 rows a request, a batch limit of 16 rows: batches of whole requests, 4 to 16 rows.
-    with (
-        runtime_process(
-            image_model,
-            "--engine",
-            "simulated",
-            "--simulated-latency",
-            "alpha_ms=5,beta_ms=0.5",
-            "--max-batch-size",
-            "16",
-            "--max-queue-delay-ms",
-            "2",
-            log_dir=tmp_path,
-            env={"BATCHPILOT_ISVC_NAME": SCOPE.isvc, "BATCHPILOT_ISVC_NAMESPACE": SCOPE.namespace},
-        ) as runtime,
-        prometheus_process(tmp_path) as prometheus,
+    with scraped_runtime(image_model, tmp_path, "alpha_ms=5,beta_ms=0.5", 16) as (
+        runtime,
+        prometheus,
+        targets_set,
     ):
-        targets_set = time.time()
-        prometheus.set_targets([(f"127.0.0.1:{runtime.port}", {})])
-        wait_until(
-            lambda: prometheus.query("batchpilot_engine_info"), timeout=20, what="the first scrape"
-        )
         config = LoadConfig(
             target=Target(url=runtime.url, model="image", rows=4),
             duration_s=4.0,
             schedule=RateSchedule.constant(40),
         )
         report = asyncio.run(run_load(config))
-        total = f'sum(batchpilot_requests_total{{{SCOPE.selector},outcome="success"}})'
-        wait_until(
-            lambda: (r := prometheus.query(total)) and float(r[0]["value"][1]) >= report.succeeded,
-            timeout=10,
-            what="Prometheus to scrape the last requests",
-        )
-        whole = PrometheusObserver(
-            http_query(prometheus.url),
-            window_s=math.ceil(time.time() - targets_set) + 1,
-            clock=time.time,
-        ).observe(SCOPE, ready_replicas=1)
+        scraped_through(prometheus, report.succeeded)
+        whole = whole_run(prometheus, targets_set)
     assert report.succeeded > 0.9 * 40 * 4.0
     assert whole is not None
     assert whole.rows_per_request == pytest.approx(4.0, rel=0.02)
