@@ -207,9 +207,9 @@ def _operating_point(
 
     The queue is modelled in requests (`LatencyFit.in_requests`): the batch size returned is
     converted back to rows."""
-    alpha = model.alpha_s
-    beta, max_batch = model.in_requests(max_batch)
-    rows = model.rows_per_request
+    alpha, beta, rows = model.alpha_s, model.beta_s, model.rows_per_request
+    if rows != 1.0:
+        beta, max_batch = model.in_requests(max_batch)
     delay = delay_s if max_batch > 1 else 0.0
     full = alpha + beta * max_batch
     load = lam * full / max_batch
