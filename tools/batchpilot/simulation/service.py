@@ -66,7 +66,8 @@ class ServiceTruth:
 
     def replica(self, *, max_batch: int, delay_s: float, **options: Any) -> Replica:
         """A replica of this service, counting in requests: its batch limit is the requests
-        `max_batch` rows hold, a request costs `request_beta_s` (see `set_batch_limit`)."""
+        `max_batch` rows hold (`requests_per_batch`, as the cluster sets it again when the limit
+        changes), a request costs `request_beta_s`."""
         return Replica(
             alpha_s=self.alpha_s,
             beta_s=self.request_beta_s,
