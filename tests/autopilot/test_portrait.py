@@ -38,6 +38,7 @@ def signals(**changes: float | None) -> Signals:
         memory_bandwidth=None,
         cpu_util=base["cpu_util"],
         batch_size=base["batch_size"],
+        rows_per_request=base.get("rows_per_request"),
     )
 
 
@@ -78,6 +79,9 @@ class TestVerdict:
         for name in ("QPS", "P99 latency", "GPU utilization", "GPU memory", "CPU utilization"):
             assert name in text
         assert "next step: GPU under-used" in text
+        four = {row.name: row.value for row in rows(signals(rows_per_request=4.0))}
+        assert four["rows per request"] == "4.0"
+        assert {row.name: row.value for row in rows(signals())}["rows per request"] == "-"
 
 
 @pytest.mark.slow

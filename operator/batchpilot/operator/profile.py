@@ -74,6 +74,7 @@ def signals(
         memory_bandwidth=None,
         cpu_util=extra["cpu"],
         batch_size=observation.mean_batch,
+        rows_per_request=observation.rows_per_request,
     )
 
 

@@ -31,6 +31,8 @@ class Signals:
     """Process CPU seconds per second over the cores it may use, 0-1."""
     batch_size: float | None
     """Mean rows per batch."""
+    rows_per_request: float | None = None
+    """Rows a request brings (clients that batch on their side send more than one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +84,12 @@ def rows(s: Signals) -> list[Row]:
         ),
         Row("CPU utilization", _pct(s.cpu_util), "< 70%", _band(s.cpu_util, 0.0, 0.7)),
         Row("batch size", "-" if s.batch_size is None else f"{s.batch_size:.1f}", "-", "-"),
+        Row(
+            "rows per request",
+            "-" if s.rows_per_request is None else f"{s.rows_per_request:.1f}",
+            "-",
+            "-",
+        ),
     ]
 
 
