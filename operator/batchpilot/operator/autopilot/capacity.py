@@ -63,7 +63,7 @@ def limits(model: LatencyFit, max_batch: int) -> list[int]:
     """The candidates a request fits in: a limit below the rows a request brings runs each
     request alone, as the limit of that many rows does, and would read "batch ≤ 1" where every
     batch runs 4 rows."""
-    whole = int(model.rows_per_request + 0.1)
+    whole = model.request_rows()
     return [b for b in batch_candidates(max_batch) if b >= whole] or [max_batch]
 
 

@@ -46,6 +46,9 @@ Z99 = 2.33
 """Normal 99th percentile: a Poisson batch of mean b exceeds b + 2.33·√b 1 % of the time."""
 MIN_BATCHES = 20
 """Buckets with fewer batches in the window are too noisy to fit."""
+WHOLE_SLACK = 0.1
+"""Whole requests and rows are counted to a tenth: a mean measured a little above a whole
+number of rows (3.01 where every request carries 3) must not lose a request from every batch."""
 SMOOTHING = 0.5
 """Weight of a new fit against the previous one (a rough previous one is replaced: see `fit`)."""
 
@@ -71,9 +74,11 @@ class LatencyFit:
         k = self.rows_per_request
         if k == 1.0:
             return self.beta_s, max_batch
-        # To a tenth of a request: a mean measured a little above a whole number of rows (3.01
-        # where every request carries 3) must not lose a request from every batch.
-        return self.beta_s * k, max(1, int(max_batch / k + 0.1))
+        return self.beta_s * k, max(1, int(max_batch / k + WHOLE_SLACK))
+
+    def request_rows(self) -> int:
+        """The rows of one request, whole (to `WHOLE_SLACK`)."""
+        return int(self.rows_per_request + WHOLE_SLACK)
 
     def capacity(self, max_batch: int) -> float:
         """Requests per second one replica serves at full batches of `max_batch` rows."""
