@@ -204,10 +204,24 @@ class TestImages:
         ]
 
     def test_pipeline_time_is_in_the_metrics(self, classifier: RuntimeProcess) -> None:
+        before = Scrape(classifier)
         infer(classifier, "orientation", *bytes_request("x", [encode(picture(), "PNG")]))
         scrape = Scrape(classifier)
         assert scrape.value("batchpilot_pipeline_seconds_count", stage="preprocess") >= 1
         assert scrape.value("batchpilot_pipeline_seconds_count", stage="postprocess") >= 1
+
+        def grew(name: str, **labels: str) -> float:
+            return scrape.value(name, **labels) - before.value(name, **labels)
+
+        # the request's time outside the batcher holds its pre- and post-processing
+        outside = grew("batchpilot_request_duration_seconds_sum") - grew(
+            "batchpilot_batcher_seconds_total"
+        )
+        stages = grew("batchpilot_pipeline_seconds_sum", stage="preprocess") + grew(
+            "batchpilot_pipeline_seconds_sum", stage="postprocess"
+        )
+        assert grew("batchpilot_request_duration_seconds_count") == 1
+        assert outside >= stages > 0
 
     def json_request(self, data: list[Any], datatype: str = "BYTES") -> bytes:
         return orjson.dumps(

@@ -515,6 +515,11 @@ class TestMetricsFollowTheTraffic:
             assert scrape.value("batchpilot_arrivals_total", **labels) == len(sizes)
             assert scrape.value("batchpilot_admitted_total", **labels) == len(sizes)
             assert scrape.value("batchpilot_request_duration_seconds_sum", **labels) > 0
+            # their time in the batcher is part of their duration, and the rest is outside it
+            in_batcher = scrape.value("batchpilot_batcher_seconds_total", **labels)
+            assert (
+                0 < in_batcher < scrape.value("batchpilot_request_duration_seconds_sum", **labels)
+            )
             assert scrape.value("batchpilot_batch_size_count", **labels) == len(sizes)
             assert scrape.value("batchpilot_batch_size_sum", **labels) == sum(sizes)
             assert scrape.value("batchpilot_batch_rows_total", **labels) == sum(sizes)

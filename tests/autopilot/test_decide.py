@@ -248,6 +248,49 @@ class TestRequestsOfSeveralRows:
         assert decision.batch_size == 8
 
 
+class TestTheTimeOutsideTheBatcher:
+    """The latency outside the batcher (decoding, pre- and post-processing) is learned from
+    windows inside the SLA; until one comes, the mean the runtime measures stands in for it."""
+
+    @staticmethod
+    def overloaded(outside_s: float | None) -> Observation:
+        # 1000 rps arrive at one replica at batch 8: 60 % refused, P99 the queue's
+        window = seen(at=0, qps=400, p99_ms=150, ready=1, batch=8, utilization=1.0)
+        return replace(window, arrival_qps=1000, outside_s=outside_s)
+
+    def test_a_service_that_starts_overloaded_plans_with_the_measured_mean(self) -> None:
+        policy = replace(POLICY, max_replicas=20)
+        current = InForce(1, 8, 0.005)
+        blind, unknown = decide(self.overloaded(None), policy, current, State(fit=MODEL), now=0)
+        measured, state = decide(self.overloaded(0.04), policy, current, State(fit=MODEL), now=0)
+        assert unknown.overhead_s is None
+        assert state.overhead_s == 0.04
+        assert "40 ms outside the batcher" in measured.reason
+        # 40 of the 80 ms the plan keeps are spent outside: more replicas, not the same
+        assert measured.replicas > blind.replicas
+
+    def test_what_windows_taught_is_not_replaced_by_the_mean(self) -> None:
+        taught = State(fit=MODEL, overhead_s=0.01)
+        _, state = decide(self.overloaded(0.04), POLICY, InForce(1, 8, 0.005), taught, now=0)
+        assert state.overhead_s == 0.01
+
+    def test_a_mean_past_the_sla_counts_as_the_sla(self) -> None:
+        _, state = decide(self.overloaded(5.0), POLICY, InForce(1, 8, 0.005), State(MODEL), now=0)
+        assert state.overhead_s == POLICY.sla_p99_s
+
+    def test_a_window_inside_the_sla_teaches_it_from_there(self) -> None:
+        # the mean said 40 ms; a window inside the SLA shows P99 only 15 ms above the model's
+        seeded = State(fit=MODEL, overhead_s=0.04)
+        expected = predict(MODEL, rate=100, replicas=2, max_batch=8, delay_s=0.005).p99_s
+        inside = replace(
+            seen(at=0, qps=100, p99_ms=(expected + 0.015) * 1e3, ready=2, batch=2),
+            outside_s=0.04,
+        )
+        _, state = decide(inside, POLICY, InForce(2, 8, 0.005), seeded, now=0)
+        assert state.overhead_s is not None
+        assert state.overhead_s == pytest.approx(0.5 * 0.015 + 0.5 * 0.04)
+
+
 class TestShortWindowsDoNotCreep:
     """Short control windows (2 s ticks over a 10 s window, as in the full-loop test): the
     service is t(b) = 20 + 2·b ms, so one replica serves 45 rps at batch 1 and 276 rps inside

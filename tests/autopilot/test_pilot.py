@@ -13,6 +13,7 @@ from batchpilot.operator.autopilot.observation import ComputePoint, Observation
 from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
 from batchpilot.operator.autopilot.prometheus import Scope
 from batchpilot.operator.autopilot.reporting import HEARTBEAT_S
+from batchpilot.operator.children.deadline import default_deadline_ms
 from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT
 from batchpilot.operator.reconciler import Reconciler
 from batchpilot.operator.settings import OperatorSettings
@@ -113,6 +114,19 @@ class TestAuto:
         assert "4 rows a request" in decision.reason
         assert world.body["status"]["autopilot"]["fit"]["rowsPerRequest"] == 4.0
         assert "rowsPerRequest" not in World().tick().status["metrics"]
+
+    def test_the_time_measured_outside_the_batcher_shortens_the_deadline_at_once(self) -> None:
+        # a window this broken teaches nothing from its P99; the runtime's mean stands in
+        world = World(observe=lambda *a, **k: replace(overloaded(*a, **k), outside_s=0.03))
+        world.tick()
+        ((_, _, document),) = world.pushed
+        assert world.body["status"]["metrics"]["outsideMs"] == 30.0
+        assert world.body["status"]["autopilot"]["overheadMs"] == 30.0
+        sla_ms = world.body["spec"]["sla"]["latencyP99Ms"]
+        deadline = default_deadline_ms(sla_ms=sla_ms, outside_s=0.03)
+        assert json.loads(document)["deadlineMs"] == world.body["status"]["deadlineMs"] == deadline
+        assert deadline < sla_ms
+        assert "outsideMs" not in World().tick().status["metrics"]
 
     def test_a_deadline_off_the_sla_is_put_right_and_pushed_even_without_a_decision(
         self,

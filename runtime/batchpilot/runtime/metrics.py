@@ -15,6 +15,11 @@ environment), so one PromQL selector finds a service's replicas. What each metri
 - `batchpilot_pipeline_seconds` (histogram by `stage`: preprocess, postprocess): time spent
   decoding, resizing, tokenizing and picking top-k per request, outside the batch; with the
   request and batch durations it tells end-to-end, server and pure inference time apart.
+- `batchpilot_batcher_seconds_total` (counter): the seconds the requests timed in
+  `batchpilot_request_duration_seconds` spent in the batcher, from entering the queue to their
+  answer (queued, then computing). The request durations' sum less this is the time spent
+  outside the batcher (decoding, pre/post-processing, encoding): measured in every window, even
+  one whose P99 is all queue, where the P99 tells nothing of it.
 - `batchpilot_batch_compute_seconds_total`, `batchpilot_batch_rows_total`,
   `batchpilot_batches_total` (counters by power-of-two `batch_bucket`): mean compute time and
   mean rows per bucket, the points the autopilot fits t(b) ≈ α + β·b to.
@@ -242,6 +247,13 @@ class RuntimeMetrics:
         self.arrivals = Counter(
             "batchpilot_arrivals",
             "Valid requests that arrived, whatever became of them: the offered load",
+            names,
+            registry=r,
+        ).labels(**labels)
+        self.batcher_seconds = Counter(
+            "batchpilot_batcher_seconds",
+            "Seconds the timed requests spent in the batcher, from the queue to their batch's "
+            "end: request duration less this is the time outside the batcher",
             names,
             registry=r,
         ).labels(**labels)

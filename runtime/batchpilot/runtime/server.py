@@ -245,18 +245,29 @@ class ModelServer:
             metrics.shed("draining")
             raise
         metrics.admitted.inc()
-        if remaining_s is None:
-            outputs = await future
-        else:
-            assert timeout_s is not None
-            timer = asyncio.get_running_loop().call_later(remaining_s, _expire, future, timeout_s)
-            try:
+        queued = time.perf_counter()
+        try:
+            if remaining_s is None:
                 outputs = await future
-            except DeadlineExceeded:
-                metrics.shed("expired")
-                raise
-            finally:
-                timer.cancel()
+            else:
+                assert timeout_s is not None
+                timer = asyncio.get_running_loop().call_later(
+                    remaining_s, _expire, future, timeout_s
+                )
+                try:
+                    outputs = await future
+                except DeadlineExceeded:
+                    metrics.shed("expired")
+                    raise
+                finally:
+                    timer.cancel()
+        except asyncio.CancelledError:
+            raise  # a cancelled request's duration is not timed either
+        except BaseException:
+            metrics.batcher_seconds.inc(time.perf_counter() - queued)
+            raise
+        # Whatever is answered, its time in the batcher: the rest of its duration is outside it.
+        metrics.batcher_seconds.inc(time.perf_counter() - queued)
         names = request.requested_outputs or self._output_names
         if pipeline is not None and pipeline.postprocess is not None:
             return await self._off_loop(

@@ -55,6 +55,7 @@ def openmetrics(services: list[FakeService], *, start: int, end: int, step_s: in
         "batchpilot_batch_size": "histogram",
         "batchpilot_requests": "counter",
         "batchpilot_arrivals": "counter",
+        "batchpilot_batcher_seconds": "counter",
         "batchpilot_device_busy_seconds": "counter",
         "batchpilot_batch_compute_seconds": "counter",
         "batchpilot_batch_rows": "counter",
@@ -102,6 +103,10 @@ def openmetrics(services: list[FakeService], *, start: int, end: int, step_s: in
             )
             families["batchpilot_arrivals"].append(
                 f"batchpilot_arrivals_total{{{pod}}} {arrived:.3f} {t}"
+            )
+            # half of a request's time in the batcher, the other half outside it
+            families["batchpilot_batcher_seconds"].append(
+                f"batchpilot_batcher_seconds_total{{{pod}}} {served * service.p50_s / 2:.3f} {t}"
             )
             busy_s = service.busy * elapsed
             families["batchpilot_device_busy_seconds"].append(

@@ -79,7 +79,10 @@ class Column:
     BATCHES = slice(ARRIVALS + 5, ARRIVALS + 5 + POW2_SLOTS)
     ROWS = slice(BATCHES.stop, BATCHES.stop + POW2_SLOTS)
     COMPUTE = slice(ROWS.stop, ROWS.stop + POW2_SLOTS)
-    COUNT = COMPUTE.stop
+    OUTSIDE = COMPUTE.stop
+    """batchpilot_request_duration_seconds_sum less batchpilot_batcher_seconds_total: the
+    seconds the answered requests spent outside the batcher (their rates differ by this one's)."""
+    COUNT = OUTSIDE + 1
 
 
 def _lazy_columns() -> np.ndarray[Any, np.dtype[np.bool_]]:
@@ -404,11 +407,14 @@ class Telemetry:
         )
         request_row = np.repeat(ended_row, sizes)
         batch = np.ones(sizes.shape[0])
-        rows = np.concatenate([request_row, request_row, started_row, ended_row] + [ended_row] * 5)
+        rows = np.concatenate(
+            [request_row, request_row, request_row, started_row, ended_row] + [ended_row] * 5
+        )
         cols = np.concatenate(
             [
                 Column.LATENCY.start + latency_bucket,
                 Column.QUEUE_WAIT.start + wait_bucket,
+                np.full(request_row.shape[0], Column.OUTSIDE),
                 np.full(sizes.shape[0], Column.BUSY),
                 np.full(sizes.shape[0], Column.BUSY),
                 np.full(sizes.shape[0], Column.SIZE_SUM),
@@ -421,6 +427,7 @@ class Telemetry:
         weights = np.concatenate(
             [
                 np.ones(2 * request_row.shape[0]),
+                np.full(request_row.shape[0], self.overhead_s),
                 first_part,
                 seconds - first_part,
                 rows_run,
@@ -496,6 +503,7 @@ class Telemetry:
             ),
             mean_batch=float(rows.sum()) / total_batches if total_batches else None,
             rows_per_request=float(rows.sum()) / completed if completed else None,
+            outside_s=self.overhead_s if completed else None,
             compute=points,
             ready_replicas=ready,
             arrival_qps=float(self.arrived[lo:k].sum()) / seconds,
@@ -538,6 +546,7 @@ class Telemetry:
         counted = reporting > 0  # no replica reports: the request rates are missing too
         fast = _number(recent[0]) if counted else None
         served = _number(rates[Column.LATENCY.stop - 1]) if counted else None
+        outside = _number(rates[Column.OUTSIDE])
         return Observation(
             at=now,
             window_s=window,
@@ -549,6 +558,7 @@ class Telemetry:
             utilization=busy / reporting if busy is not None and counted else None,
             mean_batch=(size_sum / size_count if size_sum is not None and size_count else None),
             rows_per_request=(size_sum / served if size_sum is not None and served else None),
+            outside_s=outside / served if outside is not None and served else None,
             compute=points,
             ready_replicas=ready,
             arrival_qps=_number(rates[Column.ARRIVALS]) if counted else None,

@@ -89,6 +89,7 @@ def observation_from(
         utilization=number("utilization"),
         mean_batch=number("mean_batch"),
         rows_per_request=number("rows_per_request"),
+        outside_s=number("outside"),
         compute=points,
         ready_replicas=ready_replicas,
         arrival_qps=arrivals,

@@ -84,7 +84,7 @@ def learn(
     now: float,
 ) -> Learned:
     """Refit t(b); learn the latency outside the batcher from windows of the present with P99
-    inside the SLA;
+    inside the SLA (first, from the mean the runtime measures);
     note when the capacity in force changed and how long new replicas took to start."""
     assert observation.ready_replicas is not None
     ready = observation.ready_replicas
@@ -100,6 +100,12 @@ def learn(
         known = state.fit.rows_per_request if state.fit is not None else 1.0
         model = replace(model, rows_per_request=rows_per_request(observation, known))
     overhead = state.overhead_s
+    if overhead is None and observation.outside_s is not None:
+        # Until a window inside the SLA teaches it, the mean the runtime measured: a service
+        # that starts overloaded has only windows whose P99 is the queue's, and planned with no
+        # time outside the batcher it asks for too few replicas, and learns it only once they
+        # carry the load.
+        overhead = min(policy.sla_p99_s, max(0.0, observation.outside_s))
     p99 = observation.p99_s
     if (
         model is not None

@@ -52,6 +52,11 @@ class Observation:
     """Rows the batches ran per request answered: 1 where every request carries one row (an
     image, a sentence), more where clients batch on their side. The fit t(b) counts rows and
     the rates count requests; this converts. None without requests answered in the window."""
+    outside_s: float | None = None
+    """Mean seconds a request taken on spent outside the batcher (decoding, pre- and
+    post-processing, encoding): its duration less its time queued and computing. Measured in
+    every window, even one whose P99 is all queue; None from runtimes that do not count the
+    time in the batcher, or without requests."""
     ready_replicas: int | None = None
     arrival_qps: float | None = None
     """Requests that arrived per second, counted at arrival by the runtime whatever became of

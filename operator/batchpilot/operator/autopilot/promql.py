@@ -130,6 +130,12 @@ def queries(
             ),
             # Rows run per request answered: the rates count requests, the fit t(b) rows.
             "rows_per_request": f"{rate('batchpilot_batch_size_sum')} / {served}",
+            # Time outside the batcher per request timed: duration less the time in the batcher.
+            "outside": (
+                f"({rate('batchpilot_request_duration_seconds_sum')} - "
+                f"{rate('batchpilot_batcher_seconds_total')}) / "
+                f"{rate('batchpilot_request_duration_seconds_count')}"
+            ),
             "compute_seconds": rate("batchpilot_batch_compute_seconds_total", "", "batch_bucket"),
             "compute_rows": rate("batchpilot_batch_rows_total", "", "batch_bucket"),
             "compute_batches": rate("batchpilot_batches_total", "", "batch_bucket"),

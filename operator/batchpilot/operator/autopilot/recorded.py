@@ -43,6 +43,7 @@ RECORDED = (
     "utilization",
     "mean_batch",
     "rows_per_request",
+    "outside",
     "compute_batches",
     "compute_rows",
     "compute_seconds",

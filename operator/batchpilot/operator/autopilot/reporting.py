@@ -271,6 +271,7 @@ def metrics_status(observation: Observation | None, *, now: datetime) -> dict[st
         "rowsPerRequest": None
         if observation.rows_per_request is None
         else round(observation.rows_per_request, 2),
+        "outsideMs": ms(observation.outside_s),
         "window": f"{observation.window_s:.0f}s",
         "observedAt": conditions.timestamp(now),
         "p99Text": _ms_text(observation.p99_s),
