@@ -624,6 +624,10 @@ class TestSimulatedEngine:
             assert "SIMULATED" in server.log()
             scrape = Scrape(server)
             assert scrape.value("batchpilot_engine_info", engine="simulated", simulated="true") == 1
+            # timed at start-up: 1 row and the batch limit, t(1) = 21 ms and t(8) = 28 ms (the
+            # simulated batch may end up to 1 ms early by the server's clock)
+            assert 0.020 <= scrape.value("batchpilot_startup_batch_seconds", rows="1") < 0.2
+            assert 0.027 <= scrape.value("batchpilot_startup_batch_seconds", rows="8") < 0.2
 
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as session:
                 replies = await asyncio.gather(
@@ -637,12 +641,40 @@ class TestSimulatedEngine:
                 assert probabilities.array.shape == (1, 1000)
 
             scrape = Scrape(server)
+            # the start-up batches are no traffic: not in the batch counts
             assert scrape.value("batchpilot_batch_size_count") == 1
             assert scrape.value("batchpilot_batch_size_sum") == 8
             # t(8) = 20 ms + 1 ms x 8 = 28 ms; uvloop's timers tick in whole milliseconds, so the
             # simulated batch may end up to 1 ms early by the server's perf_counter clock
             compute = scrape.value("batchpilot_batch_duration_seconds_sum")
             assert 0.027 <= compute < 0.5, compute
+
+    def test_times_the_largest_batch_limit_allowed_at_start_up(
+        self, image_model: Path, tmp_path: Path
+    ) -> None:
+        # the batch limit in force is 1; it may be raised to 200, which is timed as 64 rows
+        with runtime_process(
+            image_model,
+            "--engine",
+            "simulated",
+            "--simulated-latency",
+            "alpha_ms=5,beta_ms=1",
+            "--max-batch-size",
+            "1",
+            "--calibration-rows",
+            "200",
+            log_dir=tmp_path,
+        ) as server:
+            scrape = Scrape(server)
+        timed = {
+            s.labels["rows"]: s.value
+            for s in scrape.samples
+            if s.name == "batchpilot_startup_batch_seconds"
+        }
+        assert set(timed) == {"1", "64"}
+        assert 0.005 <= timed["1"] < timed["64"]
+        assert 0.068 <= timed["64"] < 0.5  # t(64) = 5 + 64 ms
+        assert "t(b) = " in server.log()  # what admission predicts from, logged
 
 
 # --- Overload ---------------------------------------------------------------------------------

@@ -356,6 +356,55 @@ class TestShortWindowsDoNotCreep:
         assert "batch 4→16" in decisions[1].reason
 
 
+class TestTheBatchTimesOfTheStartUp:
+    """The runtime times batches of 1 row and of the largest batch limit allowed at start-up:
+    the slope is measured before traffic has run two batch sizes, and the first plan needs no
+    trial of the batch limit."""
+
+    # The service of `TestARoughModelTriesTheBatchFirst`: t(b) = 20 + 2·b ms, at batch 1, 70 rps.
+    TIMED = (ComputePoint(1, 0.022, 0), ComputePoint(64, 0.148, 0))
+
+    def first(self, startup: tuple[ComputePoint, ...]) -> tuple[Decision, State]:
+        window = TestARoughModelTriesTheBatchFirst.window(0, 45.0, 25.0, 2000.0, [(1.0, 450)])
+        current = InForce(1, 1, 0.002)
+        return decide(
+            replace(window, startup=startup),
+            TestARoughModelTriesTheBatchFirst.POLICY,
+            current,
+            State(),
+            0,
+        )
+
+    def test_the_first_plan_has_the_slope_from_the_start_up(self) -> None:
+        decision, state = self.first(self.TIMED)
+        assert state.fit is not None
+        assert state.fit.confident
+        assert (state.fit.alpha_s, state.fit.beta_s) == (pytest.approx(0.020), pytest.approx(0.002))
+        assert "t(b) = 20.00 + 2.00·b ms + " in decision.reason  # not "(rough)"
+        assert "guess" not in decision.reason
+        # the operating point at once: batch 16 on one replica (see the rough model's test)
+        assert (decision.batch_size, decision.replicas) == (16, 1)
+
+    def test_without_them_the_first_plan_is_a_guess(self) -> None:
+        decision, state = self.first(())
+        assert state.fit is not None
+        assert not state.fit.confident
+        assert "(rough)" in decision.reason
+
+    def test_a_confident_fit_from_traffic_is_not_replaced(self) -> None:
+        window = TestARoughModelTriesTheBatchFirst.window(0, 45.0, 25.0, 2000.0, [(1.0, 450)])
+        learned = State(fit=LatencyFit(alpha_s=0.010, beta_s=0.004, confident=True))
+        _, state = decide(
+            replace(window, startup=self.TIMED),
+            TestARoughModelTriesTheBatchFirst.POLICY,
+            InForce(1, 1, 0.002),
+            learned,
+            0,
+        )
+        assert state.fit is not None
+        assert state.fit.beta_s == pytest.approx(0.004)  # the traffic's slope, kept
+
+
 class TestARoughModelTriesTheBatchFirst:
     """The service of the full-loop test, t(b) = 20 + 2·b ms, at batch 1 on one replica (45 rps
     at most, t(1) = 22 ms); 2 s ticks over a 10 s window; SLA 150 ms, so the target is

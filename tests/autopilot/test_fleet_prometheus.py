@@ -80,6 +80,10 @@ def test_one_round_answers_every_service_as_its_own_queries_do(tmp_path: Path) -
             assert ours.p99_s is not None
             assert ours.utilization == pytest.approx(service.busy, rel=0.02)
             assert ours.outside_s == pytest.approx(service.p50_s / 2, rel=0.02)
+            assert [(p.mean_batch, p.mean_seconds) for p in ours.startup] == [
+                (1, pytest.approx(service.p50_s * (1 / 4 + 1 / 256), rel=1e-3)),
+                (64, pytest.approx(service.p50_s / 2, rel=1e-3)),
+            ]
             assert ours.compute
             assert not ours.missing()
 
@@ -141,6 +145,7 @@ def test_the_recorded_round_answers_every_service_as_the_raw_queries_do(tmp_path
             assert mine is not None
             assert mine.p99_s is not None
             assert mine.outside_s == pytest.approx(service.p50_s / 2, rel=0.02)
+            assert len(mine.startup) == 2
             assert mine.compute
             assert not mine.missing()
 

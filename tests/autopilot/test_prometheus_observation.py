@@ -146,6 +146,13 @@ def test_rate_and_latency_read_back_agree_with_the_load_generator(
     ) / scrape.value("batchpilot_request_duration_seconds_count")
     assert whole.outside_s is not None
     assert 0 < whole.outside_s == pytest.approx(outside, rel=0.02, abs=1e-4)
+    # the batches timed at start-up: 1 row and the batch limit, the runtime's own gauges
+    assert [(p.mean_batch, p.batches) for p in whole.startup] == [(1.0, 0.0), (8.0, 0.0)]
+    for point in whole.startup:
+        rows = str(int(point.mean_batch))
+        own_time = scrape.value("batchpilot_startup_batch_seconds", rows=rows)
+        assert point.mean_seconds == pytest.approx(own_time, rel=1e-6)
+        assert point.mean_seconds >= 0.98 * (0.020 + 0.002 * point.mean_batch)
     assert observation.utilization is not None
     assert 0 < observation.utilization < 1
     # Compute points, read back over the whole run: each bucket's mean batch and mean time are

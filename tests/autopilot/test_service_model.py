@@ -17,6 +17,7 @@ from batchpilot.operator.autopilot.service_model import (
     fit,
     predict,
     sla_capacity,
+    startup_fit,
 )
 
 
@@ -77,6 +78,36 @@ class TestFit:
         assert model is not None
         assert model.beta_s > 0
         assert model.alpha_s >= 0
+
+
+class TestStartUpFit:
+    """t(b) through the batch times a replica measured at start-up."""
+
+    def test_the_line_through_the_smallest_and_the_largest(self) -> None:
+        timed = [ComputePoint(1, 0.022, 0), ComputePoint(64, 0.148, 0)]
+        model = startup_fit(timed)
+        assert model is not None
+        assert model.confident
+        assert model.alpha_s == pytest.approx(0.020)
+        assert model.beta_s == pytest.approx(0.002)
+
+    @pytest.mark.parametrize(
+        "timed",
+        [[], [ComputePoint(1, 0.022, 0)], [ComputePoint(8, 0.03, 0), ComputePoint(10, 0.031, 0)]],
+    )
+    def test_one_size_tells_no_slope(self, timed: list[ComputePoint]) -> None:
+        assert startup_fit(timed) is None
+
+    def test_a_larger_batch_no_slower_is_fixed_cost(self) -> None:
+        model = startup_fit([ComputePoint(1, 0.030, 0), ComputePoint(64, 0.029, 0)])
+        assert model is not None
+        assert model.alpha_s == pytest.approx(0.0295, rel=0.01)
+        assert 0 < model.beta_s < 1e-6
+
+    def test_no_fixed_cost_visible_is_per_row_cost(self) -> None:
+        model = startup_fit([ComputePoint(1, 0.001, 0), ComputePoint(64, 0.128, 0)])
+        assert model is not None
+        assert (model.alpha_s, model.beta_s) == (0.0, pytest.approx(0.002))
 
 
 class TestPredict:

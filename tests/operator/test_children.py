@@ -211,6 +211,16 @@ class TestServingPath:
         assert flags["--async-result-ttl-s"] == "60"
         assert flags["--async-capacity"] == "10"
 
+    @pytest.mark.parametrize(("ceiling", "rows"), [(16, "16"), (64, "64"), (512, "64")])
+    def test_the_start_up_timing_reaches_the_largest_batch_limit_allowed(
+        self, ceiling: int, rows: str
+    ) -> None:
+        owner = owner_of(ROOT / "examples" / "resnet50-gpu.yaml")
+        scaling = {**owner.spec.scaling.dump(), "maxBatchSize": ceiling}
+        args = pod_of(with_spec(owner, scaling=scaling))["spec"]["containers"][0]["args"]
+        # capped where the runtime caps it: a ceiling changed above it rolls no pod
+        assert args[args.index("--calibration-rows") + 1] == rows
+
     def test_grpc_is_a_named_port_of_the_pods_and_the_service(self) -> None:
         owner = owner_of(ROOT / "examples" / "resnet50-gpu.yaml")
         children = {c["kind"]: c for c in render(owner)}

@@ -32,5 +32,12 @@ class BatchingDocument(TypedDict, total=False):
     objectivePercent: float
 
 
+STARTUP_TIMING_MAX_ROWS = 64
+"""The runtime times batches of 1 row and of its largest allowed batch limit at start-up, that
+one at most this many rows (`--calibration-rows`): a limit of 512 image rows would cost start-up
+seconds and hundreds of MB for a slope that 64 rows measure as well. The operator passes the
+InferenceService's `scaling.maxBatchSize` capped at this, so that its pods roll on no change
+above it."""
+
 BATCHING_KEYS: tuple[str, ...] = tuple(BatchingDocument.__annotations__)
 """Every key a batching document may have, in the order above; any other is refused."""

@@ -144,6 +144,7 @@ def assemble(
         admission=settings.admission,
         pipeline=pipeline,
         pipeline_threads=settings.pipeline_threads,
+        calibration_rows=settings.calibration_rows,
     )
     watchers: list[FileWatcher] = []
     access = None

@@ -20,6 +20,10 @@ environment), so one PromQL selector finds a service's replicas. What each metri
   answer (queued, then computing). The request durations' sum less this is the time spent
   outside the batcher (decoding, pre/post-processing, encoding): measured in every window, even
   one whose P99 is all queue, where the P99 tells nothing of it.
+- `batchpilot_startup_batch_seconds` (gauge by `rows`): the mean time of the batches timed at
+  start-up, of 1 row and of the largest batch limit allowed (`--calibration-rows`, 64 at most):
+  t(b)'s slope before traffic has run two batch sizes. Absent where the start-up timing was
+  skipped (queue admission, a model the zero inputs do not fit).
 - `batchpilot_batch_compute_seconds_total`, `batchpilot_batch_rows_total`,
   `batchpilot_batches_total` (counters by power-of-two `batch_bucket`): mean compute time and
   mean rows per bucket, the points the autopilot fits t(b) ≈ α + β·b to.
@@ -257,6 +261,13 @@ class RuntimeMetrics:
             names,
             registry=r,
         ).labels(**labels)
+        self._startup = Gauge(
+            "batchpilot_startup_batch_seconds",
+            "Mean seconds of the batches timed at start-up, by rows (1 and the largest batch "
+            "limit allowed)",
+            [*names, "rows"],
+            registry=r,
+        )
         self.admitted = Counter(
             "batchpilot_admitted", "Requests admitted into the queue", names, registry=r
         ).labels(**labels)
@@ -364,6 +375,11 @@ class RuntimeMetrics:
                 self.request_duration.observe(duration_s)
             elif outcome is RequestOutcome.REJECTED:
                 self.refusal_duration.observe(duration_s)
+
+    def startup_timed(self, seconds_by_rows: Mapping[int, float]) -> None:
+        """The mean time of the batches timed at start-up, by their rows."""
+        for rows, seconds in seconds_by_rows.items():
+            self._startup.labels(**self._labels, rows=str(rows)).set(seconds)
 
     def shed(self, reason: str) -> None:
         """One request shed; `reason` is one of `SHED_REASONS`."""

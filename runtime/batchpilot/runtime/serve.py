@@ -164,6 +164,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "BATCHPILOT_GRPC_PORT)",
     )
     a("--max-batch-size", type=int, help="rows per batch, at most (default 8)")
+    a(
+        "--calibration-rows",
+        type=int,
+        help="rows of the larger batch timed at start-up, beside 1 row (64 at most): the largest "
+        "batch limit this server may be given, so that t(b) has a slope before traffic (default: "
+        "--max-batch-size; BATCHPILOT_CALIBRATION_ROWS)",
+    )
     a("--max-queue-delay-ms", type=float, help="longest wait for a batch to fill (default 5)")
     a("--queue-capacity", type=int, help="requests waiting before 503 (default 1024)")
     a(

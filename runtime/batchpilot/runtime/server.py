@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 
+from batchpilot.api.batching import STARTUP_TIMING_MAX_ROWS
 from batchpilot.runtime.admission import Predictor
 from batchpilot.runtime.batching import Batcher, BatchQueue, BatchSettings
 from batchpilot.runtime.engine import Engine, ModelSignature, example_inputs
@@ -56,11 +57,9 @@ Admission = Literal["deadline", "queue"]
 default); queue: the queue bound only, full batches (kept to compare the two)."""
 
 CALIBRATION_ROUNDS = 2
-"""Batches of 1 and of max_batch_size rows timed at start-up, each, so that t(b) has a slope
-before the first request: a single measured size cannot tell fixed cost from per-row cost."""
-CALIBRATION_MAX_ROWS = 64
-"""The larger calibration batch holds at most this many rows: a limit of 512 image rows would
-cost start-up seconds and hundreds of MB for a slope that 64 rows measure as well."""
+"""Batches of 1 row and of the largest allowed batch limit timed at start-up, each, so that t(b)
+has a slope before the first request: a single measured size cannot tell fixed cost from
+per-row cost. The autopilot reads them too (`batchpilot_startup_batch_seconds`)."""
 
 
 def server_version() -> str:
@@ -84,8 +83,10 @@ class ModelServer:
         admission: Admission = "deadline",
         pipeline: Pipeline | None = None,
         pipeline_threads: int = 0,
+        calibration_rows: int | None = None,
     ) -> None:
         self.engine = engine
+        self._calibration_rows = calibration_rows
         self.metrics = metrics
         self.pipeline = pipeline
         self._pipeline_pool = (
@@ -182,11 +183,16 @@ class ModelServer:
         return len(self._queue)
 
     async def calibrate(self, *, rounds: int = CALIBRATION_ROUNDS) -> None:
-        """Time batches of 1 and of max_batch_size rows on the engine before serving, so that
-        admission predicts from the first request on. A model that cannot run a batch this way
-        (an input the zeros do not fit) is served without: t(b) is then learnt from traffic."""
-        sizes = sorted({1, min(self._batching.max_batch_size, CALIBRATION_MAX_ROWS)})
+        """Time batches of 1 row and of the largest allowed batch limit (`calibration_rows`,
+        else the limit in force; `STARTUP_TIMING_MAX_ROWS` at most) on the engine before
+        serving, so that admission predicts from the first request on, and export their means:
+        the autopilot's first plan has a slope where traffic has run one batch size. A model
+        that cannot run a batch this way (an input the zeros do not fit) is served without: t(b)
+        is then learnt from traffic."""
+        top = max(self._batching.max_batch_size, self._calibration_rows or 1)
+        sizes = sorted({1, min(top, STARTUP_TIMING_MAX_ROWS)})
         clock = time.perf_counter
+        timed: dict[int, list[float]] = {rows: [] for rows in sizes}
         try:
             await self.engine.run(example_inputs(self.engine.signature, rows=sizes[-1]))  # warm
             for _ in range(rounds):
@@ -194,10 +200,13 @@ class ModelServer:
                     inputs = example_inputs(self.engine.signature, rows=rows)
                     started = clock()
                     await self.engine.run(inputs)
-                    self.predictor.timing.observe(rows, clock() - started)
+                    seconds = clock() - started
+                    self.predictor.timing.observe(rows, seconds)
+                    timed[rows].append(seconds)
         except Exception as exc:  # any engine error: calibration is an optimisation
             log.warning("start-up timing of batches skipped: %s", exc)
             return
+        self.metrics.startup_timed({rows: sum(s) / len(s) for rows, s in timed.items() if s})
         fit = self.predictor.timing.fit
         if fit is not None:
             log.info(

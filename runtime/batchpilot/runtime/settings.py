@@ -68,6 +68,12 @@ class RuntimeSettings(BaseSettings):
     )
 
     max_batch_size: int = Field(default=8, ge=1)
+    calibration_rows: int | None = Field(
+        default=None,
+        ge=1,
+        description="rows of the larger batch timed at start-up (64 at most): the largest batch "
+        "limit this server may be given; default: the batch limit at start",
+    )
     max_queue_delay_ms: float = Field(default=5.0, ge=0, le=10_000)
     queue_capacity: int = Field(default=1024, ge=1, description="requests waiting, at most")
     deadline_ms: float = Field(

@@ -56,6 +56,7 @@ def openmetrics(services: list[FakeService], *, start: int, end: int, step_s: in
         "batchpilot_requests": "counter",
         "batchpilot_arrivals": "counter",
         "batchpilot_batcher_seconds": "counter",
+        "batchpilot_startup_batch_seconds": "gauge",
         "batchpilot_device_busy_seconds": "counter",
         "batchpilot_batch_compute_seconds": "counter",
         "batchpilot_batch_rows": "counter",
@@ -104,6 +105,12 @@ def openmetrics(services: list[FakeService], *, start: int, end: int, step_s: in
             families["batchpilot_arrivals"].append(
                 f"batchpilot_arrivals_total{{{pod}}} {arrived:.3f} {t}"
             )
+            # timed at start-up: t(b) = p50 / 4 + p50 / 256 · b
+            for size in (1, 64):
+                families["batchpilot_startup_batch_seconds"].append(
+                    f'batchpilot_startup_batch_seconds{{{pod},rows="{size}"}} '
+                    f"{service.p50_s / 4 + service.p50_s / 256 * size:.6f} {t}"
+                )
             # half of a request's time in the batcher, the other half outside it
             families["batchpilot_batcher_seconds"].append(
                 f"batchpilot_batcher_seconds_total{{{pod}}} {served * service.p50_s / 2:.3f} {t}"

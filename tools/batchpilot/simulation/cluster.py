@@ -36,6 +36,8 @@ from typing import Literal
 
 import numpy as np
 
+from batchpilot.api.batching import STARTUP_TIMING_MAX_ROWS
+from batchpilot.operator.autopilot.observation import ComputePoint
 from batchpilot.operator.autopilot.policy import InForce
 from batchpilot.operator.autopilot.prometheus import Seasonality
 from batchpilot.operator.children.deadline import default_deadline_ms
@@ -190,6 +192,17 @@ class _Fleet:
                     self.retire(pod, now)
 
 
+def _startup_timing(
+    truth: ServiceTruth, rows: int | None, *, admission: Admission
+) -> tuple[ComputePoint, ...]:
+    """The batch times a replica exports from its start-up timing: t(1) and t(rows), exact (a
+    simulated accelerator's are), or none (queue admission times none)."""
+    if rows is None or admission != "deadline":
+        return ()
+    sizes = sorted({1, min(rows, STARTUP_TIMING_MAX_ROWS)})
+    return tuple(ComputePoint(float(b), truth.alpha_s + truth.beta_s * b, 0.0) for b in sizes)
+
+
 def simulate_cluster(
     trace: Trace,
     truth: ServiceTruth,
@@ -197,8 +210,11 @@ def simulate_cluster(
     *,
     sla_s: float,
     config: ClusterConfig | None = None,
+    calibration_rows: int | None = None,
 ) -> SimulationResult:
-    """Run `controller` over `trace` on replicas of `truth`, and report."""
+    """Run `controller` over `trace` on replicas of `truth`, and report. `calibration_rows`:
+    the larger batch every replica times at start-up, beside 1 row, as the runtime does under
+    deadline admission (None: none timed)."""
     config = config or ClusterConfig()
     began = time.perf_counter()
     rng = np.random.default_rng(config.seed)
@@ -214,6 +230,7 @@ def simulate_cluster(
         scrape_interval_s=config.scrape_interval_s,
         seasonality=config.seasonality,
         seed=config.seed,
+        startup=_startup_timing(truth, calibration_rows, admission=config.admission),
     )
     deadline_s = (
         default_deadline_ms(sla_ms=sla_s * 1e3, outside_s=truth.overhead_s) / 1e3

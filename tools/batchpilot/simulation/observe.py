@@ -184,8 +184,12 @@ class Telemetry:
         scrape_interval_s: float = 0.0,
         seasonality: Seasonality | None = None,
         seed: int = 0,
+        startup: tuple[ComputePoint, ...] = (),
     ) -> None:
         self.interval_s = interval_s
+        self.startup = startup
+        """The batch times every replica timed at start-up (the runtime's gauge), shown
+        while any replica reports."""
         self.seasonality = seasonality
         self.sla_s = sla_s
         self.overhead_s = overhead_s
@@ -504,6 +508,7 @@ class Telemetry:
             mean_batch=float(rows.sum()) / total_batches if total_batches else None,
             rows_per_request=float(rows.sum()) / completed if completed else None,
             outside_s=self.overhead_s if completed else None,
+            startup=self.startup if reporting else (),
             compute=points,
             ready_replicas=ready,
             arrival_qps=float(self.arrived[lo:k].sum()) / seconds,
@@ -559,6 +564,7 @@ class Telemetry:
             mean_batch=(size_sum / size_count if size_sum is not None and size_count else None),
             rows_per_request=(size_sum / served if size_sum is not None and served else None),
             outside_s=outside / served if outside is not None and served else None,
+            startup=self.startup if counted else (),
             compute=points,
             ready_replicas=ready,
             arrival_qps=_number(rates[Column.ARRIVALS]) if counted else None,

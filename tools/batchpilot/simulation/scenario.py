@@ -181,6 +181,8 @@ def simulate(scenario: Scenario, policy: PolicyName | Controller) -> SimulationR
         controller,
         sla_s=scenario.sla_s,
         config=scenario.cluster,
+        # the operator's --calibration-rows: the largest batch limit the autopilot may set
+        calibration_rows=scenario.max_batch_size,
     )
     return result
 

@@ -78,6 +78,12 @@ def observation_from(
         for bucket, rate in sorted(batches.items(), key=lambda kv: int(kv[0]))
         if rate > 0 and bucket in rows and bucket in seconds
     )
+    timed = _by_label(raw.get("startup", []), "rows")
+    startup = tuple(
+        ComputePoint(mean_batch=float(rows), mean_seconds=timed[rows], batches=0.0)
+        for rows in sorted((r for r in timed if r.isdigit() and int(r) > 0), key=int)
+        if timed[rows] > 0
+    )
     return Observation(
         at=at,
         window_s=window_s,
@@ -90,6 +96,7 @@ def observation_from(
         mean_batch=number("mean_batch"),
         rows_per_request=number("rows_per_request"),
         outside_s=number("outside"),
+        startup=startup,
         compute=points,
         ready_replicas=ready_replicas,
         arrival_qps=arrivals,

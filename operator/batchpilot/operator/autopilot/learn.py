@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.autopilot.policy import InForce, Policy
-from batchpilot.operator.autopilot.service_model import fit, predict
+from batchpilot.operator.autopilot.service_model import fit, predict, startup_fit
 from batchpilot.operator.autopilot.state import State
 
 OVERHEAD_FALL = 0.5
@@ -83,9 +83,10 @@ def learn(
     state: State,
     now: float,
 ) -> Learned:
-    """Refit t(b); learn the latency outside the batcher from windows of the present with P99
-    inside the SLA (first, from the mean the runtime measures);
-    note when the capacity in force changed and how long new replicas took to start."""
+    """Refit t(b) (from the batch times timed at start-up until traffic has run two sizes);
+    learn the latency outside the batcher from windows of the present with P99 inside the SLA
+    (until one comes, the mean the runtime measures); note when the capacity in force changed
+    and how long new replicas took to start."""
     assert observation.ready_replicas is not None
     ready = observation.ready_replicas
     changed_at = state.changed_at
@@ -95,7 +96,11 @@ def learn(
     # backlog of the old settings has drained: allow one decision interval for that.
     interval = now - state.rate[0] if state.rate is not None else 0.0
     settled = changed_at is None or now - changed_at >= observation.window_s + interval
-    model = fit(observation.compute, state.fit)
+    prior = state.fit
+    if prior is None or not prior.confident:
+        # Before traffic has run two batch sizes, the slope the replicas timed at start-up.
+        prior = startup_fit(observation.startup) or prior
+    model = fit(observation.compute, prior)
     if model is not None:
         known = state.fit.rows_per_request if state.fit is not None else 1.0
         model = replace(model, rows_per_request=rows_per_request(observation, known))

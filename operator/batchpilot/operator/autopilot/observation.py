@@ -52,6 +52,10 @@ class Observation:
     """Rows the batches ran per request answered: 1 where every request carries one row (an
     image, a sentence), more where clients batch on their side. The fit t(b) counts rows and
     the rates count requests; this converts. None without requests answered in the window."""
+    startup: tuple[ComputePoint, ...] = ()
+    """The batch times the replicas measured at start-up, by rows (1, and the largest batch
+    limit allowed up to 64), averaged over them; `batches` 0: no traffic. A slope before
+    traffic has run two batch sizes; empty where the runtime did not time any."""
     outside_s: float | None = None
     """Mean seconds a request taken on spent outside the batcher (decoding, pre- and
     post-processing, encoding): its duration less its time queued and computing. Measured in

@@ -136,6 +136,10 @@ def queries(
                 f"{rate('batchpilot_batcher_seconds_total')}) / "
                 f"{rate('batchpilot_request_duration_seconds_count')}"
             ),
+            # The batch times measured at start-up, by rows: gauges, the window's last value.
+            "startup": agg(
+                "avg", f"last_over_time(batchpilot_startup_batch_seconds{{{sel}}}[{w}])", "rows"
+            ),
             "compute_seconds": rate("batchpilot_batch_compute_seconds_total", "", "batch_bucket"),
             "compute_rows": rate("batchpilot_batch_rows_total", "", "batch_bucket"),
             "compute_batches": rate("batchpilot_batches_total", "", "batch_bucket"),

@@ -44,6 +44,7 @@ RECORDED = (
     "mean_batch",
     "rows_per_request",
     "outside",
+    "startup",
     "compute_batches",
     "compute_rows",
     "compute_seconds",

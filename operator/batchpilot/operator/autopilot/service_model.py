@@ -131,6 +131,25 @@ def fit(points: Sequence[ComputePoint], prior: LatencyFit | None) -> LatencyFit 
     )
 
 
+def startup_fit(points: Sequence[ComputePoint]) -> LatencyFit | None:
+    """t(b) through the batch times a replica measured at start-up (`Observation.startup`):
+    the line through the smallest and the largest size, clipped as `fit` clips; None without
+    two sizes. A measurement of the slope, so confident: the first plan needs no trial of the
+    batch limit to tell fixed cost from per-row cost."""
+    timed = sorted((p for p in points if p.mean_seconds > 0), key=lambda p: p.mean_batch)
+    if len(timed) < 2 or timed[-1].mean_batch < 1.5 * timed[0].mean_batch:
+        return None
+    small, large = timed[0], timed[-1]
+    beta = (large.mean_seconds - small.mean_seconds) / (large.mean_batch - small.mean_batch)
+    alpha = small.mean_seconds - beta * small.mean_batch
+    if beta <= 0:  # the larger batch no slower: all fixed cost
+        mean_t = (small.mean_seconds + large.mean_seconds) / 2
+        beta, alpha = mean_t * 1e-3 / large.mean_batch, mean_t * 0.999
+    if alpha < 0:  # no fixed cost visible: all per-row cost
+        alpha, beta = 0.0, large.mean_seconds / large.mean_batch
+    return LatencyFit(alpha_s=alpha, beta_s=beta, confident=True)
+
+
 @dataclass(frozen=True, slots=True)
 class Prediction:
     batch: float

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from batchpilot.api.batching import STARTUP_TIMING_MAX_ROWS
 from batchpilot.operator.children.apikeys import api_keys_args, api_keys_volume
 from batchpilot.operator.children.common import (
     BATCHING_DIR,
@@ -201,6 +202,9 @@ def runtime_args(owner: Owner, settings: OperatorSettings, model_path: str) -> l
         str(runtime.async_inference.result_ttl_seconds),
         "--async-capacity",
         str(runtime.async_inference.capacity),
+        # the start-up timing's larger batch: the largest limit the autopilot may set
+        "--calibration-rows",
+        str(min(owner.spec.scaling.max_batch_size, STARTUP_TIMING_MAX_ROWS)),
     ]
     if owner.spec.pipeline is not None:
         args += ["--pipeline-config", f"{BATCHING_DIR}/{PIPELINE_FILE}"]
