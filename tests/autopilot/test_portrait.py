@@ -39,6 +39,7 @@ def signals(**changes: float | None) -> Signals:
         cpu_util=base["cpu_util"],
         batch_size=base["batch_size"],
         rows_per_request=base.get("rows_per_request"),
+        outside_s=base.get("outside_s"),
     )
 
 
@@ -66,6 +67,12 @@ class TestVerdict:
             ({"p99_s": 0.2, "gpu_util": 0.5}, "raise the batch size"),
             ({"p99_s": 0.2, "cpu_util": 0.9}, "pre/post-processing is the bottleneck"),
             ({"p99_s": 0.09, "gpu_util": 0.4}, "latency is spent outside the device"),
+            (
+                {"p99_s": 0.09, "gpu_util": 0.4, "outside_s": 0.06},
+                "60 ms of it is spent outside the device",
+            ),
+            ({"p99_s": 0.2, "gpu_util": 0.97, "outside_s": 0.06}, "over half the SLA"),
+            ({"p99_s": 0.2, "gpu_util": 0.97, "outside_s": 0.02}, "add replicas"),
             ({"gpu_util": 0.99, "p99_s": 0.05}, "add a replica before the load grows"),
             ({"qps": 0.0, "p99_s": None}, "no traffic"),
             ({"qps": None, "p99_s": None}, "no metrics"),
@@ -82,6 +89,12 @@ class TestVerdict:
         four = {row.name: row.value for row in rows(signals(rows_per_request=4.0))}
         assert four["rows per request"] == "4.0"
         assert {row.name: row.value for row in rows(signals())}["rows per request"] == "-"
+        outside = {row.name: row for row in rows(signals(outside_s=0.06))}["outside the batcher"]
+        assert (outside.value, outside.healthy, outside.status) == (
+            "60 ms",
+            "< 50 ms (half the SLA)",
+            "high",
+        )
 
 
 @pytest.mark.slow
@@ -133,6 +146,8 @@ def test_profile_reads_a_live_service(
     assert portrait.cpu_util is not None
     assert 0 < portrait.cpu_util < 1
     assert portrait.gpu_memory is None  # no GPU here: absent, not zero
+    assert portrait.outside_s is not None  # decoding and encoding the requests
+    assert 0 <= portrait.outside_s < portrait.p99_s
     assert code == 0
     out = capsys.readouterr().out
     assert "performance portrait of vision/resnet50" in out

@@ -75,6 +75,7 @@ def signals(
         cpu_util=extra["cpu"],
         batch_size=observation.mean_batch,
         rows_per_request=observation.rows_per_request,
+        outside_s=observation.outside_s,
     )
 
 

@@ -33,6 +33,14 @@ class Signals:
     """Mean rows per batch."""
     rows_per_request: float | None = None
     """Rows a request brings (clients that batch on their side send more than one)."""
+    outside_s: float | None = None
+    """Mean seconds a request spends outside the batcher: decoding, pre- and post-processing,
+    encoding. No batch size or replica count moves it."""
+
+
+OUTSIDE_SHARE = 0.5
+"""Above this share of the SLA spent outside the batcher, the batcher has too little left:
+batching and replicas can only work in the rest."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +98,12 @@ def rows(s: Signals) -> list[Row]:
             "-",
             "-",
         ),
+        Row(
+            "outside the batcher",
+            "-" if s.outside_s is None else f"{s.outside_s * 1e3:.0f} ms",
+            f"< {OUTSIDE_SHARE * s.sla_s * 1e3:.0f} ms (half the SLA)",
+            _band(s.outside_s, 0.0, OUTSIDE_SHARE * s.sla_s),
+        ),
     ]
 
 
@@ -102,7 +116,15 @@ def verdict(s: Signals) -> str:
         return "no traffic in the window: nothing to tune"
     assert s.p99_s is not None
     cpu_bound = s.cpu_util is not None and s.cpu_util > 0.7
+    outside_heavy = s.outside_s is not None and s.outside_s > OUTSIDE_SHARE * s.sla_s
     if s.p99_s > s.sla_s:
+        if outside_heavy:
+            assert s.outside_s is not None
+            return (
+                f"P99 over the SLA with {s.outside_s * 1e3:.0f} ms of every request spent outside "
+                "the batcher (decoding, pre/post-processing), over half the SLA: make that "
+                "faster or relax the SLA; batch size and replicas only move the rest"
+            )
         if cpu_bound:
             return (
                 "P99 over the SLA and the CPU above 70 %: pre/post-processing is the bottleneck; "
@@ -121,6 +143,12 @@ def verdict(s: Signals) -> str:
     if s.gpu_util is not None and s.gpu_util < low:
         if s.p99_s < 0.7 * s.sla_s:
             return "GPU under-used, P99 has headroom: raise the batch size (or remove a replica)"
+        if s.outside_s is not None:
+            return (
+                f"GPU under-used but P99 is near the SLA: {s.outside_s * 1e3:.0f} ms of it is "
+                "spent outside the device (decoding, pre/post-processing); make that faster, "
+                "batching cannot"
+            )
         return "GPU under-used but P99 is near the SLA: latency is spent outside the device"
     if s.gpu_util is not None and s.gpu_util > high:
         return "GPU saturated while inside the SLA: add a replica before the load grows"
