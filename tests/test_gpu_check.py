@@ -45,6 +45,7 @@ def _check_results(results: dict, out: Path) -> None:  # type: ignore[type-arg]
     assert (out / "gpu-check.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert [d["batch"] for d in results["direct_timing"]] == list(Plan.quick().batches)
     assert results["t_of_b"]["direct"]["beta_ms"] > 0
+    assert results["t_of_b"]["startup"] is not None  # two sizes timed at start-up: a line
     for label in ("batch1", "dynamic"):
         configuration = results["configurations"][label]
         assert configuration["probes"], label
@@ -54,6 +55,13 @@ def _check_results(results: dict, out: Path) -> None:  # type: ignore[type-arg]
         assert configuration["runtime_compute"], label
     assert results["configurations"]["batch1"]["max_batch_size"] == 1
     assert {p["bucket"] for p in results["configurations"]["batch1"]["runtime_compute"]} == {1}
+    dynamic = results["configurations"]["dynamic"]
+    server = dynamic["steady"]["server"]
+    # the start-up timing, 1 row and the batch limit, beside the direct timing
+    assert [p["rows"] for p in server["startup"]] == [1, min(dynamic["max_batch_size"], 64)]
+    assert all(p["seconds"] > 0 for p in server["startup"])
+    assert server["outside_s"] is not None
+    assert 0 <= server["outside_s"] < server["p99_s"]
     decision = results["autopilot"]["decision"]
     assert decision["action"] in {"hold", "steady", "scale-up", "scale-down", "retune"}
     assert decision["metrics_available"]

@@ -206,6 +206,9 @@ def _steady_run(
 
     batches = after.total("batchpilot_batches_total") - before.total("batchpilot_batches_total")
     rows = after.total("batchpilot_batch_rows_total") - before.total("batchpilot_batch_rows_total")
+    timed = rate_of("batchpilot_request_duration_seconds_count")
+    in_batcher = rate_of("batchpilot_batcher_seconds_total")
+    startup = after.by_label("batchpilot_startup_batch_seconds", "rows")
     latency = report.get("latency_ms") or {}
     return {
         "rate_rps": rate,
@@ -228,6 +231,16 @@ def _steady_run(
             "queue_p99_s": histogram_quantile(0.99, before, after, "batchpilot_queue_wait_seconds"),
             "mean_batch": rows / batches if batches else None,
             "compute": _compute_points(after, since=before),
+            # the mean time a request spent outside the batcher (decode, encode, HTTP)
+            "outside_s": (
+                (rate_of("batchpilot_request_duration_seconds_sum") - in_batcher) / timed
+                if timed
+                else None
+            ),
+            # t(b) as the runtime timed it at start-up, beside the direct timing
+            "startup": [
+                {"rows": int(r), "seconds": startup[r]} for r in sorted(startup, key=int)
+            ],
         },
         "utilization": {
             "busy_counter": rate_of("batchpilot_device_busy_seconds_total"),
@@ -258,6 +271,8 @@ def autopilot_decision(
         ),
         ready_replicas=1,
         arrival_qps=server["arrival_qps"],
+        outside_s=server["outside_s"],
+        startup=tuple(ComputePoint(p["rows"], p["seconds"], 0.0) for p in server["startup"]),
     )
     policy = Policy(
         sla_p99_s=SLA_MS / 1e3,
@@ -333,6 +348,8 @@ def run_check(
     args = [
         "--max-batch-size", str(first_batch), "--max-queue-delay-ms", str(first_delay_ms),
         "--deadline-ms", str(SLA_MS), "--queue-capacity", "4096", *device_args,
+        # timed at start-up up to the largest limit the check sets, as the operator has it
+        "--calibration-rows", str(max(batch for _, batch, _ in CONFIGURATIONS)),
     ]  # fmt: skip
     log_path = out / "runtime.log"
     with serving(model, *args, name=MODEL_NAME, log_path=log_path, ready_timeout_s=300) as server:
@@ -365,6 +382,10 @@ def run_check(
             "direct": _line([(d["batch"], d["median_s"], 1.0) for d in direct]),
             "runtime_metrics": _line(runtime_points),
             "autopilot_fit": dataclasses.asdict(autopilot_fit) if autopilot_fit else None,
+            # what the runtime timed before serving, and the autopilot's first fit from it
+            "startup": _line(
+                [(p["rows"], p["seconds"], 1.0) for p in dynamic["steady"]["server"]["startup"]]
+            ),
         },
         "configurations": configurations,
         "autopilot": autopilot_decision(
