@@ -238,9 +238,7 @@ def _steady_run(
                 else None
             ),
             # t(b) as the runtime timed it at start-up, beside the direct timing
-            "startup": [
-                {"rows": int(r), "seconds": startup[r]} for r in sorted(startup, key=int)
-            ],
+            "startup": [{"rows": int(r), "seconds": startup[r]} for r in sorted(startup, key=int)],
         },
         "utilization": {
             "busy_counter": rate_of("batchpilot_device_busy_seconds_total"),
