@@ -7,8 +7,10 @@ import math
 import numpy as np
 import pytest
 
+from batchpilot.operator.autopilot.observation import ComputePoint
 from batchpilot.operator.autopilot.prometheus import Seasonality
 from batchpilot.runtime.metrics import LATENCY_BUCKETS
+from batchpilot.simulation.cluster import startup_timing
 from batchpilot.simulation.observe import (
     Telemetry,
     exact_quantile,
@@ -95,26 +97,35 @@ class TestTelemetry:
         assert obs.queue_p99_s == pytest.approx(0.004, rel=0.15)
         assert obs.ready_replicas == 2
 
-    @pytest.mark.parametrize("scrape_s", [0.0, 5.0])
-    def test_requests_of_several_rows_count_rows_in_the_batches(self, scrape_s: float) -> None:
-        # 4 rows a request: batches of 1 and of 2 requests run 4 and 8 rows, t = 6 and 10 ms.
+    @staticmethod
+    def two_minutes(
+        scrape_s: float, truth: ServiceTruth, *, larger: int, overhead_s: float = 0.0
+    ) -> Telemetry:
+        """One replica (scraped every `scrape_s`, or exactly), two minutes of batches of 1 and
+        `larger` requests in turn, one every 0.5 s, each request queued 4 ms."""
         telemetry = Telemetry(
             intervals=8,
             interval_s=15,
             sla_s=0.1,
-            overhead_s=0.0,
+            overhead_s=overhead_s,
             window_s=60,
             recent_window_s=15,
             scrape_interval_s=scrape_s,
         )
-        truth = ServiceTruth(alpha_s=0.002, beta_s=0.001, rows_per_request=4)
         telemetry.add_target(0, since=-30.0, batch_limit=8)
+        assert telemetry.observe(2, ready=1, reporting=1).outside_s is None  # nothing answered
         dispatched = np.arange(0.0, 120.0, 0.5)
-        sizes = np.where(np.arange(len(dispatched)) % 2 == 0, 1, 2)
+        sizes = np.where(np.arange(len(dispatched)) % 2 == 0, 1, larger)
         arrivals = np.repeat(dispatched, sizes) - 0.004
         telemetry.record_arrivals(0, arrivals)
         telemetry.record([(0, Served(dispatched, sizes, arrivals))], truth=truth)
-        obs = telemetry.observe(6, ready=1, reporting=1)
+        return telemetry
+
+    @pytest.mark.parametrize("scrape_s", [0.0, 5.0])
+    def test_requests_of_several_rows_count_rows_in_the_batches(self, scrape_s: float) -> None:
+        # 4 rows a request: batches of 1 and of 2 requests run 4 and 8 rows, t = 6 and 10 ms.
+        truth = ServiceTruth(alpha_s=0.002, beta_s=0.001, rows_per_request=4)
+        obs = self.two_minutes(scrape_s, truth, larger=2).observe(6, ready=1, reporting=1)
         assert obs.qps == pytest.approx(3 / 1.0, rel=0.02)  # 3 requests a second
         assert obs.rows_per_request == pytest.approx(4.0, rel=0.02)
         assert obs.mean_batch == pytest.approx(6.0, rel=0.02)
@@ -125,26 +136,31 @@ class TestTelemetry:
 
     @pytest.mark.parametrize("scrape_s", [0.0, 5.0])
     def test_the_time_outside_the_batcher_is_the_overhead(self, scrape_s: float) -> None:
-        telemetry = Telemetry(
-            intervals=8,
-            interval_s=15,
-            sla_s=0.1,
-            overhead_s=0.040,
-            window_s=60,
-            recent_window_s=15,
-            scrape_interval_s=scrape_s,
-        )
-        telemetry.add_target(0, since=-30.0, batch_limit=8)
-        assert telemetry.observe(2, ready=1, reporting=1).outside_s is None  # nothing answered
-        dispatched = np.arange(0.0, 120.0, 0.5)
-        sizes = np.where(np.arange(len(dispatched)) % 2 == 0, 1, 3)
-        arrivals = np.repeat(dispatched, sizes) - 0.004
-        telemetry.record_arrivals(0, arrivals)
-        telemetry.record([(0, Served(dispatched, sizes, arrivals))], truth=T_2_1)
+        telemetry = self.two_minutes(scrape_s, T_2_1, larger=3, overhead_s=0.040)
         obs = telemetry.observe(6, ready=1, reporting=1)
         # every request: 4 ms queued, 3 or 5 computing, then 40 ms outside the batcher
         assert obs.outside_s == pytest.approx(0.040)
         assert obs.p99_s == pytest.approx(0.049, rel=0.15)
+
+    @pytest.mark.parametrize("scrape_s", [0.0, 5.0])
+    def test_the_start_up_timing_shows_while_a_replica_reports(self, scrape_s: float) -> None:
+        timed = (ComputePoint(1, 0.003, 0), ComputePoint(64, 0.066, 0))
+        telemetry = Telemetry(
+            intervals=8, interval_s=15, sla_s=0.1, overhead_s=0.0, scrape_interval_s=scrape_s,
+            startup=timed,
+        )  # fmt: skip
+        assert telemetry.observe(2, ready=0, reporting=0).startup == ()  # no replica yet
+        telemetry.add_target(0, since=0.0, batch_limit=8)
+        assert telemetry.observe(4, ready=1, reporting=1).startup == timed
+
+    def test_a_scenario_times_up_to_its_largest_batch_limit(self) -> None:
+        truth = ServiceTruth(alpha_s=0.002, beta_s=0.001)
+        rows = [p.mean_batch for p in startup_timing(truth, 200, admission="deadline")]
+        assert rows == [1, 64]  # the runtime's cap
+        (one, sixteen) = startup_timing(truth, 16, admission="deadline")
+        assert (one.mean_seconds, sixteen.mean_seconds) == (0.003, pytest.approx(0.018))
+        assert startup_timing(truth, 16, admission="queue") == ()  # timed only for deadlines
+        assert startup_timing(truth, None, admission="deadline") == ()
 
 
 class TestSeasonal:

@@ -192,7 +192,7 @@ class _Fleet:
                     self.retire(pod, now)
 
 
-def _startup_timing(
+def startup_timing(
     truth: ServiceTruth, rows: int | None, *, admission: Admission
 ) -> tuple[ComputePoint, ...]:
     """The batch times a replica exports from its start-up timing: t(1) and t(rows), exact (a
@@ -230,7 +230,7 @@ def simulate_cluster(
         scrape_interval_s=config.scrape_interval_s,
         seasonality=config.seasonality,
         seed=config.seed,
-        startup=_startup_timing(truth, calibration_rows, admission=config.admission),
+        startup=startup_timing(truth, calibration_rows, admission=config.admission),
     )
     deadline_s = (
         default_deadline_ms(sla_ms=sla_s * 1e3, outside_s=truth.overhead_s) / 1e3
