@@ -186,34 +186,42 @@ class ModelServer:
         """Time batches of 1 row and of the largest allowed batch limit (`calibration_rows`,
         else the limit in force; `STARTUP_TIMING_MAX_ROWS` at most) on the engine before
         serving, so that admission predicts from the first request on, and export their means:
-        the autopilot's first plan has a slope where traffic has run one batch size. A model
-        that cannot run a batch this way (an input the zeros do not fit) is served without: t(b)
-        is then learnt from traffic."""
-        top = max(self._batching.max_batch_size, self._calibration_rows or 1)
-        sizes = sorted({1, min(top, STARTUP_TIMING_MAX_ROWS)})
+        the autopilot's first plan has a slope where traffic has run one batch size. Where the
+        larger batch cannot run (the device's memory), the batch limit in force is timed
+        instead; a model that cannot run a batch this way at all (an input the zeros do not fit)
+        is served without: t(b) is then learnt from traffic."""
+        in_force = min(self._batching.max_batch_size, STARTUP_TIMING_MAX_ROWS)
+        top = min(max(in_force, self._calibration_rows or 1), STARTUP_TIMING_MAX_ROWS)
+        for largest in dict.fromkeys((top, in_force)):
+            try:
+                timed = await self._time_batches(sorted({1, largest}), rounds)
+            except Exception as exc:  # any engine error: calibration is an optimisation
+                log.warning("start-up timing of batches of 1 and %d rows failed: %s", largest, exc)
+                continue
+            self.metrics.startup_timed(timed)
+            if (fit := self.predictor.timing.fit) is not None:
+                log.info(
+                    "batch time measured at start-up: t(b) = %.2f ms + %.3f ms x b",
+                    fit.alpha_s * 1e3,
+                    fit.beta_s * 1e3,
+                )
+            return
+        log.warning("start-up timing of batches skipped: t(b) is learnt from traffic")
+
+    async def _time_batches(self, sizes: list[int], rounds: int) -> dict[int, float]:
+        """The mean time of `rounds` batches of each size, after one of the largest (warm-up)."""
         clock = time.perf_counter
         timed: dict[int, list[float]] = {rows: [] for rows in sizes}
-        try:
-            await self.engine.run(example_inputs(self.engine.signature, rows=sizes[-1]))  # warm
-            for _ in range(rounds):
-                for rows in sizes:
-                    inputs = example_inputs(self.engine.signature, rows=rows)
-                    started = clock()
-                    await self.engine.run(inputs)
-                    seconds = clock() - started
-                    self.predictor.timing.observe(rows, seconds)
-                    timed[rows].append(seconds)
-        except Exception as exc:  # any engine error: calibration is an optimisation
-            log.warning("start-up timing of batches skipped: %s", exc)
-            return
-        self.metrics.startup_timed({rows: sum(s) / len(s) for rows, s in timed.items() if s})
-        fit = self.predictor.timing.fit
-        if fit is not None:
-            log.info(
-                "batch time measured at start-up: t(b) = %.2f ms + %.3f ms x b",
-                fit.alpha_s * 1e3,
-                fit.beta_s * 1e3,
-            )
+        await self.engine.run(example_inputs(self.engine.signature, rows=sizes[-1]))
+        for _ in range(rounds):
+            for rows in sizes:
+                inputs = example_inputs(self.engine.signature, rows=rows)
+                started = clock()
+                await self.engine.run(inputs)
+                seconds = clock() - started
+                self.predictor.timing.observe(rows, seconds)
+                timed[rows].append(seconds)
+        return {rows: sum(s) / len(s) for rows, s in timed.items()}
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._batcher.run(), name="batcher")
