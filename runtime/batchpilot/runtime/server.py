@@ -209,10 +209,12 @@ class ModelServer:
         log.warning("start-up timing of batches skipped: t(b) is learnt from traffic")
 
     async def _time_batches(self, sizes: list[int], rounds: int) -> dict[int, float]:
-        """The mean time of `rounds` batches of each size, after one of the largest (warm-up)."""
+        """The mean time of `rounds` batches of each size, after one of each (a warm-up: the
+        first batch of a shape may pay for kernel selection and memory allocation)."""
         clock = time.perf_counter
         timed: dict[int, list[float]] = {rows: [] for rows in sizes}
-        await self.engine.run(example_inputs(self.engine.signature, rows=sizes[-1]))
+        for rows in reversed(sizes):
+            await self.engine.run(example_inputs(self.engine.signature, rows=rows))
         for _ in range(rounds):
             for rows in sizes:
                 inputs = example_inputs(self.engine.signature, rows=rows)
