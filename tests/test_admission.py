@@ -181,9 +181,12 @@ class Served:
         max_batch_size: int = 8,
         delay_s: float = 0.0,
         deadline: bool = True,
+        burst: int | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()
-        self.settings = BatchSettings(max_batch_size=max_batch_size, max_queue_delay_s=delay_s)
+        self.settings = BatchSettings(
+            max_batch_size=max_batch_size, max_queue_delay_s=delay_s, burst_batch_size=burst
+        )
         self.predictor = Predictor(timing=exact_timing(alpha_s, beta_s))
         self.queue = BatchQueue(
             settings=lambda: self.settings,
@@ -321,6 +324,63 @@ class TestBatchesFitTheDeadline:
             assert loop.time() == pytest.approx(0.100)  # 20 + 10 x 8 ms: late
             await asyncio.gather(*others)
             assert s.engine.batches[0] == 8
+
+
+@pytest.mark.looptime
+class TestBurstBatches:
+    """A backlog that batches of the limit would serve late runs in larger batches, up to the
+    burst size; t(b) = 20 + 1·b ms and a batch limit of 4 (24 ms a batch) throughout."""
+
+    async def test_a_backlog_the_limit_would_serve_late_runs_in_one_batch(self) -> None:
+        # 24 requests with 100 ms: six batches of 4 take 144 ms; one of 24 takes 44 ms.
+        async with Served(max_batch_size=4, burst=32) as s:
+            loop = asyncio.get_running_loop()
+            waiting = [s.put(timeout_s=0.100) for _ in range(24)]
+            await asyncio.gather(*waiting)
+            assert s.engine.batches == [24]
+            assert loop.time() == pytest.approx(0.044)
+
+    async def test_without_a_burst_size_the_same_backlog_is_refused_in_part(self) -> None:
+        async with Served(max_batch_size=4) as s:
+            admitted = []
+            for _ in range(24):
+                try:
+                    admitted.append(s.put(timeout_s=0.100))
+                except Overloaded:
+                    pass
+            await asyncio.gather(*admitted)
+            assert len(admitted) < 24
+            assert max(s.engine.batches) == 4
+
+    async def test_a_backlog_the_limit_serves_in_time_keeps_the_limit(self) -> None:
+        # 8 requests with a second each: two batches of 4 end at 48 ms, well in time.
+        async with Served(max_batch_size=4, burst=32) as s:
+            await asyncio.gather(*(s.put(timeout_s=1.0) for _ in range(8)))
+            assert s.engine.batches == [4, 4]
+
+    async def test_the_oldest_request_bounds_the_larger_batch(self) -> None:
+        # The first request has 30 ms: a batch of 10 (30 ms) is the most it allows. The 11
+        # rows left at 30 ms would end at 102 ms in batches of 4: they run as one (61 ms).
+        async with Served(max_batch_size=4, burst=32) as s:
+            loop = asyncio.get_running_loop()
+            urgent = s.put(timeout_s=0.0305)
+            others = [s.put(timeout_s=0.100) for _ in range(20)]
+            await urgent
+            assert loop.time() <= 0.0305
+            await asyncio.gather(*others)
+            assert s.engine.batches == [10, 11]
+            assert loop.time() == pytest.approx(0.061)
+
+    async def test_the_burst_size_is_the_most_a_batch_takes(self) -> None:
+        async with Served(max_batch_size=4, burst=8) as s:
+            waiting = [s.put(timeout_s=0.100) for _ in range(24)]
+            await asyncio.gather(*waiting)
+            assert s.engine.batches == [8, 8, 8]  # 84 ms; in batches of 4, 144 ms
+
+    async def test_queue_mode_never_grows_a_batch(self) -> None:
+        async with Served(max_batch_size=4, burst=32, deadline=False) as s:
+            await asyncio.gather(*(s.put(timeout_s=1.0) for _ in range(12)))
+            assert s.engine.batches == [4, 4, 4]
 
 
 class TestRecoveryFromAStall:

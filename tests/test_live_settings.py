@@ -62,10 +62,24 @@ class TestDocument:
         assert "slaMs" not in batching_doc(CURRENT)
         assert "objectivePercent" not in batching_doc(CURRENT)
 
+    def test_the_burst_size_is_live_and_zero_means_none(self) -> None:
+        settings = parse_batching(b'{"maxBatchSize": 4, "burstBatchSize": 32}', current=CURRENT)
+        assert (settings.burst_batch_size, settings.ceiling) == (32, 32)
+        assert batching_doc(settings)["burstBatchSize"] == 32
+        # absent: it stays; 0: none, and none shown
+        assert parse_batching(b'{"maxBatchSize": 8}', current=settings).burst_batch_size == 32
+        cleared = parse_batching(b'{"burstBatchSize": 0}', current=settings)
+        assert (cleared.burst_batch_size, cleared.ceiling) == (None, 4)
+        assert "burstBatchSize" not in batching_doc(cleared)
+        # below the limit it changes nothing: the limit is the most a batch takes
+        assert parse_batching(b'{"burstBatchSize": 2}', current=CURRENT).ceiling == 8
+
     @pytest.mark.parametrize(
         ("body", "message"),
         [
             (b"nope", "not valid JSON"),
+            (b'{"burstBatchSize": 8.5}', "burstBatchSize must be an integer"),
+            (b'{"burstBatchSize": -1}', "burstBatchSize must be 0 .none. or more"),
             (b"[1]", "must be a JSON object"),
             (b'{"batchSize": 4}', "unknown batching setting batchSize"),
             (b'{"maxBatchSize": "4"}', "maxBatchSize must be an integer"),
@@ -229,3 +243,11 @@ class TestBatchBucketsFromZero:
         # a lowered limit keeps them: their counts are history Prometheus still reads
         server.set_batching(BatchSettings(max_batch_size=1, max_queue_delay_s=0.0), source="test")
         assert set(self.buckets(server)) == {"1", "2", "4", "8", "16", "32"}
+
+    def test_a_burst_size_exports_the_buckets_it_reaches(self, tmp_path: Path) -> None:
+        server = TestServiceLevelGauges().server(tmp_path)
+        server.set_batching(
+            BatchSettings(max_batch_size=4, max_queue_delay_s=0.0, burst_batch_size=64),
+            source="test",
+        )
+        assert set(self.buckets(server)) == {"1", "2", "4", "8", "16", "32", "64"}

@@ -279,6 +279,7 @@ class TestAutopilotOwnership:
                 deadline_ms=100,
                 sla_ms=100,
                 objective_percent=99,
+                burst_batch_size=32,
             )
         )
         writes = cluster.writes_of(cluster.reconcile)
@@ -291,7 +292,8 @@ class TestAutopilotOwnership:
     def test_a_batching_document_without_the_service_level_gets_it_and_keeps_the_rest(
         self,
     ) -> None:
-        # Written by an older operator, or before the SLA or objective changed.
+        # Written by an older operator, or before the SLA, the objective or the largest batch
+        # size changed.
         cluster = Cluster(isvc(sla={"latencyP99Ms": 100, "objectivePercent": 99.9}))
         cluster.reconcile()
         configmap = cluster.kube.objects[("ConfigMap", NS, "resnet50-batching")]
@@ -310,7 +312,19 @@ class TestAutopilotOwnership:
             "deadlineMs": 100.0,
             "slaMs": 100.0,
             "objectivePercent": 99.9,
+            "burstBatchSize": 32,
         }
+
+    def test_the_burst_size_is_the_largest_batch_in_mode_auto_only(self) -> None:
+        for mode, burst in (("auto", 32), ("recommend", None), ("off", None)):
+            cluster = Cluster(
+                isvc(scaling={"mode": mode, "minReplicas": 1, "maxReplicas": 4, "maxBatchSize": 32})
+            )
+            cluster.reconcile()
+            document = json.loads(
+                cluster.kube.of(CONFIGMAP, NS, "resnet50-batching")["data"]["batching.json"]
+            )
+            assert document.get("burstBatchSize") == burst, mode
 
     def test_the_pods_deadline_is_the_sla_less_the_latency_learned_outside_the_batcher(
         self,

@@ -1,15 +1,19 @@
 """The batching settings document: the contract between the operator, which writes it, and the
 runtime, which reads it.
 
-`{"maxBatchSize": N, "maxQueueDelayMs": D, "deadlineMs": T, "slaMs": S, "objectivePercent": P}`
+`{"maxBatchSize": N, "maxQueueDelayMs": D, "deadlineMs": T, "slaMs": S, "objectivePercent": P,
+"burstBatchSize": C}`
 is what the operator writes into an InferenceService's ConfigMap (the file new pods mount and
 running pods re-read) and PUTs to ready pods' admin endpoint; the runtime parses both
 (`batchpilot.runtime.live_settings`) and shows the settings in force in the same shape.
 `deadlineMs` is a request's default deadline (0: none). `slaMs` and `objectivePercent` are the
 service's SLA and objective, which the runtime only exports as gauges
 (`batchpilot_sla_seconds`, `batchpilot_slo_objective_ratio`) so that Prometheus can judge its
-latency against them. To a reader every key is optional: an absent key keeps the value
-in force (a document from an older operator has no `deadlineMs`, `slaMs` or `objectivePercent`).
+latency against them. `burstBatchSize` (0: none) is the largest batch a backlog may run where
+batches of `maxBatchSize` would make queued requests late: the InferenceService's
+`scaling.maxBatchSize` in mode `auto`. To a reader every key is optional: an absent key keeps
+the value in force (a document from an older operator has no `deadlineMs`, `slaMs`,
+`objectivePercent` or `burstBatchSize`).
 
 The shape only, typed so that both sides' dict literals are checked against it: each side keeps
 its own units (the runtime holds seconds, the operator milliseconds), and the runtime refuses a
@@ -30,6 +34,7 @@ class BatchingDocument(TypedDict, total=False):
     deadlineMs: float
     slaMs: float
     objectivePercent: float
+    burstBatchSize: int
 
 
 STARTUP_TIMING_MAX_ROWS = 64

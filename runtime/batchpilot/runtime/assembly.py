@@ -138,6 +138,7 @@ def assemble(
             max_batch_size=settings.max_batch_size,
             max_queue_delay_s=settings.max_queue_delay_ms / 1e3,
             deadline_s=settings.deadline_ms / 1e3 if settings.deadline_ms else None,
+            burst_batch_size=settings.burst_batch_size,
         ),
         queue_capacity=settings.queue_capacity,
         metrics=metrics,

@@ -33,6 +33,8 @@ def batching_doc(settings: BatchSettings) -> BatchingDocument:
         doc["slaMs"] = round(settings.sla_s * 1e3, 6)
     if settings.objective is not None:
         doc["objectivePercent"] = round(settings.objective * 100, 10)
+    if settings.burst_batch_size is not None:
+        doc["burstBatchSize"] = settings.burst_batch_size
     return doc
 
 
@@ -46,7 +48,7 @@ def _optional_number(doc: dict[str, Any], key: str) -> float | None:
 
 def parse_batching(body: bytes, *, current: BatchSettings) -> BatchSettings:
     """Parse `{"maxBatchSize": N, "maxQueueDelayMs": D, "deadlineMs": T, "slaMs": S,
-    "objectivePercent": P}`; absent keys keep their value.
+    "objectivePercent": P, "burstBatchSize": C}`; absent keys keep their value.
 
     The same document is what the operator writes into the mounted batching config file.
     """
@@ -63,8 +65,12 @@ def parse_batching(body: bytes, *, current: BatchSettings) -> BatchSettings:
     size = doc.get("maxBatchSize", current.max_batch_size)
     delay_ms = doc.get("maxQueueDelayMs", current.max_queue_delay_s * 1e3)
     deadline_ms = doc.get("deadlineMs", (current.deadline_s or 0.0) * 1e3)
-    if not isinstance(size, int) or isinstance(size, bool):
-        raise InvalidRequest(f"maxBatchSize must be an integer, got {size!r}")
+    burst = doc.get("burstBatchSize", current.burst_batch_size or 0)
+    for key, whole in (("maxBatchSize", size), ("burstBatchSize", burst)):
+        if not isinstance(whole, int) or isinstance(whole, bool):
+            raise InvalidRequest(f"{key} must be an integer, got {whole!r}")
+    if burst < 0:
+        raise InvalidRequest(f"burstBatchSize must be 0 (none) or more, got {burst!r}")
     for key, value in (("maxQueueDelayMs", delay_ms), ("deadlineMs", deadline_ms)):
         if not isinstance(value, int | float) or isinstance(value, bool):
             raise InvalidRequest(f"{key} must be a number, got {value!r}")
@@ -84,6 +90,7 @@ def parse_batching(body: bytes, *, current: BatchSettings) -> BatchSettings:
             sla_s=current.sla_s if sla_ms is None else sla_ms / 1e3,
             # Rounded: 99.9 / 100 is 0.9990000000000001 in binary floating point.
             objective=current.objective if percent is None else round(percent / 100, 12),
+            burst_batch_size=burst or None,
         )
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None

@@ -394,6 +394,7 @@ class RuntimeMetrics:
         *,
         max_batch_size: int,
         max_queue_delay_s: float,
+        ceiling: int | None = None,
         deadline_s: float | None = None,
         sla_s: float | None = None,
         objective: float | None = None,
@@ -403,7 +404,9 @@ class RuntimeMetrics:
         # series that appears with its first count already in it starts increase() and rate()
         # from that count, so its first batches are missed, and the rows and the batches of one
         # bucket are extrapolated back to zero differently (a wrong mean batch).
-        for size in range(int(batch_bucket(max_batch_size)).bit_length()):
+        # `ceiling`: the largest batch a backlog may run (the burst size), where above the limit.
+        largest = max(max_batch_size, ceiling or 0)
+        for size in range(int(batch_bucket(largest)).bit_length()):
             self._bucket(str(1 << size))
         self.max_queue_delay.set(max_queue_delay_s)
         self.deadline.set(deadline_s or 0.0)

@@ -148,6 +148,13 @@ class ModelServer:
                 self._batching.max_queue_delay_s * 1e3,
                 settings.max_queue_delay_s * 1e3,
             )
+        if settings.burst_batch_size != old.burst_batch_size:
+            log.info(
+                "burst batch size changed by %s: %s -> %s",
+                source,
+                old.burst_batch_size or "none",
+                settings.burst_batch_size or "none",
+            )
         if settings.deadline_s != self._batching.deadline_s:
             log.info(
                 "default deadline changed by %s: %s -> %s",
@@ -168,6 +175,7 @@ class ModelServer:
     def _report_settings(self, settings: BatchSettings) -> None:
         self.metrics.settings_changed(
             max_batch_size=settings.max_batch_size,
+            ceiling=settings.ceiling,
             max_queue_delay_s=settings.max_queue_delay_s,
             deadline_s=settings.deadline_s,
             sla_s=settings.sla_s,
@@ -183,15 +191,16 @@ class ModelServer:
         return len(self._queue)
 
     async def calibrate(self, *, rounds: int = CALIBRATION_ROUNDS) -> None:
-        """Time batches of 1 row and of the largest allowed batch limit (`calibration_rows`,
-        else the limit in force; `STARTUP_TIMING_MAX_ROWS` at most) on the engine before
-        serving, so that admission predicts from the first request on, and export their means:
-        the autopilot's first plan has a slope where traffic has run one batch size. Where the
-        larger batch cannot run (the device's memory), the batch limit in force is timed
+        """Time batches of 1 row and of the largest allowed batch (`calibration_rows`, else the
+        burst size or the limit in force; `STARTUP_TIMING_MAX_ROWS` at most) on the engine
+        before serving, so that admission predicts from the first request on, and export their
+        means: the autopilot's first plan has a slope where traffic has run one batch size. Where
+        the larger batch cannot run (the device's memory), the batch limit in force is timed
         instead; a model that cannot run a batch this way at all (an input the zeros do not fit)
         is served without: t(b) is then learnt from traffic."""
         in_force = min(self._batching.max_batch_size, STARTUP_TIMING_MAX_ROWS)
-        top = min(max(in_force, self._calibration_rows or 1), STARTUP_TIMING_MAX_ROWS)
+        largest_allowed = self._calibration_rows or self._batching.ceiling
+        top = min(max(in_force, largest_allowed), STARTUP_TIMING_MAX_ROWS)
         for largest in dict.fromkeys((top, in_force)):
             try:
                 timed = await self._time_batches(sorted({1, largest}), rounds)

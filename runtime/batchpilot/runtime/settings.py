@@ -74,6 +74,12 @@ class RuntimeSettings(BaseSettings):
         description="rows of the larger batch timed at start-up (64 at most): the largest batch "
         "limit this server may be given; default: the batch limit at start",
     )
+    burst_batch_size: int | None = Field(
+        default=None,
+        ge=1,
+        description="the largest batch a backlog may run where batches of the limit would make "
+        "queued requests late (deadline admission only); default: never above the limit",
+    )
     max_queue_delay_ms: float = Field(default=5.0, ge=0, le=10_000)
     queue_capacity: int = Field(default=1024, ge=1, description="requests waiting, at most")
     deadline_ms: float = Field(

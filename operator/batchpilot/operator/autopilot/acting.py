@@ -19,7 +19,7 @@ from typing import Protocol
 from batchpilot.operator import events
 from batchpilot.operator.autopilot.policy import Decision, InForce
 from batchpilot.operator.children.common import ISVC_LABEL, Owner
-from batchpilot.operator.children.configmap import batching_document, service_level
+from batchpilot.operator.children.configmap import batching_document, from_spec
 from batchpilot.operator.children.secret import token_in
 from batchpilot.operator.events import Event
 from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT, SECRET
@@ -67,7 +67,7 @@ class Actuator:
                 batch_size=decision.batch_size,
                 max_queue_delay_ms=round(decision.max_queue_delay_s * 1e3, 3),
                 deadline_ms=deadline_ms,
-                **service_level(owner),
+                **from_spec(owner),
             )
             self._kube.patch(
                 CONFIGMAP,

@@ -3,16 +3,16 @@
 Its batch settings are the autopilot's (the reconciler passes in the settings in force) and its
 default deadline follows the SLA (`deadline.py`); it also carries the SLA and the objective
 themselves, which the runtime exports as gauges so that Prometheus can judge the service against
-them (the chart's burn-rate alerts). The runtime watches the mounted file, and the
-autopilot also tells ready pods directly through their admin endpoint, because a mounted
-ConfigMap takes up to a minute to reach a pod. It also carries the pipeline document
-(spec.pipeline), which the runtime reads once at start: the Deployment's pod template holds its
-hash, so a changed pipeline rolls the pods. With `spec.auth`, the access document (allowed key
-ids, quotas; `children.apikeys`) rides along, re-read like the batch settings and, like them,
-also sent to the ready pods' admin port. It is one replica's share of service-wide limits, so it
-changes whenever the number of serving replicas does: the pod template holds no hash of it, or
-every scale event would restart the service. The documents are `batchpilot.api`'s, the contract
-the runtime reads them by.
+them (the chart's burn-rate alerts), and in mode `auto` the burst size (`from_spec`). The
+runtime watches the mounted file, and the autopilot also tells ready pods directly through their
+admin endpoint, because a mounted ConfigMap takes up to a minute to reach a pod. It also carries
+the pipeline document (spec.pipeline), which the runtime reads once at start: the Deployment's
+pod template holds its hash, so a changed pipeline rolls the pods. With `spec.auth`, the access
+document (allowed key ids, quotas; `children.apikeys`) rides along, re-read like the batch
+settings and, like them, also sent to the ready pods' admin port. It is one replica's share of
+service-wide limits, so it changes whenever the number of serving replicas does: the pod
+template holds no hash of it, or every scale event would restart the service. The documents are
+`batchpilot.api`'s, the contract the runtime reads them by.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ def batching_document(
     deadline_ms: float,
     sla_ms: float | None = None,
     objective_percent: float | None = None,
+    burst_batch_size: int | None = None,
 ) -> str:
     """The batching document (`batchpilot.api.batching`) as the ConfigMap and the pods get it."""
     doc: BatchingDocument = {
@@ -53,13 +54,23 @@ def batching_document(
         doc["slaMs"] = float(sla_ms)
     if objective_percent is not None:
         doc["objectivePercent"] = float(objective_percent)
+    if burst_batch_size is not None:
+        doc["burstBatchSize"] = int(burst_batch_size)
     return json.dumps(doc, sort_keys=True)
 
 
-def service_level(owner: Owner) -> dict[str, float]:
-    """The SLA and objective the batching document carries for the runtime's gauges."""
-    sla = owner.spec.sla
-    return {"sla_ms": sla.latency_p99_ms, "objective_percent": sla.objective_percent}
+def from_spec(owner: Owner) -> dict[str, Any]:
+    """What the batching document carries from the spec rather than the autopilot: the SLA and
+    objective for the runtime's gauges, and in mode `auto` the burst size, `scaling.
+    maxBatchSize`: the batches a backlog may run where the limit in force would make its
+    requests late, within the ceiling the spec allows the autopilot. In modes `recommend` and
+    `off` the batch size is the spec's as written, and no batch runs beyond it."""
+    sla, scaling = owner.spec.sla, owner.spec.scaling
+    return {
+        "sla_ms": sla.latency_p99_ms,
+        "objective_percent": sla.objective_percent,
+        "burst_batch_size": scaling.max_batch_size if scaling.mode == "auto" else None,
+    }
 
 
 def pipeline_document(owner: Owner) -> str | None:
@@ -92,7 +103,7 @@ def build_configmap(
             batch_size=batch_size,
             max_queue_delay_ms=max_queue_delay_ms,
             deadline_ms=deadline_ms,
-            **service_level(owner),
+            **from_spec(owner),
         )
     }
     if (pipeline := pipeline_document(owner)) is not None:

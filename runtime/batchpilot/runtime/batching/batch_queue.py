@@ -42,10 +42,16 @@ class BatchSettings:
     """The P99 latency the service must stay under; None: not given."""
     objective: float | None = None
     """The share of time the SLA must hold (0.99: 99 %); None: not given."""
+    burst_batch_size: int | None = None
+    """The largest batch a backlog may run: where batches of `max_batch_size` would make queued
+    requests late, the next batch takes up to this many rows of them (each still in time);
+    None: never more than `max_batch_size`. Only with a deadline and a measured t(b)."""
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {self.max_batch_size}")
+        if self.burst_batch_size is not None and self.burst_batch_size < 1:
+            raise ValueError(f"burst_batch_size must be at least 1, got {self.burst_batch_size}")
         if not 0 <= self.max_queue_delay_s <= 10:
             raise ValueError(
                 f"max_queue_delay must be between 0 and 10 s, got {self.max_queue_delay_s}"
@@ -61,6 +67,11 @@ class BatchSettings:
                 f"the objective must be a fraction between 0 and 1 (both excluded), "
                 f"got {self.objective}"
             )
+
+    @property
+    def ceiling(self) -> int:
+        """The most rows a batch may hold: the batch limit, or the burst size where larger."""
+        return max(self.max_batch_size, self.burst_batch_size or 0)
 
 
 def shape_key(inputs: Arrays) -> Hashable:
@@ -215,10 +226,12 @@ class BatchQueue:
         """Refuse the request now if it is predicted to finish after its deadline, unless it is
         a probe; returns the prediction (None: nothing measured yet, admitted)."""
         assert self._predictor is not None
+        # Batches of the burst size where the backlog needs them (`_batch_rows`): a request
+        # that can finish in time only so is admitted, and the batcher runs it so.
         predicted = self._predictor.finish_time(
             queued_rows=self._queued_rows,
             rows=rows,
-            max_batch_size=self._settings().max_batch_size,
+            max_batch_size=self._settings().ceiling,
             now=now,
         )
         if predicted is None:
@@ -280,9 +293,49 @@ class BatchQueue:
             if key not in self._groups:
                 continue  # every request of that group went away while we waited
             now = clock()
-            items = self._take(key, settings.max_batch_size, now=now)
+            items = self._take(key, self._batch_rows(key, settings, now), now=now)
             if items:
                 return Batch(items=items, settings=settings, formed_at=now)
+
+    def _batch_rows(self, key: Hashable, settings: BatchSettings, now: float) -> int:
+        """The most rows the next batch of `key`'s group may take: the batch limit, or the
+        burst size where batches of the limit would make a queued request late.
+
+        A batch limit is chosen for the traffic seen (a small batch answers sooner); a burst
+        leaves more rows queued than it takes. Run in batches of the limit, each batch pays the
+        fixed part of t(b) again and the backlog drains at the limit's rate; taken together the
+        rows already waiting pay it once, so the ones behind finish sooner and the ones in
+        front later — never later than their deadline (`_take` stops where one would be). So
+        the batch grows only where the limit would be too slow for someone: the youngest
+        request, behind the whole backlog, or the first one the limit's batch leaves behind.
+        Nothing waits to fill the larger batch: it takes what is queued.
+        """
+        limit = settings.max_batch_size
+        ceiling = settings.ceiling
+        predictor = self._predictor
+        if ceiling <= limit or predictor is None or self._rows[key] <= limit:
+            return limit
+        full = predictor.timing.seconds(limit)
+        if full is None:
+            return limit
+        instances = predictor.ledger.instances
+        ahead = predictor.ledger.busy_s(predictor.timing, now) / instances
+        group = self._groups[key]
+
+        def late(item: Pending, batch: int) -> bool:
+            """Whether `item`, in the `batch`-th batch of the limit from now, misses its
+            deadline (the instances share the batches)."""
+            finish = now + ahead + math.ceil(batch / instances) * full
+            return item.deadline is not None and finish > item.deadline
+
+        rows = 0
+        for item in group:
+            rows += item.rows
+            if rows > limit:
+                if late(item, 2):
+                    return ceiling
+                break
+        return ceiling if late(group[-1], math.ceil(self._rows[key] / limit)) else limit
 
     def _fill_until(self, oldest: Pending, settings: BatchSettings, rows: int) -> float:
         """Until when a batch may wait for more rows: the queue delay after its oldest request
