@@ -328,10 +328,10 @@ class TestBatchesFitTheDeadline:
 
 @pytest.mark.looptime
 class TestBurstBatches:
-    """A backlog that batches of the limit would serve late runs in larger batches, up to the
-    burst size; t(b) = 20 + 1·b ms and a batch limit of 4 (24 ms a batch) throughout."""
+    """A backlog of more rows than the limit runs in one batch, up to the burst size; t(b) =
+    20 + 1·b ms and a batch limit of 4 (24 ms a batch) throughout."""
 
-    async def test_a_backlog_the_limit_would_serve_late_runs_in_one_batch(self) -> None:
+    async def test_a_backlog_runs_in_one_batch(self) -> None:
         # 24 requests with 100 ms: six batches of 4 take 144 ms; one of 24 takes 44 ms.
         async with Served(max_batch_size=4, burst=32) as s:
             loop = asyncio.get_running_loop()
@@ -352,15 +352,20 @@ class TestBurstBatches:
             assert len(admitted) < 24
             assert max(s.engine.batches) == 4
 
-    async def test_a_backlog_the_limit_serves_in_time_keeps_the_limit(self) -> None:
-        # 8 requests with a second each: two batches of 4 end at 48 ms, well in time.
+    async def test_what_comes_while_a_batch_runs_is_the_next_backlog(self) -> None:
+        # One request alone at 0 (21 ms); 6 arrive meanwhile and run together at 21 ms (26 ms),
+        # where the limit would run 4 (24 ms) and then 2 (22 ms): 47 ms for the last, not 67.
         async with Served(max_batch_size=4, burst=32) as s:
-            await asyncio.gather(*(s.put(timeout_s=1.0) for _ in range(8)))
-            assert s.engine.batches == [4, 4]
+            loop = asyncio.get_running_loop()
+            first = s.put(timeout_s=1.0)
+            await asyncio.sleep(0.010)
+            await asyncio.gather(first, *(s.put(timeout_s=1.0) for _ in range(6)))
+            assert s.engine.batches == [1, 6]
+            assert loop.time() == pytest.approx(0.047)
 
     async def test_the_oldest_request_bounds_the_larger_batch(self) -> None:
-        # The first request has 30 ms: a batch of 10 (30 ms) is the most it allows. The 11
-        # rows left at 30 ms would end at 102 ms in batches of 4: they run as one (61 ms).
+        # The first request has 30.5 ms: a batch of 10 (30 ms) is the most it allows; the 11
+        # rows left at 30 ms run as one (61 ms).
         async with Served(max_batch_size=4, burst=32) as s:
             loop = asyncio.get_running_loop()
             urgent = s.put(timeout_s=0.0305)

@@ -9,9 +9,9 @@ running pods re-read) and PUTs to ready pods' admin endpoint; the runtime parses
 `deadlineMs` is a request's default deadline (0: none). `slaMs` and `objectivePercent` are the
 service's SLA and objective, which the runtime only exports as gauges
 (`batchpilot_sla_seconds`, `batchpilot_slo_objective_ratio`) so that Prometheus can judge its
-latency against them. `burstBatchSize` (0: none) is the largest batch a backlog may run where
-batches of `maxBatchSize` would make queued requests late: the InferenceService's
-`scaling.maxBatchSize` in mode `auto`. To a reader every key is optional: an absent key keeps
+latency against them. `burstBatchSize` (0: none) is the largest batch a backlog of more rows
+than `maxBatchSize` may run at once: the InferenceService's `scaling.maxBatchSize` in mode
+`auto`. To a reader every key is optional: an absent key keeps
 the value in force (a document from an older operator has no `deadlineMs`, `slaMs`,
 `objectivePercent` or `burstBatchSize`).
 

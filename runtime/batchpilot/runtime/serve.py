@@ -174,9 +174,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a(
         "--burst-batch-size",
         type=int,
-        help="rows a batch may take beyond --max-batch-size where a backlog would otherwise "
-        "miss its deadlines (deadline admission; each request still in time); changeable live "
-        "as burstBatchSize in the batching document (default: none; BATCHPILOT_BURST_BATCH_SIZE)",
+        help="rows a batch may take beyond --max-batch-size where more rows than that wait, "
+        "each request still in time (deadline admission); changeable live as burstBatchSize in "
+        "the batching document (default: none; BATCHPILOT_BURST_BATCH_SIZE)",
     )
     a("--max-queue-delay-ms", type=float, help="longest wait for a batch to fill (default 5)")
     a("--queue-capacity", type=int, help="requests waiting before 503 (default 1024)")

@@ -77,8 +77,8 @@ class RuntimeSettings(BaseSettings):
     burst_batch_size: int | None = Field(
         default=None,
         ge=1,
-        description="the largest batch a backlog may run where batches of the limit would make "
-        "queued requests late (deadline admission only); default: never above the limit",
+        description="the largest batch a backlog of more rows than the limit may run at once, "
+        "each request still in time (deadline admission only); default: never above the limit",
     )
     max_queue_delay_ms: float = Field(default=5.0, ge=0, le=10_000)
     queue_capacity: int = Field(default=1024, ge=1, description="requests waiting, at most")

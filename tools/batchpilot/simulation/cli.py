@@ -134,6 +134,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "shed only when the queue is full",
     )
     cluster.add_argument(
+        "--no-burst",
+        dest="burst",
+        action="store_false",
+        help="replicas never batch beyond the limit in force (the runtime without a burst size, "
+        "as in modes recommend and off); default: a backlog of more than the limit runs in one "
+        "batch of up to --max-batch-size",
+    )
+    cluster.add_argument(
         "--scrape-interval-s",
         type=float,
         default=15.0,
@@ -209,6 +217,7 @@ def scenario_of(args: argparse.Namespace) -> Scenario:
             cold_start_s=args.cold_start_s,
             queue_capacity=args.queue_capacity,
             admission=args.admission,
+            burst=args.burst,
             scrape_interval_s=args.scrape_interval_s,
             recent_window_s=args.recent_window_s,
             balancing=args.balancing,

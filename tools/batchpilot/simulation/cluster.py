@@ -66,6 +66,10 @@ class ClusterConfig:
     """"deadline": a replica refuses at arrival what it predicts would finish past the deadline
     the operator writes (the SLA less the latency outside the device), as the runtime does;
     "queue": it refuses only when its queue is full."""
+    burst: bool = True
+    """Under deadline admission a replica's backlog of more requests than the limit runs in one
+    batch of up to the largest batch size (`scaling.maxBatchSize`, the burst size the operator
+    writes in mode auto), as the runtime forms it; False: never beyond the limit."""
     scrape_interval_s: float = 15.0
     """Prometheus' scrape interval for the replicas (the chart's ServiceMonitor); 0: the exact
     view, windows aligned to the control interval and complete at each decision."""
@@ -130,6 +134,8 @@ class _Fleet:
     config: ClusterConfig
     telemetry: Telemetry
     deadline_s: float | None
+    burst_rows: int | None = None
+    """The runtime's burst size, in rows; None: none."""
     pods: list[Pod] = field(default_factory=list)
     batch_size: int = 1
     delay_s: float = 0.0
@@ -157,10 +163,12 @@ class _Fleet:
         `scraped_since` (pods that existed, idle, before the simulation began)."""
         self.batch_size = command.batch_size
         self.delay_s = command.max_queue_delay_s
+        # The batch-size buckets a replica exports: up to the largest batch it may run.
+        largest = max(command.batch_size, self.burst_rows or 0)
         for pod in self.pods:
             if pod.gone_at is None:
                 if pod.limit != command.batch_size:
-                    self.telemetry.batch_limit(pod.index, command.batch_size, at=now)
+                    self.telemetry.batch_limit(pod.index, largest, at=now)
                 pod.limit = command.batch_size
                 pod.replica.max_batch = self.truth.requests_per_batch(command.batch_size)
                 pod.replica.delay_s = command.max_queue_delay_s
@@ -173,6 +181,11 @@ class _Fleet:
                     delay_s=command.max_queue_delay_s,
                     capacity=self.config.queue_capacity,
                     deadline_s=self.deadline_s,
+                    burst=(
+                        None
+                        if self.burst_rows is None
+                        else self.truth.requests_per_batch(self.burst_rows)
+                    ),
                     start=now,
                 ),
                 limit=command.batch_size,
@@ -181,7 +194,7 @@ class _Fleet:
             )
             self.pods.append(pod)
             since = pod.ready_at if scraped_since is None else scraped_since
-            self.telemetry.add_target(pod.index, since=since, batch_limit=command.batch_size)
+            self.telemetry.add_target(pod.index, since=since, batch_limit=largest)
         surplus = len(active) - command.replicas
         if surplus > 0:
             # Starting pods go first (a ReplicaSet deletes not-ready pods first), then the newest.
@@ -211,10 +224,12 @@ def simulate_cluster(
     sla_s: float,
     config: ClusterConfig | None = None,
     calibration_rows: int | None = None,
+    burst_rows: int | None = None,
 ) -> SimulationResult:
     """Run `controller` over `trace` on replicas of `truth`, and report. `calibration_rows`:
     the larger batch every replica times at start-up, beside 1 row, as the runtime does under
-    deadline admission (None: none timed)."""
+    deadline admission (None: none timed); `burst_rows`: the runtime's burst size, where
+    `config.burst` and deadline admission let it grow batches (None: none)."""
     config = config or ClusterConfig()
     began = time.perf_counter()
     rng = np.random.default_rng(config.seed)
@@ -237,7 +252,13 @@ def simulate_cluster(
         if config.admission == "deadline"
         else None
     )
-    fleet = _Fleet(truth=truth, config=config, telemetry=telemetry, deadline_s=deadline_s)
+    fleet = _Fleet(
+        truth=truth,
+        config=config,
+        telemetry=telemetry,
+        deadline_s=deadline_s,
+        burst_rows=burst_rows if config.burst and deadline_s is not None else None,
+    )
     # The Deployment already exists, idle, and Prometheus has scraped it for a while.
     history = max(config.window_s, config.recent_window_s) + config.scrape_interval_s
     fleet.apply(controller.initial(), 0.0, cold_start=False, scraped_since=-history)

@@ -17,11 +17,16 @@ Admission happens at arrival, as in the runtime's queue (`batchpilot.runtime.adm
 - whatever the deadline, a request that finds `capacity` requests waiting is shed (503,
   `queue_full`): the last resort, and the only rule without a deadline.
 
-Not modelled: the batcher's own use of deadlines (a batch dispatched early, or capped, so that
-its oldest request stays in time) and expiry in the queue. An admitted request whose batch then
-waits out the queue delay, or grows past the size predicted for it, may finish a few
-milliseconds past its deadline; it is served all the same. Under a backlog batches are full and
-dispatch at once, so the prediction is exact.
+With a deadline and a burst size (`burst`, the runtime's `burstBatchSize`), a backlog of more
+than `max_batch` requests runs in one batch, as the runtime's queue forms it: every waiting
+request up to `burst`, no more than lets the oldest finish in time (never fewer than the limit);
+admission then predicts batches of `burst`, as the runtime's does.
+
+Not modelled: the batcher's own use of deadlines otherwise (a batch dispatched early, or capped
+below the limit, so that its oldest request stays in time) and expiry in the queue. An admitted
+request whose batch then waits out the queue delay, or grows past the size predicted for it, may
+finish a few milliseconds past its deadline; it is served all the same. Under a backlog batches are
+full and dispatch at once, so the prediction is exact.
 
 Nothing ticks. Each batch costs a handful of operations on the sorted arrival times: its
 dispatch time is the latest of "device free", "oldest arrival" and the earlier of "the batch is
@@ -86,6 +91,7 @@ class Replica:
         "_queue",
         "alpha_s",
         "beta_s",
+        "burst",
         "capacity",
         "deadline_s",
         "delay_s",
@@ -102,10 +108,13 @@ class Replica:
         delay_s: float,
         capacity: int = 1024,
         deadline_s: float | None = None,
+        burst: int | None = None,
         start: float = 0.0,
     ) -> None:
         if capacity < 1 or max_batch < 1:
             raise ValueError("capacity and max_batch must be at least 1")
+        self.burst = burst
+        """The most requests a backlog's batch may take (with a deadline); None: the limit."""
         self.alpha_s = alpha_s
         self.beta_s = beta_s
         self.max_batch = max_batch
@@ -141,7 +150,11 @@ class Replica:
         capacity = self.capacity
         limit, delay = min(self.max_batch, capacity), self.delay_s
         deadline = self.deadline_s
-        full_s = alpha + beta * limit
+        # Batches of `reach` under a backlog: the limit, or the burst size where it grows them.
+        reach, due = limit, 0.0
+        if deadline is not None and self.burst is not None and self.burst > limit:
+            reach, due = min(self.burst, capacity), deadline
+        full_s = alpha + beta * reach
         # Up to this many waiting, an arrival is admitted whatever the device is running: the
         # common case takes no arithmetic. The device is busy for at most a full batch ahead of
         # an arrival (one batch at a time), or what remains of the last call's, if longer.
@@ -149,7 +162,7 @@ class Replica:
         safe = (
             capacity
             if deadline is None
-            else min(capacity, _rows_within(deadline - busiest, alpha, beta, limit, full_s))
+            else min(capacity, _rows_within(deadline - busiest, alpha, beta, reach, full_s))
         )
         free = self.free_at
         dispatched: list[float] = []
@@ -162,7 +175,7 @@ class Replica:
             deadline=deadline,
             alpha=alpha,
             beta=beta,
-            limit=limit,
+            limit=reach,
         )
 
         # Every pass but the last dispatches at least one request: this many passes suffice.
@@ -208,7 +221,7 @@ class Replica:
                     or (
                         deadline is not None
                         and (free - first if free > first else 0.0)
-                        + _finish_s(total, alpha, beta, limit, full_s)
+                        + _finish_s(total, alpha, beta, reach, full_s)
                         > deadline
                     )
                 ):
@@ -230,7 +243,12 @@ class Replica:
                 break
             size = len(queue) - head
             if size > limit:
-                size = limit
+                # A backlog: one batch of it, up to the burst size, its oldest still in time.
+                most = limit
+                if reach > limit:
+                    room = queue[head] + due - dispatch - alpha
+                    most = min(reach, max(limit, int(room / beta) if beta > 0 else reach))
+                size = min(size, most)
             head += size
             dispatched.append(dispatch)
             sizes.append(size)

@@ -183,6 +183,8 @@ def simulate(scenario: Scenario, policy: PolicyName | Controller) -> SimulationR
         config=scenario.cluster,
         # the operator's --calibration-rows: the largest batch limit the autopilot may set
         calibration_rows=scenario.max_batch_size,
+        # and the burst size it writes in mode auto: the same
+        burst_rows=scenario.max_batch_size,
     )
     return result
 

@@ -62,9 +62,9 @@ def batching_document(
 def from_spec(owner: Owner) -> dict[str, Any]:
     """What the batching document carries from the spec rather than the autopilot: the SLA and
     objective for the runtime's gauges, and in mode `auto` the burst size, `scaling.
-    maxBatchSize`: the batches a backlog may run where the limit in force would make its
-    requests late, within the ceiling the spec allows the autopilot. In modes `recommend` and
-    `off` the batch size is the spec's as written, and no batch runs beyond it."""
+    maxBatchSize`: the largest batch a backlog of more rows than the limit in force may run at
+    once, the ceiling the spec allows the autopilot. In modes `recommend` and `off` the batch
+    size is the spec's as written, and no batch runs beyond it."""
     sla, scaling = owner.spec.sla, owner.spec.scaling
     return {
         "sla_ms": sla.latency_p99_ms,

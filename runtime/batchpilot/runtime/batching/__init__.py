@@ -16,8 +16,12 @@ under overload: `put` refuses a request at once (`Overloaded`, reason "predicted
 rows ahead of it, the batches running and the measured t(b) say it would finish after its
 deadline; a batch holds no more rows than lets its oldest request meet its deadline, and it
 stops waiting to fill when waiting longer would make that request late; and a request that can
-no longer finish in time, even alone, leaves the queue before it reaches the device. Without one
-the queue bound is the only admission control (the "queue" mode, kept to compare the two).
+no longer finish in time, even alone, leaves the queue before it reaches the device. With a burst
+size (`BatchSettings.burst_batch_size`) a backlog of more rows than the limit runs in one batch of
+up to that many, each request still in time: the fixed part of t(b) paid once, not once per limit,
+so a burst drains at the larger batch's rate from its first batch on, without waiting for the
+autopilot to raise the limit. Without one the queue bound is the only admission control (the
+"queue" mode, kept to compare the two).
 
 Every request's future gets exactly one result or exception: an engine error fails the whole
 batch, a wrong number of output rows fails the whole batch, and a request whose caller went away

@@ -43,9 +43,9 @@ class BatchSettings:
     objective: float | None = None
     """The share of time the SLA must hold (0.99: 99 %); None: not given."""
     burst_batch_size: int | None = None
-    """The largest batch a backlog may run: where batches of `max_batch_size` would make queued
-    requests late, the next batch takes up to this many rows of them (each still in time);
-    None: never more than `max_batch_size`. Only with a deadline and a measured t(b)."""
+    """The largest batch a backlog may run: where more rows wait than `max_batch_size`, the next
+    batch takes up to this many of them, each still in time (with a predictor only: deadline
+    admission); None: never more than `max_batch_size`."""
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -226,8 +226,7 @@ class BatchQueue:
         """Refuse the request now if it is predicted to finish after its deadline, unless it is
         a probe; returns the prediction (None: nothing measured yet, admitted)."""
         assert self._predictor is not None
-        # Batches of the burst size where the backlog needs them (`_batch_rows`): a request
-        # that can finish in time only so is admitted, and the batcher runs it so.
+        # Batches of the burst size under a backlog (`_batch_rows`), as the batcher forms them.
         predicted = self._predictor.finish_time(
             queued_rows=self._queued_rows,
             rows=rows,
@@ -293,49 +292,26 @@ class BatchQueue:
             if key not in self._groups:
                 continue  # every request of that group went away while we waited
             now = clock()
-            items = self._take(key, self._batch_rows(key, settings, now), now=now)
+            items = self._take(key, self._batch_rows(key, settings), now=now)
             if items:
                 return Batch(items=items, settings=settings, formed_at=now)
 
-    def _batch_rows(self, key: Hashable, settings: BatchSettings, now: float) -> int:
-        """The most rows the next batch of `key`'s group may take: the batch limit, or the
-        burst size where batches of the limit would make a queued request late.
+    def _batch_rows(self, key: Hashable, settings: BatchSettings) -> int:
+        """The most rows the next batch of `key`'s group may take: the batch limit, or with a
+        predictor the burst size where more rows than the limit wait.
 
-        A batch limit is chosen for the traffic seen (a small batch answers sooner); a burst
-        leaves more rows queued than it takes. Run in batches of the limit, each batch pays the
-        fixed part of t(b) again and the backlog drains at the limit's rate; taken together the
-        rows already waiting pay it once, so the ones behind finish sooner and the ones in
-        front later — never later than their deadline (`_take` stops where one would be). So
-        the batch grows only where the limit would be too slow for someone: the youngest
-        request, behind the whole backlog, or the first one the limit's batch leaves behind.
-        Nothing waits to fill the larger batch: it takes what is queued.
+        A batch limit is chosen for the traffic seen: a small batch answers sooner. A burst
+        leaves more rows queued than the limit takes; run in batches of the limit, each batch
+        pays the fixed part of t(b) again and the backlog drains at the limit's rate, while
+        taken together the rows already waiting pay it once: the ones behind finish sooner,
+        the ones in front later, and none later than its deadline (`_take` stops where one
+        would be). Nothing waits to fill the larger batch: it takes what is queued. Without a
+        predictor no deadline bounds it, and the limit stands.
         """
         limit = settings.max_batch_size
-        ceiling = settings.ceiling
-        predictor = self._predictor
-        if ceiling <= limit or predictor is None or self._rows[key] <= limit:
+        if self._predictor is None or self._rows[key] <= limit:
             return limit
-        full = predictor.timing.seconds(limit)
-        if full is None:
-            return limit
-        instances = predictor.ledger.instances
-        ahead = predictor.ledger.busy_s(predictor.timing, now) / instances
-        group = self._groups[key]
-
-        def late(item: Pending, batch: int) -> bool:
-            """Whether `item`, in the `batch`-th batch of the limit from now, misses its
-            deadline (the instances share the batches)."""
-            finish = now + ahead + math.ceil(batch / instances) * full
-            return item.deadline is not None and finish > item.deadline
-
-        rows = 0
-        for item in group:
-            rows += item.rows
-            if rows > limit:
-                if late(item, 2):
-                    return ceiling
-                break
-        return ceiling if late(group[-1], math.ceil(self._rows[key] / limit)) else limit
+        return settings.ceiling
 
     def _fill_until(self, oldest: Pending, settings: BatchSettings, rows: int) -> float:
         """Until when a batch may wait for more rows: the queue delay after its oldest request
