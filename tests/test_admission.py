@@ -8,6 +8,7 @@ The queue tests run on looptime's fake clock with an engine whose batch takes ex
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -344,10 +345,8 @@ class TestBurstBatches:
         async with Served(max_batch_size=4) as s:
             admitted = []
             for _ in range(24):
-                try:
+                with contextlib.suppress(Overloaded):
                     admitted.append(s.put(timeout_s=0.100))
-                except Overloaded:
-                    pass
             await asyncio.gather(*admitted)
             assert len(admitted) < 24
             assert max(s.engine.batches) == 4
@@ -364,23 +363,60 @@ class TestBurstBatches:
             assert loop.time() == pytest.approx(0.047)
 
     async def test_the_oldest_request_bounds_the_larger_batch(self) -> None:
-        # The first request has 30.5 ms: a batch of 10 (30 ms) is the most it allows; the 11
-        # rows left at 30 ms run as one (61 ms).
+        # The first request has 30.5 ms: a batch of 10 (30 ms) is the most it allows; the 5
+        # rows left at 30 ms run as one (55 ms).
         async with Served(max_batch_size=4, burst=32) as s:
             loop = asyncio.get_running_loop()
             urgent = s.put(timeout_s=0.0305)
-            others = [s.put(timeout_s=0.100) for _ in range(20)]
+            others = [s.put(timeout_s=0.100) for _ in range(14)]
             await urgent
             assert loop.time() <= 0.0305
             await asyncio.gather(*others)
-            assert s.engine.batches == [10, 11]
-            assert loop.time() == pytest.approx(0.061)
+            assert s.engine.batches == [10, 5]
+            assert loop.time() == pytest.approx(0.055)
+
+    async def test_a_request_joins_the_backlog_only_where_the_oldest_still_finishes(
+        self,
+    ) -> None:
+        # Behind the same urgent request, batches of 4 serve 16 rows within 100 ms (96 ms);
+        # a 17th would join the first batch only if the urgent one could wait for 37 rows'
+        # worth of batch — it cannot, so from there on they are refused.
+        async with Served(max_batch_size=4, burst=32) as s:
+            admitted, refused = [s.put(timeout_s=0.0305)], 0
+            for _ in range(20):
+                try:
+                    admitted.append(s.put(timeout_s=0.100))
+                except Overloaded:
+                    refused += 1
+            assert (len(admitted), refused) == (16, 5)
+            await asyncio.gather(*admitted)
 
     async def test_the_burst_size_is_the_most_a_batch_takes(self) -> None:
         async with Served(max_batch_size=4, burst=8) as s:
             waiting = [s.put(timeout_s=0.100) for _ in range(24)]
             await asyncio.gather(*waiting)
             assert s.engine.batches == [8, 8, 8]  # 84 ms; in batches of 4, 144 ms
+
+    async def test_where_rows_cost_most_a_backlog_served_in_time_keeps_the_limit(self) -> None:
+        # t(b) = 2 + 10·b ms: one batch of 8 would save 2 ms for the last four and cost the
+        # first four 40 ms. Two batches of 4 end at 84 ms, in time: the limit stands.
+        async with Served(alpha_s=0.002, beta_s=0.010, max_batch_size=4, burst=32) as s:
+            await asyncio.gather(*(s.put(timeout_s=1.0) for _ in range(8)))
+            assert s.engine.batches == [4, 4]
+
+    async def test_where_rows_cost_most_a_backlog_the_limit_makes_late_runs_together(
+        self,
+    ) -> None:
+        # 12 requests with 120 ms: batches of 4 end at 126 ms, one of 12 at 122 ms — neither in
+        # time for the last, refused; 11 in one batch end at 112 ms.
+        async with Served(alpha_s=0.002, beta_s=0.010, max_batch_size=4, burst=32) as s:
+            admitted = []
+            for _ in range(12):
+                with contextlib.suppress(Overloaded):
+                    admitted.append(s.put(timeout_s=0.120))
+            assert len(admitted) == 11
+            await asyncio.gather(*admitted)
+            assert s.engine.batches == [11]
 
     async def test_queue_mode_never_grows_a_batch(self) -> None:
         async with Served(max_batch_size=4, burst=32, deadline=False) as s:

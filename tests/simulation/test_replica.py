@@ -188,15 +188,30 @@ class TestBurstBatches:
 
     def test_the_oldest_request_bounds_the_larger_batch(self) -> None:
         # The oldest arrived 70 ms before the others: 30 ms of its deadline are left when they
-        # come, enough for a batch of 10; the 11 left run as one.
+        # come, enough for a batch of 10; the 6 left run as one. Batches of 4 serve 16 in time;
+        # more would join the backlog's batch only if the oldest could wait for it: refused.
         replica = self.make()
         replica.free_at = 1.070  # the device is busy until the others arrive
         served = replica.serve([1.0] + [1.070] * 20, since=0.0, until=2.0)
-        assert served.sizes.tolist() == [10, 11]
+        assert served.sizes.tolist() == [10, 6]
+        assert served.refused == 5
 
     def test_the_burst_size_is_the_most_a_batch_takes(self) -> None:
         served = self.make(burst=8).serve([1.0] * 24, since=0.0, until=2.0)
         assert served.sizes.tolist() == [8, 8, 8]
+
+    def test_where_rows_cost_most_a_backlog_served_in_time_keeps_the_limit(self) -> None:
+        replica = Replica(
+            alpha_s=0.002, beta_s=0.010, max_batch=4, delay_s=0.0, deadline_s=1.0, burst=32
+        )
+        assert replica.serve([1.0] * 8, since=0.0, until=2.0).sizes.tolist() == [4, 4]
+
+    def test_where_rows_cost_most_a_backlog_the_limit_makes_late_runs_together(self) -> None:
+        replica = Replica(
+            alpha_s=0.002, beta_s=0.010, max_batch=4, delay_s=0.0, deadline_s=0.120, burst=32
+        )
+        served = replica.serve([1.0] * 12, since=0.0, until=2.0)
+        assert (served.sizes.tolist(), served.refused) == ([11], 1)
 
     def test_without_a_deadline_a_batch_never_grows(self) -> None:
         replica = self.make()

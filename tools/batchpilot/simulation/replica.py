@@ -18,9 +18,13 @@ Admission happens at arrival, as in the runtime's queue (`batchpilot.runtime.adm
   `queue_full`): the last resort, and the only rule without a deadline.
 
 With a deadline and a burst size (`burst`, the runtime's `burstBatchSize`), a backlog of more
-than `max_batch` requests runs in one batch, as the runtime's queue forms it: every waiting
-request up to `burst`, no more than lets the oldest finish in time (never fewer than the limit);
-admission then predicts batches of `burst`, as the runtime's does.
+than `max_batch` requests runs in one batch, as the runtime's queue forms it — where α ≥ β ·
+`max_batch`, or where batches of the limit would make the youngest waiting request, or the first
+one a batch of the limit leaves behind, late: every waiting request up to `burst`, no more than
+lets the oldest finish in time (never fewer than the limit). Admission predicts as the
+runtime's does: a request is in time if batches of the limit serve it in time, or if batches of
+`burst` do and the oldest waiting would still finish in time behind them all (the runtime's
+stand-in for "the batch can take it").
 
 Not modelled: the batcher's own use of deadlines otherwise (a batch dispatched early, or capped
 below the limit, so that its oldest request stays in time) and expiry in the queue. An admitted
@@ -154,15 +158,16 @@ class Replica:
         reach, due = limit, 0.0
         if deadline is not None and self.burst is not None and self.burst > limit:
             reach, due = min(self.burst, capacity), deadline
-        full_s = alpha + beta * reach
+        full_s = alpha + beta * limit
         # Up to this many waiting, an arrival is admitted whatever the device is running: the
         # common case takes no arithmetic. The device is busy for at most a full batch ahead of
-        # an arrival (one batch at a time), or what remains of the last call's, if longer.
-        busiest = max(full_s, self.free_at - since)
+        # an arrival (one batch at a time, of `reach` at most), or what remains of the last
+        # call's, if longer.
+        busiest = max(alpha + beta * reach, self.free_at - since)
         safe = (
             capacity
             if deadline is None
-            else min(capacity, _rows_within(deadline - busiest, alpha, beta, reach, full_s))
+            else min(capacity, _rows_within(deadline - busiest, alpha, beta, limit, full_s))
         )
         free = self.free_at
         dispatched: list[float] = []
@@ -175,7 +180,8 @@ class Replica:
             deadline=deadline,
             alpha=alpha,
             beta=beta,
-            limit=reach,
+            limit=limit,
+            reach=reach,
         )
 
         # Every pass but the last dispatches at least one request: this many passes suffice.
@@ -221,7 +227,7 @@ class Replica:
                     or (
                         deadline is not None
                         and (free - first if free > first else 0.0)
-                        + _finish_s(total, alpha, beta, reach, full_s)
+                        + _finish_s(total, alpha, beta, limit, full_s)
                         > deadline
                     )
                 ):
@@ -245,7 +251,12 @@ class Replica:
             if size > limit:
                 # A backlog: one batch of it, up to the burst size, its oldest still in time.
                 most = limit
-                if reach > limit:
+                limit_s = alpha + beta * limit
+                if reach > limit and (
+                    alpha >= beta * limit
+                    or dispatch + 2 * limit_s > queue[head + limit] + due
+                    or dispatch + -(-size // limit) * limit_s > queue[-1] + due
+                ):
                     room = queue[head] + due - dispatch - alpha
                     most = min(reach, max(limit, int(room / beta) if beta > 0 else reach))
                 size = min(size, most)
@@ -281,6 +292,8 @@ class _Gate:
         "full_s",
         "limit",
         "queue",
+        "reach",
+        "reach_s",
         "refused_at",
         "shed_at",
     )
@@ -295,6 +308,7 @@ class _Gate:
         alpha: float,
         beta: float,
         limit: int,
+        reach: int,
     ) -> None:
         self.arrivals = arrivals
         self.queue = queue
@@ -303,6 +317,8 @@ class _Gate:
         self.alpha = alpha
         self.beta = beta
         self.limit = limit
+        self.reach = reach
+        self.reach_s = alpha + beta * reach
         self.full_s = alpha + beta * limit
         self.shed_at: list[float] = []
         self.refused_at: list[float] = []
@@ -330,6 +346,13 @@ class _Gate:
                 # From here on arrivals are in time while the rows ahead and their own fit the
                 # budget the running batch leaves (it only shrinks as they arrive).
                 fits = _rows_within(deadline - busy, alpha, beta, limit, full_s) - waiting
+                if self.reach > limit and waiting > 0:
+                    # Or it is in time in batches of the burst size, which the backlog runs as
+                    # long as the oldest waiting finishes in time with it.
+                    start = free if free > first else first
+                    budget = queue[head] + deadline - start
+                    joins = _rows_within(budget, alpha, beta, self.reach, self.reach_s)
+                    fits = max(fits, joins - waiting)
                 if fits <= 0:
                     # With `waiting` ahead, one arriving at `free - slack` or later fits.
                     slack = deadline - _finish_s(waiting + 1, alpha, beta, limit, full_s)

@@ -192,12 +192,12 @@ class BatchQueue:
             )
         now = self._clock()
         deadline = None if timeout_s is None else now + timeout_s
+        key = shape_key(inputs)
         predicted, probe = None, False
         if deadline is not None and self._predictor is not None:
             probe = self._predictor.must_probe(queued_rows=self._queued_rows, now=now)
-            predicted = self._admit(rows, now=now, deadline=deadline, probe=probe)
+            predicted = self._admit(rows, key, now=now, deadline=deadline, probe=probe)
         loop = asyncio.get_running_loop()
-        key = shape_key(inputs)
         item = Pending(
             inputs=inputs,
             rows=rows,
@@ -222,20 +222,28 @@ class BatchQueue:
             self._wake(group, self._rows[key])
         return item.future
 
-    def _admit(self, rows: int, *, now: float, deadline: float, probe: bool) -> float | None:
+    def _admit(
+        self, rows: int, key: Hashable, *, now: float, deadline: float, probe: bool
+    ) -> float | None:
         """Refuse the request now if it is predicted to finish after its deadline, unless it is
         a probe; returns the prediction (None: nothing measured yet, admitted)."""
-        assert self._predictor is not None
-        # Batches of the burst size under a backlog (`_batch_rows`), as the batcher forms them.
-        predicted = self._predictor.finish_time(
+        predictor = self._predictor
+        assert predictor is not None
+        settings = self._settings()
+        predicted = predictor.finish_time(
             queued_rows=self._queued_rows,
             rows=rows,
-            max_batch_size=self._settings().ceiling,
+            max_batch_size=settings.max_batch_size,
             now=now,
         )
         if predicted is None:
             return None
-        finish = predicted + self._predictor.lateness.margin_s(now)
+        margin = predictor.lateness.margin_s(now)
+        if predicted + margin > deadline and settings.ceiling > settings.max_batch_size:
+            joined = self._joined(rows, key, settings.ceiling, now=now, margin=margin)
+            if joined is not None and joined < predicted:
+                predicted = joined
+        finish = predicted + margin
         if finish > deadline and not probe:
             raise Overloaded(
                 f"the server cannot answer within the request's deadline: it would finish in "
@@ -245,6 +253,24 @@ class BatchQueue:
                 retry_after_s=finish - deadline,
             )
         return predicted
+
+    def _joined(
+        self, rows: int, key: Hashable, ceiling: int, *, now: float, margin: float
+    ) -> float | None:
+        """When the request would be answered in the backlog's next batch, which takes every
+        queued row up to the burst size (`_batch_rows`); None where that batch is another
+        shape's, or where the oldest request waiting would then finish late, so that the batch
+        cannot take it (`_take`): batches of the limit are what it can count on then."""
+        assert self._predictor is not None
+        if self._oldest_key() != key:
+            return None
+        joined = self._predictor.finish_time(
+            queued_rows=self._queued_rows, rows=rows, max_batch_size=ceiling, now=now
+        )
+        oldest = self._groups[key][0].deadline
+        if joined is None or (oldest is not None and joined + margin > oldest):
+            return None
+        return joined
 
     def _forget(self, item: Pending) -> None:
         """Drop a request whose caller stopped waiting (disconnect, deadline)."""
@@ -292,26 +318,56 @@ class BatchQueue:
             if key not in self._groups:
                 continue  # every request of that group went away while we waited
             now = clock()
-            items = self._take(key, self._batch_rows(key, settings), now=now)
+            items = self._take(key, self._batch_rows(key, settings, now), now=now)
             if items:
                 return Batch(items=items, settings=settings, formed_at=now)
 
-    def _batch_rows(self, key: Hashable, settings: BatchSettings) -> int:
-        """The most rows the next batch of `key`'s group may take: the batch limit, or with a
-        predictor the burst size where more rows than the limit wait.
+    def _batch_rows(self, key: Hashable, settings: BatchSettings, now: float) -> int:
+        """The most rows the next batch of `key`'s group may take: the batch limit, or the
+        burst size where more rows wait than the limit and one batch of them pays.
 
         A batch limit is chosen for the traffic seen: a small batch answers sooner. A burst
-        leaves more rows queued than the limit takes; run in batches of the limit, each batch
-        pays the fixed part of t(b) again and the backlog drains at the limit's rate, while
-        taken together the rows already waiting pay it once: the ones behind finish sooner,
-        the ones in front later, and none later than its deadline (`_take` stops where one
-        would be). Nothing waits to fill the larger batch: it takes what is queued. Without a
-        predictor no deadline bounds it, and the limit stands.
+        leaves more rows queued than it takes. Run in batches of the limit, each batch pays the
+        fixed part of t(b), α, again; taken together the rows already waiting pay it once: the
+        ones behind finish sooner, the ones in front later by β for every row added, and none
+        later than its deadline (`_take` stops where one would be). Where α is at least what
+        a full batch's rows add (α ≥ β·limit: accelerators, large models) that is a gain on
+        average, and one batch of the backlog always runs. Where the rows cost most (β·limit
+        > α) it gains little and slows the front; it runs only where batches of the limit
+        would make a queued request late: the youngest, behind the whole backlog, or the first
+        one a batch of the limit leaves behind. Nothing waits to fill the larger batch: it
+        takes what is queued. Without a predictor no deadline bounds it: the limit stands.
         """
         limit = settings.max_batch_size
-        if self._predictor is None or self._rows[key] <= limit:
+        predictor = self._predictor
+        if predictor is None or settings.ceiling <= limit or self._rows[key] <= limit:
             return limit
-        return settings.ceiling
+        fit = predictor.timing.fit
+        full = predictor.timing.seconds(limit)
+        if fit is None or full is None:
+            return limit
+        if not fit.floor_rows and fit.alpha_s >= fit.beta_s * limit:
+            return settings.ceiling
+        instances = predictor.ledger.instances
+        ahead = predictor.ledger.busy_s(predictor.timing, now) / instances
+
+        def late(item: Pending, batch: int) -> bool:
+            """Whether `item`, in the `batch`-th batch of the limit from now, misses its
+            deadline (the instances share the batches)."""
+            finish = now + ahead + math.ceil(batch / instances) * full
+            return item.deadline is not None and finish > item.deadline
+
+        group = self._groups[key]
+        rows = 0
+        for item in group:
+            rows += item.rows
+            if rows > limit:
+                if late(item, 2):
+                    return settings.ceiling
+                break
+        if late(group[-1], math.ceil(self._rows[key] / limit)):
+            return settings.ceiling
+        return limit
 
     def _fill_until(self, oldest: Pending, settings: BatchSettings, rows: int) -> float:
         """Until when a batch may wait for more rows: the queue delay after its oldest request
