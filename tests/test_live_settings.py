@@ -251,3 +251,8 @@ class TestBatchBucketsFromZero:
             source="test",
         )
         assert set(self.buckets(server)) == {"1", "2", "4", "8", "16", "32", "64"}
+        registry = server.metrics.registry
+        labels = TestServiceLevelGauges.LABELS
+        assert registry.get_sample_value("batchpilot_batching_burst_batch_size", labels) == 64
+        server.set_batching(BatchSettings(max_batch_size=4, max_queue_delay_s=0.0), source="test")
+        assert registry.get_sample_value("batchpilot_batching_burst_batch_size", labels) == 4

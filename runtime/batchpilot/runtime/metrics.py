@@ -51,8 +51,8 @@ environment), so one PromQL selector finds a service's replicas. What each metri
   stored; `batchpilot_async_jobs_expired_total` (counter): results dropped after their TTL.
 - `batchpilot_gpu_utilization_ratio`, `batchpilot_gpu_memory_used_bytes`,
   `batchpilot_gpu_memory_total_bytes` (gauges, NVML): only when a GPU exists.
-- `batchpilot_batching_max_batch_size`, `batchpilot_batching_max_queue_delay_seconds` (gauges):
-  the settings in force.
+- `batchpilot_batching_max_batch_size`, `batchpilot_batching_burst_batch_size`,
+  `batchpilot_batching_max_queue_delay_seconds` (gauges): the settings in force.
 - `batchpilot_engine_info` (gauge, always 1): engine kind, device, whether it is simulated, and
   the model variant served (original, fp16, int8).
 - `batchpilot_cpu_cores` (gauge) and the standard `process_*` series: CPU utilization of the
@@ -305,6 +305,12 @@ class RuntimeMetrics:
         self.max_batch_size = Gauge(
             "batchpilot_batching_max_batch_size", "Batch size limit in force", names, registry=r
         ).labels(**labels)
+        self.burst_batch_size = Gauge(
+            "batchpilot_batching_burst_batch_size",
+            "Largest batch a backlog may run, in force (the batch limit where none is set)",
+            names,
+            registry=r,
+        ).labels(**labels)
         self.deadline = Gauge(
             "batchpilot_deadline_seconds",
             "Default deadline of a request, from its arrival, in force (0: none)",
@@ -400,12 +406,13 @@ class RuntimeMetrics:
         objective: float | None = None,
     ) -> None:
         self.max_batch_size.set(max_batch_size)
+        # `ceiling`: the largest batch a backlog may run (the burst size), where above the limit.
+        largest = max(max_batch_size, ceiling or 0)
+        self.burst_batch_size.set(largest)
         # Every bucket a batch may now fall in exported at zero before its first batch: a
         # series that appears with its first count already in it starts increase() and rate()
         # from that count, so its first batches are missed, and the rows and the batches of one
         # bucket are extrapolated back to zero differently (a wrong mean batch).
-        # `ceiling`: the largest batch a backlog may run (the burst size), where above the limit.
-        largest = max(max_batch_size, ceiling or 0)
         for size in range(int(batch_bucket(largest)).bit_length()):
             self._bucket(str(1 << size))
         self.max_queue_delay.set(max_queue_delay_s)
