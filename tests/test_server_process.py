@@ -677,6 +677,56 @@ class TestSimulatedEngine:
         assert "t(b) = " in server.log()  # what admission predicts from, logged
 
 
+class TestABacklogRunsInOneBatch:
+    async def test_what_waits_behind_a_running_batch_runs_together_up_to_the_burst_size(
+        self, image_model: Path, tmp_path: Path
+    ) -> None:
+        # t(b) = 800 + 1·b ms, a batch limit of 2 and a burst size of 32: 20 requests sent
+        # while the first runs alone are one batch of 20 after it, not ten of 2.
+        with runtime_process(
+            image_model,
+            "--engine",
+            "simulated",
+            "--simulated-latency",
+            "alpha_ms=800,beta_ms=1",
+            "--max-batch-size",
+            "2",
+            "--burst-batch-size",
+            "32",
+            "--calibration-rows",
+            "2",
+            "--max-queue-delay-ms",
+            "0",
+            "--deadline-ms",
+            "10000",
+            log_dir=tmp_path,
+        ) as server:
+            assert Scrape(server).value("batchpilot_batching_burst_batch_size") == 32
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+                first = asyncio.ensure_future(
+                    post(session, server, "/v2/models/image/infer", image_request())
+                )
+                # the first request's batch runs: the rest arrive behind it (bounded wait,
+                # the loop free to send it)
+                for _ in range(1000):
+                    if Scrape(server).value("batchpilot_inflight_requests") == 1:
+                        break
+                    await asyncio.sleep(0.01)
+                else:
+                    raise AssertionError("the first request never reached the server")
+                replies = await asyncio.gather(
+                    first,
+                    *(
+                        post(session, server, "/v2/models/image/infer", image_request())
+                        for _ in range(20)
+                    ),
+                )
+            assert [reply.status for reply in replies] == [200] * 21
+            scrape = Scrape(server)
+            assert scrape.value("batchpilot_batch_size_count") == 2
+            assert scrape.value("batchpilot_batch_size_sum") == 21
+
+
 # --- Overload ---------------------------------------------------------------------------------
 
 
