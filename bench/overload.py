@@ -11,14 +11,18 @@ its capacity within the SLA however hard it is pushed.
 One `batchpilot runtime serve` process per admission mode (`deadline`, `queue`), both on the
 simulated accelerator t(b) = 20 ms + 1 ms·b, max batch 8, 2 ms max queue delay, 100 ms
 deadline (capacity 8 / 28 ms ≈ 286 rps) with the MLP's signature, take open-loop Poisson load
-from `batchpilot.runtime.loadgen` at 1.5×, 2× and 4× the capacity. The modes alternate within
-each level (and get the same arrival times), so whatever else the shared machine does hits both
-alike. Each cell reports the admitted requests' P99 from the scheduled send, goodput (answers
-within the SLA per second) against the capacity, how fast refusals were answered, the answers
-by status, the server's own arrivals and shed reasons (two /metrics scrapes around the run), the
-client's send lag and the CPU other processes took (`cpu_meter`). A run whose client fell behind
-its schedule is INVALID, with the reason, not a result: on a two-core machine a Python client
-may not keep 4× the capacity, and that is reported, not hidden.
+from `batchpilot.runtime.loadgen` at 1.5×, 2× and 4× the capacity. A third, `burst`, is
+deadline admission with a burst size of 32 (`--burst-batch-size`, what the operator sets from
+`scaling.maxBatchSize`): the same batch limit, and a backlog run in one batch of up to 32 rows
+(32 / 52 ms ≈ 615 rps) — what a replica does with a burst before the autopilot has seen it.
+The modes take turns first within each level (and get the same arrival times), so whatever
+else the shared machine does hits them alike. Each cell reports the admitted requests' P99 from
+the scheduled send, goodput (answers within the SLA per second) against the capacity, how fast
+refusals were answered, the answers by status, the server's own arrivals and shed reasons (two
+/metrics scrapes around the run), the client's send lag and the CPU other processes took
+(`cpu_meter`). A run whose client fell behind its schedule is INVALID, with the reason, not a
+result: on a two-core machine a Python client may not keep 4× the capacity, and that is
+reported, not hidden.
 
 `offered_load` (one metered open-loop run against one server) is shared with
 bench/classifier_case.py. bench/run.py runs this section with `--only overload`.
@@ -52,7 +56,9 @@ MAX_QUEUE_DELAY_MS = 2.0
 DEADLINE_MS = 100.0
 LEVELS = (1.5, 2.0, 4.0)
 """Offered load, in multiples of the capacity."""
-MODES = ("deadline", "queue")
+BURST = 32
+"""The `burst` mode's burst size."""
+MODES = ("deadline", "queue", "burst")
 CLIENT_TIMEOUT_S = 5.0
 """Far beyond the deadline: every request the servers answer is answered before it."""
 
@@ -65,7 +71,9 @@ def capacity(alpha_ms: float, beta_ms: float, max_batch: int) -> tuple[float, in
 
 
 def server_args(mode: str) -> list[str]:
+    burst = ["--burst-batch-size", str(BURST)] if mode == "burst" else []
     return [
+        *burst,
         "--engine",
         "simulated",
         "--simulated-latency",
@@ -77,7 +85,7 @@ def server_args(mode: str) -> list[str]:
         "--deadline-ms",
         f"{DEADLINE_MS:g}",
         "--admission",
-        mode,
+        "deadline" if mode == "burst" else mode,
     ]
 
 
@@ -235,7 +243,8 @@ def measure(
         for server in servers.values():
             _warm(server, model)
         for index, level in enumerate(LEVELS):
-            order = MODES if index % 2 == 0 else tuple(reversed(MODES))
+            turn = index % len(MODES)
+            order = MODES[turn:] + MODES[:turn]
             for mode in order:
                 time.sleep(settle_s)  # the previous run's stragglers: 100 ms deadlines
                 cell = offered_load(
@@ -244,7 +253,7 @@ def measure(
                     rate_rps=level * capacity_rps,
                     seconds=seconds,
                     sla_ms=sla_ms,
-                    seed=index,  # the same arrival times for both modes
+                    seed=index,  # the same arrival times for every mode
                     quiet=quiet,
                     pids=pids,
                     max_outstanding=max(2000, math.ceil(level * capacity_rps * 2)),
@@ -270,8 +279,9 @@ def measure(
         "seconds_per_run": seconds,
         "levels": list(LEVELS),
         "modes": list(MODES),
+        "burst_batch_size": BURST,
         "arrivals": "open loop, Poisson, batchpilot.runtime.loadgen; the same arrival times for "
-        "both modes at a level; modes alternate in order from level to level",
+        "every mode at a level; each mode goes first at one level",
         "client_timeout_s": CLIENT_TIMEOUT_S,
         "cells": cells,
         "batches": batches,

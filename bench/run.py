@@ -88,7 +88,7 @@ class Plan:
     latency_max_s: float
     quiet: QuietPolicy
     overload_s: float
-    """Each run of the overload section (bench/overload.py): 3 levels x 2 admission modes."""
+    """Each run of the overload section (bench/overload.py): 3 levels x 3 admission modes."""
     overload_settle_s: float
     case_search: SearchSettings
     """The classifier case's find-max (bench/classifier_case.py), for each server."""
@@ -461,9 +461,10 @@ def main(argv: list[str] | None = None) -> int:
         help="measure only this (repeatable; instances: bench/instances.py, 1 vs 2 instances; "
         "grpc: bench/grpc_bench.py, gRPC vs REST on the MLP; "
         "optimize: bench/optimize.py, FP16 and INT8 variants of the classifier; "
-        "overload: bench/overload.py, deadline vs queue admission past the simulated "
-        "accelerator's capacity; classifier-case: bench/classifier_case.py, the classifier's "
-        "max QPS and goodput at twice the plain endpoint's max, against the plain endpoint)",
+        "overload: bench/overload.py, deadline vs queue admission, and deadline with a burst "
+        "size, past the simulated accelerator's capacity; classifier-case: "
+        "bench/classifier_case.py, the classifier's max QPS and goodput at twice the plain "
+        "endpoint's max, against the plain endpoint)",
     )
     parser.add_argument(
         "--driver",

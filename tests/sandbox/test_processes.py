@@ -34,6 +34,8 @@ def test_stops_each_the_way_it_can_be_stopped() -> None:
 
 
 def test_another_signal_may_be_sent() -> None:
-    process = child()
+    # Python's own SIGINT handler, whatever was inherited: a shell starts background jobs
+    # with SIGINT ignored, and a child that inherits that never sees it.
+    process = child("signal.signal(signal.SIGINT, signal.default_int_handler)")
     stop_processes([process], grace_s=5, signum=signal.SIGINT)
     assert process.returncode == -signal.SIGINT  # Python re-raises an uncaught SIGINT
