@@ -168,14 +168,18 @@ class TestSLOAtRisk:
         assert cleared.message == condition["message"]
         assert "0% of the error budget left" in cleared.message  # overspent: shown as 0 %
 
-    def test_the_pushed_batch_settings_carry_the_sla_and_objective(self) -> None:
-        # The runtime exports them as gauges: the chart's burn-rate alerts judge against them.
+    def test_the_pushed_batch_settings_carry_the_sla_objective_and_burst_size(self) -> None:
+        # The runtime exports the SLA and objective as gauges: the chart's burn-rate alerts
+        # judge against them. The burst size is the largest batch the spec allows.
         world = World(observe=overloaded)
         world.body["spec"]["sla"] |= {"objectivePercent": 99.5}
         world.tick()
         ((_, _, document),) = world.pushed
         assert json.loads(document)["slaMs"] == 100
         assert json.loads(document)["objectivePercent"] == 99.5
+        assert (
+            json.loads(document)["burstBatchSize"] == world.body["spec"]["scaling"]["maxBatchSize"]
+        )
         stored = world.kube.of(CONFIGMAP, "vision", "resnet50-batching")
         assert stored["data"]["batching.json"] == document
 
