@@ -169,6 +169,11 @@ class DeviceLedger:
     def idle(self) -> bool:
         return not self._running
 
+    @property
+    def running(self) -> int:
+        """Batches running now."""
+        return len(self._running)
+
     def busy_s(self, timing: BatchTiming, now: float) -> float:
         """Compute time the running batches still need, summed over instances."""
         total = 0.0

@@ -336,7 +336,9 @@ class BatchQueue:
         > α) it gains little and slows the front; it runs only where batches of the limit
         would make a queued request late: the youngest, behind the whole backlog, or the first
         one a batch of the limit leaves behind. Nothing waits to fill the larger batch: it
-        takes what is queued. Without a predictor no deadline bounds it: the limit stands.
+        takes what is queued. With several model instances, the ones free share the backlog
+        (each takes its part: batches in parallel pay α side by side). Without a predictor no
+        deadline bounds it: the limit stands.
         """
         limit = settings.max_batch_size
         predictor = self._predictor
@@ -346,8 +348,11 @@ class BatchQueue:
         full = predictor.timing.seconds(limit)
         if fit is None or full is None:
             return limit
+        # The instances free now (this worker's among them) take a part of the backlog each.
+        free = max(1, predictor.ledger.instances - predictor.ledger.running)
+        grown = max(limit, min(settings.ceiling, math.ceil(self._rows[key] / free)))
         if not fit.floor_rows and fit.alpha_s >= fit.beta_s * limit:
-            return settings.ceiling
+            return grown
         instances = predictor.ledger.instances
         ahead = predictor.ledger.busy_s(predictor.timing, now) / instances
 
@@ -363,10 +368,10 @@ class BatchQueue:
             rows += item.rows
             if rows > limit:
                 if late(item, 2):
-                    return settings.ceiling
+                    return grown
                 break
         if late(group[-1], math.ceil(self._rows[key] / limit)):
-            return settings.ceiling
+            return grown
         return limit
 
     def _fill_until(self, oldest: Pending, settings: BatchSettings, rows: int) -> float:
