@@ -251,11 +251,10 @@ class Replica:
             if size > limit:
                 # A backlog: one batch of it, up to the burst size, its oldest still in time.
                 most = limit
-                limit_s = alpha + beta * limit
                 if reach > limit and (
                     alpha >= beta * limit
-                    or dispatch + 2 * limit_s > queue[head + limit] + due
-                    or dispatch + -(-size // limit) * limit_s > queue[-1] + due
+                    or dispatch + 2 * full_s > queue[head + limit] + due
+                    or dispatch + -(-size // limit) * full_s > queue[-1] + due
                 ):
                     room = queue[head] + due - dispatch - alpha
                     most = min(reach, max(limit, int(room / beta) if beta > 0 else reach))
