@@ -424,6 +424,17 @@ class TestBurstBatches:
             await asyncio.gather(*admitted)
             assert s.engine.batches == [11]
 
+    async def test_a_request_of_another_shape_cannot_count_on_the_backlogs_batch(self) -> None:
+        # 16 rows ahead end at 96 ms in batches of 4; a 17th would end at 120 ms. Of the same
+        # shape it joins the backlog's batch (37 ms); of another it cannot share a batch.
+        async with Served(max_batch_size=4, burst=32) as s:
+            ahead = [s.put(timeout_s=0.100) for _ in range(16)]
+            with pytest.raises(Overloaded):
+                s.queue.put({"x": np.ones((1, 2), dtype=np.float32)}, rows=1, timeout_s=0.100)
+            same = s.put(timeout_s=0.100)
+            await asyncio.gather(*ahead, same)
+            assert s.engine.batches == [17]
+
     async def test_free_instances_share_the_backlog(self) -> None:
         # t(b) = 9 + 2·b ms on two instances: 24 requests run as two batches of 12 side by
         # side (33 ms), not one of 24 (57 ms) nor six of 4 (three rounds of 17 ms, 51 ms).
