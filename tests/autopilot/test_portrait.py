@@ -40,6 +40,8 @@ def signals(**changes: float | None) -> Signals:
         batch_size=base["batch_size"],
         rows_per_request=base.get("rows_per_request"),
         outside_s=base.get("outside_s"),
+        batch_limit=base.get("batch_limit"),
+        burst_size=base.get("burst_size"),
     )
 
 
@@ -89,6 +91,10 @@ class TestVerdict:
         four = {row.name: row.value for row in rows(signals(rows_per_request=4.0))}
         assert four["rows per request"] == "4.0"
         assert {row.name: row.value for row in rows(signals())}["rows per request"] == "-"
+        batch = {row.name: row for row in rows(signals(batch_limit=8, burst_size=64))}["batch size"]
+        assert batch.healthy == "limit 8, a backlog up to 64"
+        alone = {row.name: row for row in rows(signals(batch_limit=8, burst_size=8))}["batch size"]
+        assert alone.healthy == "limit 8"
         outside = {row.name: row for row in rows(signals(outside_s=0.06))}["outside the batcher"]
         assert (outside.value, outside.healthy, outside.status) == (
             "60 ms",
@@ -106,6 +112,7 @@ def test_profile_reads_a_live_service(
         runtime_process(
             image_model,
             "--engine", "simulated", "--simulated-latency", "alpha_ms=10,beta_ms=1",
+            "--max-batch-size", "8", "--burst-batch-size", "32",
             log_dir=tmp_path,
             env={"BATCHPILOT_ISVC_NAME": scope.isvc, "BATCHPILOT_ISVC_NAMESPACE": scope.namespace},
         ) as runtime,
@@ -148,6 +155,7 @@ def test_profile_reads_a_live_service(
     assert portrait.gpu_memory is None  # no GPU here: absent, not zero
     assert portrait.outside_s is not None  # decoding and encoding the requests
     assert 0 <= portrait.outside_s < portrait.p99_s
+    assert (portrait.batch_limit, portrait.burst_size) == (8, 32)
     assert code == 0
     out = capsys.readouterr().out
     assert "performance portrait of vision/resnet50" in out

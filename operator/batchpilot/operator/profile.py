@@ -37,6 +37,8 @@ def extra_queries(scope: Scope, *, window_s: int) -> dict[str, str]:
             f"sum(rate(process_cpu_seconds_total[{w}]) * on(instance, job) group_left() {mine})"
             f" / sum(batchpilot_cpu_cores{{{sel}}})"
         ),
+        "batch_limit": f"max(batchpilot_batching_max_batch_size{{{sel}}})",
+        "burst_size": f"max(batchpilot_batching_burst_batch_size{{{sel}}})",
     }
 
 
@@ -76,6 +78,8 @@ def signals(
         batch_size=observation.mean_batch,
         rows_per_request=observation.rows_per_request,
         outside_s=observation.outside_s,
+        batch_limit=extra["batch_limit"],
+        burst_size=extra["burst_size"],
     )
 
 

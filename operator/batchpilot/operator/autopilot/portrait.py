@@ -36,6 +36,10 @@ class Signals:
     outside_s: float | None = None
     """Mean seconds a request spends outside the batcher: decoding, pre- and post-processing,
     encoding. No batch size or replica count moves it."""
+    batch_limit: float | None = None
+    """The batch limit in force (the largest of the replicas')."""
+    burst_size: float | None = None
+    """The largest batch a backlog may run (the burst size; the limit where none is set)."""
 
 
 OUTSIDE_SHARE = 0.5
@@ -66,6 +70,16 @@ def _band(value: float | None, low: float, high: float) -> str:
     return "ok"
 
 
+def _limits(s: Signals) -> str:
+    """The batch limit, and the burst size where a backlog may run larger batches."""
+    if s.batch_limit is None:
+        return "-"
+    text = f"limit {s.batch_limit:.0f}"
+    if s.burst_size is not None and s.burst_size > s.batch_limit:
+        text += f", a backlog up to {s.burst_size:.0f}"
+    return text
+
+
 def rows(s: Signals) -> list[Row]:
     low, high = s.gpu_band
     p99_status = "no data" if s.p99_s is None else ("ok" if s.p99_s <= s.sla_s else "over SLA")
@@ -91,7 +105,7 @@ def rows(s: Signals) -> list[Row]:
             _band(s.memory_bandwidth, 0.5, 0.8) if s.memory_bandwidth is not None else "no source",
         ),
         Row("CPU utilization", _pct(s.cpu_util), "< 70%", _band(s.cpu_util, 0.0, 0.7)),
-        Row("batch size", "-" if s.batch_size is None else f"{s.batch_size:.1f}", "-", "-"),
+        Row("batch size", "-" if s.batch_size is None else f"{s.batch_size:.1f}", _limits(s), "-"),
         Row(
             "rows per request",
             "-" if s.rows_per_request is None else f"{s.rows_per_request:.1f}",
