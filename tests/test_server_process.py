@@ -514,6 +514,8 @@ class TestMetricsFollowTheTraffic:
             # every valid request is an arrival, admitted into the queue
             assert scrape.value("batchpilot_arrivals_total", **labels) == len(sizes)
             assert scrape.value("batchpilot_admitted_total", **labels) == len(sizes)
+            # and counts in the last seconds' rate (its arithmetic: tests/test_arrival_rate.py)
+            assert scrape.value("batchpilot_recent_arrivals_per_second", **labels) >= 0
             assert scrape.value("batchpilot_request_duration_seconds_sum", **labels) > 0
             # their time in the batcher is part of their duration, and the rest is outside it
             in_batcher = scrape.value("batchpilot_batcher_seconds_total", **labels)

@@ -37,7 +37,10 @@ environment), so one PromQL selector finds a service's replicas. What each metri
   arrival), and `expired` (its deadline passed, or could no longer be met, before it reached
   the device). Every arrival is admitted or refused at arrival, so arrivals = admitted +
   predicted_late + queue_full + draining + the requests whose deadline passed in preprocessing,
-  before they could be queued.
+  before they could be queued. `batchpilot_recent_arrivals_per_second` (gauge): the same
+  arrivals over the last 5 s (`batchpilot.api.arrivals`), per second at the moment of the
+  scrape: a step in the load shows in it whole once it is that old, where the counter's rate
+  between two scrapes averages it with what came before.
 - `batchpilot_deadline_seconds` (gauge): the default deadline in force (0: none).
 - `batchpilot_sla_seconds`, `batchpilot_slo_objective_ratio` (gauges): the service's P99 SLA and
   objective (0.99: the SLA holds 99 % of the time), as the operator's batching document gives
@@ -76,6 +79,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from batchpilot.api.arrivals import RECENT_ARRIVALS_S
+from batchpilot.runtime.arrival_rate import RecentArrivals
 from batchpilot.runtime.device import Nvml
 from batchpilot.runtime.engine import EngineInfo
 from batchpilot.runtime.outcomes import RequestOutcome
@@ -254,6 +259,14 @@ class RuntimeMetrics:
             names,
             registry=r,
         ).labels(**labels)
+        self.recent_arrivals = RecentArrivals()
+        Gauge(
+            "batchpilot_recent_arrivals_per_second",
+            f"Valid requests that arrived in the last {RECENT_ARRIVALS_S:g} s, per second: the "
+            "offered load now",
+            names,
+            registry=r,
+        ).labels(**labels).set_function(self.recent_arrivals.rate)
         self.batcher_seconds = Counter(
             "batchpilot_batcher_seconds",
             "Seconds the timed requests spent in the batcher, from the queue to their batch's "
@@ -386,6 +399,11 @@ class RuntimeMetrics:
         """The mean time of the batches timed at start-up, by their rows."""
         for rows, seconds in seconds_by_rows.items():
             self._startup.labels(**self._labels, rows=str(rows)).set(seconds)
+
+    def arrived(self) -> None:
+        """One valid request arrived: the counter and the last seconds' rate."""
+        self.arrivals.inc()
+        self.recent_arrivals.arrived()
 
     def shed(self, reason: str) -> None:
         """One request shed; `reason` is one of `SHED_REASONS`."""

@@ -246,7 +246,7 @@ class ModelServer:
         """Serve one request; raises the runtime's errors for anything but success."""
         rows = validate_inputs(self.signature, request)
         metrics = self.metrics
-        metrics.arrivals.inc()
+        metrics.arrived()
         timeout_s = request.timeout_s or self._batching.deadline_s
         inputs = {t.name: t.data for t in request.inputs}
         pipeline = self.pipeline

@@ -1,0 +1,15 @@
+"""The runtime's arrival rate of the last few seconds: what it measures, and over how long.
+
+The arrival counter's rate between the last two scrapes is the freshest rate Prometheus has of
+it, and at the first scrape after a sudden step it averages the rates before and after the step
+over the whole scrape interval. The runtime also exports the arrivals of the last
+`RECENT_ARRIVALS_S` seconds per second as a gauge (`batchpilot_recent_arrivals_per_second`):
+read at the scrape, it shows the new rate as soon as the step is that old. The autopilot reads
+it beside the counter's rate and judges its noise by this span, so both sides take it from here.
+"""
+
+from __future__ import annotations
+
+RECENT_ARRIVALS_S = 5.0
+"""Seconds of arrivals the gauge counts: short against a scrape interval (15 s), long enough that
+Poisson noise at tens of requests per second stays within tens of per cent."""

@@ -1,0 +1,63 @@
+"""The arrival rate of the last few seconds, exported as a gauge read at each scrape.
+
+The arrival counter tells Prometheus how many requests came between two scrapes; a step in the
+load shows in its rate averaged with what came before it. This keeps the arrivals of the last
+`span_s` seconds in buckets of `bucket_s` (a ring: one integer add per arrival, a sum over the
+buckets per scrape), so the scrape reads the rate of the last seconds only
+(`batchpilot.api.arrivals`).
+
+Pure: the clock is an argument.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+from batchpilot.api.arrivals import RECENT_ARRIVALS_S
+
+
+class RecentArrivals:
+    """Arrivals per second over the last `span_s` seconds (over the time since the start, where
+    that is shorter), to a bucket's precision."""
+
+    def __init__(
+        self,
+        *,
+        span_s: float = RECENT_ARRIVALS_S,
+        bucket_s: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not 0 < bucket_s < span_s:
+            raise ValueError(f"need 0 < bucket_s < span_s, got {bucket_s} and {span_s}")
+        self._bucket_s = bucket_s
+        self._slots = math.ceil(span_s / bucket_s)
+        self._counts = [0] * self._slots
+        self._stamps = [-1] * self._slots
+        """The bucket number each slot counts (-1: none yet)."""
+        self._clock = clock
+        self._started = clock()
+
+    def arrived(self, count: int = 1) -> None:
+        bucket = int(self._clock() / self._bucket_s)
+        slot = bucket % self._slots
+        if self._stamps[slot] != bucket:
+            self._stamps[slot] = bucket
+            self._counts[slot] = 0
+        self._counts[slot] += count
+
+    def rate(self) -> float:
+        """Arrivals per second over the last `span_s` seconds: the current bucket, part gone,
+        and the full ones before it."""
+        now = self._clock()
+        bucket = int(now / self._bucket_s)
+        oldest = bucket - self._slots + 1
+        total = sum(
+            count
+            for count, stamp in zip(self._counts, self._stamps, strict=True)
+            if oldest <= stamp <= bucket
+        )
+        covered = (self._slots - 1) * self._bucket_s + (now - bucket * self._bucket_s)
+        covered = min(covered, now - self._started)
+        return total / covered if covered > 0 else 0.0
