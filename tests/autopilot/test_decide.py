@@ -21,6 +21,7 @@ from batchpilot.operator.autopilot.learn import (
     DEFAULT_INTERVAL_S,
     MAX_COLD_START_S,
     MIN_BUSY,
+    present_load,
     reaction_horizon,
     saturated_load,
 )
@@ -739,6 +740,56 @@ class TestFastSignal:
         )
         decision, _ = decide(obs, POLICY, InForce(2, 8, 0.005), State(fit=MODEL), now=TICK)
         assert decision.replicas == 2
+
+
+class TestTheRuntimesRateOfItsLastSeconds:
+    """At the first scrape after a step the counter's rate between the last two scrapes
+    averages the old rate with the new one; the runtime's gauge of its last 5 s has the new,
+    and sizes the rise the counter shows."""
+
+    def window(self, *, recent: float, now: float | None) -> Observation:
+        # a step from 150 to 600 rps 5 s before the last scrape: the 15 s between the last
+        # two scrapes read (10 × 150 + 5 × 600) / 15 = 300, the gauge 600
+        return replace(
+            seen(at=TICK, qps=175, p99_ms=30, ready=1, batch=8),
+            arrival_qps=175,
+            recent_qps=recent,
+            recent_window_s=15,
+            now_qps=now,
+        )
+
+    def test_a_step_the_gauge_sees_whole_plans_for_the_new_rate(self) -> None:
+        obs = self.window(recent=300, now=600)
+        assert present_load(obs, State(fit=MODEL), TICK, settled=True) == (
+            600,
+            "; rising: 600 rps over the last 5 s",
+        )
+        decision, _ = decide(obs, POLICY, InForce(1, 8, 0.005), State(fit=MODEL), now=TICK)
+        assert decision.replicas == 2
+        # the counter's rate alone plans for the average
+        alone, _ = decide(
+            replace(obs, now_qps=None), POLICY, InForce(1, 8, 0.005), State(fit=MODEL), now=TICK
+        )
+        assert "rising: 300 rps over the last 15 s" in alone.reason
+        assert alone.replicas == 1
+
+    def test_its_noise_is_judged_over_its_own_span(self) -> None:
+        # the counter shows a rise to 190; the gauge's 192 against 175 would be 5.0 σ of
+        # Poisson noise over 15 s, over its 5 s it is 2.9 σ: the counter's rate stands
+        obs = self.window(recent=190, now=192)
+        assert present_load(obs, State(fit=MODEL), TICK, settled=True) == (
+            190,
+            "; rising: 190 rps over the last 15 s",
+        )
+
+    def test_a_spike_the_counter_does_not_confirm_is_no_rise(self) -> None:
+        # seconds of 600 rps inside a quarter-minute of the usual: gone before a replica comes
+        obs = self.window(recent=176, now=600)
+        assert present_load(obs, State(fit=MODEL), TICK, settled=True) == (175, "")
+
+    def test_a_fall_in_it_waits_for_the_window(self) -> None:
+        obs = self.window(recent=175, now=20)
+        assert present_load(obs, State(fit=MODEL), TICK, settled=True) == (175, "")
 
 
 class TestTrafficThatBeganInsideTheWindow:

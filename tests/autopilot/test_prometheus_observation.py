@@ -129,6 +129,8 @@ def test_rate_and_latency_read_back_agree_with_the_load_generator(
     # half the range), the same load
     assert observation.recent_window_s == 1.5
     assert observation.recent_qps == pytest.approx(report.achieved_qps, rel=0.25)
+    # and the runtime's gauge of its last 5 s, as the last scrape read it: the same load
+    assert observation.now_qps == pytest.approx(report.achieved_qps, rel=0.25)
     assert observation.p99_s is not None
     assert whole is not None
     assert whole.p99_s is not None

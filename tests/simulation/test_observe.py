@@ -153,6 +153,25 @@ class TestTelemetry:
         telemetry.add_target(0, since=0.0, batch_limit=8)
         assert telemetry.observe(4, ready=1, reporting=1).startup == timed
 
+    def test_the_runtimes_gauge_shows_a_step_whole_at_the_next_scrape(self) -> None:
+        # 10 rps, then 100 rps from 100 s: the last scrape before 120 s is at least 5 s after
+        # the step, so the gauge of the last 5 s reads the new rate whole.
+        telemetry = Telemetry(
+            intervals=10, interval_s=15, sla_s=0.1, overhead_s=0.0, scrape_interval_s=15
+        )
+        telemetry.add_target(0, since=-30.0, batch_limit=8)
+        telemetry.record_arrivals(
+            0, np.concatenate([np.arange(0, 100, 0.1), np.arange(100, 150, 0.01)])
+        )
+        obs = telemetry.observe(8, ready=1, reporting=1)
+        assert obs.now_qps == pytest.approx(100, rel=0.03)
+        assert obs.recent_qps is not None
+        assert obs.recent_qps <= obs.now_qps + 1
+        # exactly observed (no scrapes), the simulator has no gauge to read
+        exact = Telemetry(intervals=10, interval_s=15, sla_s=0.1, overhead_s=0.0)
+        exact.add_target(0, since=-30.0, batch_limit=8)
+        assert exact.observe(8, ready=1, reporting=1).now_qps is None
+
     def test_a_scenario_times_up_to_its_largest_batch_limit(self) -> None:
         truth = ServiceTruth(alpha_s=0.002, beta_s=0.001)
         rows = [p.mean_batch for p in startup_timing(truth, 200, admission="deadline")]

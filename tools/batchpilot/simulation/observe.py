@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from batchpilot.api.arrivals import RECENT_ARRIVALS_S
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation, PastPeriod
 from batchpilot.operator.autopilot.prometheus import Seasonality
 from batchpilot.runtime.metrics import LATENCY_BUCKETS
@@ -82,7 +83,10 @@ class Column:
     OUTSIDE = COMPUTE.stop
     """batchpilot_request_duration_seconds_sum less batchpilot_batcher_seconds_total: the
     seconds the answered requests spent outside the batcher (their rates differ by this one's)."""
-    COUNT = OUTSIDE + 1
+    RECENT = OUTSIDE + 1
+    """batchpilot_recent_arrivals_per_second × its span: the arrivals within
+    `RECENT_ARRIVALS_S` before each scrape (`Target.count_recent`: increments, not a counter)."""
+    COUNT = RECENT + 1
 
 
 def _lazy_columns() -> np.ndarray[Any, np.dtype[np.bool_]]:
@@ -333,6 +337,7 @@ class Telemetry:
             _count(self.arrived, self._slot(times))
         else:
             target.count(times, Column.ARRIVALS)
+            target.count_recent(times, Column.RECENT, RECENT_ARRIVALS_S)
 
     def record(self, served: Sequence[tuple[int, Served]], *, truth: ServiceTruth) -> None:
         """Count the batches (and their requests) that replicas ran, by when they finished, and
@@ -550,6 +555,13 @@ class Telemetry:
         )
         counted = reporting > 0  # no replica reports: the request rates are missing too
         fast = _number(recent[0]) if counted else None
+        # the runtime's gauge, as the last scrape of each replica read it
+        readings = [
+            t.last_increment(now, slice(Column.RECENT, Column.RECENT + 1))[0]
+            for t in targets
+            if t.present(now)
+        ]
+        gauge = sum(r for r in readings if math.isfinite(r)) / RECENT_ARRIVALS_S
         served = _number(rates[Column.LATENCY.stop - 1]) if counted else None
         outside = _number(rates[Column.OUTSIDE])
         return Observation(
@@ -570,4 +582,5 @@ class Telemetry:
             arrival_qps=_number(rates[Column.ARRIVALS]) if counted else None,
             recent_qps=fast,
             recent_window_s=None if fast is None else self.scrape_interval_s,
+            now_qps=gauge if counted and any(math.isfinite(r) for r in readings) else None,
         )

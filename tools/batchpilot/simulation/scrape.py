@@ -151,6 +151,30 @@ class Target:
         lo, hi = int(rows.min()), int(rows.max())
         self.values[lo : hi + 1, col] += np.bincount(rows - lo, minlength=hi - lo + 1)
 
+    def count_recent(self, times: FloatArray, col: int, within_s: float) -> None:
+        """One event in series `col` at each of `times` that falls within `within_s` before the
+        scrape that sees it: the series' increments from scrape to scrape are then a gauge's
+        readings, the events of the last `within_s` at each scrape (at most an interval)."""
+        if times.shape[0] == 0:
+            return
+        rows = self.rows(times)
+        rows = rows[self.origin + rows * self.interval_s - times < within_s]
+        if rows.shape[0] == 0:
+            return
+        lo, hi = int(rows.min()), int(rows.max())
+        self.values[lo : hi + 1, col] += np.bincount(rows - lo, minlength=hi - lo + 1)
+
+    def last_increment(self, at: float, cols: slice) -> FloatArray:
+        """The increment between the last two samples scraped before `at` (NaN: fewer than
+        two): a `count_recent` series' last reading."""
+        width = len(range(*cols.indices(self.values.shape[1])))
+        last = self._last_row(at)
+        if last < 1:
+            return np.full(width, np.nan)
+        self._settle(last)
+        values = self.values[:, cols]
+        return np.asarray(values[last] - values[last - 1], dtype=np.float64)
+
     def _settle(self, upto: int) -> None:
         """Turn rows up to `upto` into counter values."""
         if upto <= self.done:

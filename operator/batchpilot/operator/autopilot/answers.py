@@ -62,10 +62,10 @@ def observation_from(
         return _number(raw.get(name, []))
 
     if number("reporting") is None:
-        qps = rejected = arrivals = recent = None  # no replica of this service reports
+        qps = rejected = arrivals = recent = now = None  # no replica of this service reports
     else:
         qps, rejected, arrivals = number("qps"), number("rejected"), number("arrivals")
-        recent = number("recent")
+        recent, now = number("recent"), number("now")
     seconds = _by_label(raw.get("compute_seconds", []), "batch_bucket")
     rows = _by_label(raw.get("compute_rows", []), "batch_bucket")
     batches = _by_label(raw.get("compute_batches", []), "batch_bucket")
@@ -103,6 +103,7 @@ def observation_from(
         recent_qps=recent,
         # two scrapes fit the range: their distance is about half of it
         recent_window_s=None if recent is None or recent_s is None else recent_s / 2,
+        now_qps=now,
         level_qps=number("level"),
         past=_past(raw, seasonality),
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from batchpilot.api.arrivals import RECENT_ARRIVALS_S
 from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.autopilot.policy import InForce, Policy
 from batchpilot.operator.autopilot.service_model import fit, predict, startup_fit
@@ -179,16 +180,26 @@ def present_load(
     The window's rate trails a sudden rise by half the window. The runtime's arrival counter
     over a short recent window shows it a few seconds in: taken when it is significantly above
     the window's (more than `TREND_SIGNIFICANCE` standard deviations of Poisson noise over the
-    short window); a fall waits for the window (never scale down on a few seconds). Without the
-    short window, a rising window's trend is extrapolated: the window moved by one interval, so
-    the newest interval carries the whole change."""
+    short window); a fall waits for the window (never scale down on a few seconds). At the
+    first scrape after a step the counter's rate between the last two scrapes averages the new
+    rate with the old; the runtime's gauge of its last seconds (`now_qps`) has it whole, and
+    sizes a rise the counter shows, where it is higher and significant over its own span. (A
+    spike of seconds the counter does not confirm is not a rise: no replica started for it
+    would come in time.) Without the short window, a rising window's trend is extrapolated: the
+    window moved by one interval, so the newest interval carries the whole change."""
     offered = observation.offered_qps or 0.0
     recent, span = observation.recent_qps, observation.recent_window_s
     if recent is not None and span:
-        noise = math.sqrt(max(offered, 1.0) / span)
-        if recent - offered > TREND_SIGNIFICANCE * noise:
-            return recent, f"; rising: {recent:.0f} rps over the last {span:.0f} s"
-        return offered, ""
+
+        def rises(rate: float, seconds: float) -> bool:
+            return rate - offered > TREND_SIGNIFICANCE * math.sqrt(max(offered, 1.0) / seconds)
+
+        if not rises(recent, span):
+            return offered, ""
+        gauge = observation.now_qps
+        if gauge is not None and gauge > recent and rises(gauge, RECENT_ARRIVALS_S):
+            recent, span = gauge, RECENT_ARRIVALS_S
+        return recent, f"; rising: {recent:.0f} rps over the last {span:.0f} s"
     if settled and state.rate is not None:
         then, before = state.rate
         gap = now - then

@@ -71,6 +71,10 @@ class Observation:
     a scrape interval, at the price of more Poisson noise. None where it cannot be measured."""
     recent_window_s: float | None = None
     """The span the recent rate covers."""
+    now_qps: float | None = None
+    """Arrivals per second over the last `batchpilot.api.arrivals.RECENT_ARRIVALS_S` seconds
+    before the last scrape (the runtime's gauge): at the first scrape after a step, the new rate
+    where `recent_qps` still averages it with the one before. None from runtimes without it."""
     level_qps: float | None = None
     """The median one-minute arrival rate over the seasonal level window (an hour) before now:
     today's level, against which past periods' forecasts are scaled (a burst within the hour

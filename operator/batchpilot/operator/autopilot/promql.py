@@ -53,9 +53,9 @@ def queries(
     """The PromQL for each signal, by name: for one service (`scope`), or for every service at
     once (None: each aggregation grouped by `FLEET_LABELS`, the same text otherwise — so the
     fleet's round asks as many questions as one service's tick, whatever the fleet's size).
-    `recent_s` adds the fast signal: the arrival rate between the last two scrapes within that
-    range (empty unless two scrapes fit in it). `seasonality` adds today's level and, per past
-    period, its level and its look-ahead peak."""
+    `recent_s` adds the fast signals: the arrival rate between the last two scrapes within that
+    range (empty unless two scrapes fit in it), and the runtime's rate of its last seconds.
+    `seasonality` adds today's level and, per past period, its level and its look-ahead peak."""
     sel = scope.selector if scope is not None else 'isvc!=""'
     group = () if scope is not None else FLEET_LABELS
     w = f"{window_s}s"
@@ -96,7 +96,15 @@ def queries(
     arrivals = f"batchpilot_arrivals_total{{{sel}}}"
     served = rate("batchpilot_requests_total", ',outcome="success"')
     # irate: the rate between the last two scrapes in the range, the freshest Prometheus has.
-    recent = {} if recent_s is None else {"recent": agg("sum", f"irate({arrivals}[{recent_s}s])")}
+    # And the runtime's own rate of the last seconds, as the last scrape read it.
+    recent = (
+        {}
+        if recent_s is None
+        else {
+            "recent": agg("sum", f"irate({arrivals}[{recent_s}s])"),
+            "now": agg("sum", f"batchpilot_recent_arrivals_per_second{{{sel}}}"),
+        }
+    )
     seasonal: dict[str, str] = {}
     if seasonality is not None:
         level, ahead = f"{seasonality.level_s}s", f"{seasonality.lookahead_s}s"
