@@ -147,7 +147,12 @@ class Target:
         """One event in series `col` at each of `times`."""
         if times.shape[0] == 0:
             return
-        rows = self.rows(times)
+        self._count_rows(self.rows(times), col)
+
+    def _count_rows(self, rows: np.ndarray[Any, np.dtype[np.int64]], col: int) -> None:
+        """One event in series `col` in each of `rows`."""
+        if rows.shape[0] == 0:
+            return
         lo, hi = int(rows.min()), int(rows.max())
         self.values[lo : hi + 1, col] += np.bincount(rows - lo, minlength=hi - lo + 1)
 
@@ -158,11 +163,7 @@ class Target:
         if times.shape[0] == 0:
             return
         rows = self.rows(times)
-        rows = rows[self.origin + rows * self.interval_s - times < within_s]
-        if rows.shape[0] == 0:
-            return
-        lo, hi = int(rows.min()), int(rows.max())
-        self.values[lo : hi + 1, col] += np.bincount(rows - lo, minlength=hi - lo + 1)
+        self._count_rows(rows[self.origin + rows * self.interval_s - times < within_s], col)
 
     def last_increment(self, at: float, cols: slice) -> FloatArray:
         """The increment between the last two samples scraped before `at` (NaN: fewer than

@@ -345,14 +345,15 @@ class BatchQueue:
         if predictor is None or settings.ceiling <= limit or self._rows[key] <= limit:
             return limit
         fit = predictor.timing.fit
-        full = predictor.timing.seconds(limit)
-        if fit is None or full is None:
+        if fit is None:
             return limit
         # The instances free now (this worker's among them) take a part of the backlog each.
         free = max(1, predictor.ledger.instances - predictor.ledger.running)
         grown = max(limit, min(settings.ceiling, math.ceil(self._rows[key] / free)))
         if not fit.floor_rows and fit.alpha_s >= fit.beta_s * limit:
             return grown
+        full = predictor.timing.seconds(limit)
+        assert full is not None  # there is a fit
         instances = predictor.ledger.instances
         ahead = predictor.ledger.busy_s(predictor.timing, now) / instances
 
