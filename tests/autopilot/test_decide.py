@@ -175,6 +175,24 @@ class TestRefusalsAreMissesOfTheSla:
         assert decision.replicas == 3
         assert "30% of the requests refused or expired although the model" in decision.reason
 
+    def test_a_service_that_answers_nothing_is_not_idle(self) -> None:
+        # 200 rps arrive and every request expires in the queue or fails (a stuck device): none
+        # answered, none refused at arrival, P99 over the SLA. Not "no traffic": no scale-down,
+        # the window is a miss, and replicas are added.
+        policy = replace(POLICY, scale_down_delay_s=0)
+        stuck = replace(seen(at=0, qps=0, p99_ms=5000, ready=4, utilization=1.0), arrival_qps=200)
+        assert not stuck.idle
+        for state in (State(), State(fit=MODEL)):
+            current = InForce(4, 8, 0.005)
+            for tick in range(3):
+                obs = replace(stuck, at=tick * TICK, ready_replicas=current.replicas)
+                decision, state = decide(obs, policy, current, state, tick * TICK)
+                current = InForce(decision.replicas, decision.batch_size, 0.005)
+                assert decision.replicas >= 4
+                assert decision.sla_met is False
+                assert "no traffic" not in decision.reason
+            assert state.slo.report(2 * TICK).attainment == 0.0
+
     def test_arrivals_are_the_offered_load_when_the_runtime_counts_them(self) -> None:
         obs = replace(seen(at=0, qps=100, rejected=10, p99_ms=60, ready=1), arrival_qps=150)
         # 40 more arrived than were served or refused at arrival: they expired in the queue
@@ -1074,3 +1092,66 @@ class TestRecurringBursts:
         clearly = seen(at=TICK, qps=500, p99_ms=50, ready=3, batch=8)
         decision, _ = decide(clearly, POLICY, current, State(fit=MODEL), TICK)
         assert decision.batch_size < 32
+
+
+class TestInputsAtTheEdges:
+    """Inputs no healthy loop produces, which must still give a decision, never an exception:
+    one raised every tick leaves the service with none at all."""
+
+    def test_a_clock_that_stepped_back_is_a_decision(self) -> None:
+        # the window's rate was stored at t = 1000; the next tick's clock reads 995 (an NTP step,
+        # a new leader whose clock lags): no trend to read, no error
+        obs = seen(at=995, qps=100, p99_ms=50, ready=2, batch=4)
+        state = State(fit=MODEL, rate=(1000.0, 100.0))
+        decision, _ = decide(obs, POLICY, InForce(2, 4, 0.005), state, now=995)
+        assert decision.replicas >= 1
+
+    def test_requests_of_several_rows_with_no_limit_inside_the_sla_get_a_best_effort(
+        self,
+    ) -> None:
+        # t(b) = 30 + 1·b ms, 4 rows a request, SLA 50 ms: the smallest limit a request fits in
+        # (4 rows: 34 ms a batch, one in flight then one's own is 68 ms) already breaks the SLA
+        policy = replace(POLICY, sla_p99_s=0.05, max_replicas=8, max_batch_size=8)
+        obs = Observation(
+            at=0.0,
+            window_s=60.0,
+            p99_s=0.120,
+            p95_s=0.1,
+            qps=50.0,
+            rejected_qps=20.0,
+            queue_p99_s=0.05,
+            utilization=1.0,
+            mean_batch=4.0,
+            compute=(ComputePoint(4.0, 0.034, 3000), ComputePoint(8.0, 0.038, 300)),
+            rows_per_request=4.0,
+            ready_replicas=2,
+        )
+        decision, _ = decide(obs, policy, InForce(2, 4, 0.005), State(), now=0.0)
+        assert decision.replicas == 8  # the best effort at maxReplicas
+        assert decision.batch_size == 4  # a request alone, not "batch ≤ 1"
+        assert decision.scaling_limited is not None
+
+    def test_a_stored_fit_with_no_fixed_cost_is_planned_with(self) -> None:
+        # a rough fit whose α rounded to 0 ms in the status: its optimistic reading is itself
+        state = State.from_dict(State(fit=LatencyFit(4e-8, 2e-3, False)).to_dict())
+        assert state.fit is not None
+        assert state.fit.alpha_s == 0.0
+        obs = replace(seen(at=0, qps=5000, p99_ms=50, ready=1), compute=(), mean_batch=None)
+        decision, _ = decide(obs, replace(POLICY, max_replicas=8), InForce(1, 1, 0.005), state, 0)
+        assert decision.action in ("scale-up", "retune")
+
+    @pytest.mark.parametrize(
+        "fit",
+        [
+            {"alphaMs": 0.0, "betaMs": 0.0, "confident": True},
+            {"alphaMs": -1.0, "betaMs": 2.0, "confident": True},
+            {"alphaMs": "nan", "betaMs": 2.0, "confident": True},
+            {"alphaMs": 4.0, "betaMs": "inf", "confident": False},
+        ],
+    )
+    def test_a_stored_fit_no_batch_time_comes_from_is_learned_again(
+        self, fit: dict[str, object]
+    ) -> None:
+        doc = State(fit=MODEL).to_dict()
+        assert State.from_dict(doc).fit == MODEL
+        assert State.from_dict({**doc, "fit": fit}).fit is None

@@ -97,7 +97,8 @@ def plan_capacity(
     largest; the best effort at maxReplicas if none fits."""
     options: list[tuple[int, float, int]] = []  # (replicas needed, -capacity, batch limit)
     by_load: set[int] = set()  # the limits whose capacity keeps its headroom in load
-    for batch in limits(model, policy.max_batch_size):
+    candidates = limits(model, policy.max_batch_size)
+    for batch in candidates:
         # Latency, not utilization, bounds a batching replica: its device is busy nearly all the
         # time long before its P99 suffers (batches grow to fill the time), so a busy-fraction
         # ceiling would buy replicas that change nothing.
@@ -108,6 +109,7 @@ def plan_capacity(
             overhead_s=overhead_s,
             target_s=target_s,
             sla_s=policy.sla_p99_s,
+            alone=batch == candidates[0],
         )
         if per_replica is None:
             continue  # a backlog of full batches alone would break the SLA's bound
@@ -162,17 +164,20 @@ def replica_capacity(
     overhead_s: float,
     target_s: float,
     sla_s: float,
+    alone: bool = False,
 ) -> Carried | None:
     """The rate one replica at batch limit `batch` is planned to carry, with headroom kept the
     cheaper of two ways (`policy.LOAD_HEADROOM`): predicted P99 under `target_s` at that rate
     (the latency headroom), or just inside the SLA (`policy.p99_bounds`) at `LOAD_HEADROOM`
     times it (the load headroom). None when the limit's full batches alone (one in flight, then
     one's own) would break both bounds: such a limit buys throughput only in a backlog, where
-    its latency is already too long."""
+    its latency is already too long. Batch 1 — or `alone`, the smallest limit a request fits in,
+    where clients send several rows — is never left out: there is no smaller batch to run, and
+    the plan needs a best effort when nothing fits."""
     near = p99_bounds(sla_s, overhead_s)[1]
     full = overhead_s + 2 * model.batch_seconds(batch)
     best: Carried | None = None
-    if batch == 1 or full <= target_s:
+    if batch == 1 or alone or full <= target_s:
         rate = sla_capacity(
             model, max_batch=batch, delay_s=delay_s, overhead_s=overhead_s, target_s=target_s
         )
@@ -180,7 +185,7 @@ def replica_capacity(
     # No replica carries more than full batches back to back: where even that, less the load
     # headroom, is no more than the latency headroom's rate, the search would not change it.
     beyond = best is None or model.capacity(batch) / LOAD_HEADROOM > best.rate
-    if (batch == 1 or full <= near) and beyond:
+    if (batch == 1 or alone or full <= near) and beyond:
         rate = sla_capacity(
             model, max_batch=batch, delay_s=delay_s, overhead_s=overhead_s, target_s=near
         )
@@ -193,9 +198,11 @@ def burst_batch(model: LatencyFit, policy: Policy, *, delay_s: float, overhead_s
     """The batch limit with the most capacity inside the SLA itself (not the planning target):
     what a replica carries at most while others start. Limits whose full batches alone would
     break the SLA are left out, as in the plan."""
-    best, most = 1, -1.0
-    for batch in limits(model, policy.max_batch_size):
-        if batch > 1 and overhead_s + 2 * model.batch_seconds(batch) > policy.sla_p99_s:
+    candidates = limits(model, policy.max_batch_size)
+    best, most = candidates[0], -1.0
+    for batch in candidates:
+        too_long = overhead_s + 2 * model.batch_seconds(batch) > policy.sla_p99_s
+        if batch > candidates[0] and too_long:
             continue
         capacity = sla_capacity(
             model,
@@ -247,8 +254,8 @@ def _optimistic(model: LatencyFit) -> LatencyFit:
     measured time at the batch size the guess splits evenly (b₀ = α/β, where α = β·b₀); the
     reading that gives every larger batch the most capacity puts all of that time in α (β = 0),
     so every batch takes t(b₀)."""
-    if model.beta_s <= 0:
-        return model
+    if model.beta_s <= 0 or model.alpha_s <= 0:
+        return model  # no split to read otherwise: all fixed, or (a stored fit) all per-row
     return replace(
         model,
         alpha_s=model.batch_seconds(model.alpha_s / model.beta_s),

@@ -202,11 +202,12 @@ def present_load(
         return recent, f"; rising: {recent:.0f} rps over the last {span:.0f} s"
     if settled and state.rate is not None:
         then, before = state.rate
-        gap = now - then
-        noise = math.sqrt(2 * max(before, 1.0) * gap) / observation.window_s
-        if 0 < gap < observation.window_s and offered - before > TREND_SIGNIFICANCE * noise:
-            rate = before + (offered - before) * observation.window_s / gap
-            return rate, f", rising to {rate:.0f} rps"
+        gap = now - then  # not positive where the clock stepped back (NTP, a new leader's)
+        if 0 < gap < observation.window_s:
+            noise = math.sqrt(2 * max(before, 1.0) * gap) / observation.window_s
+            if offered - before > TREND_SIGNIFICANCE * noise:
+                rate = before + (offered - before) * observation.window_s / gap
+                return rate, f", rising to {rate:.0f} rps"
     return offered, ""
 
 

@@ -103,8 +103,10 @@ class Observation:
 
     @property
     def idle(self) -> bool:
-        """Measured and no traffic at all: latency has no samples, and that is fine."""
-        return self.qps == 0.0 and not self.rejected_qps
+        """Measured and no traffic at all: latency has no samples, and that is fine. Requests
+        that arrived and were never answered (expired in the queue, failed on a stuck device)
+        are traffic: a service that answers nothing is not idle."""
+        return self.qps == 0.0 and not self.rejected_qps and not self.arrival_qps
 
     def missing(self) -> list[str]:
         """Names of the signals the decision needs and this window lacks."""

@@ -97,6 +97,8 @@ class State:
                 if isinstance(raw_fit, dict)
                 else None
             )
+            if model is not None and not _physical(model):
+                model = None  # a fit no batch time comes from: learn it again
             recs = tuple((float(t), int(r)) for t, r in doc.get("recommendations", []))
             overhead = doc.get("overheadMs")
             changed = doc.get("changedAt")
@@ -129,3 +131,11 @@ def _rows(value: Any) -> float:
     """A persisted rows-per-request: 1 where absent or out of bounds."""
     rows = 1.0 if value is None else float(value)
     return rows if math.isfinite(rows) and rows >= 1.0 else 1.0
+
+
+def _physical(model: LatencyFit) -> bool:
+    """Whether a persisted fit can be planned with: finite, neither part negative, and a batch
+    that takes some time (a status edited by hand, or written by a version with another bug,
+    is read as no fit rather than failing every decision)."""
+    parts = (model.alpha_s, model.beta_s)
+    return all(math.isfinite(p) and p >= 0 for p in parts) and sum(parts) > 0
