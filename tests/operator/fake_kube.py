@@ -20,6 +20,9 @@ class FakeKube:
     def __init__(self, *, not_served: frozenset[str] = frozenset()) -> None:
         self.not_served = set(not_served)
         """Kinds this API server does not serve (CRDs not installed): creating one is a 404."""
+        self.refused: dict[str, str] = {}
+        """Kinds whose writes the API server refuses (422), with its words: a cluster's
+        validation or admission policy turning the object down."""
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.writes: list[tuple[str, str, str]] = []
         self._versions = itertools.count(1)
@@ -47,6 +50,8 @@ class FakeKube:
             raise KubeError(404, "the server could not find the requested resource")
         if key in self.objects:
             raise KubeError(409, f"{obj['kind']} {meta['name']} already exists")
+        if obj["kind"] in self.refused:
+            raise KubeError(422, self.refused[obj["kind"]])
         self.writes.append(("create", obj["kind"], meta["name"]))
         stored = copy.deepcopy(obj)
         _server_defaults(stored)

@@ -664,6 +664,7 @@ class TestMalformedExposuresAreRefused:
             create(store, {**gateway(), "canary": {"service": "m", "weight": 10}})
         assert caught.value.code == 422
         assert "names another InferenceService, not this one" in caught.value.message
+        assert "spec.exposure.canary.service: Invalid value" in caught.value.message  # fieldPath
 
     @pytest.mark.parametrize("case", GOOD_EXPOSURES, ids=list(GOOD_EXPOSURES))
     def test_good_ones_pass_both(self, store: Store, case: str) -> None:

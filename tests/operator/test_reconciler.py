@@ -401,6 +401,71 @@ class TestForeignObjects:
         # The warning is posted once, not on every pass.
         assert cluster.reconcile().events == []
 
+    @pytest.mark.parametrize(
+        ("kind", "name"),
+        [("Secret", "resnet50-admin-token"), ("ConfigMap", "resnet50-batching")],
+    )
+    def test_a_foreign_object_the_pods_would_mount_holds_the_deployment(
+        self, kind: str, name: str
+    ) -> None:
+        cluster = Cluster(isvc())
+        data = {"admin-token": "dGhlaXJz"} if kind == "Secret" else {"a": "b"}
+        cluster.kube.put_object(
+            {"apiVersion": "v1", "kind": kind, "metadata": {"name": name, "namespace": NS}}
+            | {"data": data}
+        )
+        cluster.reconcile()
+        assert ("create", "Deployment", "resnet50") not in cluster.kube.writes
+        (ready,) = cluster.body["status"]["conditions"]
+        assert (ready["status"], ready["reason"]) == ("False", "ChildConflict")
+        assert f"{kind} {name} already exists" in ready["message"]
+        assert "The Deployment waits until then" in ready["message"]
+        # once it is gone, the next pass creates ours and the Deployment that mounts it
+        del cluster.kube.objects[(kind, NS, name)]
+        cluster.reconcile()
+        assert ("create", kind, name) in cluster.kube.writes
+        assert ("create", "Deployment", "resnet50") in cluster.kube.writes
+
+    def test_a_foreign_service_does_not_hold_the_pods(self) -> None:
+        cluster = Cluster(isvc())
+        theirs = {"name": "resnet50", "namespace": NS}
+        cluster.kube.put_object({"apiVersion": "v1", "kind": "Service", "metadata": theirs})
+        cluster.reconcile()
+        assert ("create", "Deployment", "resnet50") in cluster.kube.writes
+        (ready,) = cluster.body["status"]["conditions"]
+        assert "waits" not in ready["message"]
+
+
+class TestWritesTheAPIServerRefuses:
+    REFUSAL = (
+        'Deployment.apps "resnet50" is invalid: spec.template.spec.containers[0].resources.'
+        'requests: Invalid value: "4": must be less than or equal to cpu limit of 2'
+    )
+
+    def test_ready_says_why_and_the_warning_is_posted_once(self) -> None:
+        cluster = Cluster(isvc())
+        cluster.kube.refused["Deployment"] = self.REFUSAL
+        outcome = cluster.reconcile()
+        assert outcome.retry_error is not None
+        (ready,) = cluster.body["status"]["conditions"]
+        assert (ready["status"], ready["reason"]) == ("False", "ApplyFailed")
+        assert self.REFUSAL in ready["message"]
+        assert cluster.body["status"]["observedGeneration"] == 1
+        assert [e.reason for e in outcome.events if e.type == "Warning"] == ["ApplyFailed"]
+        again = cluster.reconcile()  # the retry, or a child's watch event
+        assert again.retry_error is not None
+        assert [e for e in again.events if e.type == "Warning"] == []
+
+    def test_a_write_that_goes_through_again_clears_it(self) -> None:
+        cluster = Cluster(isvc())
+        cluster.kube.refused["Deployment"] = self.REFUSAL
+        cluster.reconcile()
+        del cluster.kube.refused["Deployment"]
+        outcome = cluster.reconcile()
+        assert outcome.retry_error is None
+        (ready,) = cluster.body["status"]["conditions"]
+        assert ready["reason"] == "Progressing"
+
 
 class TestSpecsThatCannotWork:
     def test_a_spec_that_does_not_parse_is_a_permanent_error_with_a_reason(self) -> None:

@@ -106,6 +106,15 @@ class TestValidation:
     def test_integers_written_as_whole_floats_are_integers(self) -> None:
         assert messages(widget(replicas=2.0)) == []
 
+    def test_integers_beyond_int64_are_numbers(self) -> None:
+        # the API server decodes them as float64: not an integer, and never a 500
+        for big in (2**63, 1e30, -(2**63) - 1):
+            assert messages(widget(replicas=big))[0].endswith(
+                'must be of type integer: "number"'
+            ), big
+        assert messages(widget(replicas=2**62)) == []  # an int64 is an integer
+        assert messages(widget(replicas=2.0**53)) == messages(widget(replicas=2**53))
+
     def test_booleans_are_not_integers(self) -> None:
         assert messages(widget(replicas=True))[0].endswith('must be of type integer: "boolean"')
 

@@ -88,6 +88,16 @@ class TestServerMetadata:
         assert refused.code == 422
         assert "RFC 1123 subdomain" in refused.message
 
+    def test_service_names_are_dns_1035_labels(self, store: Store) -> None:
+        services = store.registry.get("", "v1", "services")
+        assert services is not None
+        body = {"metadata": {"name": "1resnet"}, "spec": {"ports": [{"port": 80}]}}
+        refused = error_of(lambda: store.create(services, "default", body))
+        assert refused.code == 422
+        assert "DNS-1035 label" in refused.message
+        body["metadata"]["name"] = "resnet1"
+        store.create(services, "default", body)
+
     def test_duplicates_are_409(self, store: Store) -> None:
         store.create(widgets(store), "default", widget("a"))
         conflict = error_of(lambda: store.create(widgets(store), "default", widget("a")))

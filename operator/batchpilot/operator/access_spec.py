@@ -30,11 +30,13 @@ that starts and ends alphanumeric (`app`, `kubernetes.io/metadata.name`). No bac
 that the CRD's CEL rules can carry it as it is."""
 LABEL_KEY_MAX = 317
 """253 for the prefix, 1 for the slash, 63 for the name."""
+LABEL_PREFIX_MAX = 253
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
 """A label value: empty, or at most 63 characters that start and end alphanumeric."""
 LABEL_KEY_MESSAGE = (
-    "a label key is an optional DNS prefix and '/', then at most 63 letters, digits, '-', '_' "
-    "or '.', starting and ending with a letter or digit (e.g. team or kubernetes.io/metadata.name)"
+    "a label key is an optional DNS prefix of at most 253 characters and '/', then at most 63 "
+    "letters, digits, '-', '_' or '.', starting and ending with a letter or digit (e.g. team or "
+    "kubernetes.io/metadata.name)"
 )
 LABEL_VALUE_MESSAGE = (
     "a label value is empty or at most 63 letters, digits, '-', '_' or '.', starting and "
@@ -47,7 +49,9 @@ PEER_MESSAGE = "each allowFrom entry needs namespaceSelector, podSelector or bot
 
 
 def check_label_key(key: str) -> str:
-    if len(key) > LABEL_KEY_MAX or re.fullmatch(LABEL_KEY_PATTERN, key) is None:
+    prefix, slash, _ = key.rpartition("/")
+    too_long = len(key) > LABEL_KEY_MAX or (bool(slash) and len(prefix) > LABEL_PREFIX_MAX)
+    if too_long or re.fullmatch(LABEL_KEY_PATTERN, key) is None:
         raise ValueError(f"{key!r}: {LABEL_KEY_MESSAGE}")
     return key
 

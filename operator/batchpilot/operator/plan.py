@@ -47,6 +47,8 @@ EXPOSURE_KINDS = (HTTP_ROUTE, GRPC_ROUTE, INGRESS)
 CHILD_KINDS = (NETWORK_POLICY, SECRET, CONFIGMAP, DEPLOYMENT, SERVICE, PDB, *EXPOSURE_KINDS)
 """In creation order: the pods' fence and what they mount exist before the pods, the Service
 before the routes to it."""
+POD_DEPENDENCIES = (NETWORK_POLICY, SECRET, CONFIGMAP)
+"""What the pods mount (the admin token, the batching document) or are fenced by."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +74,8 @@ class ChildrenPlan:
     delete: list[tuple[ResourceKind, str]] = field(default_factory=list)
     conflicts: list[tuple[ResourceKind, str]] = field(default_factory=list)
     """Children whose name is taken by an object this InferenceService does not control."""
+    held: bool = False
+    """The Deployment's writes are held back: a child its pods depend on is in conflict."""
 
     @property
     def writes(self) -> int:
@@ -240,6 +244,12 @@ def plan(
             result.create.append(desired)
         elif not converged(desired, actual):
             result.replace.append(replacement(desired, actual))
+    if any(kind in POD_DEPENDENCIES for kind, _ in result.conflicts):
+        # The pods would mount another's Secret or ConfigMap (its token, its batching), or run
+        # outside their fence: the Deployment is neither created nor changed until it is ours.
+        result.create = [obj for obj in result.create if obj["kind"] != DEPLOYMENT.kind]
+        result.replace = [obj for obj in result.replace if obj["kind"] != DEPLOYMENT.kind]
+        result.held = True
     return result
 
 

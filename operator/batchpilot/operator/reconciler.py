@@ -160,9 +160,7 @@ class Reconciler:
                     # What was read is behind the API: a name taken by an object the reads did
                     # not see, or a child changed since. `Kube` has read it afresh: once more.
                     continue
-                outcome.retry_error = f"applying children failed: {exc}"
-                outcome.events.append(Event("Warning", events.APPLY_FAILED, outcome.retry_error))
-                return outcome
+                return self._apply_failed(status, generation, now, outcome, str(exc))
 
         deployment = children[DEPLOYMENT]
         exposed = exposure_now(owner, {kind.kind: children[kind] for kind in EXPOSURE_KINDS})
@@ -179,7 +177,12 @@ class Reconciler:
                 "False",
                 "ChildConflict",
                 f"{conflict_text} already exists and is not controlled by this "
-                "InferenceService; it was left alone. Delete or rename it.",
+                "InferenceService; it was left alone. Delete or rename it."
+                + (
+                    " The Deployment waits until then: its pods would mount or be fenced by it."
+                    if todo.held
+                    else ""
+                ),
             )
         else:
             trouble = self._trouble(owner, deployment, ready=ready, desired=desired)
@@ -346,6 +349,37 @@ class Reconciler:
             self._kube.delete(kind, observed_namespace(children, kind), name)
             children[kind] = None
             outcome.events.append(Event("Normal", events.DELETED, f"deleted {kind.kind} {name}"))
+
+    def _apply_failed(
+        self,
+        status: dict[str, Any],
+        generation: int | None,
+        now: datetime,
+        outcome: ReconcileOutcome,
+        error: str,
+    ) -> ReconcileOutcome:
+        """A write the API server refused (a Deployment a cluster's policy or validation turns
+        down, a quota): retried, and said in `Ready` — False, `ApplyFailed`, the API server's
+        words — with a Warning Event when the words change, not on every retry."""
+        message = f"applying children failed: {error}"
+        outcome.retry_error = message
+        previous = conditions.find(status.get("conditions"), conditions.READY)
+        if previous is None or previous.get("message") != message:
+            outcome.events.append(Event("Warning", events.APPLY_FAILED, message))
+        wanted = {
+            "observedGeneration": generation,
+            "conditions": conditions.set_condition(
+                status.get("conditions"),
+                type_=conditions.READY,
+                status="False",
+                reason=events.APPLY_FAILED,
+                message=message,
+                generation=generation,
+                now=now,
+            ),
+        }
+        outcome.status = _changed(status, wanted)
+        return outcome
 
     def _refuse(
         self,

@@ -54,7 +54,8 @@ def admit(
     problems: list[FieldError] = []
     if old is None:  # names are checked once: they cannot change (generated ones too)
         label = (rt.group, rt.plural) in objectmeta.LABEL_NAMED
-        problems.extend(objectmeta.check_name(metadata.get("name"), label=label))
+        dns1035 = (rt.group, rt.plural) in objectmeta.DNS1035_NAMED
+        problems.extend(objectmeta.check_name(metadata.get("name"), label=label, dns1035=dns1035))
     problems.extend(objectmeta.check(metadata))
     warnings: tuple[str, ...] = ()
     if rt.custom and rt.schema is not None:

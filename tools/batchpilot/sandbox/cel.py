@@ -40,6 +40,7 @@ from celpy.celparser import CELParseError
 from celpy.evaluation import CELEvalError, base_functions
 
 from batchpilot.sandbox.errors import FieldError
+from batchpilot.sandbox.schema import is_int64
 
 Schema = Mapping[str, Any]
 _OLD_SELF = re.compile(r"\boldSelf\b")
@@ -302,6 +303,8 @@ def to_cel(value: Any, schema: Schema | None) -> Any:
             return celtypes.DoubleType(float(value))
         if isinstance(value, float) and not value.is_integer():
             return celtypes.DoubleType(value)
+        if not is_int64(int(value)):  # beyond int64: a double in the API server too
+            return celtypes.DoubleType(float(value))
         return celtypes.IntType(int(value))
     if isinstance(value, str):
         return celtypes.StringType(value)

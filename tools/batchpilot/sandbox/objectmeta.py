@@ -17,6 +17,7 @@ from batchpilot.sandbox.errors import FieldError
 
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _MAX_ANNOTATIONS = 256 * 1024
@@ -31,6 +32,11 @@ LABEL_MESSAGE = (
     " must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex"
     " used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
 )
+DNS1035_MESSAGE = (
+    "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an"
+    " alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or"
+    " 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')"
+)
 LABEL_VALUE_MESSAGE = (
     "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or"
     " '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or"
@@ -43,16 +49,22 @@ QUALIFIED_NAME_MESSAGE = (
     " for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"
 )
 
-# Kinds whose names must be DNS labels rather than subdomains.
+# Kinds whose names must be DNS labels rather than subdomains…
 LABEL_NAMED = frozenset({("", "namespaces"), ("", "services")})
+# …and of those, the ones whose names must start with a letter (a Service's is a DNS name).
+DNS1035_NAMED = frozenset({("", "services")})
 
 
-def check_name(name: Any, *, label: bool = False, field: str = "metadata.name") -> list[FieldError]:
+def check_name(
+    name: Any, *, label: bool = False, dns1035: bool = False, field: str = "metadata.name"
+) -> list[FieldError]:
     if not isinstance(name, str) or not name:
         return [FieldError(field, "FieldValueRequired", "name or generateName is required")]
-    if label:
+    if label or dns1035:
         if len(name) > 63:
             return [FieldError(field, detail="must be no more than 63 characters", value=name)]
+        if dns1035 and not _DNS1035.match(name):
+            return [FieldError(field, detail=DNS1035_MESSAGE, value=name)]
         if not _LABEL.match(name):
             return [FieldError(field, detail=LABEL_MESSAGE, value=name)]
         return []

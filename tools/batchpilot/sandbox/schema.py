@@ -53,6 +53,18 @@ def join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+FLOAT_INTEGER_MAX = 2**53
+"""The largest whole float kube-openapi takes for an integer (`swag.IsFloat64AJSONInteger`)."""
+
+
+def is_int64(value: Any) -> bool:
+    """Whether a JSON number decodes to an int64 in the API server (a larger one is a float)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return False
+    return INT64_MIN <= value <= INT64_MAX
+
+
 def type_name(value: Any) -> str:
     """The JSON type of a value, as kube-openapi names it in messages."""
     if value is None:
@@ -60,7 +72,7 @@ def type_name(value: Any) -> str:
     if isinstance(value, bool):
         return "boolean"
     if isinstance(value, int):
-        return "integer"
+        return "integer" if is_int64(value) else "number"
     if isinstance(value, float):
         return "number"
     if isinstance(value, str):
@@ -83,7 +95,9 @@ def _is_type(value: Any, expected: str) -> bool:
         case "integer":
             if isinstance(value, bool):
                 return False
-            return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+            if isinstance(value, float):
+                return value.is_integer() and abs(value) <= FLOAT_INTEGER_MAX
+            return is_int64(value)
         case "number":
             return isinstance(value, int | float) and not isinstance(value, bool)
     return True

@@ -1,0 +1,118 @@
+"""Specs the API server must refuse at apply time, because the operator could never serve them:
+a name no Service or label may carry, a pod spec the cluster would turn down, pipeline settings
+that contradict each other. Each is checked against the CRD's schema and CEL rules in the
+sandbox's API store, with the words a person reads in `kubectl apply`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from batchpilot.sandbox import errors
+from tests.operator.crd_store import crd_store, create_isvc
+
+NS = "vision"
+NAME_RULE = "metadata.name must be at most 63 characters"
+
+
+def refusal(spec: dict[str, Any], *, name: str = "m") -> str:
+    store = crd_store(NS)
+    with pytest.raises(errors.ApiError) as caught:
+        create_isvc(store, NS, spec, name=name)
+    assert caught.value.code == 422
+    return caught.value.message
+
+
+def accepted(spec: dict[str, Any], *, name: str = "m") -> None:
+    create_isvc(crd_store(NS), NS, spec, name=name)
+
+
+@pytest.mark.parametrize("name", ["resnet.v2", "1resnet", "a" * 64, "-resnet", "resnet-"])
+def test_names_a_service_or_a_label_cannot_carry_are_refused(name: str) -> None:
+    assert NAME_RULE in refusal({}, name=name)
+
+
+@pytest.mark.parametrize("name", ["r", "resnet50", "a" * 63, "vision-resnet-50"])
+def test_dns_labels_up_to_63_characters_are_names(name: str) -> None:
+    accepted({}, name=name)
+
+
+@pytest.mark.parametrize(
+    ("runtime", "message"),
+    [
+        ({"resources": {"requests": {"cpu": "two"}}}, "resources.requests.cpu in body should"),
+        ({"resources": {"limits": {"memory": "-1Gi"}}}, "resources.limits.memory in body should"),
+        ({"resources": {"reqests": {"cpu": "1"}}}, "resources takes limits, requests and claims"),
+        ({"env": [{"name": "1 bad"}]}, "spec.runtime.env[0].name in body should match"),
+        (
+            {"tolerations": [{"key": "a", "operator": "Maybe"}]},
+            'tolerations[0].operator: Unsupported value: "Maybe"',
+        ),
+        (
+            {"podLabels": {("a" * 62 + ".") * 4 + "bbb/x": "v"}},
+            "an optional DNS prefix of at most 253 characters",
+        ),
+    ],
+)
+def test_pod_settings_the_cluster_would_refuse_are_refused(
+    runtime: dict[str, Any], message: str
+) -> None:
+    assert message in refusal({"runtime": runtime})
+
+
+def test_pod_settings_as_kubernetes_writes_them_are_accepted() -> None:
+    accepted(
+        {
+            "runtime": {
+                "resources": {
+                    "requests": {"cpu": "500m", "memory": "8Gi", "nvidia.com/gpu": 1},
+                    "limits": {"cpu": 2, "memory": "1.5e9"},
+                },
+                "env": [{"name": "OMP_NUM_THREADS", "value": "4"}, {"name": "my.var-1"}],
+                "tolerations": [
+                    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+                ],
+                "podLabels": {"example.com/team": "vision"},
+            }
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "message"),
+    [
+        (
+            {"preprocess": {"image": {"input": "data", "size": [0, 224]}}},
+            "size[0] in body should be greater than or equal to 1",
+        ),
+        (
+            {"postprocess": {"nms": {"boxes": "out", "scores": "out"}}},
+            "nms boxes and scores must be different outputs",
+        ),
+        (
+            {"preprocess": {"text": {"tokenizer": "t", "inputIds": "x", "attentionMask": "x"}}},
+            "must name different model inputs",
+        ),
+        (
+            {"preprocess": {"text": {"tokenizer": "t.json", "tokenTypeIds": "input_ids"}}},
+            "inputIds (default input_ids), attentionMask and tokenTypeIds",
+        ),
+    ],
+)
+def test_pipelines_the_runtime_would_refuse_are_refused(
+    pipeline: dict[str, Any], message: str
+) -> None:
+    assert message in refusal({"pipeline": pipeline})
+
+
+def test_a_text_pipeline_with_distinct_inputs_is_accepted() -> None:
+    text = {"tokenizer": "t.json", "attentionMask": "attention_mask", "tokenTypeIds": "types"}
+    accepted({"pipeline": {"preprocess": {"text": text}}})
+
+
+@pytest.mark.parametrize("big", [2**63, 1e30])
+def test_integers_beyond_int64_are_refused_not_an_error(big: float) -> None:
+    assert 'scaling.maxBatchSize in body must be of type integer: "number"' in refusal(
+        {"scaling": {"maxBatchSize": big}}
+    )
