@@ -116,3 +116,17 @@ def test_integers_beyond_int64_are_refused_not_an_error(big: float) -> None:
     assert 'scaling.maxBatchSize in body must be of type integer: "number"' in refusal(
         {"scaling": {"maxBatchSize": big}}
     )
+
+
+@pytest.mark.parametrize(
+    "uri", ["s3://bucket", "s3://bucket/", "https://x y/m.onnx", "https://host", "s3:// /m.onnx"]
+)
+def test_model_uris_without_a_host_and_a_path_are_refused(uri: str) -> None:
+    assert "spec.model.uri in body should match" in refusal({"model": {"uri": uri}})
+
+
+@pytest.mark.parametrize(
+    "uri", ["s3://bucket/models/resnet50.onnx", "https://models.example.com/r/resnet50.onnx"]
+)
+def test_model_uris_with_a_host_and_a_path_are_accepted(uri: str) -> None:
+    accepted({"model": {"uri": uri}})

@@ -49,7 +49,7 @@ TORCH_ACCELERATOR_MESSAGE = (
 class ModelSource(SpecModel):
     uri: str = Field(
         max_length=2048,
-        pattern=r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/.+|file:///.+|https?://.+|s3://.+)$",
+        pattern=r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/.+|file:///.+|https?://[^/\s]+/\S+|s3://[^/\s]+/\S+)$",
     )
     name: str | None = Field(default=None, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     variant: Literal["original", "fp16", "int8"] = "original"
