@@ -83,6 +83,15 @@ def binary_f32(*, declared: int, sent: int, header_length_delta: int = 0) -> Bad
     )
 
 
+def binary_flag(flag_bytes: bytes) -> BadRequest:
+    """Input flag (BOOL, one row of 2) sent as binary: these bytes, one per element."""
+    doc = with_input("flag", data=None, parameters={"binary_data_size": len(flag_bytes)})
+    header = orjson.dumps(doc)
+    return BadRequest(
+        body=header + flag_bytes, headers={"Inference-Header-Content-Length": str(len(header))}
+    )
+
+
 def json_body(doc: Any) -> BadRequest:
     return BadRequest(body=orjson.dumps(doc))
 
@@ -155,6 +164,12 @@ BAD_REQUESTS: list[tuple[str, BadRequest, int, tuple[str, ...]]] = [
         404,
         ("'other' is not served here",),
     ),
+    (
+        "unknown-version",
+        BadRequest(body=orjson.dumps(good_doc()), path=f"/v2/models/{MODEL}/versions/zz/infer"),
+        404,
+        ("model 'multi_io' has no version 'zz'",),
+    ),
     # --- JSON tensor data
     (
         "data-length-not-matching-shape",
@@ -203,6 +218,41 @@ BAD_REQUESTS: list[tuple[str, BadRequest, int, tuple[str, ...]]] = [
         json_body(with_input("flag", data=[1, 0])),
         400,
         ("'flag'", "BOOL data must be true or false"),
+    ),
+    (
+        "nesting-contradicts-the-shape",
+        json_body(with_input("f32", shape=[2, 4], data=[[1.0, 2.0]] * 4)),
+        400,
+        ("'f32'", "nested as [4, 2] but the shape is [2, 4]"),
+    ),
+    (
+        "bool-among-numbers",
+        json_body(with_input("u8", data=[True, 2, 3])),
+        400,
+        ("'u8'", "UINT8 data must be numbers, not true or false"),
+    ),
+    (
+        "bool-among-floats",
+        json_body(with_input("f32", data=[1, True, 1, 1])),
+        400,
+        ("'f32'", "FP32 data must be numbers, not true or false"),
+    ),
+    (
+        "int64-above-range-with-a-negative",
+        # orjson writes no integer past 64 bits: 2**63 goes into the bytes by hand
+        BadRequest(
+            body=orjson.dumps(with_input("i64", data=[-1, 0])).replace(
+                b"[-1,0]", b"[9223372036854775808,-1]"
+            )
+        ),
+        400,
+        ("'i64'", "9223372036854775808 is out of range for INT64"),
+    ),
+    (
+        "binary-bool-bytes-not-0-or-1",
+        binary_flag(b"\x02\xff"),
+        400,
+        ("'flag'", "BOOL elements must be 0 or 1; element 0 is 2"),
     ),
     ("data-not-a-list", json_body(with_input("f32", data=1.5)), 400, ("data must be a list",)),
     (
@@ -434,6 +484,22 @@ class TestBadRequestsGetTheirStatusAndAReason:
         error = reply.json()["error"]
         for word in words:
             assert word in error, error
+
+    @pytest.mark.parametrize("path", ["/versions/7", "/versions/7/ready"])
+    def test_a_version_the_model_does_not_have_is_not_found(
+        self, server: RuntimeProcess, path: str
+    ) -> None:
+        assert send(server, "GET", f"/v2/models/{MODEL}").json()["versions"] == []
+        reply = send(server, "GET", f"/v2/models/{MODEL}{path}")
+        assert reply.status == 404, reply.body
+        assert reply.json()["error"] == (
+            f"model '{MODEL}' has no version '7'; it has no versions: leave it out"
+        )
+        # no version at all is the model
+        assert (
+            send(server, "GET", f"/v2/models/{MODEL}{path.replace('/versions/7', '')}").status
+            == 200
+        )
 
     def test_server_still_serves_after_the_table(self, server: RuntimeProcess) -> None:
         assert_ready_and_serving_correctly(server)

@@ -200,7 +200,16 @@ class TestHealthAndMetadata:
             metadata = triton.get_model_metadata("multi", as_json=True)
             with pytest.raises(InferenceServerException) as caught:
                 triton.get_model_metadata("resnet")
-        assert caught.value.status() == "StatusCode.NOT_FOUND"
+            assert caught.value.status() == "StatusCode.NOT_FOUND"
+            # the model has no versions ("versions": []): none is "the model", any other unknown
+            with pytest.raises(InferenceServerException) as caught:
+                triton.get_model_metadata("multi", model_version="7")
+            assert caught.value.status() == "StatusCode.NOT_FOUND"
+            assert "has no version '7'" in str(caught.value)
+            with pytest.raises(InferenceServerException) as caught:
+                triton.is_model_ready("multi", model_version="7")
+            assert caught.value.status() == "StatusCode.NOT_FOUND"
+            assert triton.is_model_ready("multi", model_version="")
         assert metadata["name"] == "multi"
         assert metadata["platform"] == rest["platform"]
         for side in ("inputs", "outputs"):
@@ -405,6 +414,15 @@ def _duplicate_input(request: Any) -> None:
     request.inputs[1].name = request.inputs[0].name
 
 
+def _bool_bytes_not_0_or_1(request: Any) -> None:
+    # flag, 2 rows of 2: numpy would view 0x02 and 0xff as true; the model would NOT the bytes
+    request.raw_input_contents[-1] = b"\x01\x02\xff\x00"
+
+
+def _unknown_version(request: Any) -> None:
+    request.model_version = "99"
+
+
 BAD_REQUESTS = [
     pytest.param(
         _unknown_model,
@@ -490,6 +508,18 @@ BAD_REQUESTS = [
         "inputs must be a non-empty list",
         id="no-inputs",
     ),
+    pytest.param(
+        _bool_bytes_not_0_or_1,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "input 'flag' (raw_input_contents): BOOL elements must be 0 or 1; element 1 is 2",
+        id="bool-bytes-not-0-or-1",
+    ),
+    pytest.param(
+        _unknown_version,
+        grpc.StatusCode.NOT_FOUND,
+        "model 'multi' has no version '99'",
+        id="unknown-version",
+    ),
 ]
 
 
@@ -523,7 +553,7 @@ class TestBadInput:
         error = rpc_error(channel_to(multi_server).ModelInfer, request)
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert (
-            "input 'u8': contents do not fit datatype UINT8: 300 is outside its range 0..255"
+            "input 'u8': contents do not fit datatype UINT8: 300 is out of range for UINT8 (0..255)"
             in (error.details())
         )
 

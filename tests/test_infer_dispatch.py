@@ -141,7 +141,8 @@ def binary_request() -> tuple[bytes, dict[str, str]]:
 
 CASES: dict[str, tuple[str, bytes, dict[str, str], int]] = {
     "json": ("/v2/models/mlp/infer", json_request(2), {}, 200),
-    "versioned": ("/v2/models/mlp/versions/1/infer", json_request(1), {}, 200),
+    # the model has no versions: one named is not found (no version at all is the model)
+    "unknown-version": ("/v2/models/mlp/versions/1/infer", json_request(1), {}, 404),
     "binary": ("/v2/models/mlp/infer", *binary_request(), 200),
     "malformed": ("/v2/models/mlp/infer", b"{not json", {}, 400),
     "wrong-shape": (
@@ -186,7 +187,7 @@ async def test_direct_dispatch_takes_requests_under_a_root_path(
         await endpoint(scope, receive, send)
 
     direct.infer_endpoint = counting
-    path, body = "/api/v2/models/mlp/versions/1/infer", json_request(1)
+    path, body = "/api/v2/models/mlp/infer", json_request(1)
     headers = {"content-type": "application/json"}
     fast = await call(direct, path, body, headers, root_path="/api")
     usual = await call(stacked, path, body, headers, root_path="/api")

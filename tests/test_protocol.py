@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -178,17 +179,76 @@ class TestRefusals:
             ("FP32", [None], "FP32 data must be numbers"),
             ("FP32", [True], "FP32 data must be numbers"),
             ("INT64", [1.5], "INT64 data must be integers"),
-            ("UINT8", [-1], "-1 is outside its range 0..255"),
-            ("INT64", [2**63], "9223372036854775808 is outside its range"),
+            ("INT64", [1.0], "INT64 data must be integers"),
+            ("UINT8", [-1], r"-1 is out of range for UINT8 \(0..255\)"),
+            ("INT64", [2**63], "9223372036854775808 is out of range for INT64"),
             ("FP16", [1e6], "values overflow FP16"),
+            # numpy reads true as 1 among numbers: refused wherever it is, as an all-bool list is
+            ("UINT8", [True, 2, 3], "UINT8 data must be numbers, not true or false"),
+            ("FP32", [1, True, 1, 1], "FP32 data must be numbers, not true or false"),
+            ("FP32", [[1.5, 2.5], [0, False]], "FP32 data must be numbers, not true or false"),
+            # numpy reads 64-bit integers of both signs together as floats
+            ("INT64", [2**63, -1], "9223372036854775808 is out of range for INT64"),
+            ("UINT64", [2**63, -1], "-1 is out of range for UINT64"),
         ],
     )
     def test_json_data_numpy_would_silently_convert(
         self, datatype: str, data: list[Any], message: str
     ) -> None:
-        doc = {"inputs": [{"name": "x", "datatype": datatype, "shape": [1], "data": data}]}
+        doc = {"inputs": [{"name": "x", "datatype": datatype, "shape": [len(data)], "data": data}]}
         with pytest.raises(InvalidRequest, match=message):
             decode_request(orjson.dumps(doc))
+
+    @pytest.mark.parametrize("datatype", ["INT64", "INT32"])
+    def test_integers_past_64_bits_are_out_of_range(self, datatype: str) -> None:
+        # orjson reads an integer past 64 bits as a float: still out of range, not "a fraction"
+        body = b'{"inputs": [{"name": "x", "datatype": "%s", "shape": [2], "data": [%d, 1]}]}'
+        with pytest.raises(InvalidRequest, match=f"{2**64} is out of range for {datatype}"):
+            decode_request(body % (datatype.encode(), 2**64))
+
+    @pytest.mark.parametrize(
+        ("datatype", "shape", "data", "nested"),
+        [
+            ("FP32", [2, 64], [[1.0, 2.0]] * 64, "as [64, 2] but the shape is [2, 64]"),
+            ("INT32", [4], [[1, 2], [3, 4]], "as [2, 2] but the shape is [4]"),
+            ("BOOL", [2, 1], [[True, False]], "as [1, 2] but the shape is [2, 1]"),
+            ("BYTES", [1], [["a"]], "as [1, 1] but the shape is [1]"),
+            ("BYTES", [2, 2], [["a", "b"], ["c"]], "unevenly; the shape is [2, 2]"),
+            ("BYTES", [2], ["a", ["b"]], "unevenly; the shape is [2]"),
+        ],
+    )
+    def test_nested_data_must_nest_as_the_shape(
+        self, datatype: str, shape: list[int], data: list[Any], nested: str
+    ) -> None:
+        doc = {"inputs": [{"name": "x", "datatype": datatype, "shape": shape, "data": data}]}
+        with pytest.raises(InvalidRequest, match=f"input 'x': data is nested {re.escape(nested)}"):
+            decode_request(orjson.dumps(doc))
+
+    @pytest.mark.parametrize(
+        ("datatype", "shape", "data"),
+        [
+            ("FP32", [2, 64], [1.0] * 128),  # flat data fits any shape of its size
+            ("FP32", [2, 64], [[1.0] * 64] * 2),
+            ("BYTES", [2, 2], ["a", "b", "c", "d"]),
+            ("BYTES", [2, 2], [["a", "b"], ["c", "d"]]),
+            ("FP32", [1, 0], [[]]),
+        ],
+    )
+    def test_flat_data_or_data_nested_as_the_shape_is_taken(
+        self, datatype: str, shape: list[int], data: list[Any]
+    ) -> None:
+        doc = {"inputs": [{"name": "x", "datatype": datatype, "shape": shape, "data": data}]}
+        (tensor,) = decode_request(orjson.dumps(doc)).inputs
+        assert tensor.data.shape == tuple(shape)
+
+    @pytest.mark.parametrize("byte", [2, 255])
+    def test_binary_bool_elements_other_than_0_or_1(self, byte: int) -> None:
+        body, hl = encode_request([Tensor("x", "BOOL", np.array([[True, False]]))])
+        bad = body[:-1] + bytes([byte])
+        with pytest.raises(
+            InvalidRequest, match=f"BOOL elements must be 0 or 1; element 1 is {byte}"
+        ):
+            decode_request(bad, header_length=hl)
 
     def test_not_json(self) -> None:
         with pytest.raises(InvalidRequest, match="not valid JSON"):

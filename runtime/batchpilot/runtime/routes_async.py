@@ -131,7 +131,7 @@ def add_async_routes(
                 return error_response(exc)
         started = time.perf_counter()
         try:
-            check_model(request.path_params["name"])
+            check_model(request.path_params["name"], request.path_params.get("version"))
             if not server.ready:
                 raise ShuttingDown("the server is shutting down and accepts no new requests")
             body = await read_body(request, max_body_bytes)

@@ -106,7 +106,7 @@ def add_v2_routes(
     async def model_metadata(name: str, request: Request) -> Response:
         if access is not None:
             access.identify(request.headers.items())
-        model(name)
+        model(name, request.path_params.get("version"))
         info = server.engine.info
         return json_response(
             {
@@ -135,8 +135,8 @@ def add_v2_routes(
 
     @app.get("/v2/models/{name}/ready")
     @app.get("/v2/models/{name}/versions/{version}/ready")
-    async def model_ready(name: str) -> Response:
-        model(name)
+    async def model_ready(name: str, request: Request) -> Response:
+        model(name, request.path_params.get("version"))
         return json_response(
             {"name": model_name, "ready": server.ready}, status=200 if server.ready else 503
         )
@@ -159,7 +159,8 @@ def add_v2_routes(
         failure: Response | None = None
         answer: EncodedResult | None = None
         try:
-            model(scope["path_params"]["name"])
+            path_params = scope["path_params"]
+            model(path_params["name"], path_params.get("version"))
             content_length, header_length_text = body_headers(scope)
             body = await receive_body(content_length, receive, max_body_bytes)
             parsed = decode_request(body, header_length=parse_header_length(header_length_text))

@@ -123,11 +123,18 @@ class ModelServer:
         """What clients send and get back: the pipeline's ends when there is one."""
         return self.pipeline.signature if self.pipeline is not None else self.engine.signature
 
-    def check_model(self, name: str) -> None:
-        """Raise ModelNotFound unless `name` is the model this server serves."""
+    def check_model(self, name: str, version: str | None = None) -> None:
+        """Raise ModelNotFound unless `name` is the model this server serves and `version` one
+        of the versions its metadata lists. No version (None or empty) means the model."""
         served = self.signature.name
         if name != served:
             raise ModelNotFound(f"model '{name}' is not served here; this server serves '{served}'")
+        if version and version != self.signature.version:
+            known = self.signature.version
+            raise ModelNotFound(
+                f"model '{name}' has no version '{version}'; "
+                + (f"its one version is '{known}'" if known else "it has no versions: leave it out")
+            )
 
     @property
     def batching(self) -> BatchSettings:

@@ -133,7 +133,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelReadyRequest, context: Context
     ) -> pb.ModelReadyResponse:
         try:
-            self._server.check_model(request.name)
+            self._server.check_model(request.name, request.version)
         except InferenceError as exc:
             await _abort(context, exc)
         return pb.ModelReadyResponse(ready=self._server.ready)
@@ -151,7 +151,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         try:
             if self._access is not None:
                 self._access.identify(_key_metadata(context))
-            self._server.check_model(request.name)
+            self._server.check_model(request.name, request.version)
         except InferenceError as exc:
             await _abort(context, exc)
         signature = self._server.signature
@@ -180,7 +180,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         started = time.perf_counter()
         metrics.inflight.inc()
         try:
-            self._server.check_model(request.model_name)
+            self._server.check_model(request.model_name, request.model_version)
             remaining = context.time_remaining()
             parsed = decode_infer_request(
                 request,

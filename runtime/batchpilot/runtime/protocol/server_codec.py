@@ -10,7 +10,7 @@ a person can act on.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,11 +24,14 @@ from batchpilot.runtime.protocol.tensors import (
     SUPPORTED_DATATYPES,
     Tensor,
     bytes_as_json,
+    check_bool_bytes,
     check_integer_range,
     datatype_of,
     encode_bytes,
     json_bytes,
+    nesting_mismatch,
     object_array,
+    out_of_range,
     reshaped,
     split_bytes,
 )
@@ -172,7 +175,10 @@ def decode_request(body: bytes, *, header_length: int | None = None) -> InferReq
                     f"{where}: binary data ends at byte {offset + size} but only "
                     f"{len(blob)} bytes follow the JSON header"
                 )
-            array = reshaped(np.frombuffer(view[offset : offset + size], dtype=dtype), shape, where)
+            array = np.frombuffer(view[offset : offset + size], dtype=dtype)
+            if datatype == "BOOL":
+                check_bool_bytes(array, where)
+            array = reshaped(array, shape, where)
             offset += size
         else:
             if "data" not in raw:
@@ -219,37 +225,74 @@ def _json_array(
     data: Any, dtype: np.dtype[Any], shape: tuple[int, ...], count: int, where: str
 ) -> np.ndarray[Any, Any]:
     """JSON numbers as `dtype`, refusing what numpy would silently convert: strings, nulls,
-    booleans outside BOOL, fractions into integers, values out of the datatype's range."""
+    booleans outside BOOL, fractions into integers, values out of the datatype's range, and
+    nesting that contradicts the declared shape (flat data fits any shape of its size)."""
     if not isinstance(data, list):
         raise InvalidRequest(f"{where}: data must be a list")
     name = datatype_of(dtype)
+    what = f"{where}: data does not fit datatype {name}"
     try:
         raw = np.asarray(data)
     except (ValueError, TypeError, OverflowError) as exc:
-        raise InvalidRequest(f"{where}: data does not fit datatype {name}: {exc}") from None
+        raise InvalidRequest(f"{what}: {exc}") from None
     kind = raw.dtype.kind if raw.size else dtype.kind
     if dtype.kind == "b":
         if kind != "b":
             raise InvalidRequest(f"{where}: BOOL data must be true or false")
     elif kind not in "iuf":
-        raise InvalidRequest(
-            f"{where}: data does not fit datatype {name}: {name} data must be numbers"
-        )
+        raise InvalidRequest(f"{what}: {name} data must be numbers")
+    elif _holds_bool(raw, data):  # numpy reads true as 1 among numbers
+        raise InvalidRequest(f"{what}: {name} data must be numbers, not true or false")
     elif dtype.kind in "iu" and kind == "f":
-        raise InvalidRequest(
-            f"{where}: data does not fit datatype {name}: {name} data must be integers"
-        )
+        raise _not_integers(data, dtype, what)
+    if raw.ndim > 1 and raw.shape != shape:
+        raise nesting_mismatch(data, shape, where)
     if raw.size and dtype.kind in "iu":
-        check_integer_range(raw, dtype, what=f"{where}: data does not fit datatype {name}")
+        check_integer_range(raw, dtype, what=what)
     with np.errstate(over="ignore"):
         array = raw.astype(dtype)
     if dtype.kind == "f" and raw.size and not np.array_equal(np.isfinite(array), np.isfinite(raw)):
-        raise InvalidRequest(f"{where}: data does not fit datatype {name}: values overflow {name}")
+        raise InvalidRequest(f"{what}: values overflow {name}")
     if array.size != count:
         raise InvalidRequest(
             f"{where}: shape {list(shape)} needs {count} elements, data has {array.size}"
         )
     return reshaped(array, shape, where)
+
+
+def _holds_bool(raw: np.ndarray[Any, Any], data: list[Any]) -> bool:
+    """Whether numeric JSON data holds true or false anywhere. Only data with a 0 or a 1 can
+    (numpy made them of the booleans), so only that is scanned element by element."""
+    if not raw.size or not ((raw == 0) | (raw == 1)).any():
+        return False
+    return any(type(value) is bool for value in _leaves(data))
+
+
+def _not_integers(data: list[Any], dtype: np.dtype[Any], what: str) -> InvalidRequest:
+    """Why numbers numpy read as floats do not fit an integer datatype: a fraction (or a
+    float), or whole numbers outside its range (integers past 64 bits arrive as floats, and
+    numpy reads 64-bit integers of both signs together as floats)."""
+    info = np.iinfo(dtype)
+    for value in _leaves(data):
+        if isinstance(value, float) and not value.is_integer():
+            break
+        if not info.min <= int(value) <= info.max:
+            return out_of_range(int(value), dtype, what=what)
+    name = datatype_of(dtype)
+    return InvalidRequest(f"{what}: {name} data must be integers")
+
+
+def _leaves(data: list[Any]) -> Iterator[Any]:
+    """The values of nested JSON lists, in order (a loop: the nesting is the client's)."""
+    stack = [iter(data)]
+    while stack:
+        for value in stack[-1]:
+            if isinstance(value, list):
+                stack.append(iter(value))
+                break
+            yield value
+        else:
+            stack.pop()
 
 
 def encode_response(

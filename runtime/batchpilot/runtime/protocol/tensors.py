@@ -103,24 +103,14 @@ def split_bytes(blob: memoryview, count: int, where: str) -> list[bytes]:
 
 
 def json_bytes(data: Any, count: int, shape: tuple[int, ...], where: str) -> list[bytes]:
-    """JSON BYTES data: strings (flat or nested), each sent on as its UTF-8 bytes."""
+    """JSON BYTES data: strings, each sent on as its UTF-8 bytes. Flat, or nested exactly as
+    the declared shape: nesting that contradicts it is refused, never reshaped."""
     if not isinstance(data, list):
         raise InvalidRequest(f"{where}: data must be a list")
-    flat: list[bytes] = []
-    stack: list[Any] = [iter(data)]
-    while stack:
-        item = next(stack[-1], _END)
-        if item is _END:
-            stack.pop()
-        elif isinstance(item, list):
-            stack.append(iter(item))
-        elif isinstance(item, str):
-            flat.append(item.encode())
-        else:
-            raise InvalidRequest(
-                f"{where}: BYTES data must be strings, got {type(item).__name__} {item!r:.40}; "
-                "send bytes that are not UTF-8 text as binary data"
-            )
+    if list in set(map(type, data)):
+        flat = _nested_strings(data, shape, where)
+    else:
+        flat = [_utf8(item, where) for item in data]
     if len(flat) != count:
         raise InvalidRequest(
             f"{where}: shape {list(shape)} needs {count} elements, data has {len(flat)}"
@@ -128,7 +118,45 @@ def json_bytes(data: Any, count: int, shape: tuple[int, ...], where: str) -> lis
     return flat
 
 
-_END: Final = object()
+def _utf8(item: Any, where: str) -> bytes:
+    if isinstance(item, str):
+        return item.encode()
+    raise InvalidRequest(
+        f"{where}: BYTES data must be strings, got {type(item).__name__} {item!r:.40}; "
+        "send bytes that are not UTF-8 text as binary data"
+    )
+
+
+def _nested_strings(data: list[Any], shape: tuple[int, ...], where: str) -> list[bytes]:
+    """The strings of data nested as `shape`, in row-major order (a loop, not recursion: the
+    nesting is the client's)."""
+    flat: list[bytes] = []
+    stack: list[tuple[Any, int]] = [(data, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth == len(shape):
+            if isinstance(node, list):
+                raise nesting_mismatch(data, shape, where)
+            flat.append(_utf8(node, where))
+        elif not isinstance(node, list) or len(node) != shape[depth]:
+            raise nesting_mismatch(data, shape, where)
+        else:
+            stack.extend((item, depth + 1) for item in reversed(node))
+    return flat
+
+
+def nesting_mismatch(data: list[Any], shape: tuple[int, ...], where: str) -> InvalidRequest:
+    """The refusal of nested JSON data whose nesting is not the declared shape."""
+    nested: list[int] = []
+    node: Any = data
+    while isinstance(node, list) and len(nested) <= len(shape):
+        nested.append(len(node))
+        node = node[0] if node else None
+    seen = "unevenly; the shape is" if nested == list(shape) else f"as {nested} but the shape is"
+    return InvalidRequest(
+        f"{where}: data is nested {seen} {list(shape)}; nested data must match the shape exactly "
+        "(or send it flat)"
+    )
 
 
 def encode_bytes(array: np.ndarray[Any, Any]) -> bytes:
@@ -163,8 +191,25 @@ def check_integer_range(values: np.ndarray[Any, Any], dtype: np.dtype[Any], *, w
     info = np.iinfo(dtype)
     outside = values[(values < info.min) | (values > info.max)]
     if outside.size:
+        raise out_of_range(outside.flat[0], dtype, what=what)
+
+
+def out_of_range(value: Any, dtype: np.dtype[Any], *, what: str) -> InvalidRequest:
+    info = np.iinfo(dtype)
+    return InvalidRequest(
+        f"{what}: {value} is out of range for {datatype_of(dtype)} ({info.min}..{info.max})"
+    )
+
+
+def check_bool_bytes(array: np.ndarray[Any, Any], where: str) -> None:
+    """Refuse binary BOOL elements other than 0 and 1. numpy views any other byte as true, but
+    hands the byte itself to the model, whose logic then computes with it (a NOT of 0x02 is
+    0xfd: true again) and answers wrong without an error."""
+    raw = array.view(np.uint8)
+    if raw.size and raw.max() > 1:
+        index = int(np.argmax(raw > 1))
         raise InvalidRequest(
-            f"{what}: {outside.flat[0]} is outside its range {info.min}..{info.max}"
+            f"{where}: BOOL elements must be 0 or 1; element {index} is {int(raw[index])}"
         )
 
 
@@ -201,7 +246,10 @@ def decode_raw_tensor(
             f"{where}: raw data is {len(raw)} bytes but shape {list(shape)} of {datatype} "
             f"needs {count * dtype.itemsize}"
         )
-    return reshaped(np.frombuffer(raw, dtype=dtype), shape, where)
+    array = np.frombuffer(raw, dtype=dtype)
+    if datatype == "BOOL":
+        check_bool_bytes(array, where)
+    return reshaped(array, shape, where)
 
 
 def encode_raw_tensor(array: np.ndarray[Any, Any], datatype: str) -> bytes:
