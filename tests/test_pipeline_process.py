@@ -323,9 +323,22 @@ def text_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimePro
         )
     )
     with runtime_process(
-        model, "--pipeline-config", str(config), "--device", "cpu", log_dir=folder
+        model,
+        "--pipeline-config",
+        str(config),
+        "--device",
+        "cpu",
+        "--max-batch-size",
+        "4",
+        "--max-body-bytes",
+        str(TEXT_MAX_BODY_BYTES),
+        log_dir=folder,
     ) as server:
         yield server
+
+
+TEXT_MAX_BODY_BYTES = 4096
+TEXT_ROW_BYTES = 2 * 8 * 8  # input_ids and attention_mask, INT64 [8] each
 
 
 class TestText:
@@ -360,6 +373,22 @@ class TestText:
         reply = infer(text_server, "sentiment", body)
         assert reply.status == 400
         assert message in reply.json()["error"]
+
+    def test_more_rows_than_the_body_limit_makes_are_413_before_tokenizing(
+        self, text_server: RuntimeProcess
+    ) -> None:
+        # at most max(4 rows of a batch, 4096 // 128 = 32 rows of tokens)
+        rows = TEXT_MAX_BODY_BYTES // TEXT_ROW_BYTES
+        for count, status in ((rows, 200), (rows + 1, 413)):
+            data = ["zzz"] * count
+            body = orjson.dumps(
+                {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [count], "data": data}]}
+            )
+            reply = infer(text_server, "sentiment", body)
+            assert reply.status == status, reply.body
+        assert reply.json()["error"].startswith(
+            f"the request has {rows + 1} rows; this pipeline takes at most {rows} per request"
+        )
 
 
 class TestConfigThatDoesNotFit:

@@ -146,6 +146,7 @@ def assemble(
         pipeline=pipeline,
         pipeline_threads=settings.pipeline_threads,
         calibration_rows=settings.calibration_rows,
+        max_body_bytes=settings.max_body_bytes,
     )
     watchers: list[FileWatcher] = []
     access = None

@@ -36,11 +36,12 @@ environment), so one PromQL selector finds a service's replicas. What each metri
   arrival, it would have finished after its deadline), `queue_full`, `draining` (refused at
   arrival), and `expired` (its deadline passed, or could no longer be met, before it reached
   the device). Every arrival is admitted or refused at arrival, so arrivals = admitted +
-  predicted_late + queue_full + draining + the requests whose deadline passed in preprocessing,
-  before they could be queued. `batchpilot_recent_arrivals_per_second` (gauge): the same
-  arrivals over the last 5 s (`batchpilot.api.arrivals`), per second at the moment of the
-  scrape: a step in the load shows in it whole once it is that old, where the counter's rate
-  between two scrapes averages it with what came before.
+  predicted_late + queue_full + draining. With a pipeline a request arrives once preprocessed
+  (one its preprocess refuses is invalid, no arrival), and one whose deadline passed while it
+  was preprocessed counts as admitted, then expired. `batchpilot_recent_arrivals_per_second`
+  (gauge): the same arrivals over the last 5 s (`batchpilot.api.arrivals`), per second at the
+  moment of the scrape: a step in the load shows in it whole once it is that old, where the
+  counter's rate between two scrapes averages it with what came before.
 - `batchpilot_deadline_seconds` (gauge): the default deadline in force (0: none).
 - `batchpilot_sla_seconds`, `batchpilot_slo_objective_ratio` (gauges): the service's P99 SLA and
   objective (0.99: the SLA holds 99 % of the time), as the operator's batching document gives

@@ -38,6 +38,7 @@ from batchpilot.runtime.errors import (
     DeadlineExceeded,
     ModelNotFound,
     Overloaded,
+    RequestTooLarge,
     ShuttingDown,
 )
 from batchpilot.runtime.metrics import RuntimeMetrics, available_cores
@@ -55,6 +56,9 @@ _T = TypeVar("_T")
 Admission = Literal["deadline", "queue"]
 """deadline: refuse at arrival what cannot finish in time, size batches to the deadline (the
 default); queue: the queue bound only, full batches (kept to compare the two)."""
+
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+"""--max-body-bytes' default: the largest request body, and what a pipeline may make of one."""
 
 CALIBRATION_ROUNDS = 2
 """Batches of 1 row and of the largest allowed batch limit timed at start-up, each, so that t(b)
@@ -84,8 +88,10 @@ class ModelServer:
         pipeline: Pipeline | None = None,
         pipeline_threads: int = 0,
         calibration_rows: int | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ) -> None:
         self.engine = engine
+        self._max_body_bytes = max_body_bytes
         self._calibration_rows = calibration_rows
         self.metrics = metrics
         self.pipeline = pipeline
@@ -245,15 +251,40 @@ class ModelServer:
         self._task = asyncio.get_running_loop().create_task(self._batcher.run(), name="batcher")
 
     def validate(self, request: InferRequest) -> int:
-        """The checks `infer` makes before it queues a request, without queueing it; returns
-        the request's rows. Async submits use it to refuse a bad request at once."""
-        return validate_inputs(self.signature, request)
+        """The checks `infer` makes before it preprocesses or queues a request, without doing
+        either; returns the request's rows. Async submits use it to refuse a bad request at
+        once."""
+        rows = validate_inputs(self.signature, request)
+        if self.pipeline is not None and self.pipeline.row_bytes:
+            self._check_preprocessed_size(rows, self.pipeline.row_bytes)
+        return rows
+
+    def _check_preprocessed_size(self, rows: int, row_bytes: int) -> None:
+        """A preprocess makes a tensor far larger than its request (a 69-byte PNG is a 602 KB
+        row of 224x224 FP32 pixels): refuse, before anything is decoded or allocated, a request
+        of more rows than the largest batch the server runs (a batch allocates that much
+        anyway) and than --max-body-bytes holds once preprocessed."""
+        ceiling = self._batching.ceiling
+        limit = max(ceiling, self._max_body_bytes // row_bytes)
+        if rows > limit:
+            raise RequestTooLarge(
+                f"the request has {rows} rows; this pipeline takes at most {limit} per request: "
+                f"each row preprocesses to {row_bytes} bytes, and a request may make no more "
+                f"than the largest batch the server runs ({ceiling} rows) or --max-body-bytes "
+                f"({self._max_body_bytes} bytes), whichever is more"
+            )
 
     async def infer(self, request: InferRequest) -> list[Tensor]:
-        """Serve one request; raises the runtime's errors for anything but success."""
-        rows = validate_inputs(self.signature, request)
+        """Serve one request; raises the runtime's errors for anything but success.
+
+        A request is an arrival once it is known to be valid: with a preprocess, once that has
+        turned its inputs into the model's (a request it refuses is invalid, as one refused by
+        `validate`). Every arrival is admitted or shed at once, so arrivals = admitted +
+        predicted_late + queue_full + draining; one whose deadline passed while it was
+        preprocessed was admitted (it was taken on and spent its time being served) and expired.
+        """
+        rows = self.validate(request)
         metrics = self.metrics
-        metrics.arrived()
         timeout_s = request.timeout_s or self._batching.deadline_s
         inputs = {t.name: t.data for t in request.inputs}
         pipeline = self.pipeline
@@ -263,14 +294,18 @@ class ModelServer:
             # The deadline counts from arrival: preprocessing spends the request's own time.
             arrived = time.perf_counter()
             inputs, geometry = await self._off_loop("preprocess", pipeline.preprocess, inputs)
+            metrics.arrived()
             if timeout_s is not None:
                 remaining_s = timeout_s - (time.perf_counter() - arrived)
                 if remaining_s <= 0:
+                    metrics.admitted.inc()
                     metrics.shed("expired")
                     raise DeadlineExceeded(
                         f"the request's {timeout_s * 1e3:g} ms deadline passed while its "
                         "inputs were preprocessed"
                     )
+        else:
+            metrics.arrived()
         try:
             future = self._queue.put(inputs, rows=rows, timeout_s=remaining_s)
         except Overloaded as exc:

@@ -15,6 +15,7 @@ images the client sent.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +69,9 @@ class Pipeline:
     postprocess: PostprocessFn | None = None
     summary: dict[str, Any] = field(default_factory=dict)
     """For the metadata endpoint and the startup log."""
+    row_bytes: int = 0
+    """The bytes `preprocess` makes of one row of a request, for all the model's inputs (0:
+    no preprocess). The server bounds a request's rows with it before preprocessing."""
 
 
 def load_pipeline(path: Path, model: ModelSignature, *, model_dir: Path) -> Pipeline:
@@ -91,17 +95,18 @@ def build_pipeline(config: PipelineConfig, model: ModelSignature, *, model_dir: 
     """Fit `config` to `model`; files it names are read relative to `model_dir`."""
     inputs, outputs = model.inputs, model.outputs
     preprocess = postprocess = None
+    row_bytes = 0
     summary: dict[str, Any] = {
         "model_inputs": [s.as_metadata() for s in model.inputs],
         "model_outputs": [s.as_metadata() for s in model.outputs],
     }
     if config.preprocess is not None:
         if config.preprocess.image is not None:
-            spec, preprocess = _image(config.preprocess.image, model)
+            spec, preprocess, row_bytes = _image(config.preprocess.image, model)
             summary["preprocess"] = "image"
         else:
             assert config.preprocess.text is not None
-            spec, preprocess = _text(config.preprocess.text, model, model_dir)
+            spec, preprocess, row_bytes = _text(config.preprocess.text, model, model_dir)
             summary["preprocess"] = "text"
         inputs = (spec,)
     if config.postprocess is not None:
@@ -122,7 +127,7 @@ def build_pipeline(config: PipelineConfig, model: ModelSignature, *, model_dir: 
         outputs=outputs,
         version=model.version,
     )
-    return Pipeline(config, model, signature, preprocess, postprocess, summary)
+    return Pipeline(config, model, signature, preprocess, postprocess, summary, row_bytes)
 
 
 def _fail(message: str) -> PipelineConfigError:
@@ -164,7 +169,7 @@ def _only_input(model: ModelSignature, filled: Sequence[str], where: str) -> Non
         )
 
 
-def _image(config: ImagePreprocess, model: ModelSignature) -> tuple[TensorSpec, PreprocessFn]:
+def _image(config: ImagePreprocess, model: ModelSignature) -> tuple[TensorSpec, PreprocessFn, int]:
     where = "preprocess.image.input"
     spec = _model_input(model, config.input, where)
     _only_input(model, [config.input], "preprocess.image")
@@ -214,7 +219,8 @@ def _image(config: ImagePreprocess, model: ModelSignature) -> tuple[TensorSpec, 
         tensor, geometry = stage.prepare(inputs[spec.name])
         return {spec.name: tensor}, geometry
 
-    return TensorSpec(spec.name, BYTES, (-1,)), preprocess
+    row_bytes = math.prod(stage.row_shape) * stage.dtype.itemsize
+    return TensorSpec(spec.name, BYTES, (-1,)), preprocess, row_bytes
 
 
 def _file(model_dir: Path, name: str) -> Path:
@@ -224,7 +230,7 @@ def _file(model_dir: Path, name: str) -> Path:
 
 def _text(
     config: TextPreprocess, model: ModelSignature, model_dir: Path
-) -> tuple[TensorSpec, PreprocessFn]:
+) -> tuple[TensorSpec, PreprocessFn, int]:
     names = {
         "inputIds": config.input_ids,
         "attentionMask": config.attention_mask,
@@ -260,7 +266,8 @@ def _text(
     def preprocess(inputs: Mapping[str, Array]) -> tuple[dict[str, Array], None]:
         return stage(inputs[config.input]), None
 
-    return TensorSpec(config.input, BYTES, (-1,)), preprocess
+    row_bytes = config.max_length * sum(dtype.itemsize for dtype in dtypes.values())
+    return TensorSpec(config.input, BYTES, (-1,)), preprocess, row_bytes
 
 
 def _labels(model_dir: Path, name: str | None, classes: int, where: str) -> list[str] | None:
