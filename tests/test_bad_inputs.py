@@ -11,6 +11,7 @@ and serve a good request correctly.
 
 from __future__ import annotations
 
+import gzip
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -410,6 +411,33 @@ BAD_REQUESTS: list[tuple[str, BadRequest, int, tuple[str, ...]]] = [
         400,
         ("is not a number",),
     ),
+    # --- the body's encoding
+    (
+        "gzip-content-encoding",
+        BadRequest(
+            body=gzip.compress(orjson.dumps(good_doc())), headers={"Content-Encoding": "gzip"}
+        ),
+        415,
+        ("Content-Encoding 'gzip' is not supported: send the body uncompressed",),
+    ),
+    (
+        "gzip-content-encoding-async",
+        BadRequest(
+            body=gzip.compress(orjson.dumps(good_doc())),
+            headers={"Content-Encoding": "gzip"},
+            path=f"{INFER}/async",
+        ),
+        415,
+        ("Content-Encoding 'gzip' is not supported",),
+    ),
+    (
+        "deflate-after-identity",
+        BadRequest(
+            body=orjson.dumps(good_doc()), headers={"Content-Encoding": "identity, deflate"}
+        ),
+        415,
+        ("Content-Encoding 'identity, deflate' is not supported",),
+    ),
     # --- size
     (
         "body-over-the-limit",
@@ -500,6 +528,12 @@ class TestBadRequestsGetTheirStatusAndAReason:
             send(server, "GET", f"/v2/models/{MODEL}{path.replace('/versions/7', '')}").status
             == 200
         )
+
+    def test_content_encoding_identity_is_no_encoding(self, server: RuntimeProcess) -> None:
+        reply = send(
+            server, "POST", INFER, orjson.dumps(good_doc()), {"Content-Encoding": "identity"}
+        )
+        assert reply.status == 200, reply.body
 
     def test_server_still_serves_after_the_table(self, server: RuntimeProcess) -> None:
         assert_ready_and_serving_correctly(server)

@@ -10,13 +10,14 @@ place, beside the body reading (with its size limit) that every endpoint shares.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import Any
 
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from batchpilot.runtime.errors import InvalidRequest, RequestTooLarge
+from batchpilot.runtime.errors import InvalidRequest, RequestTooLarge, UnsupportedEncoding
 from batchpilot.runtime.protocol.tensors import HEADER_LENGTH
 
 
@@ -66,6 +67,7 @@ def parse_header_length(value: str | None) -> int | None:
 
 
 _CONTENT_LENGTH = b"content-length"
+_CONTENT_ENCODING = b"content-encoding"
 _HEADER_LENGTH = HEADER_LENGTH.encode()
 
 
@@ -80,6 +82,21 @@ def body_headers(scope: Scope) -> tuple[str | None, str | None]:
         elif key == _HEADER_LENGTH and header_length is None:
             header_length = value.decode("latin-1")
     return content_length, header_length
+
+
+def refuse_content_encoding(headers: Iterable[tuple[bytes, bytes]]) -> None:
+    """Refuse a body sent with a Content-Encoding other than identity: the server does not
+    decode one (a compressed body would otherwise be read as JSON and refused as "not valid
+    UTF-8"). `headers` are the ASGI scope's, names lower-cased."""
+    for key, value in headers:
+        if key == _CONTENT_ENCODING:
+            sent = value.decode("latin-1")
+            codings = {coding.strip().lower() for coding in sent.split(",")} - {"", "identity"}
+            if codings:
+                raise UnsupportedEncoding(
+                    f"Content-Encoding {sent!r} is not supported: send the body uncompressed "
+                    "(Content-Encoding: identity, or none)"
+                )
 
 
 async def send_answer(send: Send, content: bytes, header_length: int | None) -> None:

@@ -17,6 +17,11 @@ class InvalidRequest(InferenceError):
     """The request is malformed or does not match the model (400)."""
 
 
+class UnsupportedEncoding(InvalidRequest):
+    """The body is sent with a Content-Encoding the server does not decode: anything but
+    identity (415)."""
+
+
 class ModelNotFound(InferenceError):
     """The request names a model this server does not serve (404)."""
 

@@ -24,6 +24,7 @@ from batchpilot.runtime.errors import (
     RequestTooLarge,
     ShuttingDown,
     Unauthorized,
+    UnsupportedEncoding,
 )
 
 
@@ -40,6 +41,7 @@ class RequestOutcome(StrEnum):
 
 ERROR_STATUS: dict[type[InferenceError], tuple[int, RequestOutcome]] = {
     InvalidRequest: (400, RequestOutcome.INVALID),
+    UnsupportedEncoding: (415, RequestOutcome.INVALID),
     Unauthorized: (401, RequestOutcome.INVALID),
     Forbidden: (403, RequestOutcome.INVALID),
     ModelNotFound: (404, RequestOutcome.INVALID),

@@ -27,6 +27,7 @@ from batchpilot.runtime.asgi_io import (
     body_headers,
     parse_header_length,
     receive_body,
+    refuse_content_encoding,
     send_answer,
     until_disconnected,
 )
@@ -161,6 +162,7 @@ def add_v2_routes(
         try:
             path_params = scope["path_params"]
             model(path_params["name"], path_params.get("version"))
+            refuse_content_encoding(scope["headers"])
             content_length, header_length_text = body_headers(scope)
             body = await receive_body(content_length, receive, max_body_bytes)
             parsed = decode_request(body, header_length=parse_header_length(header_length_text))
