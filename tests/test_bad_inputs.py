@@ -529,6 +529,30 @@ class TestBadRequestsGetTheirStatusAndAReason:
             == 200
         )
 
+    def test_nan_and_infinity_outputs_must_be_asked_for_in_binary(
+        self, server: RuntimeProcess
+    ) -> None:
+        # f32_out = f32 + 1: NaN, inf and -inf in, the same out; JSON input has no NaN, binary has
+        doc = with_input("f32", data=None, parameters={"binary_data_size": 16})
+        doc["outputs"] = [{"name": "f32_out"}]
+        header = orjson.dumps(doc)
+        blob = np.array([np.nan, np.inf, -np.inf, 1.0], np.float32).tobytes()
+        headers = {"Inference-Header-Content-Length": str(len(header))}
+        reply = send(server, "POST", INFER, header + blob, headers)
+        assert reply.status == 400, reply.body
+        assert reply.json()["error"] == (
+            "output 'f32_out' holds NaN or infinity, which JSON cannot carry; ask for it as "
+            "binary data (parameters.binary_data_output, or the output's binary_data)"
+        )
+        doc["outputs"] = [{"name": "f32_out", "parameters": {"binary_data": True}}]
+        header = orjson.dumps(doc)
+        headers = {"Inference-Header-Content-Length": str(len(header))}
+        reply = send(server, "POST", INFER, header + blob, headers)
+        assert reply.status == 200, reply.body
+        length = int(reply.headers["inference-header-content-length"])
+        got = np.frombuffer(reply.body[length:], np.float32)
+        np.testing.assert_array_equal(got, [np.nan, np.inf, -np.inf, 2.0])
+
     def test_content_encoding_identity_is_no_encoding(self, server: RuntimeProcess) -> None:
         reply = send(
             server, "POST", INFER, orjson.dumps(good_doc()), {"Content-Encoding": "identity"}

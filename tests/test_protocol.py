@@ -68,6 +68,19 @@ class TestRoundTrip:
             "outputs": [{"name": "a", "datatype": "FP32", "shape": [1, 2], "data": [1.0, 1.0]}],
         }
 
+    @pytest.mark.parametrize("datatype", ["FP16", "FP32", "FP64"])
+    def test_nan_and_infinity_go_back_in_binary_and_never_as_json(self, datatype: str) -> None:
+        values = np.array([[np.nan, np.inf, -np.inf, 1.0]], dtype=DATATYPES[datatype])
+        out = [Tensor("y", datatype, values)]
+        with pytest.raises(InvalidRequest, match="output 'y' holds NaN or infinity, which JSON"):
+            encode_response(
+                model_name="m", model_version=None, request_id=None, outputs=out, binary=()
+            )
+        body, hl = encode_response(
+            model_name="m", model_version=None, request_id=None, outputs=out, binary={"y"}
+        )
+        np.testing.assert_array_equal(decode_response(body, header_length=hl)["y"].data, values)
+
     def test_several_binary_inputs_are_read_in_order(self) -> None:
         a, b = sample("FP32", (2, 2)), sample("INT64", (2, 5))
         body, hl = encode_request([Tensor("a", "FP32", a), Tensor("b", "INT64", b)])

@@ -303,7 +303,8 @@ def encode_response(
     outputs: Sequence[Tensor],
     binary: Iterable[str],
 ) -> tuple[bytes, int | None]:
-    """Encode a v2 infer response.
+    """Encode a v2 infer response. A floating-point output holding NaN or infinity can only be
+    sent as binary data: JSON has no such numbers, and writing them as null would lose which.
 
     Returns the body and, when any output is binary, the length of its JSON header (the value of
     Inference-Header-Content-Length); None means the body is plain JSON.
@@ -335,9 +336,17 @@ def encode_response(
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         else:
-            entry["data"] = np.ascontiguousarray(
+            flat = np.ascontiguousarray(
                 array.reshape(-1), dtype=DATATYPES[out.datatype].newbyteorder("=")
             )
+            if flat.dtype.kind == "f" and not np.isfinite(flat).all():
+                # JSON has no NaN or infinity (orjson would write null, for all three alike)
+                raise InvalidRequest(
+                    f"output '{out.name}' holds NaN or infinity, which JSON cannot carry; ask "
+                    "for it as binary data (parameters.binary_data_output, or the output's "
+                    "binary_data)"
+                )
+            entry["data"] = flat
         entries.append(entry)
     doc["outputs"] = entries
     header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
