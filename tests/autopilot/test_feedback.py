@@ -27,6 +27,23 @@ class TestTheGuard:
         assert replicas == 3  # 2 + max(1, ceil(0.25 · 2)) = 3
         assert why.startswith("P99 over the SLA although the model predicts 60 ms")
 
+    def test_a_plan_adding_less_than_the_step_gets_the_step(self) -> None:
+        # 8 replicas over the SLA: the guard adds 2; a plan from the same (wrong) model that adds
+        # one replica, or one with a smaller batch limit, would give more load fewer replicas
+        eight = InForce(replicas=8, batch_size=16, max_queue_delay_s=0.005)
+        over = seen(at=0, qps=2800, p99_ms=150, ready=8)
+        for want_replicas, want_batch in ((9, 16), (9, 12)):
+            replicas, _ = overruled(
+                over, POLICY, eight, MODEL, settled=True, want_replicas=want_replicas,
+                want_batch=want_batch, predicted=0.08,
+            ) or (None, "")  # fmt: skip
+            assert replicas == 10
+        # …but a plan that raises the batch limit stands: it is measured within a window
+        assert overruled(
+            over, POLICY, eight, MODEL, settled=True, want_replicas=9, want_batch=32,
+            predicted=0.08,
+        ) is None  # fmt: skip
+
     def test_refusals_over_the_feedback_share_count_as_a_miss(self) -> None:
         # 20 of 300 offered refused: 6.7 % > 5 %.
         shedding = seen(at=0, qps=280, p99_ms=90, ready=2, rejected=20)

@@ -40,18 +40,26 @@ def overruled(
 ) -> tuple[int, str] | None:
     """The guard: the replicas to ask for, and why, when the window (one that describes the
     settings in force, all replicas ready) is over the SLA or sheds more than `SHED_FEEDBACK`
-    and the plan (`want_replicas` at `want_batch`) adds no capacity; None: the plan stands."""
+    and the plan (`want_replicas` at `want_batch`) adds no capacity, or — without raising the
+    batch limit — less than the guard's step (the model that predicted the settings in force
+    fine is wrong about them: a plan from it adding a replica is no answer either, and more load
+    must not get fewer replicas than a little less would); None: the plan stands. A plan that
+    raises the batch limit stands: batches measured at it correct the model within a window."""
     assert observation.ready_replicas is not None
     p99, sla = observation.p99_s, policy.sla_p99_s
     unserved = observation.unserved_share
+    replicas = current.replicas + max(1, math.ceil(FEEDBACK_STEP * current.replicas))
+    planned = InForce(want_replicas, want_batch, current.max_queue_delay_s)
+    short = want_batch <= current.batch_size and adds_capacity(
+        model, planned, replicas, current.batch_size
+    )
     if not (
         ((p99 is not None and p99 > sla) or unserved > SHED_FEEDBACK)
         and settled
         and observation.ready_replicas >= current.replicas
-        and not adds_capacity(model, current, want_replicas, want_batch)
+        and (short or not adds_capacity(model, current, want_replicas, want_batch))
     ):
         return None
-    replicas = current.replicas + max(1, math.ceil(FEEDBACK_STEP * current.replicas))
     what = (
         "P99 over the SLA"
         if p99 is not None and p99 > sla
