@@ -115,7 +115,9 @@ async def send_answer(send: Send, content: bytes, header_length: int | None) -> 
 
 
 async def until_disconnected(receive: Receive, handler: asyncio.Task[Any]) -> None:
-    """Cancel the request's handler when its client goes away (the body is already read)."""
+    """Cancel the request's handler when its client goes away (the body is already read).
+    uvicorn says `http.disconnect` when the connection is lost; a client that only half-closes
+    after its request is not gone, and the protocol (`http_protocol`) keeps its connection."""
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":

@@ -26,6 +26,7 @@ from batchpilot.runtime.assembly import CannotServe, assemble
 from batchpilot.runtime.device import Nvml
 from batchpilot.runtime.draining import CloseWhenDraining
 from batchpilot.runtime.graceful import DrainingServer
+from batchpilot.runtime.http_protocol import ConnectionLimits, LimitedHttpToolsProtocol
 from batchpilot.runtime.metrics import RuntimeMetrics
 from batchpilot.runtime.outcomes import RequestOutcome
 from batchpilot.runtime.settings import RuntimeSettings
@@ -61,12 +62,11 @@ def serve(settings: RuntimeSettings) -> int:
         host=settings.host,
         port=settings.port,
         loop="uvloop",
-        http="httptools",
+        http=LimitedHttpToolsProtocol.with_limits(connection_limits(settings)),
         lifespan="on",
         access_log=False,
         log_level=settings.log_level,
         timeout_graceful_shutdown=max(1, math.ceil(settings.drain_grace_s)),
-        timeout_keep_alive=30,
     )
     server = DrainingServer(
         config,
@@ -85,6 +85,15 @@ def serve(settings: RuntimeSettings) -> int:
         return 1
     _log_final_tally(parts.metrics)
     return 0
+
+
+def connection_limits(settings: RuntimeSettings) -> ConnectionLimits:
+    return ConnectionLimits(
+        max_header_bytes=settings.max_header_bytes,
+        header_timeout_s=settings.header_timeout_s,
+        keep_alive_timeout_s=settings.keep_alive_timeout_s,
+        max_connections=settings.max_connections or None,
+    )
 
 
 def bind_listeners(settings: RuntimeSettings) -> dict[str, socket.socket]:
@@ -241,6 +250,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="async jobs stored, pending or finished, before submits get 429 (default 1024)",
     )
     a("--max-body-bytes", type=int, help="largest request body accepted (default 64 MiB)")
+    a(
+        "--max-header-bytes",
+        type=int,
+        help="largest request line and headers of an HTTP request: more is answered 431 and "
+        "the connection closed (default 65536; BATCHPILOT_MAX_HEADER_BYTES)",
+    )
+    a(
+        "--header-timeout-s",
+        type=float,
+        help="time an HTTP request's headers may take from its first byte: more is answered 408 "
+        "and the connection closed (default 5; BATCHPILOT_HEADER_TIMEOUT_S)",
+    )
+    a(
+        "--keep-alive-timeout-s",
+        type=float,
+        help="an HTTP connection with no request for this long is closed (default 30; "
+        "BATCHPILOT_KEEP_ALIVE_TIMEOUT_S)",
+    )
+    a(
+        "--max-connections",
+        type=int,
+        help="open HTTP connections, all ports together, beyond which a request is answered 503 "
+        "and its connection closed; 0: no limit (default 4096; BATCHPILOT_MAX_CONNECTIONS)",
+    )
     a("--batching-config", help="JSON file with maxBatchSize/maxQueueDelayMs, re-read on change")
     a(
         "--pipeline-config",

@@ -95,6 +95,30 @@ class RuntimeSettings(BaseSettings):
         "bound only",
     )
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    max_header_bytes: int = Field(
+        default=64 * 1024,
+        ge=1024,
+        le=16 * 1024 * 1024,
+        description="request line and headers of a request, at most; more: 431",
+    )
+    header_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=3600,
+        description="time from a request's first byte to the end of its headers; more: 408",
+    )
+    keep_alive_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="how long a connection may sit without a request before it is closed",
+    )
+    max_connections: int = Field(
+        default=4096,
+        ge=0,
+        description="open HTTP connections beyond which a request gets 503 and its connection "
+        "closes (0: no limit)",
+    )
     batching_config: Path | None = Field(
         default=None, description="JSON file with maxBatchSize/maxQueueDelayMs, re-read on change"
     )

@@ -1,0 +1,288 @@
+"""uvicorn's httptools protocol, with the limits a server facing the network needs.
+
+httptools is the fast HTTP/1.1 parser (h11, uvicorn's other one, costs the hot path too much),
+but uvicorn sets no bound around it: a request's headers may grow without limit (httptools keeps
+an unterminated header value in memory as it arrives), a connection may take forever to send them
+(slowloris), and a connection that never sends anything stays open. This subclass adds, per
+connection, and only where the defaults leave a gap:
+
+- the headers of a request (request line included) may take `max_header_bytes`: past that the
+  client gets 431 and the connection closes, whether the headers ended or are still coming;
+- they must arrive within `header_timeout_s` of their first byte: else 408 and the connection
+  closes; a connection that sends no byte at all closes silently after `keep_alive_timeout_s`,
+  as uvicorn closes one idle between requests (a 408 there would be read by a client as the
+  answer to the request it sends next);
+- a request on a connection beyond `max_connections` gets 503 + `Retry-After` and the
+  connection closes;
+- a request answered before its body was read (a 413 by its Content-Length, a refused key, an
+  unknown model) is the connection's last: the answer says `Connection: close`, and the server
+  half-closes and discards what the client still sends for at most `LINGER_S`, rather than
+  reading a body nobody will use or resetting a client that is still sending;
+- a client that half-closes (shuts down its sending side) after a whole request gets its answer:
+  EOF means "done sending", not "gone" (see `eof_received`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import httptools
+import orjson
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+LINGER_S = 1.0
+"""How long a connection closed under a client still sending is drained before it is closed
+outright: closing a socket with unread data resets it, and the client may lose the answer."""
+
+PROBE_WAIT_S = 0.05
+"""After a half-close, how long before the second probe that tells a gone client (whose kernel
+answers the first with a reset) from one that only stopped sending: many round trips in a
+cluster. A client farther away than that is found gone only when its answer is written."""
+
+_PROBE = b"HTTP/1.1 100 Continue\r\n\r\n"
+"""An interim answer every HTTP/1.1 client must accept and skip (RFC 9110 §15.2)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    max_header_bytes: int
+    header_timeout_s: float
+    keep_alive_timeout_s: float
+    max_connections: int | None
+    """None: no limit."""
+
+
+class _Refusal(Exception):
+    def __init__(self, status: int, error: str, headers: tuple[tuple[bytes, bytes], ...] = ()):
+        super().__init__(error)
+        self.status = status
+        self.headers = headers
+
+
+class LimitedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's `HttpToolsProtocol` under `limits` (see the module docstring). Use
+    `with_limits(limits)` as uvicorn's `http` protocol class."""
+
+    limits: ClassVar[ConnectionLimits]
+
+    @classmethod
+    def with_limits(cls, limits: ConnectionLimits) -> type[LimitedHttpToolsProtocol]:
+        return type(cls.__name__, (cls,), {"limits": limits})
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.timeout_keep_alive = self.limits.keep_alive_timeout_s  # type: ignore[assignment]
+        self._awaiting_headers = True
+        self._header_bytes_received = 0
+        """Bytes received since the current request's headers began, a read at most short: what
+        bounds headers that have not ended (httptools keeps them until they do)."""
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._probe_timer: asyncio.TimerHandle | None = None
+        self._linger_timer: asyncio.TimerHandle | None = None
+        self._discarding = False
+        self._half_closed = False
+        self._keep_alive_after_body = True
+
+    # --- The connection ---
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._gentle = _GentleClose(self)
+        # uvicorn arms its keep-alive timer only after an answer; a connection yet to send its
+        # first request is as idle (the first byte disarms it, and arms the header timer).
+        self.timeout_keep_alive_task = self.loop.call_later(
+            self.timeout_keep_alive, self.timeout_keep_alive_handler
+        )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for timer in (self._header_timer, self._probe_timer, self._linger_timer):
+            if timer is not None:
+                timer.cancel()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._discarding:
+            return
+        self._unset_keepalive_if_required()
+        if self._awaiting_headers:
+            self._header_bytes_received += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            if not isinstance(exc.__context__, _Refusal):
+                raise
+            self._refuse(exc.__context__)
+            return
+        except httptools.HttpParserError:
+            self.logger.warning("Invalid HTTP request received.")
+            self.send_400_response("Invalid HTTP request received.")
+            return
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        if self._awaiting_headers and self._header_bytes_received:
+            if self._header_bytes_received > self.limits.max_header_bytes:
+                self._refuse(self._headers_too_large())
+            elif self._header_timer is None:
+                # Armed only for headers that did not come in one read (most do), from this
+                # read: the one with their first byte.
+                self._header_timer = self.loop.call_later(
+                    self.limits.header_timeout_s, self._headers_timed_out
+                )
+
+    def eof_received(self) -> bool | None:  # type: ignore[override]
+        """The client will send nothing more. With a whole request whose answer is still to
+        come, that is a half-close, "done sending" (HTTP/1.1 allows it): keep the connection to
+        answer, then close it. Otherwise (no request, a request cut short, nothing more to answer)
+        the transport closes, and a request still reading its body or waiting for a batch sees
+        the client gone and is cancelled.
+
+        A client that closed its socket altogether sends the same FIN: only writing tells them
+        apart, as the closed end answers data with a reset. So the server writes an interim
+        `100 Continue` at once and again `PROBE_WAIT_S` later; the second write fails against a
+        reset, the connection is lost, and the request leaves the queue as for any disconnect."""
+        cycle = self.cycle
+        if (
+            self._discarding
+            or cycle is None
+            or cycle.response_complete
+            or cycle.more_body
+            or cycle.disconnected
+        ):
+            return None
+        self._half_closed = True
+        cycle.keep_alive = False
+        if not cycle.response_started and cycle.scope["http_version"] == "1.1":
+            self.transport.write(_PROBE)
+            self._probe_timer = self.loop.call_later(PROBE_WAIT_S, self._probe_again)
+        return True
+
+    def _probe_again(self) -> None:
+        self._probe_timer = None
+        cycle = self.cycle
+        if not self.transport.is_closing() and not cycle.response_started:
+            self.transport.write(_PROBE)
+
+    # --- The request's headers ---
+
+    def on_headers_complete(self) -> None:
+        self._awaiting_headers = False
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+        # The reads since the headers began bound their size: count them one by one only when
+        # those reads were more than the limit (a body came with them) or were not counted (the
+        # headers began in the read that ended the request before).
+        received = self._header_bytes_received
+        if not 0 < received <= self.limits.max_header_bytes:
+            size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+            if size > self.limits.max_header_bytes:
+                raise self._headers_too_large()
+        limit = self.limits.max_connections
+        if limit is not None and len(self.connections) > limit:
+            raise _Refusal(
+                503,
+                f"the server has {limit} connections open, its limit: retry on a new one",
+                ((b"retry-after", b"1"),),
+            )
+        super().on_headers_complete()
+        # Until the body has all arrived, an answer would be the connection's last, and closing
+        # it gentle (on_message_complete undoes both). Two attribute writes per request: hooking
+        # uvicorn's cycle any other way (a subclass of it) costs the hot path microseconds.
+        cycle = self.cycle
+        self._keep_alive_after_body = cycle.keep_alive
+        cycle.keep_alive = False
+        cycle.transport = self._gentle
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        cycle = self.cycle
+        if not cycle.response_started:
+            cycle.keep_alive = self._keep_alive_after_body
+            cycle.transport = self.transport
+        self._awaiting_headers = True
+        self._header_bytes_received = 0
+
+    def shutdown(self) -> None:
+        self._keep_alive_after_body = False
+        super().shutdown()
+
+    def _headers_too_large(self) -> _Refusal:
+        return _Refusal(
+            431, f"the request's headers are over the limit of {self.limits.max_header_bytes} bytes"
+        )
+
+    def _headers_timed_out(self) -> None:
+        self._header_timer = None
+        if not self._awaiting_headers or self.transport.is_closing():
+            return  # (the headers ended in the read that fired this)
+        if self.cycle is not None and not self.cycle.response_complete:
+            # The next request is slow behind one still being answered: that answer is the last.
+            self.cycle.keep_alive = False
+            return
+        self._refuse(
+            _Refusal(408, f"the request's headers took over {self.limits.header_timeout_s:g} s")
+        )
+
+    # --- Answers the app never sees, and the close ---
+
+    def _refuse(self, refusal: _Refusal) -> None:
+        body = orjson.dumps({"error": str(refusal)})
+        head = [STATUS_LINE[refusal.status]]
+        for name, value in (
+            *self.server_state.default_headers,
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            *refusal.headers,
+            (b"connection", b"close"),
+        ):
+            head.extend((name, b": ", value, b"\r\n"))
+        self.transport.write(b"".join((*head, b"\r\n", body)))
+        self.close_gently()
+
+    def close_gently(self) -> None:
+        """Close after the answer without resetting a client that is still sending: send FIN,
+        discard what still comes for at most `LINGER_S`, close when the client does."""
+        if self._discarding or self.transport.is_closing():
+            return
+        self._discarding = True
+        self._awaiting_headers = False
+        self.pipeline.clear()  # the connection answers nothing more
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+        if self._half_closed or not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.transport.write_eof()
+        self.flow.resume_reading()
+        self._linger_timer = self.loop.call_later(LINGER_S, self.transport.close)
+
+
+class _GentleClose(asyncio.Transport):
+    """The transport as a cycle sees it until its request's body has all arrived: an answer
+    before that closes the connection, and closing closes gently
+    (`LimitedHttpToolsProtocol.close_gently`), as reading on would only discard the body
+    (however large its Content-Length) or, closing outright, reset a client still sending it."""
+
+    def __init__(self, protocol: LimitedHttpToolsProtocol) -> None:
+        super().__init__()
+        self._protocol = protocol
+        self._transport = protocol.transport
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._transport.get_extra_info(name, default)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self._transport.write(data)
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def close(self) -> None:
+        self._protocol.close_gently()

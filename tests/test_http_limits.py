@@ -1,0 +1,290 @@
+"""The HTTP layer's limits, seen by a client on a raw socket against a real server process: headers
+bounded in size and in time, idle connections closed, a connection cap, an answer sent before the
+body was read closing its connection, and a client that half-closes still answered while one
+that closes altogether is not computed for.
+
+Raw sockets because each case is about bytes a well-behaved client never sends (unterminated
+headers, a body that never comes, a shutdown of the sending side), and about what happens to the
+connection afterwards, which a client library hides.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.runtime_process import RuntimeProcess, Scrape, outcomes, runtime_process, send
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+MAX_HEADER_BYTES = 4096
+HEADER_TIMEOUT_S = 0.5
+KEEP_ALIVE_TIMEOUT_S = 2.0
+INFER = "/v2/models/mlp/infer"
+BODY = orjson.dumps(
+    {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 64], "data": [1.0] * 64}]}
+)
+
+
+def post_head(length: int, path: str = INFER) -> bytes:
+    return f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n".encode()
+
+
+GET_LIVE = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n"
+
+
+@dataclass(frozen=True)
+class Received:
+    data: bytes
+    ended: str
+    """How the connection ended: "eof" (closed by the server), "reset", or "open" (still open
+    when the wait ran out)."""
+
+    @property
+    def answers(self) -> list[tuple[int, dict[str, str]]]:
+        """Status and lower-cased headers of each answer received, interim ones included."""
+        found = []
+        for block in self.data.split(b"HTTP/1.1 ")[1:]:
+            head = block.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+            headers = dict(line.lower().split(": ", 1) for line in head[1:] if ": " in line)
+            found.append((int(head[0].split(" ", 1)[0]), headers))
+        return found
+
+
+def receive_all(sock: socket.socket, *, timeout_s: float) -> Received:
+    """Everything the server sends until it closes the connection, or `timeout_s` passes."""
+    deadline = time.monotonic() + timeout_s
+    data = b""
+    while (left := deadline - time.monotonic()) > 0:
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            break
+        except ConnectionResetError:
+            return Received(data, "reset")
+        if not chunk:
+            return Received(data, "eof")
+        data += chunk
+    return Received(data, "open")
+
+
+def connect(server: RuntimeProcess) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.port), timeout=5)
+
+
+@pytest.fixture(scope="module")
+def server(mlp_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeProcess]:
+    with runtime_process(
+        mlp_model,
+        "--engine",
+        "simulated",
+        "--simulated-latency",
+        "alpha_ms=300,beta_ms=0",
+        "--max-header-bytes",
+        str(MAX_HEADER_BYTES),
+        "--header-timeout-s",
+        str(HEADER_TIMEOUT_S),
+        "--keep-alive-timeout-s",
+        str(KEEP_ALIVE_TIMEOUT_S),
+        log_dir=tmp_path_factory.mktemp("http-limits"),
+    ) as running:
+        yield running
+
+
+class TestHeaderSize:
+    def test_headers_within_the_limit_are_served(self, server: RuntimeProcess) -> None:
+        with connect(server) as sock:
+            sock.sendall(GET_LIVE + b"X-Pad: " + b"a" * (MAX_HEADER_BYTES - 200) + b"\r\n\r\n")
+            sock.shutdown(socket.SHUT_WR)
+            received = receive_all(sock, timeout_s=5)
+        assert [status for status, _ in received.answers] == [200]
+
+    def test_complete_headers_over_the_limit_get_431_and_a_closed_connection(
+        self, server: RuntimeProcess
+    ) -> None:
+        with connect(server) as sock:
+            sock.sendall(GET_LIVE + b"X-Big: " + b"a" * (MAX_HEADER_BYTES + 1) + b"\r\n\r\n")
+            received = receive_all(sock, timeout_s=5)
+        assert received.ended == "eof"
+        [(status, headers)] = received.answers
+        assert status == 431
+        assert headers["connection"] == "close"
+        assert b"limit of 4096 bytes" in received.data
+
+    def test_headers_that_never_end_are_cut_off_before_they_fill_the_memory(
+        self, server: RuntimeProcess
+    ) -> None:
+        """A header value that keeps coming: the server answers while the client still sends,
+        after a read or so past the limit, never waiting for the end of it."""
+        sent = 0
+        with connect(server) as sock:
+            sock.sendall(GET_LIVE + b"X-Big: ")
+            sock.settimeout(0.05)
+            answer = b""
+            while not answer and sent < 64 * 1024 * 1024:  # bounded: 64 MiB at most
+                try:
+                    sock.sendall(b"a" * 65536)
+                    sent += 65536
+                    answer = sock.recv(65536, socket.MSG_PEEK)
+                except TimeoutError:
+                    continue
+                except (BrokenPipeError, ConnectionResetError):
+                    break
+            received = receive_all(sock, timeout_s=5)
+        assert sent < 8 * 1024 * 1024, f"the server let {sent} bytes of headers in"
+        assert [status for status, _ in received.answers] == [431]
+        assert send(server, "GET", "/v2/health/live").status == 200
+
+
+class TestHeaderTime:
+    def test_headers_slower_than_the_timeout_get_408_and_a_closed_connection(
+        self, server: RuntimeProcess
+    ) -> None:
+        """Slowloris: many connections, each with a request started and never finished."""
+        socks = [connect(server) for _ in range(50)]
+        try:
+            for sock in socks:
+                sock.sendall(GET_LIVE)
+            started = time.monotonic()
+            # While they wait, the server serves others.
+            assert send(server, "POST", INFER, BODY).status == 200
+            for sock in socks:
+                received = receive_all(sock, timeout_s=HEADER_TIMEOUT_S + 5)
+                assert received.ended == "eof"
+                assert [status for status, _ in received.answers] == [408]
+            assert time.monotonic() - started < HEADER_TIMEOUT_S + 5
+        finally:
+            for sock in socks:
+                sock.close()
+
+    def test_a_connection_that_sends_nothing_is_closed_without_an_answer(
+        self, server: RuntimeProcess
+    ) -> None:
+        """No 408 on a connection with no request: its client would read it as the answer to
+        the request it sends next. It is closed as an idle keep-alive connection is."""
+        with connect(server) as sock:
+            started = time.monotonic()
+            received = receive_all(sock, timeout_s=KEEP_ALIVE_TIMEOUT_S + 5)
+            waited = time.monotonic() - started
+        assert received == Received(b"", "eof")
+        assert waited > HEADER_TIMEOUT_S * 2
+
+    def test_keep_alive_connections_serve_requests_one_after_another(
+        self, server: RuntimeProcess
+    ) -> None:
+        with connect(server) as sock:
+            for _ in range(3):
+                sock.sendall(post_head(len(BODY)) + BODY)
+                data = b""
+                while b"]}]}" not in data:  # the end of the JSON answer
+                    chunk = sock.recv(65536)
+                    assert chunk, data
+                    data += chunk
+                assert data.startswith(b"HTTP/1.1 200 ")
+                assert b"connection: close" not in data
+
+
+class TestAnswerBeforeTheBody:
+    @pytest.mark.parametrize(
+        ("head", "status"),
+        [
+            (post_head(99_999_999_999), 413),
+            (post_head(1000, path="/v2/models/nope/infer"), 404),
+            (post_head(10**9) + b"a" * 1_000_000, 413),
+        ],
+        ids=["body-too-large", "unknown-model", "too-large-with-a-megabyte-sent"],
+    )
+    def test_the_answer_closes_the_connection(
+        self, server: RuntimeProcess, head: bytes, status: int
+    ) -> None:
+        with connect(server) as sock:
+            sock.sendall(head)
+            received = receive_all(sock, timeout_s=5)
+        assert received.ended == "eof"
+        [(got, headers)] = received.answers
+        assert got == status
+        assert headers["connection"] == "close"
+
+    def test_an_error_after_the_body_keeps_the_connection(self, server: RuntimeProcess) -> None:
+        with connect(server) as sock:
+            sock.sendall(post_head(5) + b"nope!")
+            received = receive_all(sock, timeout_s=0.5)
+        assert received.ended == "open"
+        [(status, headers)] = received.answers
+        assert status == 400
+        assert "connection" not in headers
+
+
+class TestHalfClose:
+    def test_a_client_that_half_closes_gets_its_answer(self, server: RuntimeProcess) -> None:
+        before = outcomes(Scrape(server))
+        with connect(server) as sock:
+            sock.sendall(post_head(len(BODY)) + BODY)
+            sock.shutdown(socket.SHUT_WR)
+            received = receive_all(sock, timeout_s=10)
+        assert received.ended == "eof"
+        # Interim 100s (one, or two if the answer takes long) are how the server learns the
+        # client is still there: see the next test.
+        *interim, (status, headers) = received.answers
+        assert status == 200
+        assert {status for status, _ in interim} == {100}
+        assert headers["connection"] == "close"
+        assert b'"outputs"' in received.data
+        after = outcomes(Scrape(server))
+        assert after["success"] == before["success"] + 1
+        assert after["cancelled"] == before["cancelled"]
+
+    @pytest.mark.parametrize("reset", [False, True], ids=["close", "reset"])
+    def test_a_client_that_closes_while_its_request_waits_is_not_computed_for(
+        self, server: RuntimeProcess, reset: bool
+    ) -> None:
+        """Closed altogether (FIN, the same as a half-close until the server writes) or reset:
+        the request is cancelled before its 300 ms batch ends, and counted so."""
+        before = outcomes(Scrape(server))
+        sock = connect(server)
+        sock.sendall(post_head(len(BODY)) + BODY)
+        if reset:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+
+        def cancelled() -> bool:
+            return outcomes(Scrape(server))["cancelled"] == before["cancelled"] + 1
+
+        wait_until(cancelled, timeout=10, what="the request counted cancelled")
+        assert outcomes(Scrape(server))["success"] == before["success"]
+
+
+def test_requests_beyond_the_connection_limit_get_503_and_a_closed_connection(
+    mlp_model: Path, tmp_path: Path
+) -> None:
+    with runtime_process(
+        mlp_model, "--engine", "simulated", "--max-connections", "3", log_dir=tmp_path
+    ) as server:
+        idle = [connect(server) for _ in range(3)]
+        try:
+            with connect(server) as sock:
+                sock.sendall(GET_LIVE + b"\r\n")
+                received = receive_all(sock, timeout_s=5)
+            assert received.ended == "eof"
+            [(status, headers)] = received.answers
+            assert status == 503
+            assert headers["retry-after"] == "1"
+            assert headers["connection"] == "close"
+        finally:
+            for sock in idle:
+                sock.close()
+        # The idle ones gone, requests are served again (once the server has seen them go).
+        wait_until(
+            lambda: send(server, "GET", "/v2/health/live").status == 200,
+            timeout=10,
+            what="a request served under the limit",
+        )
