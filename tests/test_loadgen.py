@@ -218,6 +218,12 @@ class TestSchedule:
         path.write_text("# a diurnal ramp\nt_seconds,rate_rps,note\n0,10,night\n\n30,200,day\n")
         assert RateSchedule.from_csv(path).points == ((0.0, 10.0), (30.0, 200.0))
 
+    def test_csv_from_a_spreadsheet(self, tmp_path: Path) -> None:
+        # a byte-order mark, CRLF line ends and spaces around the names
+        path = tmp_path / "trace.csv"
+        path.write_bytes("\ufeff t_seconds , rate_rps \r\n0,10\r\n30,2e2\r\n".encode())
+        assert RateSchedule.from_csv(path).points == ((0.0, 10.0), (30.0, 200.0))
+
     def test_csv_without_header_is_refused(self, tmp_path: Path) -> None:
         path = tmp_path / "trace.csv"
         path.write_text("0,10\n30,200\n")

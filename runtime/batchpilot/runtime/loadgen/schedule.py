@@ -66,8 +66,9 @@ class RateSchedule:
     @classmethod
     def from_csv(cls, path: str | Path) -> RateSchedule:
         """Read the project's traffic-trace CSV: a ``t_seconds,rate_rps`` header, then rows.
-        Other columns are ignored; blank lines and lines starting with ``#`` are skipped."""
-        with open(path, newline="") as f:
+        Other columns are ignored; blank lines and lines starting with ``#`` are skipped; a
+        byte-order mark (a spreadsheet's UTF-8 export) is no part of the header."""
+        with open(path, newline="", encoding="utf-8-sig") as f:
             lines = [line for line in f if line.strip() and not line.lstrip().startswith("#")]
         reader = csv.DictReader(lines)
         fields = [name.strip() for name in reader.fieldnames or ()]
