@@ -9,14 +9,16 @@ refused at once with 503 + Retry-After.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import orjson
 
+from batchpilot.runtime.admission import LATENESS_WINDOW_S
 from batchpilot.runtime.loadgen import LoadConfig, LoadReport, RateSchedule, Target, run_load
 from batchpilot.runtime.loadgen.errors import SHED_KINDS
 from tests.runtime_process import Reply, RuntimeProcess, Scrape, runtime_process, send
-from tests.test_server_process import mlp_rows, v2_request
+from tests.test_server_process import error_of, mlp_rows, v2_request
 
 ALPHA_MS, BETA_MS, MAX_BATCH = 20.0, 1.0, 8
 CAPACITY_RPS = MAX_BATCH / (ALPHA_MS + BETA_MS * MAX_BATCH) * 1e3  # 8 / 28 ms = 286 rps
@@ -157,6 +159,93 @@ class TestPerRequestDeadline:
             assert shed_by_reason(scrape)["predicted_late"] == 1
             # invalid requests are not arrivals: the offered load is of valid requests
             assert scrape.value("batchpilot_arrivals_total") == 3
+
+
+class TestOneRequestCannotHoldTheDevice:
+    def test_a_request_no_idle_replica_could_serve_in_time_is_refused_and_the_device_stays_free(
+        self, mlp_model: Path, tmp_path: Path
+    ) -> None:
+        with runtime_process(mlp_model, *SIMULATED, log_dir=tmp_path) as server:
+            # 4000 rows alone take 20 + 4000 ms: more than the 100 ms default deadline, or a
+            # 1 s timeout, on any replica however idle. Refused at once, for good, with what fits
+            # (before: taken as a probe and run for 4 s while every request behind it got 503).
+            for parameters in (None, {"timeout": 1_000_000}):
+                body, headers = v2_request(
+                    mlp_rows(4000, seed=1), binary_inputs={"x"}, parameters=parameters
+                )
+                started = time.monotonic()
+                reply = send(server, "POST", "/v2/models/mlp/infer", body, headers)
+                assert reply.status == 400, reply.body
+                assert time.monotonic() - started < 0.5
+                message = error_of(reply)
+                assert "4000 rows" in message
+                assert "rows a request" in message
+            # the device is free: a request right behind is answered
+            one = orjson.loads(v2_request(mlp_rows(1, seed=0))[0])
+            assert send_json(server, one).status == 200
+            # a request over the batch limit that fits its deadline still runs alone
+            sixteen = orjson.loads(v2_request(mlp_rows(16, seed=2))[0])
+            assert send_json(server, sixteen).status == 200
+            scrape = Scrape(server)
+            assert scrape.value("batchpilot_requests_total", outcome="invalid") == 2
+            # a request no replica can serve is not load: no arrival, no refusal
+            assert scrape.value("batchpilot_arrivals_total") == 2
+            assert shed_by_reason(scrape)["predicted_late"] == 0
+            assert scrape.value("batchpilot_batch_rows_total") == 17
+
+
+class TestTheLatenessMarginFollowsThePresent:
+    def test_tight_deadlines_are_admitted_again_a_second_after_answers_are_on_time(
+        self, mlp_model: Path, tmp_path: Path
+    ) -> None:
+        token_file = tmp_path / "token"
+        token_file.write_text("s3cret\n")
+        with runtime_process(
+            mlp_model,
+            "--engine",
+            "simulated",
+            "--simulated-latency",
+            f"alpha_ms={ALPHA_MS:g},beta_ms={BETA_MS:g}",
+            "--max-batch-size",
+            str(MAX_BATCH),
+            "--max-queue-delay-ms",
+            "100",
+            "--deadline-ms",
+            "1000",
+            "--admin-token-file",
+            str(token_file),
+            log_dir=tmp_path,
+        ) as server:
+            one = orjson.loads(v2_request(mlp_rows(1, seed=0))[0])
+            tight = {**one, "parameters": {"timeout": 50_000}}  # 50 ms; a batch takes 21
+            # Each lone request waits out the 100 ms queue delay for company that never comes:
+            # every answer is 100 ms later than predicted, and the server learns it.
+            for _ in range(10):
+                assert send_json(server, one).status == 200
+            assert send_json(server, tight).status == 503  # 21 ms + 100 ms of lateness
+            # The delay goes; the answers are on time again. A request every 0.1 s keeps the
+            # device measured (no probes), and a tight one follows each.
+            reply = send(
+                server,
+                "PUT",
+                "/admin/batching",
+                b'{"maxQueueDelayMs": 0}',
+                {"Authorization": "Bearer s3cret"},
+                port=server.admin_port,
+            )
+            assert reply.status == 200, reply.body
+            changed = time.monotonic()
+            statuses: list[tuple[float, int]] = []
+            while (since := time.monotonic() - changed) < LATENESS_WINDOW_S + 1.5:
+                assert send_json(server, one).status == 200
+                statuses.append((round(since, 2), send_json(server, tight).status))
+                time.sleep(0.1)
+            # half a second after the late answers left the window, the lateness of the past
+            # no longer refuses them (before: refused for minutes, each answer on time taking
+            # 1/200 of it away); a loaded machine may still make an answer late now and then,
+            # which refuses a few anew
+            recent = [status for since, status in statuses if since >= LATENESS_WINDOW_S + 0.5]
+            assert recent.count(200) >= 0.5 * len(recent), statuses
 
 
 def send_json(server: RuntimeProcess, body: object) -> Reply:

@@ -14,7 +14,11 @@ queued ahead (`DeviceLedger`), and how late its own predictions turned out (`Lat
 a margin to the deadline). The same prediction lets the batcher form the largest batch that
 still lets its oldest request meet its deadline, rather than a full one that cannot. A server
 whose measurements a stall spoilt still takes a probe request now and then (`Predictor.
-must_probe`), so that it learns the stall is over.
+must_probe`), so that it learns the stall is over; a probe is never larger than a batch the
+server forms anyway, so no request holds the device far past its deadline. A request larger
+than that which the device, even idle and at the fastest it has been measured, cannot serve
+in time is no load to shed but a request to change (`Predictor.fastest_s`): the queue refuses
+it for good.
 
 Pure core: no I/O, the clock is an argument.
 """
@@ -55,6 +59,8 @@ class Fit:
 class _SizeStat:
     mean_s: float
     count: int
+    best_s: float
+    """The fastest batch of this size measured: what a stall that spoilt the mean leaves."""
 
 
 class BatchTiming:
@@ -93,9 +99,10 @@ class BatchTiming:
             self._err_w = self._err_w * keep + 1.0
         stat = self._sizes.get(rows)
         if stat is None:
-            stat = self._sizes[rows] = _SizeStat(mean_s=seconds, count=0)
+            stat = self._sizes[rows] = _SizeStat(mean_s=seconds, count=0, best_s=seconds)
         else:
             self._account(rows, stat, -1.0)
+            stat.best_s = min(stat.best_s, seconds)
         stat.count += 1
         memory = min(stat.count, 2 if fresh else SIZE_MEMORY_BATCHES)
         stat.mean_s += (seconds - stat.mean_s) / memory
@@ -111,22 +118,10 @@ class BatchTiming:
         self._bt += w * rows * stat.mean_s
 
     def _solve(self) -> Fit:
-        w = self._w
-        mean_b, mean_t = self._b / w, self._t / w
-        variance_b = self._bb / w - mean_b * mean_b
         spread = math.sqrt(self._err2 / self._err_w) if self._err_w > 0 else 0.0
-        if len(self._sizes) < 2 or variance_b <= 1e-9 * mean_b * mean_b:
-            # One batch size: through the origin and that point for larger batches, that
-            # point's time for smaller ones. Both over-predict when α > 0, so admission errs
-            # on the side of the deadline until a second size is measured.
-            return Fit(alpha_s=0.0, beta_s=mean_t / mean_b, spread=spread, floor_rows=mean_b)
-        beta = (self._bt / w - mean_b * mean_t) / variance_b
-        alpha = mean_t - beta * mean_b
-        if beta < 0:
-            alpha, beta = mean_t, 0.0
-        elif alpha < 0:
-            alpha, beta = 0.0, mean_t / mean_b
-        return Fit(alpha_s=alpha, beta_s=beta, spread=spread)
+        return _line(
+            self._w, self._b, self._t, self._bb, self._bt, sizes=len(self._sizes), spread=spread
+        )
 
     def seconds(self, rows: int) -> float | None:
         """Expected time of a batch of `rows` rows; None before any batch was measured."""
@@ -144,6 +139,46 @@ class BatchTiming:
             return None
         assert self._fit is not None
         return batches * expected * (1.0 + SPREAD_SIGMAS * self._fit.spread / math.sqrt(batches))
+
+    def fastest(self, rows: int) -> float | None:
+        """`upper` of one batch of `rows` rows by the line through the fastest batch of each
+        size measured rather than through their means: what the device does when nothing slows
+        it. A stall that spoilt the means leaves the fastest batches of the sizes seen before
+        it as they were. Computed over the sizes (O(sizes)): for the rare request that needs
+        it, not for every arrival."""
+        fit = self._fit
+        if fit is None:
+            return None
+        w = b = t = bb = bt = 0.0
+        for size, stat in self._sizes.items():
+            weight = min(stat.count, SIZE_WEIGHT_CAP)
+            w += weight
+            b += weight * size
+            t += weight * stat.best_s
+            bb += weight * size * size
+            bt += weight * size * stat.best_s
+        best = _line(w, b, t, bb, bt, sizes=len(self._sizes), spread=fit.spread)
+        expected = best.alpha_s + best.beta_s * max(rows, best.floor_rows)
+        return expected * (1.0 + SPREAD_SIGMAS * best.spread)
+
+
+def _line(w: float, b: float, t: float, bb: float, bt: float, *, sizes: int, spread: float) -> Fit:
+    """t(b) = α + β·b by weighted least squares from the sums over the sizes measured of the
+    weights `w`, rows `b`, times `t`, rows² `bb` and rows × time `bt`."""
+    mean_b, mean_t = b / w, t / w
+    variance_b = bb / w - mean_b * mean_b
+    if sizes < 2 or variance_b <= 1e-9 * mean_b * mean_b:
+        # One batch size: through the origin and that point for larger batches, that
+        # point's time for smaller ones. Both over-predict when α > 0, so admission errs
+        # on the side of the deadline until a second size is measured.
+        return Fit(alpha_s=0.0, beta_s=mean_t / mean_b, spread=spread, floor_rows=mean_b)
+    beta = (bt / w - mean_b * mean_t) / variance_b
+    alpha = mean_t - beta * mean_b
+    if beta < 0:
+        alpha, beta = mean_t, 0.0
+    elif alpha < 0:
+        alpha, beta = 0.0, mean_t / mean_b
+    return Fit(alpha_s=alpha, beta_s=beta, spread=spread)
 
 
 class DeviceLedger:
@@ -198,15 +233,22 @@ def predicted_finish(
 
     Running batches finish first. The rows ahead are served in full batches of
     `max_batch_size`, and so is the request's own when a full batch is ahead of it (the rows that
-    arrive meanwhile fill it); otherwise its batch holds the rows queued now. With several
-    instances the work ahead is shared among them; the request's own batch still takes its full
-    time. What this misses (rows joining a batch that was not full, a busy event loop) is
-    measured as lateness and added by `Predictor.finish_time`.
+    arrive meanwhile fill it); otherwise its batch holds the rows queued now. A request of more
+    rows than `max_batch_size` runs alone, as the batcher runs it (it never splits a request):
+    one batch of its rows after the rows ahead — by the fit's straight line also beyond the
+    sizes measured, which its batch, once run, measures. With several instances the work ahead
+    is shared among them; the request's own batch still takes its full time. What this misses
+    (rows joining a batch that was not full, a busy event loop) is measured as lateness and
+    added by `Predictor.finish_time`.
     """
-    total = queued_rows + rows
-    full = max(0, math.ceil(total / max_batch_size) - 1)
     ahead = ledger.busy_s(timing, now)
-    own = timing.upper(min(total, max_batch_size) if full == 0 else max_batch_size)
+    if rows > max_batch_size:
+        full = math.ceil(queued_rows / max_batch_size)
+        own = timing.upper(rows)
+    else:
+        total = queued_rows + rows
+        full = max(0, math.ceil(total / max_batch_size) - 1)
+        own = timing.upper(min(total, max_batch_size) if full == 0 else max_batch_size)
     if own is None:
         return None
     if full:
@@ -216,14 +258,25 @@ def predicted_finish(
     return now + ahead / ledger.instances + own
 
 
-LATENESS_MEMORY = 200
-"""The lateness of predictions follows about the last this many admitted requests."""
+LATENESS_WINDOW_S = 2.0
+"""The lateness of predictions is that of the answers of about the last this many seconds: it
+says how the prediction errs under the load of now. A burst teaches a lateness that ends with
+it, and an idle server has few answers to unlearn it with: a thousand requests at once once
+left requests with a tight deadline refused for minutes, one answer on time at a time taking a
+little of it away. Likewise a server starved of CPU for a while (a noisy neighbour, CFS
+throttling) learns a large lateness and then refuses nearly everything, so few answers come to
+correct it: it must not stay refused once the starvation is over. Under a sustained overload
+answers never stop, and the margin holds: at 280 answers a second `LATENESS_MEMORY` reaches
+back about 0.7 s, and the window cuts off the 6 % of its weight older than 2 s. (A 1 s window
+cut 25 %: at 4x the capacity, bench/overload.py, 17-23 of 2,800 admitted requests expired in
+10 s where 11-12 do with this one and did without a window.)"""
 
-LATENESS_HALF_LIFE_S = 1.0
-"""Without new answers the measured lateness fades by half every this many seconds. A server
-starved of CPU for a while (a noisy neighbour, CFS throttling) learns a large lateness and then
-refuses nearly everything, so few answers come to correct it: it must not stay refused once
-the starvation is over."""
+LATENESS_MEMORY = 200
+"""Within the window the lateness follows about the last this many answers (an exponential
+average), so that at high rates the recent answers weigh more."""
+
+LATENESS_BINS = 20
+"""The window is kept in this many slices of time, each dropped whole as it ages out."""
 
 
 class Lateness:
@@ -233,37 +286,85 @@ class Lateness:
 
     Only lateness counts (an early answer counts as zero): answers earlier than predicted say
     the prediction was pessimistic, which must shrink the margin, not widen its spread.
+
+    The answers of the last `LATENESS_WINDOW_S` count, in `LATENESS_BINS` slices of time that
+    leave the window whole; within it each answer weighs `1 / keep` more than the one before it
+    (`LATENESS_MEMORY`). Weights are kept relative to a unit that grows with every answer and is
+    brought back to 1 as each slice begins, when the totals are summed again from the slices:
+    no rounding error outlives a slice.
     """
 
     def __init__(self) -> None:
-        self._mean = 0.0
-        self._square = 0.0
-        self._weight = 0.0
-        self._at = 0.0
+        self._slice_s = LATENESS_WINDOW_S / LATENESS_BINS
+        self._weights = [0.0] * LATENESS_BINS
+        self._sums = [0.0] * LATENESS_BINS
+        self._squares = [0.0] * LATENESS_BINS
+        self._newest: int | None = None
+        """The number of the newest slice: its start over the slice length."""
+        self._unit = 1.0
+        """The weight of the latest answer, in the slices' units."""
+        self._weight = self._sum = self._square = 0.0
 
     def observe(self, error_s: float, *, now: float) -> None:
         """One request finished `error_s` seconds after (negative: before) its prediction."""
         error_s = max(0.0, error_s)
-        keep = 1.0 - 1.0 / LATENESS_MEMORY
-        self._weight = self._weight * keep + 1.0
-        share = 1.0 / self._weight
-        self._mean += (error_s - self._mean) * share
-        self._square += (error_s * error_s - self._square) * share
-        self._at = now
+        slot = self._advance(now)
+        self._unit /= 1.0 - 1.0 / LATENESS_MEMORY
+        weight = self._unit
+        self._weights[slot] += weight
+        self._sums[slot] += weight * error_s
+        self._squares[slot] += weight * error_s * error_s
+        self._weight += weight
+        self._sum += weight * error_s
+        self._square += weight * error_s * error_s
+        if self._unit > 1e12:  # ~5,500 answers in one slice: rescale before it overflows
+            self._rescale()
 
     def margin_s(self, now: float) -> float:
-        """Mean lateness plus `SPREAD_SIGMAS` deviations, fading while no answer comes."""
-        if self._weight == 0:
+        """Mean lateness plus `SPREAD_SIGMAS` deviations, over the answers of the window."""
+        self._advance(now)
+        if self._weight <= 0:
             return 0.0
-        sigma = math.sqrt(max(0.0, self._square - self._mean * self._mean))
-        fade: float = 0.5 ** (max(0.0, now - self._at) / LATENESS_HALF_LIFE_S)
-        return max(0.0, self._mean + SPREAD_SIGMAS * sigma) * fade
+        mean = self._sum / self._weight
+        sigma = math.sqrt(max(0.0, self._square / self._weight - mean * mean))
+        return max(0.0, mean + SPREAD_SIGMAS * sigma)
+
+    def _advance(self, now: float) -> int:
+        """Drop the slices that left the window by `now`; returns the newest slice's slot (a
+        time before the newest slice counts in it: the window never moves back)."""
+        index = math.floor(now / self._slice_s)
+        newest = self._newest
+        if newest is None:
+            self._newest = index
+        elif index > newest:
+            for gone in range(newest + 1, min(index, newest + LATENESS_BINS) + 1):
+                slot = gone % LATENESS_BINS
+                self._weights[slot] = self._sums[slot] = self._squares[slot] = 0.0
+            self._newest = index
+            self._rescale()
+        assert self._newest is not None
+        return self._newest % LATENESS_BINS
+
+    def _rescale(self) -> None:
+        """Weights back to a unit of 1, and the totals summed again from the slices."""
+        scale = 1.0 / self._unit
+        for slot in range(LATENESS_BINS):
+            self._weights[slot] *= scale
+            self._sums[slot] *= scale
+            self._squares[slot] *= scale
+        self._unit = 1.0
+        self._weight = math.fsum(self._weights)
+        self._sum = math.fsum(self._sums)
+        self._square = math.fsum(self._squares)
 
 
 PROBE_AFTER_S = 1.0
 """A device idle for this long with nothing queued takes the next request whatever the
 prediction says: measurements this old may be spoilt (a stall inflated them), and a server
-that refuses everything learns nothing new."""
+that refuses everything learns nothing new. Only a request no larger than a batch the server
+forms anyway: measuring needs no more, and a larger one the prediction is right about would
+hold the device for an answer nobody waits for (4000 rows on the simulated accelerator: 5.8 s
+of device time for a caller gone after 1 s, every request behind it refused meanwhile)."""
 
 
 class Predictor:
@@ -276,14 +377,25 @@ class Predictor:
         self.lateness = Lateness()
         self._last_batch_at: float | None = None
 
-    def must_probe(self, *, queued_rows: int, now: float) -> bool:
-        """Whether the next request is taken whatever the prediction: the device is idle,
-        nothing is queued, and no batch ended for `PROBE_AFTER_S`."""
+    def must_probe(self, *, queued_rows: int, rows: int, ceiling: int, now: float) -> bool:
+        """Whether a request of `rows` rows is taken whatever the prediction: it is no larger
+        than `ceiling`, the largest batch the server forms, the device is idle, nothing is
+        queued, and no batch ended for `PROBE_AFTER_S`."""
         return (
-            queued_rows == 0
+            rows <= ceiling
+            and queued_rows == 0
             and self.ledger.idle
             and (self._last_batch_at is None or now - self._last_batch_at >= PROBE_AFTER_S)
         )
+
+    def fastest_s(self, rows: int) -> float | None:
+        """Admission's high estimate of a batch of `rows` rows at the fastest the device has
+        been measured (`BatchTiming.fastest`): what the request would be predicted to take
+        alone on an idle device whose means no stall spoilt. The fit's straight line is the
+        optimistic reading beyond the sizes measured (an accelerator past saturation is
+        slower): later than a deadline by this, admission never takes the request, on any
+        replica as measured. None before any batch was measured."""
+        return self.timing.fastest(rows)
 
     def started(self, rows: int, now: float) -> int:
         """A batch of `rows` rows started at `now`; returns its token for `finished`."""

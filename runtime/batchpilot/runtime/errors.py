@@ -17,6 +17,12 @@ class InvalidRequest(InferenceError):
     """The request is malformed or does not match the model (400)."""
 
 
+class TooLargeForDeadline(InvalidRequest):
+    """The request has more rows than the server could serve within its deadline even alone, on
+    an idle device, at the fastest the device has been measured (400): retrying cannot help,
+    fewer rows a request or a longer deadline can."""
+
+
 class UnsupportedEncoding(InvalidRequest):
     """The body is sent with a Content-Encoding the server does not decode: anything but
     identity (415)."""

@@ -253,10 +253,12 @@ class ModelServer:
     def validate(self, request: InferRequest) -> int:
         """The checks `infer` makes before it preprocesses or queues a request, without doing
         either; returns the request's rows. Async submits use it to refuse a bad request at
-        once."""
+        once. A request larger than an idle replica could serve within its deadline is one of
+        them (`BatchQueue.check_servable`): a request to change, not load to shed."""
         rows = validate_inputs(self.signature, request)
         if self.pipeline is not None and self.pipeline.row_bytes:
             self._check_preprocessed_size(rows, self.pipeline.row_bytes)
+        self._queue.check_servable(rows, timeout_s=request.timeout_s or self._batching.deadline_s)
         return rows
 
     def _check_preprocessed_size(self, rows: int, row_bytes: int) -> None:

@@ -16,7 +16,10 @@ under overload: `put` refuses a request at once (`Overloaded`, reason "predicted
 rows ahead of it, the batches running and the measured t(b) say it would finish after its
 deadline; a batch holds no more rows than lets its oldest request meet its deadline, and it
 stops waiting to fill when waiting longer would make that request late; and a request that can
-no longer finish in time, even alone, leaves the queue before it reaches the device. With a burst
+no longer finish in time, even alone, leaves the queue before it reaches the device. A request
+larger than every batch runs alone only where it is predicted in time (never as a probe), and
+one that no idle device could serve within its deadline is refused for good before it counts as
+load (`BatchQueue.check_servable`). With a burst
 size (`BatchSettings.burst_batch_size`) a backlog of more rows than the limit runs in one batch of
 up to that many, each request still in time: the fixed part of t(b) paid once, not once per limit,
 so a burst drains at the larger batch's rate from its first batch on, without waiting for the

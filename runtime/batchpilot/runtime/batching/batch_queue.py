@@ -17,7 +17,12 @@ from typing import Any
 import numpy as np
 
 from batchpilot.runtime.admission import Predictor
-from batchpilot.runtime.errors import DeadlineExceeded, Overloaded, ShuttingDown
+from batchpilot.runtime.errors import (
+    DeadlineExceeded,
+    Overloaded,
+    ShuttingDown,
+    TooLargeForDeadline,
+)
 
 Arrays = Mapping[str, np.ndarray[Any, Any]]
 
@@ -99,7 +104,7 @@ class Pending:
     """When admission predicted it would be answered (its margin excluded)."""
     probe: bool = False
     """Taken whatever the prediction (`Predictor.must_probe`): it runs unless its deadline has
-    passed, so that the measurements it refreshes are taken."""
+    passed, so that the measurements it refreshes are taken. Never more rows than the ceiling."""
 
 
 @dataclass(eq=False, slots=True)
@@ -195,8 +200,11 @@ class BatchQueue:
         key = shape_key(inputs)
         predicted, probe = None, False
         if deadline is not None and self._predictor is not None:
-            probe = self._predictor.must_probe(queued_rows=self._queued_rows, now=now)
-            predicted = self._admit(rows, key, now=now, deadline=deadline, probe=probe)
+            settings = self._settings()
+            probe = self._predictor.must_probe(
+                queued_rows=self._queued_rows, rows=rows, ceiling=settings.ceiling, now=now
+            )
+            predicted = self._admit(rows, key, settings, now=now, deadline=deadline, probe=probe)
         loop = asyncio.get_running_loop()
         item = Pending(
             inputs=inputs,
@@ -222,14 +230,53 @@ class BatchQueue:
             self._wake(group, self._rows[key])
         return item.future
 
+    def check_servable(self, rows: int, *, timeout_s: float | None) -> None:
+        """Refuse for good (`TooLargeForDeadline`) a request of more rows than the largest batch
+        the server forms (`BatchSettings.ceiling`) that admission would predict after
+        `timeout_s` even alone on an idle device at the fastest it has been measured
+        (`Predictor.fastest_s`): it would be refused on every replica, now and after any retry,
+        so it is no load to shed with 503 but a request to change. A request within the ceiling
+        is one the batches are for: a deadline too short for it is admission's to refuse, for
+        now (`put`). Only with a predictor (deadline admission)."""
+        predictor = self._predictor
+        if predictor is None or timeout_s is None:
+            return
+        ceiling = self._settings().ceiling
+        if rows <= ceiling:
+            return
+        fastest = predictor.fastest_s(rows)
+        if fastest is None or fastest <= timeout_s:
+            return
+        fit, most = 0, rows - 1  # t(b) grows with b: bisect for the most rows that fit
+        while fit < most:
+            middle = (fit + most + 1) // 2
+            middle_s = predictor.fastest_s(middle)
+            if middle_s is not None and middle_s <= timeout_s:
+                fit = middle
+            else:
+                most = middle - 1
+        within = f"at most {fit} rows a request fit in it" if fit else "not one row fits in it"
+        raise TooLargeForDeadline(
+            f"the request's {rows} rows would take {_duration(fastest)} alone on this server at "
+            f"its fastest, more than the request's {_duration(timeout_s)} deadline: it cannot "
+            f"be served in time however idle the server is ({within}); send fewer rows a "
+            f"request, or a longer timeout"
+        )
+
     def _admit(
-        self, rows: int, key: Hashable, *, now: float, deadline: float, probe: bool
+        self,
+        rows: int,
+        key: Hashable,
+        settings: BatchSettings,
+        *,
+        now: float,
+        deadline: float,
+        probe: bool,
     ) -> float | None:
         """Refuse the request now if it is predicted to finish after its deadline, unless it is
         a probe; returns the prediction (None: nothing measured yet, admitted)."""
         predictor = self._predictor
         assert predictor is not None
-        settings = self._settings()
         predicted = predictor.finish_time(
             queued_rows=self._queued_rows,
             rows=rows,
@@ -483,6 +530,16 @@ class BatchQueue:
         group.popleft()
         self._dequeued(item, group)
         item.future.set_exception(DeadlineExceeded(reason))
+
+
+def _duration(seconds: float) -> str:
+    """1.5 ms, 80 ms, 4.02 s, 163 s, 4021 s: about three significant digits, in the unit a
+    person reads."""
+    if seconds < 0.9995:
+        return f"{seconds * 1e3:.3g} ms"
+    if seconds < 99.95:
+        return f"{seconds:.3g} s"
+    return f"{seconds:.0f} s"
 
 
 def _time_up(waiter: asyncio.Future[bool]) -> None:
