@@ -366,19 +366,7 @@ class Reconciler:
         previous = conditions.find(status.get("conditions"), conditions.READY)
         if previous is None or previous.get("message") != message:
             outcome.events.append(Event("Warning", events.APPLY_FAILED, message))
-        wanted = {
-            "observedGeneration": generation,
-            "conditions": conditions.set_condition(
-                status.get("conditions"),
-                type_=conditions.READY,
-                status="False",
-                reason=events.APPLY_FAILED,
-                message=message,
-                generation=generation,
-                now=now,
-            ),
-        }
-        outcome.status = _changed(status, wanted)
+        outcome.status = _not_ready(status, generation, now, events.APPLY_FAILED, message)
         return outcome
 
     def _refuse(
@@ -402,20 +390,27 @@ class Reconciler:
         if previous is None or previous.get("message") != message:
             event_reason = reason if waiting else events.INVALID_SPEC
             outcome.events.append(Event("Warning", event_reason, message))
-        wanted = {
-            "observedGeneration": generation,
-            "conditions": conditions.set_condition(
-                status.get("conditions"),
-                type_=conditions.READY,
-                status="False",
-                reason=reason,
-                message=message,
-                generation=generation,
-                now=now,
-            ),
-        }
-        outcome.status = _changed(status, wanted)
+        outcome.status = _not_ready(status, generation, now, reason, message)
         return outcome
+
+
+def _not_ready(
+    status: dict[str, Any], generation: int | None, now: datetime, reason: str, message: str
+) -> dict[str, Any]:
+    """The status fields that say `Ready=False` for `reason` and nothing else, as changed."""
+    wanted = {
+        "observedGeneration": generation,
+        "conditions": conditions.set_condition(
+            status.get("conditions"),
+            type_=conditions.READY,
+            status="False",
+            reason=reason,
+            message=message,
+            generation=generation,
+            now=now,
+        ),
+    }
+    return _changed(status, wanted)
 
 
 def _with_routes(
