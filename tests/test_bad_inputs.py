@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import re
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -413,30 +414,50 @@ BAD_REQUESTS: list[tuple[str, BadRequest, int, tuple[str, ...]]] = [
     ),
     # --- the body's encoding
     (
-        "gzip-content-encoding",
-        BadRequest(
-            body=gzip.compress(orjson.dumps(good_doc())), headers={"Content-Encoding": "gzip"}
-        ),
+        "brotli-content-encoding",
+        BadRequest(body=b"\x0b\x02\x80{}\x03", headers={"Content-Encoding": "br"}),
         415,
-        ("Content-Encoding 'gzip' is not supported: send the body uncompressed",),
+        ("Content-Encoding 'br' is not supported: send the body uncompressed, or in one of",),
     ),
     (
-        "gzip-content-encoding-async",
+        "brotli-content-encoding-async",
+        BadRequest(
+            body=b"\x0b\x02\x80{}\x03", headers={"Content-Encoding": "br"}, path=f"{INFER}/async"
+        ),
+        415,
+        ("Content-Encoding 'br' is not supported",),
+    ),
+    (
+        "codings-stacked",
         BadRequest(
             body=gzip.compress(orjson.dumps(good_doc())),
-            headers={"Content-Encoding": "gzip"},
-            path=f"{INFER}/async",
+            headers={"Content-Encoding": "gzip, deflate"},
         ),
         415,
-        ("Content-Encoding 'gzip' is not supported",),
+        ("Content-Encoding 'gzip, deflate' is not supported",),
     ),
     (
-        "deflate-after-identity",
+        "gzip-header-on-a-plain-body",
+        BadRequest(body=orjson.dumps(good_doc()), headers={"Content-Encoding": "gzip"}),
+        400,
+        ("the body is not valid gzip data",),
+    ),
+    (
+        "gzip-cut-short",
         BadRequest(
-            body=orjson.dumps(good_doc()), headers={"Content-Encoding": "identity, deflate"}
+            body=gzip.compress(orjson.dumps(good_doc()))[:-12], headers={"Content-Encoding": "gzip"}
         ),
-        415,
-        ("Content-Encoding 'identity, deflate' is not supported",),
+        400,
+        ("the body is not whole gzip data: it ends early",),
+    ),
+    (
+        # 4 KiB of zeros and more, sent as a few dozen bytes: decoded no further than the limit
+        "gzip-that-inflates-past-the-limit",
+        BadRequest(
+            body=gzip.compress(b"0" * (64 * MAX_BODY_BYTES)), headers={"Content-Encoding": "gzip"}
+        ),
+        413,
+        ("the body decodes from gzip to more than the limit of 4096 bytes",),
     ),
     # --- size
     (
@@ -558,6 +579,25 @@ class TestBadRequestsGetTheirStatusAndAReason:
             server, "POST", INFER, orjson.dumps(good_doc()), {"Content-Encoding": "identity"}
         )
         assert reply.status == 200, reply.body
+
+    @pytest.mark.parametrize(
+        ("coding", "compress"),
+        [
+            ("gzip", gzip.compress),
+            ("x-gzip", gzip.compress),
+            ("deflate", zlib.compress),
+            ("Deflate", lambda data: zlib.compress(data)[2:-4]),  # raw deflate, as some send it
+        ],
+    )
+    def test_a_compressed_body_is_decoded(
+        self, server: RuntimeProcess, coding: str, compress: Any
+    ) -> None:
+        plain = send(server, "POST", INFER, orjson.dumps(good_doc()))
+        reply = send(
+            server, "POST", INFER, compress(orjson.dumps(good_doc())), {"Content-Encoding": coding}
+        )
+        assert reply.status == 200, reply.body
+        assert reply.json()["outputs"] == plain.json()["outputs"]
 
     def test_server_still_serves_after_the_table(self, server: RuntimeProcess) -> None:
         assert_ready_and_serving_correctly(server)

@@ -10,6 +10,7 @@ place, beside the body reading (with its size limit) that every endpoint shares.
 from __future__ import annotations
 
 import asyncio
+import zlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -84,19 +85,60 @@ def body_headers(scope: Scope) -> tuple[str | None, str | None]:
     return content_length, header_length
 
 
-def refuse_content_encoding(headers: Iterable[tuple[bytes, bytes]]) -> None:
-    """Refuse a body sent with a Content-Encoding other than identity: the server does not
-    decode one (a compressed body would otherwise be read as JSON and refused as "not valid
-    UTF-8"). `headers` are the ASGI scope's, names lower-cased."""
+_DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+"""The Content-Encodings a body may come in (tritonclient's `request_compression_algorithm`,
+as Triton takes them), and the zlib window bits that read each."""
+
+
+def body_coding(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+    """The Content-Encoding to decode the body with (`_DECODERS`); None for none or identity.
+    Anything else — another coding, or codings stacked — is refused (415): read as it is, a
+    compressed body would be refused as "not valid UTF-8". `headers` are the ASGI scope's,
+    names lower-cased."""
     for key, value in headers:
         if key == _CONTENT_ENCODING:
             sent = value.decode("latin-1")
-            codings = {coding.strip().lower() for coding in sent.split(",")} - {"", "identity"}
-            if codings:
-                raise UnsupportedEncoding(
-                    f"Content-Encoding {sent!r} is not supported: send the body uncompressed "
-                    "(Content-Encoding: identity, or none)"
-                )
+            codings = [c.strip().lower() for c in sent.split(",")]
+            codings = [c for c in codings if c and c != "identity"]
+            if not codings:
+                return None
+            if len(codings) == 1 and codings[0] in _DECODERS:
+                return codings[0]
+            raise UnsupportedEncoding(
+                f"Content-Encoding {sent!r} is not supported: send the body uncompressed, or in "
+                "one of gzip or deflate"
+            )
+    return None
+
+
+def decode_body(body: bytes, coding: str | None, limit: int) -> bytes:
+    """`body` decoded from `coding`, refused (413) where it decodes to more than `limit` bytes —
+    decoded no further than that, so a small body that inflates without end costs no memory —
+    and (400) where it is not whole, valid data of that coding. A deflate body is zlib-wrapped
+    (RFC 9110); raw deflate, as some clients send it, is read too."""
+    if coding is None:
+        return body
+    wbits = _DECODERS[coding]
+    try:
+        try:
+            decoder = zlib.decompressobj(wbits)
+            decoded = decoder.decompress(body, limit + 1)
+        except zlib.error:
+            if coding != "deflate":
+                raise
+            decoder = zlib.decompressobj(-zlib.MAX_WBITS)
+            decoded = decoder.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise InvalidRequest(f"the body is not valid {coding} data ({exc})") from None
+    if len(decoded) > limit or decoder.unconsumed_tail:
+        raise RequestTooLarge(
+            f"the body decodes from {coding} to more than the limit of {limit} bytes"
+        )
+    if not decoder.eof:
+        raise InvalidRequest(f"the body is not whole {coding} data: it ends early")
+    if decoder.unused_data:
+        raise InvalidRequest(f"the body has bytes after its {coding} data ends")
+    return decoded
 
 
 async def send_answer(send: Send, content: bytes, header_length: int | None) -> None:

@@ -28,7 +28,12 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import Route
 
 from batchpilot.runtime.access import AccessGate
-from batchpilot.runtime.asgi_io import read_body, refuse_content_encoding, request_header_length
+from batchpilot.runtime.asgi_io import (
+    body_coding,
+    decode_body,
+    read_body,
+    request_header_length,
+)
 from batchpilot.runtime.async_jobs import Job, JobNotFound, JobState, JobStore
 from batchpilot.runtime.errors import EngineFailure, InferenceError, InvalidRequest, ShuttingDown
 from batchpilot.runtime.outcomes import RequestOutcome, status_of
@@ -134,8 +139,8 @@ def add_async_routes(
             check_model(request.path_params["name"], request.path_params.get("version"))
             if not server.ready:
                 raise ShuttingDown("the server is shutting down and accepts no new requests")
-            refuse_content_encoding(request.scope["headers"])
-            body = await read_body(request, max_body_bytes)
+            coding = body_coding(request.scope["headers"])
+            body = decode_body(await read_body(request, max_body_bytes), coding, max_body_bytes)
             parsed = decode_request(body, header_length=request_header_length(request))
             server.validate(parsed)  # a bad request fails now, not when its job runs
             job = jobs.submit(owner=owner, owners=1 if access is None else access.callers())

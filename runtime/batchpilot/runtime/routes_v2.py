@@ -24,10 +24,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from batchpilot.runtime.access import AccessGate
 from batchpilot.runtime.asgi_io import (
+    body_coding,
     body_headers,
+    decode_body,
     parse_header_length,
     receive_body,
-    refuse_content_encoding,
     send_answer,
     until_disconnected,
 )
@@ -162,9 +163,10 @@ def add_v2_routes(
         try:
             path_params = scope["path_params"]
             model(path_params["name"], path_params.get("version"))
-            refuse_content_encoding(scope["headers"])
+            coding = body_coding(scope["headers"])
             content_length, header_length_text = body_headers(scope)
             body = await receive_body(content_length, receive, max_body_bytes)
+            body = decode_body(body, coding, max_body_bytes)
             parsed = decode_request(body, header_length=parse_header_length(header_length_text))
             handler = asyncio.current_task()
             assert handler is not None
