@@ -27,6 +27,7 @@ pytestmark = pytest.mark.slow
 
 MAX_HEADER_BYTES = 4096
 HEADER_TIMEOUT_S = 0.5
+BODY_TIMEOUT_S = 1.0
 KEEP_ALIVE_TIMEOUT_S = 2.0
 INFER = "/v2/models/mlp/infer"
 BODY = orjson.dumps(
@@ -93,6 +94,8 @@ def server(mlp_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         str(MAX_HEADER_BYTES),
         "--header-timeout-s",
         str(HEADER_TIMEOUT_S),
+        "--body-timeout-s",
+        str(BODY_TIMEOUT_S),
         "--keep-alive-timeout-s",
         str(KEEP_ALIVE_TIMEOUT_S),
         log_dir=tmp_path_factory.mktemp("http-limits"),
@@ -191,6 +194,54 @@ class TestHeaderTime:
                     data += chunk
                 assert data.startswith(b"HTTP/1.1 200 ")
                 assert b"connection: close" not in data
+
+
+class TestBodyTime:
+    def test_a_body_that_stops_gets_408_and_frees_its_connection(
+        self, server: RuntimeProcess
+    ) -> None:
+        """A body that stalls holds a connection (and, under the connection cap, every one can
+        be held so): after `--body-timeout-s` without a byte, 408 and the connection closes;
+        the request waiting for its body counts as cancelled."""
+        before = outcomes(Scrape(server))
+        socks = [connect(server) for _ in range(20)]
+        try:
+            for sock in socks:
+                sock.sendall(post_head(len(BODY)) + BODY[:10])
+            started = time.monotonic()
+            assert send(server, "POST", INFER, BODY).status == 200  # others are served meanwhile
+            for sock in socks:
+                received = receive_all(sock, timeout_s=BODY_TIMEOUT_S + 5)
+                assert received.ended == "eof"
+                assert [status for status, _ in received.answers] == [408]
+                assert b"no byte for 1 s" in received.data
+            assert time.monotonic() - started < BODY_TIMEOUT_S + 5
+        finally:
+            for sock in socks:
+                sock.close()
+        wait_until(
+            lambda: outcomes(Scrape(server))["cancelled"] - before["cancelled"] == 20,
+            timeout=5,
+            what="the 20 stalled requests counted as cancelled",
+        )
+
+    def test_a_body_trickling_in_slower_than_the_timeout_in_all_is_served(
+        self, server: RuntimeProcess
+    ) -> None:
+        """The timeout bounds the pauses, not the whole body: 4 pieces a third of it apart take
+        longer than the timeout in all."""
+        with connect(server) as sock:
+            sock.sendall(post_head(len(BODY)))
+            pieces = [
+                BODY[i : i + len(BODY) // 4 + 1] for i in range(0, len(BODY), len(BODY) // 4 + 1)
+            ]
+            started = time.monotonic()
+            for piece in pieces:
+                time.sleep(BODY_TIMEOUT_S / 3)
+                sock.sendall(piece)
+            received = receive_all(sock, timeout_s=0.5 + 5)
+        assert time.monotonic() - started > BODY_TIMEOUT_S
+        assert [status for status, _ in received.answers][:1] == [200]
 
 
 class TestAnswerBeforeTheBody:

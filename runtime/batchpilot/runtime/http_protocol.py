@@ -12,6 +12,9 @@ connection, and only where the defaults leave a gap:
   closes; a connection that sends no byte at all closes silently after `keep_alive_timeout_s`,
   as uvicorn closes one idle between requests (a 408 there would be read by a client as the
   answer to the request it sends next);
+- a request's body may pause at most `body_timeout_s` between bytes: else 408 and the
+  connection closes (a body trickling in slowly is served; one that stopped holds a
+  connection, and with the connection cap every connection can be held so);
 - a request on a connection beyond `max_connections` gets 503 + `Retry-After` and the
   connection closes;
 - a request answered before its body was read (a 413 by its Content-Length, a refused key, an
@@ -49,6 +52,7 @@ _PROBE = b"HTTP/1.1 100 Continue\r\n\r\n"
 class ConnectionLimits:
     max_header_bytes: int
     header_timeout_s: float
+    body_timeout_s: float
     keep_alive_timeout_s: float
     max_connections: int | None
     """None: no limit."""
@@ -79,6 +83,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         """Bytes received since the current request's headers began, a read at most short: what
         bounds headers that have not ended (httptools keeps them until they do)."""
         self._header_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._body_read_at = 0.0
+        """When the body in progress last brought a byte (loop time)."""
         self._probe_timer: asyncio.TimerHandle | None = None
         self._linger_timer: asyncio.TimerHandle | None = None
         self._discarding = False
@@ -97,7 +104,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         )
 
     def connection_lost(self, exc: Exception | None) -> None:
-        for timer in (self._header_timer, self._probe_timer, self._linger_timer):
+        for timer in (self._header_timer, self._body_timer, self._probe_timer, self._linger_timer):
             if timer is not None:
                 timer.cancel()
         super().connection_lost(exc)
@@ -125,7 +132,16 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             else:
                 self._unsupported_upgrade_warning()
             return
-        if self._awaiting_headers and self._header_bytes_received:
+        if not self._awaiting_headers and not self._discarding:
+            # A body in progress (its headers ended, the request did not): armed only for bodies
+            # that did not come with their headers (most do), and moved lazily: each read only
+            # notes its time, and the timer, when it fires, re-arms for what is left.
+            self._body_read_at = self.loop.time()
+            if self._body_timer is None:
+                self._body_timer = self.loop.call_later(
+                    self.limits.body_timeout_s, self._body_timed_out
+                )
+        elif self._awaiting_headers and self._header_bytes_received:
             if self._header_bytes_received > self.limits.max_header_bytes:
                 self._refuse(self._headers_too_large())
             elif self._header_timer is None:
@@ -207,6 +223,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             cycle.transport = self.transport
         self._awaiting_headers = True
         self._header_bytes_received = 0
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
 
     def shutdown(self) -> None:
         self._keep_alive_after_body = False
@@ -227,6 +246,25 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             return
         self._refuse(
             _Refusal(408, f"the request's headers took over {self.limits.header_timeout_s:g} s")
+        )
+
+    def _body_timed_out(self) -> None:
+        self._body_timer = None
+        if self._awaiting_headers or self._discarding or self.transport.is_closing():
+            return  # (the body ended, or the connection is closing anyway)
+        left = self._body_read_at + self.limits.body_timeout_s - self.loop.time()
+        if left > 0:
+            self._body_timer = self.loop.call_later(left, self._body_timed_out)
+            return
+        # The request waits for its body in the app, which sees the connection lost (a client
+        # gone: cancelled) once it closes; the client reads why.
+        if self.cycle is not None and self.cycle.response_started:
+            self.close_gently()
+            return
+        self._refuse(
+            _Refusal(
+                408, f"the request's body stalled: no byte for {self.limits.body_timeout_s:g} s"
+            )
         )
 
     # --- Answers the app never sees, and the close ---
@@ -253,9 +291,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._discarding = True
         self._awaiting_headers = False
         self.pipeline.clear()  # the connection answers nothing more
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
+        for timer in (self._header_timer, self._body_timer):
+            if timer is not None:
+                timer.cancel()
+        self._header_timer = self._body_timer = None
         if self._half_closed or not self.transport.can_write_eof():
             self.transport.close()
             return

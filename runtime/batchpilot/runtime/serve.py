@@ -91,6 +91,7 @@ def connection_limits(settings: RuntimeSettings) -> ConnectionLimits:
     return ConnectionLimits(
         max_header_bytes=settings.max_header_bytes,
         header_timeout_s=settings.header_timeout_s,
+        body_timeout_s=settings.body_timeout_s,
         keep_alive_timeout_s=settings.keep_alive_timeout_s,
         max_connections=settings.max_connections or None,
     )
@@ -261,6 +262,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         help="time an HTTP request's headers may take from its first byte: more is answered 408 "
         "and the connection closed (default 5; BATCHPILOT_HEADER_TIMEOUT_S)",
+    )
+    a(
+        "--body-timeout-s",
+        type=float,
+        help="longest pause between bytes of an HTTP request's body: more is answered 408 and "
+        "the connection closed (default 30; BATCHPILOT_BODY_TIMEOUT_S)",
     )
     a(
         "--keep-alive-timeout-s",

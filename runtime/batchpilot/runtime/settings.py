@@ -107,6 +107,12 @@ class RuntimeSettings(BaseSettings):
         le=3600,
         description="time from a request's first byte to the end of its headers; more: 408",
     )
+    body_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="longest pause between bytes of a request's body; more: 408",
+    )
     keep_alive_timeout_s: float = Field(
         default=30.0,
         gt=0,
