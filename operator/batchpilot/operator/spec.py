@@ -144,6 +144,35 @@ def _metadata_map(values: dict[str, str] | None, *, label_values: bool) -> dict[
     return values
 
 
+QUANTITY_PATTERN = (
+    r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)"
+    r"|(\.[0-9]+))))?$"
+)
+"""A resource quantity as Kubernetes writes one (500m, 2, 8Gi, 1e9), none negative."""
+
+
+class ResourceClaim(SpecModel):
+    name: str = Field(min_length=1)
+    request: str | None = None
+
+
+class Resources(SpecModel):
+    """core/v1 ResourceRequirements."""
+
+    limits: dict[str, int | str] | None = None
+    requests: dict[str, int | str] | None = None
+    claims: list[ResourceClaim] | None = None
+
+    @field_validator("limits", "requests")
+    @classmethod
+    def _quantities(cls, values: dict[str, int | str] | None) -> dict[str, int | str] | None:
+        for name, value in (values or {}).items():
+            negative = isinstance(value, int) and value < 0
+            if negative or (isinstance(value, str) and not re.fullmatch(QUANTITY_PATTERN, value)):
+                raise ValueError(f"{name}: {value!r} is not a quantity (500m, 2, 8Gi)")
+        return values
+
+
 class RuntimeSpec(SpecModel):
     device: Literal["gpu", "cpu"] = "gpu"
     engine: Literal["onnx", "simulated"] = "onnx"
@@ -152,7 +181,7 @@ class RuntimeSpec(SpecModel):
     accelerator: Literal["default", "tensorrt"] = "default"
     async_inference: AsyncInferenceSpec = AsyncInferenceSpec()
     image: str | None = Field(default=None, max_length=1024)
-    resources: dict[str, Any] | None = None
+    resources: Resources | None = None
     node_selector: dict[str, str] | None = None
     tolerations: list[dict[str, Any]] | None = None
     env: list[dict[str, Any]] | None = None

@@ -264,7 +264,9 @@ def build_deployment(owner: Owner, settings: OperatorSettings, *, replicas: int)
     key_volumes, key_mounts = api_keys_volume(owner)
 
     resources: dict[str, Any] = {
-        key: dict(value) for key, value in (runtime.resources or {}).items() if value
+        key: value
+        for key, value in (runtime.resources.dump() if runtime.resources else {}).items()
+        if value
     }
     resources.setdefault("requests", {"cpu": "1", "memory": "1Gi"})
     if gpu:
