@@ -18,6 +18,7 @@ import pytest
 from batchpilot.runtime.admission import (
     LATENESS_WINDOW_S,
     SIZE_MEMORY_BATCHES,
+    UNMEASURED_LATENESS_SHARE,
     BatchTiming,
     DeviceLedger,
     Lateness,
@@ -194,12 +195,17 @@ class Served:
         deadline: bool = True,
         burst: int | None = None,
         instances: int = 1,
+        answered: bool = True,
     ) -> None:
         loop = asyncio.get_running_loop()
         self.settings = BatchSettings(
             max_batch_size=max_batch_size, max_queue_delay_s=delay_s, burst_batch_size=burst
         )
         self.predictor = Predictor(instances=instances, timing=exact_timing(alpha_s, beta_s))
+        if answered:
+            # A server that answered on time just now: its predictions are trusted as they are
+            # (with no answer at all, the work queued ahead is also kept in reserve).
+            self.predictor.lateness.observe(0.0, now=loop.time())
         self.queue = BatchQueue(
             settings=lambda: self.settings,
             capacity=10_000,
@@ -502,6 +508,70 @@ class TestRecoveryFromAStall:
             recovered = s.predictor.timing.seconds(1)
             assert recovered is not None
             assert recovered < 0.5
+
+
+class TestAnUnmeasuredServerKeepsAMargin:
+    """With no answer in the lateness window (a fresh server, one idle for `LATENESS_WINDOW_S`),
+    admission keeps `UNMEASURED_LATENESS_SHARE` of the device time queued ahead as its margin:
+    the event loop's work under a burst may hold the device up as long, and no answer can say so
+    in time."""
+
+    def test_no_answer_keeps_the_work_ahead_as_margin_until_one_comes(self) -> None:
+        assert UNMEASURED_LATENESS_SHARE == 1.0
+        predictor = Predictor(timing=exact_timing(0.020, 0.001))
+
+        def margin(queued_rows: int, now: float) -> float:
+            predicted = predictor.finish_time(
+                queued_rows=queued_rows, rows=1, max_batch_size=8, now=now
+            )
+            assert predicted is not None
+            return predictor.margin_s(
+                predicted=predicted, queued_rows=queued_rows, rows=1, max_batch_size=8, now=now
+            )
+
+        # 80 rows ahead: 10 batches of 8 (280 ms), then its own of 8 rows (28 ms) where alone
+        # it would run in one of 1 (21 ms): 287 ms of the wait are the work ahead
+        assert margin(80, now=10.0) == pytest.approx(0.287)
+        assert margin(0, now=10.0) == 0.0  # a lone request on an idle server: nothing ahead
+        predictor.lateness.observe(0.0, now=10.05)  # an answer on time
+        assert margin(80, now=10.1) == 0.0
+        predictor.lateness.observe(0.040, now=10.1)  # and one 40 ms late: the measured margin
+        learned = predictor.lateness.margin_s(10.1)
+        assert 0.040 < learned < 0.287
+        assert margin(80, now=10.1) == learned
+        # idle for the window: nothing measured says how late the next burst will run
+        assert margin(80, now=10.1 + LATENESS_WINDOW_S + 0.2) == pytest.approx(0.287)
+
+    @pytest.mark.looptime
+    async def test_a_fresh_server_keeps_the_work_ahead_in_reserve_for_a_burst(self) -> None:
+        # t(b) = 20 + 1·b ms, batches of 8 (28 ms), a 1 s deadline, 400 requests at once. With
+        # n full batches ahead a request waits (n + 1) · 28 ms, 21 ms of it more than the work
+        # ahead (alone, its batch is 1 row): a fresh server admits while 2 · (n + 1) · 28 - 21
+        # <= 1000 ms, n + 1 <= 18 (144 requests); one that answered on time lately while
+        # (n + 1) · 28 <= 1000 ms, n + 1 <= 35 (280 requests).
+        for answered, admitted_count in ((False, 144), (True, 280)):
+            async with Served(answered=answered) as s:
+                admitted: list[asyncio.Future[Any]] = []
+                for _ in range(400):
+                    with contextlib.suppress(Overloaded):
+                        admitted.append(s.put(timeout_s=1.0))
+                assert len(admitted) == admitted_count, answered
+                await asyncio.gather(*admitted)
+
+    @pytest.mark.looptime
+    async def test_the_first_answers_replace_the_margin_with_the_measured_one(self) -> None:
+        async with Served(answered=False) as s:
+            loop = asyncio.get_running_loop()
+            await s.put(timeout_s=1.0)  # a probe: its answer teaches nothing
+            await s.put(timeout_s=1.0)  # answered on time
+            started = loop.time()
+            admitted: list[asyncio.Future[Any]] = []
+            for _ in range(400):
+                with contextlib.suppress(Overloaded):
+                    admitted.append(s.put(timeout_s=1.0))
+            assert len(admitted) == 280  # as a server that answered lately: no margin left
+            await asyncio.gather(*admitted)
+            assert loop.time() - started <= 1.0
 
 
 class TestTheLatenessFollowsThePresent:

@@ -320,6 +320,12 @@ class Lateness:
         if self._unit > 1e12:  # ~5,500 answers in one slice: rescale before it overflows
             self._rescale()
 
+    def measured(self, now: float) -> bool:
+        """Whether an answer of the window says how late predictions run (a fresh server, or
+        one that answered nothing for `LATENESS_WINDOW_S`, has none)."""
+        self._advance(now)
+        return self._weight > 0
+
     def margin_s(self, now: float) -> float:
         """Mean lateness plus `SPREAD_SIGMAS` deviations, over the answers of the window."""
         self._advance(now)
@@ -358,6 +364,20 @@ class Lateness:
         self._square = math.fsum(self._squares)
 
 
+UNMEASURED_LATENESS_SHARE = 1.0
+"""With no answer in the lateness window, admission keeps this share of the device time queued
+ahead of a request as its margin: the server has not seen how late its predictions run under the
+load of now, and the event loop's own work, which t(b) does not see, may hold the device up as
+long as that work takes. That is what a burst on a fresh or idle server does: a thousand 1-row
+requests at once on the simulated accelerator (t(b) = 8 + 1.5·b ms, deadline 1 s) kept the event
+loop busy reading, checking and refusing them for 150-360 ms, about 150-350 µs each; the first
+batch, due after 20 ms, was answered after 140 ms, every prediction made during the burst turned
+out 105-167 ms late, and with no margin 45-74 of the ~400 requests admitted expired (504). No
+answer can teach it in time: every admission of the burst was decided before its first answer.
+The margin goes once the burst's first answers measure the real one; under a sustained load
+answers never stop coming, so it never applies. A lone request on an idle server has nothing
+queued ahead, so no margin either."""
+
 PROBE_AFTER_S = 1.0
 """A device idle for this long with nothing queued takes the next request whatever the
 prediction says: measurements this old may be spoilt (a stall inflated them), and a server
@@ -387,6 +407,20 @@ class Predictor:
             and self.ledger.idle
             and (self._last_batch_at is None or now - self._last_batch_at >= PROBE_AFTER_S)
         )
+
+    def margin_s(
+        self, *, predicted: float, queued_rows: int, rows: int, max_batch_size: int, now: float
+    ) -> float:
+        """The margin admission keeps between a request's `predicted` finish (`finish_time` of
+        the same arguments) and its deadline: the lateness of the answers of the last
+        `LATENESS_WINDOW_S`, or with none `UNMEASURED_LATENESS_SHARE` of the time the rows
+        queued ahead add to it."""
+        if self.lateness.measured(now):
+            return self.lateness.margin_s(now)
+        alone = self.finish_time(queued_rows=0, rows=rows, max_batch_size=max_batch_size, now=now)
+        if alone is None:
+            return 0.0
+        return UNMEASURED_LATENESS_SHARE * max(0.0, predicted - alone)
 
     def fastest_s(self, rows: int) -> float | None:
         """Admission's high estimate of a batch of `rows` rows at the fastest the device has

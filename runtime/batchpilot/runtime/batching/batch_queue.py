@@ -285,11 +285,18 @@ class BatchQueue:
         )
         if predicted is None:
             return None
-        margin = predictor.lateness.margin_s(now)
+        margin = predictor.margin_s(
+            predicted=predicted,
+            queued_rows=self._queued_rows,
+            rows=rows,
+            max_batch_size=settings.max_batch_size,
+            now=now,
+        )
         if predicted + margin > deadline and settings.ceiling > settings.max_batch_size:
-            joined = self._joined(rows, key, settings.ceiling, now=now, margin=margin)
+            joined = self._joined(rows, key, settings.ceiling, now=now)
             if joined is not None and joined < predicted:
                 predicted = joined
+                margin = self._joined_margin(joined, rows, settings.ceiling, now=now)
         finish = predicted + margin
         if finish > deadline and not probe:
             raise Overloaded(
@@ -301,9 +308,7 @@ class BatchQueue:
             )
         return predicted
 
-    def _joined(
-        self, rows: int, key: Hashable, ceiling: int, *, now: float, margin: float
-    ) -> float | None:
+    def _joined(self, rows: int, key: Hashable, ceiling: int, *, now: float) -> float | None:
         """When the request would be answered in the backlog's next batch, which takes every
         queued row up to the burst size (`_batch_rows`); None where that batch is another
         shape's, or where the oldest request waiting would then finish late, so that the batch
@@ -315,9 +320,25 @@ class BatchQueue:
             queued_rows=self._queued_rows, rows=rows, max_batch_size=ceiling, now=now
         )
         oldest = self._groups[key][0].deadline
-        if joined is None or (oldest is not None and joined + margin > oldest):
+        if joined is None:
+            return None
+        if (
+            oldest is not None
+            and joined + self._joined_margin(joined, rows, ceiling, now=now) > oldest
+        ):
             return None
         return joined
+
+    def _joined_margin(self, joined: float, rows: int, ceiling: int, *, now: float) -> float:
+        """The margin kept for a request predicted `joined` in the backlog's next batch."""
+        assert self._predictor is not None
+        return self._predictor.margin_s(
+            predicted=joined,
+            queued_rows=self._queued_rows,
+            rows=rows,
+            max_batch_size=ceiling,
+            now=now,
+        )
 
     def _forget(self, item: Pending) -> None:
         """Drop a request whose caller stopped waiting (disconnect, deadline)."""
