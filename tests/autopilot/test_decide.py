@@ -619,6 +619,21 @@ class TestPacing:
             decision, current, state = step(obs, current, state, tick * TICK)
             assert decision.replicas >= 2, tick
 
+    def test_no_scale_down_while_ready_replicas_are_not_scraped(self) -> None:
+        # 3 ready, 2 scraped: the rates miss a third of the load, so a plan from them would
+        # remove a replica that carries it; scaling up still follows them
+        policy = replace(POLICY, scale_down_delay_s=0)
+        obs = replace(seen(at=0, qps=50, p99_ms=15, ready=3), reporting_replicas=2)
+        decision, _ = decide(obs, policy, InForce(3, 8, 0.005), State(fit=MODEL), now=0)
+        assert decision.replicas == 3
+        assert "1 of 3 ready replicas not scraped" in decision.reason
+        scraped = replace(obs, reporting_replicas=3)
+        decision, _ = decide(scraped, policy, InForce(3, 8, 0.005), State(fit=MODEL), now=0)
+        assert decision.replicas < 3
+        busy = replace(seen(at=0, qps=1500, p99_ms=150, ready=3), reporting_replicas=2)
+        decision, _ = decide(busy, policy, InForce(3, 8, 0.005), State(fit=MODEL), now=0)
+        assert decision.replicas > 3
+
     def test_no_scale_down_while_replicas_are_starting(self) -> None:
         state = State(fit=MODEL, recommendations=((0.0, 1),))
         obs = seen(at=120, qps=50, p99_ms=15, ready=2)

@@ -55,7 +55,7 @@ from batchpilot.operator.autopilot.observation import ComputePoint, Observation,
 from batchpilot.operator.autopilot.prometheus import Seasonality
 from batchpilot.runtime.metrics import LATENCY_BUCKETS
 from batchpilot.simulation.replica import FloatArray, IntArray, Served
-from batchpilot.simulation.scrape import Target, sum_irate, sum_rate
+from batchpilot.simulation.scrape import Target, avg_rate, sum_irate, sum_rate
 from batchpilot.simulation.service import ServiceTruth
 
 POW2_SLOTS = 16
@@ -516,6 +516,7 @@ class Telemetry:
             startup=self.startup if reporting else (),
             compute=points,
             ready_replicas=ready,
+            reporting_replicas=reporting,
             arrival_qps=float(self.arrived[lo:k].sum()) / seconds,
             recent_qps=float(self.arrived[k - recent : k].sum()) / (recent * self.interval_s),
             recent_window_s=self.recent_window_s,
@@ -540,7 +541,7 @@ class Telemetry:
             cumulative = np.fmax.accumulate(np.nan_to_num(rates[cols], nan=0.0))
             return np.diff(cumulative, prepend=0.0)
 
-        busy = _number(rates[Column.BUSY])
+        busy = _number(avg_rate(targets, now, window, Column.BUSY))
         size_count = _number(rates[Column.SIZE_COUNT])
         size_sum = _number(rates[Column.SIZE_SUM])
         batches, rows, compute = rates[Column.BATCHES], rates[Column.ROWS], rates[Column.COMPUTE]
@@ -572,13 +573,14 @@ class Telemetry:
             qps=served,
             rejected_qps=_number(rates[Column.REJECTED]) if counted else None,
             queue_p99_s=_quantile(0.99, bounds, buckets(Column.QUEUE_WAIT)),
-            utilization=busy / reporting if busy is not None and counted else None,
+            utilization=busy if counted else None,
             mean_batch=(size_sum / size_count if size_sum is not None and size_count else None),
             rows_per_request=(size_sum / served if size_sum is not None and served else None),
             outside_s=outside / served if outside is not None and served else None,
             startup=self.startup if counted else (),
             compute=points,
             ready_replicas=ready,
+            reporting_replicas=reporting,
             arrival_qps=_number(rates[Column.ARRIVALS]) if counted else None,
             recent_qps=fast,
             recent_window_s=None if fast is None else self.scrape_interval_s,

@@ -269,6 +269,14 @@ def sum_rate(targets: Iterable[Target], at: float, range_s: float, cols: slice) 
     return _sum(increases, cols.stop - cols.start) / range_s
 
 
+def avg_rate(targets: Iterable[Target], at: float, range_s: float, column: int) -> float:
+    """`avg(rate(series[range_s]))` at `at` for one column: the mean over the targets with two
+    samples of it in the range (NaN: none has)."""
+    rates = [target.increase(at, range_s, slice(column, column + 1))[0] for target in targets]
+    seen = [r for r in rates if not math.isnan(r)]
+    return sum(seen) / len(seen) / range_s if seen else math.nan
+
+
 def sum_irate(targets: Iterable[Target], at: float, range_s: float, cols: slice) -> FloatArray:
     """`sum(irate(series[range_s]))` at `at`: NaN where no target has two samples in range."""
     rates = [target.last_rate(at, range_s, cols) for target in targets]

@@ -61,7 +61,8 @@ def observation_from(
     def number(name: str) -> float | None:
         return _number(raw.get(name, []))
 
-    if number("reporting") is None:
+    reporting = number("reporting")
+    if reporting is None:
         qps = rejected = arrivals = recent = now = None  # no replica of this service reports
     else:
         qps, rejected, arrivals = number("qps"), number("rejected"), number("arrivals")
@@ -99,6 +100,7 @@ def observation_from(
         startup=startup,
         compute=points,
         ready_replicas=ready_replicas,
+        reporting_replicas=None if reporting is None else round(reporting),
         arrival_qps=arrivals,
         recent_qps=recent,
         # two scrapes fit the range: their distance is about half of it

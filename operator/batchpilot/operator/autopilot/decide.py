@@ -269,6 +269,7 @@ def decide(
         want=want_replicas,
         current=current,
         ready=ready,
+        scraped=observation.reporting_replicas,
         sla_met=sla_met,
         policy=policy,
         state=learned_state,

@@ -62,6 +62,9 @@ class Observation:
     every window, even one whose P99 is all queue; None from runtimes that do not count the
     time in the batcher, or without requests."""
     ready_replicas: int | None = None
+    reporting_replicas: int | None = None
+    """The replicas Prometheus scrapes now: fewer than the ready ones means some load is not in
+    the rates (a replica whose scrapes fail, or not scraped yet). None where not counted."""
     arrival_qps: float | None = None
     """Requests that arrived per second, counted at arrival by the runtime whatever became of
     them (served, refused, expired); None from runtimes that do not count arrivals."""

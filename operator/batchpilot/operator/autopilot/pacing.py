@@ -30,6 +30,7 @@ def pace(
     want: int,
     current: InForce,
     ready: int,
+    scraped: int | None = None,
     sla_met: bool | None,
     policy: Policy,
     state: State,
@@ -58,6 +59,12 @@ def pace(
     starting = current.replicas - ready
     if starting > 0:
         return current.replicas, window, f"{starting} replicas still starting"
+    if scraped is not None and scraped < ready:
+        return (
+            current.replicas,
+            window,
+            f"{ready - scraped} of {ready} ready replicas not scraped: the rates miss their load",
+        )
     stable = max(r for _, r in window)
     if not before or stable >= current.replicas:
         waited = now - window[0][0]

@@ -38,6 +38,10 @@ class Seasonality:
     """The resolution of the look-ahead's peak (a subquery step)."""
 
 
+POD_HASH = "[bcdfghjklmnpqrstvwxz2456789]"
+"""The characters of a pod-template hash and a pod name's random suffix (Kubernetes'
+`rand.SafeEncodeString`: no vowels, no 0, 1 or 3)."""
+
 FLEET_LABELS = ("namespace", "isvc")
 """What the fleet's round groups every signal by: one series per InferenceService."""
 
@@ -73,23 +77,29 @@ def queries(
         return agg("sum", f"rate({metric}{{{sel}{extra}}}[{w}])", *labels)
 
     busy = "batchpilot_device_busy_seconds_total"
+    # dcgm-exporter labels pods, not services: a Deployment's pod is <isvc>-<hash>-<suffix>, both
+    # in Kubernetes' alphabet without vowels (a Job's pod <isvc>-train-x7k2p, another service's
+    # <isvc>-v2-…-…, are not this service's).
+    pod_of = f"-{POD_HASH}{{1,10}}-{POD_HASH}{{5}}"
     if scope is not None:
         dcgm = (
             f'avg(avg_over_time(DCGM_FI_DEV_GPU_UTIL{{namespace="{scope.namespace}",'
-            f'pod=~"{scope.isvc}-.*"}}[{w}])) / 100'
+            f'pod=~"{scope.isvc}{pod_of}"}}[{w}])) / 100'
         )
     else:
-        # dcgm-exporter labels pods, not services: a Deployment's pod is <isvc>-<hash>-<hash>.
         dcgm = (
             agg(
                 "avg",
                 f'label_replace(avg_over_time(DCGM_FI_DEV_GPU_UTIL{{pod!=""}}[{w}]), '
-                f'"isvc", "$1", "pod", "(.+)-[^-]+-[^-]+")',
+                f'"isvc", "$1", "pod", "(.+){pod_of}")',
             )
             + " / 100"
         )
     util = {
-        "busy": f"{rate(busy)} / {agg('count', f'{busy}{{{sel}}}')}",
+        # The mean of each replica's busy rate over the window, each over the part of it the
+        # replica was there: a replica that came, went or missed a scrape counts for its own
+        # time (a count of the series at the window's end would divide a window's sum by it).
+        "busy": agg("avg", f"rate({busy}{{{sel}}}[{w}])"),
         "nvml": agg("avg", f"avg_over_time(batchpilot_gpu_utilization_ratio{{{sel}}}[{w}])"),
         "dcgm": dcgm,
     }[utilization]
@@ -97,12 +107,19 @@ def queries(
     served = rate("batchpilot_requests_total", ',outcome="success"')
     # irate: the rate between the last two scrapes in the range, the freshest Prometheus has.
     # And the runtime's own rate of the last seconds, as the last scrape read it.
+    # Of the replicas scraped now: a range ignores the staleness marker of a replica gone, and
+    # an instant selector looks back five minutes where no marker was written (a replica gone
+    # while Prometheus was down), so each is kept to the series sampled in the range and not
+    # marked stale.
+    gauge = "batchpilot_recent_arrivals_per_second"
     recent = (
         {}
         if recent_s is None
         else {
-            "recent": agg("sum", f"irate({arrivals}[{recent_s}s])"),
-            "now": agg("sum", f"batchpilot_recent_arrivals_per_second{{{sel}}}"),
+            "recent": agg("sum", f"irate({arrivals}[{recent_s}s]) and {arrivals}"),
+            "now": agg(
+                "sum", f"last_over_time({gauge}{{{sel}}}[{recent_s}s]) and {gauge}{{{sel}}}"
+            ),
         }
     )
     seasonal: dict[str, str] = {}
@@ -151,6 +168,11 @@ def queries(
             "compute_seconds": rate("batchpilot_batch_compute_seconds_total", "", "batch_bucket"),
             "compute_rows": rate("batchpilot_batch_rows_total", "", "batch_bucket"),
             "compute_batches": rate("batchpilot_batches_total", "", "batch_bucket"),
-            "reporting": agg("count", f"batchpilot_engine_info{{{sel}}}"),
+            # The replicas scraped now: sampled in the window and not marked stale (see `recent`).
+            "reporting": agg(
+                "count",
+                f"last_over_time(batchpilot_engine_info{{{sel}}}[{w}]) "
+                f"and batchpilot_engine_info{{{sel}}}",
+            ),
         }
     )
