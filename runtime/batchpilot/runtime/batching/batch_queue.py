@@ -294,9 +294,8 @@ class BatchQueue:
         )
         if predicted + margin > deadline and settings.ceiling > settings.max_batch_size:
             joined = self._joined(rows, key, settings.ceiling, now=now)
-            if joined is not None and joined < predicted:
-                predicted = joined
-                margin = self._joined_margin(joined, rows, settings.ceiling, now=now)
+            if joined is not None and joined[0] < predicted:
+                predicted, margin = joined
         finish = predicted + margin
         if finish > deadline and not probe:
             raise Overloaded(
@@ -308,37 +307,31 @@ class BatchQueue:
             )
         return predicted
 
-    def _joined(self, rows: int, key: Hashable, ceiling: int, *, now: float) -> float | None:
+    def _joined(
+        self, rows: int, key: Hashable, ceiling: int, *, now: float
+    ) -> tuple[float, float] | None:
         """When the request would be answered in the backlog's next batch, which takes every
-        queued row up to the burst size (`_batch_rows`); None where that batch is another
-        shape's, or where the oldest request waiting would then finish late, so that the batch
-        cannot take it (`_take`): batches of the limit are what it can count on then."""
-        assert self._predictor is not None
+        queued row up to the burst size (`_batch_rows`), and the margin kept for it; None where
+        that batch is another shape's, or where the oldest request waiting would then finish
+        late, so that the batch cannot take it (`_take`): batches of the limit are what it can
+        count on then."""
+        predictor = self._predictor
+        assert predictor is not None
         if self._oldest_key() != key:
             return None
-        joined = self._predictor.finish_time(
-            queued_rows=self._queued_rows, rows=rows, max_batch_size=ceiling, now=now
+        queued = self._queued_rows
+        joined = predictor.finish_time(
+            queued_rows=queued, rows=rows, max_batch_size=ceiling, now=now
         )
-        oldest = self._groups[key][0].deadline
         if joined is None:
             return None
-        if (
-            oldest is not None
-            and joined + self._joined_margin(joined, rows, ceiling, now=now) > oldest
-        ):
-            return None
-        return joined
-
-    def _joined_margin(self, joined: float, rows: int, ceiling: int, *, now: float) -> float:
-        """The margin kept for a request predicted `joined` in the backlog's next batch."""
-        assert self._predictor is not None
-        return self._predictor.margin_s(
-            predicted=joined,
-            queued_rows=self._queued_rows,
-            rows=rows,
-            max_batch_size=ceiling,
-            now=now,
+        margin = predictor.margin_s(
+            predicted=joined, queued_rows=queued, rows=rows, max_batch_size=ceiling, now=now
         )
+        oldest = self._groups[key][0].deadline
+        if oldest is not None and joined + margin > oldest:
+            return None
+        return joined, margin
 
     def _forget(self, item: Pending) -> None:
         """Drop a request whose caller stopped waiting (disconnect, deadline)."""
