@@ -4,6 +4,7 @@ both), the simulated accelerator."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,7 @@ import onnxruntime as ort
 import pytest
 
 from batchpilot.runtime.device import DeviceUnavailable, Nvml, choose_providers
-from batchpilot.runtime.engine import Engine, example_inputs
+from batchpilot.runtime.engine import Engine, TimedEngine, example_inputs
 from batchpilot.runtime.metrics import batch_bucket
 from batchpilot.runtime.onnx_engine import ModelLoadError, OnnxEngine
 from batchpilot.runtime.simulated import LatencyModel, SimulatedEngine
@@ -150,6 +151,25 @@ class TestEngines:
         assert engine.info.instances == 2
         await engine.close()
 
+    async def test_a_batch_is_timed_on_its_thread_not_by_the_event_loop(
+        self, case: EngineCase
+    ) -> None:
+        """The loop, busy elsewhere (reading a burst of requests), takes the outputs back late;
+        the batch's compute time is still its own."""
+        engine = case.load(case.mlp)
+        assert isinstance(engine, TimedEngine)
+        x = np.random.default_rng(2).standard_normal((4, 64)).astype(np.float32)
+        loop_started = time.perf_counter()
+        task = asyncio.create_task(engine.run_timed({"x": x}))
+        await asyncio.sleep(0)  # the batch is on its instance's thread now
+        time.sleep(0.3)  # noqa: ASYNC251 - a stalled event loop
+        ran = await task
+        assert time.perf_counter() - loop_started >= 0.3
+        assert 0 < ran.seconds < 0.3
+        alone = await engine.run({"x": x})
+        np.testing.assert_allclose(ran.outputs["logits"], alone["logits"], rtol=1e-5, atol=1e-6)
+        await engine.close()
+
     def test_a_model_without_a_dynamic_batch_axis_is_refused(self, case: EngineCase) -> None:
         with pytest.raises(ModelLoadError, match="dimension 0 must be a dynamic batch axis"):
             case.load(case.fixed_batch)
@@ -189,6 +209,19 @@ class TestSimulatedEngine:
         assert out["probabilities"].shape == (8, 1000)
         assert engine.info.simulated
         assert engine.signature.platform == "simulated"
+
+    async def test_its_compute_time_is_the_models_however_late_the_loop_wakes(
+        self, image_model: Path
+    ) -> None:
+        engine = SimulatedEngine.load(
+            image_model, name="resnet", latency=LatencyModel(alpha_s=0.008, beta_s=0.0015)
+        )
+        task = asyncio.create_task(engine.run_timed(example_inputs(engine.signature, rows=8)))
+        await asyncio.sleep(0)
+        time.sleep(0.1)  # noqa: ASYNC251 - a stalled loop wakes the device 80 ms late
+        ran = await task
+        assert ran.seconds == pytest.approx(0.008 + 8 * 0.0015)
+        assert ran.outputs["probabilities"].shape == (8, 1000)
 
 
 def test_batch_buckets_are_powers_of_two() -> None:

@@ -553,7 +553,8 @@ class TestMetricsFollowTheTraffic:
             assert scrape.value("batchpilot_batch_duration_seconds_count") == len(sizes)
             busy = scrape.value("batchpilot_device_busy_seconds_total")
             assert busy > 0
-            assert scrape.value("batchpilot_batch_compute_seconds_total") == pytest.approx(busy)
+            # one instance: each batch computes within its span, and the spans never overlap
+            assert 0 < scrape.value("batchpilot_batch_compute_seconds_total") <= busy
             assert (
                 scrape.value(
                     "batchpilot_engine_info",

@@ -6,13 +6,18 @@ An engine declares in `EngineInfo.instances` how many batches it can run at once
 like Triton's instance_group count); the batcher calls `run` concurrently at most that many times,
 and with one instance never concurrently. An engine called more often than it has instances must
 queue the extra calls, never fail them.
+
+An engine that can time its batches where they run (its own thread, its device) says so with
+`run_timed` (`TimedEngine`): the batcher's clock reads the batch's end only when the event loop
+gets to it, and a loop busy reading a burst of requests would add its stall to the batch's time —
+to the fit t(b) admission predicts from, and to the compute time the autopilot learns from.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -84,6 +89,24 @@ class Engine(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Ran:
+    """One batch's outputs and its compute time, measured where the batch ran."""
+
+    outputs: dict[str, Any]
+    seconds: float
+
+
+@runtime_checkable
+class TimedEngine(Engine, Protocol):
+    """An engine that times its batches itself (see the module's note)."""
+
+    async def run_timed(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> Ran:
+        """`run`, with the seconds the batch computed: from its start on a free instance to its
+        outputs, without the wait for an instance or for the event loop."""
+        ...
 
 
 def example_inputs(signature: ModelSignature, *, rows: int = 1) -> dict[str, np.ndarray[Any, Any]]:

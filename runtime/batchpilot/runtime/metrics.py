@@ -26,7 +26,10 @@ environment), so one PromQL selector finds a service's replicas. What each metri
   skipped (queue admission, a model the zero inputs do not fit).
 - `batchpilot_batch_compute_seconds_total`, `batchpilot_batch_rows_total`,
   `batchpilot_batches_total` (counters by power-of-two `batch_bucket`): mean compute time and
-  mean rows per bucket, the points the autopilot fits t(b) ≈ α + β·b to.
+  mean rows per bucket, the points the autopilot fits t(b) ≈ α + β·b to. A batch's compute
+  time is the engine's own measure, on the thread or device it ran on, plus the server's usual
+  delay in taking its outputs back — not a stall of the event loop (a burst being read), which
+  is no property of the batch (`batching.batcher`).
 - `batchpilot_requests_total` (counter by `outcome`), `batchpilot_queue_depth`,
   `batchpilot_inflight_requests` (gauges).
 - `batchpilot_arrivals_total` (counter): every valid request for the model, counted when it
@@ -49,7 +52,9 @@ environment), so one PromQL selector finds a service's replicas. What each metri
   PrometheusRule: SLI recording rules and burn-rate alerts).
 - `batchpilot_device_busy_seconds_total` (counter): its rate is device utilization, for any device.
   With several model instances it counts the time at least one instance computes (the union of
-  their batches), so its rate stays a utilization between 0 and 1.
+  their batches), so its rate stays a utilization between 0 and 1. A batch is busy from its start
+  until the server has taken its outputs back: a server too busy to take them holds the device
+  as surely as a batch still computing.
 - `batchpilot_engine_instances` (gauge): model instances configured (batches that run at once).
 - `batchpilot_async_jobs` (gauge by `state`: pending, succeeded, failed): async inference jobs
   stored; `batchpilot_async_jobs_expired_total` (counter): results dropped after their TTL.

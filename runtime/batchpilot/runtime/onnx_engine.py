@@ -32,7 +32,13 @@ from batchpilot.runtime.device import (
     Provider,
     choose_accelerated_providers,
 )
-from batchpilot.runtime.engine import EngineInfo, ModelSignature, TensorSpec, example_inputs
+from batchpilot.runtime.engine import (
+    EngineInfo,
+    ModelSignature,
+    Ran,
+    TensorSpec,
+    example_inputs,
+)
 from batchpilot.runtime.instances import Instances
 from batchpilot.runtime.metrics import available_cores
 
@@ -267,6 +273,13 @@ class OnnxEngine:
     async def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
         """Run the batch on a free instance; with all of them busy, wait for one."""
         return await self._instances.run(lambda session: self._run_on(session, inputs))
+
+    async def run_timed(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> Ran:
+        """`run`, timed on the instance's thread."""
+        outputs, seconds = await self._instances.run_timed(
+            lambda session: self._run_on(session, inputs)
+        )
+        return Ran(outputs, seconds)
 
     async def close(self) -> None:
         self._instances.close()

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from batchpilot.runtime.device import DeviceChoice
-from batchpilot.runtime.engine import EngineInfo, ModelSignature, example_inputs
+from batchpilot.runtime.engine import EngineInfo, ModelSignature, Ran, example_inputs
 from batchpilot.runtime.instances import Instances
 from batchpilot.runtime.metrics import available_cores
 from batchpilot.runtime.onnx_engine import ModelLoadError, threads_per_instance
@@ -240,6 +240,13 @@ class TorchEngine:
     async def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
         """Run the batch on a free instance; with all of them busy, wait for one."""
         return await self._instances.run(lambda stream: self._call(stream, inputs))
+
+    async def run_timed(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> Ran:
+        """`run`, timed on the instance's thread (the outputs are on the host by then)."""
+        outputs, seconds = await self._instances.run_timed(
+            lambda stream: self._call(stream, inputs)
+        )
+        return Ran(outputs, seconds)
 
     async def close(self) -> None:
         self._instances.close()
