@@ -634,6 +634,36 @@ class TestPacing:
         decision, _ = decide(busy, policy, InForce(3, 8, 0.005), State(fit=MODEL), now=0)
         assert decision.replicas > 3
 
+    def test_no_scale_down_while_prometheus_holds_part_of_the_window(self) -> None:
+        # Prometheus restarted 20 s ago without its history: the 30 s window's rates are the
+        # load of those 20 s (`answers`), the 10 s before them unseen, so no replica is removed
+        # on them; more load than the replicas carry still scales up.
+        policy = replace(POLICY, scale_down_delay_s=0)
+        obs = replace(seen(at=0, qps=50, p99_ms=15, ready=3), covered_s=20)
+        decision, _ = decide(obs, policy, InForce(3, 8, 0.005), State(fit=MODEL), now=0)
+        assert decision.replicas == 3
+        assert "Prometheus holds 20 s of the 30 s window" in decision.reason
+        for covered in (27, 30, None):  # 27 s: 90 % of it, as good as whole
+            whole = replace(obs, covered_s=covered)
+            decision, _ = decide(whole, policy, InForce(3, 8, 0.005), State(fit=MODEL), now=0)
+            assert decision.replicas < 3, covered
+        busy = replace(seen(at=0, qps=1500, p99_ms=150, ready=3), covered_s=20)
+        decision, _ = decide(busy, policy, InForce(3, 8, 0.005), State(fit=MODEL), now=0)
+        assert decision.replicas > 3
+
+    def test_after_a_prometheus_restart_scale_down_waits_for_the_window_to_fill(self) -> None:
+        # 50 rps on 3 replicas, one carries it. Prometheus restarted at t=0 without its history:
+        # it holds 15 s of the 30 s window at t=15, 30 s at t=30; the stabilization window (60 s
+        # of lower recommendations) has passed long before.
+        current = InForce(3, 8, 0.005)
+        state = State(fit=MODEL, recommendations=((-600.0, 1),))
+        replicas = []
+        for tick, covered in enumerate((15.0, 30.0), start=1):
+            obs = replace(seen(at=tick * TICK, qps=50, p99_ms=15, ready=3), covered_s=covered)
+            decision, current, state = step(obs, current, state, tick * TICK)
+            replicas.append(decision.replicas)
+        assert replicas == [3, 1]
+
     def test_no_scale_down_while_replicas_are_starting(self) -> None:
         state = State(fit=MODEL, recommendations=((0.0, 1),))
         obs = seen(at=120, qps=50, p99_ms=15, ready=2)
@@ -935,6 +965,15 @@ class TestObjective:
         _, state = decide(None, POLICY, InForce(1, 8, 0.005), state, now=0)
         assert state.slo.report(0).attainment is None
         assert state.slo.last_at == 0
+
+    def test_a_window_prometheus_holds_part_of_is_judged_for_that_part(self) -> None:
+        # Prometheus back 5 s ago without its history, after a blind tick: the verdict stands
+        # for those 5 s, not for the 15 s since the last tick.
+        _, state = decide(None, POLICY, InForce(2, 8, 0.005), State(fit=MODEL), now=0)
+        obs = replace(seen(at=TICK, qps=300, p99_ms=30, ready=2, batch=8), covered_s=5)
+        _, state = decide(obs, POLICY, InForce(2, 8, 0.005), state, now=TICK)
+        assert state.slo.fine is not None
+        assert sum(state.slo.fine.judged) == 5
 
     def test_the_objective_comes_from_the_policy(self) -> None:
         policy = replace(POLICY, objective=Objective(0.95, 600))

@@ -27,7 +27,7 @@ from batchpilot.operator.autopilot.prometheus import (
     http_query,
     queries,
 )
-from batchpilot.sandbox.backfill import backfill, fleet, openmetrics
+from batchpilot.sandbox.backfill import FakeService, backfill, fleet, openmetrics
 from batchpilot.sandbox.prometheus import free_port, prometheus_process
 
 pytestmark = pytest.mark.slow
@@ -140,7 +140,15 @@ def test_the_recorded_round_answers_every_service_as_the_raw_queries_do(tmp_path
     service the observation the raw grouped queries give at the rules' evaluation time."""
     now = int(time.time()) // 15 * 15 + 15  # history up to the next scrape: the rules see it
     data = tmp_path / "prometheus" / "data"
-    backfill(openmetrics(SERVICES, start=now - 900, end=now), data, workdir=tmp_path)
+    # And a service whose history Prometheus holds only from 30 s before `now` (restarted
+    # without it): how much of the window it holds is recorded with the rates it corrects.
+    restarted = FakeService("team-0", "restarted", qps=40.0)
+    history = "\n".join(
+        line
+        for line in openmetrics([*SERVICES, restarted], start=now - 900, end=now).splitlines()
+        if 'isvc="restarted"' not in line or int(line.rsplit(" ", 1)[1]) >= now - 30
+    )
+    backfill(history + "\n", data, workdir=tmp_path)
     group = recorded.rule_group(60, "busy", interval_s=1.0)
     with prometheus_process(
         tmp_path / "prometheus", retention="1d", rule_groups=[group]
@@ -150,8 +158,11 @@ def test_the_recorded_round_answers_every_service_as_the_raw_queries_do(tmp_path
         # The rules' last complete evaluation: the marker is written last, so every recorded
         # series has a sample at its time (a signal read on its own may already be one
         # evaluation ahead of the rules after it). The raw queries asked then answer the same.
-        marker = wait_for(lambda: prometheus.query(recorded.marker_query(60, "busy")))
-        evaluated = float(marker[0]["value"][0])
+        # (The sample's own time: an instant query answers at the time it is asked.)
+        marker = wait_for(
+            lambda: prometheus.query(f"timestamp({recorded.marker_query(60, 'busy')})")
+        )
+        evaluated = float(marker[0]["value"][1])
         observer = FleetObserver(query, recent_s=30, clock=time.time)
         raw = FleetObserver(query, recent_s=30, rules="off", clock=time.time)
         ours, theirs = observer.round(at=evaluated), raw.round(at=evaluated)
@@ -171,6 +182,12 @@ def test_the_recorded_round_answers_every_service_as_the_raw_queries_do(tmp_path
             assert len(mine.startup) == 2
             assert mine.compute
             assert not mine.missing()
+        scope = Scope(restarted.namespace, restarted.isvc)
+        mine = ours.observe(scope, ready_replicas=1)
+        assert alike(mine, theirs.observe(scope, ready_replicas=1))
+        assert mine is not None
+        assert mine.covered_s is not None
+        assert mine.covered_s < 60
 
         # Asked a window and more after the rules' last evaluation, a recorded value is missing
         # (the rules stopped: the autopilot holds), though Prometheus would still return it.

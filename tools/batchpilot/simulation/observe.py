@@ -33,12 +33,13 @@ The seasonal signals (today's level, and per past period its level and look-ahea
 old, Prometheus' scrape phases and extrapolation change them by far less than a day changes.
 
 Simplifications, on purpose: scrapes never fail and take no time, and a sample is queryable the
-moment it is taken; a replica is a target from the moment it is ready (or, for the Deployment
-that exists at t = 0, from before) until it is gone; the decision queries at exactly its tick;
-utilization comes from the busy-seconds counter only (no NVML or DCGM gauges); a batch longer
-than a scrape interval puts its busy time into its first and last scrape only. Admitted requests
-always complete: the simulated runtime predicts with the true t(b), so it has no lateness to
-expire them for (see `replica`).
+moment it is taken; Prometheus never restarts, so it holds every window whole (`covered_s` is
+left unmeasured: the whole window); a replica is a target from the moment it is ready (or, for
+the Deployment that exists at t = 0, from before) until it is gone; the decision queries at
+exactly its tick; utilization comes from the busy-seconds counter only (no NVML or DCGM
+gauges); a batch longer than a scrape interval puts its busy time into its first and last scrape
+only. Admitted requests always complete: the simulated runtime predicts with the true t(b), so
+it has no lateness to expire them for (see `replica`).
 """
 
 from __future__ import annotations

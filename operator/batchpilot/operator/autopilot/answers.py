@@ -6,6 +6,11 @@ request rate 0.0 (the counter exists and did not move) but no latency, while a s
 metrics are gone has neither — and the decision holds on missing signals. A past period
 Prometheus has no history for makes the daily pattern unknown, not smaller.
 
+A Prometheus that holds only the window's last seconds (restarted without its history, or down
+for part of the window) makes every rate read low: `rate()` divides what it sees by the whole
+range. The rates are read over the part it holds instead (`covered_span`), and the observation
+says how much that is, so that the decision does not scale down on it.
+
 Pure: instant-vector results in, an `Observation` out.
 """
 
@@ -15,7 +20,15 @@ import math
 from typing import Any
 
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation, PastPeriod
-from batchpilot.operator.autopilot.promql import Seasonality
+from batchpilot.operator.autopilot.promql import Seasonality, UtilizationSource
+
+EXTRAPOLATED = 1.1
+"""`rate()` extrapolates to the range's start where its first sample is less than this many
+mean sample intervals after it (Prometheus' `extrapolatedRate`)."""
+RESCALE_MAX = 10.0
+"""The most a window's rates are scaled up for the part of it Prometheus holds: below a tenth of
+the window, they are read as over a tenth (too few seconds to plan more on; the decision does not
+scale down on such a window anyway)."""
 
 
 def _number(result: list[dict[str, Any]]) -> float | None:
@@ -42,6 +55,20 @@ def _by_label(result: list[dict[str, Any]], label: str) -> dict[str, float]:
     return values
 
 
+def covered_span(window_s: float, back_s: float | None, interval_s: float | None) -> float | None:
+    """The part of the window at its end that the window's rates describe, from how far back
+    its first sample is (`back_s`) and the mean distance between samples (`interval_s`), as
+    Prometheus' `rate()` extrapolates: the whole window where the first sample is less than
+    `EXTRAPOLATED` intervals after its start; else from half an interval before that sample
+    (for a counter far from zero, as a restarted Prometheus finds them). None where either is
+    not measured."""
+    if back_s is None or interval_s is None or interval_s <= 0:
+        return None
+    if window_s - back_s < EXTRAPOLATED * interval_s:
+        return window_s
+    return min(window_s, back_s + interval_s / 2)
+
+
 Raw = dict[str, list[dict[str, Any]]]
 """Each signal's answer, by name: Prometheus' instant-vector result."""
 
@@ -54,18 +81,29 @@ def observation_from(
     seasonality: Seasonality | None,
     ready_replicas: int | None,
     at: float,
+    utilization: UtilizationSource = "busy",
 ) -> Observation:
     """One service's `Observation` from the answers to its queries (`queries`); a signal
-    without an answer (no series for this service) is missing, as an empty answer is."""
+    without an answer (no series for this service) is missing, as an empty answer is. The
+    window's rates are read over the part of it Prometheus holds (`covered_span`): its
+    `utilization` too where it is a rate (`busy`; NVML's and DCGM's are averages of gauges,
+    whole over any part)."""
 
     def number(name: str) -> float | None:
         return _number(raw.get(name, []))
+
+    covered = covered_span(window_s, number("covered"), number("scrape_interval"))
+    scale = 1.0 if covered is None else window_s / max(covered, window_s / RESCALE_MAX)
+
+    def rate(name: str) -> float | None:
+        value = number(name)
+        return None if value is None else value * scale
 
     reporting = number("reporting")
     if reporting is None:
         qps = rejected = arrivals = recent = now = None  # no replica of this service reports
     else:
-        qps, rejected, arrivals = number("qps"), number("rejected"), number("arrivals")
+        qps, rejected, arrivals = rate("qps"), rate("rejected"), rate("arrivals")
         recent, now = number("recent"), number("now")
     seconds = _by_label(raw.get("compute_seconds", []), "batch_bucket")
     rows = _by_label(raw.get("compute_rows", []), "batch_bucket")
@@ -93,13 +131,14 @@ def observation_from(
         qps=qps,
         rejected_qps=rejected,
         queue_p99_s=number("queue_p99"),
-        utilization=number("utilization"),
+        utilization=rate("utilization") if utilization == "busy" else number("utilization"),
         mean_batch=number("mean_batch"),
         rows_per_request=number("rows_per_request"),
         outside_s=number("outside"),
         startup=startup,
         compute=points,
         ready_replicas=ready_replicas,
+        covered_s=covered,
         reporting_replicas=None if reporting is None else round(reporting),
         arrival_qps=arrivals,
         recent_qps=recent,

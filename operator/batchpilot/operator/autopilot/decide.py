@@ -9,7 +9,8 @@ seconds, with no restart); replicas move slower: scale-up at once, scale-down on
 stabilization window and with a wider margin than scale-up needs (`pacing`).
 
 Steps, each small and named:
-1. hold when metrics are missing or stale — never scale down blind;
+1. hold when metrics are missing or stale — never scale down blind (nor on a window Prometheus
+   holds only the last part of: `pacing`);
 2. learn: refit t(b) ≈ α + β·b; learn the latency spent outside the batcher (observed P99 minus
    the model's, from windows that describe the settings in force); estimate the load now from
    the window's rate and its trend (a 60 s window trails a step by 45 s), and for traffic that
@@ -134,8 +135,10 @@ def decide(
 
     # 2. Judge the window, and keep the books of the objective.
     sla_met = judge(observation, policy)
+    # A verdict stands for the part of the window Prometheus holds, no more.
+    covers = observation.window_s if observation.covered_s is None else observation.covered_s
     slo = state.slo.for_objective(policy.objective).record(
-        now, True if idle else sla_met, covers_s=observation.window_s
+        now, True if idle else sla_met, covers_s=covers
     )
 
     # 3. Learn: the fit; the latency outside the batcher; the cold start; the load now.
@@ -270,6 +273,8 @@ def decide(
         current=current,
         ready=ready,
         scraped=observation.reporting_replicas,
+        covered_s=observation.covered_s,
+        window_s=observation.window_s,
         sla_met=sla_met,
         policy=policy,
         state=learned_state,

@@ -62,6 +62,12 @@ class Observation:
     every window, even one whose P99 is all queue; None from runtimes that do not count the
     time in the batcher, or without requests."""
     ready_replicas: int | None = None
+    covered_s: float | None = None
+    """The part of the window, at its end, that its rates describe: all of it (`window_s`) where
+    Prometheus holds the whole window, less where it holds only its last seconds (restarted
+    without its history, or down for part of it). The rates (`qps`, `rejected_qps`,
+    `arrival_qps`, a busy-time `utilization`) are per second of this part, not of the window.
+    None where not measured: the whole window, as older setups read it."""
     reporting_replicas: int | None = None
     """The replicas Prometheus scrapes now: fewer than the ready ones means some load is not in
     the rates (a replica whose scrapes fail, or not scraped yet). None where not counted."""

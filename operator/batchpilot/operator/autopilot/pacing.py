@@ -3,10 +3,11 @@
 Batch size moves fast (it takes effect in seconds, with no restart); replicas move slower.
 Scale-up happens at once. Scale-down waits until the stabilization window (the policy's
 scale-down delay) has recommended fewer replicas all along — the highest recommendation in the
-window wins, as in Kubernetes' HPA — never while over the SLA or while replicas are still
-starting, and only with a wider margin than scale-up needs (hysteresis: the replicas that stay
-must carry the load at `SCALE_DOWN_LOAD` of their capacity with the plan's headroom), so the
-count does not flap. Bounds (minReplicas, maxReplicas) apply to every recommendation.
+window wins, as in Kubernetes' HPA — never while over the SLA, while replicas are still
+starting or not scraped, or while Prometheus holds only part of the window; and only with a
+wider margin than scale-up needs (hysteresis: the replicas that stay must carry the load at
+`SCALE_DOWN_LOAD` of their capacity with the plan's headroom), so the count does not flap.
+Bounds (minReplicas, maxReplicas) apply to every recommendation.
 
 Apart from `decide` because it is a step with a memory of its own: the window of
 recommendations kept in the state is computed only here.
@@ -20,6 +21,10 @@ from batchpilot.operator.autopilot.policy import LOAD_HEADROOM, InForce, Policy,
 from batchpilot.operator.autopilot.service_model import LatencyFit, predict
 from batchpilot.operator.autopilot.state import State
 
+COVERED_SHARE = 0.9
+"""Remove replicas only on a window Prometheus holds at least this share of: the rest is unseen
+(a Prometheus restarted without its history, or down for part of the window), and a missing
+Prometheus never causes a scale-down."""
 SCALE_DOWN_LOAD = 0.95
 """Remove replicas only if the rest carry the planned load at most at this fraction of their
 capacity (hysteresis: scale-up happens above 100 %)."""
@@ -31,6 +36,8 @@ def pace(
     current: InForce,
     ready: int,
     scraped: int | None = None,
+    covered_s: float | None = None,
+    window_s: float | None = None,
     sla_met: bool | None,
     policy: Policy,
     state: State,
@@ -64,6 +71,13 @@ def pace(
             current.replicas,
             window,
             f"{ready - scraped} of {ready} ready replicas not scraped: the rates miss their load",
+        )
+    if covered_s is not None and window_s and covered_s < COVERED_SHARE * window_s:
+        return (
+            current.replicas,
+            window,
+            f"Prometheus holds {covered_s:.0f} s of the {window_s:.0f} s window: "
+            "the load before that is unseen",
         )
     stable = max(r for _, r in window)
     if not before or stable >= current.replicas:

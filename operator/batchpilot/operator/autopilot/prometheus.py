@@ -108,6 +108,7 @@ class PrometheusObserver:
             seasonality=self._seasonality,
             ready_replicas=ready_replicas,
             at=self._clock(),
+            utilization=self._utilization,
         )
 
 
@@ -125,6 +126,9 @@ class FleetRound:
     """Recorded or raw; None when Prometheus did not answer."""
     took_s: float = 0.0
     """How long the round's queries took, in seconds of the observer's clock."""
+    utilization: UtilizationSource = "busy"
+    """Where the utilization came from: a busy-time rate is read over the part of the window
+    Prometheus holds, as the request rates are."""
 
     def observe(self, scope: Scope, *, ready_replicas: int | None) -> Observation | None:
         """The service's observation from this round; None when the round had no answers. A
@@ -138,6 +142,7 @@ class FleetRound:
             seasonality=self.seasonality,
             ready_replicas=ready_replicas,
             at=self.at,
+            utilization=self.utilization,
         )
 
 
@@ -252,6 +257,7 @@ class FleetObserver:
             self._seasonality,
             reading=reading,
             took_s=self._clock() - now,
+            utilization=self._utilization,
         )
 
     def _probe(self, at: float | None) -> tuple[Reading, list[dict[str, Any]]]:

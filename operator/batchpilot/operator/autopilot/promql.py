@@ -139,6 +139,14 @@ def queries(
                 f"max_over_time({agg('sum', f'rate({arrivals}[{w}])')}"
                 f"[{ahead}:{seasonality.step_s}s] offset {back - seasonality.lookahead_s}s)"
             )
+    # How far back the window's samples go, and how far apart they are (`answers.covered_span`:
+    # `rate()` divides what it sees by the whole range). A subquery at 1 s steps meets each sample
+    # at the step right after it, and keeps it there only if it is under a second old: so its
+    # minimum is the window's first sample, never one a lookback reaches from before a gap in
+    # the history (a Prometheus that was down). The earliest of the service's series: one replica
+    # there all along makes the window whole, whatever replicas joined inside it.
+    info = f"batchpilot_engine_info{{{sel}}}"
+    first = f"min_over_time((timestamp({info}) > time() - 1)[{w}:1s])"
     return (
         recent
         | seasonal
@@ -173,6 +181,12 @@ def queries(
                 "count",
                 f"last_over_time(batchpilot_engine_info{{{sel}}}[{w}]) "
                 f"and batchpilot_engine_info{{{sel}}}",
+            ),
+            "covered": f"time() - {agg('min', first)}",
+            # The mean distance between a series' samples in the window (one sample: none).
+            "scrape_interval": agg(
+                "min",
+                f"(timestamp({info}) - {first}) / ((count_over_time({info}[{w}]) > 1) - 1)",
             ),
         }
     )

@@ -49,8 +49,11 @@ RECORDED = (
     "compute_batches",
     "compute_rows",
     "compute_seconds",
+    "covered",
+    "scrape_interval",
 )
-"""The signals read from recorded series; the others of `queries` are asked raw."""
+"""The signals read from recorded series; the others of `queries` are asked raw. How much of the
+window Prometheus holds is recorded with the rates it corrects: measured at the same moment."""
 
 
 def series(signal: str, window_s: int) -> str:
