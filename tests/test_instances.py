@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from batchpilot.runtime.admission import Predictor
 from batchpilot.runtime.batching import Batcher, BatchQueue, BatchSettings, BusyTime
+from batchpilot.runtime.batching.batcher import LoopDelay
 from batchpilot.runtime.engine import EngineInfo, ModelSignature, Ran, TensorSpec
 from batchpilot.runtime.errors import ShuttingDown
 from batchpilot.runtime.onnx_engine import OnnxEngine, threads_per_instance
@@ -316,8 +317,7 @@ class TestBusyTimeIsAUnion:
     ) -> None:
         """Each batch computes 10 ms; the loop takes its outputs back 1 ms later as a rule, and
         30 ms later once (a burst kept it busy). t(b) is fit from 10 ms plus the usual 1 ms, the
-        stall included in busy time only; the first batch, with no usual delay known, is its
-        engine time."""
+        stall included in busy time only."""
         h = Instances(1, max_batch_size=1)
         predictor = Predictor()
         lates = [0.001, 0.001, 0.001, 0.030, 0.001]
@@ -331,11 +331,30 @@ class TestBusyTimeIsAUnion:
         task = h.start()
         for value in range(len(lates)):
             assert doubled(await h.put(value)) == [2.0 * value]
-        assert h.observer.compute_s == pytest.approx([0.010, 0.011, 0.011, 0.011, 0.011])
-        assert predictor.timing.seconds(1) == pytest.approx(0.011, abs=0.0005)
+        assert h.observer.compute_s == pytest.approx([0.011] * 5)
+        assert predictor.timing.seconds(1) == pytest.approx(0.011)
         assert h.batcher.busy_seconds() == pytest.approx(5 * 0.010 + sum(lates))
         h.queue.close()
         await task
+
+    def test_a_stall_is_a_delay_far_past_the_usual_and_longer_than_the_batch(self) -> None:
+        delays = LoopDelay()
+        # with nothing measured yet, a delay longer than the batch is a stall
+        assert delays.compute_s(timed_s=0.010, span_s=0.050) == pytest.approx(0.010)
+        delays = LoopDelay()
+        for _ in range(10):
+            assert delays.compute_s(timed_s=0.010, span_s=0.012) == pytest.approx(0.012)
+        # noise under load is the batch's own: up to four times the usual 2 ms...
+        assert delays.compute_s(timed_s=0.010, span_s=0.018) == pytest.approx(0.018)
+        # ...or, on a tiny model whose hand-off dwarfs it, up to the batch's own time
+        assert delays.compute_s(timed_s=0.010, span_s=0.020) == pytest.approx(0.020)
+        # past both, the batch is counted with the usual delay
+        assert delays.compute_s(timed_s=0.010, span_s=0.200) == pytest.approx(0.012)
+        tiny = LoopDelay()
+        for _ in range(10):
+            tiny.compute_s(timed_s=0.0001, span_s=0.0011)  # a 0.1 ms batch, 1 ms hand-off
+        assert tiny.compute_s(timed_s=0.0001, span_s=0.0031) == pytest.approx(0.0031)
+        assert tiny.compute_s(timed_s=0.0001, span_s=0.2301) == pytest.approx(0.0011)
 
     def test_the_batcher_needs_at_least_one_instance(self) -> None:
         async def make() -> None:

@@ -27,7 +27,7 @@ environment), so one PromQL selector finds a service's replicas. What each metri
 - `batchpilot_batch_compute_seconds_total`, `batchpilot_batch_rows_total`,
   `batchpilot_batches_total` (counters by power-of-two `batch_bucket`): mean compute time and
   mean rows per bucket, the points the autopilot fits t(b) ≈ α + β·b to. A batch's compute
-  time is the engine's own measure, on the thread or device it ran on, plus the server's usual
+  time is the engine's own measure, on the thread or device it ran on, plus the server's
   delay in taking its outputs back — not a stall of the event loop (a burst being read), which
   is no property of the batch (`batching.batcher`).
 - `batchpilot_requests_total` (counter by `outcome`), `batchpilot_queue_depth`,
