@@ -101,10 +101,11 @@ class FleetPilot:
 
     def _tick(self, namespace: str, name: str, answers: FleetRound) -> bool:
         def tick(body: dict[str, Any]) -> TickResult:
-            return self._pilot.tick(body, observe=answers.observe)
+            return self._pilot.prepare(body, observe=answers.observe)
 
         try:
-            ran = self._passes.run(namespace, name, tick)
+            # The decision is applied once the status that remembers it is written.
+            ran = self._passes.run(namespace, name, tick, then=TickResult.act)
         except KubeError as exc:
             log.warning("the autopilot's tick for %s/%s failed: %s", namespace, name, exc)
             return False

@@ -15,7 +15,9 @@ one set), and both create or replace the same child (409s, retries, duplicate Ev
 3. runs the reconcile or the autopilot tick on that body;
 4. writes the status fields that changed as a merge patch of the status subresource, through
    `Kube`, still under the lock. Not through kopf's `patch`: kopf applies that after the handler
-   returns, outside any lock, and a child's event handler has none for its owner.
+   returns, outside any lock, and a child's event handler has none for its owner;
+5. then, and only once that write went through, does what the status must remember having
+   been done (`then`: the autopilot applying a decision, see autopilot/pilot.py).
 
 Why child events run the same reconcile rather than poke the owner (an annotation that kopf's
 update handler would see): the poke would be a write per child event — a pod turning ready
@@ -108,11 +110,18 @@ class Passes:
         self._locks: KeyedLocks[tuple[str, str]] = locks if locks is not None else KeyedLocks()
 
     def run(
-        self, namespace: str, name: str, step: Callable[[dict[str, Any]], OutcomeT]
+        self,
+        namespace: str,
+        name: str,
+        step: Callable[[dict[str, Any]], OutcomeT],
+        *,
+        then: Callable[[OutcomeT], None] | None = None,
     ) -> Ran[OutcomeT] | None:
         """None when the InferenceService is gone or going (its children go with it: a pass now
         would recreate what the garbage collector is deleting). Raises `KubeError` when the
-        read or the status write fails."""
+        read or the status write fails. `then(outcome)` runs after the status write went
+        through, still under the lock: what must not happen unless the status remembers it
+        (the autopilot applying a decision)."""
         with self._locks.hold((namespace, name)):
             body = self._kube.get(INFERENCESERVICE, namespace, name)
             if body is None or body.get("metadata", {}).get("deletionTimestamp"):
@@ -126,4 +135,6 @@ class Passes:
                 self._kube.patch(
                     INFERENCESERVICE, namespace, name, {"status": changed}, subresource="status"
                 )
+            if then is not None:
+                then(outcome)
             return Ran(body, outcome)

@@ -6,10 +6,15 @@ small interfaces: `Kube` for the Deployment and ConfigMap, an `Observe` function
 to apply a decision (`Pods`, `PushBatching`).
 
 The tick reads what is in force (replicas from the Deployment, batch settings from the
-ConfigMap), takes its observation, calls the pure `decide`, acts in mode `auto` (`acting`; in
-mode `recommend` the decision is computed and reported, never applied), and returns the status
-and Events to write (`reporting`). The autopilot's memory (the t(b) fit, the latency outside the
-batcher, scale-down recommendations, the verdicts the objective is kept with) is kept in
+ConfigMap), takes its observation, calls the pure `decide`, and returns the status and Events to
+write (`reporting`) with, in mode `auto`, what applying the decision takes (`acting`; in mode
+`recommend` the decision is computed and reported, never applied). The fleet applies it only
+once the status that remembers the decision is written (`prepare`, then `TickResult.act`): the
+scale-down waits for a window of recommendations read from that memory, so a scale-up applied
+and then forgotten — its status write refused by an API server in trouble, or the operator
+killed between the two writes — was given back at the next quiet tick instead of a window
+later. The autopilot's memory (the t(b) fit, the latency outside the batcher, scale-down
+recommendations, the verdicts the objective is kept with) is kept in
 `status.autopilot`, so an operator restart, or a new leader, resumes without a jump. A tick
 with nothing new for users (a service without traffic: only the ledger's count of quiet time and
 the time of observation move) leaves its status waiting in memory, written within
@@ -19,6 +24,7 @@ interval.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -73,6 +79,15 @@ class TickResult:
     status: dict[str, Any] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
     decision: Decision | None = None
+    acting: Callable[[], list[Event]] | None = None
+    """Applying the decision (the Deployment's replicas, the batch settings), not done yet: do
+    it with `act` once `status`, which remembers the decision, is written."""
+
+    def act(self) -> None:
+        """Apply the decision, once; what it reports goes before the tick's own Events."""
+        acting, self.acting = self.acting, None
+        if acting is not None:
+            self.events[:0] = acting()
 
 
 class Autopilot:
@@ -96,7 +111,15 @@ class Autopilot:
         self._waiting: dict[tuple[str, str], dict[str, Any]] = {}
 
     def tick(self, body: dict[str, Any], *, observe: Observe | None = None) -> TickResult:
-        """One tick for the InferenceService `body`; `observe` (default: the one given at
+        """One tick for the InferenceService `body`, its decision applied at once; `observe`
+        (default: the one given at construction) reads its metrics."""
+        result = self.prepare(body, observe=observe)
+        result.act()
+        return result
+
+    def prepare(self, body: dict[str, Any], *, observe: Observe | None = None) -> TickResult:
+        """One tick for the InferenceService `body`, up to applying its decision, which is left
+        in `TickResult.acting` for after the status write; `observe` (default: the one given at
         construction) reads its metrics — the fleet's round hands each tick its own answers."""
         meta = body["metadata"]
         stored = body.get("status") or {}
@@ -144,7 +167,8 @@ class Autopilot:
             in_force_ms=in_force_deadline,
         )
         if acting and (decision.changes(current) or deadline != in_force_deadline):
-            result.events += self._actuator.apply(
+            result.acting = functools.partial(
+                self._actuator.apply,
                 owner,
                 current,
                 decision,
@@ -166,7 +190,7 @@ class Autopilot:
             now=now,
         )
         doc = result.status | status_doc
-        if may_wait(stored, doc, now=now):
+        if result.acting is None and may_wait(stored, doc, now=now):
             # Nothing new for users: the memory waits here, and the pass writes nothing.
             with self._lock:
                 self._waiting[key] = {k: doc[k] for k in HELD if k in doc}
