@@ -16,7 +16,7 @@ from kubernetes import client, config
 
 from batchpilot.operator.election import LeaderElector
 from batchpilot.operator.kinds import LEASE
-from batchpilot.operator.kube import Kube, KubeClient
+from batchpilot.operator.kube import Kube, KubeClient, own_retries
 from batchpilot.operator.leadership import Candidate, parse_micro_time
 from batchpilot.sandbox import LocalKubernetesAPI
 
@@ -34,7 +34,7 @@ def client_for(api: LocalKubernetesAPI, path: Path) -> KubeClient:
     config.load_kube_config(  # type: ignore[no-untyped-call]
         config_file=str(api.write_kubeconfig(path)), client_configuration=configuration
     )
-    return KubeClient(client.ApiClient(configuration), timeout_s=RENEW_DEADLINE_S / 2)
+    return KubeClient(client.ApiClient(own_retries(configuration)), timeout_s=RENEW_DEADLINE_S / 2)
 
 
 def elector(kube: Kube, lease_name: str, identity: str) -> LeaderElector:

@@ -1,13 +1,15 @@
 """Leader election against the local Kubernetes API: two electors for one Lease, through the
-operator's real client — one leader at a time, take-over after a crash and after a hand-over,
-one winner per race. Short durations (a 2 s lease, 0.2 s retries) keep it fast; every take-over
-time is measured and bounded."""
+operator's real client — one leader at a time, take-over after a crash, after a hand-over and
+after renewals the API server fails (through the test's fault proxy), one winner per race.
+Short durations (a 2 s lease, 0.2 s retries) keep it fast; every take-over time is measured and
+bounded."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,16 +17,19 @@ import pytest
 from batchpilot.operator.kinds import ResourceKind
 from batchpilot.operator.kube import KubeClient
 from batchpilot.operator.leadership import LeaseRecord
+from batchpilot.sandbox import LocalKubernetesAPI
 from tests.operator.election_support import (
     DURATION_S,
     RENEW_DEADLINE_S,
     RETRY_S,
     SLACK_S,
     Candidacy,
+    client_for,
     elector,
     read,
     renewed_for,
 )
+from tests.operator.fault_proxy import Answer, Fault, FaultProxy, Reset
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -212,6 +217,50 @@ class TestLosingTheLease:
         assert leader.kept is False
         assert leader.elector.lost_because == "the lease is intruder's now"
         assert LeaseRecord.of(read(lease_kube, lease_name)).holder == "intruder"
+
+    @pytest.mark.parametrize(
+        "fault",
+        [Answer(503), Answer(429, retry_after=30), Reset()],
+        ids=["503", "429-retry-after-30", "reset"],
+    )
+    def test_renewals_the_api_server_fails_end_the_leadership_by_the_deadline(
+        self,
+        lease_api: LocalKubernetesAPI,
+        lease_kube: KubeClient,
+        lease_name: str,
+        tmp_path: Path,
+        fault: Answer | Reset,
+    ) -> None:
+        """The leader talks to the API through the fault proxy, the standby straight to it: the
+        leader's renewals fail, it stops by the renew deadline, the standby takes over once the
+        lease has run out — never two leaders."""
+        with FaultProxy(lease_api.url).threaded() as proxy:
+            through_proxy = client_for(proxy, tmp_path / "kubeconfig")  # type: ignore[arg-type]
+            leader = Candidacy(elector(through_proxy, lease_name, "operator-a"))
+            candidacies = [leader]
+            try:
+                assert leader.leading.wait(5)
+                standby = Candidacy(elector(lease_kube, lease_name, "operator-b"))
+                candidacies.append(standby)
+                wait_until(
+                    lambda: renewed_for(lease_kube, lease_name) >= RETRY_S,
+                    timeout=10,
+                    what="a renewal",
+                )
+                proxy.add(Fault(fault, path=f"/leases/{lease_name}$", method="PUT"))
+                failing_since = time.monotonic()
+                assert leader.done.wait(RENEW_DEADLINE_S + SLACK_S + 5)
+                stopped_after = time.monotonic() - failing_since
+                assert leader.kept is False
+                assert leader.elector.lost_because == f"not renewed for {RENEW_DEADLINE_S:g} s"
+                assert stopped_after <= RENEW_DEADLINE_S + SLACK_S
+                assert not standby.leading.is_set()  # the leader stopped first
+                assert standby.leading.wait(DURATION_S + RETRY_S + SLACK_S + 5)
+                assert time.monotonic() - failing_since >= DURATION_S - RETRY_S - SLACK_S
+            finally:
+                for candidacy in candidacies:
+                    candidacy.elector.stop()
+                    candidacy.done.wait(5)
 
     def test_an_unanswered_renewal_is_not_waited_out_past_the_deadline(
         self, lease_kube: KubeClient, lease_name: str

@@ -1,18 +1,23 @@
 """The operator's API client against a local Kubernetes API: as many connections kept as threads
-call it at once."""
+call it at once; through the test's fault proxy, what an unhealthy API server answers becomes a
+`KubeError`, and its `Retry-After` holds every call of the client."""
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from kubernetes import client, config
 
 from batchpilot.operator.kinds import LEASE
-from batchpilot.operator.kube import KubeClient
+from batchpilot.operator.kube import UNANSWERED, KubeClient, KubeError, own_retries
 from batchpilot.sandbox import LocalKubernetesAPI
 from tests.operator.election_support import NAMESPACE
+from tests.operator.fault_proxy import Answer, Fault, FaultProxy, LoseAnswer
 
 CALLERS = 24
 
@@ -49,3 +54,80 @@ def test_threads_calling_at_once_keep_their_connections(
         assert discarded == []
     else:  # the pool this guards against: fewer kept than callers
         assert discarded
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def through(proxy: FaultProxy, tmp_path: Path, clock: Clock) -> KubeClient:
+    configuration = client.Configuration()
+    config.load_kube_config(  # type: ignore[no-untyped-call]
+        config_file=str(proxy.write_kubeconfig(tmp_path / "kubeconfig")),
+        client_configuration=configuration,
+    )
+    return KubeClient(client.ApiClient(own_retries(configuration)), timeout_s=5, clock=clock)
+
+
+@pytest.fixture
+def proxy(lease_api: LocalKubernetesAPI) -> Iterator[FaultProxy]:
+    with FaultProxy(lease_api.url).threaded() as proxy:
+        yield proxy
+
+
+def lease(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {},
+    }
+
+
+class TestAnUnhealthyApiServer:
+    def test_an_answer_lost_after_the_write_is_a_kube_error_with_no_status(
+        self, proxy: FaultProxy, tmp_path: Path, lease_kube: KubeClient
+    ) -> None:
+        kube = through(proxy, tmp_path, Clock())
+        proxy.add(Fault(LoseAnswer(), path="/leases", method="POST", times=1))
+        with pytest.raises(KubeError) as lost:
+            kube.create(lease("lost-answer"))
+        assert lost.value.status == UNANSWERED
+        assert lost.value.transient
+        assert str(lost.value).startswith("no answer from the API server")
+        assert lease_kube.get(LEASE, NAMESPACE, "lost-answer") is not None  # it was written
+
+    def test_retry_after_holds_every_call_of_the_client_until_it_passes(
+        self, proxy: FaultProxy, tmp_path: Path
+    ) -> None:
+        clock = Clock()
+        kube = through(proxy, tmp_path, clock)
+        proxy.add(Fault(Answer(429, retry_after=5), path="/leases", times=1))
+        with pytest.raises(KubeError) as throttled:
+            kube.get(LEASE, NAMESPACE, "anything")
+        assert (throttled.value.status, throttled.value.retry_after_s) == (429, 5.0)
+        assert throttled.value.transient
+        clock.now += 4  # a second before it may ask again: any call, any path
+        with pytest.raises(KubeError) as held:
+            kube.create(lease("held"))
+        assert held.value.status == 429
+        assert held.value.retry_after_s == pytest.approx(1.0)
+        assert len(proxy.seen(path="/leases")) == 1  # not asked
+        clock.now += 1
+        assert kube.get(LEASE, NAMESPACE, "anything") is None
+        assert len(proxy.seen(path="/leases")) == 2
+
+    def test_a_refusal_without_retry_after_holds_nothing(
+        self, proxy: FaultProxy, tmp_path: Path
+    ) -> None:
+        kube = through(proxy, tmp_path, Clock())
+        proxy.add(Fault(Answer(503), path="/leases", times=1))
+        with pytest.raises(KubeError) as refused:
+            kube.get(LEASE, NAMESPACE, "anything")
+        assert (refused.value.status, refused.value.retry_after_s) == (503, None)
+        assert not refused.value.transient
+        assert kube.get(LEASE, NAMESPACE, "anything") is None

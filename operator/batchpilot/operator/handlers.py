@@ -49,6 +49,8 @@ from batchpilot.operator.spec import GROUP, PLURAL, VERSION
 log = logging.getLogger(__name__)
 ANNOTATION_PREFIX = "batchpilot.io"
 _SETTINGS = OperatorSettings()
+RETRY_S = 10.0
+"""How soon the resource's handler tries a failed pass again (the periodic pass comes too)."""
 KOPF_THREADS = 16
 """API connections kept for kopf's sync handlers (asyncio's default executor: at most 32 threads,
 cores + 4 on a small node) and the leader elector, beside the autopilot's workers."""
@@ -271,6 +273,11 @@ def _reconcile_or_log(namespace: str, name: str, memo: kopf.Memo, *, trigger: st
         log.warning("reconciling %s/%s after %s failed: %s", namespace, name, trigger, exc)
 
 
+def _retry_in(retry_after_s: float | None) -> float:
+    """When the resource's handler tries again: `RETRY_S`, or later if the API server asked."""
+    return max(RETRY_S, retry_after_s or 0.0)
+
+
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
 @kopf.on.resume(GROUP, VERSION, PLURAL)
@@ -279,13 +286,15 @@ def reconcile(name: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> No
     try:
         outcome = reconcile_now(namespace, name, memo)
     except KubeError as exc:
-        raise kopf.TemporaryError(f"reconciling failed: {exc}", delay=10) from exc
+        raise kopf.TemporaryError(
+            f"reconciling failed: {exc}", delay=_retry_in(exc.retry_after_s)
+        ) from exc
     if outcome is None:
         return
     if outcome.permanent_error is not None:
         raise kopf.PermanentError(outcome.permanent_error)
     if outcome.retry_error is not None:
-        raise kopf.TemporaryError(outcome.retry_error, delay=10)
+        raise kopf.TemporaryError(outcome.retry_error, delay=_retry_in(outcome.retry_after_s))
 
 
 @kopf.timer(

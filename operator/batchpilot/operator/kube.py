@@ -9,17 +9,34 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 import urllib.parse
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from batchpilot.operator.kinds import KINDS, POD, ResourceKind
 
+UNANSWERED = 0
+"""`KubeError.status` when no answer came: the connection failed, was reset or timed out."""
+
 
 class KubeError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status}: {message}")
+    """A request the API server refused, or did not answer (`status` 0). `retry_after_s`: how
+    long it asked to be left alone (`Retry-After`), when it said."""
+
+    def __init__(self, status: int, message: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(f"{status}: {message}" if status != UNANSWERED else message)
         self.status = status
         self.message = message
+        self.retry_after_s = retry_after_s
+
+    @property
+    def transient(self) -> bool:
+        """Nothing was refused: no answer came (a write may or may not have happened), or the API
+        server asked to be asked again later (429: API Priority and Fairness). Try again, after
+        `retry_after_s` when it said; nothing to report as the API server's verdict."""
+        return self.status in (UNANSWERED, 429)
 
 
 class Kube(Protocol):
@@ -43,11 +60,26 @@ class Kube(Protocol):
 
 
 class KubeClient:
-    """`Kube` over the official client's REST layer (kubeconfig or in-cluster credentials)."""
+    """`Kube` over the official client's REST layer (kubeconfig or in-cluster credentials).
 
-    def __init__(self, api_client: Any, *, timeout_s: float = 10.0) -> None:
+    Every failure is a `KubeError`, a request that got no answer included (status 0). An answer
+    with `Retry-After` (429 from API Priority and Fairness, a 5xx from a server going down) is
+    obeyed by the whole client: until then every call fails at once with a 429 of its own,
+    without a request — the passes that follow (a child's event, the periodic pass, another
+    service's) would otherwise ask again at once, as client-go's clients do not."""
+
+    def __init__(
+        self,
+        api_client: Any,
+        *,
+        timeout_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._api = api_client
         self._timeout_s = timeout_s
+        self._clock = clock
+        self._quiet_until = 0.0
+        self._quiet_lock = threading.Lock()
 
     @classmethod
     def from_environment(
@@ -71,7 +103,7 @@ class KubeClient:
         configuration = client.Configuration.get_default_copy()
         if connections:
             configuration.connection_pool_maxsize = connections
-        return cls(client.ApiClient(configuration), timeout_s=timeout_s)
+        return cls(client.ApiClient(own_retries(configuration)), timeout_s=timeout_s)
 
     def _call(
         self,
@@ -81,8 +113,16 @@ class KubeClient:
         *,
         content_type: str = "application/json",
     ) -> dict[str, Any] | None:
+        import urllib3
         from kubernetes.client.exceptions import ApiException
 
+        wait_s = self._quiet_until - self._clock()
+        if wait_s > 0:
+            raise KubeError(
+                429,
+                f"not asked: the API server asked to wait {wait_s:.1f} s more (Retry-After)",
+                retry_after_s=wait_s,
+            )
         headers = {"Accept": "application/json", "Content-Type": content_type}
         params = self._api.param_serialize(
             method=method,
@@ -96,11 +136,20 @@ class KubeClient:
             response.read()
         except ApiException as exc:
             raise KubeError(exc.status or 0, _reason(exc.body) or str(exc.reason)) from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            # Reset, refused, timed out: the request may have been carried out, or not.
+            raise KubeError(UNANSWERED, f"no answer from the API server: {exc}") from None
         data = response.data
         if response.status == 404:
             return None
         if response.status >= 400:
-            raise KubeError(response.status, _reason(data) or "request failed")
+            retry_after_s = _retry_after_s(response.headers, data)
+            if retry_after_s is not None and (response.status == 429 or response.status >= 500):
+                with self._quiet_lock:
+                    self._quiet_until = max(self._quiet_until, self._clock() + retry_after_s)
+            raise KubeError(
+                response.status, _reason(data) or "request failed", retry_after_s=retry_after_s
+            )
         return json.loads(data) if data else {}
 
     def get(self, kind: ResourceKind, namespace: str, name: str) -> dict[str, Any] | None:
@@ -161,6 +210,17 @@ class KubeClient:
                 raise
 
 
+def own_retries(configuration: Any) -> Any:
+    """The official client's `configuration`, its connections retried as urllib3 does by default
+    but without urllib3 sleeping out a `Retry-After` in the calling thread: a kopf worker or the
+    lease's renewer held for as long as the server says, then the answer read as a connection
+    failure. `KubeClient` obeys `Retry-After` itself, for every call."""
+    from urllib3.util.retry import Retry
+
+    configuration.retries = Retry(3, respect_retry_after_header=False)
+    return configuration
+
+
 def ready_pod_endpoints(pods: list[dict[str, Any]], *, port_name: str = "admin") -> list[str]:
     """`IP:PORT` of the runtime in each pod whose Ready condition is True and that is not
     terminating; the port is the container port named `port_name` (the admin endpoint's, where
@@ -186,6 +246,26 @@ def ready_pod_endpoints(pods: list[dict[str, Any]], *, port_name: str = "admin")
         if ready and status.get("podIP") and port:
             endpoints.append(f"{status['podIP']}:{port}")
     return endpoints
+
+
+def _retry_after_s(headers: Any, data: Any) -> float | None:
+    """The wait an answer asks for: its `Retry-After` header (seconds), else the Status body's
+    `details.retryAfterSeconds`; None when it asks none."""
+    value: Any = (headers or {}).get("Retry-After")
+    if value is None:
+        try:
+            doc = json.loads(data)
+        except (TypeError, ValueError):
+            return None
+        details = doc.get("details") if isinstance(doc, dict) else None
+        value = details.get("retryAfterSeconds") if isinstance(details, dict) else None
+    if not isinstance(value, str | int | float):
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None  # an HTTP date: the API server sends seconds
+    return seconds if seconds > 0 else None
 
 
 def _reason(data: Any) -> str:

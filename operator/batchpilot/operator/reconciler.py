@@ -2,7 +2,8 @@
 
 Reads go through `Kube`, which the operator backs with the watch-fed cache (cache.py): a pass
 that finds nothing to change makes no request at all. A write refused with 409 means the read
-was behind the API; the pass reads and plans again, once, before it reports a failure.
+was behind the API; the pass reads and plans again, once, before it reports a failure. A write
+that got no answer, or a 429, is no refusal: the pass is retried without a word in status.
 
 Free of kopf so that the same pass serves every trigger — the resource's own events, its
 children's events, the periodic level-triggered timer — and so tests can run it directly.
@@ -56,6 +57,8 @@ class ReconcileOutcome:
     """The spec cannot work until someone changes it."""
     retry_error: str | None = None
     """A write failed; try again."""
+    retry_after_s: float | None = None
+    """Not before this many seconds: the API server asked so (`Retry-After`)."""
     waiting: str | None = None
     """Held until something the operator watches changes (the API keys' Secret): its watch
     event brings the next pass, so nothing is retried on a timer."""
@@ -160,6 +163,8 @@ class Reconciler:
                     # What was read is behind the API: a name taken by an object the reads did
                     # not see, or a child changed since. `Kube` has read it afresh: once more.
                     continue
+                if exc.transient:
+                    return _try_again(outcome, exc)
                 return self._apply_failed(status, generation, now, outcome, str(exc))
 
         deployment = children[DEPLOYMENT]
@@ -392,6 +397,16 @@ class Reconciler:
             outcome.events.append(Event("Warning", event_reason, message))
         outcome.status = _not_ready(status, generation, now, reason, message)
         return outcome
+
+
+def _try_again(outcome: ReconcileOutcome, error: KubeError) -> ReconcileOutcome:
+    """A write that got no answer, or that the API server asked to be made later (429): nothing
+    was refused, so neither `Ready` nor a Warning Event says anything of it — a fleet's worth of
+    them would be as many writes more to a server asking for fewer. The pass is tried again,
+    after the server's `Retry-After`; the writes that went through keep their Events."""
+    outcome.retry_error = f"applying children: {error}"
+    outcome.retry_after_s = error.retry_after_s
+    return outcome
 
 
 def _not_ready(

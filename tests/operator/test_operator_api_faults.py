@@ -1,0 +1,205 @@
+"""`batchpilot operator run` on the API server's worst day: the local Kubernetes API stays honest,
+and the test's fault proxy in front of it (fault_proxy.py) fails what the operator sends — watch
+streams cut or answered 410 Gone, answers lost after the write happened, a minute of 503s — while
+the test changes things behind the operator's back, straight on the API.
+
+What must hold: the children end up as the spec says, each once; nothing the operator missed
+while its watches were down stays missed; the process rides out an outage and catches up. Every
+wait is on a condition, bounded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from batchpilot.sandbox import LocalKubernetesAPI
+from batchpilot.sandbox.pods import API
+from tests.operator.election_support import free_port
+from tests.operator.fault_proxy import Answer, Fault, FaultProxy, LoseAnswer
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+NS = "default"
+START_S = 30.0
+"""The operator's start (imports, kopf's initial lists) on a busy test machine."""
+PASS_S = 10.0
+"""Within a periodic pass (2 s in the tests) or a retry (10 s), with room for a busy machine."""
+ISVCS = f"/apis/batchpilot.io/v1alpha1/namespaces/{NS}/inferenceservices"
+DEPLOYMENTS = f"/apis/apps/v1/namespaces/{NS}/deployments"
+CHILDREN = {
+    "deployment": (DEPLOYMENTS, ""),
+    "service": (f"/api/v1/namespaces/{NS}/services", ""),
+    "configmap": (f"/api/v1/namespaces/{NS}/configmaps", "-batching"),
+    "secret": (f"/api/v1/namespaces/{NS}/secrets", "-admin-token"),
+}
+
+
+class Cluster:
+    """The local API, the fault proxy in front of it, and the operator talking through it."""
+
+    def __init__(self, api: LocalKubernetesAPI, proxy: FaultProxy, tmp: Path) -> None:
+        self.api = api
+        self.proxy = proxy
+        self.rest = API(api.url)  # the test's own hands, straight to the API; 404 reads None
+        self.log_path = tmp / "operator.log"
+        self.liveness = f"http://127.0.0.1:{free_port()}/healthz"
+        kubeconfig = proxy.write_kubeconfig(tmp / "kubeconfig")
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "batchpilot.runtime.cli", "operator", "run",
+                 "--kubeconfig", str(kubeconfig), "--liveness", self.liveness],
+                env={**os.environ, "BATCHPILOT_OPERATOR_AUTOPILOT_INTERVAL_SECONDS": "3600"},
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def create(self, name: str) -> None:
+        self.rest.call(ISVCS, "POST", inference_service(name))
+
+    def child(self, kind: str, name: str) -> dict[str, Any] | None:
+        collection, suffix = CHILDREN[kind]
+        found: dict[str, Any] | None = self.rest.call(f"{collection}/{name}{suffix}")
+        return found
+
+    def children_of(self, name: str) -> dict[str, int]:
+        """How many objects of each child kind belong to `name` (by its label)."""
+        counts = {}
+        for kind, (collection, _) in CHILDREN.items():
+            items = self.rest.call(
+                f"{collection}?labelSelector=batchpilot.io/inferenceservice={name}"
+            )
+            counts[kind] = len(items["items"])
+        return counts
+
+    def events(self, name: str, reason: str) -> list[dict[str, Any]]:
+        found = self.rest.call(f"/api/v1/namespaces/{NS}/events") or {"items": []}
+        return [
+            event
+            for event in found["items"]
+            if event.get("reason") == reason and event.get("involvedObject", {}).get("name") == name
+        ]
+
+    def ready(self, name: str) -> tuple[str, str] | None:
+        body = self.rest.call(f"{ISVCS}/{name}") or {}
+        status = body.get("status") or {}
+        if status.get("observedGeneration") != body.get("metadata", {}).get("generation"):
+            return None
+        for condition in status.get("conditions", []):
+            if condition["type"] == "Ready":
+                return condition["status"], condition["reason"]
+        return None
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+
+def inference_service(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "batchpilot.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"model": {"uri": "file:///m.onnx"}, "sla": {"latencyP99Ms": 100}},
+    }
+
+
+@contextlib.contextmanager
+def running(tmp: Path) -> Iterator[Cluster]:
+    with (
+        LocalKubernetesAPI(crds=[ROOT / "crds"]).threaded() as api,
+        FaultProxy(api.url).threaded() as proxy,
+    ):
+        cluster = Cluster(api, proxy, tmp)
+        try:
+            # kopf's watches are open once every kind's initial list is done
+            wait_until(lambda: proxy.open_watches() >= 7, timeout=START_S, what="the watches")
+            yield cluster
+        finally:
+            cluster.stop()
+        assert "Traceback" not in cluster.log(), cluster.log()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with running(tmp_path_factory.mktemp("faults")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(autouse=True)
+def no_faults_left(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if "cluster" in request.fixturenames:
+        request.getfixturevalue("cluster").proxy.clear()
+
+
+class TestWritesTheApiServerFails:
+    def test_a_create_whose_answer_is_lost_is_made_once_and_not_reported(
+        self, cluster: Cluster
+    ) -> None:
+        """The Deployment is created, the connection drops before the answer: the pass cannot
+        know. It is tried again (409: it exists, read afresh, nothing more to do) — no failure in
+        `Ready`, no Warning, no traceback in the log."""
+        logged, began = len(cluster.log()), time.monotonic()
+        cluster.proxy.add(Fault(LoseAnswer(), path="/deployments$", method="POST", times=1))
+        cluster.create("lost-answer")
+        wait_until(
+            lambda: cluster.ready("lost-answer") == ("False", "Progressing"),
+            timeout=PASS_S,
+            what="Ready=False (Progressing): everything applied",
+        )
+        assert [
+            s.outcome for s in cluster.proxy.seen(method="POST", path="/deployments$", since=began)
+        ][:1] == ["lost"]
+        assert cluster.children_of("lost-answer") == {
+            "deployment": 1, "service": 1, "configmap": 1, "secret": 1
+        }  # fmt: skip
+        assert cluster.events("lost-answer", "ApplyFailed") == []
+        assert "Traceback" not in cluster.log()[logged:], cluster.log()[logged:]
+
+    def test_a_throttled_create_waits_for_retry_after_and_is_not_reported(
+        self, cluster: Cluster
+    ) -> None:
+        """API Priority and Fairness turns the Deployment's create away twice with 429 and
+        `Retry-After: 3`. The other children's events, the periodic pass and the handler's retry
+        all come sooner: none may ask before the 3 s are up."""
+        began = time.monotonic()
+        cluster.proxy.add(
+            Fault(Answer(429, retry_after=3), path="/deployments$", method="POST", times=2)
+        )
+        cluster.create("throttled")
+        wait_until(
+            lambda: cluster.child("deployment", "throttled"),
+            timeout=3 * PASS_S,
+            what="the Deployment, once let through",
+        )
+        asked = cluster.proxy.seen(method="POST", path="/deployments$", since=began)
+        assert [s.outcome for s in asked] == ["429", "429", "201"]
+        gaps = [later.at - earlier.at for earlier, later in itertools.pairwise(asked)]
+        print(f"\ncreates asked {', '.join(f'{gap:.2f}' for gap in gaps)} s apart")
+        assert min(gaps) >= 3 - 0.05, gaps
+        wait_until(
+            lambda: cluster.ready("throttled") == ("False", "Progressing"),
+            timeout=PASS_S,
+            what="Ready=False (Progressing)",
+        )
+        assert cluster.events("throttled", "ApplyFailed") == []
