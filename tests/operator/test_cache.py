@@ -379,6 +379,66 @@ class TestOthersChanges:
         assert operator.calls_of_a_pass() == []
 
 
+class TestWhatOnlyAListTells:
+    """A watch that cannot resume (410 Gone) makes kopf list the kind again: a deletion made
+    while it was down is told by no event, only by its absence from that list."""
+
+    @staticmethod
+    def listing(operator: Operator, kind: ResourceKind) -> tuple[set[tuple[str, str]], str]:
+        """The API's list of `kind` now: its objects' keys, and the list's resourceVersion."""
+        keys = {(ns, name) for (k, ns, name) in operator.api.objects if k == kind.kind}
+        version = max(int(o["metadata"]["resourceVersion"]) for o in operator.api.objects.values())
+        return keys, str(version)
+
+    def test_a_child_deleted_unreported_goes_with_the_list_and_is_created_again(self) -> None:
+        operator = settled()
+        operator.api.remove(SERVICE, "resnet50")
+        operator.api.events.clear()  # the watch was down: its DELETED is never delivered
+        assert operator.calls_of_a_pass() == []  # blind: memory still holds it
+
+        (gone,) = operator.cache.relisted(SERVICE, None, *self.listing(operator, SERVICE))
+        assert gone["metadata"]["name"] == "resnet50"  # whose owner the handlers reconcile
+        assert operator.calls_of_a_pass() == ["create Service"]
+        assert operator.calls_of_a_pass() == []
+
+    def test_what_the_list_shows_or_is_newer_than_it_stays(self) -> None:
+        operator = settled()
+        operator.api.remove(SERVICE, "resnet50")
+        operator.api.deliver(operator.cache)
+        keys, version = self.listing(operator, SERVICE)  # taken before the pass below
+        operator.reconcile()  # created again after the list was taken: a newer version
+        assert operator.cache.relisted(SERVICE, None, keys, version) == []
+        assert operator.cache.get(SERVICE, NS, "resnet50") is not None
+        assert operator.cache.relisted(DEPLOYMENT, None, *self.listing(operator, DEPLOYMENT)) == []
+        assert operator.cache.get(DEPLOYMENT, NS, "resnet50") is not None
+
+    def test_a_list_of_one_namespace_speaks_for_that_namespace_only(self) -> None:
+        operator = settled()
+        _, version = self.listing(operator, SERVICE)
+        assert operator.cache.relisted(SERVICE, "elsewhere", set(), version) == []
+        assert operator.cache.get(SERVICE, NS, "resnet50") is not None
+        assert len(operator.cache.relisted(SERVICE, NS, set(), version)) == 1
+
+    def test_without_a_comparable_version_nothing_goes(self) -> None:
+        operator = settled()
+        assert operator.cache.relisted(SERVICE, None, set(), "not-a-number") == []
+        assert operator.cache.relisted(SERVICE, None, set(), None) == []
+        assert operator.cache.get(SERVICE, NS, "resnet50") is not None
+
+    def test_its_own_delete_seen_by_no_event_is_forgotten_with_the_list(self) -> None:
+        operator = settled()
+        operator.api.edit(DEPLOYMENT, "resnet50", lambda d: d["spec"].update(replicas=3))
+        operator.api.deliver(operator.cache)
+        operator.reconcile()  # three replicas: a PodDisruptionBudget
+        operator.api.deliver(operator.cache)
+        operator.api.edit(DEPLOYMENT, "resnet50", lambda d: d["spec"].update(replicas=1))
+        operator.api.deliver(operator.cache)
+        operator.reconcile()  # deletes it; its DELETED is in the gap
+        operator.api.events.clear()
+        assert operator.cache.relisted(PDB, None, *self.listing(operator, PDB)) == []
+        assert operator.cache.get(PDB, NS, "resnet50") is None
+
+
 class TestSharedObjects:
     def test_children_are_kept_as_text_and_each_read_is_a_copy(self) -> None:
         operator = settled()

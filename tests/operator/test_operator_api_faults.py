@@ -26,7 +26,7 @@ import pytest
 from batchpilot.sandbox import LocalKubernetesAPI
 from batchpilot.sandbox.pods import API
 from tests.operator.election_support import free_port
-from tests.operator.fault_proxy import Answer, Fault, FaultProxy, LoseAnswer
+from tests.operator.fault_proxy import Answer, Delay, Fault, FaultProxy, Gone, LoseAnswer
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -150,6 +150,36 @@ def no_faults_left(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     if "cluster" in request.fixturenames:
         request.getfixturevalue("cluster").proxy.clear()
+
+
+class TestWatchesThatCannotResume:
+    def test_a_child_deleted_meanwhile_is_restored(self, cluster: Cluster) -> None:
+        """The Deployments' watch is cut; its resumption is answered 410 Gone (the API server's
+        watch cache has moved on), so kopf lists them again — and the list does not show the
+        Deployment someone deleted in between, which no DELETED event will ever report."""
+        cluster.create("relisted")
+        wait_until(lambda: cluster.child("deployment", "relisted"), what="the Deployment")
+        held = Fault(Delay(1.5, then=Gone()), path="^/apis/apps/v1/deployments$", watch=True)
+        cluster.proxy.add(held)
+        cut_at = time.monotonic()
+        assert cluster.proxy.cut_watches() >= 7
+        wait_until(
+            lambda: any(
+                at > cut_at for at in cluster.proxy.arrived(path="^/apis/apps/v1/deployments$")
+            ),
+            what="the Deployments' watch resuming (held by the proxy)",
+        )
+        cluster.rest.call(f"{DEPLOYMENTS}/relisted", "DELETE")
+        wait_until(lambda: held.taken >= 1, what="the resumption answered 410")
+        cluster.proxy.remove(held)
+        wait_until(
+            lambda: cluster.child("deployment", "relisted"),
+            timeout=PASS_S,
+            what="the deleted Deployment created again",
+        )
+        assert cluster.children_of("relisted") == {
+            "deployment": 1, "service": 1, "configmap": 1, "secret": 1
+        }  # fmt: skip
 
 
 class TestWritesTheApiServerFails:

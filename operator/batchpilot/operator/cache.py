@@ -26,6 +26,9 @@ What keeps it right:
 - Someone else's edit or deletion arrives as a watch event like any other: the cache has it
   before the child-event handler that triggers the repair runs (same object, same stream, the
   index first).
+- A deletion no watch event reports — made while a watch was down and could not resume (410
+  Gone), so that kopf listed the kind again — is told by that list: what the cache holds and
+  the list does not, no newer than the list, goes (`relisted`, fed by relists.py).
 - Until the first handler runs (`mark_synced`), a miss is asked of the API: the autopilot's
   fleet loop starts with the operator, not after kopf's initial lists.
 - A write answered 409 or 404 means what was read is behind the API (a name taken by someone
@@ -242,6 +245,49 @@ class WatchCache:
                     self._absent.add((kind, key))
             if (kind, key) in self._deleted and not _older(obj, self._deleted[(kind, key)]):
                 del self._deleted[(kind, key)]
+
+    def relisted(
+        self,
+        kind: ResourceKind,
+        namespace: str | None,
+        listed: Iterable[Key],
+        version: str | None,
+    ) -> list[Obj]:
+        """A complete list of `kind` (in `namespace`; None: every namespace) as of
+        resourceVersion `version` (relists.py): what the cache holds of it that the list does
+        not show, and that is not newer than the list, was deleted while no watch could say so
+        (a watch that resumed with 410 Gone, then listed again). It goes, as a DELETED event
+        would take it. Returns what went, as last kept (the handlers reconcile its owners).
+        What a write answered after the list stays; so does everything when either version is
+        not an integer."""
+        if kind not in self._objects:
+            return []
+        try:
+            as_of = int(version or "")
+        except ValueError:
+            return []
+        present = set(listed)
+        gone: list[Obj] = []
+        with self._lock:
+            for key, kept in list(self._objects[kind].items()):
+                if (namespace is not None and key[0] != namespace) or key in present:
+                    continue
+                if kept.version is None or kept.version > as_of:
+                    continue
+                gone.append(kept.value())
+                self._drop(kind, key)
+                self._name(kind, key, ())
+                if (kind, key) in self._named_by:
+                    self._absent.add((kind, key))
+            for ref, deleted in list(self._deleted.items()):
+                held_kind, key = ref
+                if held_kind != kind or key in present:
+                    continue
+                if namespace is not None and key[0] != namespace:
+                    continue
+                if deleted is not None and deleted <= as_of:
+                    del self._deleted[ref]  # its DELETED event is in the gap: it never comes
+        return gone
 
     def mark_synced(self) -> None:
         """Every watched kind has had its initial list: a miss now means "no such object"."""

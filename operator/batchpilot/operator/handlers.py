@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from typing import Any, cast
 
 import kopf
 
+from batchpilot.operator import relists
 from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
 from batchpilot.operator.autopilot.prometheus import FleetObserver, Seasonality, http_query
 from batchpilot.operator.autopilot.push import AccessPusher, push_access, push_batching
@@ -146,6 +148,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         push=push_batching,
     )
     memo.contexts = {}
+    memo.stop_hearing_lists = relists.listen(functools.partial(_relisted, memo))
     memo.fleet = FleetPilot(
         memo.passes,
         memo.autopilot,
@@ -223,6 +226,9 @@ async def start_autopilot(memo: kopf.Memo, **kwargs: Any) -> None:
 
 @kopf.on.cleanup()
 async def stop_autopilot(memo: kopf.Memo, **_: Any) -> None:
+    stop_hearing: Callable[[], None] | None = memo.get("stop_hearing_lists")
+    if stop_hearing is not None:
+        stop_hearing()
     task: asyncio.Task[None] | None = memo.get("fleet_task")
     if task is not None:
         task.cancel()
@@ -369,6 +375,55 @@ def _on_named_secret_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> N
     namespace, name = meta.get("namespace") or "", meta.get("name") or ""
     for owner in cache.referrers(SECRET, namespace, name):
         _reconcile_or_log(namespace, owner, memo, trigger=f"an event of its Secret {name}")
+
+
+_CACHED_KINDS = {
+    (kind.group_version, kind.plural): kind for kind in (INFERENCESERVICE, *CHILD_KINDS, POD)
+}
+
+
+def _relisted(
+    memo: kopf.Memo,
+    group_version: str,
+    plural: str,
+    namespace: str | None,
+    listed: frozenset[tuple[str, str]],
+    version: str | None,
+) -> None:
+    """kopf listed a kind afresh (relists.py; in kopf's loop): what the cache held of it and the
+    list does not show was deleted while no watch could tell, and goes. The owners of the
+    children that went are reconciled at once (the pass creates them again), and so are the
+    InferenceServices naming a Secret that went — as a DELETED event would have had them."""
+    cache: WatchCache | None = memo.get("cache")
+    kind = _CACHED_KINDS.get((group_version, plural))
+    if cache is None or kind is None:
+        return
+    gone = cache.relisted(kind, namespace, listed, version)
+    if not gone or kind not in CHILD_KINDS or "passes" not in memo:
+        return
+    owners: set[tuple[str, str]] = set()
+    for obj in gone:
+        meta = obj.get("metadata", {})
+        where = meta.get("namespace") or ""
+        owner = (meta.get("labels") or {}).get(ISVC_LABEL)
+        if owner:
+            owners.add((where, owner))
+        owners.update((where, by) for by in cache.referrers(kind, where, meta.get("name") or ""))
+    log.info(
+        "%s listed again: %s gone, unreported by any event; reconciling %s",
+        plural,
+        ", ".join(f"{o['metadata'].get('namespace')}/{o['metadata'].get('name')}" for o in gone),
+        ", ".join(f"{ns}/{name}" for ns, name in sorted(owners)) or "nothing",
+    )
+    contexts: dict[str, contextvars.Context] = memo.get("contexts") or {}
+    context = contexts.get("handler") or contextvars.copy_context()
+    loop = asyncio.get_running_loop()
+    for where, owner in sorted(owners):
+        loop.run_in_executor(
+            None,
+            context.copy().run,
+            functools.partial(_reconcile_or_log, where, owner, memo, trigger="a relist"),
+        )
 
 
 def _group_version(kind: ResourceKind) -> tuple[str, str]:
