@@ -25,7 +25,7 @@ import pytest
 
 from batchpilot.sandbox import LocalKubernetesAPI
 from batchpilot.sandbox.pods import API
-from tests.operator.election_support import free_port
+from tests.operator.election_support import free_port, probe
 from tests.operator.fault_proxy import Answer, Delay, Fault, FaultProxy, Gone, LoseAnswer
 from tests.waiting import wait_until
 
@@ -233,3 +233,56 @@ class TestWritesTheApiServerFails:
             what="Ready=False (Progressing)",
         )
         assert cluster.events("throttled", "ApplyFailed") == []
+
+
+OUTAGE_S = 60.0
+"""Longer than kopf's own retries of a request (eight, 54 s), after which it gave up."""
+
+
+@pytest.fixture
+def alone(tmp_path: Path) -> Iterator[Cluster]:
+    """An operator of its own: the outage would hold up every other test's."""
+    with running(tmp_path) as cluster:
+        yield cluster
+
+
+def test_a_minute_without_the_api_server_is_ridden_out_and_caught_up_with(alone: Cluster) -> None:
+    cluster = alone
+    cluster.create("before")
+    wait_until(lambda: cluster.child("deployment", "before"), what="the Deployment")
+    began = time.monotonic()
+    cluster.proxy.add(Fault(Answer(503)))
+    cluster.proxy.cut_watches()
+    # Meanwhile, behind the operator's back: a child deleted, a service created.
+    cluster.rest.call(f"{DEPLOYMENTS}/before", "DELETE")
+    cluster.create("during")
+
+    answers = []
+
+    def outage_over() -> bool:
+        answers.append(probe(cluster.liveness))
+        return cluster.process.poll() is not None or time.monotonic() - began >= OUTAGE_S
+
+    wait_until(outage_over, timeout=OUTAGE_S + 10, every=2, what="the outage's end")
+    assert cluster.process.poll() is None, cluster.log()
+    assert {answer and answer[0] for answer in answers} == {200}, answers
+    asked = cluster.proxy.seen(since=began)
+    print(f"\n{len(asked)} requests in {OUTAGE_S:.0f} s of 503s ({len(asked) / OUTAGE_S:.1f}/s)")
+    cluster.proxy.clear()
+
+    recovered = time.monotonic()
+    wait_until(
+        lambda: cluster.child("deployment", "before") and cluster.child("deployment", "during"),
+        timeout=30,
+        what="what changed during the outage, caught up with",
+    )
+    print(f"caught up {time.monotonic() - recovered:.1f} s after the API server came back")
+    for name in ("before", "during"):
+        wait_until(
+            lambda n=name: cluster.ready(n) == ("False", "Progressing"),
+            timeout=PASS_S,
+            what=f"{name}'s status caught up",
+        )
+        assert cluster.children_of(name) == {
+            "deployment": 1, "service": 1, "configmap": 1, "secret": 1
+        }  # fmt: skip

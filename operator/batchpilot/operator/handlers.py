@@ -23,9 +23,10 @@ import asyncio
 import contextlib
 import contextvars
 import functools
+import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import kopf
@@ -51,6 +52,26 @@ from batchpilot.operator.spec import GROUP, PLURAL, VERSION
 log = logging.getLogger(__name__)
 ANNOTATION_PREFIX = "batchpilot.io"
 _SETTINGS = OperatorSettings()
+
+
+class ApiRetries:
+    """How kopf retries a request of its own (a watch, a list, its patches of an
+    InferenceService) that the API server failed (5xx, 429, 403) or did not answer: kopf's first
+    steps, then every `every_s` seconds without end. kopf's default gives up after eight tries
+    (54 s), and a watch that gives up stops the whole operator: an API server down for a minute
+    (a control-plane upgrade, etcd electing a leader) stopped it, to be restarted by the kubelet
+    with a growing back-off. Iterable again and again: kopf iterates it once per request."""
+
+    def __init__(self, first: tuple[float, ...] = (1, 1, 2, 3, 5, 8), every_s: float = 10) -> None:
+        self.first = first
+        self.every_s = every_s
+
+    def __iter__(self) -> Iterator[float]:
+        yield from self.first
+        yield from itertools.repeat(self.every_s)
+
+
+API_RETRIES = ApiRetries()
 RETRY_S = 10.0
 """How soon the resource's handler tries a failed pass again (the periodic pass comes too)."""
 KOPF_THREADS = 16
@@ -103,6 +124,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # only warnings and errors (a handler that failed) become Events too.
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
+    settings.networking.error_backoffs = API_RETRIES
     settings.watching.label_selectors["", "v1", POD.plural] = POD_SELECTOR
     kube = WatchCache(
         # the autopilot's workers and kopf's handler threads call the API at once
