@@ -61,6 +61,24 @@ class EngineFailure(InferenceError):
     """The engine failed on the batch this request was part of (500)."""
 
 
+OUT_OF_MEMORY_MARKERS = (
+    "out of memory",  # CUDA's, PyTorch's, cuDNN's
+    "failed to allocate memory",  # onnxruntime's arena
+    "cuda_error_out_of_memory",
+    "bad_alloc",  # C++ allocations in the engine
+    "outofmemory",
+)
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """Whether an engine's error says the device ran out of memory for the batch: a batch
+    smaller may run (as opposed to a model or input that fails at any size)."""
+    if isinstance(error, MemoryError) or "OutOfMemory" in type(error).__name__:
+        return True
+    text = str(error).lower()
+    return any(marker in text for marker in OUT_OF_MEMORY_MARKERS)
+
+
 class Unauthorized(InferenceError):
     """The caller did not prove who it is: no key or token, or one the server does not know
     (401, with a `WWW-Authenticate: Bearer` challenge). `error` is RFC 6750's code for the

@@ -46,6 +46,10 @@ environment), so one PromQL selector finds a service's replicas. What each metri
   moment of the scrape: a step in the load shows in it whole once it is that old, where the
   counter's rate between two scrapes averages it with what came before.
 - `batchpilot_deadline_seconds` (gauge): the default deadline in force (0: none).
+- `batchpilot_device_memory_batch_rows` (gauge): absent until the device runs out of memory for
+  a batch; then the largest batch it is not known to lack memory for. Batches are formed no
+  larger from then on, and the batch limit and burst size in force
+  (`batchpilot_batching_max_batch_size`, `…_burst_batch_size`) say so.
 - `batchpilot_sla_seconds`, `batchpilot_slo_objective_ratio` (gauges): the service's P99 SLA and
   objective (0.99: the SLA holds 99 % of the time), as the operator's batching document gives
   them; absent until it does. Prometheus judges the service against them (the chart's
@@ -336,6 +340,12 @@ class RuntimeMetrics:
             names,
             registry=r,
         ).labels(**labels)
+        self._memory_rows = Gauge(
+            "batchpilot_device_memory_batch_rows",
+            "Largest batch the device is not known to lack memory for, once a batch ran out",
+            names,
+            registry=r,
+        )
         self.max_queue_delay = Gauge(
             "batchpilot_batching_max_queue_delay_seconds",
             "Longest wait for a batch to fill, in force",
@@ -418,6 +428,10 @@ class RuntimeMetrics:
     def pipeline_stage_done(self, stage: str, duration_s: float) -> None:
         """`stage`: "preprocess" or "postprocess"."""
         self._pipeline.labels(**self._labels, stage=stage).observe(duration_s)
+
+    def memory_limited(self, rows: int) -> None:
+        """The device ran out of memory for a batch larger than `rows`."""
+        self._memory_rows.labels(**self._labels).set(rows)
 
     def settings_changed(
         self,

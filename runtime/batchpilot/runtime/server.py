@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -40,6 +41,7 @@ from batchpilot.runtime.errors import (
     Overloaded,
     RequestTooLarge,
     ShuttingDown,
+    out_of_memory,
 )
 from batchpilot.runtime.metrics import RuntimeMetrics, available_cores
 from batchpilot.runtime.protocol.server_codec import InferRequest
@@ -104,6 +106,10 @@ class ModelServer:
             else None
         )
         self._batching = batching
+        self._memory_rows: int | None = None
+        """The largest batch the device is not known to lack memory for (None: none known)."""
+        self._in_force = batching
+        """`batching` within `_memory_rows`: what batches are formed by."""
         self.admission: Admission = admission
         self._output_names = self.signature.output_names
         self._output_datatypes = {spec.name: spec.datatype for spec in self.signature.outputs}
@@ -112,12 +118,17 @@ class ModelServer:
         # admission lets the queue use it.
         self.predictor = Predictor(instances=instances)
         self._queue = BatchQueue(
-            settings=lambda: self._batching,
+            settings=lambda: self._in_force,
             capacity=queue_capacity,
             predictor=self.predictor if admission == "deadline" else None,
         )
         self._batcher = Batcher(
-            self._queue, engine, metrics, instances=instances, predictor=self.predictor
+            self._queue,
+            engine,
+            metrics,
+            instances=instances,
+            predictor=self.predictor,
+            on_out_of_memory=self._out_of_memory,
         )
         metrics.track_busy_seconds(self._batcher.busy_seconds)
         self._task: asyncio.Task[None] | None = None
@@ -183,7 +194,39 @@ class ModelServer:
                 "-" if settings.objective is None else f"{settings.objective:.3%}",
             )
         self._batching = settings
-        self._report_settings(settings)
+        self._in_force = self._within_memory(settings)
+        self._report_settings(self._in_force)
+
+    def _within_memory(self, settings: BatchSettings) -> BatchSettings:
+        rows = self._memory_rows
+        if rows is None or settings.ceiling <= rows:
+            return settings
+        burst = settings.burst_batch_size
+        return dataclasses.replace(
+            settings,
+            max_batch_size=min(settings.max_batch_size, rows),
+            burst_batch_size=None if burst is None else min(burst, rows),
+        )
+
+    def _out_of_memory(self, rows: int) -> None:
+        """The device had no memory for a batch of `rows` rows: batches are formed smaller from
+        now on, whatever limit is set (until the server restarts), and a request of more rows
+        is refused."""
+        limit = max(1, rows - 1)
+        if self._memory_rows is not None and self._memory_rows <= limit:
+            return
+        self._memory_rows = limit
+        self._in_force = self._within_memory(self._batching)
+        log.warning(
+            "the device ran out of memory for a batch of %d rows: batches hold at most %d rows "
+            "from now on (the limit set is %d; the burst size %s) until the server restarts",
+            rows,
+            limit,
+            self._batching.max_batch_size,
+            self._batching.burst_batch_size or "none",
+        )
+        self.metrics.memory_limited(limit)
+        self._report_settings(self._in_force)
 
     def _report_settings(self, settings: BatchSettings) -> None:
         self.metrics.settings_changed(
@@ -214,11 +257,17 @@ class ModelServer:
         in_force = min(self._batching.max_batch_size, STARTUP_TIMING_MAX_ROWS)
         largest_allowed = self._calibration_rows or self._batching.ceiling
         top = min(max(in_force, largest_allowed), STARTUP_TIMING_MAX_ROWS)
-        for largest in dict.fromkeys((top, in_force)):
+        sizes = list(dict.fromkeys((top, in_force)))
+        while sizes:
+            largest = sizes.pop(0)
             try:
                 timed = await self._time_batches(sorted({1, largest}), rounds)
             except Exception as exc:  # any engine error: calibration is an optimisation
                 log.warning("start-up timing of batches of 1 and %d rows failed: %s", largest, exc)
+                if out_of_memory(exc) and largest > 1:
+                    # Batches that large will not run: none is formed, and half is tried.
+                    self._out_of_memory(largest)
+                    sizes = [rows for rows in sizes if rows < largest] or [largest // 2]
                 continue
             self.metrics.startup_timed(timed)
             if (fit := self.predictor.timing.fit) is not None:
@@ -256,6 +305,11 @@ class ModelServer:
         once. A request larger than an idle replica could serve within its deadline is one of
         them (`BatchQueue.check_servable`): a request to change, not load to shed."""
         rows = validate_inputs(self.signature, request)
+        if self._memory_rows is not None and rows > self._memory_rows:
+            raise RequestTooLarge(
+                f"the request has {rows} rows; the device ran out of memory for a batch of "
+                f"{self._memory_rows + 1}: send at most {self._memory_rows} rows a request"
+            )
         if self.pipeline is not None and self.pipeline.row_bytes:
             self._check_preprocessed_size(rows, self.pipeline.row_bytes)
         self._queue.check_servable(rows, timeout_s=request.timeout_s or self._batching.deadline_s)
@@ -266,7 +320,7 @@ class ModelServer:
         row of 224x224 FP32 pixels): refuse, before anything is decoded or allocated, a request
         of more rows than the largest batch the server runs (a batch allocates that much
         anyway) and than --max-body-bytes holds once preprocessed."""
-        ceiling = self._batching.ceiling
+        ceiling = self._in_force.ceiling
         limit = max(ceiling, self._max_body_bytes // row_bytes)
         if rows > limit:
             raise RequestTooLarge(

@@ -31,33 +31,44 @@ from batchpilot.runtime.engine import EngineInfo, ModelSignature, Ran
 from batchpilot.runtime.onnx_engine import SessionConfig, open_session, signature_of
 from batchpilot.runtime.protocol.tensors import DATATYPES
 
+_PART = r"(alpha_ms|beta_ms)=([0-9]*\.?[0-9]+)|(memory_rows)=([0-9]+)"
+
 
 @dataclass(frozen=True, slots=True)
 class LatencyModel:
-    """Per-batch compute time t(b) = α + β·b."""
+    """Per-batch compute time t(b) = α + β·b, and how many rows the device has memory for."""
 
     alpha_s: float
     beta_s: float
+    memory_rows: int | None = None
+    """A batch of more rows fails as a GPU's would, out of memory; None: no such limit."""
 
     def __post_init__(self) -> None:
         if self.alpha_s < 0 or self.beta_s < 0:
             raise ValueError("alpha and beta must not be negative")
+        if self.memory_rows is not None and self.memory_rows < 1:
+            raise ValueError("memory_rows must be at least 1")
 
     def seconds(self, rows: int) -> float:
         return self.alpha_s + self.beta_s * rows
 
     @classmethod
     def parse(cls, text: str) -> LatencyModel:
-        """Parse `alpha_ms=A,beta_ms=B` (the CLI form)."""
+        """Parse `alpha_ms=A,beta_ms=B[,memory_rows=N]` (the CLI form)."""
         values: dict[str, float] = {}
         for part in filter(None, (p.strip() for p in text.split(","))):
-            match = re.fullmatch(r"(alpha_ms|beta_ms)=([0-9]*\.?[0-9]+)", part)
+            match = re.fullmatch(_PART, part)
             if match is None:
-                raise ValueError(f"expected alpha_ms=A,beta_ms=B, got {text!r}")
-            values[match[1]] = float(match[2])
-        if set(values) != {"alpha_ms", "beta_ms"}:
+                raise ValueError(f"expected alpha_ms=A,beta_ms=B[,memory_rows=N], got {text!r}")
+            values[match[1] or match[3]] = float(match[2] or match[4])
+        if not {"alpha_ms", "beta_ms"} <= set(values):
             raise ValueError(f"expected both alpha_ms and beta_ms, got {text!r}")
-        return cls(alpha_s=values["alpha_ms"] / 1e3, beta_s=values["beta_ms"] / 1e3)
+        memory = values.get("memory_rows")
+        return cls(
+            alpha_s=values["alpha_ms"] / 1e3,
+            beta_s=values["beta_ms"] / 1e3,
+            memory_rows=None if memory is None else int(memory),
+        )
 
 
 class SimulatedEngine:
@@ -77,6 +88,7 @@ class SimulatedEngine:
             detail=(
                 f"simulated accelerator: t(b) = {latency.alpha_s * 1e3:g} ms + "
                 f"{latency.beta_s * 1e3:g} ms x b"
+                + (f", memory for {latency.memory_rows} rows" if latency.memory_rows else "")
                 + (f"; {instances} instances sharing one device" if instances > 1 else "")
             ),
             instances=instances,
@@ -110,6 +122,11 @@ class SimulatedEngine:
         """The batch takes the latency model's time on the pretend device: that is its compute
         time, however late the event loop wakes from the sleep that stands for it."""
         rows = next(iter(inputs.values())).shape[0]
+        memory = self._latency.memory_rows
+        if memory is not None and rows > memory:
+            raise RuntimeError(
+                f"CUDA out of memory (simulated): a batch of {rows} rows, memory for {memory}"
+            )
         seconds = self._latency.seconds(rows)
         async with self._device:
             await asyncio.sleep(seconds)

@@ -26,7 +26,7 @@ import numpy as np
 from batchpilot.runtime.admission import Predictor
 from batchpilot.runtime.batching.batch_queue import Batch, BatchQueue, Pending
 from batchpilot.runtime.engine import Engine, Ran, TimedEngine
-from batchpilot.runtime.errors import EngineFailure, ShuttingDown
+from batchpilot.runtime.errors import EngineFailure, ShuttingDown, out_of_memory
 
 
 class BatchObserver(Protocol):
@@ -122,10 +122,12 @@ class Batcher:
         clock: Callable[[], float] = time.perf_counter,
         instances: int = 1,
         predictor: Predictor | None = None,
+        on_out_of_memory: Callable[[int], None] | None = None,
     ) -> None:
         if instances < 1:
             raise ValueError(f"instances must be at least 1, got {instances}")
         self._predictor = predictor
+        self._on_out_of_memory = on_out_of_memory
         self._queue = queue
         self._clock = clock
         self._engine = engine
@@ -204,6 +206,9 @@ class Batcher:
             if predictor is not None:
                 predictor.finished(token, rows=rows, seconds=None, now=ended)
             self._observer.batch_failed(rows=rows, requests=len(items), compute_s=compute_s)
+            if out_of_memory(exc):
+                await self._out_of_memory(batch, exc)
+                return
             error = exc if isinstance(exc, EngineFailure) else EngineFailure(f"engine error: {exc}")
             _fail(items, error)
             return
@@ -238,6 +243,33 @@ class Batcher:
             compute_s=compute_s,
             queue_waits_s=[batch.formed_at - item.enqueued_at for item in items],
         )
+
+    async def _out_of_memory(self, batch: Batch, error: BaseException) -> None:
+        """The device had no memory for the batch: no batch that large is formed again (the
+        server lowers its limit), and its requests run again in two halves, and so on down,
+        rather than fail. A single request is never split (its rows are its client's): one
+        that does not fit alone fails, saying so."""
+        rows = batch.rows
+        if self._on_out_of_memory is not None:
+            self._on_out_of_memory(rows)
+        items = batch.items
+        if len(items) == 1:
+            _fail(
+                items,
+                EngineFailure(
+                    f"the device ran out of memory for this request's {rows} rows; send fewer "
+                    f"rows a request ({first_line(error)})"
+                ),
+            )
+            return
+        half = len(items) // 2
+        for part in (items[:half], items[half:]):
+            await self.run_batch(Batch(part, batch.settings, batch.formed_at))
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _fail(items: Sequence[Pending], error: BaseException) -> None:

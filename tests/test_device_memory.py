@@ -1,0 +1,225 @@
+"""A device out of memory for a batch: its requests run again in smaller batches rather than
+fail, and no batch that large is formed again.
+
+The batch loop with a fake engine that has memory for so many rows and a fake clock (looptime);
+the error classification on the engines' own words; the server as a real process on the
+simulated accelerator given a memory (`--simulated-latency …,memory_rows=N`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+
+from batchpilot.runtime.batching import Batcher, BatchQueue, BatchSettings
+from batchpilot.runtime.engine import EngineInfo, ModelSignature, TensorSpec
+from batchpilot.runtime.errors import EngineFailure, out_of_memory
+from batchpilot.runtime.simulated import LatencyModel
+from tests.runtime_process import metric, runtime_process, send
+
+SIGNATURE = ModelSignature(
+    name="double",
+    platform="test",
+    inputs=(TensorSpec("x", "FP32", (-1, 1)),),
+    outputs=(TensorSpec("y", "FP32", (-1, 1)),),
+)
+
+
+class OutOfMemoryError(RuntimeError):
+    """Named as PyTorch names its own (torch.cuda.OutOfMemoryError)."""
+
+
+class SmallDevice:
+    """Doubles its input after 1 ms a row; a batch of more than `memory_rows` rows fails as
+    onnxruntime's CUDA arena does."""
+
+    def __init__(self, memory_rows: int) -> None:
+        self.memory_rows = memory_rows
+        self.batches: list[int] = []
+
+    @property
+    def signature(self) -> ModelSignature:
+        return SIGNATURE
+
+    @property
+    def info(self) -> EngineInfo:
+        return EngineInfo(kind="fake", device="gpu", simulated=True)
+
+    async def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
+        x = inputs["x"]
+        self.batches.append(x.shape[0])
+        await asyncio.sleep(0.001 * x.shape[0])
+        if x.shape[0] > self.memory_rows:
+            raise RuntimeError(
+                "[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Non-zero status code returned while "
+                "running Conv node. Name:'conv1' Status Message: Failed to allocate memory for "
+                "requested buffer of size 822083584"
+            )
+        return {"y": x * 2}
+
+    async def close(self) -> None:
+        pass
+
+
+class TestTheErrorsThatMeanOutOfMemory:
+    @pytest.mark.parametrize(
+        "error",
+        [
+            MemoryError(),
+            OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+            RuntimeError("Failed to allocate memory for requested buffer of size 822083584"),
+            RuntimeError("CUDA error: CUDA_ERROR_OUT_OF_MEMORY"),
+            RuntimeError("std::bad_alloc"),
+        ],
+    )
+    def test_the_engines_own_words(self, error: BaseException) -> None:
+        assert out_of_memory(error)
+
+    @pytest.mark.parametrize(
+        "error",
+        [
+            RuntimeError("Invalid rank for input: x Got: 3 Expected: 2"),
+            ValueError("shape mismatch"),
+            EngineFailure("the engine returned 3 rows of output 'y' for a batch of 4 rows"),
+        ],
+    )
+    def test_other_failures_are_not(self, error: BaseException) -> None:
+        assert not out_of_memory(error)
+
+
+@pytest.mark.looptime
+class TestTheBatchLoop:
+    async def test_a_batch_too_large_runs_again_in_halves_and_the_limit_is_reported(
+        self,
+    ) -> None:
+        engine = SmallDevice(memory_rows=4)
+        limits: list[int] = []
+        queue = BatchQueue(
+            settings=lambda: BatchSettings(max_batch_size=8, max_queue_delay_s=0.005),
+            capacity=100,
+            clock=asyncio.get_running_loop().time,
+        )
+        batcher = Batcher(
+            queue,
+            engine,
+            _Ignore(),
+            clock=asyncio.get_running_loop().time,
+            on_out_of_memory=limits.append,
+        )
+        task = asyncio.get_running_loop().create_task(batcher.run())
+        values = [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]
+        results = await asyncio.gather(
+            *(
+                queue.put({"x": np.array([[v] for v in pair], np.float32)}, rows=2)
+                for pair in values
+            )
+        )
+        assert [[float(v) for v in r["y"][:, 0]] for r in results] == [
+            [2.0, 4.0],
+            [6.0, 8.0],
+            [10.0, 12.0],
+        ]
+        # 6 rows failed; then the first request alone, and the other two together
+        assert engine.batches == [6, 2, 4]
+        assert limits == [6]
+        queue.close()
+        await task
+
+    async def test_one_request_too_large_for_the_device_fails_saying_so(self) -> None:
+        engine = SmallDevice(memory_rows=4)
+        queue = BatchQueue(
+            settings=lambda: BatchSettings(max_batch_size=8, max_queue_delay_s=0.0),
+            capacity=100,
+            clock=asyncio.get_running_loop().time,
+        )
+        batcher = Batcher(queue, engine, _Ignore(), clock=asyncio.get_running_loop().time)
+        task = asyncio.get_running_loop().create_task(batcher.run())
+        with pytest.raises(EngineFailure, match="out of memory for this request's 6 rows"):
+            await queue.put({"x": np.zeros((6, 1), np.float32)}, rows=6)
+        assert engine.batches == [6]  # a request's rows are never split
+        queue.close()
+        await task
+
+
+class _Ignore:
+    def batch_done(self, **_: Any) -> None:
+        pass
+
+    def batch_failed(self, **_: Any) -> None:
+        pass
+
+
+def test_the_simulated_device_takes_a_memory() -> None:
+    model = LatencyModel.parse("alpha_ms=8,beta_ms=1.5,memory_rows=32")
+    assert model.memory_rows == 32
+    assert LatencyModel.parse("alpha_ms=8,beta_ms=1.5").memory_rows is None
+    with pytest.raises(ValueError, match="memory_rows must be at least 1"):
+        LatencyModel.parse("alpha_ms=8,beta_ms=1.5,memory_rows=0")
+    with pytest.raises(ValueError, match="expected alpha_ms=A"):
+        LatencyModel.parse("alpha_ms=8,beta_ms=1.5,memory_rows=2.5")
+
+
+def test_a_server_whose_device_lacks_memory_answers_every_request_and_says_so(
+    image_model: Path, tmp_path: Path
+) -> None:
+    """Memory for 3 rows, a batch limit of 8: start-up timing finds it out, batches stay within
+    it, every concurrent request is answered, and a request of more rows is refused with 413."""
+    with runtime_process(
+        image_model,
+        "--name",
+        "resnet",
+        "--engine",
+        "simulated",
+        "--simulated-latency",
+        "alpha_ms=2,beta_ms=1,memory_rows=3",
+        "--max-batch-size",
+        "8",
+        "--max-queue-delay-ms",
+        "20",
+        log_dir=tmp_path,
+    ) as server:
+        one = orjson.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "images",
+                        "datatype": "FP32",
+                        "shape": [1, 3, 224, 224],
+                        "data": [0.0] * (3 * 224 * 224),
+                    }
+                ]
+            }
+        )
+
+        def call(_: int) -> int:
+            return send(server, "POST", "/v2/models/resnet/infer", one).status
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            statuses = list(pool.map(call, range(16), timeout=60))
+        assert statuses == [200] * 16
+        limit = metric(server, "batchpilot_device_memory_batch_rows")
+        assert 1 <= limit <= 3
+        assert metric(server, "batchpilot_batching_max_batch_size") == limit
+        four = orjson.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "images",
+                        "datatype": "FP32",
+                        "shape": [4, 3, 224, 224],
+                        "data": [0.0] * (4 * 3 * 224 * 224),
+                    }
+                ]
+            }
+        )
+        reply = send(server, "POST", "/v2/models/resnet/infer", four)
+        assert reply.status == 413
+        assert "ran out of memory" in reply.json()["error"]
+    assert "the device ran out of memory for a batch of" in server.log()
