@@ -101,3 +101,18 @@ class TestTheRatesOverThePartHeld:
         seen = observed(2, 1)
         assert seen.covered_s == 2.5
         assert seen.qps == pytest.approx(12.5 * RESCALE_MAX)
+
+
+def test_the_memory_a_device_ran_out_of_is_read_as_rows() -> None:
+    raw: Raw = {"reporting": answer(2), "qps": answer(10.0), "memory_rows": answer(5.0)}
+    seen = observation_from(
+        raw, window_s=60, recent_s=30, seasonality=None, ready_replicas=2, at=0.0
+    )
+    assert seen.memory_rows == 5
+    del raw["memory_rows"]
+    assert (
+        observation_from(
+            raw, window_s=60, recent_s=30, seasonality=None, ready_replicas=2, at=0.0
+        ).memory_rows
+        is None
+    )

@@ -1209,3 +1209,27 @@ class TestInputsAtTheEdges:
         doc = State(fit=MODEL).to_dict()
         assert State.from_dict(doc).fit == MODEL
         assert State.from_dict({**doc, "fit": fit}).fit is None
+
+
+class TestADeviceOutOfMemory:
+    """A replica whose device ran out of memory for a batch forms none as large again: the
+    plan keeps to what runs."""
+
+    def test_the_plan_keeps_the_batch_within_the_memory_and_adds_replicas_for_it(self) -> None:
+        # 700 rps: batch 32 carries it on two replicas (471 rps each); batch 4 (333 rps each)
+        # takes three.
+        base = seen(at=0, qps=470, rejected=230, p99_ms=900, ready=1, batch=32, utilization=1.0)
+        free, _ = decide(base, POLICY, InForce(1, 32, 0.005), State(fit=MODEL), now=0)
+        short = replace(base, memory_rows=4)
+        limited, _ = decide(short, POLICY, InForce(1, 32, 0.005), State(fit=MODEL), now=0)
+        assert free.batch_size > 4
+        assert limited.batch_size <= 4
+        assert limited.replicas > free.replicas
+
+    def test_memory_above_the_limit_changes_nothing(self) -> None:
+        base = seen(at=0, qps=300, p99_ms=40, ready=2, batch=8)
+        free, _ = decide(base, POLICY, InForce(2, 8, 0.005), State(fit=MODEL), now=0)
+        roomy, _ = decide(
+            replace(base, memory_rows=64), POLICY, InForce(2, 8, 0.005), State(fit=MODEL), now=0
+        )
+        assert (roomy.replicas, roomy.batch_size) == (free.replicas, free.batch_size)

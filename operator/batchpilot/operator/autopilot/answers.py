@@ -140,6 +140,7 @@ def observation_from(
         ready_replicas=ready_replicas,
         covered_s=covered,
         reporting_replicas=None if reporting is None else round(reporting),
+        memory_rows=None if (memory := number("memory_rows")) is None else max(1, int(memory)),
         arrival_qps=arrivals,
         recent_qps=recent,
         # two scrapes fit the range: their distance is about half of it

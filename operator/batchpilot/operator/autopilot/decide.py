@@ -127,6 +127,10 @@ def decide(
         )
     assert observation.qps is not None
     assert observation.ready_replicas is not None
+    memory = observation.memory_rows
+    if memory is not None and memory < policy.max_batch_size:
+        # The runtime forms no batch larger than its device has memory for: plan with what runs.
+        policy = replace(policy, max_batch_size=memory)
     sla = policy.sla_p99_s
     idle = observation.idle
     ready = observation.ready_replicas

@@ -71,6 +71,10 @@ class Observation:
     reporting_replicas: int | None = None
     """The replicas Prometheus scrapes now: fewer than the ready ones means some load is not in
     the rates (a replica whose scrapes fail, or not scraped yet). None where not counted."""
+    memory_rows: int | None = None
+    """The largest batch the replicas' devices have memory for, where one ran out of memory for
+    a larger batch (the smallest over them); the runtime forms no larger batch, whatever limit it
+    is given. None: none ran out."""
     arrival_qps: float | None = None
     """Requests that arrived per second, counted at arrival by the runtime whatever became of
     them (served, refused, expired); None from runtimes that do not count arrivals."""

@@ -182,6 +182,9 @@ def queries(
                 f"last_over_time(batchpilot_engine_info{{{sel}}}[{w}]) "
                 f"and batchpilot_engine_info{{{sel}}}",
             ),
+            # The largest batch a replica's device has memory for, where one ran out (a gauge
+            # absent until then): the smallest over the replicas scraped now.
+            "memory_rows": agg("min", f"batchpilot_device_memory_batch_rows{{{sel}}}"),
             "covered": f"time() - {agg('min', first)}",
             # The mean distance between a series' samples in the window (one sample: none).
             "scrape_interval": agg(

@@ -18,7 +18,8 @@ the raw grouped queries otherwise (`FleetObserver`).
 
 What stays raw: the fast signals (`recent`: the arrival rate between the last two scrapes, and
 `now`: the runtime's gauge of its last seconds' arrivals, whose point is to be as fresh as
-Prometheus is) and the count of reporting pods; they read one series per pod, no window. A
+Prometheus is), the count of reporting pods and the rows a device has memory for (a gauge, absent
+until one ran out); they read one series per pod, no window. A
 recorded value older than its own window is treated as missing, so a rule group that stopped
 being evaluated makes the autopilot hold rather than act on old numbers.
 
