@@ -13,7 +13,6 @@ import os
 import signal
 import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,23 +28,14 @@ from batchpilot.sandbox.podrunner import (
     container_command,
     publish_folder,
 )
+from batchpilot.sandbox.pods import termination
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 NS = "default"
 DEPLOYMENTS = f"/apis/apps/v1/namespaces/{NS}/deployments"
-
-
-def wait_until(condition: Callable[[], Any], *, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.2)
 
 
 def deployment(replicas: int) -> dict[str, Any]:
@@ -244,6 +234,100 @@ def test_the_runner_plays_the_kubelet(tmp_path: Path) -> None:
             runner.stop()
     assert runner.started_pids
     assert not [pid for pid in runner.started_pids if alive(pid)]
+
+
+@pytest.mark.parametrize(
+    ("pod_spec", "expected"),
+    [
+        ({"containers": [{}]}, (0.0, 30.0)),
+        (
+            {
+                "terminationGracePeriodSeconds": 35,
+                "containers": [{"lifecycle": {"preStop": {"exec": {"command": ["sleep", "5"]}}}}],
+            },
+            (5.0, 35.0),
+        ),
+        (
+            {
+                "containers": [
+                    {"lifecycle": {"preStop": {"exec": {"command": ["sh", "-c", "sleep 2.5"]}}}}
+                ]
+            },
+            (2.5, 30.0),
+        ),
+        ({"containers": [{"lifecycle": {"preStop": {"sleep": {"seconds": 7}}}}]}, (7.0, 30.0)),
+        (
+            {
+                "terminationGracePeriodSeconds": 3,
+                "containers": [{"lifecycle": {"preStop": {"sleep": {"seconds": 7}}}}],
+            },
+            (3.0, 3.0),
+        ),
+        (
+            {"containers": [{"lifecycle": {"preStop": {"httpGet": {"path": "/stop", "port": 1}}}}]},
+            (0.0, 30.0),
+        ),
+    ],
+    ids=["none", "exec-sleep", "shell-sleep", "sleep-action", "capped-by-grace", "http-hook"],
+)
+def test_the_pre_stop_pause_and_the_grace_period_come_from_the_pod_spec(
+    pod_spec: dict[str, Any], expected: tuple[float, float]
+) -> None:
+    assert termination(pod_spec) == expected
+
+
+def test_a_removed_pod_leaves_the_endpoints_at_once_and_drains_after_its_pre_stop_sleep(
+    tmp_path: Path,
+) -> None:
+    """As the kubelet does: the endpoint goes when the pod is deleted, SIGTERM (readiness turns
+    503 as the runtime starts draining) only after the container's preStop sleep, so the
+    Service has stopped sending to the pod before it refuses anything."""
+    pre_stop_s = 4
+    two = deployment(2)
+    pod_spec = two["spec"]["template"]["spec"]
+    pod_spec["terminationGracePeriodSeconds"] = 30
+    pod_spec["containers"][0]["lifecycle"] = {
+        "preStop": {"exec": {"command": ["sleep", str(pre_stop_s)]}}
+    }
+    published: list[Endpoints] = []
+    with LocalKubernetesAPI(crds=[ROOT / "crds"]).threaded() as api:
+        rest = seeded(api.url)
+        rest.call(DEPLOYMENTS, "POST", two)
+        runner = PodRunner(
+            api.url,
+            workdir=tmp_path,
+            models_dir=ROOT / "examples" / "models",
+            start_delay_s=0.1,
+            on_endpoints=published.append,
+        )
+        runner.run_in_thread()
+        try:
+            wait_until(lambda: ready_replicas(rest) == 2, timeout=30, what="readyReplicas 2")
+            before = set(published[-1].ready[(NS, "m")])
+            rest.call(f"{DEPLOYMENTS}/m", "PATCH", {"spec": {"replicas": 1}}, patch=True)
+            deleted_at = time.monotonic()
+            left = wait_until(
+                lambda: len(published[-1].ready[(NS, "m")]) == 1 and published[-1],
+                timeout=10,
+                what="the endpoint gone",
+            )
+            endpoint_gone_s = time.monotonic() - deleted_at
+            (removed,) = before - set(left.ready[(NS, "m")])
+
+            def draining() -> bool:
+                url = f"http://{removed}/v2/health/ready"
+                try:
+                    with urllib.request.urlopen(url, timeout=2):
+                        return False
+                except OSError:  # 503 while draining, then the port closes
+                    return True
+
+            wait_until(draining, timeout=30, what="the removed pod draining", every=0.05)
+            sigterm_s = time.monotonic() - deleted_at
+            assert endpoint_gone_s < 2.0
+            assert sigterm_s >= pre_stop_s - 0.1, sigterm_s
+        finally:
+            runner.stop()
 
 
 def test_a_pod_with_api_keys_reads_a_folder_of_its_own(tmp_path: Path) -> None:

@@ -6,9 +6,12 @@ Deployments that InferenceServices own, and the ConfigMaps and Secrets their pod
 each desired replica starts `batchpilot runtime serve` with the arguments the Deployment's
 container asks for, made local (pods.py). A replica waits `start_delay_s` before it starts
 (image pull and cold start), becomes Ready when `GET /v2/health/ready` answers, and is
-restarted when it crashes. Pods and Deployment status are reported back into the API, so the
-operator and kubectl see what a cluster would show; the ready endpoints go to the sandbox's
-Service proxy and every running pod to Prometheus' file-based discovery.
+restarted when it crashes. A pod that goes (a scale-down, a rolling update) leaves the Service's
+endpoints at once and gets SIGTERM after its container's preStop pause, SIGKILL at the end of
+its terminationGracePeriodSeconds, both as its pod spec says (pods.termination). Pods and
+Deployment status are reported back into the API, so the operator and kubectl see what a cluster
+would show; the ready endpoints go to the sandbox's Service proxy and every running pod to
+Prometheus' file-based discovery.
 
 With a pod host (hosting.py), pods of the simulated engine are served by that one process
 instead of a process each, which is what lets the sandbox hold a fleet: the runner plays the
@@ -50,6 +53,7 @@ from batchpilot.sandbox.pods import (
     reserve_ports,
     serve_flags,
     template_hash,
+    termination,
 )
 from batchpilot.sandbox.processes import stop_processes
 
@@ -79,6 +83,10 @@ class Replica:
     template: str
     """The hash of the Deployment's pod template it was made from (pod-template-hash)."""
     container: Mapping[str, Any]
+    pre_stop_s: float = 0.0
+    """Its preStop pause: from removal to SIGTERM."""
+    grace_s: float = 30.0
+    """Its terminationGracePeriodSeconds: from removal to SIGKILL."""
     port: int = 0
     grpc_port: int = 0
     admin_port: int = 0
@@ -134,7 +142,7 @@ class PodRunner:
         workdir: Path,
         models_dir: Path,
         start_delay_s: float = 3.0,
-        pre_stop_s: float = 1.5,
+        pre_stop_s: float | None = None,
         poll_s: float = 0.5,
         on_endpoints: Callable[[Endpoints], None] | None = None,
         pod_host: PodHostClient | None = None,
@@ -144,6 +152,7 @@ class PodRunner:
         self.models_dir = models_dir
         self.start_delay_s = start_delay_s
         self.pre_stop_s = pre_stop_s
+        """The pause before SIGTERM for every pod; None: each pod's own preStop sleep."""
         self.poll_s = poll_s
         self.on_endpoints = on_endpoints
         self.pod_host = pod_host
@@ -301,6 +310,7 @@ class PodRunner:
         directory.mkdir(parents=True, exist_ok=True)
         template = deployment["spec"]["template"]
         containers = [dict(c) for c in template["spec"]["containers"]]
+        pre_stop_s, grace_s = termination(template["spec"])
         replica = Replica(
             pod_name,
             namespace,
@@ -309,6 +319,8 @@ class PodRunner:
             start_at=now + self.start_delay_s,
             template=template_hash(deployment),
             container=dict(containers[0]),
+            pre_stop_s=pre_stop_s if self.pre_stop_s is None else self.pre_stop_s,
+            grace_s=grace_s,
         )
         replica.held = reserve_ports(4)
         ports = [sock.getsockname()[1] for sock in replica.held]
@@ -412,12 +424,14 @@ class PodRunner:
         release(replica.held)
         replica.ready = False
         # The pre-stop pause: the endpoint leaves the Service (published at the end of this
-        # pass) before SIGTERM makes the runtime refuse new requests and drain.
+        # pass) before SIGTERM makes the runtime refuse new requests and drain. Without one,
+        # SIGTERM comes while the Service still sends to the pod, as on a cluster.
         now = time.monotonic()
+        term_at = now + replica.pre_stop_s
         if replica.process is not None and replica.process.poll() is None:
-            self.terminating.append((replica.process, now + self.pre_stop_s, now + 30))
+            self.terminating.append((replica.process, term_at, now + replica.grace_s))
         if replica.hosted_in_pass is not None:
-            self.leaving_host.append((replica.name, now + self.pre_stop_s))
+            self.leaving_host.append((replica.name, term_at))
         if delete_pod:
             with contextlib.suppress(urllib.error.HTTPError):
                 self.api.call(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import sys
@@ -142,6 +143,31 @@ def container_command(
     if serves_metrics and metrics_port is not None:
         out += ["--metrics-port", str(metrics_port)]
     return [sys.executable, "-m", "batchpilot.runtime.cli", *out]
+
+
+DEFAULT_GRACE_S = 30.0
+"""The kubelet's terminationGracePeriodSeconds when a pod spec gives none."""
+_SLEEP = re.compile(r"(?:^|\s)sleep\s+(\d+(?:\.\d+)?)(?:s)?(?:\s|$)")
+
+
+def termination(pod_spec: Mapping[str, Any]) -> tuple[float, float]:
+    """(pre-stop pause, grace period) in seconds, as the kubelet reads them from a pod spec.
+
+    The pause is the first container's preStop hook when it is a sleep: the `sleep` action, or
+    an `exec` whose command sleeps (`["sleep", "5"]`, `["sh", "-c", "sleep 5"]`); any other hook
+    has nothing to run here and pauses for nothing. The kubelet runs the hook inside the grace
+    period, so the pause is at most the grace period.
+    """
+    grace = float(pod_spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_S))
+    containers = pod_spec.get("containers") or [{}]
+    hook = (containers[0].get("lifecycle") or {}).get("preStop") or {}
+    pause = 0.0
+    if "sleep" in hook:
+        pause = float(hook["sleep"].get("seconds", 0))
+    elif "exec" in hook:
+        found = _SLEEP.search(" ".join(str(part) for part in hook["exec"].get("command", [])))
+        pause = float(found.group(1)) if found else 0.0
+    return min(pause, grace), grace
 
 
 def template_hash(deployment: Mapping[str, Any]) -> str:
