@@ -96,6 +96,23 @@ class TestDeployment:
         args = pod["containers"][0]["args"]
         assert args[args.index("--drain-grace-s") + 1] == "25"
 
+    def test_a_deadline_longer_than_the_drain_lengthens_the_drain(self) -> None:
+        """Requests taken on were promised an answer within their deadline (the SLA's): the
+        drain on SIGTERM lasts at least that long, and the grace period with it."""
+        settings = OperatorSettings(pre_stop_sleep_seconds=5, drain_grace_seconds=25)
+        owner = owner_of(ROOT / "examples" / "resnet50-gpu.yaml")
+        slow = with_spec(
+            owner,
+            sla={
+                **owner.spec.sla.model_dump(by_alias=True, exclude_none=True),
+                "latencyP99Ms": 60_000,
+            },
+        )
+        pod = pod_of(slow, settings)["spec"]
+        args = pod["containers"][0]["args"]
+        assert args[args.index("--drain-grace-s") + 1] == "61"
+        assert pod["terminationGracePeriodSeconds"] == 5 + 61 + 5
+
     def test_an_s3_model_uses_the_storage_initializer_when_configured(self) -> None:
         owner = owner_of(ROOT / "examples" / "resnet50-gpu.yaml")
         s3 = Owner(

@@ -16,6 +16,7 @@ never the admin port.
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 from batchpilot.api.batching import STARTUP_TIMING_MAX_ROWS
@@ -160,6 +161,14 @@ def _probe(path: str, *, period: int, failures: int) -> dict[str, Any]:
     }
 
 
+def drain_grace_s(owner: Owner, settings: OperatorSettings) -> int:
+    """How long a pod may take to finish its queued requests on SIGTERM: the operator's setting,
+    or the service's SLA and a second where that is longer — the requests it took on were
+    promised an answer within their deadline, which follows the SLA (a drain cut shorter would
+    fail them after the pod had taken them)."""
+    return max(settings.drain_grace_seconds, math.ceil(owner.spec.sla.latency_p99_ms / 1000) + 1)
+
+
 def runtime_args(owner: Owner, settings: OperatorSettings, model_path: str) -> list[str]:
     runtime = owner.spec.runtime
     args = [
@@ -186,7 +195,7 @@ def runtime_args(owner: Owner, settings: OperatorSettings, model_path: str) -> l
         "--admin-token-file",
         f"{TOKEN_DIR}/{TOKEN_FILE}",
         "--drain-grace-s",
-        str(settings.drain_grace_seconds),
+        str(drain_grace_s(owner, settings)),
         *api_keys_args(owner),
     ]
     args += [
@@ -318,7 +327,7 @@ def build_deployment(owner: Owner, settings: OperatorSettings, *, replicas: int)
         ],
         # Drain (SIGTERM → queued requests finish) after the pre-stop pause, with room to exit.
         "terminationGracePeriodSeconds": settings.pre_stop_sleep_seconds
-        + settings.drain_grace_seconds
+        + drain_grace_s(owner, settings)
         + 5,
         "securityContext": {
             "runAsNonRoot": True,
