@@ -141,9 +141,31 @@ class TestTheBatchLoop:
         )
         batcher = Batcher(queue, engine, _Ignore(), clock=asyncio.get_running_loop().time)
         task = asyncio.get_running_loop().create_task(batcher.run())
-        with pytest.raises(EngineFailure, match="out of memory for this request's 6 rows"):
+        with pytest.raises(EngineFailure, match="out of memory for this request's 6 rows alone"):
             await queue.put({"x": np.zeros((6, 1), np.float32)}, rows=6)
         assert engine.batches == [6]  # a request's rows are never split
+        queue.close()
+        await task
+
+    async def test_one_row_out_of_memory_fails_and_lowers_no_limit(self) -> None:
+        engine = SmallDevice(memory_rows=0)  # a device that has no memory left at all
+        limits: list[int] = []
+        queue = BatchQueue(
+            settings=lambda: BatchSettings(max_batch_size=8, max_queue_delay_s=0.0),
+            capacity=100,
+            clock=asyncio.get_running_loop().time,
+        )
+        batcher = Batcher(
+            queue,
+            engine,
+            _Ignore(),
+            clock=asyncio.get_running_loop().time,
+            on_out_of_memory=limits.append,
+        )
+        task = asyncio.get_running_loop().create_task(batcher.run())
+        with pytest.raises(EngineFailure, match="even one row does not fit"):
+            await queue.put({"x": np.zeros((1, 1), np.float32)}, rows=1)
+        assert limits == []  # one row failing says nothing of what batch size fits
         queue.close()
         await task
 

@@ -250,15 +250,16 @@ class Batcher:
         rather than fail. A single request is never split (its rows are its client's): one
         that does not fit alone fails, saying so."""
         rows = batch.rows
-        if self._on_out_of_memory is not None:
+        if self._on_out_of_memory is not None and rows > 1:  # one row failing says no size
             self._on_out_of_memory(rows)
         items = batch.items
         if len(items) == 1:
+            advice = "send fewer rows a request" if rows > 1 else "even one row does not fit"
             _fail(
                 items,
                 EngineFailure(
-                    f"the device ran out of memory for this request's {rows} rows; send fewer "
-                    f"rows a request ({first_line(error)})"
+                    f"the device ran out of memory for this request's {rows} rows alone; "
+                    f"{advice} ({first_line(error)})"
                 ),
             )
             return
