@@ -21,7 +21,9 @@ import pytest
 from batchpilot.runtime.batching import Batcher, BatchQueue, BatchSettings
 from batchpilot.runtime.engine import EngineInfo, ModelSignature, TensorSpec
 from batchpilot.runtime.errors import EngineFailure, out_of_memory
-from batchpilot.runtime.simulated import LatencyModel
+from batchpilot.runtime.metrics import RuntimeMetrics
+from batchpilot.runtime.server import MEMORY_RETRY_S, ModelServer
+from batchpilot.runtime.simulated import LatencyModel, SimulatedEngine
 from tests.runtime_process import metric, runtime_process, send
 
 SIGNATURE = ModelSignature(
@@ -245,3 +247,42 @@ def test_a_server_whose_device_lacks_memory_answers_every_request_and_says_so(
         assert reply.status == 413
         assert "ran out of memory" in reply.json()["error"]
     assert "the device ran out of memory for a batch of" in server.log()
+
+
+def test_the_limit_set_is_tried_again_after_a_while(image_model: Path) -> None:
+    """A shortage may pass (a neighbour's process gone): after `MEMORY_RETRY_S` the limit set is
+    in force again, and a failure sets the memory's limit again where it was."""
+    now = [0.0]
+    engine = SimulatedEngine.load(
+        image_model,
+        name="resnet",
+        latency=LatencyModel(alpha_s=0.001, beta_s=0.0, memory_rows=3),
+    )
+    metrics = RuntimeMetrics(
+        model="resnet", service="", namespace="", engine=engine.info, nvml=None
+    )
+    server = ModelServer(
+        engine,
+        batching=BatchSettings(max_batch_size=8, max_queue_delay_s=0.0),
+        queue_capacity=16,
+        metrics=metrics,
+        clock=lambda: now[0],
+    )
+
+    def gauge() -> float | None:
+        return metrics.registry.get_sample_value(
+            "batchpilot_device_memory_batch_rows",
+            {"model": "resnet", "isvc": "", "namespace": ""},
+        )
+
+    asyncio.run(server.calibrate())  # 8 rows fail, then 4: batches of 3 at most
+    assert server.in_force.max_batch_size == 3
+    assert gauge() == 3
+    now[0] = MEMORY_RETRY_S - 1
+    assert server.in_force.max_batch_size == 3
+    now[0] = MEMORY_RETRY_S
+    assert server.in_force.max_batch_size == 8
+    assert gauge() is None
+    asyncio.run(server.calibrate())  # 8 rows fail again: straight back to 3
+    assert server.in_force.max_batch_size == 3
+    assert server.batching.max_batch_size == 8  # the limit set is kept, for the next retry

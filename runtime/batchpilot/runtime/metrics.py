@@ -48,7 +48,8 @@ environment), so one PromQL selector finds a service's replicas. What each metri
 - `batchpilot_deadline_seconds` (gauge): the default deadline in force (0: none).
 - `batchpilot_device_memory_batch_rows` (gauge): absent until the device runs out of memory for
   a batch; then the largest batch it is not known to lack memory for. Batches are formed no
-  larger from then on, and the batch limit and burst size in force
+  larger for `server.MEMORY_RETRY_S` (ten minutes; then the series goes and the limit set is
+  tried again), and the batch limit and burst size in force
   (`batchpilot_batching_max_batch_size`, `…_burst_batch_size`) say so.
 - `batchpilot_sla_seconds`, `batchpilot_slo_objective_ratio` (gauges): the service's P99 SLA and
   objective (0.99: the SLA holds 99 % of the time), as the operator's batching document gives
@@ -429,9 +430,13 @@ class RuntimeMetrics:
         """`stage`: "preprocess" or "postprocess"."""
         self._pipeline.labels(**self._labels, stage=stage).observe(duration_s)
 
-    def memory_limited(self, rows: int) -> None:
-        """The device ran out of memory for a batch larger than `rows`."""
-        self._memory_rows.labels(**self._labels).set(rows)
+    def memory_limited(self, rows: int | None) -> None:
+        """The device ran out of memory for a batch larger than `rows`; None: the limit set is
+        tried again (the series goes)."""
+        if rows is None:
+            self._memory_rows.clear()
+        else:
+            self._memory_rows.labels(**self._labels).set(rows)
 
     def settings_changed(
         self,

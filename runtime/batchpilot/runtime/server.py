@@ -62,6 +62,11 @@ default); queue: the queue bound only, full batches (kept to compare the two).""
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 """--max-body-bytes' default: the largest request body, and what a pipeline may make of one."""
 
+MEMORY_RETRY_S = 600.0
+"""How long batches stay within the memory the device ran out of: then the limit set is tried
+again (a neighbour's process that held the memory may be gone). Another failure sets the limit
+again at once, where it was, its batch split as before: a failed batch every ten minutes at
+most, against a replica's batches kept small for ever by a passing shortage."""
 CALIBRATION_ROUNDS = 2
 """Batches of 1 row and of the largest allowed batch limit timed at start-up, each, so that t(b)
 has a slope before the first request: a single measured size cannot tell fixed cost from
@@ -91,8 +96,10 @@ class ModelServer:
         pipeline_threads: int = 0,
         calibration_rows: int | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.engine = engine
+        self._clock = clock
         self._max_body_bytes = max_body_bytes
         self._calibration_rows = calibration_rows
         self.metrics = metrics
@@ -108,6 +115,9 @@ class ModelServer:
         self._batching = batching
         self._memory_rows: int | None = None
         """The largest batch the device is not known to lack memory for (None: none known)."""
+        self._memory_retry_at: float | None = None
+        self._memory_before: int | None = None
+        """The limit found before the last retry: where the next failure sets it again."""
         self._in_force = batching
         """`batching` within `_memory_rows`: what batches are formed by."""
         self.admission: Admission = admission
@@ -118,7 +128,7 @@ class ModelServer:
         # admission lets the queue use it.
         self.predictor = Predictor(instances=instances)
         self._queue = BatchQueue(
-            settings=lambda: self._in_force,
+            settings=self._settings,
             capacity=queue_capacity,
             predictor=self.predictor if admission == "deadline" else None,
         )
@@ -208,20 +218,44 @@ class ModelServer:
             burst_batch_size=None if burst is None else min(burst, rows),
         )
 
+    def _settings(self) -> BatchSettings:
+        """What batches are formed by now (the queue asks at every decision)."""
+        retry = self._memory_retry_at
+        if retry is not None and self._clock() >= retry:
+            self._memory_before, self._memory_rows = self._memory_rows, None
+            self._memory_retry_at = None
+            self._in_force = self._batching
+            log.info(
+                "trying batches of up to %d rows again, %.0f s after the device ran out of memory",
+                self._batching.ceiling,
+                MEMORY_RETRY_S,
+            )
+            self.metrics.memory_limited(None)
+            self._report_settings(self._in_force)
+        return self._in_force
+
+    @property
+    def in_force(self) -> BatchSettings:
+        """The batching settings as batches are formed: those set, within the device's memory."""
+        return self._settings()
+
     def _out_of_memory(self, rows: int) -> None:
-        """The device had no memory for a batch of `rows` rows: batches are formed smaller from
-        now on, whatever limit is set (until the server restarts), and a request of more rows
-        is refused."""
+        """The device had no memory for a batch of `rows` rows: batches are formed smaller,
+        whatever limit is set, for `MEMORY_RETRY_S`, and a request of more rows is refused."""
         limit = max(1, rows - 1)
+        if self._memory_before is not None:
+            limit = min(limit, self._memory_before)
         if self._memory_rows is not None and self._memory_rows <= limit:
             return
         self._memory_rows = limit
+        self._memory_retry_at = self._clock() + MEMORY_RETRY_S
         self._in_force = self._within_memory(self._batching)
         log.warning(
             "the device ran out of memory for a batch of %d rows: batches hold at most %d rows "
-            "from now on (the limit set is %d; the burst size %s) until the server restarts",
+            "for the next %.0f s (the limit set is %d; the burst size %s)",
             rows,
             limit,
+            MEMORY_RETRY_S,
             self._batching.max_batch_size,
             self._batching.burst_batch_size or "none",
         )
