@@ -96,33 +96,41 @@ class TestTheErrorsThatMeanOutOfMemory:
         assert not out_of_memory(error)
 
 
+class Running:
+    """A batch queue (limit 8) and its loop over `engine`; `limits` are the batch sizes the loop
+    reported the device out of memory for."""
+
+    def __init__(self, engine: SmallDevice, *, delay_s: float = 0.0) -> None:
+        clock = asyncio.get_running_loop().time
+        self.limits: list[int] = []
+        self.queue = BatchQueue(
+            settings=lambda: BatchSettings(max_batch_size=8, max_queue_delay_s=delay_s),
+            capacity=100,
+            clock=clock,
+        )
+        self.batcher = Batcher(
+            self.queue, engine, _Ignore(), clock=clock, on_out_of_memory=self.limits.append
+        )
+
+    async def __aenter__(self) -> Running:
+        self.task = asyncio.get_running_loop().create_task(self.batcher.run())
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        self.queue.close()
+        await self.task
+
+
 @pytest.mark.looptime
 class TestTheBatchLoop:
     async def test_a_batch_too_large_runs_again_in_halves_and_the_limit_is_reported(
         self,
     ) -> None:
         engine = SmallDevice(memory_rows=4)
-        limits: list[int] = []
-        queue = BatchQueue(
-            settings=lambda: BatchSettings(max_batch_size=8, max_queue_delay_s=0.005),
-            capacity=100,
-            clock=asyncio.get_running_loop().time,
-        )
-        batcher = Batcher(
-            queue,
-            engine,
-            _Ignore(),
-            clock=asyncio.get_running_loop().time,
-            on_out_of_memory=limits.append,
-        )
-        task = asyncio.get_running_loop().create_task(batcher.run())
-        values = [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]
-        results = await asyncio.gather(
-            *(
-                queue.put({"x": np.array([[v] for v in pair], np.float32)}, rows=2)
-                for pair in values
-            )
-        )
+        async with Running(engine, delay_s=0.005) as loop:
+            pairs = [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]
+            arrays = [np.array([[v] for v in pair], np.float32) for pair in pairs]
+            results = await asyncio.gather(*(loop.queue.put({"x": x}, rows=2) for x in arrays))
         assert [[float(v) for v in r["y"][:, 0]] for r in results] == [
             [2.0, 4.0],
             [6.0, 8.0],
@@ -130,46 +138,24 @@ class TestTheBatchLoop:
         ]
         # 6 rows failed; then the first request alone, and the other two together
         assert engine.batches == [6, 2, 4]
-        assert limits == [6]
-        queue.close()
-        await task
+        assert loop.limits == [6]
 
     async def test_one_request_too_large_for_the_device_fails_saying_so(self) -> None:
         engine = SmallDevice(memory_rows=4)
-        queue = BatchQueue(
-            settings=lambda: BatchSettings(max_batch_size=8, max_queue_delay_s=0.0),
-            capacity=100,
-            clock=asyncio.get_running_loop().time,
-        )
-        batcher = Batcher(queue, engine, _Ignore(), clock=asyncio.get_running_loop().time)
-        task = asyncio.get_running_loop().create_task(batcher.run())
-        with pytest.raises(EngineFailure, match="out of memory for this request's 6 rows alone"):
-            await queue.put({"x": np.zeros((6, 1), np.float32)}, rows=6)
+        async with Running(engine) as loop:
+            with pytest.raises(
+                EngineFailure, match="out of memory for this request's 6 rows alone"
+            ):
+                await loop.queue.put({"x": np.zeros((6, 1), np.float32)}, rows=6)
         assert engine.batches == [6]  # a request's rows are never split
-        queue.close()
-        await task
+        assert loop.limits == [6]
 
     async def test_one_row_out_of_memory_fails_and_lowers_no_limit(self) -> None:
         engine = SmallDevice(memory_rows=0)  # a device that has no memory left at all
-        limits: list[int] = []
-        queue = BatchQueue(
-            settings=lambda: BatchSettings(max_batch_size=8, max_queue_delay_s=0.0),
-            capacity=100,
-            clock=asyncio.get_running_loop().time,
-        )
-        batcher = Batcher(
-            queue,
-            engine,
-            _Ignore(),
-            clock=asyncio.get_running_loop().time,
-            on_out_of_memory=limits.append,
-        )
-        task = asyncio.get_running_loop().create_task(batcher.run())
-        with pytest.raises(EngineFailure, match="even one row does not fit"):
-            await queue.put({"x": np.zeros((1, 1), np.float32)}, rows=1)
-        assert limits == []  # one row failing says nothing of what batch size fits
-        queue.close()
-        await task
+        async with Running(engine) as loop:
+            with pytest.raises(EngineFailure, match="even one row does not fit"):
+                await loop.queue.put({"x": np.zeros((1, 1), np.float32)}, rows=1)
+        assert loop.limits == []  # one row failing says nothing of what batch size fits
 
 
 class _Ignore:
