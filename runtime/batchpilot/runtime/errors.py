@@ -70,6 +70,11 @@ OUT_OF_MEMORY_MARKERS = (
 )
 
 
+def first_line(error: BaseException) -> str:
+    """An exception's first line, for a message of ours (its type where it says nothing)."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
 def out_of_memory(error: BaseException) -> bool:
     """Whether an engine's error says the device ran out of memory for the batch: a batch
     smaller may run (as opposed to a model or input that fails at any size)."""

@@ -31,6 +31,7 @@ import torch
 
 from batchpilot.runtime.device import DeviceChoice
 from batchpilot.runtime.engine import EngineInfo, ModelSignature, Ran, example_inputs
+from batchpilot.runtime.errors import first_line
 from batchpilot.runtime.instances import Instances
 from batchpilot.runtime.metrics import available_cores
 from batchpilot.runtime.onnx_engine import ModelLoadError, threads_per_instance
@@ -38,7 +39,6 @@ from batchpilot.runtime.torch_program import (
     TORCH_TO_V2,
     V2_TO_TORCH,
     choose_device,
-    first_line,
     load_program,
     program_format,
     signature_of,

@@ -25,6 +25,7 @@ import torch
 
 from batchpilot.runtime.device import DeviceChoice, DeviceUnavailable
 from batchpilot.runtime.engine import ModelSignature, TensorSpec
+from batchpilot.runtime.errors import first_line
 from batchpilot.runtime.onnx_engine import ModelLoadError
 from batchpilot.runtime.torch_signature import (
     EMBEDDED_NAME,
@@ -90,10 +91,6 @@ def choose_device(choice: DeviceChoice, *, cuda: bool) -> Literal["gpu", "cpu"]:
             "(torch.cuda.is_available() is false: no GPU, no driver, or a CPU-only PyTorch)"
         )
     return "gpu"
-
-
-def first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _dims(shape: Sequence[Any]) -> tuple[int, ...]:

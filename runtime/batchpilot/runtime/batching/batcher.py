@@ -26,7 +26,7 @@ import numpy as np
 from batchpilot.runtime.admission import Predictor
 from batchpilot.runtime.batching.batch_queue import Batch, BatchQueue, Pending
 from batchpilot.runtime.engine import Engine, Ran, TimedEngine
-from batchpilot.runtime.errors import EngineFailure, ShuttingDown, out_of_memory
+from batchpilot.runtime.errors import EngineFailure, ShuttingDown, first_line, out_of_memory
 
 
 class BatchObserver(Protocol):
@@ -266,11 +266,6 @@ class Batcher:
         half = len(items) // 2
         for part in (items[:half], items[half:]):
             await self.run_batch(Batch(part, batch.settings, batch.formed_at))
-
-
-def first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _fail(items: Sequence[Pending], error: BaseException) -> None:
