@@ -27,15 +27,19 @@ Steps, each small and named:
    replicas wait (two intervals or two scrapes at most) for the windows to measure the new
    batch sizes, unless even the most optimistic reading of the guess needs more of them
    (`capacity.batch_first`); a rough model never scales down;
+   stand in for lost replicas: ones that were ready and have been away longer than a restart
+   takes (a node that died: its pods are replaced only once evicted, minutes later) are asked
+   for again beside the plan's (`lost`);
 5. pace replicas: cold start, scale-down stabilization, hysteresis, bounds (`pacing.pace`);
 6. explain: action, reason and the condition inputs.
 
 This module is the pipeline; each step lives with what it needs: what the window teaches
-(`learn`), the load to plan for (`headroom`, `season`, and `with_season` here), the capacity plan
-and batch first (`capacity`), the guard and the feedback used without a model (`feedback`), the
-pacing of replicas (`pacing`), the verdict and the account of the decision (`explain`). What the
-decision is about (`Policy`, `InForce`, `Decision`) lives in `policy`; what it remembers between
-decisions, and its round trip through `status.autopilot`, in `state`.
+(`learn`, and `lost` for the replicas lost), the load to plan for (`headroom`, `season`, and
+`with_season` here), the capacity plan and batch first (`capacity`), the guard and the feedback
+used without a model (`feedback`), the pacing of replicas (`pacing`), the verdict and the account
+of the decision (`explain`). What the decision is about (`Policy`, `InForce`, `Decision`) lives
+in `policy`; what it remembers between decisions, and its round trip through
+`status.autopilot`, in `state`.
 
 Pure: state goes in and out explicitly, `now` is an argument.
 """
@@ -60,12 +64,14 @@ from batchpilot.operator.autopilot.headroom import (
     plan_rate,
 )
 from batchpilot.operator.autopilot.learn import (
+    DEFAULT_COLD_START_S,
     DEFAULT_INTERVAL_S,
     learn,
     present_load,
     reaction_horizon,
     saturated_load,
 )
+from batchpilot.operator.autopilot.lost import stand_ins
 from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.autopilot.pacing import pace
 from batchpilot.operator.autopilot.policy import (
@@ -270,6 +276,23 @@ def decide(
                 notes.append("not scaling down on a rough model")
         why += headroom.note
     why += trend
+    cold = learned_state.cold_start_s
+    away = stand_ins(
+        learned_state.lost,
+        plan=want_replicas,
+        cold_start_s=DEFAULT_COLD_START_S if cold is None else cold,
+        now=now,
+    )
+    if away and not idle:
+        # Lost replicas (a node that died) are counted in force but serve nothing: ask for as
+        # many beside the plan's, which start at once elsewhere.
+        lost = learned_state.lost
+        since = now - (lost.since or now)
+        want_replicas += away
+        why += (
+            f"; {away} more in place of {lost.count} "
+            f"{'replica' if lost.count == 1 else 'replicas'} ready before and not for {since:.0f} s"
+        )
 
     # 6. Pace the replicas.
     replicas, recommendations, pace_note = pace(

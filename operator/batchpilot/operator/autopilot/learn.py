@@ -1,6 +1,7 @@
 """What each window teaches the decision, before it plans: the fit t(b) ≈ α + β·b, the latency
-spent outside the batcher, how long new replicas take to start, whether the window describes the
-settings in force, and the load now (a 60 s window trails a rise by half its length).
+spent outside the batcher, how long new replicas take to start, which ready replicas were lost
+(`lost`), whether the window describes the settings in force, and the load now (a 60 s window
+trails a rise by half its length).
 
 These are the decision's measurements of the service — its own state, carried between decisions
 in `State` — as opposed to what it plans from them (`capacity`, `headroom`, `pacing`).
@@ -14,6 +15,7 @@ import math
 from dataclasses import dataclass, replace
 
 from batchpilot.api.arrivals import RECENT_ARRIVALS_S
+from batchpilot.operator.autopilot.lost import track
 from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.autopilot.policy import InForce, Policy
 from batchpilot.operator.autopilot.service_model import fit, predict, startup_fit
@@ -87,7 +89,8 @@ def learn(
     """Refit t(b) (from the batch times timed at start-up until traffic has run two sizes);
     learn the latency outside the batcher from windows of the present with P99 inside the SLA
     (until one comes, the mean the runtime measures); note when the capacity in force changed
-    and how long new replicas took to start."""
+    and how long new replicas took to start; count the ready replicas lost since the decision
+    before (`lost.track`)."""
     assert observation.ready_replicas is not None
     ready = observation.ready_replicas
     changed_at = state.changed_at
@@ -137,8 +140,16 @@ def learn(
             else:
                 weight = OVERHEAD_FALL if residual < overhead else OVERHEAD_RISE
                 overhead = weight * residual + (1 - weight) * overhead
+    loss = track(
+        state.lost,
+        ready=ready,
+        replicas=current.replicas,
+        was_ready=state.ready,
+        had_replicas=state.replicas,
+        now=now,
+    )
     cold_start, pending = state.cold_start_s, state.pending_since
-    if pending is not None and ready >= current.replicas:
+    if pending is not None and ready >= current.replicas - loss.count:
         # They became ready within the last interval: count half of it.
         sample = min(MAX_COLD_START_S, max(0.0, now - pending - interval / 2))
         cold_start = (
@@ -154,6 +165,8 @@ def learn(
             overhead_s=overhead,
             changed_at=changed_at,
             ready=ready,
+            replicas=current.replicas,
+            lost=loss,
             cold_start_s=cold_start,
             pending_since=pending,
         ),

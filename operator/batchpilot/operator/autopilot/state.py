@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batchpilot.operator.autopilot.headroom import RateHistory
+from batchpilot.operator.autopilot.lost import Loss
 from batchpilot.operator.autopilot.service_model import LatencyFit
 from batchpilot.operator.autopilot.slo import SloLedger
 
@@ -35,6 +36,10 @@ class State:
     window describes the present only a window later."""
     ready: int | None = None
     """Ready replicas at the previous decision."""
+    replicas: int | None = None
+    """Replicas in force at the previous decision (before it changed them)."""
+    lost: Loss = field(default_factory=Loss)
+    """Replicas that were ready and are away, not deleted (see `lost`)."""
     rate: tuple[float, float] | None = None
     """(time, offered requests per second) at the previous decision, for the trend."""
     batch_first_at: float | None = None
@@ -74,6 +79,10 @@ class State:
             doc["changedAt"] = round(self.changed_at, 3)
         if self.ready is not None:
             doc["ready"] = self.ready
+        if self.replicas is not None:
+            doc["replicas"] = self.replicas
+        if self.lost.count and self.lost.since is not None:
+            doc["lost"] = {"count": self.lost.count, "since": round(self.lost.since, 3)}
         if self.rate is not None:
             doc["rate"] = [round(self.rate[0], 3), round(self.rate[1], 3)]
         if self.batch_first_at is not None:
@@ -106,12 +115,21 @@ class State:
             raw_rate = doc.get("rate")
             rate = (float(raw_rate[0]), float(raw_rate[1])) if raw_rate is not None else None
             batch_first = doc.get("batchFirstAt")
+            replicas = doc.get("replicas")
+            raw_lost = doc.get("lost")
+            lost = (
+                Loss(int(raw_lost["count"]), float(raw_lost["since"]))
+                if isinstance(raw_lost, dict)
+                else Loss()
+            )
             return cls(
                 fit=model,
                 overhead_s=None if overhead is None else float(overhead) / 1e3,
                 recommendations=recs,
                 changed_at=None if changed is None else float(changed),
                 ready=None if ready is None else int(ready),
+                replicas=None if replicas is None else int(replicas),
+                lost=lost,
                 rate=rate,
                 batch_first_at=None if batch_first is None else float(batch_first),
                 slo=SloLedger.from_dict(doc.get("slo")),

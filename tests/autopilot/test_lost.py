@@ -1,0 +1,169 @@
+"""Replicas lost while they served (a node that died, a container that crashed): counted, and
+stood in for once they have been away longer than a restart takes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from batchpilot.operator.autopilot.decide import decide
+from batchpilot.operator.autopilot.learn import DEFAULT_COLD_START_S
+from batchpilot.operator.autopilot.lost import MIN_GRACE_S, Loss, grace_s, stand_ins, track
+from batchpilot.operator.autopilot.policy import Decision, InForce
+from batchpilot.operator.autopilot.state import State
+from tests.autopilot.test_decide import MODEL, POLICY, TICK, seen
+
+WIDE = replace(POLICY, max_replicas=8)
+RATE = 900.0
+"""Three replicas' load at batch 16 (the model: 395 rps each inside the SLA)."""
+GRACE = grace_s(DEFAULT_COLD_START_S)
+
+
+def tick(
+    current: InForce, state: State, now: float, *, ready: int, p99_ms: float = 40.0
+) -> tuple[Decision, InForce, State]:
+    obs = seen(at=now, qps=RATE, p99_ms=p99_ms, ready=ready, batch=8)
+    decision, state = decide(obs, WIDE, current, state, now)
+    return (
+        decision,
+        InForce(decision.replicas, decision.batch_size, decision.max_queue_delay_s),
+        state,
+    )
+
+
+def steady(ticks: int = 4) -> tuple[InForce, State, float]:
+    """Three replicas, all ready, carrying their load, for a few ticks."""
+    current, state, now = InForce(3, 16, 0.005), State(fit=MODEL), 0.0
+    for _ in range(ticks):
+        decision, current, state = tick(current, state, now, ready=3)
+        assert decision.replicas == 3
+        now += TICK
+    return current, state, now
+
+
+class TestTrack:
+    def test_a_ready_replica_gone_without_a_scale_down_is_lost(self) -> None:
+        loss = track(Loss(), ready=2, replicas=3, was_ready=3, had_replicas=3, now=100)
+        assert loss == Loss(1, 100)
+
+    def test_a_scale_down_that_removed_a_ready_replica_is_no_loss(self) -> None:
+        assert track(Loss(), ready=2, replicas=2, was_ready=3, had_replicas=3, now=1) == Loss()
+        # ... nor while another still starts.
+        assert track(Loss(), ready=2, replicas=3, was_ready=3, had_replicas=4, now=1) == Loss()
+
+    def test_replicas_of_a_scale_up_that_do_not_start_are_no_loss(self) -> None:
+        loss = track(Loss(), ready=3, replicas=5, was_ready=3, had_replicas=3, now=1)
+        assert loss == Loss()
+
+    def test_a_loss_during_a_scale_up_is_counted(self) -> None:
+        loss = track(Loss(), ready=2, replicas=5, was_ready=3, had_replicas=3, now=7)
+        assert loss == Loss(1, 7)
+
+    def test_a_loss_is_over_once_every_replica_is_ready(self) -> None:
+        assert track(Loss(1, 5), ready=4, replicas=4, was_ready=3, had_replicas=4, now=9) == Loss()
+
+    def test_a_loss_is_never_more_than_the_replicas_not_ready(self) -> None:
+        # Two lost; one came back, one still away.
+        loss = track(Loss(2, 5), ready=2, replicas=3, was_ready=1, had_replicas=3, now=9)
+        assert loss == Loss(1, 5)
+
+    def test_no_previous_decision_counts_no_loss(self) -> None:
+        loss = track(Loss(), ready=1, replicas=3, was_ready=None, had_replicas=None, now=1)
+        assert loss == Loss()
+
+
+class TestStandIns:
+    def test_none_within_the_grace(self) -> None:
+        loss = Loss(1, 100)
+        assert stand_ins(loss, plan=3, cold_start_s=30, now=100 + MIN_GRACE_S - 1) == 0
+        assert stand_ins(loss, plan=3, cold_start_s=30, now=100 + MIN_GRACE_S) == 1
+
+    def test_the_grace_is_two_cold_starts_learned(self) -> None:
+        assert grace_s(10) == MIN_GRACE_S
+        assert grace_s(90) == 180
+        loss = Loss(2, 0)
+        assert stand_ins(loss, plan=3, cold_start_s=90, now=179) == 0
+        assert stand_ins(loss, plan=3, cold_start_s=90, now=180) == 2
+
+    def test_never_more_than_the_plan(self) -> None:
+        assert stand_ins(Loss(6, 0), plan=3, cold_start_s=30, now=1000) == 3
+
+
+class TestDecide:
+    def test_a_node_lost_gets_a_stand_in_after_the_grace_and_gives_it_back_after(self) -> None:
+        current, state, now = steady()
+        lost_at = now
+        # The node controller marks the pod NotReady; nothing deletes it.
+        while now - lost_at < GRACE:
+            decision, current, state = tick(current, state, now, ready=2)
+            assert decision.replicas == 3, now - lost_at
+            now += TICK
+        decision, current, state = tick(current, state, now, ready=2)
+        assert decision.replicas == 4
+        assert "1 more in place of 1 replica ready before and not for" in decision.reason
+        now += TICK
+        # The stand-in starts, then serves; the lost one is still away: the count holds.
+        for ready in (2, 2, 3, 3, 3):
+            decision, current, state = tick(current, state, now, ready=ready)
+            assert decision.replicas == 4
+            now += TICK
+        assert state.cold_start_s is not None  # the stand-in's start was measured
+        # Evicted and replaced: all four ready, the loss is over; the surplus goes after the
+        # stabilization window, as any surplus does.
+        replicas = []
+        for _ in range(8):
+            decision, current, state = tick(current, state, now, ready=current.replicas)
+            replicas.append(decision.replicas)
+            now += TICK
+        assert state.lost == Loss()
+        assert replicas[0] == 4
+        assert replicas[-1] == 3
+
+    def test_a_restart_back_within_the_grace_adds_nothing(self) -> None:
+        current, state, now = steady()
+        for ready in (2, 2, 2, 3, 3):
+            decision, current, state = tick(current, state, now, ready=ready)
+            assert decision.replicas == 3
+            now += TICK
+        assert state.lost == Loss()
+
+    def test_a_scale_up_that_cannot_start_gets_no_stand_in(self) -> None:
+        # A quota: the fourth replica never comes up.
+        current, state, now = InForce(4, 16, 0.005), State(fit=MODEL, ready=3, replicas=3), 0.0
+        for _ in range(int(3 * GRACE / TICK)):
+            decision, current, state = tick(current, state, now, ready=3, p99_ms=90)
+            assert decision.replicas == 4
+            now += TICK
+
+    def test_spare_replicas_in_force_cover_a_loss(self) -> None:
+        # Four in force where the plan needs three: one lost is covered, nothing is added.
+        current, state, now = InForce(4, 16, 0.005), State(fit=MODEL, ready=4, replicas=4), 0.0
+        for _ in range(int(2 * GRACE / TICK)):
+            decision, current, state = tick(current, state, now, ready=3)
+            assert decision.replicas == 4
+            now += TICK
+
+    @pytest.mark.parametrize("cycles", [1, 3, 6])
+    def test_replicas_that_crash_whenever_they_serve_take_at_most_twice_the_plan(
+        self, cycles: int
+    ) -> None:
+        current, state, now = steady()
+        for _ in range(cycles):
+            # All of them die, stay away past the grace, then come back and die again.
+            for _ in range(int(GRACE / TICK) + 2):
+                _, current, state = tick(current, state, now, ready=0)
+                now += TICK
+            _, current, state = tick(current, state, now, ready=current.replicas)
+            now += TICK
+        assert current.replicas <= 6
+
+    def test_the_loss_survives_a_restart_of_the_operator(self) -> None:
+        current, state, now = steady()
+        decision, current, state = tick(current, state, now, ready=2)
+        restored = State.from_dict(state.to_dict())
+        assert restored.lost == state.lost == Loss(1, now)
+        assert restored.replicas == 3
+        now += GRACE
+        decision, current, state = tick(current, restored, now, ready=2)
+        assert decision.replicas == 4
