@@ -120,6 +120,26 @@ class TestDecide:
         assert replicas[0] == 4
         assert replicas[-1] == 3
 
+    def test_the_guard_weighs_the_replicas_that_serve_while_one_is_lost(self) -> None:
+        # The stand-in serves, the lost one is still away, and the windows are over the SLA
+        # although the model says three carry the load: observed latency wins, as it does with
+        # every replica ready.
+        current, state, now = steady()
+        lost_at = now
+        while current.replicas == 3:
+            assert now - lost_at <= GRACE
+            _, current, state = tick(current, state, now, ready=2)
+            now += TICK
+        reasons = []
+        for _ in range(8):
+            decision, current, state = tick(current, state, now, ready=3, p99_ms=150)
+            reasons.append(decision.reason)
+            now += TICK
+        assert current.replicas == 5
+        added = [r for r in reasons if "feedback: adding 1 replicas" in r]
+        assert added
+        assert "1 more in place of 1 replica" in added[0]
+
     def test_a_restart_back_within_the_grace_adds_nothing(self) -> None:
         current, state, now = steady()
         for ready in (2, 2, 2, 3, 3):

@@ -235,11 +235,13 @@ def decide(
         if not chosen.feasible:
             notes.append("no configuration within maxReplicas is predicted to meet the SLA")
         # 5. Guard: over the SLA in a window of the present, and the plan adds no capacity →
-        # trust the observation.
+        # trust the observation. Replicas lost serve nothing: the guard weighs the rest, as the
+        # plan does.
+        serving = replace(current, replicas=current.replicas - learned.state.lost.count)
         overrule = overruled(
             observation,
             policy,
-            current,
+            serving,
             model,
             settled=settled,
             want_replicas=want_replicas,
