@@ -3,6 +3,7 @@ stood in for once they have been away longer than a restart takes."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -10,9 +11,14 @@ import pytest
 from batchpilot.operator.autopilot.decide import decide
 from batchpilot.operator.autopilot.learn import DEFAULT_COLD_START_S
 from batchpilot.operator.autopilot.lost import MIN_GRACE_S, Loss, grace_s, stand_ins, track
+from batchpilot.operator.autopilot.observation import Observation
+from batchpilot.operator.autopilot.pilot import Autopilot
 from batchpilot.operator.autopilot.policy import Decision, InForce
+from batchpilot.operator.autopilot.prometheus import Scope
 from batchpilot.operator.autopilot.state import State
+from batchpilot.operator.children.node_loss import eviction_s
 from tests.autopilot.test_decide import MODEL, POLICY, TICK, seen
+from tests.autopilot.test_pilot import NOW, T, World
 
 WIDE = replace(POLICY, max_replicas=8)
 RATE = 900.0
@@ -187,3 +193,80 @@ class TestDecide:
         now += GRACE
         decision, current, state = tick(current, restored, now, ready=2)
         assert decision.replicas == 4
+
+
+class TestEviction:
+    """Where the pods tolerate a lost node briefly, Kubernetes replaces them on its own."""
+
+    def test_the_grace_waits_for_an_eviction_sooner_than_a_restart(self) -> None:
+        # A restart's grace is 120 s here (two default cold starts): an eviction at 300 s
+        # comes later, one at 30 s sooner — then the stand-in waits as long again after it.
+        assert grace_s(DEFAULT_COLD_START_S, evicted_after_s=300) == 120
+        assert grace_s(DEFAULT_COLD_START_S, evicted_after_s=30) == 150
+        assert grace_s(DEFAULT_COLD_START_S, evicted_after_s=math.inf) == 120
+
+    def test_a_replica_replaced_after_its_eviction_gets_no_stand_in(self) -> None:
+        policy = replace(WIDE, evicted_after_s=30)
+        current, state, now = steady()
+        # Evicted 30 s after the loss was noticed, the replacement ready 105 s later: past a
+        # restart's grace (120 s), inside the eviction's (150 s).
+        for ready in [2] * 9 + [3] * 4:
+            obs = seen(at=now, qps=RATE, p99_ms=40, ready=ready, batch=8)
+            decision, state = decide(obs, policy, current, state, now)
+            assert decision.replicas == 3, now
+            now += TICK
+        assert state.lost == Loss()
+
+    def test_a_replica_never_evicted_nor_back_gets_one_after_the_eviction_and_the_grace(
+        self,
+    ) -> None:
+        # A pod crash-looping on a broken GPU: its node answers, nothing evicts it.
+        policy = replace(WIDE, evicted_after_s=30)
+        current, state, now = steady()
+        lost_at, replicas = now, 3
+        while replicas == 3:
+            obs = seen(at=now, qps=RATE, p99_ms=40, ready=2, batch=8)
+            decision, state = decide(obs, policy, current, state, now)
+            replicas = decision.replicas
+            now += TICK
+        assert now - TICK - lost_at == 150
+        assert replicas == 4
+
+
+class TestThePilot:
+    def test_it_plans_with_the_tolerations_the_pods_were_given(self) -> None:
+        """The operator renders a 30 s toleration: a replica away for 135 s gets its stand-in
+        after 150 s, not after a restart's 120 s."""
+        clock = [T]
+
+        def steady_load(scope: Scope, *, ready_replicas: int | None) -> Observation:
+            return replace(
+                seen(at=clock[0], qps=RATE, p99_ms=40, ready=ready_replicas or 0, batch=8),
+                window_s=60,
+            )
+
+        world = World(observe=steady_load)
+        world.autopilot = Autopilot(
+            world.kube,
+            observe=steady_load,
+            pods=world,
+            push=world.push,
+            clock=lambda: NOW,
+            seconds=lambda: clock[0],
+        )
+        deployment = world.kube.objects[("Deployment", "vision", "resnet50")]
+        template = deployment["spec"]["template"]["spec"]
+        assert eviction_s(template["tolerations"]) == 30
+
+        def run(ready: int) -> int:
+            deployment["status"] = {"readyReplicas": ready, "replicas": 3}
+            decision = world.tick().decision
+            clock[0] += TICK
+            assert decision is not None
+            deployment["spec"]["replicas"] = decision.replicas
+            return decision.replicas
+
+        deployment["spec"]["replicas"] = 3
+        assert [run(3) for _ in range(4)] == [3] * 4
+        away = [run(2) for _ in range(12)]
+        assert away == [3] * 10 + [4] * 2  # the 11th tick, 150 s after the loss

@@ -134,6 +134,7 @@ NAMESPACED: dict[str, Any] = {
         "storageInitializerImage": "kserve/storage-initializer:v0.14.1",
         "drainGraceSeconds": 40,
         "preStopSleepSeconds": 3,
+        "nodeLossTolerationSeconds": 60,
     },
     "gpu": {
         "resource": "nvidia.com/mig-1g.10gb",

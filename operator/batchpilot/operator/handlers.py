@@ -70,6 +70,10 @@ class ApiRetries:
         yield from self.first
         yield from itertools.repeat(self.every_s)
 
+    def __str__(self) -> str:
+        """For the log: "1, 1, 2, 3, 5, 8 s apart, then every 10 s"."""
+        return f"{', '.join(f'{s:g}' for s in self.first)} s apart, then every {self.every_s:g} s"
+
 
 API_RETRIES = ApiRetries()
 RETRY_S = 10.0

@@ -8,6 +8,7 @@ dicts (the API's JSON) and the small `Kube` protocol, so tests can count or fake
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -17,8 +18,15 @@ from typing import Any, Protocol
 
 from batchpilot.operator.kinds import KINDS, POD, ResourceKind
 
+log = logging.getLogger(__name__)
+
 UNANSWERED = 0
 """`KubeError.status` when no answer came: the connection failed, was reset or timed out."""
+API_FAILED = "batchpilot_api_failed"
+"""The attribute of the client's DEBUG record of a request the API server failed as it does when
+it is unwell (`KubeError.outage`): the `KubeError`. The operator's log reads it (outage_log.py)."""
+API_ANSWERED = "batchpilot_api_answered"
+"""The attribute (True) of the client's DEBUG record of the first answer after such a failure."""
 
 
 class KubeError(Exception):
@@ -37,6 +45,12 @@ class KubeError(Exception):
         server asked to be asked again later (429: API Priority and Fairness). Try again, after
         `retry_after_s` when it said; nothing to report as the API server's verdict."""
         return self.status in (UNANSWERED, 429)
+
+    @property
+    def outage(self) -> bool:
+        """The API server is unwell, not refusing: no answer came, it is overloaded (429) or it
+        failed (5xx). What any request may meet in an outage, not a verdict on this one."""
+        return self.status in (UNANSWERED, 429) or self.status >= 500
 
 
 class Kube(Protocol):
@@ -80,6 +94,9 @@ class KubeClient:
         self._clock = clock
         self._quiet_until = 0.0
         self._quiet_lock = threading.Lock()
+        self._unwell = False
+        """Whether the last request the API server treated was failed as `KubeError.outage`."""
+        self._unwell_lock = threading.Lock()
 
     @classmethod
     def from_environment(
@@ -135,22 +152,41 @@ class KubeClient:
             response = self._api.call_api(*params[:4], _request_timeout=self._timeout_s)
             response.read()
         except ApiException as exc:
-            raise KubeError(exc.status or 0, _reason(exc.body) or str(exc.reason)) from None
+            error = KubeError(exc.status or 0, _reason(exc.body) or str(exc.reason))
+            self._heard(method, path, error)
+            raise error from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             # Reset, refused, timed out: the request may have been carried out, or not.
-            raise KubeError(UNANSWERED, f"no answer from the API server: {exc}") from None
+            error = KubeError(UNANSWERED, f"no answer from the API server: {exc}")
+            self._heard(method, path, error)
+            raise error from None
         data = response.data
-        if response.status == 404:
-            return None
-        if response.status >= 400:
+        if response.status >= 400 and response.status != 404:
             retry_after_s = _retry_after_s(response.headers, data)
             if retry_after_s is not None and (response.status == 429 or response.status >= 500):
                 with self._quiet_lock:
                     self._quiet_until = max(self._quiet_until, self._clock() + retry_after_s)
-            raise KubeError(
+            error = KubeError(
                 response.status, _reason(data) or "request failed", retry_after_s=retry_after_s
             )
+            self._heard(method, path, error)
+            raise error
+        self._heard(method, path, None)
+        if response.status == 404:
+            return None
         return json.loads(data) if data else {}
+
+    def _heard(self, method: str, path: str, error: KubeError | None) -> None:
+        """Tell the log how the API server treated a request, for the outage statements
+        (outage_log.py): each request it failed as `KubeError.outage`, and the first answer
+        after such a failure — a refusal (4xx, 404 too) is an answer."""
+        with self._unwell_lock:
+            if error is not None and error.outage:
+                self._unwell = True
+                log.debug("%s %s: %s", method, path, error, extra={API_FAILED: error})
+            elif self._unwell:
+                self._unwell = False
+                log.debug("%s %s: answered again", method, path, extra={API_ANSWERED: True})
 
     def get(self, kind: ResourceKind, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -54,13 +54,21 @@ def main(args: argparse.Namespace) -> int:
         os.environ["KUBECONFIG"] = args.kubeconfig
     import kopf
 
-    from batchpilot.operator import handlers
+    from batchpilot.operator import handlers, outage_log
     from batchpilot.operator.settings import OperatorSettings
 
+    level = logging.DEBUG if args.verbose else logging.INFO
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
+    )
+    # An API-server outage is one WARNING, a reminder a minute and an INFO when it is over,
+    # not an ERROR for every failed try of every watch.
+    outage_log.install(
+        *logging.getLogger().handlers,
+        retrying=f"retrying {handlers.API_RETRIES}",
+        level=level,
     )
     settings = OperatorSettings()
     namespaces = args.namespace or settings.namespaces

@@ -50,6 +50,11 @@ class OperatorSettings(BaseSettings):
     """How long a runtime pod may take to finish queued requests on SIGTERM."""
     pre_stop_sleep_seconds: int = Field(default=5, ge=0)
     """Time for endpoints to drop a terminating pod before it stops accepting requests."""
+    node_loss_toleration_seconds: int = Field(default=30, ge=0, le=86400)
+    """How long a runtime pod stays bound to a node that stopped answering (or reports itself
+    not ready) before Kubernetes evicts it and its ReplicaSet starts a replacement elsewhere:
+    Kubernetes' default is 300 s, five minutes in which the pod serves nothing and is not
+    replaced. A spec that tolerates those taints itself (`runtime.tolerations`) keeps its own."""
 
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
     prometheus_peers: list[dict[str, Any]] = Field(

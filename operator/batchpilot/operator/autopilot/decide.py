@@ -284,6 +284,7 @@ def decide(
         plan=want_replicas,
         cold_start_s=DEFAULT_COLD_START_S if cold is None else cold,
         now=now,
+        evicted_after_s=policy.evicted_after_s,
     )
     if away and not idle:
         # Lost replicas (a node that died) are counted in force but serve nothing: ask for as

@@ -10,12 +10,15 @@ replicas left carry their load.
 
 So a loss not back within `grace` (twice the cold start learned, and at least `MIN_GRACE_S`:
 a restart is back by then) gets a stand-in: the plan asks for the replicas it needs plus the
-ones away, and the Deployment starts the stand-ins at once, on nodes that are up. Where the
-plan already had replicas to spare, the count in force may cover them and nothing is added.
-Once every replica is ready again (the lost ones back, or replaced after their eviction) the
-loss is over, and the surplus goes the way of any surplus: the scale-down gives it back after
-its stabilization window. (A ReplicaSet removes not-ready pods first, so a scale-down while a
-lost one is still away removes that one.)
+ones away, and the Deployment starts the stand-ins at once, on nodes that are up. Where the pods
+tolerate a lost node for less than that (the operator renders 30 s; `children.node_loss` reads
+what the pod template says), Kubernetes' own replacement comes first, and a stand-in is asked
+for only if it has not come within the grace after the eviction (a crash-looping pod is never
+evicted). Where the plan already had replicas to spare, the count in force may cover them and
+nothing is added. Once every replica is ready again (the lost ones back, or replaced after their
+eviction) the loss is over, and the surplus goes the way of any surplus: the scale-down gives it
+back after its stabilization window. (A ReplicaSet removes not-ready pods first, so a scale-down
+while a lost one is still away removes that one.)
 
 Only replicas that were ready count: a scale-up that cannot start (a quota, no GPU node, an
 image that does not pull) is no loss, and more replicas would not start either. A replica that
@@ -29,6 +32,8 @@ Pure: counts and times in, counts out.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from batchpilot.operator.children.node_loss import DEFAULT_EVICTION_S
 
 MIN_GRACE_S = 60.0
 """The shortest wait before a lost replica gets a stand-in: a container restarted after a crash
@@ -71,14 +76,26 @@ def track(
     return Loss(count, since) if count > 0 else Loss()
 
 
-def grace_s(cold_start_s: float) -> float:
-    """How long a lost replica may be away before a stand-in is asked for."""
-    return max(MIN_GRACE_S, GRACE_COLD_STARTS * cold_start_s)
+def grace_s(cold_start_s: float, *, evicted_after_s: float = DEFAULT_EVICTION_S) -> float:
+    """How long a lost replica may be away before a stand-in is asked for: the time a restart
+    takes, unless Kubernetes evicts and replaces the pod sooner than that — then as long again
+    after the eviction."""
+    restart = max(MIN_GRACE_S, GRACE_COLD_STARTS * cold_start_s)
+    return restart if restart < evicted_after_s else evicted_after_s + restart
 
 
-def stand_ins(loss: Loss, *, plan: int, cold_start_s: float, now: float) -> int:
+def stand_ins(
+    loss: Loss,
+    *,
+    plan: int,
+    cold_start_s: float,
+    now: float,
+    evicted_after_s: float = DEFAULT_EVICTION_S,
+) -> int:
     """Replicas to ask for beside the `plan`'s, in place of the ones lost for longer than the
     grace; at most as many as the plan's."""
-    if loss.count <= 0 or loss.since is None or now - loss.since < grace_s(cold_start_s):
+    if loss.count <= 0 or loss.since is None:
+        return 0
+    if now - loss.since < grace_s(cold_start_s, evicted_after_s=evicted_after_s):
         return 0
     return min(loss.count, plan)

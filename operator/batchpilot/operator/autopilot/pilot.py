@@ -28,7 +28,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -43,6 +43,7 @@ from batchpilot.operator.autopilot.state import State
 from batchpilot.operator.children.common import Owner
 from batchpilot.operator.children.configmap import batching_in
 from batchpilot.operator.children.deadline import default_deadline_ms
+from batchpilot.operator.children.node_loss import eviction_s
 from batchpilot.operator.events import Event
 from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT
 from batchpilot.operator.kube import Kube
@@ -155,7 +156,10 @@ class Autopilot:
         )
         state = State.from_dict(status.get("autopilot"))
         seconds = self._seconds()
-        decision, new_state = decide(observation, policy_of(spec), current, state, seconds)
+        # The pods' own tolerations say when Kubernetes replaces one whose node was lost.
+        template = deployment.get("spec", {}).get("template", {}).get("spec", {})
+        policy = replace(policy_of(spec), evicted_after_s=eviction_s(template.get("tolerations")))
+        decision, new_state = decide(observation, policy, current, state, seconds)
         report = new_state.slo.report(seconds)
 
         result = TickResult(decision=decision)

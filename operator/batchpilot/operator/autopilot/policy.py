@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 
 from batchpilot.operator.autopilot.slo import Objective
+from batchpilot.operator.children.node_loss import DEFAULT_EVICTION_S
 
 SLA_HEADROOM = 0.8
 """Plan for predicted P99 at most this fraction of the SLA — of the part the batcher spends: the
@@ -55,6 +56,9 @@ class Policy:
     max_queue_delay_s: float
     objective: Objective = field(default_factory=Objective)
     """How often the SLA must hold (`spec.sla.objectivePercent` over `spec.sla.window`)."""
+    evicted_after_s: float = DEFAULT_EVICTION_S
+    """How long after its node is lost Kubernetes evicts a replica and replaces it: the pod
+    template's tolerations (`lost.eviction_s`); Kubernetes' default where they name none."""
 
 
 @dataclass(frozen=True, slots=True)

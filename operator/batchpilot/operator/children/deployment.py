@@ -30,6 +30,7 @@ from batchpilot.operator.children.common import (
     Owner,
 )
 from batchpilot.operator.children.configmap import pipeline_hash
+from batchpilot.operator.children.node_loss import with_node_loss
 from batchpilot.operator.settings import OperatorSettings
 
 MODEL_DIR = "/models"
@@ -349,8 +350,9 @@ def build_deployment(owner: Owner, settings: OperatorSettings, *, replicas: int)
     tolerations = runtime.tolerations
     if tolerations is None and gpu:
         tolerations = settings.gpu_tolerations
-    if tolerations:
-        pod_spec["tolerations"] = [dict(t) for t in tolerations]
+    pod_spec["tolerations"] = with_node_loss(
+        [dict(t) for t in tolerations or ()], settings.node_loss_toleration_seconds
+    )
     pod_spec |= _placement(owner, settings)
 
     annotations = {
