@@ -3,7 +3,8 @@
 Replicas serve dynamic batches exactly as the runtime's batcher forms them (per-batch time
 α + β·b, one batch at a time) and admit as the runtime does (a request predicted to finish past
 its deadline is refused at arrival; a full queue sheds); new replicas pay a cold start, removed
-ones drain. The autopilot sees them only through the runtime's counters and histograms as
+ones drain; a node may die under some, and Kubernetes notices, evicts and replaces them as it
+does. The autopilot sees them only through the runtime's counters and histograms as
 Prometheus holds them — scraped every 15 s at each replica's own phase, `rate()` extrapolated as
 Prometheus does, stale series dropped — and runs the same `decide` the operator runs. Baselines —
 static provisioning at the peak, an HPA on GPU utilization, and an oracle that knows the trace —
@@ -19,7 +20,7 @@ point: `simulate(scenario, "autopilot")`), `cli` (`batchpilot simulate`), `plot`
 Pure: numpy and arithmetic; the CLI reads the trace file and writes the outputs.
 """
 
-from batchpilot.simulation.cluster import ClusterConfig
+from batchpilot.simulation.cluster import ClusterConfig, NodeLoss
 from batchpilot.simulation.report import SimulationResult, Summary
 from batchpilot.simulation.scenario import POLICIES, Scenario, simulate
 from batchpilot.simulation.service import TEXTBOOK, ServiceTruth
@@ -29,6 +30,7 @@ __all__ = [
     "POLICIES",
     "TEXTBOOK",
     "ClusterConfig",
+    "NodeLoss",
     "Scenario",
     "ServiceTruth",
     "SimulationResult",

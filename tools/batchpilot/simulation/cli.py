@@ -7,6 +7,12 @@ Prints a comparison table; `--json` writes every interval of every run; `--plot`
 P99 against the SLA, replicas and batch limit (needs matplotlib). `--trace-gen onoff:7`
 simulates a freshly generated trace instead of a file (`generate`'s kinds; without a seed, the
 shipped file's), so a policy can be judged on seeds it was never tuned on.
+
+`--lose-node 1200:2` kills the node under the two oldest ready replicas 1200 s in (repeat it for
+more nodes): they answer nothing from then on, stay ready in Kubernetes for `--node-notice-s`
+(40, the node-monitor-grace-period; the requests the Service sends them fail), are NotReady
+but still billed for `--eviction-s` more (300, the taints' tolerationSeconds), and are then
+deleted and replaced by new replicas that pay the cold start.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import cast
 
 from batchpilot.operator.autopilot.prometheus import Seasonality
 from batchpilot.simulation import generate
-from batchpilot.simulation.cluster import ClusterConfig
+from batchpilot.simulation.cluster import ClusterConfig, NodeLoss
 from batchpilot.simulation.report import DEFAULT_OBJECTIVE, SimulationResult, table
 from batchpilot.simulation.scenario import POLICIES, PolicyName, Scenario, simulate
 from batchpilot.simulation.service import ServiceTruth
@@ -47,6 +53,18 @@ def _trace_gen(text: str) -> tuple[str, int | None]:
         return name, int(seed) if seed else None
     except ValueError:
         raise argparse.ArgumentTypeError(f"the seed in {text!r} is not an integer") from None
+
+
+def _node_loss(text: str) -> tuple[float, int]:
+    """`AT_S` or `AT_S:COUNT`."""
+    at, _, count = text.partition(":")
+    try:
+        loss = float(at), int(count) if count else 1
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not AT_S[:COUNT]") from None
+    if loss[0] < 0 or loss[1] < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: need AT_S >= 0 and COUNT >= 1")
+    return loss
 
 
 def _objective_percent(text: str) -> float:
@@ -173,6 +191,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how far past this time a past rise counts (autopilot.seasonality.lookaheadSeconds)",
     )
     cluster.add_argument("--balancing", choices=["random", "round-robin"], default="random")
+    cluster.add_argument(
+        "--lose-node",
+        type=_node_loss,
+        action="append",
+        default=[],
+        metavar="AT_S[:COUNT]",
+        help="a node dies AT_S seconds in under the COUNT (1) oldest ready replicas; repeat for "
+        "more nodes",
+    )
+    cluster.add_argument(
+        "--node-notice-s",
+        type=float,
+        default=40.0,
+        help="how long a dead node's replicas stay ready and in the endpoints, failing what "
+        "they are sent (the node-monitor-grace-period: 40)",
+    )
+    cluster.add_argument(
+        "--eviction-s",
+        type=float,
+        default=300.0,
+        help="how long they are then NotReady, billed and not replaced, until deleted and "
+        "replaced (the taints' tolerationSeconds: 300)",
+    )
     cluster.add_argument("--seed", type=int, default=0)
     cluster.add_argument(
         "--duration-s", type=float, default=None, help="override the trace's length"
@@ -231,6 +272,10 @@ def scenario_of(args: argparse.Namespace) -> Scenario:
                 else None
             ),
             seed=args.seed,
+            node_losses=tuple(
+                NodeLoss(at, count, notice_s=args.node_notice_s, eviction_s=args.eviction_s)
+                for at, count in args.lose_node
+            ),
         ),
     )
 

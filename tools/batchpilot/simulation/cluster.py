@@ -14,21 +14,33 @@ replicas it wants and with which batch settings; then the interval's traffic is 
   cold-start delay (image pull, model load, readiness probe) — the interval is cut where one
   becomes ready — and Prometheus scrapes it from then on;
 - a removed replica stops receiving traffic at once, finishes what it has queued, and stops
-  costing when it is drained; it is scraped until then. Replicas still starting are removed
-  first, then the newest;
-- batch settings reach every replica immediately (the operator PUTs them to each ready pod).
+  costing when it is drained; it is scraped until then. Replicas not ready are removed first
+  (a ReplicaSet deletes them first: starting ones, and dark ones once NotReady, see below), then
+  the oldest ready ones;
+- batch settings reach every replica immediately (the operator PUTs them to each ready pod);
+- a node may die under some replicas (`ClusterConfig.node_losses`), and Kubernetes finds out as
+  it does: at `NodeLoss.at_s` the oldest ready replicas go dark (what they held queued fails,
+  Prometheus scrapes them no more); for `notice_s` (the node controller's
+  node-monitor-grace-period) they stay ready in the Deployment and in the Service's endpoints,
+  and what the Service sends them fails; then they are NotReady — out of the endpoints and the
+  ready count, still in the Deployment's replicas and still billed (the ReplicaSet replaces only
+  deleted pods); `eviction_s` later (the taints' tolerationSeconds) they are deleted and the
+  ReplicaSet at once creates a replacement for each, which pays the cold start like any new
+  pod of the run. A dark replica a scale-down deletes is gone at once, without a drain. The
+  batch a dark replica was running is counted as answered.
 
 The Deployment exists before t = 0, idle, and Prometheus has scraped it for a window: the first
 windows see the trace's traffic start, as an autopilot would. `ready_replicas` in an observation
 is the Deployment's ready count at the decision; the replicas whose series Prometheus holds
 (ready ones, draining ones, and gone ones until their series go stale) are the telemetry's.
 
-Loops are bounded by the number of intervals and, inside an interval, by its cuts and replicas.
+An interval is cut wherever who serves changes: a replica becomes ready, a node dies, its loss
+is noticed, its pods are evicted. Loops are bounded by the number of intervals and, inside an
+interval, by its cuts and replicas.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -51,6 +63,43 @@ from batchpilot.simulation.trace import Trace
 Balancing = Literal["random", "round-robin"]
 Admission = Literal["deadline", "queue"]
 FastSignal = Literal["scraped", "oracle"]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLoss:
+    """A node that dies under `count` ready replicas at `at_s`, as Kubernetes then acts."""
+
+    at_s: float
+    count: int = 1
+    """Ready replicas on the node: the oldest ready ones go dark."""
+    notice_s: float = 40.0
+    """Until the node controller marks the node NotReady (its node-monitor-grace-period): the
+    dark replicas stay ready and in the Service's endpoints meanwhile."""
+    eviction_s: float = 300.0
+    """From then until the pods are deleted and replaced (the tolerationSeconds of the
+    not-ready and unreachable taints, 300 s unless the pod spec says otherwise)."""
+
+    def __post_init__(self) -> None:
+        if self.at_s < 0 or self.count < 1 or self.notice_s < 0 or self.eviction_s < 0:
+            raise ValueError("a node loss needs a time >= 0, >= 1 replica, and delays >= 0")
+
+    @property
+    def noticed_s(self) -> float:
+        """When its replicas become NotReady."""
+        return self.at_s + self.notice_s
+
+    @property
+    def evicted_s(self) -> float:
+        """When its replicas are deleted and the ReplicaSet replaces them."""
+        return self.noticed_s + self.eviction_s
+
+    def describe(self) -> dict[str, float]:
+        return {
+            "atS": self.at_s,
+            "count": self.count,
+            "noticeS": self.notice_s,
+            "evictionS": self.eviction_s,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +135,8 @@ class ClusterConfig:
     """The seasonal forecast's period, periods and look-ahead (the operator's
     `seasonal_*` settings; the same default, a day); None: off."""
     seed: int = 0
+    node_losses: tuple[NodeLoss, ...] = ()
+    """Nodes that die during the run (none by default)."""
 
     def __post_init__(self) -> None:
         if self.scrape_interval_s < 0 or self.recent_window_s <= 0 or self.window_s <= 0:
@@ -117,6 +168,12 @@ class Pod:
     removed_at: float | None = None
     gone_at: float | None = None
     """When it stopped costing: removal while starting, or the end of its drain."""
+    lost: NodeLoss | None = None
+    """The loss of its node: it serves nothing from `lost.at_s` on."""
+
+    def is_ready(self, t: float) -> bool:
+        """Ready as Kubernetes sees it: started, and its node's loss not yet noticed."""
+        return self.ready_at <= t and (self.lost is None or t < self.lost.noticed_s)
 
     @property
     def draining(self) -> bool:
@@ -139,17 +196,49 @@ class _Fleet:
     pods: list[Pod] = field(default_factory=list)
     batch_size: int = 1
     delay_s: float = 0.0
+    losses: list[NodeLoss] = field(init=False, default_factory=list)
+    """Node losses still to come, soonest first."""
+
+    def __post_init__(self) -> None:
+        self.losses = sorted(self.config.node_losses, key=lambda loss: loss.at_s)
 
     def active(self) -> list[Pod]:
-        """Pods that are wanted (starting or ready), oldest first."""
+        """Pods that are wanted (starting, ready, or dark and not yet deleted), oldest first."""
         return [p for p in self.pods if p.removed_at is None]
 
     def ready(self, t: float) -> list[Pod]:
-        return [p for p in self.active() if p.ready_at <= t]
+        """The Deployment's ready pods, which are the Service's endpoints."""
+        return [p for p in self.active() if p.is_ready(t)]
 
     def reporting(self, t: float) -> int:
-        """Pods whose metrics Prometheus has: ready ones and ones still draining."""
-        return len(self.ready(t)) + sum(1 for p in self.pods if p.draining)
+        """Pods whose metrics Prometheus has: ready ones that still answer, and ones draining."""
+        answering = sum(1 for p in self.ready(t) if p.lost is None)
+        return answering + sum(1 for p in self.pods if p.draining)
+
+    def next_change(self, t: float, end: float) -> float:
+        """The first moment after `t`, up to `end`, that changes who serves: a pod becoming
+        ready, a node dying, its loss noticed, its pods evicted."""
+        moments = [p.ready_at for p in self.active() if t < p.ready_at < end]
+        for loss in self.config.node_losses:
+            moments += [m for m in (loss.at_s, loss.noticed_s, loss.evicted_s) if t < m < end]
+        return min(moments, default=end)
+
+    def advance(self, t: float, *, cold_start: bool) -> None:
+        """What Kubernetes does by `t` on its own: nodes die, their pods are evicted, and the
+        ReplicaSet replaces each evicted pod (the Deployment still wants it)."""
+        while self.losses and self.losses[0].at_s <= t:
+            loss = self.losses.pop(0)
+            for pod in [p for p in self.ready(loss.at_s) if p.lost is None][: loss.count]:
+                pod.lost = loss
+                # What it held never gets an answer; Prometheus' scrapes of it fail.
+                self.telemetry.record_unreached(pod.replica.waiting, loss.at_s)
+                self.telemetry.remove_target(pod.index, at=loss.at_s)
+        for pod in self.active():
+            if pod.lost is not None and pod.lost.evicted_s <= t:
+                at = pod.lost.evicted_s
+                pod.removed_at = at
+                self.retire(pod, at)
+                self._create(at, cold_start=cold_start)
 
     def retire(self, pod: Pod, at: float) -> None:
         """It stops costing, and Prometheus stops scraping it."""
@@ -166,7 +255,7 @@ class _Fleet:
         # The batch-size buckets a replica exports: up to the largest batch it may run.
         largest = max(command.batch_size, self.burst_rows or 0)
         for pod in self.pods:
-            if pod.gone_at is None:
+            if pod.gone_at is None and pod.lost is None:
                 if pod.limit != command.batch_size:
                     self.telemetry.batch_limit(pod.index, largest, at=now)
                 pod.limit = command.batch_size
@@ -174,35 +263,41 @@ class _Fleet:
                 pod.replica.delay_s = command.max_queue_delay_s
         active = self.active()
         for _ in range(command.replicas - len(active)):
-            pod = Pod(
-                index=len(self.pods),
-                replica=self.truth.replica(
-                    max_batch=command.batch_size,
-                    delay_s=command.max_queue_delay_s,
-                    capacity=self.config.queue_capacity,
-                    deadline_s=self.deadline_s,
-                    burst=(
-                        None
-                        if self.burst_rows is None
-                        else self.truth.requests_per_batch(self.burst_rows)
-                    ),
-                    start=now,
-                ),
-                limit=command.batch_size,
-                requested_at=now,
-                ready_at=now + (self.config.cold_start_s if cold_start else 0.0),
-            )
-            self.pods.append(pod)
-            since = pod.ready_at if scraped_since is None else scraped_since
-            self.telemetry.add_target(pod.index, since=since, batch_limit=largest)
+            self._create(now, cold_start=cold_start, scraped_since=scraped_since)
         surplus = len(active) - command.replicas
         if surplus > 0:
-            # Starting pods go first (a ReplicaSet deletes not-ready pods first), then the newest.
-            victims = sorted(active, key=lambda p: (p.ready_at <= now, p.requested_at))[:surplus]
+            # Not-ready pods go first (a ReplicaSet deletes them first): starting ones, and dark
+            # ones once their loss is noticed; then the ready ones, the oldest first.
+            victims = sorted(active, key=lambda p: (p.is_ready(now), p.requested_at))[:surplus]
             for pod in victims:
                 pod.removed_at = now
-                if pod.ready_at > now or pod.replica.idle_at(now):
+                if pod.ready_at > now or pod.lost is not None or pod.replica.idle_at(now):
                     self.retire(pod, now)
+
+    def _create(self, now: float, *, cold_start: bool, scraped_since: float | None = None) -> None:
+        """A new pod with the settings in force, scraped once ready (or from `scraped_since`)."""
+        pod = Pod(
+            index=len(self.pods),
+            replica=self.truth.replica(
+                max_batch=self.batch_size,
+                delay_s=self.delay_s,
+                capacity=self.config.queue_capacity,
+                deadline_s=self.deadline_s,
+                burst=(
+                    None
+                    if self.burst_rows is None
+                    else self.truth.requests_per_batch(self.burst_rows)
+                ),
+                start=now,
+            ),
+            limit=self.batch_size,
+            requested_at=now,
+            ready_at=now + (self.config.cold_start_s if cold_start else 0.0),
+        )
+        self.pods.append(pod)
+        since = pod.ready_at if scraped_since is None else scraped_since
+        largest = max(self.batch_size, self.burst_rows or 0)
+        self.telemetry.add_target(pod.index, since=since, batch_limit=largest)
 
 
 def startup_timing(
@@ -262,6 +357,7 @@ def simulate_cluster(
     # The Deployment already exists, idle, and Prometheus has scraped it for a while.
     history = max(config.window_s, config.recent_window_s) + config.scrape_interval_s
     fleet.apply(controller.initial(), 0.0, cold_start=False, scraped_since=-history)
+    fleet.advance(0.0, cold_start=controller.cold_start)
     robin = 0
     ticks: list[_Tick] = []
     for k in range(count):
@@ -283,11 +379,17 @@ def simulate_cluster(
             reason = command.reason
             fleet.apply(command, start, cold_start=controller.cold_start)
         ready_at_start = len(fleet.ready(start))
-        cuts = sorted(
-            {start, end} | {p.ready_at for p in fleet.active() if start < p.ready_at < end}
-        )
-        for lo, hi in itertools.pairwise(cuts):
+        # Every pass serves up to the next cut; each cut is a pod's readiness or a loss' moment.
+        lo = start
+        for _ in range(len(fleet.pods) + 4 * len(config.node_losses) + 2):
+            if lo >= end:
+                break
+            hi = fleet.next_change(lo, end)
             robin = _serve(fleet, telemetry, trace, rng, lo, hi, robin)
+            fleet.advance(hi, cold_start=controller.cold_start)
+            lo = hi
+        else:
+            raise AssertionError("the interval's cuts did not end")  # pragma: no cover
         telemetry.close(k)
         ticks.append(
             _Tick(
@@ -305,6 +407,7 @@ def simulate_cluster(
         [
             (p.index, p.replica.serve([], since=trace.duration_s, until=math.inf))
             for p in fleet.pods
+            if p.lost is None
         ],
         truth=truth,
     )
@@ -343,6 +446,7 @@ def simulate_cluster(
             "balancing": config.balancing,
             "seasonalPeriodS": None if config.seasonality is None else config.seasonality.period_s,
             "seed": config.seed,
+            "nodeLosses": [loss.describe() for loss in config.node_losses],
         },
     )
 
@@ -375,6 +479,10 @@ def _serve(
         ordered = arrivals[order]
         for i, pod in enumerate(ready):
             mine = ordered[bounds[i] : bounds[i + 1]]
+            if pod.lost is not None:
+                # Its node is dead and nobody knows yet: what the Service sends it fails.
+                telemetry.record_unreached(int(mine.shape[0]), lo)
+                continue
             telemetry.record_arrivals(pod.index, mine)
             served.append((pod.index, pod.replica.serve(mine.tolist(), since=lo, until=hi)))
     for pod in fleet.pods:
