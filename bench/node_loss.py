@@ -1,15 +1,15 @@
 """A node that dies under the service's replicas: the SLA through the episode, and the bill.
 
     .venv/bin/python bench/node_loss.py --seed 5353 [--physics textbook,textbook-cold,fixed,big]
-        [--kind realistic] [--load 3.2] [--procs 2] [--json out.json]
+        [--kind realistic] [--load 3.2] [--eviction-s 300] [--procs 2] [--json out.json]
 
 Kubernetes is slow to notice a dead node, and slower to replace its pods: for 40 s (the node
 controller's grace period) they stay ready and in the Service's endpoints, and what they are
-sent fails; then they are NotReady, billed and not replaced, until the taints evict them 300 s
-later and the ReplicaSet starts replacements, which pay the cold start. A controller that reads
-the ready count can replace them minutes sooner. This measures how the autopilot and the
-reactive bound (`physics_matrix.py`'s) go through it, on several of `physics_matrix.py`'s
-physics.
+sent fails; then they are NotReady, billed and not replaced, until the taints evict them (300 s
+later unless the pods tolerate less) and the ReplicaSet starts replacements, which pay the cold
+start. A controller that reads the ready count can replace them minutes sooner. This measures
+how the autopilot and the reactive bound (`physics_matrix.py`'s) go through it, on several of
+`physics_matrix.py`'s physics.
 
 Per physics, a generated trace (`--kind`, `--seed`; one hour; the realistic kind with a gentler
 day, twice its trough at its peak) is scaled so that a third of the way in, where the node dies,
@@ -19,7 +19,9 @@ the node under one replica lost, under two. Per row and controller: the share of
 inside the SLA over the whole trace and within the episode (from the loss until a replacement
 started at eviction would be ready), and GPU-seconds over the oracle's (which knows the traffic,
 not the loss; a loss costs it nothing: its dead pods are billed until evicted, and replaced at
-once). Also the replicas the autopilot had in force at the loss.
+once). Also the replicas the autopilot had in force at the loss. `--eviction-s 30` is the
+toleration the operator renders (`runtime.nodeLossTolerationSeconds`); the autopilot is told
+the time either way, as it reads it from the pod template.
 """
 
 from __future__ import annotations
@@ -50,19 +52,22 @@ GENTLE = {"amplitude": 2.0}
 traffic rather than the day's ramps."""
 
 
-def loss_at(lost: int) -> NodeLoss:
+def loss_at(lost: int, eviction_s: float) -> NodeLoss:
     """The node under `lost` replicas (1 for the reference window) dies a third of the way in,
-    as a control interval starts; Kubernetes' defaults for the rest."""
+    as a control interval starts; noticed after Kubernetes' default 40 s."""
     interval = ClusterConfig().interval_s
-    return NodeLoss(round(DURATION_S / 3 / interval) * interval, max(1, lost))
+    at = round(DURATION_S / 3 / interval) * interval
+    return NodeLoss(at, max(1, lost), eviction_s=eviction_s)
 
 
-def scenario(name: str, kind: str, seed: int, load: float, lost: int) -> Scenario:
+def scenario(
+    name: str, kind: str, seed: int, load: float, lost: int, eviction_s: float
+) -> Scenario:
     """`name`'s physics on the trace sized for it, and the loss of a node under `lost`."""
     physics = PHYSICS[name]
     parameters = {k: v for k, v in GENTLE.items() if k in KINDS[kind].parameters}
     rows = generate(kind, seed, duration_s=DURATION_S, **parameters)
-    loss = loss_at(lost)
+    loss = loss_at(lost, eviction_s)
     sized = Scenario(
         trace=Trace.from_points(rows, name=f"{kind}-{seed}", duration_s=None),
         service=ServiceTruth.parse(physics.service),
@@ -100,11 +105,11 @@ class Cell:
     replicas_at_loss: int
 
 
-def run(job: tuple[str, str, int, float, int, PolicyName]) -> Cell:
-    name, kind, seed, load, lost, policy = job
-    chosen = scenario(name, kind, seed, load, lost)
+def run(job: tuple[str, str, int, float, int, float, PolicyName]) -> Cell:
+    name, kind, seed, load, lost, eviction_s, policy = job
+    chosen = scenario(name, kind, seed, load, lost, eviction_s)
     result = simulate(chosen, policy)
-    loss = loss_at(lost)
+    loss = loss_at(lost, eviction_s)
     end = loss.evicted_s + chosen.cluster.cold_start_s
     return Cell(
         physics=name,
@@ -129,6 +134,13 @@ def main() -> int:
         default=3.2,
         help="replicas' worth of capacity the traffic needs where the node dies (3.2)",
     )
+    parser.add_argument(
+        "--eviction-s",
+        type=float,
+        default=300.0,
+        help="the pods' toleration of a lost node, which the autopilot reads too (300, "
+        "Kubernetes' default; the operator renders 30)",
+    )
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -138,12 +150,15 @@ def main() -> int:
         parser.error(f"unknown physics: {', '.join(unknown)}")
     began = time.perf_counter()
     jobs = [
-        (n, args.kind, args.seed, args.load, k, p) for n in names for k in LOST for p in POLICIES
+        (n, args.kind, args.seed, args.load, k, args.eviction_s, p)
+        for n in names
+        for k in LOST
+        for p in POLICIES
     ]
     with Pool(args.procs) as pool:
         results = pool.map(run, jobs)
     cells = {(c.physics, c.lost, c.policy): c for c in results}
-    loss = loss_at(1)
+    loss = loss_at(1, args.eviction_s)
     print(
         f"{args.kind}-{args.seed}, {DURATION_S:g} s, sized to {args.load:g} replicas where the "
         f"node dies at {loss.at_s:g} s ({loss.notice_s:g} s unnoticed, evicted "

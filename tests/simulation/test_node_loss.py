@@ -9,14 +9,14 @@ its replacement is ready at 520 s (30 s cold start).
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pytest
 
 from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.autopilot.policy import InForce
-from batchpilot.simulation import TEXTBOOK, ClusterConfig, Trace, cli
+from batchpilot.simulation import TEXTBOOK, ClusterConfig, Scenario, Trace, cli
 from batchpilot.simulation.cluster import NodeLoss, _Fleet, _serve, simulate_cluster
 from batchpilot.simulation.observe import Telemetry
 from batchpilot.simulation.policies import Command
@@ -178,3 +178,14 @@ class TestTheCli:
         assert run(Fixed()).settings["nodeLosses"] == [
             {"atS": 150.0, "count": 1, "noticeS": 40.0, "evictionS": 300.0}
         ]
+
+
+class TestTheEvictionTime:
+    def test_the_autopilot_knows_the_eviction_time_from_the_pod_template(self) -> None:
+        losses = (NodeLoss(600.0, eviction_s=30.0), NodeLoss(900.0, eviction_s=30.0))
+        cluster = ClusterConfig(node_losses=losses)
+        scenario = Scenario(trace=Trace.constant(300, 600), service=TEXTBOOK, sla_s=0.1)
+        assert scenario.policy.evicted_after_s == 300.0  # Kubernetes' default
+        assert replace(scenario, cluster=cluster).policy.evicted_after_s == 30.0
+        with pytest.raises(ValueError, match="tolerations"):
+            ClusterConfig(node_losses=(NodeLoss(600.0), NodeLoss(900.0, eviction_s=30.0)))

@@ -212,7 +212,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=300.0,
         help="how long they are then NotReady, billed and not replaced, until deleted and "
-        "replaced (the taints' tolerationSeconds: 300)",
+        "replaced: the pod template's tolerationSeconds of the node-loss taints, which the "
+        "autopilot reads too (300, Kubernetes' default; the operator renders 30)",
     )
     cluster.add_argument("--seed", type=int, default=0)
     cluster.add_argument(

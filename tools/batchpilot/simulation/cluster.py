@@ -53,6 +53,7 @@ from batchpilot.operator.autopilot.observation import ComputePoint
 from batchpilot.operator.autopilot.policy import InForce
 from batchpilot.operator.autopilot.prometheus import Seasonality
 from batchpilot.operator.children.deadline import default_deadline_ms
+from batchpilot.operator.children.node_loss import DEFAULT_EVICTION_S
 from batchpilot.simulation.observe import Telemetry
 from batchpilot.simulation.policies import Command, Controller
 from batchpilot.simulation.replica import Replica, Served
@@ -75,9 +76,10 @@ class NodeLoss:
     notice_s: float = 40.0
     """Until the node controller marks the node NotReady (its node-monitor-grace-period): the
     dark replicas stay ready and in the Service's endpoints meanwhile."""
-    eviction_s: float = 300.0
-    """From then until the pods are deleted and replaced (the tolerationSeconds of the
-    not-ready and unreachable taints, 300 s unless the pod spec says otherwise)."""
+    eviction_s: float = DEFAULT_EVICTION_S
+    """From then until the pods are deleted and replaced: the tolerationSeconds of the
+    not-ready and unreachable taints in the pod template (Kubernetes gives 300 s where it names
+    none; the operator renders `runtime.nodeLossTolerationSeconds`)."""
 
     def __post_init__(self) -> None:
         if self.at_s < 0 or self.count < 1 or self.notice_s < 0 or self.eviction_s < 0:
@@ -141,6 +143,14 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         if self.scrape_interval_s < 0 or self.recent_window_s <= 0 or self.window_s <= 0:
             raise ValueError("windows must be positive and the scrape interval not negative")
+        if len({loss.eviction_s for loss in self.node_losses}) > 1:
+            raise ValueError("node losses evict after one time: the pod template's tolerations")
+
+    @property
+    def eviction_s(self) -> float:
+        """When Kubernetes evicts a replica after its node's loss is noticed, as the pod
+        template's tolerations say (what the autopilot reads from them)."""
+        return self.node_losses[0].eviction_s if self.node_losses else DEFAULT_EVICTION_S
 
 
 @dataclass(frozen=True, slots=True)

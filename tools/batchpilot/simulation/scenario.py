@@ -80,7 +80,8 @@ class Scenario:
 
     @property
     def policy(self) -> Policy:
-        """What the operator's `policy_of(spec)` builds from the same spec."""
+        """What the operator's `policy_of(spec)` builds from the same spec, and the eviction time
+        it reads from the pod template's tolerations."""
         return Policy(
             sla_p99_s=self.sla_s,
             min_utilization=self.util_min / 100,
@@ -90,6 +91,7 @@ class Scenario:
             scale_down_delay_s=self.scale_down_delay_s,
             max_queue_delay_s=self.max_queue_delay_s,
             objective=Objective(self.objective, self.objective_window_s),
+            evicted_after_s=self.cluster.eviction_s,
         )
 
     @property
