@@ -68,6 +68,7 @@ def main(args: argparse.Namespace) -> int:
     outage_log.install(
         *logging.getLogger().handlers,
         retrying=f"retrying {handlers.API_RETRIES}",
+        asked_again="asked again by the next pass that needs it",
         level=level,
     )
     settings = OperatorSettings()
