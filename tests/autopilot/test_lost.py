@@ -146,6 +146,18 @@ class TestDecide:
         assert added
         assert "1 more in place of 1 replica" in added[0]
 
+    def test_over_the_sla_a_lost_replica_gets_its_stand_in_at_once(self) -> None:
+        # The two left do not carry the load: no grace, whatever brings the third back.
+        current, state, now = steady()
+        decision, current, state = tick(current, state, now, ready=2, p99_ms=150)
+        assert decision.replicas == 4
+        assert "1 more in place of 1 replica ready before and not for 0 s" in decision.reason
+        # Inside the SLA again, it stays while the lost one is away.
+        for _ in range(4):
+            decision, current, state = tick(current, state, now, ready=3)
+            assert decision.replicas == 4
+            now += TICK
+
     def test_a_restart_back_within_the_grace_adds_nothing(self) -> None:
         current, state, now = steady()
         for ready in (2, 2, 2, 3, 3):

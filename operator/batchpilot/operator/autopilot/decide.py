@@ -285,6 +285,7 @@ def decide(
         cold_start_s=DEFAULT_COLD_START_S if cold is None else cold,
         now=now,
         evicted_after_s=policy.evicted_after_s,
+        missed=sla_met is False,
     )
     if away and not idle:
         # Lost replicas (a node that died) are counted in force but serve nothing: ask for as

@@ -20,6 +20,11 @@ eviction) the loss is over, and the surplus goes the way of any surplus: the sca
 back after its stabilization window. (A ReplicaSet removes not-ready pods first, so a scale-down
 while a lost one is still away removes that one.)
 
+The grace is for a service the replicas left still carry. One over the SLA gets its stand-ins
+at once: whatever brings a lost replica back — a restart, a replacement after the eviction —
+pays a cold start too, so one started now comes no later, and the grace would only be more of
+the miss.
+
 Only replicas that were ready count: a scale-up that cannot start (a quota, no GPU node, an
 image that does not pull) is no loss, and more replicas would not start either. A replica that
 comes back and is lost again counts again, so stand-ins are never more than the plan's own
@@ -91,11 +96,12 @@ def stand_ins(
     cold_start_s: float,
     now: float,
     evicted_after_s: float = DEFAULT_EVICTION_S,
+    missed: bool = False,
 ) -> int:
     """Replicas to ask for beside the `plan`'s, in place of the ones lost for longer than the
-    grace; at most as many as the plan's."""
+    grace — or at once where the window `missed` the SLA; at most as many as the plan's."""
     if loss.count <= 0 or loss.since is None:
         return 0
-    if now - loss.since < grace_s(cold_start_s, evicted_after_s=evicted_after_s):
+    if not missed and now - loss.since < grace_s(cold_start_s, evicted_after_s=evicted_after_s):
         return 0
     return min(loss.count, plan)
