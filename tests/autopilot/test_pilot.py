@@ -333,3 +333,46 @@ class TestQuietStatus:
         assert world.autopilot._waiting
         world.autopilot.forget([("vision", "other")])
         assert not world.autopilot._waiting
+
+
+def merged(target: Any, patch: Any) -> Any:
+    """A JSON merge patch (RFC 7386) applied, as the API server applies a status write."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merged(out.get(key), value)
+    return out
+
+
+class TestTheMemoryInStatus:
+    def test_what_it_no_longer_holds_is_written_null_for_the_merge_patch(self) -> None:
+        """A cold start no longer pending and a loss that is over are gone from the stored
+        status after the write, not read back at the next tick: a pendingSince left there had
+        the cold start measured again at every tick, growing without end (and the stand-in for
+        a lost replica with it), and a loss left there came back with its old time."""
+        world = World()
+        deployment = world.kube.objects[("Deployment", "vision", "resnet50")]
+        deployment["spec"]["replicas"] = 3
+        deployment["status"] = {"readyReplicas": 3, "replicas": 3}
+        world.body["status"]["autopilot"] = {
+            "pendingSince": T - 30,
+            "coldStartS": 20.0,
+            "lost": {"count": 1, "since": T - 100},
+            "ready": 2,
+            "replicas": 3,
+        }
+        cold_starts = []
+        for _ in range(3):
+            result = world.autopilot.tick(copy.deepcopy(world.body))
+            world.body["status"] = merged(world.body["status"], result.status)
+            stored = world.body["status"]["autopilot"]
+            assert "pendingSince" not in stored
+            assert "lost" not in stored
+            cold_starts.append(stored["coldStartS"])
+        # All three replicas ready: the cold start is measured once, then kept.
+        assert cold_starts[0] != 20.0
+        assert cold_starts == [cold_starts[0]] * 3

@@ -37,7 +37,7 @@ from batchpilot.operator.autopilot.decide import decide
 from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.autopilot.policy import Decision, InForce, Policy
 from batchpilot.operator.autopilot.prometheus import Scope
-from batchpilot.operator.autopilot.reporting import HELD, may_wait, report_tick
+from batchpilot.operator.autopilot.reporting import HELD, clearing, may_wait, report_tick
 from batchpilot.operator.autopilot.slo import Objective
 from batchpilot.operator.autopilot.state import State
 from batchpilot.operator.children.common import Owner
@@ -202,6 +202,11 @@ class Autopilot:
         else:
             with self._lock:
                 self._waiting.pop(key, None)
+            if isinstance(doc.get("autopilot"), dict):
+                # Status is written as a merge patch: what the memory no longer holds (a cold
+                # start no longer pending, a loss over) must be written null, or the stored value
+                # comes back at the next tick.
+                doc["autopilot"] = clearing(doc["autopilot"], stored.get("autopilot"))
             result.status = doc
         result.events += said
         return result
