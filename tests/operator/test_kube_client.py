@@ -14,7 +14,14 @@ import pytest
 from kubernetes import client, config
 
 from batchpilot.operator.kinds import LEASE
-from batchpilot.operator.kube import UNANSWERED, KubeClient, KubeError, own_retries
+from batchpilot.operator.kube import (
+    API_ANSWERED,
+    API_FAILED,
+    UNANSWERED,
+    KubeClient,
+    KubeError,
+    own_retries,
+)
 from batchpilot.sandbox import LocalKubernetesAPI
 from tests.operator.election_support import NAMESPACE
 from tests.operator.fault_proxy import Answer, Fault, FaultProxy, LoseAnswer
@@ -131,3 +138,29 @@ class TestAnUnhealthyApiServer:
         assert (refused.value.status, refused.value.retry_after_s) == (503, None)
         assert not refused.value.transient
         assert kube.get(LEASE, NAMESPACE, "anything") is None
+
+    def test_the_log_hears_each_outage_failure_and_the_first_answer_after(
+        self, proxy: FaultProxy, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """The outage log (outage_log.py) reads these records: a 503 or no answer is the API
+        server unwell; a 404 or a 409 is its answer, not an outage."""
+        kube = through(proxy, tmp_path, Clock())
+        proxy.add(Fault(Answer(503), path="/leases", times=2))
+        with caplog.at_level(logging.DEBUG, logger="batchpilot.operator.kube"):
+            for _ in range(2):
+                with pytest.raises(KubeError):
+                    kube.get(LEASE, NAMESPACE, "anything")
+            assert kube.get(LEASE, NAMESPACE, "anything") is None  # 404: an answer
+            assert kube.get(LEASE, NAMESPACE, "anything") is None
+            kube.create(lease("told"))
+            with pytest.raises(KubeError):
+                kube.create(lease("told"))  # 409
+        heard = [
+            (
+                "failed" if API_FAILED in r.__dict__ else "answered",
+                getattr(r.__dict__.get(API_FAILED), "status", None),
+            )
+            for r in caplog.records
+            if API_FAILED in r.__dict__ or API_ANSWERED in r.__dict__
+        ]
+        assert heard == [("failed", 503), ("failed", 503), ("answered", None)]

@@ -4,8 +4,9 @@ streams cut or answered 410 Gone, answers lost after the write happened, a minut
 the test changes things behind the operator's back, straight on the API.
 
 What must hold: the children end up as the spec says, each once; nothing the operator missed
-while its watches were down stays missed; the process rides out an outage and catches up. Every
-wait is on a condition, bounded.
+while its watches were down stays missed; the process rides out an outage and catches up, and
+its log says so once — a WARNING when it begins, a reminder a minute, an INFO when it is over —
+not an ERROR for every failed try. Every wait is on a condition, bounded.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -67,6 +69,14 @@ class Cluster:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def logged_since(self, offset: int, level: str) -> list[str]:
+        """The lines of `level` (WARNING, ERROR, …) logged past `offset` (a length of `log()`)."""
+        return [
+            line
+            for line in self.log()[offset:].splitlines()
+            if line.split(" ", 3)[2:3] == [level]  # "date time LEVEL name: message"
+        ]
 
     def create(self, name: str) -> None:
         self.rest.call(ISVCS, "POST", inference_service(name))
@@ -235,6 +245,65 @@ class TestWritesTheApiServerFails:
         assert cluster.events("throttled", "ApplyFailed") == []
 
 
+OUTAGE = "batchpilot.operator.outage_log: API server outage"
+"""How the operator's log begins each statement about an outage (outage_log.py)."""
+
+
+class TestTheLogThroughAnOutage:
+    def test_writes_failed_for_a_while_are_one_warning_and_one_info(self, cluster: Cluster) -> None:
+        """The API server fails every request but the watches (503) while a child is deleted and
+        the spec edited: the operator's own requests fail at every pass (every 2 s), the
+        resource's handler fails (a kopf.TemporaryError, an ERROR of kopf's) and kopf's patch of
+        the InferenceService is retried. The log says it once, and once when it is over."""
+        cluster.create("unwritable")
+        wait_until(
+            lambda: cluster.ready("unwritable") == ("False", "Progressing"),
+            timeout=PASS_S,
+            what="Ready=False (Progressing): everything applied",
+        )
+        logged, began = len(cluster.log()), time.monotonic()
+        failing = cluster.proxy.add(Fault(Answer(503), watch=False))
+        cluster.rest.call(f"{DEPLOYMENTS}/unwritable", "DELETE")
+        cluster.rest.call(
+            f"{ISVCS}/unwritable", "PATCH", {"spec": {"sla": {"latencyP99Ms": 120}}}, patch=True
+        )
+
+        def refused() -> bool:
+            creates = cluster.proxy.seen(method="POST", path="/deployments$", since=began)
+            patches = cluster.proxy.seen(
+                method="PATCH", path="/inferenceservices/unwritable$", since=began
+            )
+            return len(creates) >= 3 and len(patches) >= 4  # kopf's: 0, 1, 2, 4 s
+
+        wait_until(
+            refused,
+            timeout=3 * PASS_S,
+            what="the Deployment's create refused three times, and kopf's patch four",
+        )
+        cluster.proxy.remove(failing)
+        wait_until(
+            lambda: cluster.child("deployment", "unwritable"),
+            timeout=PASS_S,
+            what="the Deployment created again",
+        )
+        assert cluster.logged_since(logged, "ERROR") == []
+        wait_until(
+            lambda: f"{OUTAGE} over" in cluster.log()[logged:],
+            timeout=2 * PASS_S,  # kopf's patch is retried every 10 s
+            what="the log saying the outage is over",
+        )
+        print(f"\n{time.monotonic() - began:.1f} s of refused writes, logged:")
+        print("\n".join(line for line in cluster.log()[logged:].splitlines() if OUTAGE in line))
+        assert cluster.logged_since(logged, "ERROR") == []  # nor since
+        (warning,) = cluster.logged_since(logged, "WARNING")
+        assert f"{OUTAGE}: it answered 503 to " in warning
+        (over,) = [line for line in cluster.logged_since(logged, "INFO") if OUTAGE in line]
+        assert "the operator's own requests" in over
+        assert re.search(
+            r"the patch(es)? of inferenceservices.batchpilot.io default/unwritable", over
+        )
+
+
 OUTAGE_S = 60.0
 """Longer than kopf's own retries of a request (eight, 54 s), after which it gave up."""
 
@@ -247,10 +316,15 @@ def alone(tmp_path: Path) -> Iterator[Cluster]:
 
 
 def test_a_minute_without_the_api_server_is_ridden_out_and_caught_up_with(alone: Cluster) -> None:
+    """Every request answered 503 for a minute and more: the operator keeps running and
+    answering liveness, catches up once the API server is back, and its log says it once: a
+    WARNING when the first watch fails, a reminder a minute in, an INFO when every watch is
+    answered again — no ERROR (before: one for every failed try of each of the ten watches,
+    110 in a minute)."""
     cluster = alone
     cluster.create("before")
     wait_until(lambda: cluster.child("deployment", "before"), what="the Deployment")
-    began = time.monotonic()
+    logged, began = len(cluster.log()), time.monotonic()
     cluster.proxy.add(Fault(Answer(503)))
     cluster.proxy.cut_watches()
     # Meanwhile, behind the operator's back: a child deleted, a service created.
@@ -266,8 +340,15 @@ def test_a_minute_without_the_api_server_is_ridden_out_and_caught_up_with(alone:
     wait_until(outage_over, timeout=OUTAGE_S + 10, every=2, what="the outage's end")
     assert cluster.process.poll() is None, cluster.log()
     assert {answer and answer[0] for answer in answers} == {200}, answers
+    assert cluster.logged_since(logged, "ERROR") == []
+    wait_until(
+        lambda: len(cluster.logged_since(logged, "WARNING")) == 2,
+        timeout=PASS_S,  # the first try failed a minute or more after the WARNING: kopf's 60th s
+        what="the outage's WARNING and its reminder a minute in",
+    )
+    lasted = time.monotonic() - began
     asked = cluster.proxy.seen(since=began)
-    print(f"\n{len(asked)} requests in {OUTAGE_S:.0f} s of 503s ({len(asked) / OUTAGE_S:.1f}/s)")
+    print(f"\n{len(asked)} requests in {lasted:.0f} s of 503s ({len(asked) / lasted:.1f}/s)")
     cluster.proxy.clear()
 
     recovered = time.monotonic()
@@ -286,3 +367,19 @@ def test_a_minute_without_the_api_server_is_ridden_out_and_caught_up_with(alone:
         assert cluster.children_of(name) == {
             "deployment": 1, "service": 1, "configmap": 1, "secret": 1
         }  # fmt: skip
+    wait_until(
+        lambda: f"{OUTAGE} over" in cluster.log()[logged:],
+        timeout=PASS_S,
+        what="the log saying the outage is over",
+    )
+    print("\n".join(line for line in cluster.log()[logged:].splitlines() if OUTAGE in line))
+    assert cluster.logged_since(logged, "ERROR") == []
+    began_line, reminder = cluster.logged_since(logged, "WARNING")
+    assert f"{OUTAGE}: it answered 503 to the watch of " in began_line
+    assert re.search(
+        rf"{OUTAGE}, 6\d s so far: \d+ failed tries; failing: the watches of ", reminder
+    )
+    (over,) = [line for line in cluster.logged_since(logged, "INFO") if OUTAGE in line]
+    assert re.search(
+        rf"{OUTAGE} over: the watches of .+ answered again after \d+ s, \d+ failed", over
+    )

@@ -204,10 +204,10 @@ def part_of(method: str, url: str) -> Part:
     get = method.upper() == "GET"
     what = "watch" if watch else "list" if get and not name else method.lower()
     if name:
-        of = f"{kind} {namespace}/{name}" if namespace else f"{kind} {name}"
+        which = f"{namespace}/{name}" if namespace else name
     else:
-        of = f"{kind} in {namespace}" if namespace else kind
-    return Part(key, what, of)
+        which = f"in {namespace}" if namespace else ""
+    return Part(key, what, kind, which)
 
 
 def _short(text: str) -> str:

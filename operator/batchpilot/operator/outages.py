@@ -14,8 +14,8 @@ client's, asked again only when a pass needs it; a kopf request that gave up or 
 is failing only until the API server answers any request after it: nothing else would ever say
 that it ended.
 
-Pure: the failures and answers come in with the time (outage_log.py reads them from the log
-records of kopf and of the operator's client); what to say goes out.
+Pure: the failures and answers come in with the time (outage_log.py reads them from kopf's and
+the operator's client's log records, and hears kopf's requests end); what to say goes out.
 """
 
 from __future__ import annotations
@@ -30,13 +30,14 @@ UNANSWERED = 0
 
 @dataclass(frozen=True, slots=True)
 class Part:
-    """A request that failed, as the log names it: `what` ("watch", "list", "patch", …) and
-    `of` (the kind, `deployments.apps`, and the object or namespace); `key` tells two requests
-    of the same name apart (kopf's: the method and URL)."""
+    """A request that failed, as the log names it: `what` ("watch", "list", "patch", …) `of`
+    (the kind, `deployments.apps`) and `which` ("default/resnet", "in default", or nothing);
+    `key` tells two requests of the same name apart (kopf's: the method and URL)."""
 
     key: str
     what: str
     of: str = ""
+    which: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +109,7 @@ class Outage:
         still = [outage.parts[key] for key in outage.failing]
         return Said(
             logging.WARNING,
-            f"API server outage, {now - outage.began:.0f} s so far: {outage.tries} failed tries; "
+            f"API server outage, {now - outage.began:.0f} s so far: {_tries(outage.tries)}; "
             f"failing: {describe(still)}; the last: it {failure.to(part)}",
         )
 
@@ -128,7 +129,7 @@ class Outage:
         return Said(
             logging.INFO,
             f"API server outage over: {describe(outage.parts.values())} answered again after "
-            f"{now - outage.began:.0f} s, {outage.tries} failed tries",
+            f"{now - outage.began:.0f} s, {_tries(outage.tries)}",
         )
 
     def ended(self, part: Part) -> None:
@@ -144,24 +145,39 @@ class Outage:
         outage.parts.setdefault(part.key, part)
 
 
-def describe(parts: Iterable[Part]) -> str:
-    """The parts in words, in the order first named, each name once: "the watch of pods", "the
-    watches of pods and secrets, the patch of …"."""
-    grouped: dict[str, list[str]] = {}
+def describe(parts: Iterable[Part], *, most: int = 12) -> str:
+    """The parts in words, in the order first named, each once, at most `most` named: "the
+    watch of pods", "the watches of pods and secrets, the patches of inferenceservices.
+    batchpilot.io default/a and default/b", "… and 990 more"."""
+    grouped: dict[str, dict[str, list[str]]] = {}  # what -> of -> which
     for part in parts:
-        names = grouped.setdefault(part.what, [])
-        if part.of not in names:
-            names.append(part.of)
+        whiches = grouped.setdefault(part.what, {}).setdefault(part.of, [])
+        if part.which not in whiches:
+            whiches.append(part.which)
     phrases = []
-    for what, names in grouped.items():
-        named = [name for name in names if name]
+    for what, kinds in grouped.items():
+        named = []
+        for kind, whiches in kinds.items():
+            # The kind once, before its first object: "pods default/a", "default/b".
+            named.append(f"{kind} {whiches[0]}".strip())
+            named.extend(whiches[1:])
+        named = [name for name in named if name]
         if not named:
             phrases.append(f"the {what}")
             continue
         plural = what if len(named) == 1 else _plural(what)
-        listed = named[0] if len(named) == 1 else f"{', '.join(named[:-1])} and {named[-1]}"
-        phrases.append(f"the {plural} of {listed}")
+        phrases.append(f"the {plural} of {_listed(named, most)}")
     return ", ".join(phrases)
+
+
+def _listed(names: list[str], most: int) -> str:
+    if len(names) > most:
+        return f"{', '.join(names[:most])} and {len(names) - most} more"
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _tries(count: int) -> str:
+    return f"{count} failed {'try' if count == 1 else 'tries'}"
 
 
 def _plural(noun: str) -> str:

@@ -1,0 +1,344 @@
+"""The outage log's reading of the operator's log (outage_log.py): kopf's real request function
+against a server that fails and recovers, kopf's and the client's records, and what is demoted and
+what keeps its level."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import aiohttp
+import aiohttp.web
+import kopf
+import pytest
+from kopf._cogs.clients import api, auth, errors
+
+from batchpilot.operator import outage_log
+from batchpilot.operator.kube import API_ANSWERED, API_FAILED, UNANSWERED, KubeError
+from batchpilot.operator.outage_log import OutageLog, listen, part_of, unwell
+from batchpilot.operator.outages import Failure, Outage
+
+WATCH = "/apis/apps/v1/deployments?watch=true&resourceVersion=11"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Shown(logging.Handler):
+    """The log as it is written: what the filter lets through, as `LEVEL name: message`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+        self.written = asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.levelname} {record.name}: {record.getMessage()}")
+        self.written.set()
+
+
+class Log:
+    """A logger for kopf's lines and one for the statements, through one handler and filter."""
+
+    def __init__(self, *, level: int = logging.INFO) -> None:
+        self.clock = Clock()
+        self.shown = Shown()
+        self.kopf = self._logger("test.kopf")
+        self.said = self._logger("test.outages")
+        self.filter = OutageLog(
+            Outage(retrying="retrying every 10 s", asked_again="asked again"),
+            level=level,
+            clock=self.clock,
+            say=self.said,
+        )
+        self.shown.addFilter(self.filter)
+
+    def _logger(self, name: str) -> logging.Logger:
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [self.shown]
+        logger.propagate = False
+        logger.setLevel(logging.DEBUG)
+        return logger
+
+    def kopf_failed_try(self, exc: Exception, *, url: str = WATCH, n: int = 1) -> None:
+        """kopf/_cogs/clients/api.py's line for a failed try, logged as it logs it: while the
+        exception is handled."""
+        try:
+            raise exc
+        except Exception as e:
+            what = f"GET https://10.0.0.1:6443{url}"
+            self.kopf.error(f"Request attempt #{n} failed; will retry: {what} -> {e!r}")
+
+
+def unavailable() -> errors.APIServerError:
+    status = {"kind": "Status", "code": 503, "message": "the server is currently unable"}
+    return errors.APIServerError(status, status=503, headers={})  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def log() -> Log:
+    return Log()
+
+
+class TestKopfsFailedTries:
+    def test_the_first_is_a_warning_and_each_try_debug(self, log: Log) -> None:
+        for n in range(1, 4):
+            log.kopf_failed_try(unavailable(), n=n)
+            log.clock.now += 10
+        assert log.shown.lines == [
+            "WARNING test.outages: API server outage: it answered 503 to the watch of "
+            "deployments.apps (the server is currently unable); retrying every 10 s, until it "
+            "answers (each failed try at DEBUG)"
+        ]
+
+    def test_a_verbose_log_shows_each_try_at_debug(self) -> None:
+        log = Log(level=logging.DEBUG)
+        log.kopf_failed_try(aiohttp.ServerDisconnectedError())
+        assert [line.split(":")[0] for line in log.shown.lines] == [
+            "WARNING test.outages",
+            "DEBUG test.kopf",
+        ]
+        assert (
+            "did not answer the watch of deployments.apps (Server disconnected)"
+            in (log.shown.lines[0])
+        )
+
+    def test_a_403_keeps_its_level_and_is_no_outage(self, log: Log) -> None:
+        """kopf retries 403 (API servers answer it while being upgraded); it is also RBAC."""
+        forbidden = errors.APIForbiddenError("forbidden", status=403, headers={})
+        log.kopf_failed_try(forbidden)
+        assert len(log.shown.lines) == 1
+        assert log.shown.lines[0].startswith("ERROR test.kopf:")
+        assert not log.filter.outage.open
+
+
+class TestWhatFollowsFromAFailure:
+    def test_lines_logged_while_an_outage_error_is_handled_go_to_debug(self, log: Log) -> None:
+        """kopf's "Handler 'reconcile' failed temporarily" for a pass that met a 503, and a
+        traceback with a failure that says no answer."""
+        log.kopf_failed_try(unavailable())
+        try:
+            try:
+                raise KubeError(503, "unavailable")
+            except KubeError as exc:
+                raise kopf.TemporaryError("reconciling failed: 503: unavailable") from exc
+        except kopf.TemporaryError as exc:
+            log.kopf.error(f"Handler 'reconcile' failed temporarily: {exc}")
+        try:
+            raise KubeError(UNANSWERED, "no answer from the API server: reset")
+        except KubeError:
+            log.kopf.exception("the autopilot's tick failed")
+        assert len(log.shown.lines) == 1  # the outage's WARNING
+
+    def test_but_not_while_no_outage_is_open(self, log: Log) -> None:
+        try:
+            raise KubeError(503, "unavailable")
+        except KubeError as exc:
+            log.kopf.warning("reconciling default/a after the periodic timer failed: %s", exc)
+        assert log.shown.lines == [
+            "WARNING test.kopf: reconciling default/a after the periodic timer failed: "
+            "503: unavailable"
+        ]
+
+    def test_nor_a_refusal_or_a_bug(self, log: Log) -> None:
+        log.kopf_failed_try(unavailable())
+        for exc in (KubeError(422, "invalid"), KeyError("spec")):
+            try:
+                raise exc
+            except Exception:
+                log.kopf.exception("Handler 'reconcile' failed with an exception")
+        assert [line.split(":")[0] for line in log.shown.lines] == [
+            "WARNING test.outages",
+            "ERROR test.kopf",
+            "ERROR test.kopf",
+        ]
+
+
+class TestTheClientsRecords:
+    def test_a_failure_begins_it_and_the_first_answer_after_ends_it(self, log: Log) -> None:
+        client = log._logger("test.kube")
+        client.debug("POST /x: 503: unavailable", extra={API_FAILED: KubeError(503, "unavailable")})
+        client.debug("POST /x: 503", extra={API_FAILED: KubeError(503, "unavailable")})
+        log.clock.now += 12
+        client.debug("POST /x: answered again", extra={API_ANSWERED: True})
+        assert log.shown.lines == [
+            "WARNING test.outages: API server outage: it answered 503 to the operator's own "
+            "requests (unavailable); asked again (each failed try at DEBUG)",
+            "INFO test.outages: API server outage over: the operator's own requests answered "
+            "again after 12 s, 2 failed tries",
+        ]
+
+
+class TestUnwell:
+    @pytest.mark.parametrize(
+        ("exc", "failure"),
+        [
+            (KubeError(503, "down"), Failure(503, "down")),
+            (KubeError(429, "slow down"), Failure(429, "slow down")),
+            (KubeError(UNANSWERED, "reset"), Failure(UNANSWERED, "reset")),
+            (KubeError(409, "conflict"), None),
+            (unavailable(), Failure(503, "the server is currently unable")),
+            (
+                errors.APIServerError("plain text", status=502, headers={}),
+                Failure(502, "plain text"),
+            ),
+            (errors.APIConflictError("exists", status=409, headers={}), None),
+            (TimeoutError(), Failure(UNANSWERED, "TimeoutError")),
+            (ConnectionRefusedError("refused"), Failure(UNANSWERED, "refused")),
+            (ValueError("a bug"), None),
+            (None, None),
+        ],
+    )
+    def test_what_an_exception_says_of_the_api_server(
+        self, exc: BaseException | None, failure: Failure | None
+    ) -> None:
+        assert unwell(exc) == failure
+
+
+class TestPartOf:
+    @pytest.mark.parametrize(
+        ("method", "url", "what", "of"),
+        [
+            (
+                "GET",
+                "https://h:6443/apis/apps/v1/deployments?watch=true",
+                "watch",
+                "deployments.apps",
+            ),
+            ("GET", "/api/v1/namespaces/default/pods", "list", "pods in default"),
+            (
+                "PATCH",
+                "/apis/batchpilot.io/v1alpha1/namespaces/default/inferenceservices/resnet",
+                "patch",
+                "inferenceservices.batchpilot.io default/resnet",
+            ),
+            ("post", "/api/v1/namespaces/default/events", "post", "events in default"),
+            ("GET", "/api/v1/namespaces/default", "get", "namespaces default"),
+            # a server with a path of its own (Rancher's proxy): the same request
+            ("GET", "https://h/k8s/clusters/c-1/api/v1/pods?watch=1", "watch", "pods"),
+            ("GET", "https://h/version", "get", "/version"),
+        ],
+    )
+    def test_the_request_as_the_log_names_it(
+        self, method: str, url: str, what: str, of: str
+    ) -> None:
+        part = part_of(method, url)
+        assert (part.what, f"{part.of} {part.which}".strip()) == (what, of)
+
+    def test_with_or_without_the_server_it_is_the_same_request(self) -> None:
+        """kopf logs the URL with the server; its request function is called without."""
+        assert part_of("get", WATCH).key == part_of("GET", f"https://10.0.0.1:6443{WATCH}").key
+
+
+# ---- kopf's own request function ---------------------------------------------------------------
+
+
+class Flaky:
+    """An API server that answers 503 to the first `failures` requests, then 200."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.asked = 0
+
+    async def handle(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        self.asked += 1
+        if self.asked <= self.failures:
+            status = {"kind": "Status", "code": 503, "message": "etcd is electing a leader"}
+            return aiohttp.web.json_response(status, status=503)
+        return aiohttp.web.json_response({"kind": "DeploymentList", "items": []})
+
+
+@pytest.fixture
+async def flaky() -> AsyncIterator[tuple[Flaky, str]]:
+    server = Flaky(failures=3)
+    app = aiohttp.web.Application()
+    app.router.add_get("/{tail:.*}", server.handle)
+    runner = aiohttp.web.AppRunner(app)
+    await runner.setup()
+    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield server, f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+def listening(log: Log) -> Iterator[Log]:
+    stop = listen(log.filter)
+    try:
+        yield log
+    finally:
+        stop()
+
+
+async def request_through_kopf(server: str, logger: logging.Logger, **kwargs: Any) -> Any:
+    context = auth.APIContext(kopf.ConnectionInfo(server=server))
+    try:
+        response = await api.request(
+            "get",
+            WATCH,
+            settings=kopf.OperatorSettings(),
+            context=context,
+            logger=logger,
+            **kwargs,
+        )
+        response.close()
+        return response
+    finally:
+        await context.session.close()
+
+
+class TestKopfsRequestFunction:
+    async def test_a_request_failed_then_answered_is_one_warning_and_one_info(
+        self, flaky: tuple[Flaky, str], listening: Log
+    ) -> None:
+        server, url = flaky
+        log = listening
+        await request_through_kopf(url, log.kopf, backoffs=[0.01] * 5)
+        assert server.asked == 4
+        assert [line.split(":")[0] for line in log.shown.lines] == [
+            "WARNING test.outages",
+            "INFO test.outages",
+        ], log.shown.lines
+        assert log.shown.lines[1].endswith(
+            "API server outage over: the watch of deployments.apps answered again after 0 s, "
+            "3 failed tries"
+        )
+
+    async def test_a_cancelled_request_ends_at_the_next_answer(
+        self, flaky: tuple[Flaky, str], listening: Log
+    ) -> None:
+        """kopf cancels a watch that saw no event for 70 s, and asks afresh: the answer to the
+        fresh one, on its first try, kopf never logs."""
+        server, url = flaky
+        log = listening
+        request = asyncio.ensure_future(request_through_kopf(url, log.kopf, backoffs=[60] * 5))
+        await log.shown.written.wait()  # the outage's WARNING: kopf sleeps its back-off now
+        request.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        assert log.filter.outage.open
+        server.failures = 0
+        await request_through_kopf(url, log.kopf, backoffs=[0.01])
+        assert [line.split(":")[0] for line in log.shown.lines] == [
+            "WARNING test.outages",
+            "INFO test.outages",
+        ], log.shown.lines
+
+
+def test_listening_fails_loudly_where_kopf_requests_otherwise(
+    monkeypatch: pytest.MonkeyPatch, log: Log
+) -> None:
+    monkeypatch.delattr(api, "request")
+    with pytest.raises(RuntimeError, match="kopf no longer requests through"):
+        listen(log.filter)
+    assert log.filter not in outage_log._listeners
