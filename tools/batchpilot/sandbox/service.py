@@ -155,7 +155,12 @@ async def serve(port: int, endpoints_file: Path) -> None:
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         proxy.session = session
         watcher = asyncio.create_task(proxy.watch())
-        runner = web.AppRunner(app, access_log=None)
+        # A client that gives up (its timeout) cancels its request upstream too, as a mesh
+        # resets the upstream stream when the downstream one goes. Without it a request hung on
+        # a pod whose node is lost waited here for the upstream timeout, and was sent again to
+        # another pod (the retry below) when the pod was killed at its eviction, minutes after
+        # its client had left: a burst of requests nobody waited for.
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port).start()
         try:
