@@ -378,6 +378,54 @@ class TestDeleteDrainsThePod:
         assert host.control("DELETE", "/pods/slow").status == 404
 
 
+class TestACutOffPodAnswersNothing:
+    def test_it_holds_every_request_unanswered_until_deleted_then_goes_at_once(
+        self, host: HostProcess, pods: dict[str, HostedPod], mlp_model: Path, workdir: Path
+    ) -> None:
+        """A pod on a node that died (`--lose-node`): what it holds and what it is sent waits
+        unanswered, as on a frozen process; a DELETE then removes it at once, undrained."""
+        pod = pod_spec(
+            "dark", mlp_model, workdir,
+            "--simulated-latency", "alpha_ms=300,beta_ms=0", "--admission", "queue",
+        )  # fmt: skip
+        assert put(host, pod).status == 201
+        outcomes: list[Answer | Exception] = []
+
+        def client() -> None:
+            try:
+                outcomes.append(pod.infer())
+            except OSError as exc:
+                outcomes.append(exc)
+
+        in_flight = threading.Thread(target=client)
+        in_flight.start()
+        wait_until(
+            lambda: value(pod.metrics_port, "batchpilot_arrivals_total") == 1,
+            timeout=10,
+            what="the request to arrive",
+            every=0.02,
+        )
+        assert host.control("PUT", "/pods/dark/unreachable").status == 200
+        assert host.listing()["dark"]["reachable"] is False
+        in_flight.join(timeout=1.5)  # its batch took 300 ms; its answer is held
+        assert in_flight.is_alive()
+        conn = http.client.HTTPConnection("127.0.0.1", pod.port, timeout=0.5)
+        conn.request("GET", "/v2/health/ready")  # a new request: accepted, never answered
+        with pytest.raises(TimeoutError):
+            conn.getresponse()
+        conn.close()
+        assert all(other.infer().status == 200 for other in pods.values())
+
+        assert host.control("DELETE", "/pods/dark").status == 202
+        wait_until(lambda: "dark" not in host.listing(), timeout=2, what="the pod gone at once")
+        in_flight.join(timeout=5)
+        assert not in_flight.is_alive()
+        assert len(outcomes) == 1
+        assert isinstance(outcomes[0], OSError), outcomes  # cut, never answered
+        assert all(refuses(port) for port in (pod.port, pod.admin_port, pod.metrics_port))
+        assert host.control("PUT", "/pods/dark/unreachable").status == 404
+
+
 def test_sigterm_drains_every_pod_and_exits_0(mlp_model: Path, tmp_path: Path) -> None:
     with pod_host(tmp_path) as host:
         pods = [pod_spec(name, mlp_model, tmp_path, "--drain-linger-s", "0.1") for name in PODS]

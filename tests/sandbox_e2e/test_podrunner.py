@@ -465,3 +465,145 @@ def test_a_runtime_that_cannot_start_is_reported_as_the_kubelet_would(tmp_path: 
             assert ready_replicas(rest) in (None, 0)
         finally:
             runner.stop()
+
+
+def stopped(pid: int) -> bool:
+    """Whether the process is frozen (SIGSTOP): its state in /proc is T."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2] == "T"
+
+
+def test_pods_on_a_lost_node_answer_nothing_then_go_not_ready_then_are_evicted(
+    tmp_path: Path,
+) -> None:
+    """As Kubernetes plays a node that dies: its pods' processes answer nothing but stay Ready
+    and in the endpoints for the notice; then their Ready condition turns False (NodeNotReady)
+    and they leave the endpoints and readyReplicas, still counted and not replaced, never
+    probed or restarted; a scale-down meanwhile takes one of them before a ready pod; at their
+    eviction the rest are killed and deleted, and the ReplicaSet replaces them."""
+    notice_s, eviction_s = 4.0, 4.0
+    published: list[Endpoints] = []
+    with LocalKubernetesAPI(crds=[ROOT / "crds"]).threaded() as api:
+        rest = seeded(api.url)
+        rest.call(DEPLOYMENTS, "POST", deployment(3))
+        runner = PodRunner(
+            api.url,
+            workdir=tmp_path,
+            models_dir=ROOT / "examples" / "models",
+            start_delay_s=0.1,
+            poll_s=0.1,
+            on_endpoints=published.append,
+        )
+        runner.run_in_thread()
+        try:
+            wait_until(lambda: ready_replicas(rest) == 3, timeout=60, what="readyReplicas 3")
+            pods = {r.name: r for r in runner.replicas.values()}
+            oldest = sorted(pods.values(), key=lambda r: r.created_at)
+            passes = runner.passes
+            lost_at = time.monotonic()
+            lost = runner.lose_node(NS, "m", count=2, notice_s=notice_s, eviction_s=eviction_s)
+            assert lost == [r.name for r in oldest[:2]]
+            (kept,) = set(pods) - set(lost)
+            frozen = {name: pods[name].port for name in lost}
+            pid = {name: r.process.pid for name, r in pods.items() if r.process is not None}
+            lost_pids = [pid[name] for name in lost]
+            wait_until(lambda: all(stopped(pid) for pid in lost_pids), timeout=2, what="SIGSTOP")
+            with pytest.raises(TimeoutError):  # a request hangs until the client gives up
+                urllib.request.urlopen(
+                    f"http://127.0.0.1:{frozen[lost[0]]}/v2/health/ready", timeout=0.5
+                )
+
+            # The notice: nothing knows yet.
+            time.sleep(max(0.0, lost_at + notice_s / 2 - time.monotonic()))
+            assert ready_replicas(rest) == 3
+            assert len(published[-1].ready[(NS, "m")]) == 3
+            # Nothing probes the frozen pods: a pass does not wait on them (a probe's timeout
+            # is 0.5 s, a pass 0.1 s apart).
+            gap_s = (time.monotonic() - lost_at) / max(1, runner.passes - passes)
+            assert gap_s < 0.45, gap_s
+
+            def noticed() -> bool:
+                return ready_replicas(rest) == 1
+
+            wait_until(noticed, timeout=notice_s + 5, what="the lost pods not Ready")
+            assert time.monotonic() - lost_at >= notice_s - 0.1
+            assert published[-1].ready[(NS, "m")] == [f"127.0.0.1:{pods[kept].port}"]
+            for name in lost:
+                pod = rest.call(f"/api/v1/namespaces/{NS}/pods/{name}")
+                ready = next(c for c in pod["status"]["conditions"] if c["type"] == "Ready")
+                assert (ready["status"], ready["reason"]) == ("False", "NodeNotReady")
+                assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
+            status = rest.call(f"{DEPLOYMENTS}/m")["status"]
+            assert (status["replicas"], status["readyReplicas"]) == (3, 1)
+            assert len(rest.call(f"/api/v1/namespaces/{NS}/pods")["items"]) == 3  # none replaced
+            assert all(stopped(pid) for pid in lost_pids)  # nor restarted
+
+            # A scale-down takes a not-ready pod, one of the lost, before the ready one.
+            rest.call(f"{DEPLOYMENTS}/m", "PATCH", {"spec": {"replicas": 2}}, patch=True)
+
+            def names() -> set[str]:
+                return {
+                    p["metadata"]["name"]
+                    for p in rest.call(f"/api/v1/namespaces/{NS}/pods")["items"]
+                }
+
+            wait_until(lambda: len(names()) == 2, timeout=10, what="the scale-down")
+            assert kept in names()
+            (scaled_away,) = set(lost) - names()
+            (evicted,) = set(lost) & names()
+            assert not alive(pid[scaled_away])  # killed as it went
+
+            # The eviction: the last lost pod is killed and deleted, and replaced from cold.
+            wait_until(
+                lambda: evicted not in names(),
+                timeout=notice_s + eviction_s + 5,
+                what="the eviction",
+            )
+            assert time.monotonic() - lost_at >= notice_s + eviction_s - 0.1
+            assert not any(alive(pid) for pid in lost_pids)
+            wait_until(lambda: ready_replicas(rest) == 2, timeout=30, what="the replacement ready")
+            assert len(names() - {kept}) == 1
+            assert [what.split(": ")[1] for _, what in runner.node_events] == [
+                *["its node stops answering; not Ready in 4 s, evicted 4 s later"] * 2,
+                *["not Ready (NodeNotReady)"] * 2,
+                "evicted and deleted",
+            ]
+
+            # A frozen pod at shutdown is killed at once, not after a SIGTERM's grace.
+            runner.lose_node(NS, "m", count=1, notice_s=60, eviction_s=60)
+            stopping = time.monotonic()
+        finally:
+            runner.stop()
+        assert time.monotonic() - stopping < 5
+    assert not [pid for pid in runner.started_pids if alive(pid)]
+
+
+def test_a_hosted_pod_on_a_lost_node_is_cut_off_by_the_host_and_evicted(tmp_path: Path) -> None:
+    with (
+        LocalKubernetesAPI(crds=[ROOT / "crds"]).threaded() as api,
+        pod_host_process(tmp_path / "host") as host,
+    ):
+        rest = seeded(api.url)
+        rest.call(DEPLOYMENTS, "POST", deployment(2))
+        runner = PodRunner(
+            api.url,
+            workdir=tmp_path,
+            models_dir=ROOT / "examples" / "models",
+            start_delay_s=0.1,
+            poll_s=0.1,
+            pod_host=host.client,
+        )
+        runner.run_in_thread()
+        try:
+            wait_until(lambda: ready_replicas(rest) == 2, timeout=30, what="readyReplicas 2")
+            (lost,) = runner.lose_node(NS, "m", count=1, notice_s=1, eviction_s=2)
+            port = runner.replicas[lost].port
+            with pytest.raises(TimeoutError):
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=0.5)
+            wait_until(lambda: ready_replicas(rest) == 1, timeout=5, what="the lost pod not Ready")
+            assert lost in host.client.pods()  # not replaced, not removed: only not Ready
+            wait_until(lambda: lost not in host.client.pods(), timeout=5, what="the eviction")
+            assert rest.call(f"/api/v1/namespaces/{NS}/pods/{lost}") is None
+            wait_until(lambda: ready_replicas(rest) == 2, timeout=30, what="the replacement")
+        finally:
+            runner.stop()

@@ -3,8 +3,9 @@
 A runtime process per pod costs ~100 MiB and a Python interpreter; 2,000 of them do not fit on
 one machine. Pods of the simulated engine run no model, so one process (`podhost.py`) can serve
 many of them, each on its own ports. The runner hands such pods to the host through its control
-API (`PUT /pods/NAME`, `DELETE /pods/NAME`, `GET /pods`) and keeps playing the kubelet for them:
-start delay, readiness, restarts, the pre-stop pause, status in the API.
+API (`PUT /pods/NAME`, `DELETE /pods/NAME`, `GET /pods`, and `PUT /pods/NAME/unreachable` for a
+pod whose node is lost) and keeps playing the kubelet for them: start delay, readiness, restarts,
+the pre-stop pause, status in the API.
 """
 
 from __future__ import annotations
@@ -83,6 +84,13 @@ class PodHostClient:
         code, body = self._call(f"/pods/{urllib.parse.quote(name)}", "DELETE")
         if code not in (200, 202, 404):
             raise RuntimeError(f"pod host could not remove {name} ({code}): {body}")
+
+    def cut_off(self, name: str) -> None:
+        """Make pod `name` answer nothing, as if its node were gone (a frozen process); a
+        DELETE then removes it at once, undrained."""
+        code, body = self._call(f"/pods/{urllib.parse.quote(name)}/unreachable", "PUT")
+        if code != 200:
+            raise RuntimeError(f"pod host could not cut off {name} ({code}): {body}")
 
     def pods(self) -> dict[str, HostedPod]:
         code, body = self._call("/pods")

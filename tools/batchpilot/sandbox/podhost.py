@@ -12,8 +12,10 @@ from the running loop, a request going to the pod whose port it arrived on.
 Control API (JSON, 127.0.0.1 only): `PUT /pods/NAME` `{"args": [...], "env": {...}}` serves a
 pod (201; 200 when it runs already with the same args and env; 409 when it runs with others;
 400 with the reason when the runtime would exit at start); `DELETE /pods/NAME` (202) drains it
-as SIGTERM drains a runtime; `GET /pods` lists every pod's state, readiness and ports;
-`GET /healthz`. SIGTERM drains every pod, then the host exits 0.
+as SIGTERM drains a runtime; `PUT /pods/NAME/unreachable` (200) makes it answer nothing, as a
+process on a node that died (the sandbox's `--lose-node` freezes a runtime process with
+SIGSTOP), and a DELETE then removes it at once, as SIGKILL would; `GET /pods` lists every pod's
+state, readiness and ports; `GET /healthz`. SIGTERM drains every pod, then the host exits 0.
 
     python -m batchpilot.sandbox.podhost --control-port PORT [--log-level warning]
 """
@@ -46,7 +48,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.server import ServerState
 
 from batchpilot.runtime.app import PortDispatch
@@ -185,6 +187,31 @@ def _close_connections(state: ServerState, *, now: bool) -> None:
             connection.shutdown()
 
 
+class Unanswering:
+    """A pod's app that can stop answering, as a process on a node that died does: once
+    `cut_off`, every request it holds or receives waits unanswered, its connections open, until
+    the pod is removed (which cancels the waits)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.cut = False
+        self._never = asyncio.Event()
+
+    def cut_off(self) -> None:
+        self.cut = True
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.cut:
+            await self._never.wait()
+
+        async def unless_cut(message: Message) -> None:
+            if self.cut:
+                await self._never.wait()
+            await send(message)
+
+        await self.app(scope, receive, unless_cut)
+
+
 # -- the pods ---------------------------------------------------------------------------------
 Asked = tuple[tuple[str, ...], tuple[tuple[str, str], ...]]
 """A pod's args and env, as the PUT gave them."""
@@ -200,6 +227,8 @@ class Pod:
     parts: Assembled
     ports: dict[str, int]
     closing: CloseWhenDraining
+    answering: Unanswering
+    """What its ports serve: `closing`, until its node is lost."""
     sockets: list[socket.socket]
     state: _PodState
     lifespan: contextlib.AsyncExitStack
@@ -210,6 +239,7 @@ class Pod:
         return {
             "state": "terminating" if self.terminating else "running",
             "ready": self.parts.model_server.ready,
+            "reachable": not self.answering.cut,
             "ports": self.ports,
         }
 
@@ -285,19 +315,21 @@ class PodHost:
                 sock.close()
             raise PodRefused(cannot + str(exc)) from None
         assert self.server is not None
+        closing = CloseWhenDraining(PortDispatch(parts.app, platform))
         pod = Pod(
             name,
             asked,
             parts,
             ports,
-            closing=CloseWhenDraining(PortDispatch(parts.app, platform)),
+            closing=closing,
+            answering=Unanswering(closing),
             sockets=list(listeners.values()),
             state=_PodState(self.server.server_state),
             lifespan=contextlib.AsyncExitStack(),
         )
         try:
             await pod.lifespan.enter_async_context(parts.app.router.lifespan_context(parts.app))
-            self.by_port.update(dict.fromkeys(ports.values(), pod.closing))
+            self.by_port.update(dict.fromkeys(ports.values(), pod.answering))
             pod.servers = await _serve_sockets(self.server, pod.state, pod.sockets)
         except BaseException:
             await self._dismantle(pod)
@@ -307,16 +339,34 @@ class PodHost:
         return pod
 
     def delete(self, name: str) -> bool:
-        """Start draining `name`; False when there is no such pod."""
+        """Start draining `name` (removing it at once, when it is cut off); False when there is
+        no such pod."""
         pod = self.pods.get(name)
         if pod is None:
             return False
         if not pod.terminating:
             pod.terminating = True
-            task = asyncio.get_running_loop().create_task(self._drain(pod), name=f"drain {name}")
+            ending = self._kill(pod) if pod.answering.cut else self._drain(pod)
+            task = asyncio.get_running_loop().create_task(ending, name=f"drain {name}")
             self._drains.add(task)
             task.add_done_callback(self._drains.discard)
         return True
+
+    def cut_off(self, name: str) -> bool:
+        """Make `name` answer nothing from now on; False when there is no such pod."""
+        pod = self.pods.get(name)
+        if pod is None:
+            return False
+        pod.answering.cut_off()
+        log.info("pod %s cut off: it answers nothing", pod.name)
+        return True
+
+    async def _kill(self, pod: Pod) -> None:
+        """A pod cut off goes as a killed process does: nothing drained, nothing answered."""
+        try:
+            await self._dismantle(pod, grace_s=0.0)
+        finally:
+            self._gone(pod)
 
     async def _drain(self, pod: Pod) -> None:
         """What `DrainingServer.shutdown` does for a runtime on SIGTERM, for this pod's
@@ -341,13 +391,14 @@ class PodHost:
                     await self._unless_forced(0.05)
             await self._dismantle(pod, grace_s=max(1.0, deadline - loop.time()))
         finally:
-            self.pods.pop(pod.name, None)
-            self._settle(added=False)
-            log.info(
-                "pod %s stopped; requests by outcome: %s",
-                pod.name,
-                outcome_tally(pod.parts.metrics),
-            )
+            self._gone(pod)
+
+    def _gone(self, pod: Pod) -> None:
+        self.pods.pop(pod.name, None)
+        self._settle(added=False)
+        log.info(
+            "pod %s stopped; requests by outcome: %s", pod.name, outcome_tally(pod.parts.metrics)
+        )
 
     def _settle(self, *, added: bool) -> None:
         """Keep what the pods hold out of the collector's full passes, which would otherwise
@@ -454,6 +505,12 @@ def control_app(host: PodHost) -> Starlette:
             return _error(404, f"no pod {name}")
         return _json(202, {"name": name, "state": "terminating"})
 
+    async def cut_off_pod(request: Request) -> Response:
+        name = request.path_params["name"]
+        if not host.cut_off(name):
+            return _error(404, f"no pod {name}")
+        return _json(200, {"name": name, "reachable": False})
+
     async def list_pods(_: Request) -> Response:
         return _json(200, {"pods": {name: pod.describe() for name, pod in host.pods.items()}})
 
@@ -470,6 +527,7 @@ def control_app(host: PodHost) -> Starlette:
         routes=[
             Route("/pods/{name}", put_pod, methods=["PUT"]),
             Route("/pods/{name}", delete_pod, methods=["DELETE"]),
+            Route("/pods/{name}/unreachable", cut_off_pod, methods=["PUT"]),
             Route("/pods", list_pods, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
         ],

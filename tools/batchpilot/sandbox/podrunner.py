@@ -16,6 +16,10 @@ Prometheus' file-based discovery.
 With a pod host (hosting.py), pods of the simulated engine are served by that one process
 instead of a process each, which is what lets the sandbox hold a fleet: the runner plays the
 kubelet for them all the same, and learns their readiness in one request per pass.
+
+It also plays a node that dies (`lose_node`, nodes.py): the pods on it stop answering, are
+marked not Ready after the node controller's notice, and are deleted and replaced only at their
+eviction; meanwhile nothing probes, restarts or drains them.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from batchpilot.sandbox.hosting import HostedPod, HostRefused, PodHostClient, hostable
+from batchpilot.sandbox.nodes import Unreachable, marked_not_ready, unreachable_toleration_s
 from batchpilot.sandbox.pods import (
     API,
     API_KEYS_FOLDER,
@@ -105,6 +110,11 @@ class Replica:
     """The mounted files as last written, so that a pass compares in memory."""
     held: list[socket.socket] = field(default_factory=list)
     """Its ports, held until its server starts (`pods.reserve_ports`)."""
+    created_at: float = 0.0
+    toleration_s: float | None = None
+    """How long its spec tolerates an unreachable node (None: it names no toleration)."""
+    unreachable: Unreachable | None = None
+    """Set when its node is lost: it answers nothing, and no kubelet looks after it."""
 
     @property
     def ports(self) -> list[int]:
@@ -170,7 +180,11 @@ class PodRunner:
         self._reported_deployments: dict[str, dict[str, Any]] = {}
         self._mounts: dict[str, dict[Key, Mapping[str, Any]]] = {}
         self._hosted: dict[str, HostedPod] = {}
+        self._lock = threading.Lock()
+        """Held by a pass, and by `lose_node` (called from another thread)."""
         self.started_pids: list[int] = []
+        self.node_events: list[tuple[float, str]] = []
+        """What happened to pods on a lost node: (monotonic time, what), in order."""
 
     # -- lifecycle -------------------------------------------------------------------------
     def run_in_thread(self) -> None:
@@ -191,6 +205,9 @@ class PodRunner:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=15)
+        for replica in self.replicas.values():
+            if replica.unreachable is not None and replica.process is not None:
+                replica.process.kill()  # frozen: a SIGTERM would wait for a SIGCONT
         if self.pod_host is not None:
             hosted = [r.name for r in self.replicas.values() if r.hosted_in_pass is not None]
             for name in hosted + [name for name, _ in self.leaving_host]:
@@ -210,10 +227,52 @@ class PodRunner:
         found = [r.process.pid for r in self.replicas.values() if r.process is not None]
         return found + [p.pid for p, _, _ in self.terminating]
 
+    # -- a node that dies -------------------------------------------------------------------
+    def lose_node(
+        self, namespace: str, deployment: str, *, count: int, notice_s: float, eviction_s: float
+    ) -> list[str]:
+        """The node of the Deployment's `count` oldest ready pods stops answering now: their
+        processes are frozen (a hosted pod is cut off by the host), so what they hold and what
+        is sent to them hangs. They stay Ready for `notice_s`, then are marked not Ready (and
+        leave the endpoints), then after their toleration of the unreachable taint (`eviction_s`
+        where their spec names none) are deleted, and replaced as any deleted pod is. Returns
+        the pods' names (fewer than `count` when fewer are ready)."""
+        with self._lock:
+            now = time.monotonic()
+            candidates = [
+                r
+                for r in self.replicas.values()
+                if (r.namespace, r.deployment) == (namespace, deployment)
+                and r.ready
+                and r.unreachable is None
+            ]
+            lost = sorted(candidates, key=lambda r: r.created_at)[:count]
+            for replica in lost:
+                if replica.process is not None:
+                    replica.process.send_signal(signal.SIGSTOP)
+                elif self.pod_host is not None:
+                    self.pod_host.cut_off(replica.name)
+                tolerated_s = eviction_s if replica.toleration_s is None else replica.toleration_s
+                replica.unreachable = Unreachable.starting(
+                    now, notice_s=notice_s, eviction_s=tolerated_s
+                )
+                self.node_events.append(
+                    (
+                        now,
+                        f"pod {replica.name}: its node stops answering; not Ready in "
+                        f"{notice_s:g} s, evicted {tolerated_s:g} s later",
+                    )
+                )
+            return [r.name for r in lost]
+
     # -- one pass --------------------------------------------------------------------------
     def sync_once(self) -> None:
         """One pass: a list each of Deployments, ConfigMaps and Secrets (never a read per
         pod), one listing from the pod host, then every Deployment converged."""
+        with self._lock:
+            self._sync()
+
+    def _sync(self) -> None:
         self.passes += 1
         listing = self.api.call(
             "/apis/apps/v1/deployments?" + urllib.parse.urlencode({"labelSelector": SELECTOR})
@@ -243,13 +302,19 @@ class PodRunner:
 
     def _converge(self, key: Key, deployment: dict[str, Any], mine: list[Replica]) -> None:
         now = time.monotonic()
+        for replica in [r for r in mine if r.unreachable and now >= r.unreachable.evict_at]:
+            # The unreachable taint outlasted its toleration: evicted, and so replaced below.
+            self._remove(replica, delete_pod=True)
+            mine.remove(replica)
+            self.node_events.append((now, f"pod {replica.name}: evicted and deleted"))
         desired = int(deployment["spec"].get("replicas", 1))
         template = template_hash(deployment)
         fresh = [r for r in mine if r.template == template]
         outdated = [r for r in mine if r.template != template]
         doomed: list[Replica] = []
         if len(fresh) > desired:
-            # Like a ReplicaSet: not-ready pods go first, then the youngest.
+            # Like a ReplicaSet: not-ready pods go first (one on a lost node once it is marked
+            # so), then the youngest.
             doomed = sorted(fresh, key=lambda r: (r.ready, -r.start_at))[: len(fresh) - desired]
             doomed += outdated
         elif outdated:
@@ -267,6 +332,9 @@ class PodRunner:
             mine.remove(replica)
         files = self._file_sources(key[0], deployment)
         for replica in mine:
+            if replica.unreachable is not None:
+                self._advance_unreachable(replica, now)
+                continue
             self._write_files(replica, files)
             self._advance(replica, now)
         self._report_deployment(key, deployment, mine, template)
@@ -321,6 +389,8 @@ class PodRunner:
             container=dict(containers[0]),
             pre_stop_s=pre_stop_s if self.pre_stop_s is None else self.pre_stop_s,
             grace_s=grace_s,
+            created_at=now,
+            toleration_s=unreachable_toleration_s(template["spec"]),
         )
         replica.held = reserve_ports(4)
         ports = [sock.getsockname()[1] for sock in replica.held]
@@ -354,6 +424,15 @@ class PodRunner:
         if ready != replica.ready:
             replica.ready = ready
             self._report_pod(replica, phase="Running")
+
+    def _advance_unreachable(self, replica: Replica, now: float) -> None:
+        """A pod on a lost node: no kubelet probes, restarts or reports it (a probe would wait
+        out its timeout every pass); the node controller marks it not Ready after the notice."""
+        assert replica.unreachable is not None
+        if replica.ready and now >= replica.unreachable.not_ready_at:
+            replica.ready = False
+            self._report_pod(replica, phase="Running")
+            self.node_events.append((now, f"pod {replica.name}: not Ready (NodeNotReady)"))
 
     def _start(self, replica: Replica, now: float) -> None:
         container = replica.container
@@ -423,6 +502,15 @@ class PodRunner:
         self.replicas.pop(replica.name, None)
         release(replica.held)
         replica.ready = False
+        if replica.unreachable is not None:
+            # On a lost node: no preStop, no SIGTERM, no drain; it just goes.
+            if replica.process is not None:
+                replica.process.kill()
+                replica.process.wait()
+                replica.process = None
+            if replica.hosted_in_pass is not None and self.pod_host is not None:
+                self.pod_host.delete(replica.name)  # a pod cut off goes at once
+                replica.hosted_in_pass = None
         # The pre-stop pause: the endpoint leaves the Service (published at the end of this
         # pass) before SIGTERM makes the runtime refuse new requests and drain. Without one,
         # SIGTERM comes while the Service still sends to the pod, as on a cluster.
@@ -461,14 +549,17 @@ class PodRunner:
 
     # -- reporting -------------------------------------------------------------------------
     def _report_pod(self, replica: Replica, *, phase: str) -> None:
-        status = pod_status(
-            phase,
-            ready=replica.ready,
-            started=replica.started,
-            restarts=replica.restarts,
-            waiting=replica.waiting,
-            last_exit=replica.last_exit,
-        )
+        if replica.unreachable is not None:
+            status = marked_not_ready(replica.reported)  # its kubelet's last word, and this
+        else:
+            status = pod_status(
+                phase,
+                ready=replica.ready,
+                started=replica.started,
+                restarts=replica.restarts,
+                waiting=replica.waiting,
+                last_exit=replica.last_exit,
+            )
         if status == replica.reported:
             return
         with contextlib.suppress(urllib.error.HTTPError):

@@ -4,7 +4,8 @@ It starts the local Kubernetes API (with the CRDs), the real Prometheus, the ope
 process, with short intervals so a demo converges in a minute or two), the pod runner that
 plays the kubelet, and the Service proxy; applies an example InferenceService; drives a traffic
 scenario through the proxy with `batchpilot loadgen`; prints a line a second and every decision
-the autopilot makes; and ends with a summary and a plot. Everything it starts is tracked and
+the autopilot makes; and ends with a summary and a plot. `--lose-node` kills a node under load,
+as Kubernetes lets it play out (nodes.py). Everything it starts is tracked and
 stopped on the way out — the end of the scenario, Ctrl-C, SIGTERM or an error.
 """
 
@@ -43,6 +44,12 @@ from batchpilot.sandbox.liveview import (
     line,
     sample_from,
 )
+from batchpilot.sandbox.nodes import (
+    NODE_MONITOR_GRACE_S,
+    UNREACHABLE_TOLERATION_S,
+    NodeLoss,
+    parse_node_loss,
+)
 from batchpilot.sandbox.podrunner import API, Endpoints, PodRunner
 from batchpilot.sandbox.processes import stop_processes
 from batchpilot.sandbox.prometheus import PrometheusProcess, free_port, prometheus_process
@@ -78,6 +85,8 @@ class SandboxOptions:
     quiet: bool = False
     pod_host: bool = False
     """Serve simulated pods from one pod host process instead of a process each."""
+    lose_node: NodeLoss | None = None
+    """A node to lose under load, with some of the service's ready pods on it."""
 
 
 @dataclass
@@ -91,6 +100,8 @@ class SandboxResult:
     final_p99_ms: float | None
     plot: Path | None = None
     errors: list[str] = field(default_factory=list)
+    node_events: list[tuple[float, str]] = field(default_factory=list)
+    """What befell the pods of a lost node: (seconds since the start, what), as printed."""
 
 
 class Processes:
@@ -227,6 +238,7 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
     load: dict[str, Any] = {}
     plot_path: Path | None = None
     errors: list[str] = []
+    node_events: list[tuple[float, str]] = []
     with contextlib.ExitStack() as stack, _signals_as_interrupt():
         try:
             api = stack.enter_context(LocalKubernetesAPI(crds=[ROOT / "crds"]).threaded())
@@ -312,6 +324,7 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
 
             load_json = workdir / "loadgen.json"
             load_offset = time.monotonic() - t0
+            node_loss = options.lose_node
             loadgen = processes.start(
                 [sys.executable, "-m", "batchpilot.runtime.cli", "loadgen",
                  "--url", proxy_url, "--model", model_name,
@@ -329,6 +342,20 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
                 time.sleep(1.0)
                 _check(watched, runner, workdir)
                 now = time.monotonic()
+                if node_loss is not None and now - t0 - load_offset >= node_loss.at_s:
+                    lost = runner.lose_node(
+                        namespace,
+                        name,
+                        count=node_loss.count,
+                        notice_s=node_loss.notice_s,
+                        eviction_s=node_loss.eviction_s,
+                    )
+                    if not lost:
+                        say(f"{now - t0:>4.0f}s  !! node lost with no ready pod of the service")
+                    node_loss = None
+                for at, what in runner.node_events[len(node_events) :]:
+                    node_events.append((round(at - t0, 1), what))
+                    say(f"{at - t0:>4.0f}s  !! {what}")
                 stats = _get(f"{proxy_url}/sandbox/stats") or {}
                 isvc = rest.call(f"{isvc_path}/{name}") or {}
                 deployment = rest.call(f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}")
@@ -385,6 +412,7 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
         final_p99_ms=_final_p99(list(load.get("windows") or [])),
         plot=plot_path,
         errors=errors,
+        node_events=node_events,
     )
     if options.json_out is not None:
         doc = {
@@ -392,6 +420,7 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
             "load": result.load,
             "samples": [asdict(s) for s in samples],
             "decisions": decisions,
+            "node_events": node_events,
             "final_p99_ms": result.final_p99_ms,
         }
         options.json_out.write_text(json.dumps(doc, indent=2))
@@ -496,12 +525,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve simulated pods from one process (how the sandbox holds a fleet) instead of "
         "a runtime process per pod",
     )
+    a(
+        "--lose-node",
+        metavar="AT_S[:COUNT]",
+        help="AT_S seconds into the load, the node of COUNT (1) ready pods of the service dies: "
+        "they answer nothing, are marked not Ready after --node-notice-s, and are deleted and "
+        "replaced only at their eviction (process pods are frozen with SIGSTOP, hosted ones "
+        "cut off by the pod host)",
+    )
+    a(
+        "--node-notice-s",
+        type=float,
+        default=NODE_MONITOR_GRACE_S,
+        help="from a node's silence to its pods not Ready (the node monitor grace period, 40)",
+    )
+    a(
+        "--eviction-s",
+        type=float,
+        default=UNREACHABLE_TOLERATION_S,
+        help="from not Ready to the eviction of a pod whose spec names no toleration of the "
+        "unreachable taint (Kubernetes' default, 300); one that names one (the operator gives "
+        "every runtime pod 30 s) is evicted after its own",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     if args.engine == "onnx" and args.model is None:
         print("error: --engine onnx needs --model PATH", file=sys.stderr)
         return 2
+    node_loss = None
+    if args.lose_node is not None:
+        try:
+            node_loss = parse_node_loss(
+                args.lose_node, notice_s=args.node_notice_s, eviction_s=args.eviction_s
+            )
+        except ValueError as exc:
+            print(f"error: --lose-node: {exc}", file=sys.stderr)
+            return 2
     options = SandboxOptions(
         example=args.example,
         engine=args.engine,
@@ -515,6 +575,7 @@ def main(args: argparse.Namespace) -> int:
         start_delay_s=args.start_delay_s,
         scale_down_delay_s=args.scale_down_delay_s,
         pod_host=args.pod_host,
+        lose_node=node_loss,
     )
     try:
         result = run_sandbox(options, out=lambda text: print(text, flush=True))
