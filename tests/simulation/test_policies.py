@@ -8,8 +8,11 @@ import pytest
 
 from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.autopilot.policy import InForce
+from batchpilot.operator.autopilot.state import State
+from batchpilot.simulation import TEXTBOOK, ClusterConfig, Scenario, simulate
 from batchpilot.simulation.capacity import Capacity
 from batchpilot.simulation.policies import (
+    AutopilotController,
     HpaController,
     ReactiveController,
     oracle_plan,
@@ -143,3 +146,29 @@ class TestReactiveBound:
         # 300 rps: exactly one replica (330); with a 20 % margin, 360 rps → 2.
         assert self.bound().initial().replicas == 1
         assert self.bound(margin=1.2).initial().replicas == 2
+
+
+class TestAutopilotController:
+    """The autopilot's memory goes through `status.autopilot` between decisions, as in the
+    operator: a merge patch of its document, read back."""
+
+    def test_the_cold_start_learned_through_the_status_is_the_cold_start(self) -> None:
+        # Steps up make scale-ups; each is timed once. Were a key the memory dropped kept in
+        # the status (a merge patch keeps what it leaves out), the scale-up would be timed
+        # again at every decision, and the cold start learned would grow to its cap.
+        trace = Trace.from_points([(0.0, 200.0), (300.0, 900.0), (900.0, 1800.0)], duration_s=1500)
+        scenario = Scenario(
+            trace=trace,
+            service=TEXTBOOK,
+            sla_s=0.1,
+            max_replicas=16,
+            cluster=ClusterConfig(cold_start_s=90.0),
+        )
+        controller = scenario.controller("autopilot")
+        assert isinstance(controller, AutopilotController)
+        simulate(scenario, controller)
+        learned = controller.state.cold_start_s
+        assert learned is not None
+        assert 60.0 <= learned <= 120.0
+        assert "pendingSince" not in controller.status
+        assert State.from_dict(controller.status) == controller.state

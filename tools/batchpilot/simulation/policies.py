@@ -4,7 +4,8 @@ Every controller sees the same thing at each control interval — the Prometheus
 `Observation` and the settings in force — and answers with replicas, batch limit and queue delay.
 
 - `AutopilotController` runs the operator's own `decide` with the spec's `Policy`, carrying its
-  `State` from tick to tick exactly as the operator carries it in `status.autopilot`.
+  `State` from tick to tick exactly as the operator carries it in `status.autopilot`: written
+  into the document as a merge patch and read back from it, rounding and all.
 - `HpaController` is Kubernetes' HorizontalPodAutoscaler on GPU utilization: desired =
   ceil(replicas × utilization / target) outside a ±10 % tolerance, not-ready pods counted as idle
   when scaling up, scale-up at most max(2×, +4) per 15 s (the HPA's default behaviour), scale-down
@@ -25,12 +26,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from batchpilot.operator.autopilot.decide import decide
 from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.autopilot.policy import InForce, Policy
+from batchpilot.operator.autopilot.reporting import clearing
 from batchpilot.operator.autopilot.state import State
+from batchpilot.sandbox.patching import merge_patch
 from batchpilot.simulation.capacity import Capacity
 from batchpilot.simulation.trace import Trace
 
@@ -65,6 +68,8 @@ class AutopilotController:
     policy: Policy
     start: InForce
     state: State = field(default_factory=State)
+    status: dict[str, Any] = field(default_factory=dict)
+    """`status.autopilot`, the document the state goes through between decisions."""
     name: str = "autopilot"
     cold_start: bool = True
 
@@ -76,7 +81,11 @@ class AutopilotController:
     def decide(
         self, observation: Observation | None, current: InForce, *, now: float, interval: int
     ) -> Command:
-        decision, self.state = decide(observation, self.policy, current, self.state, now)
+        decision, state = decide(observation, self.policy, current, self.state, now)
+        # Kept as the operator keeps it: written into `status.autopilot` as a merge patch (what
+        # the memory dropped written null) and read back from the document, rounding and all.
+        self.status = merge_patch(self.status, clearing(state.to_dict(), self.status))
+        self.state = State.from_dict(self.status)
         return Command(
             decision.replicas, decision.batch_size, decision.max_queue_delay_s, decision.reason
         )
