@@ -1,6 +1,7 @@
 """The operator's API client against a local Kubernetes API: as many connections kept as threads
 call it at once; through the test's fault proxy, what an unhealthy API server answers becomes a
-`KubeError`, and its `Retry-After` holds every call of the client."""
+`KubeError`, its `Retry-After` holds every call of the client, and a connection tried again and
+answered is no outage."""
 
 from __future__ import annotations
 
@@ -22,9 +23,11 @@ from batchpilot.operator.kube import (
     KubeError,
     own_retries,
 )
+from batchpilot.operator.outage_log import OutageLog
+from batchpilot.operator.outages import Outage
 from batchpilot.sandbox import LocalKubernetesAPI
 from tests.operator.election_support import NAMESPACE
-from tests.operator.fault_proxy import Answer, Fault, FaultProxy, LoseAnswer
+from tests.operator.fault_proxy import Answer, Fault, FaultProxy, LoseAnswer, Reset
 
 CALLERS = 24
 
@@ -164,3 +167,23 @@ class TestAnUnhealthyApiServer:
             if API_FAILED in r.__dict__ or API_ANSWERED in r.__dict__
         ]
         assert heard == [("failed", 503), ("failed", 503), ("answered", None)]
+
+    def test_a_connection_tried_again_and_answered_is_no_outage_and_logs_debug(
+        self, proxy: FaultProxy, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """The connection is reset under the request, as when a load balancer dropped an idle
+        one; urllib3 tries it again (`own_retries`) and the API server answers. Nothing failed:
+        the operator's log (outage_log.py) says nothing, and urllib3's WARNING is DEBUG."""
+        kube = through(proxy, tmp_path, Clock())
+        proxy.add(Fault(Reset(), path="/leases", times=1))
+        outage_log = OutageLog(Outage(retrying="", asked_again=""), level=logging.DEBUG)
+        caplog.handler.addFilter(outage_log)
+        with caplog.at_level(logging.DEBUG):
+            assert kube.get(LEASE, NAMESPACE, "anything") is None
+        assert [s.outcome for s in proxy.seen(path="/leases")] == ["reset", "404"]
+        assert [
+            (r.name, r.levelname) for r in caplog.records if r.getMessage().startswith("Retrying")
+        ] == [("urllib3.connectionpool", "DEBUG")]
+        said = [r for r in caplog.records if r.name.startswith(("urllib3", "batchpilot"))]
+        assert [r.getMessage() for r in said if r.levelno >= logging.INFO] == []
+        assert not outage_log.outage.open

@@ -1,11 +1,14 @@
 """The outage log's reading of the operator's log (outage_log.py): kopf's real request function
-against a server that fails and recovers, kopf's and the client's records, and what is demoted and
-what keeps its level."""
+against a server that fails and recovers, kopf's and the client's records, urllib3's retries of
+the client's connections to a port that refuses them, and what is demoted and what keeps its
+level."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -13,10 +16,20 @@ import aiohttp
 import aiohttp.web
 import kopf
 import pytest
+import urllib3
 from kopf._cogs.clients import api, auth, errors
+from kubernetes import client
 
-from batchpilot.operator import outage_log
-from batchpilot.operator.kube import API_ANSWERED, API_FAILED, UNANSWERED, KubeError
+from batchpilot.operator import kube, outage_log
+from batchpilot.operator.kinds import LEASE
+from batchpilot.operator.kube import (
+    API_ANSWERED,
+    API_FAILED,
+    UNANSWERED,
+    KubeClient,
+    KubeError,
+    own_retries,
+)
 from batchpilot.operator.outage_log import OutageLog, listen, part_of, unwell
 from batchpilot.operator.outages import Failure, Outage
 
@@ -174,6 +187,85 @@ class TestTheClientsRecords:
             "INFO test.outages: API server outage over: the operator's own requests answered "
             "again after 12 s, 2 failed tries",
         ]
+
+
+def refused_port() -> int:
+    """A local port nothing listens on: connections to it are refused."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+@contextlib.contextmanager
+def reading_the_client(log: Log) -> Iterator[Log]:
+    """`log`, reading what the operator's client and urllib3's pools log, as run.py's handler."""
+    saved = []
+    for name in ("urllib3.connectionpool", kube.__name__):
+        logger = logging.getLogger(name)
+        saved.append((logger, logger.handlers[:], logger.propagate, logger.level))
+        logger.handlers[:] = [log.shown]
+        logger.propagate = False
+        logger.setLevel(logging.DEBUG)
+    try:
+        yield log
+    finally:
+        for logger, handlers, propagate, level in saved:
+            logger.handlers[:] = handlers
+            logger.propagate = propagate
+            logger.setLevel(level)
+
+
+class TestUrllib3sRetriesOfTheClientsConnections:
+    """The client's requests to an API server that refuses connections: urllib3 tries each one's
+    connection three more times (`own_retries`), and logs a WARNING for each."""
+
+    @staticmethod
+    def client_of(port: int) -> KubeClient:
+        configuration = client.Configuration()
+        configuration.host = f"http://127.0.0.1:{port}"
+        return KubeClient(client.ApiClient(own_retries(configuration)), timeout_s=5)
+
+    def test_they_go_to_debug_and_the_requests_failure_is_the_outage(self, log: Log) -> None:
+        refused = self.client_of(refused_port())
+        with reading_the_client(log):
+            for _ in range(2):
+                with pytest.raises(KubeError) as failed:
+                    refused.get(LEASE, "default", "leader")
+                assert failed.value.status == UNANSWERED
+            log.clock.now += 60
+            with pytest.raises(KubeError):
+                refused.get(LEASE, "default", "leader")
+        assert [line.split(":")[0] for line in log.shown.lines] == [
+            "WARNING test.outages",
+            "WARNING test.outages",  # the reminder a minute in
+        ], log.shown.lines
+        assert "it did not answer the operator's own requests (no answer" in log.shown.lines[0]
+        # a failed try a request, not one for each of its four connections
+        assert "API server outage, 60 s so far: 3 failed tries; " in log.shown.lines[1]
+
+    def test_a_verbose_log_shows_each_at_debug(self) -> None:
+        log = Log(level=logging.DEBUG)
+        with pytest.raises(KubeError), reading_the_client(log):
+            self.client_of(refused_port()).get(LEASE, "default", "leader")
+        retries = [line for line in log.shown.lines if "Retrying (Retry(total=" in line]
+        assert [line.split(":")[0] for line in retries] == ["DEBUG urllib3.connectionpool"] * 3
+        assert "Connection refused" in retries[0]
+
+    def test_a_retry_of_another_request_keeps_its_level(self, log: Log) -> None:
+        """Not the client's (Prometheus' client is urllib3's too), while an outage is open."""
+        pool = urllib3.PoolManager(retries=urllib3.Retry(1))
+        with reading_the_client(log):
+            with pytest.raises(KubeError):
+                self.client_of(refused_port()).get(LEASE, "default", "leader")
+            assert log.filter.outage.open
+            with pytest.raises(urllib3.exceptions.MaxRetryError):
+                pool.request("GET", f"http://127.0.0.1:{refused_port()}/api/v1/query")
+        assert [line.split(":")[0] for line in log.shown.lines] == [
+            "WARNING test.outages",
+            "WARNING urllib3.connectionpool",
+        ], log.shown.lines
+        assert "Retrying (Retry(total=0" in log.shown.lines[1]
 
 
 class TestUnwell:

@@ -7,6 +7,7 @@ dicts (the API's JSON) and the small `Kube` protocol, so tests can count or fake
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import os
@@ -27,6 +28,16 @@ API_FAILED = "batchpilot_api_failed"
 it is unwell (`KubeError.outage`): the `KubeError`. The operator's log reads it (outage_log.py)."""
 API_ANSWERED = "batchpilot_api_answered"
 """The attribute (True) of the client's DEBUG record of the first answer after such a failure."""
+_asking: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "batchpilot_kube_asking", default=False
+)
+
+
+def asking() -> bool:
+    """Whether this thread is in a request of `KubeClient` to the API server: what urllib3 logs
+    meanwhile — its retries of the request's connection (`own_retries`) — is about the API
+    server. The operator's log reads it (outage_log.py)."""
+    return _asking.get()
 
 
 class KubeError(Exception):
@@ -148,6 +159,7 @@ class KubeClient:
             body=body,
             auth_settings=["BearerToken"],
         )
+        asking = _asking.set(True)
         try:
             response = self._api.call_api(*params[:4], _request_timeout=self._timeout_s)
             response.read()
@@ -160,6 +172,8 @@ class KubeClient:
             error = KubeError(UNANSWERED, f"no answer from the API server: {exc}")
             self._heard(method, path, error)
             raise error from None
+        finally:
+            _asking.reset(asking)
         data = response.data
         if response.status >= 400 and response.status != 404:
             retry_after_s = _retry_after_s(response.headers, data)

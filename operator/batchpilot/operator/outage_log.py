@@ -13,6 +13,16 @@ server fails or answers, logs what that says, and passes on the rest:
   server is unwell, while an outage is open: what followed from a failure the outage already
   tells — kopf's "Handler 'reconcile' failed temporarily", a failed Event post, a pass's or the
   lease's warning — goes to DEBUG, traceback and all.
+- urllib3's WARNING "Retrying (Retry(total=2, …)) after connection broken by 'NewConnectionError(…
+  Connection refused)': /apis/…", logged each time it tries the connection of a request of the
+  client again (kube.py's `own_retries`: up to three times, at once): DEBUG, while an outage is
+  open or not, and no failed try of one. The request is the try, as each of kopf's is, and its
+  end says the rest a moment later: failed, the client's record of it begins the outage or goes
+  on with it; answered, nothing failed — as when a connection had gone stale, which happens in a
+  healthy cluster (a load balancer drops idle ones). Counted, a request's retries would make its
+  one failure four tries. Only the retries of the client's requests (`kube.asking`, in the
+  thread that logs them): a retry of any other request, and urllib3's other warnings, keep their
+  level.
 
 Everything else keeps its level: a 403 or another 4xx, which kopf may retry too (RBAC, a bug), a
 handler's own exception. kopf's words are read, not its code: were a later kopf to word them
@@ -53,6 +63,9 @@ _KOPF_TRY = re.compile(
     r"^Request attempt #\d+(?:/\d+)? failed; (?P<then>will retry|escalating): "
     r"(?P<method>[A-Z]+) (?P<url>\S+)"
 )
+_URLLIB3_RETRY = "__urllib3-retry-warning"
+"""What marks urllib3's WARNING of a retried connection (urllib3 2: connectionpool.py, for pip to
+read); without it (urllib3 1) the WARNING keeps its level."""
 _JUDGED = "_batchpilot_outage_verdict"
 _DETAIL_CHARS = 200
 
@@ -114,6 +127,8 @@ class OutageLog(logging.Filter):
                     said = self.outage.failed(CLIENT, failure, now, retried=False)
             elif record.__dict__.get(API_ANSWERED):
                 said = self.outage.answered(CLIENT, now)
+            elif _URLLIB3_RETRY in record.__dict__ and kube.asking():
+                demote = True
             elif record.levelno >= logging.WARNING and self.outage.open:
                 demote = unwell(handled) is not None
         self._tell(said)
