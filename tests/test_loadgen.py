@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import socket
-import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,7 @@ from batchpilot.runtime.loadgen import (
 )
 from batchpilot.runtime.protocol.server_codec import decode_request, encode_response
 from batchpilot.runtime.protocol.tensors import HEADER_LENGTH, Tensor
+from batchpilot.sandbox.background import in_thread
 
 MODEL = "toy"
 PATIENT_LAG_MS = 1000.0
@@ -141,30 +142,23 @@ class FakeV2Server:
 
 @pytest.fixture
 def server() -> Iterator[FakeV2Server]:
-    fake = FakeV2Server()
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    runner = web.AppRunner(fake.app(), handle_signals=False)
+    with in_thread(serving, name="fake-v2-server") as fake:
+        yield fake
 
-    async def start() -> None:
-        await runner.setup()
+
+@contextlib.asynccontextmanager
+async def serving() -> AsyncIterator[FakeV2Server]:
+    fake = FakeV2Server()
+    runner = web.AppRunner(fake.app(), handle_signals=False)
+    await runner.setup()
+    try:
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         port = runner.addresses[0][1]
         fake.url = f"http://127.0.0.1:{port}"
-        ready.set()
-
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=10)
-    assert ready.wait(10)
-    try:
         yield fake
     finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        loop.close()
+        await runner.cleanup()
 
 
 def target(server: FakeV2Server, **kwargs: Any) -> Target:

@@ -20,7 +20,7 @@ The local API stays honest; the proxy lies on its behalf, per verb and path patt
 `cut_watches()` ends every watch stream open now. Every request is recorded with its arrival
 time, verb, path and what was answered, so a test can count the requests per second that the
 operator sends while the API fails. Bound to 127.0.0.1; runs on a thread with its own loop, as
-`LocalKubernetesAPI.threaded()` does.
+`LocalKubernetesAPI.threaded()` does (both through `batchpilot.sandbox.background`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,8 @@ import aiohttp
 import aiohttp.web
 import yaml
 
-HOST = "127.0.0.1"
+from batchpilot.sandbox.background import HOST, in_thread, listen
+
 _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}
 
 
@@ -300,53 +301,28 @@ class FaultProxy:
 
     @contextlib.contextmanager
     def threaded(self) -> Iterator[FaultProxy]:
-        ready = threading.Event()
-        stop: list[asyncio.Event] = []
-        failures: list[BaseException] = []
+        with in_thread(self._serving, name="fault-proxy") as proxy:
+            yield proxy
 
-        async def serve() -> None:
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
-                auto_decompress=False,
-            )
-            server = aiohttp.web.Server(self._serve, access_log=None, handler_cancellation=True)
-            runner = aiohttp.web.ServerRunner(server, handle_signals=False, shutdown_timeout=1.0)
-            await runner.setup()
-            site = aiohttp.web.TCPSite(runner, HOST, 0)
-            await site.start()
-            self._port = int(runner.addresses[0][1])
+    # --- inside --------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _serving(self) -> AsyncIterator[FaultProxy]:
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
+            auto_decompress=False,
+        )
+        try:
+            runner, self._port = await listen(self._serve)
             self._loop = asyncio.get_running_loop()
-            stop.append(asyncio.Event())
-            ready.set()
             try:
-                await stop[0].wait()
+                yield self
             finally:
                 for stream in list(self._streams):
                     _reset_stream(stream)
                 await runner.cleanup()
-                await self._session.close()
-
-        def run() -> None:
-            try:
-                asyncio.run(serve())
-            except BaseException as exc:
-                failures.append(exc)
-            finally:
-                ready.set()
-
-        thread = threading.Thread(target=run, name="fault-proxy", daemon=True)
-        thread.start()
-        ready.wait()
-        if failures:
-            raise failures[0]
-        try:
-            yield self
         finally:
-            assert self._loop is not None
-            self._loop.call_soon_threadsafe(stop[0].set)
-            thread.join(timeout=30)
-
-    # --- inside --------------------------------------------------------------------------------
+            await self._session.close()
 
     def _fault_for(self, method: str, path: str, watching: bool) -> Action | None:
         with self._lock:

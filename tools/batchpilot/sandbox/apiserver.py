@@ -27,7 +27,6 @@ import os
 import signal
 import sys
 import tempfile
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -36,14 +35,14 @@ from typing import Any, Self, TypeVar
 import aiohttp.web
 import yaml
 
+from batchpilot.sandbox import background, errors
 from batchpilot.sandbox import crds as crd_files
-from batchpilot.sandbox import errors
 from batchpilot.sandbox.emulator import SandboxEmulator
 from batchpilot.sandbox.store import Store
 from batchpilot.sandbox.writelog import WriteLog
 
 logger = logging.getLogger("batchpilot.sandbox")
-HOST = "127.0.0.1"
+HOST = background.HOST
 CONTEXT = "batchpilot-sandbox"
 T = TypeVar("T")
 
@@ -103,18 +102,14 @@ class LocalKubernetesAPI:
                 emulator.store.install_crd(crd)
             for namespace in self._namespaces:
                 emulator.store.ensure_namespace(namespace)
-            server = aiohttp.web.Server(emulator, handler_cancellation=True, access_log=None)
-            runner = aiohttp.web.ServerRunner(server, handle_signals=False, shutdown_timeout=1.0)
-            await runner.setup()
-            site = aiohttp.web.TCPSite(runner, HOST, self._port)
-            await site.start()
+            runner, port = await background.listen(emulator, port=self._port)
         except BaseException:
             await emulator.__aexit__(None, None, None)
             raise
         self._emulator = emulator
         self._runner = runner
         self._loop = asyncio.get_running_loop()
-        self._bound_port = int(runner.addresses[0][1])
+        self._bound_port = port
         emulator.server_address = f"{HOST}:{self._bound_port}"
         return self
 
@@ -136,36 +131,8 @@ class LocalKubernetesAPI:
     @contextlib.contextmanager
     def threaded(self) -> Iterator[Self]:
         """Serve from a background thread with its own event loop (for synchronous callers)."""
-        ready = threading.Event()
-        failures: list[BaseException] = []
-        stop: list[asyncio.Event] = []
-
-        async def serve() -> None:
-            async with self:
-                stop.append(asyncio.Event())
-                ready.set()
-                await stop[0].wait()
-
-        def run() -> None:
-            try:
-                asyncio.run(serve())
-            except BaseException as exc:
-                failures.append(exc)
-            finally:
-                ready.set()
-
-        thread = threading.Thread(target=run, name="batchpilot-sandbox-api", daemon=True)
-        thread.start()
-        ready.wait()
-        if failures:
-            raise failures[0]
-        loop = self._loop
-        assert loop is not None
-        try:
+        with background.in_thread(lambda: self, name="batchpilot-sandbox-api"):
             yield self
-        finally:
-            loop.call_soon_threadsafe(stop[0].set)
-            thread.join(timeout=30)
 
     # --- what callers use ----------------------------------------------------------------------
 
