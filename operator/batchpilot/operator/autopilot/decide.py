@@ -27,9 +27,9 @@ Steps, each small and named:
    replicas wait (two intervals or two scrapes at most) for the windows to measure the new
    batch sizes, unless even the most optimistic reading of the guess needs more of them
    (`capacity.batch_first`); a rough model never scales down;
-   stand in for lost replicas: ones that were ready and have been away longer than a restart
-   takes (a node that died: its pods are replaced only once evicted, minutes later) are asked
-   for again beside the plan's (`lost`);
+   stand in for lost replicas: ones that were ready and are away (a node that died: its pods
+   are replaced only once evicted, minutes later) are asked for again beside the plan's — at
+   once over the SLA, else once away longer than a restart or the eviction takes (`lost`);
 5. pace replicas: cold start, scale-down stabilization, hysteresis, bounds (`pacing.pace`);
 6. explain: action, reason and the condition inputs.
 
@@ -64,14 +64,14 @@ from batchpilot.operator.autopilot.headroom import (
     plan_rate,
 )
 from batchpilot.operator.autopilot.learn import (
-    DEFAULT_COLD_START_S,
     DEFAULT_INTERVAL_S,
+    cold_start_of,
     learn,
     present_load,
     reaction_horizon,
     saturated_load,
 )
-from batchpilot.operator.autopilot.lost import stand_ins
+from batchpilot.operator.autopilot.lost import stand_ins, stood_in
 from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.autopilot.pacing import pace
 from batchpilot.operator.autopilot.policy import (
@@ -278,11 +278,10 @@ def decide(
                 notes.append("not scaling down on a rough model")
         why += headroom.note
     why += trend
-    cold = learned_state.cold_start_s
     away = stand_ins(
         learned_state.lost,
         plan=want_replicas,
-        cold_start_s=DEFAULT_COLD_START_S if cold is None else cold,
+        cold_start_s=cold_start_of(learned_state),
         now=now,
         evicted_after_s=policy.evicted_after_s,
         missed=sla_met is False,
@@ -290,13 +289,8 @@ def decide(
     if away and not idle:
         # Lost replicas (a node that died) are counted in force but serve nothing: ask for as
         # many beside the plan's, which start at once elsewhere.
-        lost = learned_state.lost
-        since = now - (lost.since or now)
         want_replicas += away
-        why += (
-            f"; {away} more in place of {lost.count} "
-            f"{'replica' if lost.count == 1 else 'replicas'} ready before and not for {since:.0f} s"
-        )
+        why += f"; {stood_in(learned_state.lost, away, now=now)}"
 
     # 6. Pace the replicas.
     replicas, recommendations, pace_note = pace(

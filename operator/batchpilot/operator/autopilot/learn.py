@@ -243,9 +243,13 @@ def saturated_load(observation: Observation, *, settled: bool) -> float | None:
     return offered / max(busy, MIN_BUSY)
 
 
+def cold_start_of(state: State) -> float:
+    """How long new replicas take to take traffic: learned, `DEFAULT_COLD_START_S` until
+    measured."""
+    return state.cold_start_s if state.cold_start_s is not None else DEFAULT_COLD_START_S
+
+
 def reaction_horizon(state: State, *, interval: float) -> float:
     """How long a rise goes uncarried: until the metrics show it (a scrape, then the next
-    decision: about two intervals, the scrape interval being about one), plus the cold start
-    (learned; `DEFAULT_COLD_START_S` until measured)."""
-    cold = state.cold_start_s if state.cold_start_s is not None else DEFAULT_COLD_START_S
-    return 2 * (interval or DEFAULT_INTERVAL_S) + cold
+    decision: about two intervals, the scrape interval being about one), plus the cold start."""
+    return 2 * (interval or DEFAULT_INTERVAL_S) + cold_start_of(state)

@@ -105,3 +105,10 @@ def stand_ins(
     if not missed and now - loss.since < grace_s(cold_start_s, evicted_after_s=evicted_after_s):
         return 0
     return min(loss.count, plan)
+
+
+def stood_in(loss: Loss, away: int, *, now: float) -> str:
+    """The decision's words for `away` stand-ins."""
+    replicas = "replica" if loss.count == 1 else "replicas"
+    since = now - (loss.since if loss.since is not None else now)
+    return f"{away} more in place of {loss.count} {replicas} ready before and not for {since:.0f} s"
