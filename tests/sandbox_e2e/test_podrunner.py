@@ -13,6 +13,8 @@ import os
 import signal
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +100,18 @@ def ready_replicas(rest: API) -> int | None:
     return (rest.call(f"{DEPLOYMENTS}/m") or {}).get("status", {}).get("readyReplicas")
 
 
+@contextmanager
+def running(url: str, tmp_path: Path, **options: Any) -> Iterator[PodRunner]:
+    """A pod runner for the API at `url`, playing the kubelet on its own thread until the block
+    ends."""
+    runner = PodRunner(url, workdir=tmp_path, models_dir=ROOT / "examples" / "models", **options)
+    runner.run_in_thread()
+    try:
+        yield runner
+    finally:
+        runner.stop()
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -155,15 +169,7 @@ def test_the_runner_plays_the_kubelet(tmp_path: Path) -> None:
     with LocalKubernetesAPI(crds=[ROOT / "crds"]).threaded() as api:
         rest = seeded(api.url)
         rest.call(DEPLOYMENTS, "POST", deployment(1))
-        runner = PodRunner(
-            api.url,
-            workdir=tmp_path,
-            models_dir=ROOT / "examples" / "models",
-            start_delay_s=0.5,
-            on_endpoints=published.append,
-        )
-        runner.run_in_thread()
-        try:
+        with running(api.url, tmp_path, start_delay_s=0.5, on_endpoints=published.append) as runner:
             wait_until(lambda: ready_replicas(rest) == 1, timeout=30, what="readyReplicas 1")
             pods = rest.call(f"/api/v1/namespaces/{NS}/pods")["items"]
             assert len(pods) == 1
@@ -230,8 +236,6 @@ def test_the_runner_plays_the_kubelet(tmp_path: Path) -> None:
                 what="the pod deleted",
             )
             wait_until(lambda: not runner.pids(), timeout=30, what="the process gone")
-        finally:
-            runner.stop()
     assert runner.started_pids
     assert not [pid for pid in runner.started_pids if alive(pid)]
 
@@ -293,15 +297,7 @@ def test_a_removed_pod_leaves_the_endpoints_at_once_and_drains_after_its_pre_sto
     with LocalKubernetesAPI(crds=[ROOT / "crds"]).threaded() as api:
         rest = seeded(api.url)
         rest.call(DEPLOYMENTS, "POST", two)
-        runner = PodRunner(
-            api.url,
-            workdir=tmp_path,
-            models_dir=ROOT / "examples" / "models",
-            start_delay_s=0.1,
-            on_endpoints=published.append,
-        )
-        runner.run_in_thread()
-        try:
+        with running(api.url, tmp_path, start_delay_s=0.1, on_endpoints=published.append):
             wait_until(lambda: ready_replicas(rest) == 2, timeout=30, what="readyReplicas 2")
             before = set(published[-1].ready[(NS, "m")])
             rest.call(f"{DEPLOYMENTS}/m", "PATCH", {"spec": {"replicas": 1}}, patch=True)
@@ -326,8 +322,6 @@ def test_a_removed_pod_leaves_the_endpoints_at_once_and_drains_after_its_pre_sto
             sigterm_s = time.monotonic() - deleted_at
             assert endpoint_gone_s < 2.0
             assert sigterm_s >= pre_stop_s - 0.1, sigterm_s
-        finally:
-            runner.stop()
 
 
 def test_a_pod_with_api_keys_reads_a_folder_of_its_own(tmp_path: Path) -> None:
@@ -365,16 +359,13 @@ def test_simulated_pods_run_in_the_pod_host(tmp_path: Path) -> None:
     ):
         rest = seeded(api.url)
         rest.call(DEPLOYMENTS, "POST", deployment(2))
-        runner = PodRunner(
+        with running(
             api.url,
-            workdir=tmp_path,
-            models_dir=ROOT / "examples" / "models",
+            tmp_path,
             start_delay_s=0.2,
             on_endpoints=published.append,
             pod_host=host.client,
-        )
-        runner.run_in_thread()
-        try:
+        ) as runner:
             wait_until(lambda: ready_replicas(rest) == 2, timeout=30, what="readyReplicas 2")
             assert runner.pids() == []  # no process per pod
             hosted = host.client.pods()
@@ -430,8 +421,6 @@ def test_simulated_pods_run_in_the_pod_host(tmp_path: Path) -> None:
 
             wait_until(crash_looping, timeout=30, what="the refused pod restarting")
             assert not host.client.pods()
-        finally:
-            runner.stop()
 
 
 def test_a_runtime_that_cannot_start_is_reported_as_the_kubelet_would(tmp_path: Path) -> None:
@@ -444,11 +433,7 @@ def test_a_runtime_that_cannot_start_is_reported_as_the_kubelet_would(tmp_path: 
     with LocalKubernetesAPI(crds=[ROOT / "crds"]).threaded() as api:
         rest = seeded(api.url)
         rest.call(DEPLOYMENTS, "POST", broken)
-        runner = PodRunner(
-            api.url, workdir=tmp_path, models_dir=ROOT / "examples" / "models", start_delay_s=0.1
-        )
-        runner.run_in_thread()
-        try:
+        with running(api.url, tmp_path, start_delay_s=0.1):
 
             def crash_looping() -> dict[str, Any] | None:
                 pods = rest.call(f"/api/v1/namespaces/{NS}/pods")["items"]
@@ -463,8 +448,6 @@ def test_a_runtime_that_cannot_start_is_reported_as_the_kubelet_would(tmp_path: 
             assert said.endswith("models/missing.onnx does not exist"), said
             assert container["restartCount"] >= 1
             assert ready_replicas(rest) in (None, 0)
-        finally:
-            runner.stop()
 
 
 def stopped(pid: int) -> bool:
@@ -486,16 +469,9 @@ def test_pods_on_a_lost_node_answer_nothing_then_go_not_ready_then_are_evicted(
     with LocalKubernetesAPI(crds=[ROOT / "crds"]).threaded() as api:
         rest = seeded(api.url)
         rest.call(DEPLOYMENTS, "POST", deployment(3))
-        runner = PodRunner(
-            api.url,
-            workdir=tmp_path,
-            models_dir=ROOT / "examples" / "models",
-            start_delay_s=0.1,
-            poll_s=0.1,
-            on_endpoints=published.append,
-        )
-        runner.run_in_thread()
-        try:
+        with running(
+            api.url, tmp_path, start_delay_s=0.1, poll_s=0.1, on_endpoints=published.append
+        ) as runner:
             wait_until(lambda: ready_replicas(rest) == 3, timeout=60, what="readyReplicas 3")
             pods = {r.name: r for r in runner.replicas.values()}
             oldest = sorted(pods.values(), key=lambda r: r.created_at)
@@ -572,8 +548,6 @@ def test_pods_on_a_lost_node_answer_nothing_then_go_not_ready_then_are_evicted(
             # A frozen pod at shutdown is killed at once, not after a SIGTERM's grace.
             runner.lose_node(NS, "m", count=1, notice_s=60, eviction_s=60)
             stopping = time.monotonic()
-        finally:
-            runner.stop()
         assert time.monotonic() - stopping < 5
     assert not [pid for pid in runner.started_pids if alive(pid)]
 
@@ -585,16 +559,9 @@ def test_a_hosted_pod_on_a_lost_node_is_cut_off_by_the_host_and_evicted(tmp_path
     ):
         rest = seeded(api.url)
         rest.call(DEPLOYMENTS, "POST", deployment(2))
-        runner = PodRunner(
-            api.url,
-            workdir=tmp_path,
-            models_dir=ROOT / "examples" / "models",
-            start_delay_s=0.1,
-            poll_s=0.1,
-            pod_host=host.client,
-        )
-        runner.run_in_thread()
-        try:
+        with running(
+            api.url, tmp_path, start_delay_s=0.1, poll_s=0.1, pod_host=host.client
+        ) as runner:
             wait_until(lambda: ready_replicas(rest) == 2, timeout=30, what="readyReplicas 2")
             (lost,) = runner.lose_node(NS, "m", count=1, notice_s=1, eviction_s=2)
             port = runner.replicas[lost].port
@@ -605,5 +572,3 @@ def test_a_hosted_pod_on_a_lost_node_is_cut_off_by_the_host_and_evicted(tmp_path
             wait_until(lambda: lost not in host.client.pods(), timeout=5, what="the eviction")
             assert rest.call(f"/api/v1/namespaces/{NS}/pods/{lost}") is None
             wait_until(lambda: ready_replicas(rest) == 2, timeout=30, what="the replacement")
-        finally:
-            runner.stop()
