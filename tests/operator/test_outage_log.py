@@ -244,6 +244,15 @@ class TestUrllib3sRetriesOfTheClientsConnections:
         # a failed try a request, not one for each of its four connections
         assert "API server outage, 60 s so far: 3 failed tries; " in log.shown.lines[1]
 
+    def test_the_failure_says_why_in_few_words(self) -> None:
+        port = refused_port()
+        with pytest.raises(KubeError) as failed:
+            self.client_of(port).get(LEASE, "default", "leader")
+        assert failed.value.message == (
+            f"no answer from the API server: HTTPConnection(host='127.0.0.1', port={port}): "
+            "Failed to establish a new connection: [Errno 111] Connection refused"
+        )
+
     def test_a_verbose_log_shows_each_at_debug(self) -> None:
         log = Log(level=logging.DEBUG)
         with pytest.raises(KubeError), reading_the_client(log):

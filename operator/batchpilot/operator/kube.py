@@ -169,7 +169,7 @@ class KubeClient:
             raise error from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             # Reset, refused, timed out: the request may have been carried out, or not.
-            error = KubeError(UNANSWERED, f"no answer from the API server: {exc}")
+            error = KubeError(UNANSWERED, f"no answer from the API server: {_unanswered(exc)}")
             self._heard(method, path, error)
             raise error from None
         finally:
@@ -258,6 +258,17 @@ class KubeClient:
         except KubeError as exc:
             if exc.status != 404:
                 raise
+
+
+def _unanswered(exc: BaseException) -> str:
+    """Why a request got no answer, in the words of its innermost cause ("HTTPConnection(host=…,
+    port=…): Failed to establish a new connection: [Errno 111] Connection refused"): urllib3
+    wraps it in the pool's "Max retries exceeded with url: …", which a log line cut short keeps
+    instead."""
+    reason: BaseException = exc
+    while isinstance(getattr(reason, "reason", None), BaseException):
+        reason = reason.reason  # type: ignore[attr-defined]
+    return str(reason)
 
 
 def own_retries(configuration: Any) -> Any:
