@@ -202,6 +202,7 @@ def assemble(
                 port=settings.grpc_port,
                 max_message_bytes=settings.max_body_bytes,
                 grace_s=settings.drain_grace_s,
+                max_connection_age_s=settings.max_connection_age_s or None,
             ),
             access=access,
         )

@@ -22,12 +22,20 @@ connection, and only where the defaults leave a gap:
   half-closes and discards what the client still sends for at most `LINGER_S`, rather than
   reading a body nobody will use or resetting a client that is still sending;
 - a client that half-closes (shuts down its sending side) after a whole request gets its answer:
-  EOF means "done sending", not "gone" (see `eof_received`).
+  EOF means "done sending", not "gone" (see `eof_received`);
+- a connection older than `max_connection_age_s` (±10 %, so that connections opened together
+  are not all retired together) has its next answer say `Connection: close`, and closes after
+  it: a Service balances connections, not requests, so without this a client's kept-alive
+  connections stay on the replicas that were there when it connected, and a replica added under
+  load gets none of them. The close comes after a complete answer, never under a request on
+  its way; the client reconnects, and the Service picks a replica again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+import random
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -56,6 +64,12 @@ class ConnectionLimits:
     keep_alive_timeout_s: float
     max_connections: int | None
     """None: no limit."""
+    max_connection_age_s: float | None = None
+    """None: a connection may live for ever."""
+
+
+AGE_JITTER = 0.1
+"""A connection's age limit is `max_connection_age_s` times a uniform factor within ±this."""
 
 
 class _Refusal(Exception):
@@ -91,12 +105,18 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._discarding = False
         self._half_closed = False
         self._keep_alive_after_body = True
+        self._retire_at = math.inf
+        """Loop time from which the connection's next answer is its last (its age limit)."""
 
     # --- The connection ---
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._gentle = _GentleClose(self)
+        age = self.limits.max_connection_age_s
+        if age is not None:
+            jitter = random.uniform(1 - AGE_JITTER, 1 + AGE_JITTER)
+            self._retire_at = self.loop.time() + age * jitter
         # uvicorn arms its keep-alive timer only after an answer; a connection yet to send its
         # first request is as idle (the first byte disarms it, and arms the header timer).
         self.timeout_keep_alive_task = self.loop.call_later(
@@ -211,7 +231,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         # it gentle (on_message_complete undoes both). Two attribute writes per request: hooking
         # uvicorn's cycle any other way (a subclass of it) costs the hot path microseconds.
         cycle = self.cycle
-        self._keep_alive_after_body = cycle.keep_alive
+        self._keep_alive_after_body = cycle.keep_alive and self.loop.time() < self._retire_at
         cycle.keep_alive = False
         cycle.transport = self._gentle
 

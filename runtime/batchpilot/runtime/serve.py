@@ -94,6 +94,7 @@ def connection_limits(settings: RuntimeSettings) -> ConnectionLimits:
         body_timeout_s=settings.body_timeout_s,
         keep_alive_timeout_s=settings.keep_alive_timeout_s,
         max_connections=settings.max_connections or None,
+        max_connection_age_s=settings.max_connection_age_s or None,
     )
 
 
@@ -274,6 +275,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         help="an HTTP connection with no request for this long is closed (default 30; "
         "BATCHPILOT_KEEP_ALIVE_TIMEOUT_S)",
+    )
+    a(
+        "--max-connection-age-s",
+        type=float,
+        help="an HTTP connection this old (±10 %%) is closed after its next answer (Connection: "
+        "close) and a gRPC one gets GOAWAY, so clients reconnect and a Service spreads them over "
+        "replicas added since; 0: never (default 30; BATCHPILOT_MAX_CONNECTION_AGE_S)",
     )
     a(
         "--max-connections",

@@ -119,6 +119,14 @@ class RuntimeSettings(BaseSettings):
         le=3600,
         description="how long a connection may sit without a request before it is closed",
     )
+    max_connection_age_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=86_400,
+        description="an HTTP connection this old (±10 %) is closed after its next answer, which "
+        "says Connection: close, and a gRPC connection gets GOAWAY, so that clients reconnect "
+        "and the Service spreads them over replicas added since (0: never)",
+    )
     max_connections: int = Field(
         default=4096,
         ge=0,

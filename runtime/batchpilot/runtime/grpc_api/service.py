@@ -229,6 +229,9 @@ class GrpcConfig:
     """Largest request message accepted (--max-body-bytes); larger ones get RESOURCE_EXHAUSTED."""
     grace_s: float
     """On shutdown, how long accepted RPCs may take to finish."""
+    max_connection_age_s: float | None = None
+    """A connection this old (gRPC adds ±10 %) gets GOAWAY, and its RPCs `grace_s` to finish:
+    the client reconnects, and the Service may place it on a replica added since. None: never."""
 
 
 def _address(host: str, port: int) -> str:
@@ -250,14 +253,18 @@ class GrpcEndpoint:
         """The bound port, once started (differs from the configured one when that is 0)."""
 
     async def start(self) -> None:
-        limit = self._config.max_message_bytes
-        server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", limit),
-                ("grpc.max_send_message_length", -1),
-                ("grpc.so_reuseport", 0),
+        config = self._config
+        options: list[tuple[str, int]] = [
+            ("grpc.max_receive_message_length", config.max_message_bytes),
+            ("grpc.max_send_message_length", -1),
+            ("grpc.so_reuseport", 0),
+        ]
+        if config.max_connection_age_s is not None:
+            options += [
+                ("grpc.max_connection_age_ms", max(1, round(config.max_connection_age_s * 1000))),
+                ("grpc.max_connection_age_grace_ms", round(config.grace_s * 1000)),
             ]
-        )
+        server = grpc.aio.server(options=options)
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(
             InferenceService(self._model_server, access=self._access), server
         )
