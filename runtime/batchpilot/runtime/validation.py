@@ -43,6 +43,14 @@ def validate_inputs(signature: ModelSignature, request: InferRequest) -> int:
             )
         if shape[0] == 0:
             raise InvalidRequest(f"input '{tensor.name}' has no rows (batch dimension is 0)")
+        if tensor.data.size == 0:
+            # Rows that hold nothing cost the client no byte, but each gets its output rows: a
+            # 100-byte request of [10**8, 0] would make the model answer 10**8 rows. The body's
+            # size bounds a request's rows only where each row holds something.
+            raise InvalidRequest(
+                f"input '{tensor.name}' has shape {_shape_text(shape)}: its rows hold no "
+                "elements (a dimension other than the batch is 0)"
+            )
         if rows is None:
             rows = shape[0]
         elif shape[0] != rows:
