@@ -59,6 +59,10 @@ class _AsgiEndpoint:
         await self._app(scope, receive, send)
 
 
+_GET = ["GET", "HEAD"]
+"""The metadata and health routes' methods: HEAD as every HTTP server must take it (RFC 9110
+§9.1), for load balancers and probes that check with it; uvicorn sends no body with it."""
+
 _KEY_HEADERS = (b"authorization", b"x-api-key")
 
 
@@ -85,7 +89,7 @@ def add_v2_routes(
     model_name = signature.name
     model = server.check_model
 
-    @app.get("/v2")
+    @app.api_route("/v2", methods=_GET)
     async def server_metadata() -> Response:
         return json_response(
             {
@@ -95,16 +99,16 @@ def add_v2_routes(
             }
         )
 
-    @app.get("/v2/health/live")
+    @app.api_route("/v2/health/live", methods=_GET)
     async def live() -> Response:
         return json_response({"live": True})
 
-    @app.get("/v2/health/ready")
+    @app.api_route("/v2/health/ready", methods=_GET)
     async def ready() -> Response:
         return json_response({"ready": server.ready}, status=200 if server.ready else 503)
 
-    @app.get("/v2/models/{name}")
-    @app.get("/v2/models/{name}/versions/{version}")
+    @app.api_route("/v2/models/{name}", methods=_GET)
+    @app.api_route("/v2/models/{name}/versions/{version}", methods=_GET)
     async def model_metadata(name: str, request: Request) -> Response:
         if access is not None:
             access.identify(request.headers.items())
@@ -135,8 +139,8 @@ def add_v2_routes(
             }
         )
 
-    @app.get("/v2/models/{name}/ready")
-    @app.get("/v2/models/{name}/versions/{version}/ready")
+    @app.api_route("/v2/models/{name}/ready", methods=_GET)
+    @app.api_route("/v2/models/{name}/versions/{version}/ready", methods=_GET)
     async def model_ready(name: str, request: Request) -> Response:
         model(name, request.path_params.get("version"))
         return json_response(
