@@ -4,8 +4,10 @@ A Kubernetes Service (kube-proxy) balances connections, not requests, so a clien
 HTTP connections and a gRPC channel's one connection stay on the replicas that were ready when
 they opened. The runtime retires a connection once it is `--max-connection-age-s` old: its next
 answer says `Connection: close` (gRPC: GOAWAY), the client reconnects, and the Service places it
-again. Real server processes on loopback, the simulated accelerator, real clients (httpx,
-Triton's gRPC client), and `ConnectionBalancer` playing kube-proxy in front of them.
+again; and when the operator sees a replica join, it asks the serving ones to retire every
+connection at once (`POST /admin/connections/retire`). Real server processes on loopback, the
+simulated accelerator, real clients (httpx, Triton's gRPC client, the operator's own POST), and
+`ConnectionBalancer` playing kube-proxy in front of them.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -21,8 +23,9 @@ import httpx
 import pytest
 import tritonclient.grpc as tc
 
+from batchpilot.operator.autopilot.push import retire_connections
 from batchpilot.sandbox.kubeproxy import ConnectionBalancer
-from tests.runtime_process import RuntimeProcess, Scrape, outcomes, runtime_process
+from tests.runtime_process import RuntimeProcess, Scrape, outcomes, runtime_process, send
 from tests.test_server_process import mlp_rows, v2_request
 
 pytestmark = pytest.mark.slow
@@ -37,7 +40,9 @@ LOAD_S = 2.5
 
 
 @contextmanager
-def serve_pair(mlp_model: Path, tmp_path: Path, age_s: float) -> Iterator[list[RuntimeProcess]]:
+def serve_pair(
+    mlp_model: Path, tmp_path: Path, age_s: float, *args: str
+) -> Iterator[list[RuntimeProcess]]:
     with ExitStack() as stack:
         servers = []
         for name in ("a", "b"):
@@ -50,6 +55,7 @@ def serve_pair(mlp_model: Path, tmp_path: Path, age_s: float) -> Iterator[list[R
                         *SIMULATED,
                         "--max-connection-age-s",
                         str(age_s),
+                        *args,
                         grpc=True,
                         log_dir=log_dir,
                     )
@@ -62,10 +68,14 @@ def served(server: RuntimeProcess) -> float:
     return outcomes(Scrape(server)).get("success", 0.0)
 
 
-async def http_load(balancer: ConnectionBalancer, second: tuple[str, int]) -> list[str]:
+async def http_load(
+    balancer: ConnectionBalancer,
+    second: tuple[str, int],
+    joined: Callable[[], Awaitable[None]] | None = None,
+) -> list[str]:
     """`CLIENTS` kept-alive connections through the balancer, closed loops; once each has had an
-    answer from the first replica alone, the second joins the Service and the load goes on for
-    `LOAD_S`. The transport errors the clients met."""
+    answer from the first replica alone, the second joins the Service (then `joined()`) and the
+    load goes on for `LOAD_S`. The transport errors the clients met."""
     body, headers = v2_request(mlp_rows(1, seed=0), binary_inputs={"x"})
     url = f"http://127.0.0.1:{balancer.port}{INFER}"
     errors: list[str] = []
@@ -92,6 +102,8 @@ async def http_load(balancer: ConnectionBalancer, second: tuple[str, int]) -> li
         await asyncio.wait_for(warm.wait(), timeout=20)
         balancer.set_endpoints([*balancer.endpoints, second])
         stop_at[0] = time.monotonic() + LOAD_S
+        if joined is not None:
+            await joined()
         await asyncio.wait_for(asyncio.gather(*tasks), timeout=LOAD_S + 20)
     finally:
         for task in tasks:
@@ -116,6 +128,53 @@ async def test_kept_alive_http_clients_reach_a_replica_added_under_load(
             # connections retire from AGE_S × 0.9 on and reconnect alternately to a and b
             assert share > 0.2, (share, balancer.connections)
             assert balancer.connections[("127.0.0.1", b.port)] >= 2, balancer.connections
+
+
+async def test_asked_to_retire_its_connections_a_replica_hands_clients_to_one_that_joined(
+    mlp_model: Path, tmp_path: Path
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("admin-secret\n")
+    # no age: only the operator's request moves the connections
+    with serve_pair(mlp_model, tmp_path, 0, "--admin-token-file", str(token)) as (a, b):
+
+        async def ask() -> None:
+            endpoint = f"127.0.0.1:{a.admin_port}"
+            await asyncio.to_thread(retire_connections, endpoint, token="admin-secret", document="")
+
+        async with ConnectionBalancer([("127.0.0.1", a.port)]) as balancer:
+            errors = await http_load(balancer, ("127.0.0.1", b.port), joined=ask)
+        assert not errors, errors[:5]
+        share = served(b) / (served(a) + served(b))
+        assert share > 0.3, (share, balancer.connections)
+
+
+def test_retiring_connections_needs_the_admin_token(mlp_model: Path, tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("admin-secret\n")
+    with runtime_process(
+        mlp_model, *SIMULATED, "--admin-token-file", str(token), log_dir=tmp_path
+    ) as server:
+        path = "/admin/connections/retire"
+        refused = send(server, "POST", path, port=server.admin_port)
+        assert refused.status == 401, refused
+        assert send(server, "POST", path, port=server.port).status == 404  # not for clients
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as idle:
+            idle.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert idle.recv(65536).startswith(b"HTTP/1.1 200")
+            reply = send(
+                server,
+                "POST",
+                path,
+                headers={"Authorization": "Bearer admin-secret"},
+                port=server.admin_port,
+            )
+            assert reply.status == 200, reply
+            assert reply.json()["retiring"] >= 2  # the idle one and the asking one
+            idle.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = idle.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 200"), answer
+            assert b"connection: close" in answer.lower(), answer
 
 
 async def test_a_grpc_channel_reaches_a_replica_added_under_load(

@@ -34,7 +34,12 @@ import kopf
 from batchpilot.operator import relists
 from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
 from batchpilot.operator.autopilot.prometheus import FleetObserver, Seasonality, http_query
-from batchpilot.operator.autopilot.push import AccessPusher, push_access, push_batching
+from batchpilot.operator.autopilot.push import (
+    AccessPusher,
+    ConnectionRebalancer,
+    push_access,
+    push_batching,
+)
 from batchpilot.operator.cache import WatchCache, slim_pod
 from batchpilot.operator.children.common import ISVC_LABEL, MANAGED_BY
 from batchpilot.operator.children.keys_secret import keys_secret_name, slim_secret
@@ -143,12 +148,14 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo.cache = kube
     memo.passes = Passes(kube)
     memo.access_pusher = AccessPusher(kube, pods=kube, push=push_access)
+    memo.rebalancer = ConnectionRebalancer(kube, pods=kube)
     memo.reconciler = Reconciler(
         kube,
         _SETTINGS,
         learned_outside_s=learned_outside_s,
         read_referenced=kube.get_referenced,
         push_access=memo.access_pusher,
+        rebalance=memo.rebalancer,
         read_pods=kube.pods,
     )
     observer = FleetObserver(
@@ -347,9 +354,10 @@ def deleted(name: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> None
     """Its children go with it (owner references); what the operator remembers of it in memory
     goes here (an InferenceService deleted while the operator was down was never in it)."""
     log.info("InferenceService %s/%s deleted; its children go with it", namespace, name)
-    pusher: AccessPusher | None = memo.get("access_pusher")
-    if pusher is not None and namespace is not None:
-        pusher.forget(namespace, name)
+    for remembering in ("access_pusher", "rebalancer"):
+        pusher: AccessPusher | ConnectionRebalancer | None = memo.get(remembering)
+        if pusher is not None and namespace is not None:
+            pusher.forget(namespace, name)
 
 
 def _on_child_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:

@@ -78,6 +78,9 @@ def _changed(current: dict[str, Any], wanted: dict[str, Any]) -> dict[str, Any]:
 
 ReadReferenced = Callable[[ResourceKind, str, str], dict[str, Any] | None]
 """Reads an object the spec names and the operator does not own (the API keys' Secret)."""
+Rebalance = Callable[[Owner], None]
+"""Asks the serving pods to retire their connections when a replica joins them. The handlers hand
+`autopilot.push.ConnectionRebalancer`."""
 ReadPods = Callable[[str, dict[str, str]], list[dict[str, Any]]]
 """The pods in a namespace with these labels (the watch-fed cache's)."""
 PushAccess = Callable[[Owner, str | None], list[Event]]
@@ -96,7 +99,8 @@ class Reconciler:
     an object once read (a child's label filter would never let it in).
 
     `push_access`: how the access document reaches the running pods at once (None: through the
-    ConfigMap alone).
+    ConfigMap alone). `rebalance`: what spreads kept-alive clients over a replica that joined
+    (None: the pods' connection age alone).
 
     `read_pods`: the service's pods, whose statuses say why replicas are not ready (a crash, an
     image that cannot be pulled, no node with a free GPU); None: the Deployment's conditions
@@ -111,6 +115,7 @@ class Reconciler:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         read_referenced: ReadReferenced | None = None,
         push_access: PushAccess | None = None,
+        rebalance: Rebalance | None = None,
         read_pods: ReadPods | None = None,
     ) -> None:
         self._kube = kube
@@ -119,6 +124,7 @@ class Reconciler:
         self._clock = clock
         self._read_referenced = read_referenced or kube.get
         self._push_access = push_access
+        self._rebalance = rebalance
         self._read_pods = read_pods
 
     def reconcile(self, body: dict[str, Any]) -> ReconcileOutcome:
@@ -176,6 +182,8 @@ class Reconciler:
         if self._push_access is not None:
             access = access_document(owner, serving_replicas=serving)
             outcome.events.extend(self._push_access(owner, access))
+        if self._rebalance is not None:
+            self._rebalance(owner)
         trouble: Trouble | None = None
         if todo.conflicts:
             ready_condition = (

@@ -27,6 +27,7 @@ from batchpilot.runtime.access import AccessGate
 from batchpilot.runtime.access.files import AccessWatcher
 from batchpilot.runtime.async_jobs import JobStore
 from batchpilot.runtime.errors import InferenceError
+from batchpilot.runtime.http_protocol import OpenConnections
 from batchpilot.runtime.infer_dispatch import RuntimeApp
 from batchpilot.runtime.responses import EncodedResult, error_response
 from batchpilot.runtime.routes_admin import add_admin_routes, add_metrics_route
@@ -91,13 +92,18 @@ def create_app(
 
 
 def create_admin_app(
-    server: ModelServer, *, admin_token: str | None, access: AccessWatcher | None = None
+    server: ModelServer,
+    *,
+    admin_token: str | None,
+    access: AccessWatcher | None = None,
+    connections: OpenConnections | None = None,
 ) -> FastAPI:
-    """The admin listener's app: the batching settings and the access document (`admin_token`:
-    the bearer token that may change them, None refuses every change; `access`: what keeps the
-    API key gate current, None when the server checks no keys)."""
+    """The admin listener's app: the batching settings, the access document and the open
+    connections (`admin_token`: the bearer token that may change them, None refuses every
+    change; `access`: what keeps the API key gate current, None when the server checks no keys;
+    `connections`: the server's open HTTP connections, None where it does not keep them)."""
     app = _platform_app("batchpilot runtime admin")
-    add_admin_routes(app, server, admin_token=admin_token, access=access)
+    add_admin_routes(app, server, admin_token=admin_token, access=access, connections=connections)
     return app
 
 

@@ -28,6 +28,7 @@ from batchpilot.runtime.app import AppConfig, create_admin_app, create_app, crea
 from batchpilot.runtime.batching import BatchSettings
 from batchpilot.runtime.device import DeviceUnavailable, Nvml
 from batchpilot.runtime.engines import build_engine
+from batchpilot.runtime.http_protocol import OpenConnections
 from batchpilot.runtime.live_settings import ConfigFileWatcher
 from batchpilot.runtime.metrics import RuntimeMetrics
 from batchpilot.runtime.onnx_engine import ModelLoadError
@@ -68,13 +69,19 @@ class Assembled:
     access: AccessWatcher | None = None
     """What keeps the API key gate current: the admin app's `/admin/access` (None: no keys)."""
 
-    def platform_apps(self, ports: Mapping[str, int]) -> dict[int, ASGIApp]:
+    def platform_apps(
+        self, ports: Mapping[str, int], *, connections: OpenConnections | None = None
+    ) -> dict[int, ASGIApp]:
         """The platform listeners' apps by port (`ports`: the bound listeners by name): the
-        admin app always, the metrics app when there is a metrics listener. Reads the admin
+        admin app always, the metrics app when there is a metrics listener (`connections`: the
+        server's open HTTP connections, which the admin app may retire). Reads the admin
         token, so it raises `OSError` when its file cannot be read."""
         apps: dict[int, ASGIApp] = {
             ports["admin"]: create_admin_app(
-                self.model_server, admin_token=self.settings.token(), access=self.access
+                self.model_server,
+                admin_token=self.settings.token(),
+                access=self.access,
+                connections=connections,
             )
         }
         if "metrics" in ports:

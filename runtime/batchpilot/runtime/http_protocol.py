@@ -28,7 +28,9 @@ connection, and only where the defaults leave a gap:
   it: a Service balances connections, not requests, so without this a client's kept-alive
   connections stay on the replicas that were there when it connected, and a replica added under
   load gets none of them. The close comes after a complete answer, never under a request on
-  its way; the client reconnects, and the Service picks a replica again.
+  its way; the client reconnects, and the Service picks a replica again. `OpenConnections.retire`
+  does the same at once for every open connection (the operator asks for it when a replica
+  joins: `POST /admin/connections/retire`).
 """
 
 from __future__ import annotations
@@ -72,6 +74,29 @@ AGE_JITTER = 0.1
 """A connection's age limit is `max_connection_age_s` times a uniform factor within ±this."""
 
 
+class OpenConnections:
+    """A server's open HTTP connections, all its ports: what `retire` acts on."""
+
+    def __init__(self) -> None:
+        self._open: set[LimitedHttpToolsProtocol] = set()
+
+    def add(self, connection: LimitedHttpToolsProtocol) -> None:
+        self._open.add(connection)
+
+    def discard(self, connection: LimitedHttpToolsProtocol) -> None:
+        self._open.discard(connection)
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def retire(self) -> int:
+        """Make each open connection's next answer its last, as if it were past its age (an
+        answer already on its way is not cut); how many there were."""
+        for connection in self._open:
+            connection.retire()
+        return len(self._open)
+
+
 class _Refusal(Exception):
     def __init__(self, status: int, error: str, headers: tuple[tuple[bytes, bytes], ...] = ()):
         super().__init__(error)
@@ -84,10 +109,15 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     `with_limits(limits)` as uvicorn's `http` protocol class."""
 
     limits: ClassVar[ConnectionLimits]
+    open_connections: ClassVar[OpenConnections | None] = None
 
     @classmethod
-    def with_limits(cls, limits: ConnectionLimits) -> type[LimitedHttpToolsProtocol]:
-        return type(cls.__name__, (cls,), {"limits": limits})
+    def with_limits(
+        cls, limits: ConnectionLimits, open_connections: OpenConnections | None = None
+    ) -> type[LimitedHttpToolsProtocol]:
+        """The class for uvicorn's `http`; `open_connections`: where its connections are kept
+        while open (None: nowhere)."""
+        return type(cls.__name__, (cls,), {"limits": limits, "open_connections": open_connections})
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -117,6 +147,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if age is not None:
             jitter = random.uniform(1 - AGE_JITTER, 1 + AGE_JITTER)
             self._retire_at = self.loop.time() + age * jitter
+        if self.open_connections is not None:
+            self.open_connections.add(self)
         # uvicorn arms its keep-alive timer only after an answer; a connection yet to send its
         # first request is as idle (the first byte disarms it, and arms the header timer).
         self.timeout_keep_alive_task = self.loop.call_later(
@@ -124,6 +156,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         )
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.open_connections is not None:
+            self.open_connections.discard(self)
         for timer in (self._header_timer, self._body_timer, self._probe_timer, self._linger_timer):
             if timer is not None:
                 timer.cancel()
@@ -250,6 +284,14 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def shutdown(self) -> None:
         self._keep_alive_after_body = False
         super().shutdown()
+
+    def retire(self) -> None:
+        """From now on, this connection's next answer is its last (`OpenConnections.retire`)."""
+        self._retire_at = -math.inf
+        self._keep_alive_after_body = False
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_started:
+            cycle.keep_alive = False
 
     def _headers_too_large(self) -> _Refusal:
         return _Refusal(

@@ -8,8 +8,10 @@ document, `live_settings`, to ready pods on their admin port). `GET` and `PUT /a
 the same for the access document (allowed key ids and quotas, `batchpilot.api.access`): the
 operator sends each ready pod its share of the service's limits the moment the spec or the number
 of serving replicas changes, rather than waiting a minute for the kubelet to deliver the
-ConfigMap. Changing either needs the admin bearer token; without one configured, changes over
-HTTP are refused.
+ConfigMap. `POST /admin/connections/retire` makes every open connection's next answer its last
+(`Connection: close`): the operator asks the serving pods for it when a replica joins them, so
+that clients who keep their connections reconnect and the Service spreads them over the new one
+too. Each of these needs the admin bearer token; without one configured, they are refused.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from batchpilot.runtime.access.policy import access_doc
 from batchpilot.runtime.asgi_io import read_body
 from batchpilot.runtime.errors import InvalidRequest, Unauthorized
 from batchpilot.runtime.exposition import Exposition
+from batchpilot.runtime.http_protocol import OpenConnections
 from batchpilot.runtime.live_settings import batching_doc, parse_batching
 from batchpilot.runtime.responses import json_response
 from batchpilot.runtime.server import ModelServer
@@ -55,9 +58,11 @@ def add_admin_routes(
     *,
     admin_token: str | None,
     access: AccessWatcher | None = None,
+    connections: OpenConnections | None = None,
 ) -> None:
-    """`GET` and `PUT /admin/batching` and `/admin/access`. `access`: what keeps the API key
-    gate current (None: the server checks no keys, and `/admin/access` says so)."""
+    """`GET` and `PUT /admin/batching` and `/admin/access`; `POST /admin/connections/retire`
+    where the server keeps its `connections`. `access`: what keeps the API key gate current
+    (None: the server checks no keys, and `/admin/access` says so)."""
 
     @app.get("/admin/batching")
     async def get_batching() -> Response:
@@ -84,6 +89,13 @@ def add_admin_routes(
             raise InvalidRequest(NO_KEYS_MESSAGE)
         body = await read_body(request, ACCESS_BODY_LIMIT)
         return json_response(access_doc(access.apply(body, source="admin")))
+
+    if connections is not None:
+
+        @app.post("/admin/connections/retire")
+        async def retire_connections(request: Request) -> Response:
+            _authorize(request, admin_token)
+            return json_response({"retiring": connections.retire()})
 
 
 def _authorize(request: Request, token: str | None) -> None:

@@ -26,7 +26,11 @@ from batchpilot.runtime.assembly import CannotServe, assemble
 from batchpilot.runtime.device import Nvml
 from batchpilot.runtime.draining import CloseWhenDraining
 from batchpilot.runtime.graceful import DrainingServer
-from batchpilot.runtime.http_protocol import ConnectionLimits, LimitedHttpToolsProtocol
+from batchpilot.runtime.http_protocol import (
+    ConnectionLimits,
+    LimitedHttpToolsProtocol,
+    OpenConnections,
+)
 from batchpilot.runtime.metrics import RuntimeMetrics
 from batchpilot.runtime.outcomes import RequestOutcome
 from batchpilot.runtime.settings import RuntimeSettings
@@ -56,13 +60,16 @@ def serve(settings: RuntimeSettings) -> int:
         settings.host,
         ", ".join(f"{name} {port}" for name, port in ports.items()),
     )
-    closing = CloseWhenDraining(PortDispatch(parts.app, parts.platform_apps(ports)))
+    connections = OpenConnections()
+    closing = CloseWhenDraining(
+        PortDispatch(parts.app, parts.platform_apps(ports, connections=connections))
+    )
     config = uvicorn.Config(
         closing,
         host=settings.host,
         port=settings.port,
         loop="uvloop",
-        http=LimitedHttpToolsProtocol.with_limits(connection_limits(settings)),
+        http=LimitedHttpToolsProtocol.with_limits(connection_limits(settings), connections),
         lifespan="on",
         access_log=False,
         log_level=settings.log_level,

@@ -1,7 +1,8 @@
 """Tells running runtime pods new settings through their admin endpoint, because a mounted
 ConfigMap takes up to a minute to reach a pod: the batch settings (the autopilot's decisions) and
 the access document (allowed key ids and quotas: the reconciler sends it when the spec's quotas or
-the number of serving replicas change, `AccessPusher`)."""
+the number of serving replicas change, `AccessPusher`) — and asks the pods that were serving to
+retire their connections when a replica joins them (`ConnectionRebalancer`)."""
 
 from __future__ import annotations
 
@@ -20,11 +21,13 @@ from batchpilot.operator.kube import Kube, KubeError
 log = logging.getLogger(__name__)
 
 
-def _put(endpoint: str, path: str, *, token: str, document: str, timeout_s: float) -> None:
+def _put(
+    endpoint: str, path: str, *, token: str, document: str, timeout_s: float, method: str = "PUT"
+) -> None:
     request = urllib.request.Request(
         f"http://{endpoint}{path}",
         data=document.encode(),
-        method="PUT",
+        method=method,
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
     )
     with urllib.request.urlopen(request, timeout=timeout_s) as response:
@@ -42,6 +45,19 @@ def push_batching(endpoint: str, *, token: str, document: str, timeout_s: float 
 def push_access(endpoint: str, *, token: str, document: str, timeout_s: float = 2.0) -> None:
     """PUT the access document to `http://IP:PORT/admin/access`; raises on failure."""
     _put(endpoint, "/admin/access", token=token, document=document, timeout_s=timeout_s)
+
+
+def retire_connections(endpoint: str, *, token: str, document: str, timeout_s: float = 2.0) -> None:
+    """POST to `http://IP:PORT/admin/connections/retire` (`document` is not used); raises on
+    failure."""
+    _put(
+        endpoint,
+        "/admin/connections/retire",
+        token=token,
+        document="",
+        timeout_s=timeout_s,
+        method="POST",
+    )
 
 
 PushDocument = PushBatching
@@ -110,3 +126,64 @@ class AccessPusher:
     def __len__(self) -> int:
         """InferenceServices whose pods' documents are remembered."""
         return len(self._given)
+
+
+class ConnectionRebalancer:
+    """When a replica becomes ready beside replicas that were serving, asks those to retire
+    their HTTP connections: each one's next answer says `Connection: close`, and its client
+    reconnects through the Service.
+
+    A Service balances connections, not requests, so clients that keep their connections (a
+    pool, a gRPC channel) stay on the replicas that were there when they connected, and a replica
+    the autopilot added to relieve them would get only new connections: the overload it was added
+    for would last until the clients' connections retire by age (`--max-connection-age-s`, 30 s
+    by default). Asked at once, they reconnect within a request or two, spread over every ready
+    replica. gRPC channels still move by age alone (the runtime cannot send GOAWAY to one
+    connection).
+
+    Called by every reconcile pass, which a pod's readiness changing brings. What it remembers is
+    each InferenceService's ready pods (by admin endpoint), in memory: after the operator starts,
+    the first pass only looks. A pod that cannot be reached is only logged: its connections still
+    retire by age."""
+
+    def __init__(self, kube: Kube, *, pods: Pods, post: PushDocument = retire_connections) -> None:
+        self._kube = kube
+        self._pods = pods
+        self._post = post
+        self._ready: dict[tuple[str, str], frozenset[str]] = {}
+
+    def __call__(self, owner: Owner) -> None:
+        key = (owner.namespace, owner.name)
+        try:
+            ready = frozenset(self._pods.ready_pod_endpoints(owner.namespace, owner.selector))
+        except KubeError as exc:
+            log.warning("listing pods of %s/%s failed: %s", owner.namespace, owner.name, exc)
+            return
+        before = self._ready.get(key)
+        self._ready[key] = ready
+        if before is None or not ready - before:
+            return
+        serving = sorted(ready & before)
+        if not serving:
+            return
+        secret = self._kube.get(SECRET, owner.namespace, owner.secret_name)
+        token = token_in(secret) if secret is not None else None
+        if token is None:
+            return
+        log.info(
+            "%s/%s: %d replica(s) joined; asking %d serving to retire their connections",
+            owner.namespace,
+            owner.name,
+            len(ready - before),
+            len(serving),
+        )
+        failed = send_each(self._post, serving, token=token, document="")
+        if failed:
+            log.info("connections not retired at once (they retire by age): %s", ", ".join(failed))
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop what is remembered of an InferenceService's pods (it was deleted)."""
+        self._ready.pop((namespace, name), None)
+
+    def __len__(self) -> int:
+        return len(self._ready)
