@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from batchpilot.runtime.access import AccessGate
@@ -29,7 +30,7 @@ from batchpilot.runtime.async_jobs import JobStore
 from batchpilot.runtime.errors import InferenceError
 from batchpilot.runtime.http_protocol import OpenConnections
 from batchpilot.runtime.infer_dispatch import RuntimeApp
-from batchpilot.runtime.responses import EncodedResult, error_response
+from batchpilot.runtime.responses import EncodedResult, error_response, json_response
 from batchpilot.runtime.routes_admin import add_admin_routes, add_metrics_route
 from batchpilot.runtime.routes_async import add_async_routes
 from batchpilot.runtime.routes_v2 import add_v2_routes
@@ -82,6 +83,7 @@ def create_app(
     app.state.server = server
 
     app.add_exception_handler(InferenceError, _handle_error)
+    app.add_exception_handler(HTTPException, _handle_routing_error)
 
     # Route order is match order (and the OpenAPI document's order).
     add_v2_routes(app, server, max_body_bytes=config.max_body_bytes, access=access)
@@ -117,12 +119,25 @@ def create_metrics_app(server: ModelServer) -> FastAPI:
 def _platform_app(title: str) -> FastAPI:
     app = FastAPI(title=title, version=server_version(), docs_url=None, redoc_url=None)
     app.add_exception_handler(InferenceError, _handle_error)
+    app.add_exception_handler(HTTPException, _handle_routing_error)
     return app
 
 
 async def _handle_error(_: Request, exc: Exception) -> Response:
     assert isinstance(exc, InferenceError)
     return error_response(exc)
+
+
+async def _handle_routing_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals — no such path (404), a method the path does not take (405,
+    with `Allow`) — in the shape of every other error, `{"error": ...}`, not FastAPI's
+    `{"detail": ...}`."""
+    assert isinstance(exc, HTTPException)
+    return json_response(
+        {"error": f"{request.method} {request.url.path}: {exc.detail}"},
+        status=exc.status_code,
+        headers=dict(exc.headers or {}),
+    )
 
 
 class PortDispatch:
