@@ -16,6 +16,7 @@ import gc
 import logging
 import math
 import os
+import resource
 import socket
 import sys
 
@@ -44,6 +45,7 @@ def serve(settings: RuntimeSettings) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    allow_open_files(settings.max_connections or None)
     try:
         parts = assemble(settings, nvml=Nvml.probe())
     except CannotServe as exc:
@@ -92,6 +94,36 @@ def serve(settings: RuntimeSettings) -> int:
         return 1
     _log_final_tally(parts.metrics)
     return 0
+
+
+OPEN_FILES_BESIDES_CONNECTIONS = 256
+"""Files the process holds besides its connections: listeners, the model, libraries, threads'
+pipes, gRPC's sockets."""
+
+
+def allow_open_files(max_connections: int | None) -> None:
+    """Raise the soft limit on open files to the hard one. A connection the process has no file
+    for is not answered 503, as one past `--max-connections` is: its accept fails and the client
+    is reset — and connections past that cap hold a file each until they send a request, so the
+    cap alone does not keep the count under the limit. Containers often start with a soft limit
+    of 1024 (containerd 2's default) under a far higher hard one, which a process may not raise:
+    a hard limit under `max_connections` is only warned about."""
+    infinite = resource.RLIM_INFINITY
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open files limit from %d to %d: %s", soft, hard, exc)
+    needed = None if max_connections is None else max_connections + OPEN_FILES_BESIDES_CONNECTIONS
+    if needed is not None and soft != infinite and soft < needed:
+        log.warning(
+            "open files are limited to %d (ulimit -n): past about %d connections clients are "
+            "reset, not answered 503; raise the limit, or set --max-connections under it",
+            soft,
+            max(0, soft - OPEN_FILES_BESIDES_CONNECTIONS),
+        )
 
 
 def connection_limits(settings: RuntimeSettings) -> ConnectionLimits:
