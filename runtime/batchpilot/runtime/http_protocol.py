@@ -23,6 +23,11 @@ connection, and only where the defaults leave a gap:
   reading a body nobody will use or resetting a client that is still sending;
 - a client that half-closes (shuts down its sending side) after a whole request gets its answer:
   EOF means "done sending", not "gone" (see `eof_received`);
+- a request that is not valid HTTP/1.1 gets 400 with the parser's reason, in JSON as every other
+  error (uvicorn answers in plain text only "Invalid HTTP request received", and closes at once);
+- each refusal above waits for the answers to the requests pipelined before it on the
+  connection: written at once, it would be read as the answer to the first of them, and its
+  close would lose the rest (see `_refuse`);
 - a connection older than `max_connection_age_s` (±10 %, so that connections opened together
   are not all retired together) has its next answer say `Connection: close`, and closes after
   it: a Service balances connections, not requests, so without this a client's kept-alive
@@ -43,7 +48,11 @@ from typing import Any, ClassVar
 
 import httptools
 import orjson
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 LINGER_S = 1.0
 """How long a connection closed under a client still sending is drained before it is closed
@@ -135,6 +144,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._discarding = False
         self._half_closed = False
         self._keep_alive_after_body = True
+        self._ignored_upgrade: bytes | None = None
+        """The request line of a request that asked to switch protocols, to read it again
+        without asking (`_feed`)."""
+        self._refusal_after: _Refusal | None = None
+        """A refusal waiting for the answers to the requests before it (`_refuse`)."""
         self._retire_at = math.inf
         """Loop time from which the connection's next answer is its last (its age limit)."""
 
@@ -164,21 +178,27 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._discarding:
+        if self._discarding or self._refusal_after is not None:
             return
         self._unset_keepalive_if_required()
         if self._awaiting_headers:
             self._header_bytes_received += len(data)
         try:
-            self.parser.feed_data(data)
+            self._feed(data)
         except httptools.HttpParserCallbackError as exc:
-            if not isinstance(exc.__context__, _Refusal):
+            refusal = exc.__context__
+            if isinstance(refusal, httptools.HttpParserError):  # a URL uvicorn could not parse
+                refusal = _Refusal(400, f"the request is not valid HTTP/1.1: {refusal}")
+            elif not isinstance(refusal, _Refusal):
                 raise
-            self._refuse(exc.__context__)
+            self._refuse(refusal, own=self._cycle_reading())
             return
-        except httptools.HttpParserError:
-            self.logger.warning("Invalid HTTP request received.")
-            self.send_400_response("Invalid HTTP request received.")
+        except httptools.HttpParserError as exc:
+            self.logger.warning("Invalid HTTP request received: %s", exc)
+            self._refuse(
+                _Refusal(400, f"the request is not valid HTTP/1.1: {exc}"),
+                own=self._cycle_reading(),
+            )
             return
         except httptools.HttpParserUpgrade:
             if self._should_upgrade():
@@ -205,25 +225,56 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                     self.limits.header_timeout_s, self._headers_timed_out
                 )
 
+    def _feed(self, data: bytes) -> None:
+        """`data` to the parser; a request that asked to switch protocols is read again without
+        its Upgrade header, the bytes that followed it with it.
+
+        The server switches to no other protocol (h2c, websocket: it has no handler for them),
+        so it ignores Upgrade, as RFC 9110 §7.8 lets it, and the request is the HTTP/1.1
+        request it also is, body included. httptools cannot ignore it: it ends such a request at
+        its headers and hands back the rest, the body, as the new protocol's bytes, which uvicorn
+        drops: `curl --http2 -d @request.json` was answered "not valid JSON: empty document"."""
+        while True:
+            try:
+                self.parser.feed_data(data)
+                return
+            except httptools.HttpParserUpgrade as exc:
+                line = self._ignored_upgrade
+                if line is None:
+                    raise
+                self._ignored_upgrade = None
+                head = [line]
+                for name, value in self.headers:
+                    if name != b"upgrade":
+                        head.extend((name, b": ", value, b"\r\n"))
+                data = b"".join((*head, b"\r\n", data[exc.args[0] :]))
+                self._header_bytes_received = len(data)
+
     def eof_received(self) -> bool | None:  # type: ignore[override]
         """The client will send nothing more. With a whole request whose answer is still to
         come, that is a half-close, "done sending" (HTTP/1.1 allows it): keep the connection to
-        answer, then close it. Otherwise (no request, a request cut short, nothing more to answer)
-        the transport closes, and a request still reading its body or waiting for a batch sees
-        the client gone and is cancelled.
+        answer, then close it. A request cut short in its body gets 400 (after the answers to
+        those pipelined before it), then the connection closes: a client that only half-closed
+        reads why, and the app, reading the body, sees the client gone and is cancelled.
+        Otherwise (no request, nothing more to answer) the transport closes, and a request
+        waiting for a batch sees the client gone and is cancelled.
 
         A client that closed its socket altogether sends the same FIN: only writing tells them
         apart, as the closed end answers data with a reset. So the server writes an interim
         `100 Continue` at once and again `PROBE_WAIT_S` later; the second write fails against a
         reset, the connection is lost, and the request leaves the queue as for any disconnect."""
+        if self._refusal_after is not None:
+            self._half_closed = True  # the refusal is the last answer: then close
+            return True
         cycle = self.cycle
-        if (
-            self._discarding
-            or cycle is None
-            or cycle.response_complete
-            or cycle.more_body
-            or cycle.disconnected
-        ):
+        if self._discarding or cycle is None or cycle.disconnected:
+            return None
+        if cycle.more_body and not self._awaiting_headers:
+            self._half_closed = True
+            ended = "the request ended early: the client stopped sending within its body"
+            self._refuse(_Refusal(400, ended), own=cycle)
+            return True
+        if cycle.response_complete or cycle.more_body:
             return None
         self._half_closed = True
         cycle.keep_alive = False
@@ -241,7 +292,6 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     # --- The request's headers ---
 
     def on_headers_complete(self) -> None:
-        self._awaiting_headers = False
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
@@ -260,7 +310,18 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                 f"the server has {limit} connections open, its limit: retry on a new one",
                 ((b"retry-after", b"1"),),
             )
+        parser = self.parser
+        if parser.should_upgrade() and not self._should_upgrade():
+            method = parser.get_method()
+            if method != b"CONNECT":  # (CONNECT, read again, would ask to switch again)
+                # No cycle: the request is read again without its Upgrade header (`_feed`).
+                version = parser.get_http_version().encode()
+                self._ignored_upgrade = b"%s %s HTTP/%s\r\n" % (method, self.url, version)
+                return
         super().on_headers_complete()
+        # (Only now: a request refused before its cycle was made, above or by uvicorn for its
+        # URL, has none, and `_cycle_reading` tells so by this.)
+        self._awaiting_headers = False
         # Until the body has all arrived, an answer would be the connection's last, and closing
         # it gentle (on_message_complete undoes both). Two attribute writes per request: hooking
         # uvicorn's cycle any other way (a subclass of it) costs the hot path microseconds.
@@ -270,6 +331,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         cycle.transport = self._gentle
 
     def on_message_complete(self) -> None:
+        if self._ignored_upgrade is not None:
+            return  # the request asked to switch protocols: it is read again (`_feed`)
         super().on_message_complete()
         cycle = self.cycle
         if not cycle.response_started:
@@ -320,18 +383,61 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             return
         # The request waits for its body in the app, which sees the connection lost (a client
         # gone: cancelled) once it closes; the client reads why.
-        if self.cycle is not None and self.cycle.response_started:
-            self.close_gently()
-            return
         self._refuse(
             _Refusal(
                 408, f"the request's body stalled: no byte for {self.limits.body_timeout_s:g} s"
-            )
+            ),
+            own=self.cycle,
         )
 
     # --- Answers the app never sees, and the close ---
 
-    def _refuse(self, refusal: _Refusal) -> None:
+    def _cycle_reading(self) -> RequestResponseCycle | None:
+        """The cycle of the request being read: None while its headers are (it has none yet)."""
+        return None if self._awaiting_headers else self.cycle
+
+    def _refuse(self, refusal: _Refusal, *, own: RequestResponseCycle | None = None) -> None:
+        """Answer `refusal` as the connection's last answer, and close. `own`: the refused
+        request's cycle, None where it has none (refused before its headers ended).
+
+        A client may pipeline: write requests back to back before reading. Answers go out in the
+        order of the requests, so a refusal behind requests still to be answered waits for them
+        (nothing more is read meanwhile); written at once it would be read as the answer to the
+        first, and the close would lose the rest."""
+        if own is not None and own.response_started:
+            self.close_gently()  # it has its answer, or part of it: nothing more can be said
+            return
+        if self._answers_ahead(own):
+            self._refusal_after = refusal
+            for timer in (self._header_timer, self._body_timer):
+                if timer is not None:
+                    timer.cancel()
+            self._header_timer = self._body_timer = None
+            return
+        self._send_refusal(refusal)
+
+    def _answers_ahead(self, own: RequestResponseCycle | None) -> bool:
+        """Whether a request before the refused one still has its answer to come. The refused
+        request, queued behind them, leaves the queue: it never runs."""
+        for entry in self.pipeline:
+            if entry[0] is own:
+                self.pipeline.remove(entry)
+                return True
+        if own is not None:
+            return False  # it is the request being served: none is ahead
+        cycle = self.cycle
+        return bool(self.pipeline) or (cycle is not None and not cycle.response_complete)
+
+    def on_response_complete(self) -> None:
+        queued = len(self.pipeline)
+        super().on_response_complete()  # starts the next request queued, if any
+        refusal = self._refusal_after
+        if refusal is not None and not queued and not self.transport.is_closing():
+            self._refusal_after = None
+            self._unset_keepalive_if_required()
+            self._send_refusal(refusal)
+
+    def _send_refusal(self, refusal: _Refusal) -> None:
         body = orjson.dumps({"error": str(refusal)})
         head = [STATUS_LINE[refusal.status]]
         for name, value in (
