@@ -6,15 +6,17 @@ client that keeps a pool of `--pool` kept-alive connections (aiohttp's connector
 calling another does) sending an open loop, Poisson at `--rate` (default 420 rps: more than one
 replica serves, two thirds of what two serve). For `--lead-s` only the first replica is in the
 Service, so it is overloaded and refuses (503); then the second joins, as a replica the
-autopilot added would, and the load goes on for `--after-s`. Per setting of the runtime's
-`--max-connection-age-s` (0: connections live for ever, kube-proxy's behaviour alone): the
+autopilot added would, and the load goes on for `--after-s`. Per run (`--runs`: the runtime's
+`--max-connection-age-s`, 0 for connections that live for ever — kube-proxy's behaviour alone —
+and `+retire` where the operator's `POST /admin/connections/retire` reaches the first replica as
+the second joins, as `ConnectionRebalancer` sends it): the
 second replica's share of answers per second after it joined (from each runtime's own counters),
 how long until it serves a third of them, and, over the time after it joined, the answers
 within the deadline per second offered ("goodput"), the 503s, and the P99 of the 200s from the
 scheduled send. Everything is bounded: the schedule is fixed in count and time, each request
 times out after 10 s; 127.0.0.1 only.
 
-    .venv/bin/python bench/rebalance.py [--ages 0,30,5] [--rate 420] [--pool 32]
+    .venv/bin/python bench/rebalance.py [--runs 0,30,5,30+retire] [--rate 420] [--pool 32]
         [--lead-s 5] [--after-s 40] [--seed 7] [--json OUT]
 """
 
@@ -42,16 +44,19 @@ from tests import onnx_models  # noqa: E402
 from tests.runtime_process import RuntimeProcess, runtime_process  # noqa: E402
 from tests.test_server_process import mlp_rows, v2_request  # noqa: E402
 
+from batchpilot.operator.autopilot.push import retire_connections  # noqa: E402
 from batchpilot.sandbox.kubeproxy import ConnectionBalancer  # noqa: E402
 
 SIMULATED = ("--engine", "simulated", "--simulated-latency", "alpha_ms=10,beta_ms=2")
 DEADLINE_MS = 100
+TOKEN = "bench-admin-token"
 INFER = "/v2/models/mlp/infer"
 
 
 @dataclass
 class Outcome:
     age_s: float
+    retire: bool
     share_by_second: list[float]
     """The second replica's share of successes, per second after it joined."""
     seconds_to_a_third: float | None
@@ -72,7 +77,9 @@ def successes(server: RuntimeProcess) -> float:
     return 0.0
 
 
-async def one_run(model: Path, age_s: float, args: argparse.Namespace, log_dir: Path) -> Outcome:
+async def one_run(
+    model: Path, age_s: float, retire: bool, args: argparse.Namespace, log_dir: Path
+) -> Outcome:
     body, headers = v2_request(mlp_rows(1, seed=0), binary_inputs={"x"})
     rng = np.random.default_rng(args.seed)
     total_s = args.lead_s + args.after_s
@@ -90,7 +97,9 @@ async def one_run(model: Path, age_s: float, args: argparse.Namespace, log_dir: 
                     str(DEADLINE_MS),
                     "--max-connection-age-s",
                     str(age_s),
-                    log_dir=log_dir / f"{name}-{age_s:g}",
+                    "--admin-token-file",
+                    str(log_dir / "token"),
+                    log_dir=log_dir / name,
                 )
             )
             for name in ("a", "b")
@@ -120,6 +129,11 @@ async def one_run(model: Path, age_s: float, args: argparse.Namespace, log_dir: 
                     await asyncio.sleep(args.lead_s)
                     balancer.set_endpoints([*balancer.endpoints, ("127.0.0.1", b.port)])
                     joined = time.monotonic()
+                    if retire:
+                        endpoint = f"127.0.0.1:{a.admin_port}"
+                        await asyncio.to_thread(
+                            retire_connections, endpoint, token=TOKEN, document=""
+                        )
                     counts = []
                     while time.monotonic() - joined < args.after_s:
                         pair = await asyncio.to_thread(lambda: (successes(a), successes(b)))
@@ -141,6 +155,7 @@ async def one_run(model: Path, age_s: float, args: argparse.Namespace, log_dir: 
     good = sum(1 for latency in ok if latency <= DEADLINE_MS / 1000)
     return Outcome(
         age_s=age_s,
+        retire=retire,
         share_by_second=[round(s, 3) for s in shares],
         seconds_to_a_third=third,
         goodput=good / offered if offered else 0.0,
@@ -152,7 +167,9 @@ async def one_run(model: Path, age_s: float, args: argparse.Namespace, log_dir: 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ages", default="0,30,5", help="--max-connection-age-s values")
+    parser.add_argument(
+        "--runs", default="0,30,5,30+retire", help="--max-connection-age-s values, +retire"
+    )
     parser.add_argument("--rate", type=float, default=420.0)
     parser.add_argument("--pool", type=int, default=32)
     parser.add_argument("--lead-s", type=float, default=5.0)
@@ -163,14 +180,18 @@ def main() -> int:
     outcomes = []
     with tempfile.TemporaryDirectory() as tmp:
         model = onnx_models.mlp(Path(tmp) / "mlp.onnx")
-        for age in (float(a) for a in args.ages.split(",")):
+        for run in args.runs.split(","):
+            age, retire = float(run.removesuffix("+retire")), run.endswith("+retire")
+            log_dir = Path(tmp) / run
             for name in ("a", "b"):
-                (Path(tmp) / f"{name}-{age:g}").mkdir()
-            outcome = asyncio.run(one_run(model, age, args, Path(tmp)))
+                (log_dir / name).mkdir(parents=True)
+            (log_dir / "token").write_text(TOKEN)
+            outcome = asyncio.run(one_run(model, age, retire, args, log_dir))
             outcomes.append(outcome)
             half = len(outcome.share_by_second) // 2
+            label = f"age {'off' if age == 0 else f'{age:g} s'}{', retire' if retire else ''}"
             print(
-                f"age {'off' if age == 0 else f'{age:g} s':>6}: second replica's share "
+                f"{label:>16}: second replica's share "
                 f"{np.mean(outcome.share_by_second[:5]):.0%} in the first 5 s, "
                 f"{np.mean(outcome.share_by_second[half:]):.0%} in the second half; "
                 f"a third from {outcome.seconds_to_a_third or '-'} s; "
