@@ -42,7 +42,7 @@ from batchpilot.operator import run as operator_run
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation
 from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
 from batchpilot.operator.autopilot.prometheus import Scope
-from batchpilot.operator.autopilot.push import AccessPusher
+from batchpilot.operator.autopilot.push import AccessPusher, ConnectionRebalancer
 from batchpilot.operator.election import LeaderElector
 from batchpilot.operator.kinds import DEPLOYMENT, INFERENCESERVICE, ResourceKind
 from batchpilot.operator.kube import KubeClient
@@ -141,6 +141,7 @@ class RecordingKube(FakeKube):
         self.api = RecordingApi()
         self.client = KubeClient(self.api)
         self.call_sites: set[tuple[str, int]] = set()
+        self.ready_endpoints = ["10.0.0.7:8080"]
 
     def _replay(self, method: str, *args: Any, **kwargs: Any) -> None:
         caller = sys._getframe(2)
@@ -177,7 +178,7 @@ class RecordingKube(FakeKube):
 
     def ready_pod_endpoints(self, namespace: str, selector: dict[str, str]) -> list[str]:
         self._replay("ready_pod_endpoints", namespace, selector)
-        return ["10.0.0.7:8080"]
+        return list(self.ready_endpoints)
 
     def accesses(self) -> set[Access]:
         return {access_of_request(method, path) for method, path in self.api.requests}
@@ -298,6 +299,21 @@ def run_scenarios() -> RecordingKube:
     body["status"] = {**body["status"], **keyed.reconcile(copy.deepcopy(body)).status}
     del body["spec"]["auth"]
     reconcile()
+
+    # A replica joins the one serving: the serving one is asked to retire its connections, with
+    # the admin token read from the operator's Secret.
+    rebalancing = Reconciler(
+        kube,
+        OperatorSettings(),
+        learned_outside_s=learned_outside_s,
+        clock=lambda: NOW,
+        rebalance=ConnectionRebalancer(
+            kube, pods=kube, post=lambda endpoint, *, token, document: None
+        ),
+    )
+    rebalancing.reconcile(copy.deepcopy(body))
+    kube.ready_endpoints = ["10.0.0.7:8080", "10.0.0.8:8080"]
+    rebalancing.reconcile(copy.deepcopy(body))
 
     # An InferenceService whose status is not written yet (the operator restarted, say).
     kube.put_object({"kind": INFERENCESERVICE.kind, **copy.deepcopy(body), "status": {}})
