@@ -53,6 +53,16 @@ class TestTrack:
         loss = track(Loss(), ready=2, replicas=3, was_ready=3, had_replicas=3, now=100)
         assert loss == Loss(1, 100)
 
+    def test_the_replica_a_rollout_in_place_has_down_is_no_loss(self) -> None:
+        # one old pod goes first, for its GPU: by design, not a loss
+        assert (
+            track(Loss(), ready=2, replicas=3, was_ready=3, had_replicas=3, now=1, replaced=1)
+            == Loss()
+        )
+        # a second one gone meanwhile is
+        loss = track(Loss(), ready=1, replicas=3, was_ready=3, had_replicas=3, now=1, replaced=1)
+        assert loss == Loss(1, 1)
+
     def test_a_scale_down_that_removed_a_ready_replica_is_no_loss(self) -> None:
         assert track(Loss(), ready=2, replicas=2, was_ready=3, had_replicas=3, now=1) == Loss()
         # ... nor while another still starts.

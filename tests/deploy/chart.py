@@ -135,6 +135,7 @@ NAMESPACED: dict[str, Any] = {
         "drainGraceSeconds": 40,
         "preStopSleepSeconds": 3,
         "nodeLossTolerationSeconds": 60,
+        "rolloutInPlaceAfterSeconds": 300,
     },
     "gpu": {
         "resource": "nvidia.com/mig-1g.10gb",

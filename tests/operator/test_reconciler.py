@@ -15,6 +15,7 @@ from batchpilot.operator.children.configmap import batching_document
 from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT, NETWORK_POLICY, PDB, SECRET, SERVICE
 from batchpilot.operator.kube import ready_pod_endpoints
 from batchpilot.operator.reconciler import Reconciler
+from batchpilot.operator.rollout import IN_PLACE, SURGE
 from batchpilot.operator.settings import OperatorSettings
 from tests.operator.fake_kube import FakeKube
 
@@ -210,6 +211,61 @@ class TestReadySaysWhy:
             "waiting for a replica to become ready",
         )
         assert "ReplicasFailing" not in [e.reason for e in outcome.events]
+
+
+class TestARolloutWithNoRoom:
+    """A spec change rolls the pods; on a cluster with no GPU free the surge pod waits."""
+
+    @staticmethod
+    def no_room_since(since: datetime) -> dict[str, Any]:
+        scheduled = {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+            "lastTransitionTime": since.isoformat().replace("+00:00", "Z"),
+        }
+        labels = {ISVC_LABEL: "resnet50"}
+        meta = {"name": "resnet50-new-a", "namespace": NS, "labels": labels}
+        return {"metadata": meta, "status": {"conditions": [scheduled]}}
+
+    def test_after_the_wait_it_rolls_in_place_then_with_a_surge_again(self) -> None:
+        cluster = Cluster(isvc(scaling={"minReplicas": 3, "maxReplicas": 3, "mode": "off"}))
+        cluster.reconcile()
+        deployment = cluster.kube.objects[("Deployment", NS, "resnet50")]
+        assert deployment["spec"]["strategy"]["rollingUpdate"] == SURGE
+        # mid-rollout: one pod of the new template, unschedulable, beside the three serving
+        deployment["status"] = {"replicas": 4, "updatedReplicas": 1, "readyReplicas": 3}
+        cluster.pods = [self.no_room_since(cluster.now)]
+        cluster.now += timedelta(seconds=119)
+        outcome = cluster.reconcile()
+        assert (
+            cluster.kube.of(DEPLOYMENT, NS, "resnet50")["spec"]["strategy"]["rollingUpdate"]
+            == SURGE
+        )
+        assert "RollingInPlace" not in [e.reason for e in outcome.events]
+
+        cluster.now += timedelta(seconds=1)  # 120 s without room: the operator's default
+        outcome = cluster.reconcile()
+        deployment = cluster.kube.objects[("Deployment", NS, "resnet50")]
+        assert deployment["spec"]["strategy"]["rollingUpdate"] == IN_PLACE
+        (said,) = [e for e in outcome.events if e.reason == "RollingInPlace"]
+        assert said.type == "Warning"
+        assert "no room for 120 s" in said.message
+
+        # an old pod went, its GPU took the new one; the rollout goes on in place, said once
+        deployment["status"] = {"replicas": 3, "updatedReplicas": 2, "readyReplicas": 2}
+        cluster.pods = []
+        outcome = cluster.reconcile()
+        assert deployment["spec"]["strategy"]["rollingUpdate"] == IN_PLACE
+        assert "RollingInPlace" not in [e.reason for e in outcome.events]
+
+        deployment["status"] = {"replicas": 3, "updatedReplicas": 3, "readyReplicas": 3}
+        cluster.reconcile()  # over: the next rollout starts with a surge again
+        assert (
+            cluster.kube.of(DEPLOYMENT, NS, "resnet50")["spec"]["strategy"]["rollingUpdate"]
+            == SURGE
+        )
 
 
 class TestDoNothing:

@@ -3,18 +3,24 @@ and its pods' statuses, in the shapes the API server and the kubelet write them.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from batchpilot.operator.cache import slim_pod
 from batchpilot.operator.rollout import (
+    IN_PLACE,
     MESSAGE_MAX,
     STUCK_WAITING,
+    SURGE,
     TROUBLE_REASONS,
     Trouble,
     pod_trouble,
     ready_condition,
+    rolling_in_place,
+    rollout_under_way,
+    rolls_in_place,
     trouble_in,
     why_not_ready,
 )
@@ -291,3 +297,77 @@ def test_the_cache_keeps_what_it_takes() -> None:
         deployment(), full
     )
     assert "containerStatuses" not in slim_pod(full[2])["status"]  # healthy: nothing kept
+
+
+class TestRollingInPlace:
+    """A rollout whose surge pod finds no room (no GPU free) goes in place after a wait."""
+
+    NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
+
+    @staticmethod
+    def rolling(
+        *, replicas: int = 3, updated: int = 1, total: int = 4, in_place: bool = False
+    ) -> dict[str, Any]:
+        """Mid-rollout as its controller reports it: `updated` pods of the new template,
+        `total` pods in all (the surge pod among them)."""
+        return {
+            "metadata": {"name": "resnet50"},
+            "spec": {
+                "replicas": replicas,
+                "strategy": {"rollingUpdate": dict(IN_PLACE if in_place else SURGE)},
+            },
+            "status": {"replicas": total, "updatedReplicas": updated, "readyReplicas": 3},
+        }
+
+    def unschedulable_for(self, seconds: float) -> dict[str, Any]:
+        since = (self.NOW - timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z")
+        return slim_pod(
+            pod(
+                scheduled={
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": NO_GPU,
+                    "lastTransitionTime": since,
+                }
+            )
+        )
+
+    def in_place(
+        self, deployment: dict[str, Any], *pods: dict[str, Any], wait_s: float = 120
+    ) -> bool:
+        return rolls_in_place(deployment, list(pods), now=self.NOW, wait_s=wait_s)
+
+    def test_a_surge_pod_with_no_room_for_the_wait_turns_the_rollout_in_place(self) -> None:
+        assert not self.in_place(self.rolling(), self.unschedulable_for(119))
+        assert self.in_place(self.rolling(), self.unschedulable_for(120))
+
+    def test_once_in_place_it_stays_so_until_the_rollout_is_over(self) -> None:
+        # the old pod went, the new one found its GPU: nothing is unschedulable now
+        assert self.in_place(self.rolling(updated=2, total=3, in_place=True))
+        done = self.rolling(updated=3, total=3, in_place=True)
+        assert not rollout_under_way(done)
+        assert not self.in_place(done)  # back to a surge for the next rollout
+
+    def test_no_rollout_no_change(self) -> None:
+        # a scale-up that finds no room is not a rollout: going in place would not help it
+        scaling_up = self.rolling(updated=4, total=4, replicas=4)
+        assert not self.in_place(scaling_up, self.unschedulable_for(600))
+
+    def test_a_single_replica_waits_for_room(self) -> None:
+        one = self.rolling(replicas=1, updated=0, total=2)
+        assert not self.in_place(one, self.unschedulable_for(600))
+
+    def test_a_wait_of_zero_means_never(self) -> None:
+        assert not self.in_place(self.rolling(), self.unschedulable_for(600), wait_s=0)
+
+    def test_terminating_and_scheduled_pods_are_no_reason(self) -> None:
+        gone = {**self.unschedulable_for(600)}
+        gone["metadata"] = {**gone["metadata"], "deletionTimestamp": "2026-12-05T11:59:00Z"}
+        assert not self.in_place(self.rolling(), gone, slim_pod(pod()))
+
+    def test_the_autopilot_counts_the_replica_a_rollout_in_place_has_down(self) -> None:
+        assert rolling_in_place(self.rolling(in_place=True)) == 1
+        assert rolling_in_place(self.rolling()) == 0  # a surge has none down
+        assert rolling_in_place(self.rolling(updated=3, total=3, in_place=True)) == 0
+        assert rolling_in_place(None) == 0

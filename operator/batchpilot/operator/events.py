@@ -20,6 +20,10 @@ REPLICAS_FAILING = "ReplicasFailing"
 """Replicas are not ready and Kubernetes says why (pods that cannot be created, are not
 scheduled, cannot pull their image, crash): posted when what it says changes."""
 
+ROLLING_IN_PLACE = "RollingInPlace"
+"""A rollout's surge pod found no room (no GPU free) for `rollout_in_place_after_seconds`: the
+rollout replaces one replica at a time instead (`rollout.IN_PLACE`)."""
+
 EXPOSURE_NOT_APPLIED = "ExposureNotApplied"
 """The cluster does not serve a kind spec.exposure needs (no Gateway API): the rest is applied."""
 EXPOSURE_REFUSED = "ExposureRefused"

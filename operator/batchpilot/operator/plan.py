@@ -63,6 +63,9 @@ class Owned:
     """The pods' default deadline; None: the SLA itself."""
     serving_replicas: int = 1
     """The ready replicas, which share service-wide quotas (`children.quota_share`)."""
+    in_place: bool = False
+    """Whether the Deployment's rollout replaces pods in place, for want of room for a surge
+    (`rollout.rolls_in_place`: it reads the pods, which the reconciler has)."""
 
 
 @dataclass
@@ -162,7 +165,9 @@ def desired_children(
             ),
             serving_replicas=owned.serving_replicas,
         ),
-        DEPLOYMENT: build_deployment(owner, settings, replicas=owned.replicas),
+        DEPLOYMENT: build_deployment(
+            owner, settings, replicas=owned.replicas, in_place=owned.in_place
+        ),
         SERVICE: build_service(owner),
         PDB: build_pdb(owner, replicas=owned.replicas),
         HTTP_ROUTE: build_http_route(owner),

@@ -14,7 +14,7 @@ writes the status and the handlers post the Events.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from batchpilot.operator import conditions, events, rollout
 from batchpilot.operator.children.apikeys import access_document, auth_status, keys_secret_problem
-from batchpilot.operator.children.common import Owner
+from batchpilot.operator.children.common import Owner, owned_by
 from batchpilot.operator.children.deployment import UnsupportedModelSource
 from batchpilot.operator.children.exposure import exposure_status, not_served_message
 from batchpilot.operator.children.networkpolicy import access_status
@@ -154,6 +154,8 @@ class Reconciler:
         for attempt in (1, 2):
             observed = self._observe(owner)
             owned = owned_values(owner, observed, outside_s=self._learned_outside_s(status))
+            in_place = self._rolls_in_place(owner, observed.get(DEPLOYMENT), now, outcome)
+            owned = replace(owned, in_place=in_place)
             try:
                 todo = plan(owner, self._settings, observed, owned)
             except UnsupportedModelSource as exc:
@@ -238,6 +240,34 @@ class Reconciler:
         }
         outcome.status = _changed(status, wanted)
         return outcome
+
+    def _rolls_in_place(
+        self,
+        owner: Owner,
+        deployment: dict[str, Any] | None,
+        now: datetime,
+        outcome: ReconcileOutcome,
+    ) -> bool:
+        """Whether the Deployment's rollout goes in place, for want of room for its surge pod
+        (`rollout.rolls_in_place`); an Event when it starts to."""
+        wait_s = self._settings.rollout_in_place_after_seconds
+        if deployment is None or self._read_pods is None or wait_s <= 0:
+            return False
+        if not owned_by(deployment, owner.uid) or not rollout.rollout_under_way(deployment):
+            return False
+        pods = self._read_pods(owner.namespace, dict(owner.selector))
+        in_place = rollout.rolls_in_place(deployment, pods, now=now, wait_s=wait_s)
+        said = any(e.reason == events.ROLLING_IN_PLACE for e in outcome.events)
+        if in_place and not rollout.rolling_in_place(deployment) and not said:
+            outcome.events.append(
+                Event(
+                    "Warning",
+                    events.ROLLING_IN_PLACE,
+                    f"the rollout's new pod has found no room for {wait_s} s; replacing one "
+                    "replica at a time instead, one fewer serving until each new one is ready",
+                )
+            )
+        return in_place
 
     def _trouble(
         self, owner: Owner, deployment: dict[str, Any] | None, *, ready: int, desired: int

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 STUCK_WAITING = (
@@ -186,3 +187,80 @@ def trouble_in(condition: Mapping[str, Any] | None) -> str | None:
     if condition.get("status") == "False" and condition.get("reason") in TROUBLE_REASONS:
         return message or None
     return None
+
+
+SURGE = {"maxSurge": 1, "maxUnavailable": 0}
+"""How a rollout replaces pods: a new one first, an old one once it is ready, so the service never
+serves with fewer replicas. It needs room for one pod more (a GPU free)."""
+IN_PLACE = {"maxSurge": 0, "maxUnavailable": 1}
+"""How a rollout replaces pods where there is no room for one more: an old one goes first and
+frees its GPU for the new one, one fewer serving until that is ready (`rolls_in_place`)."""
+
+
+def rolling_in_place(deployment: Mapping[str, Any] | None) -> int:
+    """Replicas a rollout in place has down at once while it is under way (its maxUnavailable),
+    0 where the Deployment rolls with a surge or no rollout is under way: for the autopilot,
+    whose count of replicas lost must not take them for a loss."""
+    if deployment is None:
+        return 0
+    strategy = deployment.get("spec", {}).get("strategy", {}).get("rollingUpdate") or {}
+    if strategy.get("maxSurge") != 0 or not rollout_under_way(deployment):
+        return 0
+    down = strategy.get("maxUnavailable", 0)
+    return down if isinstance(down, int) else 0
+
+
+def rollout_under_way(deployment: Mapping[str, Any]) -> bool:
+    """Whether the Deployment is replacing pods of an older template: some remain, as its
+    controller last reported (its pods, not terminating, beyond those of the newest template).
+    A scale-up whose pods are yet to be created is no rollout, nor is a Deployment whose
+    controller has reported nothing yet."""
+    status = deployment.get("status", {})
+    return (status.get("replicas") or 0) > (status.get("updatedReplicas") or 0)
+
+
+def rolls_in_place(
+    deployment: Mapping[str, Any] | None,
+    pods: Sequence[Mapping[str, Any]],
+    *,
+    now: datetime,
+    wait_s: float,
+) -> bool:
+    """Whether the Deployment's rollout should replace pods in place (`IN_PLACE`: an old one
+    goes first) rather than with a surge (a new one first, which needs room for one pod more).
+
+    On a cluster with no GPU free, a rollout's surge pod waits unschedulable for ever: the
+    rollout never ends, and the spec's change (a new model, a new image) never serves. So once a
+    pod has been unschedulable for `wait_s` (time for a cluster autoscaler to add a node) while a
+    rollout is under way, the rollout goes in place until it is over: one fewer serving at a
+    time, each old pod's GPU freed for its replacement. Never for a single replica (the service
+    would stop serving: it waits for room), nor with `wait_s` 0 (the operator's choice to wait)."""
+    if deployment is None or wait_s <= 0:
+        return False
+    if (deployment.get("spec", {}).get("replicas") or 0) < 2:
+        return False
+    if not rollout_under_way(deployment):
+        return False
+    if rolling_in_place(deployment):
+        return True  # until the rollout is over: with a surge again, the next step would wait
+    for pod in pods:
+        if pod.get("metadata", {}).get("deletionTimestamp"):
+            continue
+        scheduled = _condition(pod, "PodScheduled")
+        if not scheduled or scheduled.get("status") != "False":
+            continue
+        if scheduled.get("reason") != "Unschedulable":
+            continue
+        since = _parse_time(scheduled.get("lastTransitionTime"))
+        if since is not None and (now - since).total_seconds() >= wait_s:
+            return True
+    return False
+
+
+def _parse_time(text: object) -> datetime | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None

@@ -55,6 +55,10 @@ class OperatorSettings(BaseSettings):
     not ready) before Kubernetes evicts it and its ReplicaSet starts a replacement elsewhere:
     Kubernetes' default is 300 s, five minutes in which the pod serves nothing and is not
     replaced. A spec that tolerates those taints itself (`runtime.tolerations`) keeps its own."""
+    rollout_in_place_after_seconds: int = Field(default=120, ge=0, le=86400)
+    """How long a rollout's new pod may wait unschedulable (a cluster with no GPU free for the
+    surge) before the rollout replaces one replica at a time in place instead, one fewer serving
+    meanwhile; only with two replicas or more. 0: never, the rollout waits for room."""
 
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
     prometheus_peers: list[dict[str, Any]] = Field(

@@ -147,6 +147,7 @@ def learn(
         was_ready=state.ready,
         had_replicas=state.replicas,
         now=now,
+        replaced=policy.replaced_in_place,
     )
     cold_start, pending = state.cold_start_s, state.pending_since
     if pending is not None and ready >= current.replicas - loss.count:

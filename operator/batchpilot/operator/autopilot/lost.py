@@ -25,6 +25,9 @@ at once: whatever brings a lost replica back — a restart, a replacement after 
 pays a cold start too, so one started now comes no later, and the grace would only be more of
 the miss.
 
+A rollout that replaces pods in place (no room for a surge pod: `rollout.rolls_in_place`) has
+one down at a time by design: those are not lost (`replaced`).
+
 Only replicas that were ready count: a scale-up that cannot start (a quota, no GPU node, an
 image that does not pull) is no loss, and more replicas would not start either. A replica that
 comes back and is lost again counts again, so stand-ins are never more than the plan's own
@@ -64,17 +67,18 @@ def track(
     was_ready: int | None,
     had_replicas: int | None,
     now: float,
+    replaced: int = 0,
 ) -> Loss:
     """The loss after a decision's observation: `ready` of `replicas` in force now, against
     `was_ready` of `had_replicas` at the decision before. Ready replicas that went away, beyond
-    the ones a scale-down removed, were lost; the loss is over once all are ready, and never
-    more than the replicas not ready."""
+    the ones a scale-down removed and the `replaced` ones a rollout in place has down, were
+    lost; the loss is over once all are ready, and never more than the replicas not ready."""
     if ready >= replicas:
         return Loss()
     count, since = loss.count, loss.since
     if was_ready is not None and had_replicas is not None:
         removed = max(0, had_replicas - replicas)
-        new = was_ready - ready - removed
+        new = was_ready - ready - removed - replaced
         if new > 0:
             count, since = count + new, now
     count = min(count, replicas - ready)

@@ -47,6 +47,7 @@ from batchpilot.operator.children.node_loss import eviction_s
 from batchpilot.operator.events import Event
 from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT
 from batchpilot.operator.kube import Kube
+from batchpilot.operator.rollout import rolling_in_place
 from batchpilot.operator.spec import InferenceServiceSpec
 
 
@@ -158,7 +159,11 @@ class Autopilot:
         seconds = self._seconds()
         # The pods' own tolerations say when Kubernetes replaces one whose node was lost.
         template = deployment.get("spec", {}).get("template", {}).get("spec", {})
-        policy = replace(policy_of(spec), evicted_after_s=eviction_s(template.get("tolerations")))
+        policy = replace(
+            policy_of(spec),
+            evicted_after_s=eviction_s(template.get("tolerations")),
+            replaced_in_place=rolling_in_place(deployment),
+        )
         decision, new_state = decide(observation, policy, current, state, seconds)
         report = new_state.slo.report(seconds)
 

@@ -59,6 +59,9 @@ class Policy:
     evicted_after_s: float = DEFAULT_EVICTION_S
     """How long after its node is lost Kubernetes evicts a replica and replaces it: the pod
     template's tolerations (`lost.eviction_s`); Kubernetes' default where they name none."""
+    replaced_in_place: int = 0
+    """Replicas a rollout in place has down at once while it is under way (the Deployment's
+    maxUnavailable, `rollout.rolling_in_place`): not ready by design, so no loss."""
 
 
 @dataclass(frozen=True, slots=True)

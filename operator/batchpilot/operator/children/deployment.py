@@ -31,6 +31,7 @@ from batchpilot.operator.children.common import (
 )
 from batchpilot.operator.children.configmap import pipeline_hash
 from batchpilot.operator.children.node_loss import with_node_loss
+from batchpilot.operator.rollout import IN_PLACE, SURGE
 from batchpilot.operator.settings import OperatorSettings
 
 MODEL_DIR = "/models"
@@ -266,7 +267,11 @@ def _placement(owner: Owner, settings: OperatorSettings) -> dict[str, Any]:
     return fields
 
 
-def build_deployment(owner: Owner, settings: OperatorSettings, *, replicas: int) -> dict[str, Any]:
+def build_deployment(
+    owner: Owner, settings: OperatorSettings, *, replicas: int, in_place: bool = False
+) -> dict[str, Any]:
+    """The runtime's Deployment with `replicas`; its rollouts replace pods `IN_PLACE` where
+    `in_place` (`rollout.rolls_in_place`), else with a `SURGE`."""
     runtime = owner.spec.runtime
     gpu = runtime.device == "gpu"
     image = runtime_image(owner, settings)
@@ -372,7 +377,7 @@ def build_deployment(owner: Owner, settings: OperatorSettings, *, replicas: int)
             "selector": {"matchLabels": owner.selector},
             "strategy": {
                 "type": "RollingUpdate",
-                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+                "rollingUpdate": dict(IN_PLACE if in_place else SURGE),
             },
             "template": {
                 "metadata": {
