@@ -371,3 +371,11 @@ class TestRollingInPlace:
         assert rolling_in_place(self.rolling()) == 0  # a surge has none down
         assert rolling_in_place(self.rolling(updated=3, total=3, in_place=True)) == 0
         assert rolling_in_place(None) == 0
+
+    def test_a_pod_no_node_would_take_for_another_reason_changes_nothing(self) -> None:
+        pod = self.unschedulable_for(600)
+        (condition,) = pod["status"]["conditions"]
+        condition["message"] = (
+            "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity."
+        )
+        assert not self.in_place(self.rolling(), pod)

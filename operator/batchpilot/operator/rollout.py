@@ -219,6 +219,11 @@ def rollout_under_way(deployment: Mapping[str, Any]) -> bool:
     return (status.get("replicas") or 0) > (status.get("updatedReplicas") or 0)
 
 
+NO_ROOM = "Insufficient"
+"""In the scheduler's message, what says a pod lacks room: "0/3 nodes are available: 3
+Insufficient nvidia.com/gpu." — room an old pod of the Deployment would free."""
+
+
 def rolls_in_place(
     deployment: Mapping[str, Any] | None,
     pods: Sequence[Mapping[str, Any]],
@@ -231,9 +236,11 @@ def rolls_in_place(
 
     On a cluster with no GPU free, a rollout's surge pod waits unschedulable for ever: the
     rollout never ends, and the spec's change (a new model, a new image) never serves. So once a
-    pod has been unschedulable for `wait_s` (time for a cluster autoscaler to add a node) while a
-    rollout is under way, the rollout goes in place until it is over: one fewer serving at a
-    time, each old pod's GPU freed for its replacement. Never for a single replica (the service
+    pod has been unschedulable for want of room (the scheduler says `Insufficient` of a
+    resource) for `wait_s` (time for a cluster autoscaler to add a node) while a rollout is under
+    way, the rollout goes in place until it is over: one fewer serving at a time, each old pod's
+    GPU freed for its replacement. A pod no node would take for another reason (a node selector,
+    a taint) would not be helped by it. Never for a single replica (the service
     would stop serving: it waits for room), nor with `wait_s` 0 (the operator's choice to wait)."""
     if deployment is None or wait_s <= 0:
         return False
@@ -251,6 +258,8 @@ def rolls_in_place(
             continue
         if scheduled.get("reason") != "Unschedulable":
             continue
+        if NO_ROOM not in (scheduled.get("message") or ""):
+            continue  # no node would take it anyway (a selector, a taint): going in place won't
         since = _parse_time(scheduled.get("lastTransitionTime"))
         if since is not None and (now - since).total_seconds() >= wait_s:
             return True
