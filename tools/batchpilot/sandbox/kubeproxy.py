@@ -4,9 +4,10 @@ kube-proxy (iptables or IPVS) balances connections, not requests: a kept-alive H
 or a gRPC channel's one HTTP/2 connection, stays on the pod it first reached for as long as it
 lives. So a replica added under load gets only the connections opened after it is ready; the
 clients already connected keep loading the old ones. The sandbox's own Service (`service.py`)
-balances per request, as a mesh would, which hides that; this one shows it, and that the
-runtime's connection age (`--max-connection-age-s`) undoes it. Used by the tests and by
-`bench/rebalance.py`.
+balances per request by default, as a mesh would, which hides that (its `--balance connection`
+plays kube-proxy over HTTP, for the whole sandbox); this one relays bytes, so it shows it for
+any protocol, gRPC included, and that the runtime's connection age (`--max-connection-age-s`)
+undoes it. Used by the tests and by `bench/rebalance.py`.
 
 Endpoints are taken in turn (IPVS' default round robin), so what a test asserts does not hang on
 a random draw; a connection to an endpoint that refuses is closed, as a reset would be.
