@@ -53,6 +53,7 @@ from batchpilot.sandbox.nodes import (
 from batchpilot.sandbox.podrunner import API, Endpoints, PodRunner
 from batchpilot.sandbox.processes import stop_processes
 from batchpilot.sandbox.prometheus import PrometheusProcess, free_port, prometheus_process
+from batchpilot.sandbox.service import BALANCES, Balance
 
 ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_EXAMPLE = ROOT / "examples" / "resnet50-simulated.yaml"
@@ -87,6 +88,8 @@ class SandboxOptions:
     """Serve simulated pods from one pod host process instead of a process each."""
     lose_node: NodeLoss | None = None
     """A node to lose under load, with some of the service's ready pods on it."""
+    service_balance: Balance = "request"
+    """How the Service proxy balances: per request (a mesh) or per connection (kube-proxy)."""
 
 
 @dataclass
@@ -102,6 +105,21 @@ class SandboxResult:
     errors: list[str] = field(default_factory=list)
     node_events: list[tuple[float, str]] = field(default_factory=list)
     """What befell the pods of a lost node: (seconds since the start, what), as printed."""
+    served_by_pod: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    """Each pod's successful requests so far, as Prometheus scraped its runtime's
+    `batchpilot_requests_total{outcome="success"}`: (seconds since the start, count), a point a
+    second, read at the end of the load."""
+
+    def served_between(self, start_s: float, end_s: float) -> dict[str, float]:
+        """Successful requests per pod from `start_s` to `end_s` (seconds since the start): the
+        rise of its counter (a pod not yet scraped at `start_s` counts from zero)."""
+        served = {}
+        for pod, points in self.served_by_pod.items():
+            before = [n for t, n in points if t <= start_s]
+            upto = [n for t, n in points if t <= end_s]
+            if upto:
+                served[pod] = upto[-1] - (before[-1] if before else 0.0)
+        return served
 
 
 class Processes:
@@ -232,6 +250,8 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
     runner: PodRunner | None = None
     atexit.register(processes.stop_all)
     t0 = time.monotonic()
+    # Prometheus stamps its samples with the wall clock: where the run's t=0 lies on it.
+    t0_wall = time.time()
     samples: list[Sample] = []
     decisions: list[dict[str, Any]] = []
     result_status: dict[str, Any] = {}
@@ -239,6 +259,7 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
     plot_path: Path | None = None
     errors: list[str] = []
     node_events: list[tuple[float, str]] = []
+    served_by_pod: dict[str, list[tuple[float, float]]] = {}
     with contextlib.ExitStack() as stack, _signals_as_interrupt():
         try:
             api = stack.enter_context(LocalKubernetesAPI(crds=[ROOT / "crds"]).threaded())
@@ -256,7 +277,8 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
             proxy_url = f"http://127.0.0.1:{proxy_port}"
             proxy_process = processes.start(
                 [sys.executable, "-m", "batchpilot.sandbox.service",
-                 "--port", str(proxy_port), "--endpoints", str(endpoints_file)],
+                 "--port", str(proxy_port), "--endpoints", str(endpoints_file),
+                 "--balance", options.service_balance],
                 log=workdir / "service.log",
             )  # fmt: skip
             operator_process = processes.start(
@@ -304,7 +326,10 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
             say(f"  kubectl --kubeconfig {kubeconfig} describe inferenceservice {name}")
             say(f"  kubectl --kubeconfig {kubeconfig} get deploy,pods,configmaps")
             say(f"prometheus:      {prometheus.url}")
-            say(f"service (proxy): {proxy_url}  (round-robin over ready runtime processes)")
+            say(
+                f"service (proxy): {proxy_url}  (round-robin over ready runtime processes, "
+                f"per {options.service_balance})"
+            )
             for note in notes:
                 say(f"sandbox change to the example: {note}")
 
@@ -392,6 +417,9 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
                 except ImportError as exc:
                     say(f"no plot: {exc} (pip install 'batchpilot-tools[plot]')")
             shed = _shed_by_reason(prometheus.url, namespace=namespace, name=name)
+            served_by_pod = _served_by_pod(
+                prometheus.url, namespace=namespace, name=name, start=t0_wall
+            )
             _summary(say, load, result_status, decisions, sla_ms, plot_path, shed=shed)
         except KeyboardInterrupt:
             say("interrupted: stopping everything")
@@ -413,6 +441,7 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
         plot=plot_path,
         errors=errors,
         node_events=node_events,
+        served_by_pod=served_by_pod,
     )
     if options.json_out is not None:
         doc = {
@@ -421,6 +450,7 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
             "samples": [asdict(s) for s in samples],
             "decisions": decisions,
             "node_events": node_events,
+            "served_by_pod": served_by_pod,
             "final_p99_ms": result.final_p99_ms,
         }
         options.json_out.write_text(json.dumps(doc, indent=2))
@@ -442,6 +472,29 @@ def _shed_by_reason(prometheus_url: str, *, namespace: str, name: str) -> dict[s
         except (KeyError, IndexError, TypeError, ValueError):
             continue
     return shed
+
+
+def _served_by_pod(
+    prometheus_url: str, *, namespace: str, name: str, start: float
+) -> dict[str, list[tuple[float, float]]]:
+    """Each pod's successful requests from `start` (wall clock) to now, a point a second, as
+    (seconds since `start`, count)."""
+    query = (
+        f'sum by (pod) (batchpilot_requests_total{{namespace="{namespace}",isvc="{name}",'
+        'outcome="success"})'
+    )
+    params = urllib.parse.urlencode(
+        {"query": query, "start": f"{start:.3f}", "end": f"{time.time():.3f}", "step": "1"}
+    )
+    answer = _get(f"{prometheus_url}/api/v1/query_range?{params}", timeout=10.0) or {}
+    served: dict[str, list[tuple[float, float]]] = {}
+    for series in (answer.get("data") or {}).get("result") or []:
+        try:
+            pod = str(series["metric"]["pod"])
+            served[pod] = [(round(float(t) - start, 1), float(n)) for t, n in series["values"]]
+        except (KeyError, TypeError, ValueError):
+            continue
+    return served
 
 
 def _summary(
@@ -526,6 +579,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "a runtime process per pod",
     )
     a(
+        "--service-balance",
+        choices=BALANCES,
+        default="request",
+        help="how the Service proxy balances: per request, as a mesh (default), or per "
+        "connection, as kube-proxy on a cluster without a mesh (kept-alive clients stay on their "
+        "pod until it closes their connection)",
+    )
+    a(
         "--lose-node",
         metavar="AT_S[:COUNT]",
         help="AT_S seconds into the load, the node of COUNT (1) ready pods of the service dies: "
@@ -576,6 +637,7 @@ def main(args: argparse.Namespace) -> int:
         scale_down_delay_s=args.scale_down_delay_s,
         pod_host=args.pod_host,
         lose_node=node_loss,
+        service_balance=args.service_balance,
     )
     try:
         result = run_sandbox(options, out=lambda text: print(text, flush=True))
