@@ -37,6 +37,7 @@ CLIENTS = 4
 """Connections the client keeps: each one closed loop."""
 LOAD_S = 2.5
 """How long the load runs once the second replica is in the Service."""
+RETIRED = "batchpilot_connections_retired_total"
 
 
 @contextmanager
@@ -120,14 +121,18 @@ async def test_kept_alive_http_clients_reach_a_replica_added_under_load(
             errors = await http_load(balancer, ("127.0.0.1", b.port))
         assert not errors, errors[:5]
         share = served(b) / (served(a) + served(b))
+        retired = Scrape(a).value(RETIRED, reason="age")
         if age_s == 0:
             # what kube-proxy alone does: the connections stay where they were opened
             assert served(b) == 0, share
             assert balancer.connections[("127.0.0.1", b.port)] == 0
+            assert retired == 0
         else:
             # connections retire from AGE_S × 0.9 on and reconnect alternately to a and b
             assert share > 0.2, (share, balancer.connections)
             assert balancer.connections[("127.0.0.1", b.port)] >= 2, balancer.connections
+            assert retired >= CLIENTS
+        assert Scrape(a).value(RETIRED, reason="asked") == 0
 
 
 async def test_asked_to_retire_its_connections_a_replica_hands_clients_to_one_that_joined(
@@ -147,6 +152,10 @@ async def test_asked_to_retire_its_connections_a_replica_hands_clients_to_one_th
         assert not errors, errors[:5]
         share = served(b) / (served(a) + served(b))
         assert share > 0.3, (share, balancer.connections)
+        # each client's connection (the POST's own said Connection: close itself)
+        assert Scrape(a).value(RETIRED, reason="asked") >= CLIENTS
+        assert Scrape(a).value(RETIRED, reason="age") == 0
+        assert Scrape(a).value("batchpilot_open_connections") >= 1  # (the scrape's own)
 
 
 def test_retiring_connections_needs_the_admin_token(mlp_model: Path, tmp_path: Path) -> None:

@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -84,10 +85,12 @@ AGE_JITTER = 0.1
 
 
 class OpenConnections:
-    """A server's open HTTP connections, all its ports: what `retire` acts on."""
+    """A server's open HTTP connections, all its ports: what `retire` acts on; and how many
+    answers closed their connection to move its client, by why (`retired`: "age", "asked")."""
 
     def __init__(self) -> None:
         self._open: set[LimitedHttpToolsProtocol] = set()
+        self.retired: Counter[str] = Counter()
 
     def add(self, connection: LimitedHttpToolsProtocol) -> None:
         self._open.add(connection)
@@ -326,7 +329,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         # it gentle (on_message_complete undoes both). Two attribute writes per request: hooking
         # uvicorn's cycle any other way (a subclass of it) costs the hot path microseconds.
         cycle = self.cycle
-        self._keep_alive_after_body = cycle.keep_alive and self.loop.time() < self._retire_at
+        keep_alive = cycle.keep_alive
+        if keep_alive and self.loop.time() >= self._retire_at:
+            keep_alive = False
+            self._count_retired()
+        self._keep_alive_after_body = keep_alive
         cycle.keep_alive = False
         cycle.transport = self._gentle
 
@@ -351,10 +358,17 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def retire(self) -> None:
         """From now on, this connection's next answer is its last (`OpenConnections.retire`)."""
         self._retire_at = -math.inf
-        self._keep_alive_after_body = False
         cycle = self.cycle
-        if cycle is not None and not cycle.response_started:
+        if cycle is not None and not cycle.response_started and self._keep_alive_after_body:
+            # a request on its way: its answer is the last (else the next request's will be)
+            self._count_retired()
             cycle.keep_alive = False
+        self._keep_alive_after_body = False
+
+    def _count_retired(self) -> None:
+        if self.open_connections is not None:
+            reason = "asked" if self._retire_at == -math.inf else "age"
+            self.open_connections.retired[reason] += 1
 
     def _headers_too_large(self) -> _Refusal:
         return _Refusal(

@@ -61,6 +61,10 @@ environment), so one PromQL selector finds a service's replicas. What each metri
   until the server has taken its outputs back: a server too busy to take them holds the device
   as surely as a batch still computing.
 - `batchpilot_engine_instances` (gauge): model instances configured (batches that run at once).
+- `batchpilot_open_connections` (gauge): HTTP connections open, all ports;
+  `batchpilot_connections_retired_total` (counter by `reason`: `age`, `asked`): answers that
+  closed their connection so that its client reconnects through the Service — past
+  `--max-connection-age-s`, or asked by the operator when a replica joined.
 - `batchpilot_async_jobs` (gauge by `state`: pending, succeeded, failed): async inference jobs
   stored; `batchpilot_async_jobs_expired_total` (counter): results dropped after their TTL.
 - `batchpilot_gpu_utilization_ratio`, `batchpilot_gpu_memory_used_bytes`,
@@ -171,6 +175,8 @@ class _LiveValues(Collector):
         self.busy_seconds: Callable[[], float] = lambda: 0.0
         self.async_jobs: Callable[[], Mapping[str, int]] = dict
         self.async_expired: Callable[[], int] = lambda: 0
+        self.open_connections: Callable[[], int] | None = None
+        self.retired_connections: Callable[[], Mapping[str, int]] = dict
 
     def collect(self) -> Iterable[CounterMetricFamily | GaugeMetricFamily]:
         names, values = list(self._labels), list(self._labels.values())
@@ -195,6 +201,22 @@ class _LiveValues(Collector):
         )
         expired.add_metric(values, self.async_expired())
         yield from (busy, jobs, expired)
+        if self.open_connections is None:
+            return  # (a server whose connections are not kept: the sandbox's pod host)
+        connections = GaugeMetricFamily(
+            "batchpilot_open_connections", "HTTP connections open, all ports", labels=names
+        )
+        connections.add_metric(values, self.open_connections())
+        retired = CounterMetricFamily(
+            "batchpilot_connections_retired",
+            "Answers that closed their connection to move its client to a replica the Service "
+            "picks anew, by why: its age, or the operator asked (a replica joined)",
+            labels=[*names, "reason"],
+        )
+        counts = self.retired_connections()
+        for reason in ("age", "asked"):
+            retired.add_metric([*values, reason], counts.get(reason, 0))
+        yield from (connections, retired)
 
 
 class RuntimeMetrics:
@@ -403,6 +425,14 @@ class RuntimeMetrics:
         """Where the async job gauges and the expiry counter are read from (the job store)."""
         self._live.async_jobs = counts
         self._live.async_expired = expired
+
+    def track_connections(
+        self, open_now: Callable[[], int], retired: Callable[[], Mapping[str, int]]
+    ) -> None:
+        """Where the open HTTP connections and the count of those retired are read from (the
+        server's `http_protocol.OpenConnections`)."""
+        self._live.open_connections = open_now
+        self._live.retired_connections = retired
 
     def request_finished(self, outcome: RequestOutcome, duration_s: float | None = None) -> None:
         self._outcome_counters[outcome].inc()

@@ -63,6 +63,7 @@ def serve(settings: RuntimeSettings) -> int:
         ", ".join(f"{name} {port}" for name, port in ports.items()),
     )
     connections = OpenConnections()
+    parts.model_server.metrics.track_connections(connections.__len__, lambda: connections.retired)
     closing = CloseWhenDraining(
         PortDispatch(parts.app, parts.platform_apps(ports, connections=connections))
     )
