@@ -18,12 +18,14 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 import httpx
 import pytest
 import tritonclient.grpc as tc
 
 from batchpilot.operator.autopilot.push import retire_connections
+from batchpilot.runtime.routes_admin import RETIRE_AFTER_S, RETIRE_SPREAD_S
 from batchpilot.sandbox.kubeproxy import ConnectionBalancer
 from tests.runtime_process import RuntimeProcess, Scrape, outcomes, runtime_process, send
 from tests.test_server_process import mlp_rows, v2_request
@@ -38,6 +40,7 @@ CLIENTS = 4
 LOAD_S = 2.5
 """How long the load runs once the second replica is in the Service."""
 RETIRED = "batchpilot_connections_retired_total"
+LIVE = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
 
 
 @contextmanager
@@ -65,6 +68,20 @@ def serve_pair(
         yield servers
 
 
+def live(sock: socket.socket, reader: BinaryIO) -> dict[str, str]:
+    """`GET /v2/health/live` on a kept connection: the answer's headers (lower-cased names),
+    its body read whole."""
+    sock.sendall(LIVE)
+    status = reader.readline()
+    assert status.startswith(b"HTTP/1.1 200"), status
+    head = {}
+    while (line := reader.readline().strip()) != b"":
+        name, _, value = line.decode().partition(": ")
+        head[name.lower()] = value
+    assert len(reader.read(int(head["content-length"]))) == int(head["content-length"])
+    return head
+
+
 def served(server: RuntimeProcess) -> float:
     return outcomes(Scrape(server)).get("success", 0.0)
 
@@ -73,10 +90,11 @@ async def http_load(
     balancer: ConnectionBalancer,
     second: tuple[str, int],
     joined: Callable[[], Awaitable[None]] | None = None,
+    load_s: float = LOAD_S,
 ) -> list[str]:
     """`CLIENTS` kept-alive connections through the balancer, closed loops; once each has had an
-    answer from the first replica alone, the second joins the Service (then `joined()`) and the
-    load goes on for `LOAD_S`. The transport errors the clients met."""
+    answer from the first replica alone, the second joins the Service (then `joined()`, while
+    the load goes on) and the load goes on for `load_s`. The transport errors the clients met."""
     body, headers = v2_request(mlp_rows(1, seed=0), binary_inputs={"x"})
     url = f"http://127.0.0.1:{balancer.port}{INFER}"
     errors: list[str] = []
@@ -102,10 +120,10 @@ async def http_load(
     try:
         await asyncio.wait_for(warm.wait(), timeout=20)
         balancer.set_endpoints([*balancer.endpoints, second])
-        stop_at[0] = time.monotonic() + LOAD_S
+        stop_at[0] = time.monotonic() + load_s
         if joined is not None:
             await joined()
-        await asyncio.wait_for(asyncio.gather(*tasks), timeout=LOAD_S + 20)
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=load_s + 20)
     finally:
         for task in tasks:
             task.cancel()
@@ -142,15 +160,24 @@ async def test_asked_to_retire_its_connections_a_replica_hands_clients_to_one_th
     token.write_text("admin-secret\n")
     # no age: only the operator's request moves the connections
     with serve_pair(mlp_model, tmp_path, 0, "--admin-token-file", str(token)) as (a, b):
+        counts: list[tuple[float, float]] = []
 
         async def ask() -> None:
+            """As the operator asks (its defaults: each connection 1 to 4 s later); what each
+            had served once they all had retired."""
             endpoint = f"127.0.0.1:{a.admin_port}"
+            asked = time.monotonic()
             await asyncio.to_thread(retire_connections, endpoint, token="admin-secret", document="")
+            assert time.monotonic() - asked < 1.0  # before any could retire
+            assert served(b) == 0
+            await asyncio.sleep(RETIRE_AFTER_S + RETIRE_SPREAD_S + 0.3)
+            counts.append((served(a), served(b)))
 
         async with ConnectionBalancer([("127.0.0.1", a.port)]) as balancer:
-            errors = await http_load(balancer, ("127.0.0.1", b.port), joined=ask)
+            errors = await http_load(balancer, ("127.0.0.1", b.port), joined=ask, load_s=6.5)
         assert not errors, errors[:5]
-        share = served(b) / (served(a) + served(b))
+        ((a0, b0),) = counts
+        share = (served(b) - b0) / (served(a) - a0 + served(b) - b0)  # once all had moved
         assert share > 0.3, (share, balancer.connections)
         # each client's connection (the POST's own said Connection: close itself)
         assert Scrape(a).value(RETIRED, reason="asked") >= CLIENTS
@@ -168,22 +195,42 @@ def test_retiring_connections_needs_the_admin_token(mlp_model: Path, tmp_path: P
         refused = send(server, "POST", path, port=server.admin_port)
         assert refused.status == 401, refused
         assert send(server, "POST", path, port=server.port).status == 404  # not for clients
+        admin = {"Authorization": "Bearer admin-secret"}
+        for bad in (
+            b"[]",
+            b"{",
+            b'{"afterSeconds": -1}',
+            b'{"after": 1}',
+            b'{"spreadSeconds": true}',
+        ):
+            reply = send(server, "POST", path, bad, admin, port=server.admin_port)
+            assert reply.status == 400, (bad, reply)
+            assert "error" in reply.json()
         with socket.create_connection(("127.0.0.1", server.port), timeout=5) as idle:
-            idle.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
-            assert idle.recv(65536).startswith(b"HTTP/1.1 200")
-            reply = send(
-                server,
-                "POST",
-                path,
-                headers={"Authorization": "Bearer admin-secret"},
-                port=server.admin_port,
-            )
+            reader = idle.makefile("rb")
+            assert "connection" not in live(idle, reader)
+            now = b'{"afterSeconds": 0, "spreadSeconds": 0}'
+            reply = send(server, "POST", path, now, admin, port=server.admin_port)
             assert reply.status == 200, reply
             assert reply.json()["retiring"] >= 2  # the idle one and the asking one
-            idle.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
-            answer = idle.recv(65536)
-            assert answer.startswith(b"HTTP/1.1 200"), answer
-            assert b"connection: close" in answer.lower(), answer
+            assert live(idle, reader)["connection"] == "close"
+
+        # by default, from a second on: after the Service's endpoints have the new replica
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as kept:
+            reader = kept.makefile("rb")
+            assert "connection" not in live(kept, reader)
+            reply = send(server, "POST", path, b"", admin, port=server.admin_port)
+            asked = time.monotonic()
+            assert reply.json() == {"retiring": 2, "afterSeconds": 1.0, "spreadSeconds": 2.0}
+            for _ in range(200):  # one every 50 ms: bounded well past the spread
+                if live(kept, reader).get("connection") == "close":
+                    break
+                time.sleep(0.05)
+            else:
+                pytest.fail("never retired")
+            assert (
+                RETIRE_AFTER_S <= time.monotonic() - asked <= RETIRE_AFTER_S + RETIRE_SPREAD_S + 2
+            )
 
 
 async def test_a_grpc_channel_reaches_a_replica_added_under_load(
@@ -226,15 +273,7 @@ def test_an_old_connection_is_closed_after_a_complete_answer(
         opened = time.monotonic()
         reader = sock.makefile("rb")
         for _ in range(200):  # one a few milliseconds apart: bounded well past the age
-            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
-            status = reader.readline()
-            head = {}
-            while (line := reader.readline().strip()) != b"":
-                name, _, value = line.decode().partition(": ")
-                head[name.lower()] = value
-            assert reader.read(int(head["content-length"])) is not None
-            assert status.startswith(b"HTTP/1.1 200"), status
-            if head.get("connection") == "close":
+            if live(sock, reader).get("connection") == "close":
                 break
             time.sleep(0.01)
         else:

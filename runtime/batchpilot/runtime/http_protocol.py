@@ -101,11 +101,12 @@ class OpenConnections:
     def __len__(self) -> int:
         return len(self._open)
 
-    def retire(self) -> int:
-        """Make each open connection's next answer its last, as if it were past its age (an
-        answer already on its way is not cut); how many there were."""
+    def retire(self, *, after_s: float = 0.0, spread_s: float = 0.0) -> int:
+        """Make each open connection's next answer from `after_s` plus a uniform share of
+        `spread_s` on its last, as if it were past its age (an answer already on its way is not
+        cut); how many there were."""
         for connection in self._open:
-            connection.retire()
+            connection.retire(after_s + random.uniform(0.0, spread_s))
         return len(self._open)
 
 
@@ -154,6 +155,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         """A refusal waiting for the answers to the requests before it (`_refuse`)."""
         self._retire_at = math.inf
         """Loop time from which the connection's next answer is its last (its age limit)."""
+        self._retire_reason = "age"
 
     # --- The connection ---
 
@@ -355,9 +357,15 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._keep_alive_after_body = False
         super().shutdown()
 
-    def retire(self) -> None:
-        """From now on, this connection's next answer is its last (`OpenConnections.retire`)."""
-        self._retire_at = -math.inf
+    def retire(self, delay_s: float = 0.0) -> None:
+        """`delay_s` from now on, this connection's next answer is its last
+        (`OpenConnections.retire`); at once, that of a request on its way."""
+        at = self.loop.time() + delay_s
+        if at >= self._retire_at:
+            return  # its age comes first
+        self._retire_at, self._retire_reason = at, "asked"
+        if delay_s > 0:
+            return  # the next request's headers are checked against it
         cycle = self.cycle
         if cycle is not None and not cycle.response_started and self._keep_alive_after_body:
             # a request on its way: its answer is the last (else the next request's will be)
@@ -367,8 +375,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def _count_retired(self) -> None:
         if self.open_connections is not None:
-            reason = "asked" if self._retire_at == -math.inf else "age"
-            self.open_connections.retired[reason] += 1
+            self.open_connections.retired[self._retire_reason] += 1
 
     def _headers_too_large(self) -> _Refusal:
         return _Refusal(

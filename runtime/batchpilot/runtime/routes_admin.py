@@ -8,16 +8,18 @@ document, `live_settings`, to ready pods on their admin port). `GET` and `PUT /a
 the same for the access document (allowed key ids and quotas, `batchpilot.api.access`): the
 operator sends each ready pod its share of the service's limits the moment the spec or the number
 of serving replicas changes, rather than waiting a minute for the kubelet to deliver the
-ConfigMap. `POST /admin/connections/retire` makes every open connection's next answer its last
-(`Connection: close`): the operator asks the serving pods for it when a replica joins them, so
-that clients who keep their connections reconnect and the Service spreads them over the new one
-too. Each of these needs the admin bearer token; without one configured, they are refused.
+ConfigMap. `POST /admin/connections/retire` makes every open connection's next answer from 1 to
+3 s on its last (`Connection: close`; `{"afterSeconds", "spreadSeconds"}` say otherwise): the
+operator asks the serving pods for it when a replica joins them, so that clients who keep their
+connections reconnect and the Service spreads them over the new one too. Each of these needs
+the admin bearer token; without one configured, they are refused.
 """
 
 from __future__ import annotations
 
 import hmac
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -37,6 +39,16 @@ SETTINGS_BODY_LIMIT = 64 * 1024
 ACCESS_BODY_LIMIT = 1024 * 1024
 """Largest access document `PUT /admin/access` reads (bytes): a quota for each of 1,000 keys fits
 ten times over."""
+RETIRE_BODY_LIMIT = 1024
+"""Largest body `POST /admin/connections/retire` reads (bytes)."""
+RETIRE_AFTER_S = 1.0
+"""By default no connection retires sooner than this after the operator asks: a Service's
+endpoints follow a new replica's readiness by about a second (the EndpointSlice, then
+kube-proxy's sync), and a client that reconnects before is placed among the old replicas again."""
+RETIRE_SPREAD_S = 2.0
+"""By default the connections retire at random within this much more: not all clients
+reconnect, and hit the replicas, at once."""
+RETIRE_MAX_S = 300.0
 NO_KEYS_MESSAGE = (
     "this server checks no API keys (it was started without --api-keys): there is no access "
     "document to show or change"
@@ -95,7 +107,36 @@ def add_admin_routes(
         @app.post("/admin/connections/retire")
         async def retire_connections(request: Request) -> Response:
             _authorize(request, admin_token)
-            return json_response({"retiring": connections.retire()})
+            after_s, spread_s = parse_retire(await read_body(request, RETIRE_BODY_LIMIT))
+            retiring = connections.retire(after_s=after_s, spread_s=spread_s)
+            return json_response(
+                {"retiring": retiring, "afterSeconds": after_s, "spreadSeconds": spread_s}
+            )
+
+
+def parse_retire(body: bytes) -> tuple[float, float]:
+    """`{"afterSeconds": A, "spreadSeconds": S}` (each optional; an empty body takes both
+    defaults): each connection retires at A plus a uniform share of S seconds from now."""
+    if not body.strip():
+        return RETIRE_AFTER_S, RETIRE_SPREAD_S
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidRequest('the body must be an object: {"afterSeconds": S, "spreadSeconds": S}')
+    unknown = sorted(set(doc) - {"afterSeconds", "spreadSeconds"})
+    if unknown:
+        raise InvalidRequest(f"unknown field(s) {', '.join(unknown)}: afterSeconds, spreadSeconds")
+    values = []
+    for key, default in (("afterSeconds", RETIRE_AFTER_S), ("spreadSeconds", RETIRE_SPREAD_S)):
+        value = doc.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InvalidRequest(f"{key} must be a number of seconds")
+        if not 0 <= value <= RETIRE_MAX_S:
+            raise InvalidRequest(f"{key} must be from 0 to {RETIRE_MAX_S:g} s, not {value:g}")
+        values.append(float(value))
+    return values[0], values[1]
 
 
 def _authorize(request: Request, token: str | None) -> None:

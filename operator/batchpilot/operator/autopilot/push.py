@@ -137,9 +137,9 @@ class ConnectionRebalancer:
     pool, a gRPC channel) stay on the replicas that were there when they connected, and a replica
     the autopilot added to relieve them would get only new connections: the overload it was added
     for would last until the clients' connections retire by age (`--max-connection-age-s`, 30 s
-    by default). Asked at once, they reconnect within a request or two, spread over every ready
-    replica. gRPC channels still move by age alone (the runtime cannot send GOAWAY to one
-    connection).
+    by default). Asked, they reconnect within a few seconds (the runtime retires each 1 to 3 s
+    later, once the Service's endpoints have the new replica), spread over every ready replica.
+    gRPC channels still move by age alone (the runtime cannot send GOAWAY to one connection).
 
     Called by every reconcile pass, which a pod's readiness changing brings. What it remembers is
     each InferenceService's ready pods (by admin endpoint), in memory: after the operator starts,
@@ -179,7 +179,7 @@ class ConnectionRebalancer:
         )
         failed = send_each(self._post, serving, token=token, document="")
         if failed:
-            log.info("connections not retired at once (they retire by age): %s", ", ".join(failed))
+            log.info("connections not asked to retire (they retire by age): %s", ", ".join(failed))
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop what is remembered of an InferenceService's pods (it was deleted)."""
