@@ -79,8 +79,7 @@ class Actuator:
         return []
 
     def _push_to_pods(self, owner: Owner, document: str) -> list[Event]:
-        secret = self._kube.get(SECRET, owner.namespace, owner.secret_name)
-        token = token_in(secret) if secret is not None else None
+        token = admin_token(self._kube, owner)
         if token is None:
             return []
         try:
@@ -98,6 +97,13 @@ class Actuator:
                 "they will pick them up from the ConfigMap",
             )
         ]
+
+
+def admin_token(kube: Kube, owner: Owner) -> str | None:
+    """The token the service's pods take on their admin endpoint (its Secret, which the
+    reconciler writes); None until there is one, and then the pods have none either."""
+    secret = kube.get(SECRET, owner.namespace, owner.secret_name)
+    return token_in(secret) if secret is not None else None
 
 
 def send_each(push: PushBatching, endpoints: list[str], *, token: str, document: str) -> list[str]:

@@ -11,11 +11,15 @@ import logging
 import urllib.error
 import urllib.request
 
-from batchpilot.operator.autopilot.acting import Pods, PushBatching, not_sent, send_each
+from batchpilot.operator.autopilot.acting import (
+    Pods,
+    PushBatching,
+    admin_token,
+    not_sent,
+    send_each,
+)
 from batchpilot.operator.children.common import Owner
-from batchpilot.operator.children.secret import token_in
 from batchpilot.operator.events import Event
-from batchpilot.operator.kinds import SECRET
 from batchpilot.operator.kube import Kube, KubeError
 
 log = logging.getLogger(__name__)
@@ -103,8 +107,7 @@ class AccessPusher:
         self._given[key] = given
         if not todo:
             return []
-        secret = self._kube.get(SECRET, owner.namespace, owner.secret_name)
-        token = token_in(secret) if secret is not None else None
+        token = admin_token(self._kube, owner)
         if token is None:  # the pods have no token either; the ConfigMap reaches them
             return []
         failed = send_each(self._push, todo, token=token, document=document)
@@ -166,8 +169,7 @@ class ConnectionRebalancer:
         serving = sorted(ready & before)
         if not serving:
             return
-        secret = self._kube.get(SECRET, owner.namespace, owner.secret_name)
-        token = token_in(secret) if secret is not None else None
+        token = admin_token(self._kube, owner)
         if token is None:
             return
         log.info(
