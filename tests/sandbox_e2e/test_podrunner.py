@@ -572,3 +572,132 @@ def test_a_hosted_pod_on_a_lost_node_is_cut_off_by_the_host_and_evicted(tmp_path
             wait_until(lambda: lost not in host.client.pods(), timeout=5, what="the eviction")
             assert rest.call(f"/api/v1/namespaces/{NS}/pods/{lost}") is None
             wait_until(lambda: ready_replicas(rest) == 2, timeout=30, what="the replacement")
+
+
+def gpu_deployment(name: str, replicas: int, *, strategy: dict[str, int]) -> dict[str, Any]:
+    """`deployment(replicas)` named `name`, each pod asking for one GPU, rolling with
+    `strategy`."""
+    made = deployment(replicas)
+    made["metadata"]["name"] = name
+    made["spec"]["strategy"] = {"type": "RollingUpdate", "rollingUpdate": dict(strategy)}
+    container = made["spec"]["template"]["spec"]["containers"][0]
+    container["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+    return made
+
+
+def pods_of(rest: API, name: str) -> list[dict[str, Any]]:
+    return [
+        p
+        for p in rest.call(f"/api/v1/namespaces/{NS}/pods")["items"]
+        if p["metadata"]["ownerReferences"][0]["name"] == name
+    ]
+
+
+def scheduled(pod: dict[str, Any]) -> dict[str, Any]:
+    (condition,) = [c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled"]
+    return dict(condition)
+
+
+def test_a_pod_finds_no_gpu_on_a_full_node_until_one_is_freed(tmp_path: Path) -> None:
+    """The node's two GPUs are taken by one Deployment's pods: another's pod waits Pending and
+    Unschedulable, in the scheduler's words, and starts once the first Deployment goes."""
+    surge = {"maxSurge": 1, "maxUnavailable": 0}
+    with LocalKubernetesAPI(crds=[ROOT / "crds"]).threaded() as api:
+        rest = seeded(api.url)
+        rest.call(DEPLOYMENTS, "POST", gpu_deployment("m", 2, strategy=surge))
+        with running(api.url, tmp_path, start_delay_s=0.1, node_gpus=2) as runner:
+            wait_until(lambda: ready_replicas(rest) == 2, timeout=30, what="readyReplicas 2")
+            assert {p["spec"]["nodeName"] for p in pods_of(rest, "m")} == {"sandbox"}
+            assert all(scheduled(p)["status"] == "True" for p in pods_of(rest, "m"))
+            rest.call(DEPLOYMENTS, "POST", gpu_deployment("late", 1, strategy=surge))
+
+            def unschedulable() -> dict[str, Any] | None:
+                pods = pods_of(rest, "late")
+                return pods[0] if pods and pods[0]["status"].get("conditions") else None
+
+            pod = wait_until(unschedulable, timeout=10, what="the late pod unschedulable")
+            assert pod["status"]["phase"] == "Pending"
+            assert "nodeName" not in pod["spec"]
+            condition = scheduled(pod)
+            assert condition["status"] == "False"
+            assert condition["reason"] == "Unschedulable"
+            assert condition["message"] == (
+                "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+            )
+            assert condition["lastTransitionTime"].endswith("Z")
+            late = rest.call(f"{DEPLOYMENTS}/late")["status"]
+            assert (late["replicas"], late["readyReplicas"]) == (1, 0)
+
+            rest.call(f"{DEPLOYMENTS}/m", "DELETE")
+            wait_until(
+                lambda: (
+                    (rest.call(f"{DEPLOYMENTS}/late") or {}).get("status", {}).get("readyReplicas")
+                    == 1
+                ),
+                timeout=30,
+                what="the late pod ready once GPUs are free",
+            )
+            (pod,) = pods_of(rest, "late")
+            assert scheduled(pod)["status"] == "True"
+            assert pod["spec"]["nodeName"] == "sandbox"
+            assert any("scheduled" in what for _, what in runner.node_events)
+
+
+def test_a_rollout_in_place_frees_the_gpu_its_surge_pod_waits_for(tmp_path: Path) -> None:
+    """Two replicas on a node of two GPUs: a rollout with a surge stalls, its new pod waiting
+    for a GPU; turned in place (maxSurge 0, maxUnavailable 1), an old pod goes first and the
+    new one takes its GPU, one at a time, one replica serving throughout."""
+    surge = {"maxSurge": 1, "maxUnavailable": 0}
+    published: list[Endpoints] = []
+    with LocalKubernetesAPI(crds=[ROOT / "crds"]).threaded() as api:
+        rest = seeded(api.url)
+        rest.call(DEPLOYMENTS, "POST", gpu_deployment("m", 2, strategy=surge))
+        with running(
+            api.url, tmp_path, start_delay_s=0.1, node_gpus=2, on_endpoints=published.append
+        ):
+            wait_until(lambda: ready_replicas(rest) == 2, timeout=30, what="readyReplicas 2")
+            old = {p["metadata"]["name"] for p in pods_of(rest, "m")}
+            changed = gpu_deployment("m", 2, strategy=surge)
+            args = changed["spec"]["template"]["spec"]["containers"][0]["args"]
+            args[args.index("alpha_ms=2,beta_ms=1")] = "alpha_ms=3,beta_ms=1"
+            rest.call(f"{DEPLOYMENTS}/m", "PUT", changed)
+            mark = len(published)
+
+            def waiting() -> bool:
+                return any(
+                    p["status"].get("conditions") and scheduled(p)["status"] == "False"
+                    for p in pods_of(rest, "m")
+                )
+
+            wait_until(waiting, timeout=10, what="the surge pod unschedulable")
+            time.sleep(2)  # and it stays so: the rollout is stuck
+            status = rest.call(f"{DEPLOYMENTS}/m")["status"]
+            assert (status["replicas"], status["updatedReplicas"], status["readyReplicas"]) == (
+                3,
+                1,
+                2,
+            )
+            assert old <= {p["metadata"]["name"] for p in pods_of(rest, "m")}
+
+            in_place = {"maxSurge": 0, "maxUnavailable": 1}
+            rest.call(
+                f"{DEPLOYMENTS}/m",
+                "PATCH",
+                {"spec": {"strategy": {"rollingUpdate": in_place}}},
+                patch=True,
+            )
+
+            def rolled() -> bool:
+                names = {p["metadata"]["name"] for p in pods_of(rest, "m")}
+                status = (rest.call(f"{DEPLOYMENTS}/m") or {}).get("status", {})
+                return bool(
+                    not names & old
+                    and len(names) == 2
+                    and status.get("readyReplicas") == 2
+                    and status.get("updatedReplicas") == 2
+                )
+
+            wait_until(rolled, timeout=30, what="the rollout in place")
+            # One replica served throughout; never more pods than GPUs bound.
+            assert all(e.ready.get((NS, "m")) for e in published[mark:])
+            assert all(len(e.ready.get((NS, "m"), [])) <= 2 for e in published[mark:])

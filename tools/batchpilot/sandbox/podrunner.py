@@ -20,6 +20,11 @@ kubelet for them all the same, and learns their readiness in one request per pas
 It also plays a node that dies (`lose_node`, nodes.py): the pods on it stop answering, are
 marked not Ready after the node controller's notice, and are deleted and replaced only at their
 eviction; meanwhile nothing probes, restarts or drains them.
+
+Pods are made and deleted as the ReplicaSet and Deployment controllers would (rolling.py),
+rollouts following the Deployment's maxSurge and maxUnavailable. With `node_gpus` the node has
+that many GPUs, and the runner plays the scheduler too (scheduling.py): a pod asking for a GPU
+that no pod frees waits Pending and Unschedulable, and is bound, then started, once one does.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import base64
 import collections
 import contextlib
+import math
 import os
 import secrets
 import signal
@@ -38,6 +44,7 @@ import urllib.error
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +68,18 @@ from batchpilot.sandbox.pods import (
     termination,
 )
 from batchpilot.sandbox.processes import stop_processes
+from batchpilot.sandbox.rolling import PodView, Step, rolling_limits, step
+from batchpilot.sandbox.scheduling import (
+    NODE_NAME,
+    GpuRequest,
+    Waiting,
+    bind_in_order,
+    gpu_request,
+    held,
+    scheduled_condition,
+    unschedulable_condition,
+    unscheduled_status,
+)
 
 __all__ = [
     "API",
@@ -115,6 +134,15 @@ class Replica:
     """How long its spec tolerates an unreachable node (None: it names no toleration)."""
     unreachable: Unreachable | None = None
     """Set when its node is lost: it answers nothing, and no kubelet looks after it."""
+    gpus: GpuRequest | None = None
+    """The GPUs its container asks for (None: none)."""
+    bound: bool = True
+    """Scheduled to the node; an unbound pod waits for room (`start_at` is infinite until it
+    is bound)."""
+    bound_since: str = ""
+    """When it was bound (RFC 3339): its PodScheduled condition's lastTransitionTime."""
+    unschedulable: dict[str, Any] | None = None
+    """The scheduler's PodScheduled condition while it waits for room."""
 
     @property
     def ports(self) -> list[int]:
@@ -156,6 +184,7 @@ class PodRunner:
         poll_s: float = 0.5,
         on_endpoints: Callable[[Endpoints], None] | None = None,
         pod_host: PodHostClient | None = None,
+        node_gpus: int | None = None,
     ) -> None:
         self.api = API(api_url)
         self.workdir = workdir
@@ -167,6 +196,10 @@ class PodRunner:
         self.on_endpoints = on_endpoints
         self.pod_host = pod_host
         """Where simulated pods run; None: every pod is a process of its own."""
+        if node_gpus is not None and node_gpus < 0:
+            raise ValueError(f"a node has 0 GPUs or more, not {node_gpus}")
+        self.node_gpus = node_gpus
+        """The node's GPUs (of each GPU resource pods ask for); None: no limit, no scheduler."""
         self.replicas: dict[str, Replica] = {}
         self.terminating: list[tuple[subprocess.Popen[bytes], float, float]] = []
         """Removed pods' processes: (process, SIGTERM at, SIGKILL at); SIGTERM sent: 0."""
@@ -184,7 +217,10 @@ class PodRunner:
         """Held by a pass, and by `lose_node` (called from another thread)."""
         self.started_pids: list[int] = []
         self.node_events: list[tuple[float, str]] = []
-        """What happened to pods on a lost node: (monotonic time, what), in order."""
+        """What happened to pods on the node — lost with it, waiting for room on it, bound to
+        it: (monotonic time, what), in order."""
+        self._refused: set[str] = set()
+        """Errors said once (a Deployment's strategy the runner cannot follow)."""
 
     # -- lifecycle -------------------------------------------------------------------------
     def run_in_thread(self) -> None:
@@ -293,6 +329,7 @@ class PodRunner:
                 mine[key].append(replica)
         for key, deployment in deployments.items():
             self._converge(key, deployment, mine[key])
+        self._schedule(time.monotonic())
         self._reap()
         self._publish(deployments)
 
@@ -309,24 +346,10 @@ class PodRunner:
             self.node_events.append((now, f"pod {replica.name}: evicted and deleted"))
         desired = int(deployment["spec"].get("replicas", 1))
         template = template_hash(deployment)
-        fresh = [r for r in mine if r.template == template]
-        outdated = [r for r in mine if r.template != template]
-        doomed: list[Replica] = []
-        if len(fresh) > desired:
-            # Like a ReplicaSet: not-ready pods go first (one on a lost node once it is marked
-            # so), then the youngest.
-            doomed = sorted(fresh, key=lambda r: (r.ready, -r.start_at))[: len(fresh) - desired]
-            doomed += outdated
-        elif outdated:
-            # A rolling update, maxSurge 1 and maxUnavailable 0 (what the operator asks for):
-            # one new pod at a time; an old one goes once every new one is ready.
-            if len(fresh) < desired and len(mine) < desired + 1:
-                mine.append(self._create(key, deployment, now))
-            elif all(r.ready for r in fresh) and len(fresh) + len(outdated) > desired:
-                doomed = sorted(outdated, key=lambda r: (r.ready, r.start_at))[:1]
-        else:
-            while len(mine) < desired:
-                mine.append(self._create(key, deployment, now))
+        decided = self._step(key, deployment, desired, mine, template)
+        doomed = [r for r in mine if r.name in decided.delete]
+        for _ in range(decided.create):
+            mine.append(self._create(key, deployment, now))
         for replica in doomed:
             self._remove(replica, delete_pod=True)
             mine.remove(replica)
@@ -338,6 +361,83 @@ class PodRunner:
             self._write_files(replica, files)
             self._advance(replica, now)
         self._report_deployment(key, deployment, mine, template)
+
+    def _step(
+        self,
+        key: Key,
+        deployment: dict[str, Any],
+        desired: int,
+        mine: Sequence[Replica],
+        template: str,
+    ) -> Step:
+        """What the ReplicaSet and Deployment controllers do in this pass (rolling.py): a pod on
+        a lost node counts as ready until it is marked not Ready, as it does for them."""
+        try:
+            limits = rolling_limits(deployment, desired)
+        except ValueError as exc:  # the API server would have refused it: leave its pods be
+            said = f"deployment {key[0]}/{key[1]}: {exc}"
+            if said not in self._refused:
+                self._refused.add(said)
+                self.errors.append(said)
+            return Step()
+
+        def view(replica: Replica) -> PodView:
+            return PodView(
+                replica.name, ready=replica.ready, bound=replica.bound, started_at=replica.start_at
+            )
+
+        return step(
+            replicas=desired,
+            limits=limits,
+            current=[view(r) for r in mine if r.template == template],
+            old=[view(r) for r in mine if r.template != template],
+        )
+
+    def _schedule(self, now: float) -> None:
+        """The scheduler's pass: the pods waiting for the node bound, oldest first, where the
+        GPUs the bound pods hold leave room (scheduling.py); the rest said Unschedulable."""
+        waiting = sorted(
+            (r for r in self.replicas.values() if not r.bound), key=lambda r: r.created_at
+        )
+        if not waiting:
+            return
+        holding = held([r.gpus for r in self.replicas.values() if r.bound])
+        taken = set(
+            bind_in_order(
+                [Waiting(r.name, r.created_at, r.gpus) for r in waiting],
+                holding,
+                gpus=self.node_gpus,
+            )
+        )
+        stamp = _timestamp()
+        for replica in waiting:
+            if replica.name in taken:
+                self._bind(replica, now, stamp)
+            elif replica.unschedulable is None and replica.gpus is not None:
+                replica.unschedulable = unschedulable_condition(replica.gpus, since=stamp)
+                self._report_pod(replica, phase="Pending")
+                self.node_events.append(
+                    (now, f"pod {replica.name}: Unschedulable ({replica.unschedulable['message']})")
+                )
+
+    def _bind(self, replica: Replica, now: float, stamp: str) -> None:
+        """The pod gets the node: its nodeName set, its start-up delay counted from now."""
+        with contextlib.suppress(urllib.error.HTTPError):
+            self.api.call(
+                f"/api/v1/namespaces/{replica.namespace}/pods/{replica.name}",
+                "PATCH",
+                {"spec": {"nodeName": NODE_NAME}},
+                patch=True,
+            )
+        if replica.unschedulable is not None:
+            self.node_events.append(
+                (now, f"pod {replica.name}: scheduled, {now - replica.created_at:.1f} s after it")
+            )
+        replica.bound = True
+        replica.bound_since = stamp
+        replica.unschedulable = None
+        replica.start_at = now + self.start_delay_s
+        self._report_pod(replica, phase="Pending")
 
     def _file_sources(self, namespace: str, deployment: dict[str, Any]) -> dict[str, bytes]:
         """The mounted ConfigMaps and Secrets, as file contents by name."""
@@ -379,18 +479,25 @@ class PodRunner:
         template = deployment["spec"]["template"]
         containers = [dict(c) for c in template["spec"]["containers"]]
         pre_stop_s, grace_s = termination(template["spec"])
+        gpus = gpu_request(containers[0])
+        # Without a GPU limit, or a GPU to ask for, a pod is bound as it is made; else the
+        # scheduler's pass at the end of this one decides (`_schedule`), oldest pod first.
+        bound = self.node_gpus is None or gpus is None
         replica = Replica(
             pod_name,
             namespace,
             name,
             directory,
-            start_at=now + self.start_delay_s,
+            start_at=now + self.start_delay_s if bound else math.inf,
             template=template_hash(deployment),
             container=dict(containers[0]),
             pre_stop_s=pre_stop_s if self.pre_stop_s is None else self.pre_stop_s,
             grace_s=grace_s,
             created_at=now,
             toleration_s=unreachable_toleration_s(template["spec"]),
+            gpus=gpus,
+            bound=bound,
+            bound_since=_timestamp() if bound else "",
         )
         replica.held = reserve_ports(4)
         ports = [sock.getsockname()[1] for sock in replica.held]
@@ -401,7 +508,7 @@ class PodRunner:
         containers[0]["ports"] = [
             {"name": name, "containerPort": port} for name, port in named.items()
         ]
-        pod = pod_object(pod_name, deployment, containers)
+        pod = pod_object(pod_name, deployment, containers, node=NODE_NAME if bound else None)
         self.api.call(f"/api/v1/namespaces/{namespace}/pods", "POST", pod)
         self.replicas[pod_name] = replica
         self._report_pod(replica, phase="Pending")
@@ -551,6 +658,8 @@ class PodRunner:
     def _report_pod(self, replica: Replica, *, phase: str) -> None:
         if replica.unreachable is not None:
             status = marked_not_ready(replica.reported)  # its kubelet's last word, and this
+        elif not replica.bound:
+            status = unscheduled_status(replica.unschedulable)
         else:
             status = pod_status(
                 phase,
@@ -559,6 +668,7 @@ class PodRunner:
                 restarts=replica.restarts,
                 waiting=replica.waiting,
                 last_exit=replica.last_exit,
+                scheduled=scheduled_condition(since=replica.bound_since),
             )
         if status == replica.reported:
             return
@@ -611,3 +721,8 @@ class PodRunner:
         if endpoints != self._last_endpoints and self.on_endpoints is not None:
             self.on_endpoints(endpoints)
         self._last_endpoints = endpoints
+
+
+def _timestamp() -> str:
+    """Now, as Kubernetes stamps a condition's lastTransitionTime (RFC 3339, to the second)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

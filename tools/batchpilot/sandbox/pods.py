@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from batchpilot.operator.children.common import MANAGED_BY
+from batchpilot.sandbox.scheduling import NODE_NAME
 
 SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"
 _REWRITTEN = {
@@ -190,9 +191,14 @@ def serve_flags(command: Sequence[str]) -> list[str]:
 
 
 def pod_object(
-    name: str, deployment: Mapping[str, Any], containers: Sequence[Mapping[str, Any]]
+    name: str,
+    deployment: Mapping[str, Any],
+    containers: Sequence[Mapping[str, Any]],
+    *,
+    node: str | None = NODE_NAME,
 ) -> dict[str, Any]:
-    """The Pod a ReplicaSet would make from `deployment`'s template, with these containers."""
+    """The Pod a ReplicaSet would make from `deployment`'s template, with these containers,
+    bound to `node` (None: not yet scheduled)."""
     template = deployment["spec"]["template"]
     return {
         "apiVersion": "v1",
@@ -212,7 +218,11 @@ def pod_object(
                 }
             ],
         },
-        "spec": {**template["spec"], "containers": list(containers), "nodeName": "sandbox"},
+        "spec": {
+            **template["spec"],
+            "containers": list(containers),
+            **({} if node is None else {"nodeName": node}),
+        },
     }
 
 
@@ -242,10 +252,12 @@ def pod_status(
     restarts: int,
     waiting: dict[str, str] | None = None,
     last_exit: dict[str, Any] | None = None,
+    scheduled: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A Pod's status as the kubelet reports it, for one container named `runtime`: `waiting`
     (reason, message) while it waits to restart, `last_exit` (exitCode, reason, message — the
-    log's tail, as `terminationMessagePolicy: FallbackToLogsOnError` gives it) once it exited."""
+    log's tail, as `terminationMessagePolicy: FallbackToLogsOnError` gives it) once it exited;
+    `scheduled`, its PodScheduled condition, first among the conditions."""
     flag = "True" if ready else "False"
     container: dict[str, Any] = {
         "name": "runtime",
@@ -262,6 +274,7 @@ def pod_status(
         "hostIP": "127.0.0.1",
         "podIP": "127.0.0.1" if started else None,
         "conditions": [
+            *([] if scheduled is None else [dict(scheduled)]),
             {"type": "ContainersReady", "status": flag},
             {"type": "Ready", "status": flag},
         ],

@@ -90,6 +90,8 @@ class SandboxOptions:
     """A node to lose under load, with some of the service's ready pods on it."""
     service_balance: Balance = "request"
     """How the Service proxy balances: per request (a mesh) or per connection (kube-proxy)."""
+    node_gpus: int | None = None
+    """The node's GPUs: pods asking for more than are free wait Unschedulable (None: no limit)."""
 
 
 @dataclass
@@ -104,7 +106,8 @@ class SandboxResult:
     plot: Path | None = None
     errors: list[str] = field(default_factory=list)
     node_events: list[tuple[float, str]] = field(default_factory=list)
-    """What befell the pods of a lost node: (seconds since the start, what), as printed."""
+    """What befell pods on the node — lost with it, waiting for a GPU on it, bound to it:
+    (seconds since the start, what), as printed."""
     served_by_pod: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     """Each pod's successful requests so far, as Prometheus scraped its runtime's
     `batchpilot_requests_total{outcome="success"}`: (seconds since the start, count), a point a
@@ -317,6 +320,7 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
                 start_delay_s=options.start_delay_s,
                 on_endpoints=publish,
                 pod_host=None if host is None else host.client,
+                node_gpus=options.node_gpus,
             )
             runner.run_in_thread()
 
@@ -330,6 +334,8 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
                 f"service (proxy): {proxy_url}  (round-robin over ready runtime processes, "
                 f"per {options.service_balance})"
             )
+            if options.node_gpus is not None:
+                say(f"node:            {options.node_gpus} GPUs (pods asking for more wait)")
             for note in notes:
                 say(f"sandbox change to the example: {note}")
 
@@ -587,6 +593,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "pod until it closes their connection)",
     )
     a(
+        "--node-gpus",
+        type=int,
+        metavar="N",
+        help="the node has N GPUs: a pod asking for a GPU (the operator's nvidia.com/gpu limit, "
+        "device gpu) when none is free waits Pending, Unschedulable, until a pod that holds one "
+        "is deleted (default: no limit)",
+    )
+    a(
         "--lose-node",
         metavar="AT_S[:COUNT]",
         help="AT_S seconds into the load, the node of COUNT (1) ready pods of the service dies: "
@@ -623,6 +637,9 @@ def main(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"error: --lose-node: {exc}", file=sys.stderr)
             return 2
+    if args.node_gpus is not None and args.node_gpus < 0:
+        print("error: --node-gpus must be 0 or more", file=sys.stderr)
+        return 2
     options = SandboxOptions(
         example=args.example,
         engine=args.engine,
@@ -638,6 +655,7 @@ def main(args: argparse.Namespace) -> int:
         pod_host=args.pod_host,
         lose_node=node_loss,
         service_balance=args.service_balance,
+        node_gpus=args.node_gpus,
     )
     try:
         result = run_sandbox(options, out=lambda text: print(text, flush=True))
