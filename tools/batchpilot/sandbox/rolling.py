@@ -1,11 +1,10 @@
 """The sandbox's ReplicaSet and Deployment controllers, as one decision per pass: which pods to
 create and which to delete to bring a Deployment's pods to its replicas and its template.
 
-The pod runner (podrunner.py) used to roll every Deployment with a surge of one, which is what
-the operator asks for most of the time; but the operator turns a rollout in place
-(`maxSurge: 0, maxUnavailable: 1`) when the surge pod finds no GPU, and a sandbox that ignores
-the strategy would never show that. So this follows the Deployment's
-`spec.strategy.rollingUpdate` as Kubernetes' Deployment controller does:
+The operator rolls with a surge of one most of the time, but turns a rollout in place
+(`maxSurge: 0, maxUnavailable: 1`) when the surge pod finds no GPU, and a sandbox that ignored
+the strategy would never show that. So the pod runner (podrunner.py) follows the Deployment's
+`spec.strategy.rollingUpdate` here, as Kubernetes' Deployment controller does:
 
 - at most `replicas + maxSurge` pods in all: new ones are created while that allows;
 - at least `replicas - maxUnavailable` ready: old pods are deleted while that allows, not-ready
