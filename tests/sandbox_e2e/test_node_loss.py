@@ -14,7 +14,6 @@ may still run, the frozen process included.
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,8 @@ from typing import Any
 import pytest
 
 from batchpilot.sandbox.nodes import NodeLoss
-from batchpilot.sandbox.up import SandboxOptions, SandboxResult, run_sandbox
+from batchpilot.sandbox.up import SandboxResult
+from tests.sandbox_e2e.mlp_sandbox import run_mlp_sandbox
 from tests.sandbox_e2e.test_demo import processes_mentioning
 
 pytestmark = pytest.mark.slow
@@ -83,19 +83,13 @@ def test_the_autopilot_stands_in_for_a_replica_on_a_lost_node(
     tmp_path: Path, mlp_model: Path
 ) -> None:
     started = time.monotonic()
-    (tmp_path / "models").mkdir()
-    shutil.copy(mlp_model, tmp_path / "models" / "mlp.onnx")
-    lines: list[str] = []
-    result = run_sandbox(
-        SandboxOptions(
-            service=service(),
-            scenario="0:45",
-            duration_s=LOST_AT_S + NOTICE_S + TOLERATION_S + 15,
-            workdir=tmp_path,
-            start_delay_s=1.0,
-            lose_node=NodeLoss(LOST_AT_S, 1, notice_s=NOTICE_S),
-        ),
-        out=lines.append,
+    result, lines = run_mlp_sandbox(
+        tmp_path,
+        mlp_model,
+        service(),
+        scenario="0:45",
+        duration_s=LOST_AT_S + NOTICE_S + TOLERATION_S + 15,
+        lose_node=NodeLoss(LOST_AT_S, 1, notice_s=NOTICE_S),
     )
     log = "\n".join(lines) + f"\n\n{timeline(result)}\n{result.status.get('autopilot')}"
     assert result.load, log

@@ -17,7 +17,6 @@ Process pods (the default), not the pod host: a hosted pod has no `/admin/connec
 from __future__ import annotations
 
 import re
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,8 @@ from typing import Any
 import pytest
 
 from batchpilot.sandbox.liveview import Sample
-from batchpilot.sandbox.up import SandboxOptions, SandboxResult, run_sandbox
+from batchpilot.sandbox.up import SandboxResult
+from tests.sandbox_e2e.mlp_sandbox import run_mlp_sandbox
 from tests.sandbox_e2e.test_demo import processes_mentioning
 
 pytestmark = pytest.mark.slow
@@ -87,19 +87,13 @@ def test_replicas_added_under_load_get_a_share_of_kept_alive_clients(
     tmp_path: Path, mlp_model: Path
 ) -> None:
     started = time.monotonic()
-    (tmp_path / "models").mkdir()
-    shutil.copy(mlp_model, tmp_path / "models" / "mlp.onnx")
-    lines: list[str] = []
-    result = run_sandbox(
-        SandboxOptions(
-            service=service(),
-            scenario=f"0:{RPS}",
-            duration_s=DURATION_S,
-            workdir=tmp_path,
-            start_delay_s=1.0,
-            service_balance="connection",
-        ),
-        out=lines.append,
+    result, lines = run_mlp_sandbox(
+        tmp_path,
+        mlp_model,
+        service(),
+        scenario=f"0:{RPS}",
+        duration_s=DURATION_S,
+        service_balance="connection",
     )
     operator_log = (tmp_path / "operator.log").read_text(errors="replace")
     asked = [m.group(0) for m in ASKED.finditer(operator_log)]

@@ -16,7 +16,6 @@ rollout stays stuck, and this test fails.
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 import time
 import urllib.parse
@@ -29,7 +28,7 @@ import yaml
 
 from batchpilot.operator.rollout import IN_PLACE, SURGE
 from batchpilot.sandbox.podrunner import API
-from batchpilot.sandbox.up import SandboxOptions, run_sandbox
+from tests.sandbox_e2e.mlp_sandbox import run_mlp_sandbox
 from tests.sandbox_e2e.test_demo import processes_mentioning
 
 pytestmark = pytest.mark.slow
@@ -170,25 +169,19 @@ def test_a_rollout_on_a_full_node_goes_in_place_and_the_service_serves_throughou
     tmp_path: Path, mlp_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     started = time.monotonic()
-    (tmp_path / "models").mkdir()
-    shutil.copy(mlp_model, tmp_path / "models" / "mlp.onnx")
     # `sandbox up` hands its own environment to the operator.
     monkeypatch.setenv("BATCHPILOT_OPERATOR_ROLLOUT_IN_PLACE_AFTER_SECONDS", str(WAIT_S))
     watch = Watch(tmp_path)
     watcher = threading.Thread(target=watch.run, name="watch", daemon=True)
     watcher.start()
-    lines: list[str] = []
     try:
-        result = run_sandbox(
-            SandboxOptions(
-                service=service(),
-                scenario=f"0:{RPS}",
-                duration_s=DURATION_S,
-                workdir=tmp_path,
-                start_delay_s=1.0,
-                node_gpus=2,
-            ),
-            out=lines.append,
+        result, lines = run_mlp_sandbox(
+            tmp_path,
+            mlp_model,
+            service(),
+            scenario=f"0:{RPS}",
+            duration_s=DURATION_S,
+            node_gpus=2,
         )
     finally:
         watch.stop.set()

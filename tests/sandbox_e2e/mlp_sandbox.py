@@ -1,0 +1,25 @@
+"""One way for an end-to-end test to run the sandbox on a service of the small MLP model."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from batchpilot.sandbox.up import SandboxOptions, SandboxResult, run_sandbox
+
+
+def run_mlp_sandbox(
+    tmp_path: Path, mlp_model: Path, service: dict[str, Any], **options: Any
+) -> tuple[SandboxResult, list[str]]:
+    """`run_sandbox` on `service` (its model at `file:///models/mlp.onnx`, a copy of
+    `mlp_model`), working in `tmp_path`, pods ready a second after they start, with `options`;
+    its result and the lines it printed."""
+    (tmp_path / "models").mkdir()
+    shutil.copy(mlp_model, tmp_path / "models" / "mlp.onnx")
+    lines: list[str] = []
+    result = run_sandbox(
+        SandboxOptions(service=service, workdir=tmp_path, start_delay_s=1.0, **options),
+        out=lines.append,
+    )
+    return result, lines
