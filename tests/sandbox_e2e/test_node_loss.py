@@ -88,6 +88,9 @@ def test_the_autopilot_stands_in_for_a_replica_on_a_lost_node(
         mlp_model,
         service(),
         scenario="0:45",
+        # Evenly spaced: a Poisson second of 60 rps reads as a rise and plans a fourth replica
+        # (a spare, for the scale-down delay) that the loss would then not need to be stood in.
+        arrivals="uniform",
         duration_s=LOST_AT_S + NOTICE_S + TOLERATION_S + 15,
         lose_node=NodeLoss(LOST_AT_S, 1, notice_s=NOTICE_S),
     )

@@ -72,6 +72,8 @@ class SandboxOptions:
     engine: str | None = None
     model: Path | None = None
     scenario: str = DEFAULT_SCENARIO
+    arrivals: str = "poisson"
+    """The load's arrival process: poisson, or uniform (evenly spaced, no bursts of chance)."""
     duration_s: float = 80.0
     workdir: Path | None = None
     keep: bool = False
@@ -359,7 +361,8 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
             loadgen = processes.start(
                 [sys.executable, "-m", "batchpilot.runtime.cli", "loadgen",
                  "--url", proxy_url, "--model", model_name,
-                 "--schedule", options.scenario, "--duration", str(options.duration_s),
+                 "--schedule", options.scenario, "--arrivals", options.arrivals,
+                 "--duration", str(options.duration_s),
                  "--timeout-s", str(options.request_timeout_s), "--json", str(load_json)],
                 log=workdir / "loadgen.txt",
             )  # fmt: skip
@@ -571,6 +574,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_SCENARIO,
         help=f'load schedule "t:rps,..." (default "{DEFAULT_SCENARIO}")',
     )
+    a(
+        "--arrivals",
+        choices=["poisson", "uniform"],
+        default="poisson",
+        help="the load's arrival process: poisson (default) or uniform (evenly spaced)",
+    )
     a("--duration", type=float, default=80.0, help="seconds of load (default 80)")
     a("--plot", type=Path, help="write a PNG of the run here")
     a("--json", dest="json_out", type=Path, help="write samples, decisions and the report here")
@@ -645,6 +654,7 @@ def main(args: argparse.Namespace) -> int:
         engine=args.engine,
         model=args.model,
         scenario=args.scenario,
+        arrivals=args.arrivals,
         duration_s=args.duration,
         workdir=args.workdir,
         keep=args.keep,
