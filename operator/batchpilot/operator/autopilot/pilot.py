@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 from batchpilot.operator.autopilot.acting import Actuator, Pods, PushBatching
 from batchpilot.operator.autopilot.decide import decide
+from batchpilot.operator.autopilot.elsewhere import OtherWriters
 from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.autopilot.policy import Decision, InForce, Policy
 from batchpilot.operator.autopilot.prometheus import Scope
@@ -111,6 +112,7 @@ class Autopilot:
         self._seconds = seconds
         self._lock = threading.Lock()
         self._waiting: dict[tuple[str, str], dict[str, Any]] = {}
+        self._others = OtherWriters()
 
     def tick(self, body: dict[str, Any], *, observe: Observe | None = None) -> TickResult:
         """One tick for the InferenceService `body`, its decision applied at once; `observe`
@@ -135,6 +137,7 @@ class Autopilot:
         except ValueError:
             return TickResult()  # reconcile reports invalid specs
         if spec.scaling.mode == "off":
+            self._forget_count(key)
             return TickResult()
         owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"], spec=spec)
         deployment = self._kube.get(DEPLOYMENT, owner.namespace, owner.name)
@@ -150,6 +153,21 @@ class Autopilot:
             else (spec.batching.batch_size, spec.batching.max_queue_delay_ms)
         )
         current = InForce(replicas=replicas, batch_size=batch, max_queue_delay_s=delay_ms / 1e3)
+        acting = spec.scaling.mode == "auto"
+        uid = str(deployment.get("metadata", {}).get("uid") or "")
+        elsewhere = None
+        if acting:
+            with self._lock:
+                elsewhere = self._others.check(
+                    key,
+                    uid=uid,
+                    replicas=replicas,
+                    low=spec.scaling.min_replicas,
+                    high=spec.scaling.max_replicas,
+                    now=self._seconds(),
+                )
+        else:
+            self._forget_count(key)
 
         now = self._clock()
         observation = (observe or self._observe)(
@@ -167,8 +185,7 @@ class Autopilot:
         decision, new_state = decide(observation, policy, current, state, seconds)
         report = new_state.slo.report(seconds)
 
-        result = TickResult(decision=decision)
-        acting = spec.scaling.mode == "auto"
+        result = TickResult(decision=decision, events=[elsewhere] if elsewhere else [])
         in_force_deadline = None if recorded is None else recorded.deadline_ms
         deadline = default_deadline_ms(
             sla_ms=spec.sla.latency_p99_ms,
@@ -177,7 +194,9 @@ class Autopilot:
         )
         if acting and (decision.changes(current) or deadline != in_force_deadline):
             result.acting = functools.partial(
-                self._actuator.apply,
+                self._apply,
+                key,
+                uid,
                 owner,
                 current,
                 decision,
@@ -185,6 +204,9 @@ class Autopilot:
                 in_force_deadline_ms=in_force_deadline,
             )
             result.status["deadlineMs"] = deadline
+        if acting and decision.replicas == current.replicas:
+            with self._lock:
+                self._others.left(key, uid=uid, replicas=current.replicas)
         status_doc, said = report_tick(
             status,
             spec,
@@ -216,10 +238,40 @@ class Autopilot:
         result.events += said
         return result
 
+    def _apply(
+        self,
+        key: tuple[str, str],
+        uid: str,
+        owner: Owner,
+        current: InForce,
+        decision: Decision,
+        *,
+        deadline_ms: float,
+        in_force_deadline_ms: float | None,
+    ) -> list[Event]:
+        """Apply `decision`; once the API took it, its replicas are what the tick left in force
+        (a write that failed left the count as it was)."""
+        events = self._actuator.apply(
+            owner,
+            current,
+            decision,
+            deadline_ms=deadline_ms,
+            in_force_deadline_ms=in_force_deadline_ms,
+        )
+        with self._lock:
+            self._others.left(key, uid=uid, replicas=decision.replicas)
+        return events
+
+    def _forget_count(self, key: tuple[str, str]) -> None:
+        """The service's replica count is not the autopilot's to keep (mode recommend or off)."""
+        with self._lock:
+            self._others.drop(key)
+
     def forget(self, keep: Iterable[tuple[str, str]]) -> None:
-        """Drop the waiting status of every service but `keep` (deleted, or out of the
+        """Drop what is remembered of every service but `keep` (deleted, or out of the
         autopilot's hands)."""
         kept = set(keep)
         with self._lock:
             for key in [k for k in self._waiting if k not in kept]:
                 del self._waiting[key]
+            self._others.forget(kept)
