@@ -12,10 +12,11 @@ other than the spec's bounds clamping it (the reconciler does), was written by s
 Warning Event says so and what to do, at most once every `EVERY_S` per service (it counts the
 changes in between).
 
-The autopilot goes on deciding from the count it finds, as the InferenceService declares: a
-scale-up by hand holds until the scale-down delay has passed, a scale-down under load is undone
-at the next tick. The memory is the operator process's: after a restart, or a new leader, the
-first tick only looks.
+The autopilot goes on deciding from the count it finds, as the InferenceService declares:
+replicas the load does not need go as any surplus does, once the scale-down delay's
+recommendations say fewer (those made before the change count: a count raised by hand under a
+steady load goes within seconds), and too few are undone at the next tick. The memory is the
+operator process's: after a restart, or a new leader, the first tick only looks.
 
 Pure: the time is an argument.
 """
@@ -99,7 +100,8 @@ def message(name: str, *, was: int, now: int, times: int) -> str:
         f"the replicas of Deployment {name} were changed from {was} to {now} by another writer"
         f"{often}: a HorizontalPodAutoscaler or KEDA ScaledObject that targets it, or kubectl "
         f"scale. With spec.scaling.mode auto the autopilot owns the replica count and decides "
-        f"from {now}: a scale-up by hand lasts until the scale-down delay has passed, a "
-        f"scale-down under load is undone at the next tick. To scale by other means set "
+        f"from {now}: replicas the load does not need go as any surplus does, once the "
+        f"scale-down delay's recommendations say fewer (those already made count), and too few "
+        f"are undone at the next tick. To scale by other means set "
         f"spec.scaling.mode to recommend or off; to keep a floor, spec.scaling.minReplicas."
     )
