@@ -55,7 +55,16 @@ from tests.operator.fake_kube import FakeKube
 ROOT = Path(__file__).resolve().parents[2]
 OPERATOR_PACKAGE = "batchpilot.operator"
 KUBE_METHODS = frozenset(
-    {"get", "create", "replace", "patch", "delete", "list_objects", "ready_pod_endpoints"}
+    {
+        "get",
+        "create",
+        "replace",
+        "patch",
+        "delete",
+        "list_objects",
+        "ready_pod_endpoints",
+        "ready_pods",
+    }
 )
 CLUSTER_SCOPED = frozenset(
     {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "namespaces")}
@@ -179,6 +188,10 @@ class RecordingKube(FakeKube):
     def ready_pod_endpoints(self, namespace: str, selector: dict[str, str]) -> list[str]:
         self._replay("ready_pod_endpoints", namespace, selector)
         return list(self.ready_endpoints)
+
+    def ready_pods(self, namespace: str, selector: dict[str, str]) -> dict[str, float | None]:
+        self._replay("ready_pods", namespace, selector)
+        return dict.fromkeys(self.ready_endpoints)
 
     def accesses(self) -> set[Access]:
         return {access_of_request(method, path) for method, path in self.api.requests}

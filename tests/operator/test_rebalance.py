@@ -7,12 +7,16 @@ against a runtime process in `TestIntoARunningRuntime`.
 
 from __future__ import annotations
 
+import copy
+from datetime import UTC, datetime
 from typing import Any
 
 from batchpilot.operator.autopilot.pilot import learned_outside_s
-from batchpilot.operator.autopilot.push import ConnectionRebalancer
+from batchpilot.operator.autopilot.push import JOINED_S, ConnectionRebalancer
+from batchpilot.operator.cache import slim_pod
 from batchpilot.operator.children.secret import token_in
 from batchpilot.operator.kinds import SECRET
+from batchpilot.operator.kube import ready_pods
 from batchpilot.operator.reconciler import Reconciler
 from batchpilot.operator.settings import OperatorSettings
 from tests.operator.test_reconciler import NS, Cluster, isvc
@@ -45,7 +49,9 @@ class RebalancingCluster(Cluster):
         super().__init__(body)
         self.pods = ReadyPods()
         self.posts = Posts()
-        self.rebalancer = ConnectionRebalancer(self.kube, pods=self.pods, post=self.posts)
+        self.rebalancer = ConnectionRebalancer(
+            self.kube, pods=self.pods, post=self.posts, clock=lambda: self.now.timestamp()
+        )
         self.reconciler = Reconciler(
             self.kube,
             OperatorSettings(),
@@ -83,6 +89,51 @@ def test_after_the_operator_starts_the_first_pass_only_looks() -> None:
     cluster = RebalancingCluster(isvc())
     assert cluster.ready(P1, P2) == []  # were they ready before? not known: not asked
     assert cluster.ready(P1, P2, P3) == [P1, P2]
+
+
+class TestWithNothingRemembered:
+    """After a start or a takeover, when each pod became ready says who joined whom."""
+
+    def since(self, cluster: RebalancingCluster, **ago_s: float) -> None:
+        now = cluster.now.timestamp()
+        cluster.pods.ready_since = {
+            {"p1": P1, "p2": P2, "p3": P3}[pod]: now - ago for pod, ago in ago_s.items()
+        }
+
+    def test_a_replica_that_joined_while_no_operator_led_is_given_its_share(self) -> None:
+        cluster = RebalancingCluster(isvc())
+        self.since(cluster, p1=3600, p2=3600, p3=5)
+        assert cluster.ready(P1, P2, P3) == [P1, P2]
+        assert cluster.ready(P1, P2, P3) == []  # asked once
+
+    def test_replicas_that_all_joined_together_have_no_one_to_ask(self) -> None:
+        cluster = RebalancingCluster(isvc())
+        self.since(cluster, p1=5, p2=5)
+        assert cluster.ready(P1, P2) == []  # a new service: its clients connected to both
+
+    def test_a_replica_that_joined_long_ago_has_had_its_share_by_age(self) -> None:
+        cluster = RebalancingCluster(isvc())
+        self.since(cluster, p1=3600, p2=JOINED_S + 1)
+        assert cluster.ready(P1, P2) == []
+
+
+def test_when_a_pod_became_ready_is_its_ready_conditions_time_and_the_cache_keeps_it() -> None:
+    pod = {
+        "metadata": {"name": "resnet50-abc", "namespace": NS, "managedFields": [{}]},
+        "spec": {"containers": [{"ports": [{"name": "admin", "containerPort": 8082}]}]},
+        "status": {
+            "podIP": "10.0.0.9",
+            "conditions": [
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": "x"},
+                {"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-05T12:00:00Z"},
+            ],
+        },
+    }
+    at = datetime(2026, 12, 5, 12, 0, tzinfo=UTC).timestamp()
+    assert ready_pods([pod]) == ready_pods([slim_pod(pod)]) == {"10.0.0.9:8082": at}
+    unknown = copy.deepcopy(pod)
+    del unknown["status"]["conditions"][1]["lastTransitionTime"]
+    assert ready_pods([unknown]) == {"10.0.0.9:8082": None}
 
 
 def test_a_pod_that_cannot_be_reached_costs_the_pass_nothing() -> None:

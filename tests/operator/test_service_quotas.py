@@ -217,10 +217,15 @@ class ReadyPods:
 
     def __init__(self) -> None:
         self.endpoints: list[str] = []
+        self.ready_since: dict[str, float] = {}
+        """When a pod became ready (seconds since the epoch); unknown where absent."""
 
     def ready_pod_endpoints(self, namespace: str, selector: dict[str, str]) -> list[str]:
         assert (namespace, selector) == (NS, {"batchpilot.io/inferenceservice": "resnet50"})
         return list(self.endpoints)
+
+    def ready_pods(self, namespace: str, selector: dict[str, str]) -> dict[str, float | None]:
+        return {e: self.ready_since.get(e) for e in self.ready_pod_endpoints(namespace, selector)}
 
 
 class Pushes:

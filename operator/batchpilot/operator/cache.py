@@ -62,7 +62,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from batchpilot.operator.kinds import KINDS, POD, ResourceKind
-from batchpilot.operator.kube import Kube, KubeError, ready_pod_endpoints
+from batchpilot.operator.kube import Kube, KubeError, ready_pod_endpoints, ready_pods
 
 Obj = dict[str, Any]
 Key = tuple[str, str]
@@ -76,6 +76,8 @@ class ApiClient(Kube, Protocol):
     """What the cache needs of the API beside `Kube`: the pods by label."""
 
     def ready_pod_endpoints(self, namespace: str, selector: dict[str, str]) -> list[str]: ...
+
+    def ready_pods(self, namespace: str, selector: dict[str, str]) -> dict[str, float | None]: ...
 
     def list_objects(
         self, kind: ResourceKind, namespace: str, selector: dict[str, str]
@@ -372,6 +374,11 @@ class WatchCache:
         if POD not in self._objects or not self.synced:
             return self._api.ready_pod_endpoints(namespace, selector)
         return ready_pod_endpoints(self.pods(namespace, selector))
+
+    def ready_pods(self, namespace: str, selector: dict[str, str]) -> dict[str, float | None]:
+        if POD not in self._objects or not self.synced:
+            return self._api.ready_pods(namespace, selector)
+        return ready_pods(self.pods(namespace, selector))
 
     # --- Kube: writes, through ---------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, Protocol
 
 from batchpilot.operator.kinds import KINDS, POD, ResourceKind
@@ -252,6 +253,9 @@ class KubeClient:
     def ready_pod_endpoints(self, namespace: str, selector: dict[str, str]) -> list[str]:
         return ready_pod_endpoints(self.list_objects(POD, namespace, selector))
 
+    def ready_pods(self, namespace: str, selector: dict[str, str]) -> dict[str, float | None]:
+        return ready_pods(self.list_objects(POD, namespace, selector))
+
     def delete(self, kind: ResourceKind, namespace: str, name: str) -> None:
         try:
             self._call("DELETE", f"{kind.collection(namespace)}/{name}")
@@ -286,14 +290,24 @@ def ready_pod_endpoints(pods: list[dict[str, Any]], *, port_name: str = "admin")
     """`IP:PORT` of the runtime in each pod whose Ready condition is True and that is not
     terminating; the port is the container port named `port_name` (the admin endpoint's, where
     the autopilot pushes batch settings, by default)."""
-    endpoints = []
+    return list(ready_pods(pods, port_name=port_name))
+
+
+def ready_pods(pods: list[dict[str, Any]], *, port_name: str = "admin") -> dict[str, float | None]:
+    """`ready_pod_endpoints`, each with when the pod became ready: its Ready condition's
+    lastTransitionTime in seconds since the epoch (None where it has none)."""
+    found: dict[str, float | None] = {}
     for pod in pods:
         if pod.get("metadata", {}).get("deletionTimestamp"):
             continue
         status = pod.get("status", {})
-        ready = any(
-            c.get("type") == "Ready" and c.get("status") == "True"
-            for c in status.get("conditions", [])
+        ready = next(
+            (
+                c
+                for c in status.get("conditions", [])
+                if c.get("type") == "Ready" and c.get("status") == "True"
+            ),
+            None,
         )
         port = next(
             (
@@ -304,9 +318,21 @@ def ready_pod_endpoints(pods: list[dict[str, Any]], *, port_name: str = "admin")
             ),
             None,
         )
-        if ready and status.get("podIP") and port:
-            endpoints.append(f"{status['podIP']}:{port}")
-    return endpoints
+        if ready is not None and status.get("podIP") and port:
+            found[f"{status['podIP']}:{port}"] = _epoch_s(ready.get("lastTransitionTime"))
+    return found
+
+
+def _epoch_s(text: object) -> float | None:
+    """An RFC 3339 time as the API server writes it, in seconds since the epoch; None if it is
+    not one."""
+    if not isinstance(text, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed.timestamp() if parsed.tzinfo is not None else None
 
 
 def _retry_after_s(headers: Any, data: Any) -> float | None:

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from typing import Protocol
 
 from batchpilot.operator.autopilot.acting import (
     Pods,
@@ -131,6 +134,16 @@ class AccessPusher:
         return len(self._given)
 
 
+JOINED_S = 60.0
+"""With nothing remembered of a service (the operator started, or leads now), a pod that became
+ready this recently joined the others: a takeover (the lease's 15 s, kopf's start) is over well
+within it, and a replica that joined longer ago has had its share of connections by their age."""
+
+
+class ReadyPods(Protocol):
+    def ready_pods(self, namespace: str, selector: dict[str, str]) -> dict[str, float | None]: ...
+
+
 class ConnectionRebalancer:
     """When a replica becomes ready beside replicas that were serving, asks those to retire
     their HTTP connections: each one's next answer says `Connection: close`, and its client
@@ -145,29 +158,43 @@ class ConnectionRebalancer:
     gRPC channels still move by age alone (the runtime cannot send GOAWAY to one connection).
 
     Called by every reconcile pass, which a pod's readiness changing brings. What it remembers is
-    each InferenceService's ready pods (by admin endpoint), in memory: after the operator starts,
-    the first pass only looks. A pod that cannot be reached is only logged: its connections still
-    retire by age."""
+    each InferenceService's ready pods (by admin endpoint), in memory. Where it remembers nothing
+    (after the operator starts, or takes the lead), the pods that became ready in the last
+    `JOINED_S` (their Ready condition's time) joined the others, so a replica that joined while
+    no operator led is not left to the connections' age. A pod that cannot be reached is only
+    logged: its connections still retire by age."""
 
-    def __init__(self, kube: Kube, *, pods: Pods, post: PushDocument = retire_connections) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        *,
+        pods: ReadyPods,
+        post: PushDocument = retire_connections,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._kube = kube
         self._pods = pods
         self._post = post
+        self._clock = clock
         self._ready: dict[tuple[str, str], frozenset[str]] = {}
 
     def __call__(self, owner: Owner) -> None:
         key = (owner.namespace, owner.name)
         try:
-            ready = frozenset(self._pods.ready_pod_endpoints(owner.namespace, owner.selector))
+            pods = self._pods.ready_pods(owner.namespace, owner.selector)
         except KubeError as exc:
             log.warning("listing pods of %s/%s failed: %s", owner.namespace, owner.name, exc)
             return
+        ready = frozenset(pods)
         before = self._ready.get(key)
         self._ready[key] = ready
-        if before is None or not ready - before:
-            return
-        serving = sorted(ready & before)
-        if not serving:
+        if before is None:
+            now = self._clock()
+            joined = {e for e, at in pods.items() if at is not None and now - at < JOINED_S}
+        else:
+            joined = set(ready - before)
+        serving = sorted(ready - joined)
+        if not joined or not serving:
             return
         token = admin_token(self._kube, owner)
         if token is None:
@@ -176,7 +203,7 @@ class ConnectionRebalancer:
             "%s/%s: %d replica(s) joined; asking %d serving to retire their connections",
             owner.namespace,
             owner.name,
-            len(ready - before),
+            len(joined),
             len(serving),
         )
         failed = send_each(self._post, serving, token=token, document="")
