@@ -45,7 +45,7 @@ lint: install
 	$(BIN)/lint-imports
 
 test: install lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=40
 
 # The whole system on this machine: local Kubernetes API, Prometheus, the operator, runtime
 # processes and a traffic scenario; live view, then a summary and demo.png.
