@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import socket
 import urllib.error
 from collections.abc import Iterator
@@ -18,7 +19,10 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
+from batchpilot.api.samples import read_samples
+from batchpilot.operator.autopilot.pod_metrics import PodScraper
 from batchpilot.operator.autopilot.push import push_batching
 from batchpilot.operator.children.common import Owner
 from batchpilot.operator.children.configmap import batching_document
@@ -41,6 +45,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "admin-s3cret"
 AUTHORIZED = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 pytestmark = pytest.mark.slow
+MLP_BODY = json.dumps(
+    {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 64], "data": [0.5] * 64}]}
+).encode()
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +100,48 @@ class TestEachPortAnswersItsOwnPaths:
         assert send(server, "GET", "/metrics").status == 404
         assert send(server, "GET", "/metrics", port=server.admin_port).status == 404
         assert send(server, "GET", "/admin/batching", port=metrics_port).status == 404
+
+    def test_the_admin_port_has_the_metrics_samples_as_json(self, server: RuntimeProcess) -> None:
+        """What the operator reads when Prometheus does not answer: every batchpilot sample of
+        /metrics, with its value."""
+        metrics_port = server.metrics_port
+        assert metrics_port is not None
+        for _ in range(3):
+            assert send(server, "POST", "/v2/models/mlp/infer", MLP_BODY).status == 200
+        text = send(server, "GET", "/metrics", port=metrics_port).body.decode()
+        doc = send(server, "GET", "/admin/metrics", port=server.admin_port).json()
+        exposed = {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name.startswith("batchpilot_") and math.isfinite(sample.value)
+        }
+        read = {(name, tuple(sorted(labels.items()))): v for name, labels, v in read_samples(doc)}
+        # The two reads a moment apart: the same series; counters no request moved, equal.
+        assert set(read) == set(exposed)
+        served = (
+            "batchpilot_requests_total",
+            (("isvc", ""), ("model", "mlp"), ("namespace", ""), ("outcome", "success")),
+        )
+        assert read[served] == exposed[served] >= 3
+        assert not any(name.startswith("process_") for name, _ in read)
+
+    def test_the_operators_reads_of_a_pod_make_a_window(self, server: RuntimeProcess) -> None:
+        endpoint = f"127.0.0.1:{server.admin_port}"
+        scraper = PodScraper(type("Pods", (), {"ready_pod_endpoints": lambda *_: [endpoint]})())
+        owner = resnet_owner()
+        assert scraper(owner, ready_replicas=1, at=0.0) is None  # the first read
+        for _ in range(20):
+            assert send(server, "POST", "/v2/models/mlp/infer", MLP_BODY).status == 200
+        seen = scraper(owner, ready_replicas=1, at=1.0)
+        assert seen is not None
+        assert seen.reporting_replicas == 1
+        assert seen.qps is not None
+        assert seen.qps * seen.window_s == pytest.approx(20)
+        assert seen.p99_s is not None
+        assert 0 < seen.p99_s < 1.0
+        assert seen.mean_batch == pytest.approx(1.0)
+        assert seen.missing() == []
 
     def test_the_admin_port_takes_changes_with_the_token_only(self, server: RuntimeProcess) -> None:
         admin = server.admin_port

@@ -59,7 +59,8 @@ class TestAnotherWriter:
         result = world.tick()
         (message,) = world.warnings(result)
         assert "changed from 1 to 4 by another writer" in message
-        assert "HorizontalPodAutoscaler" in message and "kubectl scale" in message
+        assert "HorizontalPodAutoscaler" in message
+        assert "kubectl scale" in message
         assert "spec.scaling.mode to recommend or off" in message
         assert [e.type for e in result.events if e.reason == REASON] == ["Warning"]
         # Decided from what it found; said once, not at every tick after.
@@ -85,7 +86,8 @@ class TestAnotherWriter:
     def test_the_autopilots_own_change_is_not_another_writers(self) -> None:
         world = Writers(observe=overloaded)
         first = world.tick()
-        assert first.decision is not None and first.decision.replicas > 1
+        assert first.decision is not None
+        assert first.decision.replicas > 1
         assert world.deployment["spec"]["replicas"] == first.decision.replicas
         world.seconds += 15
         assert world.warnings(world.tick()) == []
@@ -145,4 +147,3 @@ class TestAnotherWriter:
         world.body["spec"]["scaling"]["mode"] = "auto"
         world.seconds += 15
         assert world.warnings(world.tick()) == []
-

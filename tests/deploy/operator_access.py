@@ -41,6 +41,7 @@ from batchpilot.operator import handlers
 from batchpilot.operator import run as operator_run
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation
 from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
+from batchpilot.operator.autopilot.pod_metrics import PodScraper
 from batchpilot.operator.autopilot.prometheus import Scope
 from batchpilot.operator.autopilot.push import AccessPusher, ConnectionRebalancer
 from batchpilot.operator.election import LeaderElector
@@ -327,6 +328,19 @@ def run_scenarios() -> RecordingKube:
     rebalancing.reconcile(copy.deepcopy(body))
     kube.ready_endpoints = ["10.0.0.7:8080", "10.0.0.8:8080"]
     rebalancing.reconcile(copy.deepcopy(body))
+
+    # Prometheus does not answer: the pods' own metrics are read, at two ticks.
+    blind = Autopilot(
+        kube,
+        observe=lambda scope, *, ready_replicas: None,
+        pods=kube,
+        push=lambda endpoint, *, token, document: None,
+        clock=lambda: NOW,
+        seconds=lambda: T,
+        scrape=PodScraper(kube, fetch=lambda endpoint: []),
+    )
+    for _ in range(2):
+        blind.tick(copy.deepcopy(body))
 
     # An InferenceService whose status is not written yet (the operator restarted, say).
     kube.put_object({"kind": INFERENCESERVICE.kind, **copy.deepcopy(body), "status": {}})

@@ -33,6 +33,7 @@ import kopf
 
 from batchpilot.operator import relists
 from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
+from batchpilot.operator.autopilot.pod_metrics import PodScraper
 from batchpilot.operator.autopilot.prometheus import FleetObserver, Seasonality, http_query
 from batchpilot.operator.autopilot.push import (
     AccessPusher,
@@ -179,6 +180,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         observe=lambda scope, *, ready_replicas: None,  # the fleet's round hands each tick its own
         pods=kube,
         push=push_batching,
+        # Where Prometheus does not answer, scale-ups come from the pods' own metrics.
+        scrape=PodScraper(kube),
     )
     memo.contexts = {}
     memo.stop_hearing_lists = relists.listen(functools.partial(_relisted, memo))

@@ -4,7 +4,9 @@ them.
 
 `GET /metrics` is what Prometheus scrapes; `GET /admin/batching` shows the batching settings in
 force and `PUT /admin/batching` changes them while serving (the operator PUTs the batching
-document, `live_settings`, to ready pods on their admin port). `GET` and `PUT /admin/access` do
+document, `live_settings`, to ready pods on their admin port). `GET /admin/metrics` is what
+`/metrics` exposes, as JSON (`batchpilot.api.samples`): the operator reads it from the pods when
+Prometheus does not answer. `GET` and `PUT /admin/access` do
 the same for the access document (allowed key ids and quotas, `batchpilot.api.access`): the
 operator sends each ready pod its share of the service's limits the moment the spec or the number
 of serving replicas changes, rather than waiting a minute for the kubelet to deliver the
@@ -24,6 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from batchpilot.api.samples import samples_doc
 from batchpilot.runtime.access.files import AccessWatcher
 from batchpilot.runtime.access.policy import access_doc
 from batchpilot.runtime.asgi_io import read_body
@@ -87,6 +90,17 @@ def add_admin_routes(
         settings = parse_batching(body, current=server.batching)
         server.set_batching(settings, source="admin endpoint")
         return json_response(batching_doc(settings))
+
+    @app.get("/admin/metrics")
+    async def get_metrics() -> Response:
+        # What /metrics exposes, as JSON: read by the operator when Prometheus does not answer.
+        return json_response(
+            samples_doc(
+                (sample.name, sample.labels, sample.value)
+                for family in server.metrics.registry.collect()
+                for sample in family.samples
+            )
+        )
 
     @app.get("/admin/access")
     async def get_access() -> Response:

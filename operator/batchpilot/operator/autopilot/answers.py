@@ -76,7 +76,7 @@ Raw = dict[str, list[dict[str, Any]]]
 def observation_from(
     raw: Raw,
     *,
-    window_s: int,
+    window_s: float,
     recent_s: int | None,
     seasonality: Seasonality | None,
     ready_replicas: int | None,

@@ -36,6 +36,7 @@ from batchpilot.operator.autopilot.acting import Actuator, Pods, PushBatching
 from batchpilot.operator.autopilot.decide import decide
 from batchpilot.operator.autopilot.elsewhere import OtherWriters
 from batchpilot.operator.autopilot.observation import Observation
+from batchpilot.operator.autopilot.pod_metrics import PodScraper
 from batchpilot.operator.autopilot.policy import Decision, InForce, Policy
 from batchpilot.operator.autopilot.prometheus import Scope
 from batchpilot.operator.autopilot.reporting import HELD, clearing, may_wait, report_tick
@@ -103,9 +104,11 @@ class Autopilot:
         push: PushBatching,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         seconds: Callable[[], float] = time.time,
+        scrape: PodScraper | None = None,
     ) -> None:
         self._kube = kube
         self._observe = observe
+        self._scrape = scrape
         self._actuator = Actuator(kube, pods=pods, push=push)
         self._clock = clock
         # Wall-clock seconds: remembered scale-down recommendations must outlive a restart.
@@ -183,6 +186,13 @@ class Autopilot:
             replaced_in_place=rolling_in_place(deployment),
         )
         decision, new_state = decide(observation, policy, current, state, seconds)
+        if self._scrape is not None:
+            if acting and not decision.metrics_available:
+                decision, new_state = self._from_the_pods(
+                    owner, decision, new_state, policy, current, state, ready=ready, now=seconds
+                )
+            else:
+                self._scrape.drop(owner.namespace, owner.name)
         report = new_state.slo.report(seconds)
 
         result = TickResult(decision=decision, events=[elsewhere] if elsewhere else [])
@@ -238,6 +248,35 @@ class Autopilot:
         result.events += said
         return result
 
+    def _from_the_pods(
+        self,
+        owner: Owner,
+        held: Decision,
+        held_state: State,
+        policy: Policy,
+        current: InForce,
+        state: State,
+        *,
+        ready: int,
+        now: float,
+    ) -> tuple[Decision, State]:
+        """Where Prometheus did not answer (`held`): the decision on the pods' own metrics if it
+        adds replicas (with the batch settings it plans them for), else the hold. Never fewer
+        replicas on them: a window of one interval, read from the pods that answered, is too
+        little to give capacity back on."""
+        assert self._scrape is not None
+        seen = self._scrape(owner, ready_replicas=ready, at=now)
+        if seen is None:
+            return held, held_state
+        decision, new_state = decide(seen, policy, current, state, now)
+        if decision.replicas <= current.replicas:
+            return held, held_state
+        reason = (
+            f"{held.reason.removeprefix('holding: ')}; from the pods' own metrics over the last "
+            f"{seen.window_s:.0f} s (only more replicas on them): {decision.reason}"
+        )
+        return replace(decision, reason=reason, metrics_available=False), new_state
+
     def _apply(
         self,
         key: tuple[str, str],
@@ -275,3 +314,5 @@ class Autopilot:
             for key in [k for k in self._waiting if k not in kept]:
                 del self._waiting[key]
             self._others.forget(kept)
+        if self._scrape is not None:
+            self._scrape.forget(kept)

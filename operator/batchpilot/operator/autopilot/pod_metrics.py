@@ -1,0 +1,107 @@
+"""Reads the pods' own metrics (`GET /admin/metrics` on the admin port) when Prometheus does not
+answer: an `Observation` from the samples of each ready pod at this tick and at the one before
+(`scraped`), for the autopilot to add replicas on (`pilot`: it never removes any on them).
+
+The pods are read only at the ticks whose Prometheus observation is missing, so a Prometheus
+that works costs no pod a request; the first such tick keeps the reads it takes, and the next
+(one interval later) has its window. Reads older than `MAX_BASELINE_S` are not a window's start:
+a Prometheus that came back and went again starts afresh. One pod that does not answer within
+`TIMEOUT_S` is left out of the window (its load is not in the rates, and `reporting_replicas`
+says so). What is remembered is per operator process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterable
+
+from batchpilot.api.samples import Sample, read_samples
+from batchpilot.operator.autopilot.acting import Pods
+from batchpilot.operator.autopilot.answers import observation_from
+from batchpilot.operator.autopilot.observation import Observation
+from batchpilot.operator.autopilot.scraped import Read, answers
+from batchpilot.operator.children.common import ISVC_LABEL, Owner
+from batchpilot.operator.kube import KubeError
+
+log = logging.getLogger(__name__)
+
+TIMEOUT_S = 1.0
+MAX_BASELINE_S = 60.0
+"""Reads older than this start no window: four default intervals."""
+
+Fetch = Callable[[str], list[Sample]]
+"""The samples of the pod whose admin endpoint is `IP:PORT`; raises where it does not answer."""
+
+
+def fetch_samples(endpoint: str, *, timeout_s: float = TIMEOUT_S) -> list[Sample]:
+    with urllib.request.urlopen(f"http://{endpoint}/admin/metrics", timeout=timeout_s) as answer:
+        return read_samples(json.loads(answer.read()))
+
+
+class PodScraper:
+    """`scraper(owner, ready_replicas=…, at=…)`: the Observation of the pods read now and at the
+    previous call, or None (the first call, no pod read twice)."""
+
+    def __init__(
+        self,
+        pods: Pods,
+        *,
+        fetch: Fetch = fetch_samples,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._pods = pods
+        self._fetch = fetch
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._reads: dict[tuple[str, str], dict[str, Read]] = {}
+
+    def __call__(
+        self, owner: Owner, *, ready_replicas: int | None, at: float
+    ) -> Observation | None:
+        key = (owner.namespace, owner.name)
+        try:
+            endpoints = self._pods.ready_pod_endpoints(owner.namespace, {ISVC_LABEL: owner.name})
+        except KubeError as exc:
+            log.warning("listing pods of %s/%s failed: %s", owner.namespace, owner.name, exc)
+            return None
+        reads: dict[str, Read] = {}
+        for endpoint in endpoints:
+            try:
+                samples = self._fetch(endpoint)
+            except Exception as exc:  # one pod's silence costs the window its load, no more
+                log.info("metrics of %s (%s/%s) not read: %s", endpoint, *key, exc)
+                continue
+            reads[endpoint] = Read(self._clock(), tuple(samples))
+        with self._lock:
+            before = self._reads.get(key, {})
+            self._reads[key] = reads
+        now = self._clock()
+        before = {pod: read for pod, read in before.items() if now - read.at <= MAX_BASELINE_S}
+        found = answers(before, reads)
+        if found is None:
+            return None
+        raw, window_s = found
+        return observation_from(
+            raw,
+            window_s=window_s,
+            recent_s=None,
+            seasonality=None,
+            ready_replicas=ready_replicas,
+            at=at,
+        )
+
+    def drop(self, namespace: str, name: str) -> None:
+        """Forget a service's reads (Prometheus answers for it again)."""
+        with self._lock:
+            self._reads.pop((namespace, name), None)
+
+    def forget(self, keep: Iterable[tuple[str, str]]) -> None:
+        """Forget every service but `keep`."""
+        kept = set(keep)
+        with self._lock:
+            for key in [k for k in self._reads if k not in kept]:
+                del self._reads[key]

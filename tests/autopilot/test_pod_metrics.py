@@ -1,0 +1,352 @@
+"""The pods' own metrics where Prometheus does not answer: two reads as Prometheus' answers
+(`scraped`), and the autopilot adding replicas on them, never removing any."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from batchpilot.api.samples import Sample, read_samples, samples_doc
+from batchpilot.operator.autopilot.observation import Observation
+from batchpilot.operator.autopilot.pilot import Autopilot
+from batchpilot.operator.autopilot.pod_metrics import MAX_BASELINE_S, PodScraper
+from batchpilot.operator.autopilot.scraped import Read, answers, histogram_quantile
+from batchpilot.operator.children.common import Owner
+from batchpilot.operator.kinds import DEPLOYMENT
+from batchpilot.operator.spec import InferenceServiceSpec
+from batchpilot.runtime.loadgen import LoadConfig, RateSchedule, Target, run_load
+from tests.autopilot.test_pilot import NOW, T, World
+from tests.runtime_process import runtime_process
+
+BOUNDS = ("0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1.0", "+Inf")
+
+
+def counters(
+    *,
+    served: float,
+    rejected: float = 0.0,
+    busy_s: float = 0.0,
+    rows: float = 0.0,
+    batches: float = 0.0,
+    buckets: tuple[float, ...] = (0,) * len(BOUNDS),
+    batcher_s: float = 0.0,
+    duration_s: float = 0.0,
+) -> list[Sample]:
+    """A pod's samples as its /admin/metrics has them (cumulative buckets)."""
+    own = {"model": "resnet50", "isvc": "resnet50", "namespace": "vision"}
+    found: list[Sample] = [
+        ("batchpilot_requests_total", {**own, "outcome": "success"}, served),
+        ("batchpilot_requests_total", {**own, "outcome": "rejected"}, rejected),
+        ("batchpilot_arrivals_total", own, served + rejected),
+        ("batchpilot_device_busy_seconds_total", own, busy_s),
+        ("batchpilot_batch_size_sum", own, rows),
+        ("batchpilot_batch_size_count", own, batches),
+        ("batchpilot_batcher_seconds_total", own, batcher_s),
+        ("batchpilot_request_duration_seconds_sum", own, duration_s),
+        ("batchpilot_request_duration_seconds_count", own, buckets[-1]),
+        ("batchpilot_batch_compute_seconds_total", {**own, "batch_bucket": "1"}, busy_s),
+        ("batchpilot_batch_rows_total", {**own, "batch_bucket": "1"}, rows),
+        ("batchpilot_batches_total", {**own, "batch_bucket": "1"}, batches),
+    ]
+    found += [
+        ("batchpilot_request_duration_seconds_bucket", {**own, "le": le}, count)
+        for le, count in zip(BOUNDS, buckets, strict=True)
+    ]
+    return found
+
+
+class TestHistogramQuantile:
+    def test_linear_within_the_bucket_the_rank_falls_in(self) -> None:
+        buckets = {"0.1": 50.0, "0.2": 90.0, "0.5": 100.0, "+Inf": 100.0}
+        assert histogram_quantile(0.99, buckets) == pytest.approx(0.2 + 0.3 * 9 / 10)
+        assert histogram_quantile(0.5, buckets) == pytest.approx(0.1)
+
+    def test_in_the_inf_bucket_the_largest_finite_bound(self) -> None:
+        assert histogram_quantile(0.99, {"0.1": 50.0, "+Inf": 100.0}) == 0.1
+
+    def test_nothing_observed_is_missing(self) -> None:
+        assert histogram_quantile(0.99, {"0.1": 0.0, "+Inf": 0.0}) is None
+        assert histogram_quantile(0.99, {}) is None
+
+
+class TestTwoReads:
+    def test_rates_are_increases_over_the_seconds_between_reads_summed_over_pods(self) -> None:
+        before = {
+            "a": Read(100.0, tuple(counters(served=1000, busy_s=10, rows=2000, batches=500))),
+            # restarted since: its counters start from zero again
+            "b": Read(100.0, tuple(counters(served=9000, busy_s=90, rows=20_000, batches=5000))),
+        }
+        after = {
+            "a": Read(110.0, tuple(counters(served=1300, busy_s=15, rows=2600, batches=650))),
+            "b": Read(110.0, tuple(counters(served=200, busy_s=2, rows=400, batches=100))),
+        }
+        found = answers(before, after)
+        assert found is not None
+        raw, window_s = found
+        assert window_s == 10.0
+        assert float(raw["qps"][0]["value"][1]) == pytest.approx(30 + 20)
+        assert float(raw["utilization"][0]["value"][1]) == pytest.approx((0.5 + 0.2) / 2)
+        assert float(raw["mean_batch"][0]["value"][1]) == pytest.approx(1000 / 250)
+        assert float(raw["reporting"][0]["value"][1]) == 2
+
+    def test_a_latency_quantile_is_over_the_buckets_increases(self) -> None:
+        quiet = tuple(counters(served=0))
+        # 100 requests: 90 under 50 ms, 10 between 250 and 500 ms
+        busy = tuple(counters(served=100, buckets=(0, 0, 0, 90, 90, 90, 100, 100, 100)))
+        raw, _ = answers({"a": Read(0.0, quiet)}, {"a": Read(10.0, busy)}) or ({}, 0)
+        assert float(raw["p99"][0]["value"][1]) == pytest.approx(0.25 + 0.25 * 9 / 10)
+        assert float(raw["p95"][0]["value"][1]) == pytest.approx(0.25 + 0.25 * 5 / 10)
+
+    def test_a_pod_read_once_is_not_in_the_window(self) -> None:
+        read = Read(0.0, tuple(counters(served=0)))
+        assert answers({}, {"a": read}) is None
+        assert answers({"a": read}, {"b": read}) is None
+        assert answers({"a": read}, {"a": read}) is None  # no time between
+
+    def test_idle_pods_are_measured_idle_not_missing(self) -> None:
+        read = tuple(counters(served=5))
+        raw, _ = answers({"a": Read(0.0, read)}, {"a": Read(15.0, read)}) or ({}, 0)
+        assert float(raw["qps"][0]["value"][1]) == 0.0
+        assert raw["p99"] == []
+
+
+class Pods:
+    def __init__(self, *endpoints: str) -> None:
+        self.endpoints = list(endpoints)
+
+    def ready_pod_endpoints(self, namespace: str, selector: dict[str, str]) -> list[str]:
+        return list(self.endpoints)
+
+
+class Fleet:
+    """Pods whose counters move as a load of `rps` (of which `shed_rps` refused) would move
+    them, read through the JSON document as the operator reads it."""
+
+    def __init__(self, *endpoints: str) -> None:
+        self.pods = Pods(*endpoints)
+        self.clock = 1000.0
+        self.rps = 0.0
+        self.shed_rps = 0.0
+        self.busy = 0.0
+        self.slow = False
+        self.silent: set[str] = set()
+        self._totals: dict[str, dict[str, float]] = {}
+
+    def advance(self, seconds: float) -> None:
+        self.clock += seconds
+        for endpoint in self.pods.endpoints:
+            t = self._totals.setdefault(endpoint, dict.fromkeys(("served", "shed", "busy"), 0.0))
+            t["served"] += (self.rps - self.shed_rps) * seconds
+            t["shed"] += self.shed_rps * seconds
+            t["busy"] += self.busy * seconds
+
+    def fetch(self, endpoint: str) -> list[Sample]:
+        if endpoint in self.silent:
+            raise ConnectionRefusedError("connection refused")
+        t = self._totals.setdefault(endpoint, dict.fromkeys(("served", "shed", "busy"), 0.0))
+        n = t["served"]
+        # slow: every request over 500 ms; else all under 50 ms
+        buckets = (0, 0, 0, 0, 0, 0, 0, n, n) if self.slow else (0, 0, 0, n, n, n, n, n, n)
+        samples = counters(
+            served=n,
+            rejected=t["shed"],
+            busy_s=t["busy"],
+            rows=n,
+            batches=n,
+            buckets=buckets,
+            batcher_s=n * (0.6 if self.slow else 0.03),
+            duration_s=n * (0.6 if self.slow else 0.03),
+        )
+        return read_samples(samples_doc(samples))  # through the wire's shape
+
+
+def owner() -> Owner:
+    spec = InferenceServiceSpec.model_validate(
+        {"model": {"uri": "pvc://models/resnet50.onnx"}, "sla": {"latencyP99Ms": 100}}
+    )
+    return Owner(name="resnet50", namespace="vision", uid="u", spec=spec)
+
+
+class TestPodScraper:
+    def test_the_first_read_only_keeps_then_each_read_has_a_window(self) -> None:
+        fleet = Fleet("10.0.0.1:8082", "10.0.0.2:8082")
+        scraper = PodScraper(fleet.pods, fetch=fleet.fetch, clock=lambda: fleet.clock)
+        assert scraper(owner(), ready_replicas=2, at=T) is None
+        fleet.rps, fleet.busy = 40.0, 0.5
+        fleet.advance(15)
+        seen = scraper(owner(), ready_replicas=2, at=T + 15)
+        assert isinstance(seen, Observation)
+        assert (seen.window_s, seen.ready_replicas, seen.reporting_replicas) == (15, 2, 2)
+        assert seen.qps == pytest.approx(80.0)
+        assert seen.utilization == pytest.approx(0.5)
+        assert seen.p99_s is not None
+        assert seen.p99_s < 0.05
+        assert seen.missing() == []
+
+    def test_a_pod_that_does_not_answer_is_left_out_and_counted(self) -> None:
+        fleet = Fleet("10.0.0.1:8082", "10.0.0.2:8082")
+        scraper = PodScraper(fleet.pods, fetch=fleet.fetch, clock=lambda: fleet.clock)
+        scraper(owner(), ready_replicas=2, at=T)
+        fleet.rps = 10.0
+        fleet.advance(15)
+        fleet.silent = {"10.0.0.2:8082"}
+        seen = scraper(owner(), ready_replicas=2, at=T + 15)
+        assert seen is not None
+        assert seen.reporting_replicas == 1
+        assert seen.qps == pytest.approx(10.0)
+
+    def test_reads_older_than_a_minute_start_no_window(self) -> None:
+        fleet = Fleet("10.0.0.1:8082")
+        scraper = PodScraper(fleet.pods, fetch=fleet.fetch, clock=lambda: fleet.clock)
+        scraper(owner(), ready_replicas=1, at=T)
+        fleet.advance(MAX_BASELINE_S + 1)
+        assert scraper(owner(), ready_replicas=1, at=T + 61) is None
+        fleet.advance(15)
+        assert scraper(owner(), ready_replicas=1, at=T + 76) is not None
+
+
+def blind(scope: Any, *, ready_replicas: int | None) -> None:
+    return None  # Prometheus does not answer
+
+
+class TestTheAutopilotWithoutPrometheus:
+    def world(self) -> tuple[World, Fleet]:
+        world = World(observe=blind)
+        world.body["spec"]["scaling"]["maxBatchSize"] = 1  # replicas, not batches, carry more
+        fleet = Fleet("10.0.0.7:8082")
+        seconds = [T]
+
+        def tick_clock() -> float:
+            return seconds[0]
+
+        world.autopilot = Autopilot(
+            world.kube,
+            observe=blind,
+            pods=world,
+            push=world.push,
+            clock=lambda: NOW,
+            seconds=tick_clock,
+            scrape=PodScraper(fleet.pods, fetch=fleet.fetch, clock=lambda: fleet.clock),
+        )
+        self.seconds = seconds
+        return world, fleet
+
+    def next_tick(self, world: World, fleet: Fleet) -> Any:
+        fleet.advance(15)
+        self.seconds[0] += 15
+        return world.tick()
+
+    def replicas(self, world: World) -> int:
+        return int(world.kube.objects[("Deployment", "vision", "resnet50")]["spec"]["replicas"])
+
+    def test_an_overloaded_service_gets_replicas_from_its_pods_metrics(self) -> None:
+        world, fleet = self.world()
+        fleet.rps, fleet.shed_rps, fleet.busy, fleet.slow = 300.0, 100.0, 1.0, True
+        first = world.tick()  # the first read: nothing to decide on yet
+        assert first.decision is not None
+        assert first.decision.action == "hold"
+        assert self.replicas(world) == 1
+        second = self.next_tick(world, fleet)
+        decision = second.decision
+        assert decision is not None
+        assert decision.replicas > 1
+        assert self.replicas(world) == decision.replicas
+        assert decision.reason.startswith(
+            "Prometheus did not answer; from the pods' own metrics over the last 15 s "
+            "(only more replicas on them): P99 "
+        )
+        # Prometheus is still what the condition says is missing.
+        assert world.condition("MetricsAvailable")["status"] == "False"
+        assert world.condition("SLAMet")["status"] == "False"
+
+    def test_a_quiet_service_is_never_scaled_down_on_them(self) -> None:
+        world, fleet = self.world()
+        deployment = world.kube.objects[("Deployment", "vision", "resnet50")]
+        deployment["spec"]["replicas"] = 4
+        deployment["status"] = {"readyReplicas": 4, "replicas": 4}
+        fleet.rps, fleet.busy = 1.0, 0.01
+        for _ in range(30):  # far past any scale-down delay
+            result = self.next_tick(world, fleet)
+            assert result.decision is not None
+            assert result.decision.replicas == 4
+        assert self.replicas(world) == 4
+        assert world.kube.of(DEPLOYMENT, "vision", "resnet50")["spec"]["replicas"] == 4
+
+    def test_an_outage_after_prometheus_came_back_starts_with_a_fresh_read(self) -> None:
+        world, fleet = self.world()
+        answering = [False]
+        quiet = Observation(
+            at=T, window_s=60, p99_s=0.01, p95_s=0.01, qps=1.0, rejected_qps=0.0,
+            queue_p99_s=0.001, utilization=0.01, mean_batch=1.0, ready_replicas=1,
+        )  # fmt: skip
+
+        def prometheus(scope: Any, *, ready_replicas: int | None) -> Observation | None:
+            return replace(quiet, at=self.seconds[0]) if answering[0] else None
+
+        world.autopilot._observe = prometheus
+        fleet.rps, fleet.shed_rps, fleet.busy, fleet.slow = 300.0, 100.0, 1.0, True
+        world.tick()  # blind: the pods read
+        answering[0] = True
+        assert self.next_tick(world, fleet).decision.metrics_available
+        answering[0] = False
+        held = self.next_tick(world, fleet).decision  # blind again: read afresh, no window yet
+        assert held.action == "hold"
+        assert "pods' own" not in held.reason
+        assert self.next_tick(world, fleet).decision.replicas > 1
+
+
+@pytest.mark.slow
+def test_a_runtime_overloaded_while_prometheus_is_away_gets_a_replica(
+    mlp_model: Path, tmp_path: Path
+) -> None:
+    """Real parts but Kubernetes: a runtime process at batch 1 (t(1) = 20 ms: 50 rps) offered
+    120 rps by the load generator, no Prometheus, and the autopilot's ticks reading the pod over
+    HTTP: the second tick adds replicas, and says from what."""
+    world = World(observe=blind)
+    world.body["spec"]["scaling"]["maxBatchSize"] = 1
+    world.body["spec"]["sla"]["latencyP99Ms"] = 200
+    with runtime_process(
+        mlp_model,
+        "--engine", "simulated", "--simulated-latency", "alpha_ms=20,beta_ms=0",
+        "--max-batch-size", "1", "--max-queue-delay-ms", "1",
+        log_dir=tmp_path,
+    ) as runtime:  # fmt: skip
+        endpoint = f"127.0.0.1:{runtime.admin_port}"
+        world.ready_pod_endpoints = lambda namespace, selector: [endpoint]  # type: ignore[method-assign]
+        autopilot = Autopilot(
+            world.kube,
+            observe=blind,
+            pods=world,
+            push=world.push,
+            clock=lambda: NOW,
+            seconds=time.time,
+            scrape=PodScraper(world),
+        )
+        world.autopilot = autopilot
+        load = LoadConfig(
+            target=Target(url=runtime.url, model="mlp", timeout_s=5),
+            duration_s=6,
+            schedule=RateSchedule.constant(120),
+        )
+        loader = threading.Thread(target=lambda: asyncio.run(run_load(load)), daemon=True)
+        loader.start()
+        time.sleep(1.0)
+        first = world.tick()
+        assert first.decision is not None
+        assert first.decision.action == "hold"
+        time.sleep(3.0)
+        second = world.tick().decision
+        loader.join(timeout=30)
+    assert second is not None
+    assert second.replicas > 1, second.reason
+    said = r"from the pods' own metrics over the last \d+ s \(only more replicas on them\): "
+    assert re.search(said, second.reason)
+    deployment = world.kube.of(DEPLOYMENT, "vision", "resnet50")
+    assert deployment["spec"]["replicas"] == second.replicas
