@@ -62,6 +62,9 @@ class PrometheusProcess:
     process: subprocess.Popen[bytes]
     port: int
     targets_file: Path
+    command: Sequence[str] = ()
+    """What started it: `restart` starts it again on the same port and data."""
+    log_path: Path | None = None
 
     @property
     def url(self) -> str:
@@ -81,6 +84,39 @@ class PrometheusProcess:
 
     def stop(self) -> None:
         stop_processes([self.process], grace_s=10)
+
+    @property
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def restart(self, *, ready_timeout_s: float = 30) -> None:
+        """Start it again after `stop`, on the same port, configuration and data (what it
+        scraped before is there; the time it was down is a gap)."""
+        if self.running:
+            return
+        self.process = _start(self.command, self.log_path)
+        self.wait_ready(ready_timeout_s)
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.process.poll() is not None:
+                log = self.log_path.read_text()[-2000:] if self.log_path is not None else ""
+                raise RuntimeError(log)
+            with (
+                contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError),
+                urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as response,
+            ):
+                if response.status == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"prometheus not ready within {timeout_s} s")
+            time.sleep(0.05)
+
+
+def _start(command: Sequence[str], log_path: Path | None) -> subprocess.Popen[bytes]:
+    with (log_path or Path("/dev/null")).open("ab") as log:
+        return subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT)
 
 
 @contextlib.contextmanager
@@ -117,33 +153,18 @@ scrape_configs:
         refresh_interval: 1s
 """
     )
-    with (workdir / "prometheus.log").open("wb") as log:
-        process = subprocess.Popen(
-            [
-                prometheus_binary(),
-                f"--config.file={config}",
-                f"--storage.tsdb.path={workdir / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                f"--storage.tsdb.retention.time={retention}",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    running = PrometheusProcess(process, port, targets)
+    command = [
+        prometheus_binary(),
+        f"--config.file={config}",
+        f"--storage.tsdb.path={workdir / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        f"--storage.tsdb.retention.time={retention}",
+    ]
+    log_path = workdir / "prometheus.log"
+    log_path.write_bytes(b"")
+    running = PrometheusProcess(_start(command, log_path), port, targets, command, log_path)
     try:
-        deadline = time.monotonic() + ready_timeout_s
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError((workdir / "prometheus.log").read_text()[-2000:])
-            with (
-                contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError),
-                urllib.request.urlopen(f"{running.url}/-/ready", timeout=1) as response,
-            ):
-                if response.status == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"prometheus not ready within {ready_timeout_s} s")
-            time.sleep(0.05)
+        running.wait_ready(ready_timeout_s)
         yield running
     finally:
         running.stop()

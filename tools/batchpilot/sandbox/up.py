@@ -5,8 +5,9 @@ process, with short intervals so a demo converges in a minute or two), the pod r
 plays the kubelet, and the Service proxy; applies an example InferenceService; drives a traffic
 scenario through the proxy with `batchpilot loadgen`; prints a line a second and every decision
 the autopilot makes; and ends with a summary and a plot. `--lose-node` kills a node under load,
-as Kubernetes lets it play out (nodes.py). Everything it starts is tracked and
-stopped on the way out — the end of the scenario, Ctrl-C, SIGTERM or an error.
+as Kubernetes lets it play out (nodes.py); `--prometheus-outage` stops Prometheus for a while.
+Everything it starts is tracked and stopped on the way out — the end of the scenario, Ctrl-C,
+SIGTERM or an error.
 """
 
 from __future__ import annotations
@@ -64,6 +65,29 @@ SMALL_SCENARIO = "0:50,20:300,50:100"
 DEFAULT_SCENARIO = FULL_SCENARIO if (os.cpu_count() or 1) >= 4 else SMALL_SCENARIO
 
 
+@dataclass(frozen=True, slots=True)
+class PrometheusOutage:
+    """Prometheus stopped `at_s` seconds into the load and started again `for_s` later."""
+
+    at_s: float
+    for_s: float
+
+    def __post_init__(self) -> None:
+        if self.at_s < 0 or self.for_s <= 0:
+            raise ValueError(f"an outage needs AT_S >= 0 and FOR_S > 0: {self}")
+
+
+def parse_outage(text: str) -> PrometheusOutage:
+    """`AT_S:FOR_S`, e.g. `20:30`; raises ValueError."""
+    at, sep, length = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return PrometheusOutage(float(at), float(length))
+    except ValueError:
+        raise ValueError(f"expected AT_S:FOR_S (e.g. 20:30), not {text!r}") from None
+
+
 @dataclass
 class SandboxOptions:
     example: Path = DEFAULT_EXAMPLE
@@ -94,6 +118,7 @@ class SandboxOptions:
     """How the Service proxy balances: per request (a mesh) or per connection (kube-proxy)."""
     node_gpus: int | None = None
     """The node's GPUs: pods asking for more than are free wait Unschedulable (None: no limit)."""
+    prometheus_outage: PrometheusOutage | None = None
 
 
 @dataclass
@@ -110,6 +135,9 @@ class SandboxResult:
     node_events: list[tuple[float, str]] = field(default_factory=list)
     """What befell pods on the node — lost with it, waiting for a GPU on it, bound to it:
     (seconds since the start, what), as printed."""
+    prometheus_down: tuple[float, float | None] | None = None
+    """Seconds since the start at which Prometheus was stopped and started again (None: still
+    down at the end of the load), with `--prometheus-outage`."""
     served_by_pod: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     """Each pod's successful requests so far, as Prometheus scraped its runtime's
     `batchpilot_requests_total{outcome="success"}`: (seconds since the start, count), a point a
@@ -265,6 +293,7 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
     errors: list[str] = []
     node_events: list[tuple[float, str]] = []
     served_by_pod: dict[str, list[tuple[float, float]]] = {}
+    prometheus_down: tuple[float, float | None] | None = None
     with contextlib.ExitStack() as stack, _signals_as_interrupt():
         try:
             api = stack.enter_context(LocalKubernetesAPI(crds=[ROOT / "crds"]).threaded())
@@ -387,6 +416,21 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
                     if not lost:
                         say(f"{now - t0:>4.0f}s  !! node lost with no ready pod of the service")
                     node_loss = None
+                outage = options.prometheus_outage
+                into_load = now - t0 - load_offset
+                if outage is not None and prometheus_down is None and into_load >= outage.at_s:
+                    prometheus.stop()
+                    prometheus_down = (round(now - t0, 1), None)
+                    say(f"{now - t0:>4.0f}s  !! Prometheus stopped for {outage.for_s:g} s")
+                elif (
+                    outage is not None
+                    and prometheus_down is not None
+                    and prometheus_down[1] is None
+                    and into_load >= outage.at_s + outage.for_s
+                ):
+                    prometheus.restart()
+                    prometheus_down = (prometheus_down[0], round(time.monotonic() - t0, 1))
+                    say(f"{now - t0:>4.0f}s  !! Prometheus started again")
                 for at, what in runner.node_events[len(node_events) :]:
                     node_events.append((round(at - t0, 1), what))
                     say(f"{at - t0:>4.0f}s  !! {what}")
@@ -425,6 +469,7 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
                     )
                 except ImportError as exc:
                     say(f"no plot: {exc} (pip install 'batchpilot-tools[plot]')")
+            prometheus.restart()  # the summary's queries (a no-op where it runs)
             shed = _shed_by_reason(prometheus.url, namespace=namespace, name=name)
             served_by_pod = _served_by_pod(
                 prometheus.url, namespace=namespace, name=name, start=t0_wall
@@ -450,6 +495,7 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
         plot=plot_path,
         errors=errors,
         node_events=node_events,
+        prometheus_down=prometheus_down,
         served_by_pod=served_by_pod,
     )
     if options.json_out is not None:
@@ -459,6 +505,7 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
             "samples": [asdict(s) for s in samples],
             "decisions": decisions,
             "node_events": node_events,
+            "prometheus_down": prometheus_down,
             "served_by_pod": served_by_pod,
             "final_p99_ms": result.final_p99_ms,
         }
@@ -618,6 +665,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "cut off by the pod host)",
     )
     a(
+        "--prometheus-outage",
+        metavar="AT_S:FOR_S",
+        help="AT_S seconds into the load, stop Prometheus, and start it again FOR_S later (on "
+        "its data): the autopilot reads the pods' own metrics meanwhile, and only adds replicas",
+    )
+    a(
         "--node-notice-s",
         type=float,
         default=NODE_MONITOR_GRACE_S,
@@ -646,6 +699,13 @@ def main(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"error: --lose-node: {exc}", file=sys.stderr)
             return 2
+    outage = None
+    if args.prometheus_outage is not None:
+        try:
+            outage = parse_outage(args.prometheus_outage)
+        except ValueError as exc:
+            print(f"error: --prometheus-outage: {exc}", file=sys.stderr)
+            return 2
     if args.node_gpus is not None and args.node_gpus < 0:
         print("error: --node-gpus must be 0 or more", file=sys.stderr)
         return 2
@@ -666,6 +726,7 @@ def main(args: argparse.Namespace) -> int:
         lose_node=node_loss,
         service_balance=args.service_balance,
         node_gpus=args.node_gpus,
+        prometheus_outage=outage,
     )
     try:
         result = run_sandbox(options, out=lambda text: print(text, flush=True))
