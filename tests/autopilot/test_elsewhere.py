@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from batchpilot.operator.autopilot.elsewhere import EVERY_S, REASON
-from batchpilot.operator.autopilot.pilot import Autopilot, TickResult
+from batchpilot.operator.autopilot.pilot import TickResult
 from batchpilot.operator.autopilot.prometheus import Scope
 from batchpilot.operator.kinds import DEPLOYMENT
 from batchpilot.operator.kube import KubeError
-from tests.autopilot.test_pilot import NOW, T, World, overloaded
+from tests.autopilot.test_pilot import T, World, overloaded
 
 
 def no_metrics(scope: Scope, *, ready_replicas: int | None) -> None:
@@ -23,18 +23,10 @@ def no_metrics(scope: Scope, *, ready_replicas: int | None) -> None:
 
 class Writers(World):
     def __init__(self, mode: str = "auto", observe: Any = no_metrics) -> None:
-        super().__init__(mode=mode, observe=observe)
+        self.seconds = T
+        super().__init__(mode=mode, observe=observe, seconds=lambda: self.seconds)
         # No batching to raise: an overloaded service is scaled out.
         self.body["spec"]["scaling"]["maxBatchSize"] = 1
-        self.seconds = T
-        self.autopilot = Autopilot(
-            self.kube,
-            observe=observe,
-            pods=self,
-            push=self.push,
-            clock=lambda: NOW,
-            seconds=lambda: self.seconds,
-        )
 
     @property
     def deployment(self) -> dict[str, Any]:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation
 from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
+from batchpilot.operator.autopilot.pod_metrics import PodScraper
 from batchpilot.operator.autopilot.prometheus import Scope
 from batchpilot.operator.autopilot.reporting import HEARTBEAT_S
 from batchpilot.operator.children.deadline import default_deadline_ms
@@ -42,7 +44,14 @@ def overloaded(scope: Scope, *, ready_replicas: int | None) -> Observation:
 
 
 class World:
-    def __init__(self, mode: str = "auto", observe: Any = overloaded) -> None:
+    def __init__(
+        self,
+        mode: str = "auto",
+        observe: Any = overloaded,
+        *,
+        seconds: Callable[[], float] = lambda: T,
+        scrape: PodScraper | None = None,
+    ) -> None:
         self.kube = FakeKube()
         self.body = isvc(scaling={"mode": mode})
         outcome = Reconciler(
@@ -59,7 +68,8 @@ class World:
             pods=self,
             push=self.push,
             clock=lambda: NOW,
-            seconds=lambda: T,
+            seconds=seconds,
+            scrape=scrape,
         )
 
     def ready_pod_endpoints(self, namespace: str, selector: dict[str, str]) -> list[str]:

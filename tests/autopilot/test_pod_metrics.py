@@ -15,14 +15,13 @@ import pytest
 
 from batchpilot.api.samples import Sample, read_samples, samples_doc
 from batchpilot.operator.autopilot.observation import Observation
-from batchpilot.operator.autopilot.pilot import Autopilot
 from batchpilot.operator.autopilot.pod_metrics import MAX_BASELINE_S, PodScraper
 from batchpilot.operator.autopilot.scraped import Read, answers, histogram_quantile
 from batchpilot.operator.children.common import Owner
 from batchpilot.operator.kinds import DEPLOYMENT
 from batchpilot.operator.spec import InferenceServiceSpec
 from batchpilot.runtime.loadgen import LoadConfig, RateSchedule, Target, run_load
-from tests.autopilot.test_pilot import NOW, T, World
+from tests.autopilot.test_pilot import T, World
 from tests.runtime_process import runtime_process
 
 BOUNDS = ("0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1.0", "+Inf")
@@ -218,24 +217,11 @@ def blind(scope: Any, *, ready_replicas: int | None) -> None:
 
 class TestTheAutopilotWithoutPrometheus:
     def world(self) -> tuple[World, Fleet]:
-        world = World(observe=blind)
-        world.body["spec"]["scaling"]["maxBatchSize"] = 1  # replicas, not batches, carry more
         fleet = Fleet("10.0.0.7:8082")
-        seconds = [T]
-
-        def tick_clock() -> float:
-            return seconds[0]
-
-        world.autopilot = Autopilot(
-            world.kube,
-            observe=blind,
-            pods=world,
-            push=world.push,
-            clock=lambda: NOW,
-            seconds=tick_clock,
-            scrape=PodScraper(fleet.pods, fetch=fleet.fetch, clock=lambda: fleet.clock),
-        )
-        self.seconds = seconds
+        self.seconds = [T]
+        scrape = PodScraper(fleet.pods, fetch=fleet.fetch, clock=lambda: fleet.clock)
+        world = World(observe=blind, seconds=lambda: self.seconds[0], scrape=scrape)
+        world.body["spec"]["scaling"]["maxBatchSize"] = 1  # replicas, not batches, carry more
         return world, fleet
 
     def next_tick(self, world: World, fleet: Fleet) -> Any:
@@ -309,27 +295,16 @@ def test_a_runtime_overloaded_while_prometheus_is_away_gets_a_replica(
     """Real parts but Kubernetes: a runtime process at batch 1 (t(1) = 20 ms: 50 rps) offered
     120 rps by the load generator, no Prometheus, and the autopilot's ticks reading the pod over
     HTTP: the second tick adds replicas, and says from what."""
-    world = World(observe=blind)
-    world.body["spec"]["scaling"]["maxBatchSize"] = 1
-    world.body["spec"]["sla"]["latencyP99Ms"] = 200
     with runtime_process(
         mlp_model,
         "--engine", "simulated", "--simulated-latency", "alpha_ms=20,beta_ms=0",
         "--max-batch-size", "1", "--max-queue-delay-ms", "1",
         log_dir=tmp_path,
     ) as runtime:  # fmt: skip
-        endpoint = f"127.0.0.1:{runtime.admin_port}"
-        world.ready_pod_endpoints = lambda namespace, selector: [endpoint]  # type: ignore[method-assign]
-        autopilot = Autopilot(
-            world.kube,
-            observe=blind,
-            pods=world,
-            push=world.push,
-            clock=lambda: NOW,
-            seconds=time.time,
-            scrape=PodScraper(world),
-        )
-        world.autopilot = autopilot
+        scrape = PodScraper(Pods(f"127.0.0.1:{runtime.admin_port}"))
+        world = World(observe=blind, seconds=time.time, scrape=scrape)
+        world.body["spec"]["scaling"]["maxBatchSize"] = 1
+        world.body["spec"]["sla"]["latencyP99Ms"] = 200
         load = LoadConfig(
             target=Target(url=runtime.url, model="mlp", timeout_s=5),
             duration_s=6,

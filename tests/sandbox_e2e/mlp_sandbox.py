@@ -23,3 +23,36 @@ def run_mlp_sandbox(
         out=lines.append,
     )
     return result, lines
+
+
+def mlp_service(
+    name: str,
+    *,
+    scaling: dict[str, Any],
+    alpha_ms: float = 100,
+    beta_ms: float = 10,
+    device: str = "cpu",
+    namespace: str = "default",
+    batching: dict[str, Any] | None = None,
+    **runtime: Any,
+) -> dict[str, Any]:
+    """An InferenceService of the simulated engine, t(b) = `alpha_ms` + `beta_ms`·b, serving the
+    small MLP's signature with a 500 ms SLA; `runtime` adds to its spec.runtime (env,
+    tolerations)."""
+    return {
+        "apiVersion": "batchpilot.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "model": {"uri": "file:///models/mlp.onnx"},
+            "runtime": {
+                "device": device,
+                "engine": "simulated",
+                "simulatedLatency": {"alphaMs": alpha_ms, "betaMs": beta_ms},
+                **runtime,
+            },
+            "sla": {"latencyP99Ms": 500},
+            "scaling": scaling,
+            "batching": batching or {"batchSize": 4, "maxQueueDelayMs": 10},
+        },
+    }

@@ -22,7 +22,7 @@ import pytest
 
 from batchpilot.sandbox.nodes import NodeLoss
 from batchpilot.sandbox.up import SandboxResult
-from tests.sandbox_e2e.mlp_sandbox import run_mlp_sandbox
+from tests.sandbox_e2e.mlp_sandbox import mlp_service, run_mlp_sandbox
 from tests.sandbox_e2e.test_demo import processes_mentioning
 
 pytestmark = pytest.mark.slow
@@ -40,27 +40,15 @@ def service() -> dict[str, Any]:
     # too (not four: the plan must not have a replica to spare, or the stand-in would be in
     # force already). Requests of the small MLP's rows keep the machine's load low.
     unreachable = {"operator": "Exists", "effect": "NoExecute", "tolerationSeconds": TOLERATION_S}
-    return {
-        "apiVersion": "batchpilot.io/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {"name": "lost-node", "namespace": "default"},
-        "spec": {
-            "model": {"uri": "file:///models/mlp.onnx"},
-            "runtime": {
-                "device": "cpu",
-                "engine": "simulated",
-                "simulatedLatency": {"alphaMs": 100, "betaMs": 10},
-                # The eviction comes from the pods' own toleration, as on a cluster.
-                "tolerations": [
-                    {"key": "node.kubernetes.io/unreachable", **unreachable},
-                    {"key": "node.kubernetes.io/not-ready", **unreachable},
-                ],
-            },
-            "sla": {"latencyP99Ms": 500},
-            "scaling": {"minReplicas": 1, "maxReplicas": 5, "maxBatchSize": 4},
-            "batching": {"batchSize": 4, "maxQueueDelayMs": 10},
-        },
-    }
+    return mlp_service(
+        "lost-node",
+        scaling={"minReplicas": 1, "maxReplicas": 5, "maxBatchSize": 4},
+        # The eviction comes from the pods' own toleration, as on a cluster.
+        tolerations=[
+            {"key": "node.kubernetes.io/unreachable", **unreachable},
+            {"key": "node.kubernetes.io/not-ready", **unreachable},
+        ],
+    )
 
 
 def timeline(result: SandboxResult) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from batchpilot.sandbox.up import PrometheusOutage
-from tests.sandbox_e2e.mlp_sandbox import run_mlp_sandbox
+from tests.sandbox_e2e.mlp_sandbox import mlp_service, run_mlp_sandbox
 
 pytestmark = pytest.mark.slow
 
@@ -26,28 +26,11 @@ FROM_PODS = "Prometheus did not answer; from the pods' own metrics"
 def service() -> dict[str, Any]:
     # t(b) = 100 + 10·b ms: at batch ≤ 4 a replica carries 21 rps inside 400 ms (the SLA's
     # headroom): 15 rps need one, 45 rps three.
-    return {
-        "apiVersion": "batchpilot.io/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {"name": "blind", "namespace": "default"},
-        "spec": {
-            "model": {"uri": "file:///models/mlp.onnx"},
-            "runtime": {
-                "device": "cpu",
-                "engine": "simulated",
-                "simulatedLatency": {"alphaMs": 100, "betaMs": 10},
-            },
-            "sla": {"latencyP99Ms": 500},
-            "scaling": {"minReplicas": 1, "maxReplicas": 4, "maxBatchSize": 4},
-            "batching": {"batchSize": 4, "maxQueueDelayMs": 10},
-        },
-    }
+    return mlp_service("blind", scaling={"minReplicas": 1, "maxReplicas": 4, "maxBatchSize": 4})
 
 
 @pytest.mark.timeout(180)
-def test_a_step_while_prometheus_is_away_gets_its_replicas(
-    tmp_path: Path, mlp_model: Path
-) -> None:
+def test_a_step_while_prometheus_is_away_gets_its_replicas(tmp_path: Path, mlp_model: Path) -> None:
     result, lines = run_mlp_sandbox(
         tmp_path,
         mlp_model,

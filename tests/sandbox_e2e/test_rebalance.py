@@ -25,7 +25,7 @@ import pytest
 
 from batchpilot.sandbox.liveview import Sample
 from batchpilot.sandbox.up import SandboxResult
-from tests.sandbox_e2e.mlp_sandbox import run_mlp_sandbox
+from tests.sandbox_e2e.mlp_sandbox import mlp_service, run_mlp_sandbox
 from tests.sandbox_e2e.test_demo import processes_mentioning
 
 pytestmark = pytest.mark.slow
@@ -41,24 +41,12 @@ ASKED = re.compile(r"(\d+) replica\(s\) joined; asking (\d+) serving to retire t
 
 
 def service() -> dict[str, Any]:
-    return {
-        "apiVersion": "batchpilot.io/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {"name": "rebalanced", "namespace": "default"},
-        "spec": {
-            "model": {"uri": "file:///models/mlp.onnx"},
-            "runtime": {
-                "device": "cpu",
-                "engine": "simulated",
-                "simulatedLatency": {"alphaMs": 100, "betaMs": 10},
-                # Connections never retire by age: only the operator's request moves them.
-                "env": [{"name": "BATCHPILOT_MAX_CONNECTION_AGE_S", "value": "0"}],
-            },
-            "sla": {"latencyP99Ms": 500},
-            "scaling": {"minReplicas": 1, "maxReplicas": 3, "maxBatchSize": 4},
-            "batching": {"batchSize": 4, "maxQueueDelayMs": 10},
-        },
-    }
+    return mlp_service(
+        "rebalanced",
+        scaling={"minReplicas": 1, "maxReplicas": 3, "maxBatchSize": 4},
+        # Connections never retire by age: only the operator's request moves them.
+        env=[{"name": "BATCHPILOT_MAX_CONNECTION_AGE_S", "value": "0"}],
+    )
 
 
 def final_stretch(samples: list[Sample]) -> list[Sample]:

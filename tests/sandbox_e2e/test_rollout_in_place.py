@@ -28,7 +28,7 @@ import yaml
 
 from batchpilot.operator.rollout import IN_PLACE, SURGE
 from batchpilot.sandbox.podrunner import API
-from tests.sandbox_e2e.mlp_sandbox import run_mlp_sandbox
+from tests.sandbox_e2e.mlp_sandbox import mlp_service, run_mlp_sandbox
 from tests.sandbox_e2e.test_demo import processes_mentioning
 
 pytestmark = pytest.mark.slow
@@ -50,23 +50,16 @@ SERVICE = f"/apis/batchpilot.io/v1alpha1/namespaces/{NS}/inferenceservices/{NAME
 
 
 def service() -> dict[str, Any]:
-    return {
-        "apiVersion": "batchpilot.io/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {"name": NAME, "namespace": NS},
-        "spec": {
-            "model": {"uri": "file:///models/mlp.onnx"},
-            "runtime": {
-                "device": "gpu",  # the operator asks for one nvidia.com/gpu a pod
-                "engine": "simulated",
-                "simulatedLatency": {"alphaMs": 20, "betaMs": 2},
-                "env": [{"name": "REVISION", "value": "1"}],
-            },
-            "sla": {"latencyP99Ms": 500},
-            "scaling": {"mode": "off", "minReplicas": 2, "maxReplicas": 2, "maxBatchSize": 4},
-            "batching": {"batchSize": 4, "maxQueueDelayMs": 5},
-        },
-    }
+    return mlp_service(
+        NAME,
+        namespace=NS,
+        device="gpu",  # the operator asks for one nvidia.com/gpu a pod
+        alpha_ms=20,
+        beta_ms=2,
+        env=[{"name": "REVISION", "value": "1"}],
+        scaling={"mode": "off", "minReplicas": 2, "maxReplicas": 2, "maxBatchSize": 4},
+        batching={"batchSize": 4, "maxQueueDelayMs": 5},
+    )
 
 
 def revision(pod: dict[str, Any]) -> str | None:
