@@ -201,6 +201,23 @@ class TestPodScraper:
         assert seen.reporting_replicas == 1
         assert seen.qps == pytest.approx(10.0)
 
+    def test_a_services_pods_are_read_at_once(self) -> None:
+        """Each read waits for all three to be under way: read one after another, they would
+        each give up, and no pod would be in the window."""
+        fleet = Fleet("10.0.0.1:8082", "10.0.0.2:8082", "10.0.0.3:8082")
+        together = threading.Barrier(3, timeout=10)
+
+        def fetch(endpoint: str) -> list[Sample]:
+            together.wait()
+            return fleet.fetch(endpoint)
+
+        scraper = PodScraper(fleet.pods, fetch=fetch, clock=lambda: fleet.clock)
+        scraper(owner(), ready_replicas=3, at=T)
+        fleet.advance(15)
+        seen = scraper(owner(), ready_replicas=3, at=T + 15)
+        assert seen is not None
+        assert seen.reporting_replicas == 3
+
     def test_reads_older_than_a_minute_start_no_window(self) -> None:
         fleet = Fleet("10.0.0.1:8082")
         scraper = PodScraper(fleet.pods, fetch=fleet.fetch, clock=lambda: fleet.clock)

@@ -7,7 +7,7 @@ that works costs no pod a request; the first such tick keeps the reads it takes,
 (one interval later) has its window. Reads older than `MAX_BASELINE_S` are not a window's start:
 a Prometheus that came back and went again starts afresh. One pod that does not answer within
 `TIMEOUT_S` is left out of the window (its load is not in the rates, and `reporting_replicas`
-says so). What is remembered is per operator process.
+says so); a service's pods are read at once. What is remembered is per operator process.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 from batchpilot.api.samples import Sample, read_samples
 from batchpilot.operator.autopilot.acting import Pods
@@ -30,6 +31,8 @@ from batchpilot.operator.kube import KubeError
 log = logging.getLogger(__name__)
 
 TIMEOUT_S = 1.0
+MAX_AT_ONCE = 16
+"""Pods of one service read at the same time."""
 MAX_BASELINE_S = 60.0
 """Reads older than this start no window: four default intervals."""
 
@@ -69,13 +72,14 @@ class PodScraper:
             log.warning("listing pods of %s/%s failed: %s", owner.namespace, owner.name, exc)
             return None
         reads: dict[str, Read] = {}
-        for endpoint in endpoints:
-            try:
-                samples = self._fetch(endpoint)
-            except Exception as exc:  # one pod's silence costs the window its load, no more
-                log.info("metrics of %s (%s/%s) not read: %s", endpoint, *key, exc)
-                continue
-            reads[endpoint] = Read(self._clock(), tuple(samples))
+        if endpoints:
+            # At once: pods that hang cost the tick one timeout, not one each.
+            with ThreadPoolExecutor(min(len(endpoints), MAX_AT_ONCE)) as pool:
+                for endpoint, read in zip(endpoints, pool.map(self._read, endpoints), strict=True):
+                    if isinstance(read, Read):
+                        reads[endpoint] = read
+                    else:  # one pod's silence costs the window its load, no more
+                        log.info("metrics of %s (%s/%s) not read: %s", endpoint, *key, read)
         with self._lock:
             before = self._reads.get(key, {})
             self._reads[key] = reads
@@ -93,6 +97,13 @@ class PodScraper:
             ready_replicas=ready_replicas,
             at=at,
         )
+
+    def _read(self, endpoint: str) -> Read | Exception:
+        try:
+            samples = self._fetch(endpoint)
+        except Exception as exc:
+            return exc
+        return Read(self._clock(), tuple(samples))
 
     def drop(self, namespace: str, name: str) -> None:
         """Forget a service's reads (Prometheus answers for it again)."""
