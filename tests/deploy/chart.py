@@ -145,7 +145,7 @@ NAMESPACED: dict[str, Any] = {
         ],
         "utilizationSource": "dcgm",
     },
-    "autopilot": {"intervalSeconds": 7.5, "metricsWindowSeconds": 120},
+    "autopilot": {"intervalSeconds": 7.5, "metricsWindowSeconds": 120, "podMetricsFallback": False},
     "reconcileIntervalSeconds": 30,
     "operator": {
         "replicas": 3,

@@ -271,6 +271,7 @@ class TestSettings:
         assert settings.utilization_source == "dcgm"
         assert settings.autopilot_interval_seconds == 7.5
         assert settings.metrics_window_seconds == 120
+        assert settings.pod_metrics_fallback is False
         assert settings.reconcile_interval_seconds == 30
         assert settings.leader_election is True
         assert settings.lease_name == "batchpilot-operator"

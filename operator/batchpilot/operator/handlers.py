@@ -181,7 +181,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         pods=kube,
         push=push_batching,
         # Where Prometheus does not answer, scale-ups come from the pods' own metrics.
-        scrape=PodScraper(kube),
+        scrape=PodScraper(kube) if _SETTINGS.pod_metrics_fallback else None,
     )
     memo.contexts = {}
     memo.stop_hearing_lists = relists.listen(functools.partial(_relisted, memo))

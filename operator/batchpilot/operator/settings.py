@@ -87,6 +87,9 @@ class OperatorSettings(BaseSettings):
     """How many services' ticks run at once in each of the autopilot's rounds (their API writes
     and pushes to pods overlap; each decision is pure and takes about a millisecond)."""
     metrics_window_seconds: int = Field(default=60, ge=10)
+    pod_metrics_fallback: bool = True
+    """Where Prometheus does not answer, read the ready pods' own counters on their admin port
+    and add the replicas they show the load needs (never remove any on them). False: hold."""
     recent_window_seconds: int = Field(default=30, ge=2)
     """The fast signal's window: arrivals over the last this many seconds, to see a rise before
     the metrics window does. At least two Prometheus scrapes must fit in it."""
