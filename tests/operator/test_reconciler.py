@@ -341,6 +341,10 @@ class TestAutopilotOwnership:
         writes = cluster.writes_of(cluster.reconcile)
         # Only the disruption budget is new: 3 replicas now warrant one.
         assert writes == [("create", "PodDisruptionBudget", "resnet50")]
+        budget = cluster.kube.objects[("PodDisruptionBudget", NS, "resnet50")]["spec"]
+        # One replica at a time; one not ready (crash-looping) never holds a node drain up.
+        assert budget["maxUnavailable"] == 1
+        assert budget["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
         assert cluster.kube.of(DEPLOYMENT, NS, "resnet50")["spec"]["replicas"] == 3
         assert cluster.body["status"]["batchSize"] == 8
         assert cluster.body["status"]["maxQueueDelayMs"] == 4
