@@ -211,9 +211,13 @@ class TestTheOperatorDeployment:
         ]
         probe = container["livenessProbe"]["httpGet"]
         assert probe["path"] == "/healthz"
-        (port,) = container["ports"]
+        port, metrics = container["ports"]
         assert probe["port"] == port["name"]
         assert port["containerPort"] == 8081
+        # The operator's own metrics, on the port its setting names.
+        assert (metrics["name"], metrics["containerPort"]) == ("metrics", 8084)
+        env = {item["name"]: item.get("value") for item in container["env"]}
+        assert env["BATCHPILOT_OPERATOR_METRICS_PORT"] == "8084"
         # A standby answers it too: ready as soon as the process is, whether it leads or not.
         assert container["readinessProbe"]["httpGet"] == probe
 
@@ -272,6 +276,7 @@ class TestSettings:
         assert settings.autopilot_interval_seconds == 7.5
         assert settings.metrics_window_seconds == 120
         assert settings.pod_metrics_fallback is False
+        assert settings.metrics_port == 8084
         assert settings.reconcile_interval_seconds == 30
         assert settings.leader_election is True
         assert settings.lease_name == "batchpilot-operator"
@@ -287,9 +292,12 @@ class TestSettings:
         env = env_of(operator_deployment(render()))
         assert "BATCHPILOT_OPERATOR_STORAGE_INITIALIZER_IMAGE" not in env
         # The operator's defaults in that pod: the lease in its own namespace (POD_NAMESPACE),
-        # and leader election on (its default with in-cluster credentials; the chart says so).
+        # and leader election on (its default with in-cluster credentials; the chart says so);
+        # its metrics on a port (none by hand, where a port of its own could be taken).
         pod = {name: value for name, value in env.items() if name.startswith("POD_")}
-        defaults = settings_from(pod, monkeypatch).model_copy(update={"leader_election": True})
+        defaults = settings_from(pod, monkeypatch).model_copy(
+            update={"leader_election": True, "metrics_port": 8084}
+        )
         assert settings_from(env, monkeypatch) == defaults
 
     @pytest.mark.parametrize("source", ["busy", "nvml", "dcgm"])

@@ -51,7 +51,7 @@ class TestMonitors:
         assert kinds.isdisjoint({"PodMonitor", "ServiceMonitor", "NetworkPolicy"})
 
     def test_the_pod_monitor_scrapes_the_runtime_pods_metrics_port(self) -> None:
-        monitor = one(render(NAMESPACED), "PodMonitor")
+        monitor = one(render(NAMESPACED), "PodMonitor", "batchpilot-runtime")
         deployment, _ = runtime_children()
         template = deployment["spec"]["template"]
         assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
@@ -76,9 +76,26 @@ class TestMonitors:
         assert monitor["metadata"]["namespace"] == "monitoring"
 
     def test_the_operators_own_pod_is_not_scraped_as_a_runtime(self) -> None:
-        monitor = one(render(NAMESPACED), "PodMonitor")
+        monitor = one(render(NAMESPACED), "PodMonitor", "batchpilot-runtime")
         operator_labels = operator_deployment(render(NAMESPACED))["spec"]["template"]["metadata"]
         assert not selects(monitor["spec"]["selector"], operator_labels["labels"])
+
+    def test_the_operators_own_metrics_have_a_pod_monitor_of_their_own(self) -> None:
+        docs = render(NAMESPACED)
+        monitor = one(docs, "PodMonitor", "batchpilot-operator")
+        template = operator_deployment(docs)["spec"]["template"]
+        assert selects(monitor["spec"]["selector"], template["metadata"]["labels"])
+        (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+        (container,) = template["spec"]["containers"]
+        assert (endpoint["port"], endpoint["path"]) == ("metrics", "/metrics")
+        assert endpoint["port"] in {p["name"] for p in container["ports"]}
+        assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+        assert monitor["metadata"]["labels"]["release"] == "kps"
+        # Without a metrics port, no monitor for it (and no port).
+        quiet = render({**NAMESPACED, "operator": {**NAMESPACED["operator"], "metricsPort": 0}})
+        assert [m["metadata"]["name"] for m in find(quiet, "PodMonitor")] == ["batchpilot-runtime"]
+        (container,) = operator_deployment(quiet)["spec"]["template"]["spec"]["containers"]
+        assert [p["name"] for p in container["ports"]] == ["healthz"]
 
 
 class TestNetworkPolicies:
@@ -94,8 +111,13 @@ class TestNetworkPolicies:
         pod = operator_deployment(docs)["spec"]["template"]
         assert selects(policy["spec"]["podSelector"], pod["metadata"]["labels"])
         assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
-        (ingress,) = policy["spec"]["ingress"]
-        assert [p["port"] for p in ingress["ports"]] == [9081]  # the liveness port only
+        ingress, metrics = policy["spec"]["ingress"]
+        assert [p["port"] for p in ingress["ports"]] == [9081]  # the liveness port, from anyone
+        # Its metrics port, from Prometheus only.
+        assert [p["port"] for p in metrics["ports"]] == [8084]
+        assert metrics["from"] == [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+        ]
         egress_ports = {p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"]}
         # DNS, the API server (values), Prometheus, the runtime pods' admin port (its default).
         assert egress_ports == {53, 443, 9090, 8082}

@@ -17,6 +17,7 @@ import pytest
 import yaml
 from kopf.testing import KopfRunner
 
+from batchpilot.operator import telemetry
 from batchpilot.sandbox import LocalKubernetesAPI
 from tests.waiting import wait_until
 
@@ -159,6 +160,13 @@ class TestLifecycle:
         assert re.search(r"Type:\s+Ready", out)
         assert "waiting for a replica to become ready" in out
         assert re.search(r"Normal\s+Created\s+\S+\s+\S+\s+created Service resnet50", out)
+
+    def test_the_events_posted_are_in_the_operators_metrics(self, cluster: Cluster) -> None:
+        created = telemetry.REGISTRY.get_sample_value(
+            "batchpilot_operator_events_total", {"type": "Normal", "reason": "Created"}
+        )
+        assert created is not None
+        assert created >= 4  # at least the Deployment, Service, ConfigMap and Secret
 
     def test_a_spec_update_reaches_the_deployment(self, cluster: Cluster) -> None:
         cluster.apply(example(runtime={"image": "registry.local/runtime-gpu:2"}))

@@ -31,7 +31,7 @@ from typing import Any, cast
 
 import kopf
 
-from batchpilot.operator import relists
+from batchpilot.operator import relists, telemetry
 from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
 from batchpilot.operator.autopilot.pod_metrics import PodScraper
 from batchpilot.operator.autopilot.prometheus import FleetObserver, Seasonality, http_query
@@ -231,6 +231,14 @@ async def fleet_loop(
                 run = (context() or contextvars.copy_context()).copy()
                 report = await asyncio.to_thread(run.run, fleet.run_round, keys)
                 took = loop.time() - started
+                telemetry.ran(
+                    telemetry.Round(
+                        services=report.services,
+                        failed=report.failed,
+                        prometheus_answered=report.reading is not None,
+                        took_s=took,
+                    )
+                )
                 log.log(
                     logging.WARNING if took > interval else logging.INFO,
                     "autopilot round: %d services, %d ticked, %d failed, Prometheus %s, "
@@ -279,6 +287,7 @@ def _post(body: dict[str, Any], found: list[Event]) -> None:
     about = kopf.Body(cast(kopf.RawBody, body))  # the API's JSON: apiVersion, kind, metadata
     for event in found:
         kopf.event(about, type=event.type, reason=event.reason, message=event.message)
+    telemetry.posted(found)
 
 
 def reconcile_now(namespace: str, name: str, memo: kopf.Memo) -> ReconcileOutcome | None:

@@ -72,6 +72,11 @@ def main(args: argparse.Namespace) -> int:
         level=level,
     )
     settings = OperatorSettings()
+    if settings.metrics_port:
+        from batchpilot.operator import telemetry
+
+        served = telemetry.serve(settings.metrics_port)
+        logging.getLogger(__name__).info("its metrics on :%d/metrics", served.server_port)
     namespaces = args.namespace or settings.namespaces
     del handlers  # imported for its handler registrations
     leader_elect = args.leader_elect
@@ -107,6 +112,15 @@ class KopfOnItsLoop:
         self._stopped = False
 
     def run(self) -> None:
+        from batchpilot.operator import telemetry
+
+        telemetry.ACTIVE.set(1)
+        try:
+            self._run()
+        finally:
+            telemetry.ACTIVE.set(0)
+
+    def _run(self) -> None:
         loop = asyncio.new_event_loop()
         task = loop.create_task(self._operator())
         # No lock: stop() may run in a signal handler on this very thread. Either stop() sees

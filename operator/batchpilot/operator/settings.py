@@ -88,6 +88,8 @@ class OperatorSettings(BaseSettings):
     and pushes to pods overlap; each decision is pure and takes about a millisecond)."""
     metrics_window_seconds: int = Field(default=60, ge=10)
     pod_metrics_fallback: bool = True
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    """Serve the operator's own metrics (`telemetry`) on this port; 0: none (the chart: 8084)."""
     """Where Prometheus does not answer, read the ready pods' own counters on their admin port
     and add the replicas they show the load needs (never remove any on them). False: hold."""
     recent_window_seconds: int = Field(default=30, ge=2)

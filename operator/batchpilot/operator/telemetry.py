@@ -1,0 +1,91 @@
+"""The operator's own metrics, for the platform team that runs it: `GET /metrics` on
+`BATCHPILOT_OPERATOR_METRICS_PORT` (the chart's `operator.metricsPort`; 0: none).
+
+The services' metrics are the runtimes'; these say whether the operator itself is doing its
+job: which replica is active (the leader), whether each autopilot round ran, how long it took
+against its interval and whether Prometheus answered it, and every Event the operator posted by
+reason — `AutopilotDecided`, `MetricsUnavailable`, `ReplicasChangedElsewhere`, `ApplyFailed`,
+`ReplicasFailing`… — so that an alert can say "the autopilot is blind" or "someone fights the
+autopilot" without reading Events. One registry per process (a standby's says it is not active).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from batchpilot.operator.events import Event
+
+REGISTRY = CollectorRegistry()
+
+ACTIVE = Gauge(
+    "batchpilot_operator_active",
+    "1 while this process reconciles and runs the autopilot (the leader, or the only one)",
+    registry=REGISTRY,
+)
+EVENTS = Counter(
+    "batchpilot_operator_events",
+    "Events the operator posted, by type and reason",
+    ["type", "reason"],
+    registry=REGISTRY,
+)
+ROUNDS = Counter(
+    "batchpilot_operator_autopilot_rounds",
+    "Autopilot rounds run (one Prometheus round, then every service's tick)",
+    registry=REGISTRY,
+)
+ROUND_SECONDS = Histogram(
+    "batchpilot_operator_autopilot_round_seconds",
+    "How long each autopilot round took (longer than the interval delays the next)",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 30, 60, 120),
+    registry=REGISTRY,
+)
+SERVICES = Gauge(
+    "batchpilot_operator_autopilot_services",
+    "InferenceServices in the last autopilot round (modes auto and recommend)",
+    registry=REGISTRY,
+)
+TICKS_FAILED = Counter(
+    "batchpilot_operator_autopilot_ticks_failed",
+    "Services' ticks that failed (an API error, a bug): their decisions waited a round",
+    registry=REGISTRY,
+)
+PROMETHEUS_UP = Gauge(
+    "batchpilot_operator_prometheus_up",
+    "1 where the last autopilot round's Prometheus answered, 0 where it did not (the autopilot "
+    "held, or read the pods' own metrics)",
+    registry=REGISTRY,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """What one round reports (`fleet.RoundReport`'s counts)."""
+
+    services: int
+    failed: int
+    prometheus_answered: bool
+    took_s: float
+
+
+def posted(events: Iterable[Event]) -> None:
+    for event in events:
+        EVENTS.labels(event.type, event.reason).inc()
+
+
+def ran(round_: Round) -> None:
+    ROUNDS.inc()
+    ROUND_SECONDS.observe(round_.took_s)
+    SERVICES.set(round_.services)
+    TICKS_FAILED.inc(round_.failed)
+    PROMETHEUS_UP.set(1 if round_.prometheus_answered else 0)
+
+
+def serve(port: int, *, address: str = "0.0.0.0") -> WSGIServer:
+    """`GET /metrics` on `port` (0: a free one), in a daemon thread: its server (`server_port`
+    the port bound, `shutdown()` to stop it)."""
+    server, _ = start_http_server(port, addr=address, registry=REGISTRY)
+    return server
