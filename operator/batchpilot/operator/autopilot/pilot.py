@@ -158,6 +158,7 @@ class Autopilot:
         current = InForce(replicas=replicas, batch_size=batch, max_queue_delay_s=delay_ms / 1e3)
         acting = spec.scaling.mode == "auto"
         uid = str(deployment.get("metadata", {}).get("uid") or "")
+        seconds = self._seconds()
         elsewhere = None
         if acting:
             with self._lock:
@@ -167,7 +168,7 @@ class Autopilot:
                     replicas=replicas,
                     low=spec.scaling.min_replicas,
                     high=spec.scaling.max_replicas,
-                    now=self._seconds(),
+                    now=seconds,
                 )
         else:
             self._forget_count(key)
@@ -177,7 +178,6 @@ class Autopilot:
             Scope(owner.namespace, owner.name), ready_replicas=ready
         )
         state = State.from_dict(status.get("autopilot"))
-        seconds = self._seconds()
         # The pods' own tolerations say when Kubernetes replaces one whose node was lost.
         template = deployment.get("spec", {}).get("template", {}).get("spec", {})
         policy = replace(
