@@ -203,16 +203,15 @@ class Autopilot:
             in_force_ms=in_force_deadline,
         )
         if acting and (decision.changes(current) or deadline != in_force_deadline):
-            result.acting = functools.partial(
-                self._apply,
-                key,
-                uid,
+            apply = functools.partial(
+                self._actuator.apply,
                 owner,
                 current,
                 decision,
                 deadline_ms=deadline,
                 in_force_deadline_ms=in_force_deadline,
             )
+            result.acting = functools.partial(self._applied, key, uid, decision.replicas, apply)
             result.status["deadlineMs"] = deadline
         if acting and decision.replicas == current.replicas:
             with self._lock:
@@ -277,28 +276,14 @@ class Autopilot:
         )
         return replace(decision, reason=reason, metrics_available=False), new_state
 
-    def _apply(
-        self,
-        key: tuple[str, str],
-        uid: str,
-        owner: Owner,
-        current: InForce,
-        decision: Decision,
-        *,
-        deadline_ms: float,
-        in_force_deadline_ms: float | None,
+    def _applied(
+        self, key: tuple[str, str], uid: str, replicas: int, apply: Callable[[], list[Event]]
     ) -> list[Event]:
-        """Apply `decision`; once the API took it, its replicas are what the tick left in force
-        (a write that failed left the count as it was)."""
-        events = self._actuator.apply(
-            owner,
-            current,
-            decision,
-            deadline_ms=deadline_ms,
-            in_force_deadline_ms=in_force_deadline_ms,
-        )
+        """`apply()`; once the API took it, `replicas` are what the tick left in force (a write
+        that failed left the count as it was)."""
+        events = apply()
         with self._lock:
-            self._others.left(key, uid=uid, replicas=decision.replicas)
+            self._others.left(key, uid=uid, replicas=replicas)
         return events
 
     def _forget_count(self, key: tuple[str, str]) -> None:
