@@ -158,7 +158,84 @@ class TestPromtool:
     def test_the_rules_are_valid(self, values: dict[str, Any], tmp_path: Path) -> None:
         result = check_rules(values, tmp_path)
         assert result.returncode == 0, result.stdout + result.stderr
-        assert "SUCCESS: 28 rules found" in result.stdout  # 11 of the SLO, 17 of the autopilot
+        # 11 of the SLO, 17 of the autopilot; and the operator's 4 where it is scraped
+        rules = 28 if values is ENABLED else 32
+        assert f"SUCCESS: {rules} rules found" in result.stdout
+
+    def test_the_operators_alerts_fire_on_a_blind_autopilot_and_a_fight(
+        self, tmp_path: Path
+    ) -> None:
+        # Two operator pods: the leader's rounds run every 15 s and Prometheus never answers
+        # them; the standby runs none. From 5 minutes in, the autopilot finds a service scaled
+        # by another writer once a minute.
+        groups = rule_groups(NAMESPACED)
+        (tmp_path / "rules.yaml").write_text(yaml.safe_dump(groups))
+        (operator,) = [g for g in groups["groups"] if g["name"] == "batchpilot-operator"]
+        said = {rule["alert"]: rule["annotations"] for rule in operator["rules"]}
+        leader = 'job="operator",pod="operator-a"'
+        standby = 'job="operator",pod="operator-b"'
+        ticks = " ".join(str(n) for n in range(SAMPLES))
+        fights = " ".join(str(max(0, (n - 20) // 4)) for n in range(SAMPLES))
+        zeros = " ".join("0" for _ in range(SAMPLES))
+        ones = " ".join("1" for _ in range(SAMPLES))
+        series = [
+            {"series": f"batchpilot_operator_active{{{leader}}}", "values": ones},
+            {"series": f"batchpilot_operator_active{{{standby}}}", "values": zeros},
+            {"series": f"batchpilot_operator_prometheus_up{{{leader}}}", "values": zeros},
+            {"series": f"batchpilot_operator_prometheus_up{{{standby}}}", "values": zeros},
+            {"series": f"batchpilot_operator_autopilot_rounds_total{{{leader}}}", "values": ticks},
+            {"series": f"batchpilot_operator_autopilot_rounds_total{{{standby}}}", "values": zeros},
+            {
+                "series": "batchpilot_operator_events_total"
+                f'{{{leader},type="Warning",reason="ReplicasChangedElsewhere"}}',
+                "values": fights,
+            },
+        ]
+        blind = {"alertname": "BatchpilotAutopilotBlind", "severity": "warning"}
+        fight = {"alertname": "BatchpilotReplicasChangedElsewhere", "severity": "warning"}
+        a = {"job": "operator", "pod": "operator-a"}
+        test = {
+            "rule_files": ["rules.yaml"],
+            "evaluation_interval": "30s",
+            "tests": [
+                {
+                    "interval": "15s",
+                    "input_series": series,
+                    "alert_rule_test": [
+                        # Blind from the start, for 5 minutes: the leader only, not the standby.
+                        {"eval_time": "4m", "alertname": "BatchpilotAutopilotBlind"},
+                        {
+                            "eval_time": "8m",
+                            "alertname": "BatchpilotAutopilotBlind",
+                            "exp_alerts": [
+                                {
+                                    "exp_labels": blind | a,
+                                    "exp_annotations": said["BatchpilotAutopilotBlind"],
+                                }
+                            ],
+                        },
+                        # One operator active: nothing to say.
+                        {"eval_time": "10m", "alertname": "BatchpilotOperatorNotActive"},
+                        {"eval_time": "4m", "alertname": "BatchpilotReplicasChangedElsewhere"},
+                        {
+                            "eval_time": "8m",
+                            "alertname": "BatchpilotReplicasChangedElsewhere",
+                            "exp_alerts": [
+                                {
+                                    "exp_labels": fight
+                                    | a
+                                    | {"type": "Warning", "reason": "ReplicasChangedElsewhere"},
+                                    "exp_annotations": said["BatchpilotReplicasChangedElsewhere"],
+                                }
+                            ],
+                        },
+                    ],
+                }
+            ],
+        }
+        (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+        result = run_promtool("test", "rules", str(tmp_path / "test.yaml"))
+        assert result.returncode == 0, result.stdout + result.stderr
 
     def test_the_alerts_fire_on_a_service_outside_its_sla_and_stop_with_the_burning(
         self, tmp_path: Path
