@@ -142,6 +142,14 @@ class TestEachPortAnswersItsOwnPaths:
         assert 0 < seen.p99_s < 1.0
         assert seen.mean_batch == pytest.approx(1.0)
         assert seen.missing() == []
+        # Every signal the decision plans with, from the samples the runtime names.
+        assert seen.utilization is not None
+        assert seen.utilization > 0
+        assert seen.compute
+        assert seen.compute[0].mean_batch == pytest.approx(1.0)
+        assert seen.arrival_qps == pytest.approx(seen.qps)
+        assert seen.outside_s is not None
+        assert seen.startup
 
     def test_the_admin_port_takes_changes_with_the_token_only(self, server: RuntimeProcess) -> None:
         admin = server.admin_port
