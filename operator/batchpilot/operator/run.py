@@ -76,7 +76,9 @@ def main(args: argparse.Namespace) -> int:
         from batchpilot.operator import telemetry
 
         served = telemetry.serve(settings.metrics_port)
-        logging.getLogger(__name__).info("its metrics on :%d/metrics", served.server_port)
+        logging.getLogger(__name__).info(
+            "serving the operator's metrics on :%d/metrics", served.server_port
+        )
     namespaces = args.namespace or settings.namespaces
     del handlers  # imported for its handler registrations
     leader_elect = args.leader_elect
