@@ -14,9 +14,7 @@ Usage: python bench/blind_round.py [--pods 400] [--rounds 3] [--workers 8] [--js
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,8 +30,7 @@ from tests import onnx_models  # noqa: E402
 from batchpilot.operator.autopilot.pod_metrics import PodScraper  # noqa: E402
 from batchpilot.operator.children.common import Owner  # noqa: E402
 from batchpilot.operator.spec import InferenceServiceSpec  # noqa: E402
-from batchpilot.sandbox.prometheus import free_ports  # noqa: E402
-from podhost_scale import call, cpu_s, pod_body  # noqa: E402
+from podhost_scale import call, cpu_s, pod_body, start_host  # noqa: E402
 
 INTERVAL_S = 15.0
 """The autopilot's default interval: a round longer than this delays the next."""
@@ -58,24 +55,9 @@ def main() -> int:
     options = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="blind-round-"))
     model = onnx_models.mlp(work / "mlp.onnx")
-    (control,) = free_ports(1)
-    url = f"http://127.0.0.1:{control}"
-    log = (work / "podhost.log").open("wb")
-    host = subprocess.Popen(
-        [sys.executable, "-m", "batchpilot.sandbox.podhost", "--control-port", str(control)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    host, url = start_host(work)
     result: dict[str, Any] = {"pods": options.pods, "workers": options.workers}
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(OSError):
-                call(url + "/healthz", timeout=1)
-                break
-            if host.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError((work / "podhost.log").read_text()[-2000:])
-            time.sleep(0.1)
         services: dict[str, list[str]] = {}
         for n in range(options.pods):
             name = f"svc-{n // 2}"

@@ -144,6 +144,29 @@ def idle_cores(pid: int, seconds: float, *, scrape: list[int], interval_s: float
     return used / (now - start)
 
 
+def start_host(work: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """The sandbox's pod host, once its control port answers: the process and the port's URL
+    (its log in `work`/podhost.log)."""
+    (control,) = free_ports(1)
+    url = f"http://127.0.0.1:{control}"
+    with (work / "podhost.log").open("wb") as log:
+        host = subprocess.Popen(
+            [sys.executable, "-m", "batchpilot.sandbox.podhost", "--control-port", str(control)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 60
+    while True:
+        with contextlib.suppress(OSError):
+            call(url + "/healthz", timeout=1)
+            return host, url
+        if host.poll() is not None or time.monotonic() > deadline:
+            host.kill()
+            host.wait()
+            raise RuntimeError((work / "podhost.log").read_text()[-2000:])
+        time.sleep(0.1)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pods", type=int, default=500)
@@ -153,24 +176,9 @@ def main() -> int:
     options = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="podhost-scale-"))
     model = onnx_models.mlp(work / "mlp.onnx")
-    (control,) = free_ports(1)
-    url = f"http://127.0.0.1:{control}"
-    log = (work / "podhost.log").open("wb")
-    host = subprocess.Popen(
-        [sys.executable, "-m", "batchpilot.sandbox.podhost", "--control-port", str(control)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    host, url = start_host(work)
     result: dict[str, Any] = {"pods": options.pods}
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(OSError):
-                call(url + "/healthz", timeout=1)
-                break
-            if host.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError((work / "podhost.log").read_text()[-2000:])
-            time.sleep(0.1)
         result["rss_mib_empty"] = round(rss_mib(host.pid), 1)
         metrics_ports = []
         started = time.monotonic()
@@ -222,7 +230,6 @@ def main() -> int:
         if host.poll() is None:
             host.kill()
             host.wait()
-        log.close()
     result["aims"] = AIMS
     result["meets_aims"] = (
         result.get("rss_mib_per_pod", 1e9) <= AIMS["rss_mib_per_pod_max"]
