@@ -25,6 +25,18 @@ def run_mlp_sandbox(
     return result, lines
 
 
+def timeline(result: SandboxResult) -> str:
+    """What befell the run's pods, the autopilot's decisions and the replicas a second, in time
+    order: for a failing assertion's message."""
+    rows = [(e_t, f"!! {what}") for e_t, what in result.node_events]
+    rows += [
+        (float(d["t_s"]), f">> {d['from']['replicas']}→{d['to']['replicas']}: {d['reason']}")
+        for d in result.decisions
+    ]
+    rows += [(s.t_s, f"   replicas {s.desired}/{s.ready}") for s in result.samples]
+    return "\n".join(f"{t:6.1f}s {what}" for t, what in sorted(rows, key=lambda r: r[0]))
+
+
 def mlp_service(
     name: str,
     *,

@@ -22,7 +22,7 @@ import pytest
 
 from batchpilot.sandbox.nodes import NodeLoss
 from batchpilot.sandbox.up import SandboxResult
-from tests.sandbox_e2e.mlp_sandbox import mlp_service, run_mlp_sandbox
+from tests.sandbox_e2e.mlp_sandbox import mlp_service, run_mlp_sandbox, timeline
 from tests.sandbox_e2e.test_demo import processes_mentioning
 
 pytestmark = pytest.mark.slow
@@ -49,16 +49,6 @@ def service() -> dict[str, Any]:
             {"key": "node.kubernetes.io/not-ready", **unreachable},
         ],
     )
-
-
-def timeline(result: SandboxResult) -> str:
-    rows = [(e_t, f"!! {what}") for e_t, what in result.node_events]
-    rows += [
-        (float(d["t_s"]), f">> {d['from']['replicas']}→{d['to']['replicas']}: {d['reason']}")
-        for d in result.decisions
-    ]
-    rows += [(s.t_s, f"   replicas {s.desired}/{s.ready}") for s in result.samples]
-    return "\n".join(f"{t:6.1f}s {what}" for t, what in sorted(rows, key=lambda r: r[0]))
 
 
 def event_at(result: SandboxResult, text: str) -> float:

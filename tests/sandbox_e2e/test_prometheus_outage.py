@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from batchpilot.sandbox.up import PrometheusOutage
-from tests.sandbox_e2e.mlp_sandbox import mlp_service, run_mlp_sandbox
+from tests.sandbox_e2e.mlp_sandbox import mlp_service, run_mlp_sandbox, timeline
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +40,7 @@ def test_a_step_while_prometheus_is_away_gets_its_replicas(tmp_path: Path, mlp_m
         duration_s=DOWN_AT_S + DOWN_FOR_S + 10,
         prometheus_outage=PrometheusOutage(DOWN_AT_S, DOWN_FOR_S),
     )
-    log = "\n".join(lines)
+    log = "\n".join(lines) + f"\n\n{timeline(result)}"
     assert result.load, log
     assert result.prometheus_down is not None, log
     down, up = result.prometheus_down

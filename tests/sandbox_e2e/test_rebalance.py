@@ -24,8 +24,7 @@ from typing import Any
 import pytest
 
 from batchpilot.sandbox.liveview import Sample
-from batchpilot.sandbox.up import SandboxResult
-from tests.sandbox_e2e.mlp_sandbox import mlp_service, run_mlp_sandbox
+from tests.sandbox_e2e.mlp_sandbox import mlp_service, run_mlp_sandbox, timeline
 from tests.sandbox_e2e.test_demo import processes_mentioning
 
 pytestmark = pytest.mark.slow
@@ -59,15 +58,6 @@ def final_stretch(samples: list[Sample]) -> list[Sample]:
             break
         stretch.insert(0, sample)
     return stretch
-
-
-def timeline(result: SandboxResult) -> str:
-    rows = [
-        (float(d["t_s"]), f">> {d['from']['replicas']}→{d['to']['replicas']}: {d['reason']}")
-        for d in result.decisions
-    ]
-    rows += [(s.t_s, f"   replicas {s.desired}/{s.ready}") for s in result.samples]
-    return "\n".join(f"{t:6.1f}s {what}" for t, what in sorted(rows, key=lambda r: r[0]))
 
 
 @pytest.mark.timeout(150)
