@@ -58,6 +58,21 @@ def check_rules(values: dict[str, Any], folder: Path) -> subprocess.CompletedPro
     return run_promtool("check", "rules", str(path))
 
 
+def promtool_test(
+    groups: dict[str, Any], folder: Path, case: dict[str, Any]
+) -> subprocess.CompletedProcess[str]:
+    """`promtool test rules`: one test `case` (its series at 15 s, its expectations) against
+    the rule file `groups`, evaluated every 30 s as the chart's SLO group is."""
+    (folder / "rules.yaml").write_text(yaml.safe_dump(groups))
+    test = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "30s",
+        "tests": [{"interval": "15s", **case}],
+    }
+    (folder / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    return run_promtool("test", "rules", str(folder / "test.yaml"))
+
+
 def seconds(duration: str) -> float:
     """A Prometheus duration (`2m30s`) in seconds."""
     units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800, "y": 31_536_000}
@@ -169,7 +184,6 @@ class TestPromtool:
         # them; the standby runs none. From 5 minutes in, the autopilot finds a service scaled
         # by another writer once a minute.
         groups = rule_groups(NAMESPACED)
-        (tmp_path / "rules.yaml").write_text(yaml.safe_dump(groups))
         (operator,) = [g for g in groups["groups"] if g["name"] == "batchpilot-operator"]
         said = {rule["alert"]: rule["annotations"] for rule in operator["rules"]}
         leader = 'job="operator",pod="operator-a"'
@@ -194,47 +208,39 @@ class TestPromtool:
         blind = {"alertname": "BatchpilotAutopilotBlind", "severity": "warning"}
         fight = {"alertname": "BatchpilotReplicasChangedElsewhere", "severity": "warning"}
         a = {"job": "operator", "pod": "operator-a"}
-        test = {
-            "rule_files": ["rules.yaml"],
-            "evaluation_interval": "30s",
-            "tests": [
+        case = {
+            "input_series": series,
+            "alert_rule_test": [
+                # Blind from the start, for 5 minutes: the leader only, not the standby.
+                {"eval_time": "4m", "alertname": "BatchpilotAutopilotBlind"},
                 {
-                    "interval": "15s",
-                    "input_series": series,
-                    "alert_rule_test": [
-                        # Blind from the start, for 5 minutes: the leader only, not the standby.
-                        {"eval_time": "4m", "alertname": "BatchpilotAutopilotBlind"},
+                    "eval_time": "8m",
+                    "alertname": "BatchpilotAutopilotBlind",
+                    "exp_alerts": [
                         {
-                            "eval_time": "8m",
-                            "alertname": "BatchpilotAutopilotBlind",
-                            "exp_alerts": [
-                                {
-                                    "exp_labels": blind | a,
-                                    "exp_annotations": said["BatchpilotAutopilotBlind"],
-                                }
-                            ],
-                        },
-                        # One operator active: nothing to say.
-                        {"eval_time": "10m", "alertname": "BatchpilotOperatorNotActive"},
-                        {"eval_time": "4m", "alertname": "BatchpilotReplicasChangedElsewhere"},
-                        {
-                            "eval_time": "8m",
-                            "alertname": "BatchpilotReplicasChangedElsewhere",
-                            "exp_alerts": [
-                                {
-                                    "exp_labels": fight
-                                    | a
-                                    | {"type": "Warning", "reason": "ReplicasChangedElsewhere"},
-                                    "exp_annotations": said["BatchpilotReplicasChangedElsewhere"],
-                                }
-                            ],
-                        },
+                            "exp_labels": blind | a,
+                            "exp_annotations": said["BatchpilotAutopilotBlind"],
+                        }
                     ],
-                }
+                },
+                # One operator active: nothing to say.
+                {"eval_time": "10m", "alertname": "BatchpilotOperatorNotActive"},
+                {"eval_time": "4m", "alertname": "BatchpilotReplicasChangedElsewhere"},
+                {
+                    "eval_time": "8m",
+                    "alertname": "BatchpilotReplicasChangedElsewhere",
+                    "exp_alerts": [
+                        {
+                            "exp_labels": fight
+                            | a
+                            | {"type": "Warning", "reason": "ReplicasChangedElsewhere"},
+                            "exp_annotations": said["BatchpilotReplicasChangedElsewhere"],
+                        }
+                    ],
+                },
             ],
         }
-        (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
-        result = run_promtool("test", "rules", str(tmp_path / "test.yaml"))
+        result = promtool_test(groups, tmp_path, case)
         assert result.returncode == 0, result.stdout + result.stderr
 
     def test_the_alerts_fire_on_a_service_outside_its_sla_and_stop_with_the_burning(
@@ -245,7 +251,6 @@ class TestPromtool:
         # quick    — 50 ms throughout;
         # shedding — 50 ms, but 1 request in 11 offered is refused (9 % unserved, over 1 %);
         # unjudged — late too, but its pods export no SLA (an older operator): not judged.
-        (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule_groups(ENABLED)))
         series = [
             *service_series("late", late_until=40),
             *service_series("quick", late_until=0),
@@ -275,29 +280,21 @@ class TestPromtool:
             # 1 min rate window): the long slow lookback still burns at ~50, in tens: 5
             ("round(batchpilot:slo_burn_rate:30m{isvc='late'} / 10)", "20m", [(late, 5)]),
         ]
-        test = {
-            "rule_files": ["rules.yaml"],
-            "evaluation_interval": "30s",
-            "tests": [
+        case = {
+            "input_series": series,
+            "promql_expr_test": [
                 {
-                    "interval": "15s",
-                    "input_series": series,
-                    "promql_expr_test": [
-                        {
-                            "expr": expr,
-                            "eval_time": at,
-                            "exp_samples": [
-                                {"labels": series_labels(labels), "value": value}
-                                for labels, value in samples
-                            ],
-                        }
-                        for expr, at, samples in expectations
+                    "expr": expr,
+                    "eval_time": at,
+                    "exp_samples": [
+                        {"labels": series_labels(labels), "value": value}
+                        for labels, value in samples
                     ],
                 }
+                for expr, at, samples in expectations
             ],
         }
-        (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
-        result = run_promtool("test", "rules", str(tmp_path / "test.yaml"))
+        result = promtool_test(rule_groups(ENABLED), tmp_path, case)
         assert result.returncode == 0, result.stdout + result.stderr
 
 
