@@ -435,7 +435,7 @@ class TestAsyncOverHttp:
 
             unknown = fetch(server, "no-such-job")
             assert unknown.status == 404
-            assert "never submitted, was deleted, or its result expired" in unknown.json()["error"]
+            assert "never submitted, was deleted, its result expired" in unknown.json()["error"]
             assert send(server, "DELETE", "/v2/models/mlp/infer/async/no-such-job").status == 404
             job_id = submit(server, json_body(rows(1, 0))).json()["id"]
             for bad in ("-1", "31", "soon", "nan"):

@@ -143,8 +143,9 @@ class TestNetworkPolicies:
             spec=InferenceServiceSpec.model_validate(doc["spec"]),
         )
         policy = build_network_policy(owner, settings)
-        inference, admin, metrics = policy["spec"]["ingress"]
+        inference, peers, admin, metrics = policy["spec"]["ingress"]
         assert [p["port"] for p in inference["ports"]] == [9000, 8081]  # runtime.port, grpcPort
+        assert [p["port"] for p in peers["ports"]] == [9000]  # async fetches passed on
         (operator_peer,) = admin["from"]
         operator_labels = operator_deployment(docs)["spec"]["template"]["metadata"]["labels"]
         assert selects(operator_peer["podSelector"], operator_labels)

@@ -76,7 +76,10 @@ def test_pods_read_the_token_from_a_mounted_file() -> None:
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert f"{TOKEN_DIR}/{TOKEN_FILE}" in container["args"]
-    assert not [e for e in container.get("env", []) if "valueFrom" in e or "TOKEN" in e["name"]]
+    # No Secret in env (the pod's own IP is the one value from elsewhere).
+    from_elsewhere = [e["valueFrom"] for e in container.get("env", []) if "valueFrom" in e]
+    assert from_elsewhere == [{"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}]
+    assert not [e for e in container.get("env", []) if "TOKEN" in e["name"]]
     (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == TOKEN_DIR]
     assert mount["readOnly"] is True
     (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]

@@ -177,7 +177,26 @@ class TestTheRulesByDefault:
         named = {p["name"]: p["containerPort"] for p in container["ports"]}
         policy = build_network_policy(owner(), SETTINGS)
         ports = [[p["port"] for p in rule["ports"]] for rule in policy["spec"]["ingress"]]
-        assert ports == [[named["http"], named["grpc"]], [named["admin"]], [named["metrics"]]]
+        assert ports == [
+            [named["http"], named["grpc"]],
+            [named["http"]],
+            [named["admin"]],
+            [named["metrics"]],
+        ]
+
+    def test_the_services_own_pods_reach_each_others_http_port_alone(self) -> None:
+        # A replica passes the fetch of an async result on to the replica holding the job,
+        # whoever else `allowFrom` admits.
+        for access in (
+            None,
+            {"allowFrom": []},
+            {"allowFrom": [{"podSelector": {"matchLabels": {"x": "y"}}}]},
+        ):
+            of = owner(access)
+            assert reachable(of, Caller(NS, pod_labels(of))) >= {HTTP}, access
+            assert reachable(of, Caller(NS, pod_labels(of))) - {HTTP, GRPC} == set(), access
+            # the same labels in another namespace are another service's pods
+            assert HTTP not in reachable(of, Caller("elsewhere", pod_labels(of))), access
 
 
 class TestAllowFrom:

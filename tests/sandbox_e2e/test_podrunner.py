@@ -50,7 +50,9 @@ def deployment(replicas: int) -> dict[str, Any]:
                  "--engine", "simulated", "--simulated-latency", "alpha_ms=2,beta_ms=1",
                  "--batching-config", "/etc/batchpilot/batching/batching.json",
                  "--admin-token-file", "/var/run/secrets/batchpilot/admin-token"],
-        "env": [{"name": "BATCHPILOT_ISVC_NAME", "value": "m"}],
+        "env": [{"name": "BATCHPILOT_ISVC_NAME", "value": "m"},
+                {"name": "BATCHPILOT_ADVERTISE_HOST",
+                 "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
     }  # fmt: skip
     return {
         "apiVersion": "apps/v1",
@@ -401,6 +403,20 @@ def test_simulated_pods_run_in_the_pod_host(tmp_path: Path) -> None:
             )
             with urllib.request.urlopen(request, timeout=10) as response:
                 assert response.status == 200
+
+            # The pods' IP from the downward API: an async job taken by one hosted pod is
+            # fetched through the other, which passes the fetch on.
+            submit = urllib.request.Request(
+                f"http://127.0.0.1:{ports[0]['http']}/v2/models/m/infer/async",
+                data=body,
+                method="POST",
+            )
+            with urllib.request.urlopen(submit, timeout=10) as response:
+                job_id = json.loads(response.read())["id"]
+            fetched = f"http://127.0.0.1:{ports[1]['http']}/v2/models/m/infer/async/{job_id}"
+            with urllib.request.urlopen(f"{fetched}?wait_s=10", timeout=20) as response:
+                assert response.status == 200
+                assert json.loads(response.read())["outputs"]
 
             rest.call(f"{DEPLOYMENTS}/m", "PATCH", {"spec": {"replicas": 0}}, patch=True)
             wait_until(lambda: not host.client.pods(), timeout=30, what="the host drained both")

@@ -30,6 +30,8 @@ from batchpilot.runtime.async_jobs import JobStore
 from batchpilot.runtime.errors import InferenceError
 from batchpilot.runtime.http_protocol import OpenConnections
 from batchpilot.runtime.infer_dispatch import RuntimeApp
+from batchpilot.runtime.job_relay import JobRelay
+from batchpilot.runtime.job_routes import JobRoutes
 from batchpilot.runtime.responses import EncodedResult, error_response, json_response
 from batchpilot.runtime.routes_admin import add_admin_routes, add_metrics_route
 from batchpilot.runtime.routes_async import add_async_routes
@@ -51,13 +53,22 @@ class AppConfig:
 
 
 def create_app(
-    server: ModelServer, *, config: AppConfig | None = None, access: AccessGate | None = None
+    server: ModelServer,
+    *,
+    config: AppConfig | None = None,
+    access: AccessGate | None = None,
+    job_routes: JobRoutes | None = None,
 ) -> FastAPI:
     """The inference app around one model server; starts its batcher and drains it on
-    shutdown. `access`: the API key gate (None: open to every caller that reaches the port)."""
+    shutdown. `access`: the API key gate (None: open to every caller that reaches the port);
+    `job_routes`: async job ids that name this replica, so that its peers pass on requests for
+    its jobs and it passes on theirs (None: ids served where they arrive)."""
     config = config or AppConfig()
+    relay = None if job_routes is None else (job_routes, JobRelay(job_routes.address))
     jobs: JobStore[EncodedResult] = JobStore(
-        capacity=config.async_capacity, ttl_s=config.async_result_ttl_s
+        capacity=config.async_capacity,
+        ttl_s=config.async_result_ttl_s,
+        new_id=None if job_routes is None else job_routes.new_id,
     )
     server.metrics.track_async_jobs(jobs.counts, lambda: jobs.expired_total)
 
@@ -72,6 +83,8 @@ def create_app(
         # Async jobs were served by the drain (or failed by the close); let them record it.
         if work := [job.work for job in jobs.pending() if job.work is not None]:
             await asyncio.wait(work, timeout=5)
+        if relay is not None:
+            await relay[1].close()
 
     app = RuntimeApp(
         title="batchpilot runtime",
@@ -81,13 +94,21 @@ def create_app(
         redoc_url=None,
     )
     app.state.server = server
+    app.state.async_jobs = jobs
 
     app.add_exception_handler(InferenceError, _handle_error)
     app.add_exception_handler(HTTPException, _handle_routing_error)
 
     # Route order is match order (and the OpenAPI document's order).
     add_v2_routes(app, server, max_body_bytes=config.max_body_bytes, access=access)
-    add_async_routes(app, server, jobs=jobs, max_body_bytes=config.max_body_bytes, access=access)
+    add_async_routes(
+        app,
+        server,
+        jobs=jobs,
+        max_body_bytes=config.max_body_bytes,
+        access=access,
+        relay=relay,
+    )
     if config.metrics:
         add_metrics_route(app, server)
     return app

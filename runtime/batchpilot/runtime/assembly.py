@@ -25,10 +25,12 @@ from starlette.types import ASGIApp
 from batchpilot.runtime.access.files import AccessFileError, AccessWatcher
 from batchpilot.runtime.access.serving import serving_gate
 from batchpilot.runtime.app import AppConfig, create_admin_app, create_app, create_metrics_app
+from batchpilot.runtime.async_jobs import JobStore
 from batchpilot.runtime.batching import BatchSettings
 from batchpilot.runtime.device import DeviceUnavailable, Nvml
 from batchpilot.runtime.engines import build_engine
 from batchpilot.runtime.http_protocol import OpenConnections
+from batchpilot.runtime.job_routes import JobRoutes
 from batchpilot.runtime.live_settings import ConfigFileWatcher
 from batchpilot.runtime.metrics import RuntimeMetrics
 from batchpilot.runtime.onnx_engine import ModelLoadError
@@ -68,6 +70,11 @@ class Assembled:
     """To start when a drain starts: gRPC's GOAWAY (the batcher keeps running)."""
     access: AccessWatcher | None = None
     """What keeps the API key gate current: the admin app's `/admin/access` (None: no keys)."""
+
+    def unfetched(self) -> int:
+        """Async results nobody has read yet, pending jobs included: a drain holds for them."""
+        jobs: JobStore[Any] = self.app.state.async_jobs
+        return jobs.unfetched()
 
     def platform_apps(
         self, ports: Mapping[str, int], *, connections: OpenConnections | None = None
@@ -176,6 +183,7 @@ def assemble(
     app = create_app(
         model_server,
         access=access,
+        job_routes=job_routes(settings),
         config=AppConfig(
             max_body_bytes=settings.max_body_bytes,
             drain_grace_s=settings.drain_grace_s,
@@ -224,6 +232,29 @@ def assemble(
         on_drain=tuple(on_drain),
         access=access_watcher,
     )
+
+
+def job_routes(settings: RuntimeSettings) -> JobRoutes | None:
+    """Async job ids that name this replica, where it has an address its peers reach and a key
+    they share (the admin token); None otherwise. Raises `CannotServe` when the token's file
+    cannot be read."""
+    if not settings.advertise_host:
+        return None
+    try:
+        token = settings.token()
+    except OSError as exc:
+        raise CannotServe(f"cannot read the admin token: {exc}") from exc
+    if token is None:
+        log.warning(
+            "advertise host %s without an admin token: async job ids do not name this replica "
+            "(the replicas share no key to sign them); fetch results from the replica that took "
+            "the job",
+            settings.advertise_host,
+        )
+        return None
+    routes = JobRoutes.from_token(token, host=settings.advertise_host, port=settings.port)
+    log.info("async job ids name this replica at %s: its peers pass on fetches", routes.address)
+    return routes
 
 
 def _attach_background(app: Any, job: Any) -> None:

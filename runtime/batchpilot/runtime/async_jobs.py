@@ -60,6 +60,10 @@ class JobNotFound(InferenceError):
     """No such job: never submitted, discarded, or its result expired (404)."""
 
 
+class HolderNotAnswering(InferenceError):
+    """The replica holding the job (its id names it) did not answer in time (504)."""
+
+
 @dataclass(eq=False, slots=True)
 class Job(Generic[R]):
     id: str
@@ -70,6 +74,8 @@ class Job(Generic[R]):
     finished_at: float | None = None
     result: R | None = None
     error: Exception | None = None
+    fetched: bool = False
+    """Its result (or error) has been read at least once."""
     work: asyncio.Task[None] | None = None
     """What computes the job; cancelled when a pending job is discarded."""
     finished: asyncio.Event = field(default_factory=asyncio.Event)
@@ -89,8 +95,9 @@ class JobStore(Generic[R]):
         capacity: int,
         ttl_s: float,
         clock: Callable[[], float] = time.monotonic,
-        new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+        new_id: Callable[[], str] | None = None,
     ) -> None:
+        """`new_id`: makes a job's id (default: a random UUID's hex); a taken one is made again."""
         if capacity < 1:
             raise ValueError(f"async capacity must be at least 1, got {capacity}")
         if not ttl_s > 0:
@@ -98,7 +105,7 @@ class JobStore(Generic[R]):
         self._capacity = capacity
         self._ttl_s = ttl_s
         self._clock = clock
-        self._new_id = new_id
+        self._new_id = new_id or (lambda: uuid.uuid4().hex)
         self._jobs: dict[str, Job[R]] = {}
         self._finished: deque[Job[R]] = deque()
         """Finished jobs in completion order, which with one TTL is expiry order."""
@@ -238,6 +245,12 @@ class JobStore(Generic[R]):
             # Discarded results leave stale entries behind; don't let them pile up for a TTL.
             self._finished = deque(j for j in self._finished if self._jobs.get(j.id) is j)
         return job
+
+    def unfetched(self) -> int:
+        """Jobs whose outcome nobody has read yet: pending, or finished and never fetched (what
+        a draining replica holds on for, `graceful.hold_unfetched`)."""
+        self._expire(self._clock())
+        return sum(1 for job in self._jobs.values() if not job.fetched)
 
     def pending(self) -> list[Job[R]]:
         return [job for job in self._jobs.values() if not job.done]

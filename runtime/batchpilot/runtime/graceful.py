@@ -26,6 +26,31 @@ log = logging.getLogger("batchpilot.runtime")
 
 LINGER_STRETCH = 5
 """The linger lasts while connections are still open, up to this many times `--drain-linger-s`."""
+HOLD_POLL_S = 0.1
+"""How often a drain holding for async results looks whether they have all been fetched."""
+
+
+async def hold_unfetched(
+    unfetched: Callable[[], int], *, until: float, forced: asyncio.Event
+) -> int:
+    """Keep a draining replica's ports open, once its queue is served, while async results wait
+    to be fetched — its peers pass fetches on to it by its pod IP (`job_relay`), and a client
+    may still hold a connection to it — until `until` on the loop's clock or a forced exit.
+    Returns how many results were left unread (logged: they are lost with the process)."""
+    loop = asyncio.get_running_loop()
+    left = unfetched()
+    if left and loop.time() < until and not forced.is_set():
+        log.info(
+            "drain: %d async results not fetched yet; the port stays open for them up to %.1f s",
+            left,
+            until - loop.time(),
+        )
+    while left and loop.time() < until and not forced.is_set():
+        await asyncio.sleep(min(HOLD_POLL_S, max(0.0, until - loop.time())))
+        left = unfetched()
+    if left:
+        log.warning("drain: %d async results never fetched are dropped with the process", left)
+    return left
 
 
 class DrainingServer(uvicorn.Server):
@@ -44,8 +69,14 @@ class DrainingServer(uvicorn.Server):
         grace_s: float,
         linger_s: float,
         on_drain: Sequence[Callable[[], Awaitable[None]]] = (),
+        unfetched: Callable[[], int] = lambda: 0,
+        hold_s: float = 0.0,
     ) -> None:
+        """`unfetched`: the async results nobody has read yet, which the drain holds the ports
+        open for, up to `hold_s` from its start (within `grace_s`)."""
         super().__init__(config)
+        self._unfetched = unfetched
+        self._hold_s = hold_s
         self._model_server = model_server
         self._closing = closing
         self._grace_s = grace_s
@@ -92,7 +123,8 @@ class DrainingServer(uvicorn.Server):
         says `Connection: close`, so busy connections are closed by the server right after a
         complete answer, and those clients reconnect to a port that still answers 503. Then
         `linger_s` more with the port open, for clients that have not yet heard (in Kubernetes,
-        endpoints take seconds to drop a terminating pod). Only then uvicorn's shutdown, given
+        endpoints take seconds to drop a terminating pod), and while async results wait to be
+        fetched, up to `hold_s` (`hold_unfetched`). Only then uvicorn's shutdown, given
         what is left of the grace: close the listener and idle connections, wait for answers
         being written, run the lifespan shutdown (gRPC's stop, the batcher, the engine)."""
         self._begin_drain()
@@ -122,6 +154,9 @@ class DrainingServer(uvicorn.Server):
                     "drain: closing %d connections that sent nothing since the signal",
                     len(self.server_state.connections),
                 )
+        if drained.done():
+            hold_until = min(deadline, self._drain_started + self._hold_s)
+            await hold_unfetched(self._unfetched, until=hold_until, forced=self._forced)
         forced.cancel()
         # uvicorn's wait for answers still being written; at least 1 s, as uvicorn's own floor.
         self.config.timeout_graceful_shutdown = max(1, int(deadline - loop.time()))

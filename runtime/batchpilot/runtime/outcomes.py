@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from batchpilot.runtime.async_jobs import JobNotFound, StoreFull
+from batchpilot.runtime.async_jobs import HolderNotAnswering, JobNotFound, StoreFull
 from batchpilot.runtime.errors import (
     DeadlineExceeded,
     EngineFailure,
@@ -53,6 +53,7 @@ ERROR_STATUS: dict[type[InferenceError], tuple[int, RequestOutcome]] = {
     StoreFull: (429, RequestOutcome.REJECTED),
     QuotaExceeded: (429, RequestOutcome.REJECTED),
     JobNotFound: (404, RequestOutcome.INVALID),
+    HolderNotAnswering: (504, RequestOutcome.TIMEOUT),
 }
 """The HTTP status and the outcome of each domain error (its nearest listed base class's)."""
 

@@ -12,6 +12,11 @@ it with another key answers 404, exactly as for an id never submitted, so a job 
 (a log, a shared Location) neither reads the result nor tells that the job exists. Each allowed
 key holds at most its share of the store (`JobStore.submit`), so one key cannot fill it for the
 others.
+
+Behind a Service, the fetch of a job seldom reaches the replica that took it. With `routes` (ids
+that name their replica, `job_routes`) a `GET` or `DELETE` of another replica's job is passed on to
+it (`job_relay`) once the caller's key is known to be allowed here, and its answer comes back as
+the holder gave it; the holder decides, by the key that travels with the request, who may read it.
 """
 
 from __future__ import annotations
@@ -34,8 +39,16 @@ from batchpilot.runtime.asgi_io import (
     read_body,
     request_header_length,
 )
-from batchpilot.runtime.async_jobs import Job, JobNotFound, JobState, JobStore
+from batchpilot.runtime.async_jobs import (
+    HolderNotAnswering,
+    Job,
+    JobNotFound,
+    JobState,
+    JobStore,
+)
 from batchpilot.runtime.errors import EngineFailure, InferenceError, InvalidRequest, ShuttingDown
+from batchpilot.runtime.job_relay import FORWARDED_HEADER, Gone, JobRelay, NotAnswering
+from batchpilot.runtime.job_routes import JobRoutes
 from batchpilot.runtime.outcomes import RequestOutcome, status_of
 from batchpilot.runtime.protocol.server_codec import InferRequest, decode_request
 from batchpilot.runtime.responses import (
@@ -76,10 +89,12 @@ def add_async_routes(
     jobs: JobStore[EncodedResult],
     max_body_bytes: int,
     access: AccessGate | None = None,
+    relay: tuple[JobRoutes, JobRelay] | None = None,
 ) -> None:
     """`POST .../infer/async`, `GET` and `DELETE .../infer/async/{job_id}`, on `jobs`. With
     `access`, each needs an allowed API key, a submit is within quota, and a job is read or
-    discarded only with the key id that submitted it."""
+    discarded only with the key id that submitted it. With `relay` (the store's ids made by its
+    routes), another replica's job is read or discarded by passing the request on to it."""
     metrics = server.metrics
     model_name = server.signature.name
     check_model = server.check_model
@@ -119,9 +134,31 @@ def add_async_routes(
         # The same answer whether or not another key's job has this id: it confirms nothing.
         return JobNotFound(
             f"no async job '{job_id}' for model '{model_name}': it was never submitted, was "
-            f"deleted, or its result expired (results are kept {jobs.ttl_s:g} s after they "
-            f"finish){owned_by_key}"
+            f"deleted, its result expired (results are kept {jobs.ttl_s:g} s after they "
+            f"finish), or the replica that took it has stopped{owned_by_key}"
         )
+
+    async def passed_on(request: Request, job_id: str, *, wait_s: float = 0.0) -> Response | None:
+        """The holder's answer when `job_id` is another replica's and this request has not been
+        passed on already; None when the job is looked up here."""
+        if relay is None or FORWARDED_HEADER in request.headers:
+            return None
+        routes, relayer = relay
+        address = routes.elsewhere(job_id)
+        if address is None:
+            return None
+        path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        try:
+            return await relayer.relay(
+                request.method, address, path, request.headers.items(), wait_s=wait_s
+            )
+        except Gone as exc:
+            log.info("async job %s: its replica is gone (%s)", job_id, exc)
+            raise not_found(job_id) from exc
+        except NotAnswering as exc:
+            raise HolderNotAnswering(
+                f"the replica holding async job '{job_id}' did not answer ({exc}); retry"
+            ) from exc
 
     def owner_of(request: Request) -> str | None:
         """The caller's key id with API keys on (raises 401/403 as a submit would), else None."""
@@ -165,6 +202,8 @@ def add_async_routes(
             owner = owner_of(request)
             check_model(request.path_params["name"])
             wait_s = _wait_s(request)
+            if (answer := await passed_on(request, job_id, wait_s=wait_s)) is not None:
+                return answer
             job = jobs.get(job_id, owner=owner)
             if job is not None and not job.done and wait_s > 0:
                 with contextlib.suppress(TimeoutError):
@@ -180,6 +219,7 @@ def add_async_routes(
                 status=202,
                 headers={"Location": location(job.id), "Retry-After": "1"},
             )
+        job.fetched = True
         if job.state is JobState.FAILED:
             assert isinstance(job.error, InferenceError)
             return error_response(job.error)
@@ -191,6 +231,8 @@ def add_async_routes(
         try:
             owner = owner_of(request)
             check_model(request.path_params["name"])
+            if (answer := await passed_on(request, job_id)) is not None:
+                return answer
             job = jobs.discard(job_id, owner=owner)
             if job is None:
                 raise not_found(job_id)

@@ -85,6 +85,8 @@ def serve(settings: RuntimeSettings) -> int:
         grace_s=settings.drain_grace_s,
         linger_s=settings.drain_linger_s,
         on_drain=parts.on_drain,
+        unfetched=parts.unfetched,
+        hold_s=settings.async_drain_hold_s,
     )
     # Everything loaded so far lives as long as the process: keep it out of the collector's
     # full passes, which otherwise stall the event loop for tens of milliseconds.
@@ -338,6 +340,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--pipeline-threads", type=int, help="pre/post-processing threads (default: CPU count)")
     a("--admin-token-file", help="file holding the bearer token for PUT /admin/batching")
     a(
+        "--advertise-host",
+        help="this replica's address as its peers reach it (the pod IP): with an admin token, "
+        "async job ids name it and the other replicas pass fetches of its jobs on to it "
+        "(BATCHPILOT_ADVERTISE_HOST; the operator sets it)",
+    )
+    a(
         "--api-keys",
         help="folder of API keys, one file per key named by its key id (a mounted Secret): "
         "inference then needs 'Authorization: Bearer <key>' or 'x-api-key: <key>'; re-read on "
@@ -354,6 +362,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         help="on SIGTERM, how long the port stays open once the queue is empty, answering 503 "
         "with Connection: close; part of --drain-grace-s (default 1; BATCHPILOT_DRAIN_LINGER_S)",
+    )
+    a(
+        "--async-drain-hold-s",
+        type=float,
+        help="on SIGTERM, how long (from the signal) the port stays open while finished async "
+        "results have not been fetched; part of --drain-grace-s (default 20; "
+        "BATCHPILOT_ASYNC_DRAIN_HOLD_S)",
     )
     a("--log-level", choices=["debug", "info", "warning", "error"])
 

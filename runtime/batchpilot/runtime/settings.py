@@ -156,6 +156,13 @@ class RuntimeSettings(BaseSettings):
         description="on SIGTERM, how long the port stays open after the queue is empty, answering "
         "503; part of drain_grace_s",
     )
+    async_drain_hold_s: float = Field(
+        default=20.0,
+        ge=0,
+        description="on SIGTERM, how long the port stays open, from the signal, while finished "
+        "async results have not been fetched (the other replicas pass fetches on here); part of "
+        "drain_grace_s",
+    )
     pipeline_config: Path | None = Field(
         default=None,
         description="JSON pre/post-processing pipeline (spec.pipeline of the InferenceService)",
@@ -168,6 +175,14 @@ class RuntimeSettings(BaseSettings):
     )
     async_capacity: int = Field(
         default=1024, ge=1, le=1_000_000, description="async jobs stored (pending or finished)"
+    )
+
+    advertise_host: str = Field(
+        default="",
+        description="this replica's address as the other replicas of its service reach it (the "
+        "pod IP; the operator sets it): with an admin token, async job ids name it, and a fetch of "
+        "a job that reaches another replica is passed on here; empty: async results are fetched "
+        "from the replica that took the job",
     )
 
     isvc_name: str = Field(default="", description="InferenceService this pod serves")
@@ -205,6 +220,13 @@ class RuntimeSettings(BaseSettings):
                     f"({self.drain_grace_s:g} s): the linger is the end of the drain"
                 )
             self.drain_linger_s = self.drain_grace_s  # the default shrinks to a short grace
+        if self.async_drain_hold_s > self.drain_grace_s:
+            if "async_drain_hold_s" in self.model_fields_set:
+                raise ValueError(
+                    f"async_drain_hold_s ({self.async_drain_hold_s:g} s) must fit inside "
+                    f"drain_grace_s ({self.drain_grace_s:g} s): the hold is part of the drain"
+                )
+            self.async_drain_hold_s = self.drain_grace_s
         return self
 
     def token(self) -> str | None:

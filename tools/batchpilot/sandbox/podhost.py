@@ -54,7 +54,7 @@ from uvicorn.server import ServerState
 from batchpilot.runtime.app import PortDispatch
 from batchpilot.runtime.assembly import Assembled, CannotServe, assemble
 from batchpilot.runtime.draining import CloseWhenDraining
-from batchpilot.runtime.graceful import LINGER_STRETCH
+from batchpilot.runtime.graceful import LINGER_STRETCH, hold_unfetched
 from batchpilot.runtime.serve import add_arguments, bind_listeners, outcome_tally
 from batchpilot.runtime.settings import RuntimeSettings
 
@@ -372,10 +372,12 @@ class PodHost:
         """What `DrainingServer.shutdown` does for a runtime on SIGTERM, for this pod's
         listeners and connections alone: refuse new requests (503, readiness fails), answer
         `Connection: close`, serve the queue, keep the ports open for the linger (stretched
-        while connections stay open), then close them and leave the pod's lifespan."""
+        while connections stay open) and while async results wait to be fetched, then close them
+        and leave the pod's lifespan."""
         settings = pod.parts.settings
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + settings.drain_grace_s
+        started = loop.time()
+        deadline = started + settings.drain_grace_s
         pod.parts.model_server.stop_accepting()
         pod.closing.start()
         try:
@@ -389,6 +391,9 @@ class PodHost:
                 stretch = min(deadline, loop.time() + (LINGER_STRETCH - 1) * linger_s)
                 while pod.state.connections and loop.time() < stretch and not self._forced.is_set():
                     await self._unless_forced(0.05)
+            if drained.done():
+                hold_until = min(deadline, started + settings.async_drain_hold_s)
+                await hold_unfetched(pod.parts.unfetched, until=hold_until, forced=self._forced)
             await self._dismantle(pod, grace_s=max(1.0, deadline - loop.time()))
         finally:
             self._gone(pod)

@@ -162,6 +162,21 @@ class Replica:
         return f"127.0.0.1:{self.metrics_port or self.port}"
 
 
+def container_env(container: Mapping[str, Any], replica: Replica) -> dict[str, str]:
+    """The container's env as the kubelet gives it: values, and the downward API's pod fields
+    (`valueFrom.fieldRef`: the pod's IP is the loopback address every sandbox pod listens on)."""
+    fields = {
+        "status.podIP": "127.0.0.1",
+        "metadata.name": replica.name,
+        "metadata.namespace": replica.namespace,
+    }
+    env: dict[str, str] = {}
+    for item in container.get("env", []):
+        field_path = ((item.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+        env[item["name"]] = fields.get(field_path, "") if field_path else str(item.get("value", ""))
+    return env
+
+
 @dataclass(frozen=True)
 class Endpoints:
     """What the runner found after a pass: ready endpoints per Deployment, scrape targets."""
@@ -552,7 +567,7 @@ class PodRunner:
             models_dir=self.models_dir,
             directory=replica.directory,
         )
-        env = {e["name"]: str(e.get("value", "")) for e in container.get("env", [])}
+        env = container_env(container, replica)
         release(replica.held)
         replica.held = []
         if self.pod_host is not None and hostable(command):

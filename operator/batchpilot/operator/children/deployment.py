@@ -290,6 +290,11 @@ def build_deployment(
     env = [
         {"name": "BATCHPILOT_ISVC_NAME", "value": owner.name},
         {"name": "BATCHPILOT_ISVC_NAMESPACE", "value": owner.namespace},
+        # Async job ids name the pod that holds the job; the other replicas pass fetches on to it.
+        {
+            "name": "BATCHPILOT_ADVERTISE_HOST",
+            "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}},
+        },
         *(runtime.env or []),
     ]
     container = {

@@ -2,7 +2,8 @@
 
 Each port has one audience. The model's callers (`spec.access.allowFrom`; by default the pods of
 the InferenceService's own namespace) reach the HTTP and gRPC ports; the operator's pods alone
-reach the admin port, where batch settings change; Prometheus alone (the operator's
+reach the admin port, where batch settings change; the service's own pods reach the HTTP port
+(a replica passes the fetch of an async result on to the replica holding it); Prometheus alone (the operator's
 `prometheus_peers`) reaches the metrics port. A policy with `Ingress` in its policyTypes admits
 nothing it does not list, so everything else is refused — in clusters whose network plugin
 enforces NetworkPolicies. An empty list of peers admits no one: a rule with no `from` would admit
@@ -63,6 +64,8 @@ def build_network_policy(owner: Owner, settings: OperatorSettings) -> dict[str, 
             [peer_document(peer) for peer in owner.spec.access.peers],
             _tcp(settings.runtime_port, settings.runtime_grpc_port),
         ),
+        # The replicas pass fetches of async results on to the one holding the job.
+        ([{"podSelector": {"matchLabels": dict(owner.selector)}}], _tcp(settings.runtime_port)),
         ([operator_peer(settings)], _tcp(settings.runtime_admin_port)),
         ([dict(peer) for peer in settings.prometheus_peers], _tcp(settings.runtime_metrics_port)),
     ]
