@@ -63,7 +63,11 @@ class JobRelay:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 auto_decompress=False,
-                connector=aiohttp.TCPConnector(limit=64),
+                # No pool limit of its own: each passed-on request holds one connection for
+                # its long poll, and a pool limit would queue the rest behind those polls and
+                # answer them 504. What bounds them is the server's own --max-connections: one
+                # outgoing connection at most for each request taken in.
+                connector=aiohttp.TCPConnector(limit=0),
                 timeout=aiohttp.ClientTimeout(sock_connect=self._connect_timeout_s),
             )
         return self._session
