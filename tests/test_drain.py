@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+import gevent
 import httpx
 import pytest
 import tritonclient.http as triton
@@ -210,6 +211,9 @@ def triton_repetition(server: RuntimeProcess) -> Received:
                     warm.release()
         finally:
             connection.close()
+            # The client's gevent hub is this thread's, with its loop's descriptors: left alone
+            # they outlive the thread (two for each of the 640 threads of the test).
+            gevent.get_hub().destroy(destroy_loop=True)
             if answered < WARM_REQUESTS:  # it stopped early: the assertions will say why
                 warm.release()
 
