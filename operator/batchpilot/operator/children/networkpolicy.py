@@ -2,10 +2,10 @@
 
 Each port has one audience. The model's callers (`spec.access.allowFrom`; by default the pods of
 the InferenceService's own namespace) reach the HTTP and gRPC ports; the operator's pods alone
-reach the admin port, where batch settings change; the service's own pods reach the HTTP port
-(a replica passes the fetch of an async result on to the replica holding it); Prometheus alone (the operator's
-`prometheus_peers`) reaches the metrics port. A policy with `Ingress` in its policyTypes admits
-nothing it does not list, so everything else is refused — in clusters whose network plugin
+reach the admin port, where batch settings change; the service's own pods reach the HTTP port (a
+replica passes the fetch of an async result on to the replica holding it); Prometheus alone (the
+operator's `prometheus_peers`) reaches the metrics port. A policy with `Ingress` in its policyTypes
+admits nothing it does not list, so everything else is refused — in clusters whose network plugin
 enforces NetworkPolicies. An empty list of peers admits no one: a rule with no `from` would admit
 everyone, so such a rule is left out rather than written empty.
 
