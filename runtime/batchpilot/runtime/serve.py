@@ -256,8 +256,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     a(
         "--simulated-latency",
-        metavar="alpha_ms=A,beta_ms=B",
-        help="per-batch time of the simulated accelerator, t(b) = A + B*b milliseconds",
+        metavar="alpha_ms=A,beta_ms=B[,memory_rows=N]",
+        help="per-batch time of the simulated accelerator, t(b) = A + B*b milliseconds; "
+        "memory_rows: a batch of more rows fails as out of device memory",
     )
     a("--device", choices=["auto", "cpu", "gpu"], help="where the model runs (default auto)")
     a(
