@@ -96,6 +96,14 @@ def test_the_autopilot_brings_an_overloaded_service_inside_its_sla(tmp_path: Pat
     assert "the runtimes shed, by reason: " in log, log
     assert "admitted requests' latency over the run" in log, log
     assert (tmp_path / "run.png").stat().st_size > 10_000
+    # The operator's own metrics, scraped as the chart's PodMonitor has them scraped: it led,
+    # ran autopilot rounds over the one service, and counted the Events it posted.
+    operator = result.operator_metrics
+    assert operator.get("batchpilot_operator_active") == 1, operator
+    assert operator.get("batchpilot_operator_autopilot_rounds_total", 0) > 10, operator
+    assert operator.get("batchpilot_operator_autopilot_services") == 1, operator
+    assert operator.get("batchpilot_operator_events_total", 0) >= 1, operator
+    assert operator.get("batchpilot_operator_prometheus_up") == 1, operator
 
     # Nothing left behind.
     assert result.started_pids

@@ -41,6 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "several replicas run with one active (default: BATCHPILOT_OPERATOR_LEADER_ELECTION, "
         "else on with in-cluster credentials, off with a kubeconfig)",
     )
+    parser.add_argument(
+        "--metrics-address",
+        default="0.0.0.0",
+        help="address the operator's metrics are served on, at BATCHPILOT_OPERATOR_METRICS_PORT "
+        "(default 0.0.0.0)",
+    )
     parser.add_argument("--verbose", action="store_true", help="debug logging")
 
 
@@ -75,9 +81,11 @@ def main(args: argparse.Namespace) -> int:
     if settings.metrics_port:
         from batchpilot.operator import telemetry
 
-        served = telemetry.serve(settings.metrics_port)
+        served = telemetry.serve(settings.metrics_port, address=args.metrics_address)
         logging.getLogger(__name__).info(
-            "serving the operator's metrics on :%d/metrics", served.server_port
+            "serving the operator's metrics on %s:%d/metrics",
+            args.metrics_address,
+            served.server_port,
         )
     namespaces = args.namespace or settings.namespaces
     del handlers  # imported for its handler registrations

@@ -142,6 +142,9 @@ class SandboxResult:
     """Each pod's successful requests so far, as Prometheus scraped its runtime's
     `batchpilot_requests_total{outcome="success"}`: (seconds since the start, count), a point a
     second, read at the end of the load."""
+    operator_metrics: dict[str, float] = field(default_factory=dict)
+    """The operator's own metrics as Prometheus scraped them at the end of the load: each
+    `batchpilot_operator_*` series summed over its labels, by name."""
 
     def served_between(self, start_s: float, end_s: float) -> dict[str, float]:
         """Successful requests per pod from `start_s` to `end_s` (seconds since the start): the
@@ -293,6 +296,7 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
     errors: list[str] = []
     node_events: list[tuple[float, str]] = []
     served_by_pod: dict[str, list[tuple[float, float]]] = {}
+    operator_samples: dict[str, float] = {}
     prometheus_down: tuple[float, float | None] | None = None
     with contextlib.ExitStack() as stack, _signals_as_interrupt():
         try:
@@ -315,11 +319,14 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
                  "--balance", options.service_balance],
                 log=workdir / "service.log",
             )  # fmt: skip
+            operator_metrics = f"127.0.0.1:{free_port()}"
             operator_process = processes.start(
                 [sys.executable, "-m", "batchpilot.runtime.cli", "operator", "run",
-                 "--kubeconfig", str(kubeconfig)],
+                 "--kubeconfig", str(kubeconfig), "--metrics-address", "127.0.0.1"],
                 log=workdir / "operator.log",
                 env={
+                    # Scraped beside the pods, as the chart's PodMonitor has it scraped.
+                    "BATCHPILOT_OPERATOR_METRICS_PORT": operator_metrics.rsplit(":", 1)[1],
                     "BATCHPILOT_OPERATOR_PROMETHEUS_URL": prometheus.url,
                     "BATCHPILOT_OPERATOR_AUTOPILOT_INTERVAL_SECONDS": str(
                         options.autopilot_interval_s
@@ -337,7 +344,7 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
                 tmp = endpoints_file.with_suffix(".tmp")
                 tmp.write_text(json.dumps(ready))
                 tmp.replace(endpoints_file)
-                prometheus.set_targets(endpoints.scrape)
+                prometheus.set_targets([*endpoints.scrape, (operator_metrics, OPERATOR_TARGET)])
 
             host = (
                 stack.enter_context(pod_host_process(workdir / "podhost"))
@@ -361,6 +368,7 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
             say(f"  kubectl --kubeconfig {kubeconfig} describe inferenceservice {name}")
             say(f"  kubectl --kubeconfig {kubeconfig} get deploy,pods,configmaps")
             say(f"prometheus:      {prometheus.url}")
+            say(f"operator:        http://{operator_metrics}/metrics  (log: operator.log)")
             say(
                 f"service (proxy): {proxy_url}  (round-robin over ready runtime processes, "
                 f"per {options.service_balance})"
@@ -474,6 +482,7 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
             served_by_pod = _served_by_pod(
                 prometheus.url, namespace=namespace, name=name, start=t0_wall
             )
+            operator_samples = _operator_samples(prometheus.url)
             _summary(say, load, result_status, decisions, sla_ms, plot_path, shed=shed)
         except KeyboardInterrupt:
             say("interrupted: stopping everything")
@@ -497,6 +506,7 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
         node_events=node_events,
         prometheus_down=prometheus_down,
         served_by_pod=served_by_pod,
+        operator_metrics=operator_samples,
     )
     if options.json_out is not None:
         doc = {
@@ -507,12 +517,33 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
             "node_events": node_events,
             "prometheus_down": prometheus_down,
             "served_by_pod": served_by_pod,
+            "operator_metrics": operator_samples,
             "final_p99_ms": result.final_p99_ms,
         }
         options.json_out.write_text(json.dumps(doc, indent=2))
     if not options.keep and options.workdir is None:
         shutil.rmtree(workdir, ignore_errors=True)
     return result
+
+
+OPERATOR_TARGET = {"job": "batchpilot-operator"}
+"""The labels of the operator's scrape target."""
+
+
+def _operator_samples(prometheus_url: str) -> dict[str, float]:
+    """The operator's own metrics at the end of the run, as Prometheus scraped them: each
+    `batchpilot_operator_*` series summed over its labels, by name."""
+    query = urllib.parse.quote(
+        'sum by (__name__) ({__name__=~"batchpilot_operator_.*", job="batchpilot-operator"})'
+    )
+    answer = _get(f"{prometheus_url}/api/v1/query?query={query}") or {}
+    samples = {}
+    for series in (answer.get("data") or {}).get("result") or []:
+        try:
+            samples[series["metric"]["__name__"]] = float(series["value"][1])
+        except (KeyError, IndexError, TypeError, ValueError):
+            continue
+    return samples
 
 
 def _shed_by_reason(prometheus_url: str, *, namespace: str, name: str) -> dict[str, float]:
