@@ -6,8 +6,10 @@ to its quota while another key's requests stay inside the SLA (the server's own 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import os
+import queue
 import shutil
 import threading
 import time
@@ -38,13 +40,22 @@ ALICE = "alice-0123456789abcdef0123"
 BOB = "bob-0123456789abcdef012345"
 BULK_HTTP = "bulk-http-0123456789abcdef"
 BULK_GRPC = "bulk-grpc-0123456789abcdef"
-KEYS = {"alice": ALICE, "bob": BOB, "bulk-http": BULK_HTTP, "bulk-grpc": BULK_GRPC}
+BULK_STREAM = "bulk-stream-0123456789abcd"
+KEYS = {
+    "alice": ALICE,
+    "bob": BOB,
+    "bulk-http": BULK_HTTP,
+    "bulk-grpc": BULK_GRPC,
+    "bulk-stream": BULK_STREAM,
+}
 ACCESS = {
-    "allowedKeyIds": ["alice", "bulk-http", "bulk-grpc"],  # bob is known, not allowed here
+    # bob is known, not allowed here
+    "allowedKeyIds": ["alice", "bulk-http", "bulk-grpc", "bulk-stream"],
     "keyQuotas": [
         # two requests, then one every 100 s: the third is refused whatever the machine's pace
         {"keyId": "bulk-http", "requestsPerSecond": 0.01, "burst": 2},
         {"keyId": "bulk-grpc", "requestsPerSecond": 0.01, "burst": 2},
+        {"keyId": "bulk-stream", "requestsPerSecond": 0.01, "burst": 2},
     ],
 }
 
@@ -152,6 +163,32 @@ def status_of(call: Callable[[], None]) -> str:
     return "ok"
 
 
+def stream_errors(server: RuntimeProcess, headers: dict[str, str], count: int) -> list[str]:
+    """Each of `count` requests' error on one ModelStreamInfer stream, in the order sent ("" for
+    an answer), through tritonclient's streaming API."""
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = tgrpc.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    try:
+        client.start_stream(
+            callback=lambda result, error: answers.put((result, error)), headers=headers
+        )
+        x = tgrpc.InferInput("x", [1, 64], "FP32")
+        x.set_data_from_numpy(mlp_rows(1, seed=0)["x"])
+        errors = []
+        for n in range(count):
+            # One at a time: the quota's refusals fall on the last requests sent.
+            # A stream the server refused at once may have ended already: its error comes to
+            # the callback either way.
+            with contextlib.suppress(InferenceServerException):
+                client.async_stream_infer("mlp", [x], request_id=f"q{n}")
+            _, error = answers.get(timeout=10)
+            errors.append("" if error is None else str(error))
+        return errors
+    finally:
+        client.stop_stream()
+        client.close()
+
+
 class TestTheAnswers:
     @pytest.mark.parametrize(
         ("headers", "http", "grpc"),
@@ -172,6 +209,12 @@ class TestTheAnswers:
         # gRPC metadata keys are lower-case
         metadata = {name.lower(): value for name, value in headers.items()}
         assert status_of(lambda: grpc_infer(keyed, metadata)) == grpc
+        # A stream is refused whole to a caller without an allowed key.
+        streamed = stream_errors(keyed, metadata, 1)[0]
+        if grpc == "ok":
+            assert streamed == "", streamed
+        else:
+            assert grpc in streamed, streamed
 
     def test_over_quota_is_429_with_retry_after_over_http_and_resource_exhausted_over_grpc(
         self, keyed: RuntimeProcess
@@ -202,6 +245,10 @@ class TestTheAnswers:
             == 2
         )
         assert by_key(after, "bulk-grpc", "admitted") - by_key(before, "bulk-grpc", "admitted") == 2
+        # On a stream the quota holds request by request, each refusal an answer of the stream.
+        errors = stream_errors(keyed, {"x-api-key": BULK_STREAM}, 3)
+        assert errors[:2] == ["", ""], errors
+        assert "RESOURCE_EXHAUSTED: key 'bulk-stream' is over its quota" in errors[2], errors
         # refusals at the gate are not the model's requests: they never reached the queue
         assert (
             after.value("batchpilot_arrivals_total") - before.value("batchpilot_arrivals_total")

@@ -8,6 +8,7 @@ the REST endpoint of the same process; metrics are read from /metrics, as Promet
 
 from __future__ import annotations
 
+import queue
 import re
 import signal
 import subprocess
@@ -572,6 +573,80 @@ class TestBadInput:
 
 
 # --- Overload, deadlines, cancellation --------------------------------------------------------
+
+
+class TestStream:
+    """ModelStreamInfer, through tritonclient's own streaming API (`start_stream`,
+    `async_stream_infer`) and its stub."""
+
+    def test_each_request_gets_the_answer_model_infer_gives(
+        self, mlp_server: RuntimeProcess
+    ) -> None:
+        answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        xs = [mlp_rows(1 + i % 3, seed=i) for i in range(24)]
+        with client(mlp_server) as triton:
+            triton.start_stream(callback=lambda result, error: answers.put((result, error)))
+            try:
+                for i, x in enumerate(xs):
+                    tensor = tc.InferInput("x", list(x.shape), "FP32")
+                    tensor.set_data_from_numpy(x)
+                    triton.async_stream_infer("mlp", [tensor], request_id=f"r{i}")
+                streamed = {}
+                for _ in xs:
+                    result, error = answers.get(timeout=10)
+                    assert error is None, error
+                    streamed[result.get_response().id] = result.as_numpy("logits")
+            finally:
+                triton.stop_stream()
+            for i, x in enumerate(xs):
+                tensor = tc.InferInput("x", list(x.shape), "FP32")
+                tensor.set_data_from_numpy(x)
+                unary = triton.infer("mlp", [tensor]).as_numpy("logits")
+                np.testing.assert_array_equal(streamed[f"r{i}"], unary)
+
+    def test_a_bad_request_is_an_error_on_the_stream_and_the_stream_goes_on(
+        self, multi_server: RuntimeProcess, channel_to: Any
+    ) -> None:
+        stub = channel_to(multi_server)
+        requests = [_multi_request(), _multi_request(_rename_first), _multi_request()]
+        for n, request in enumerate(requests):
+            request.id = f"s{n}"
+        before = outcomes(Scrape(multi_server))
+        answers = list(stub.ModelStreamInfer(iter(requests), timeout=20))
+        assert sorted(a.infer_response.id for a in answers) == ["s0", "s1", "s2"]
+        by_id = {a.infer_response.id: a for a in answers}
+        bad = by_id["s1"]
+        assert bad.error_message.startswith("INVALID_ARGUMENT: "), bad.error_message
+        assert "model 'multi' has no input 'pixels'" in bad.error_message, bad
+        assert bad.infer_response.model_name == "multi"
+        for good in (by_id["s0"], by_id["s2"]):
+            assert good.error_message == ""
+            assert len(good.infer_response.raw_output_contents) == len(MULTI_IO_INPUTS)
+        after = outcomes(Scrape(multi_server))
+        assert after["invalid"] == before["invalid"] + 1
+        assert after["success"] == before["success"] + 2
+
+    def test_requests_of_one_stream_batch_together(
+        self, mlp_model: Path, tmp_path: Path, channel_to: Any
+    ) -> None:
+        # 100 ms a batch: 16 requests sent at once ride in a few batches, not 16.
+        with runtime_process(
+            mlp_model,
+            "--engine", "simulated", "--simulated-latency", "alpha_ms=100,beta_ms=0",
+            "--max-batch-size", "16", "--max-queue-delay-ms", "20",
+            grpc=True, log_dir=tmp_path,
+        ) as server:  # fmt: skip
+            requests = []
+            for n in range(16):
+                request = pb.ModelInferRequest(model_name="mlp", id=f"b{n}")
+                request.inputs.add(name="x", datatype="FP32", shape=[1, 64])
+                request.raw_input_contents.append(mlp_rows(1, seed=n).tobytes())
+                requests.append(request)
+            answers = list(channel_to(server).ModelStreamInfer(iter(requests), timeout=20))
+            assert all(a.error_message == "" for a in answers), answers
+            assert len(answers) == 16
+            batches = metric(server, "batchpilot_batch_size_count")
+            assert batches <= 4, batches
 
 
 def _one_computing(server: RuntimeProcess, stub: Any) -> tuple[Any, Any]:

@@ -65,6 +65,11 @@ class GRPCInferenceServiceStub:
                 request_serializer=batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelInferRequest.SerializeToString,
                 response_deserializer=batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelInferResponse.FromString,
                 _registered_method=True)
+        self.ModelStreamInfer = channel.stream_stream(
+                '/inference.GRPCInferenceService/ModelStreamInfer',
+                request_serializer=batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelInferRequest.SerializeToString,
+                response_deserializer=batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelStreamInferResponse.FromString,
+                _registered_method=True)
 
 
 class GRPCInferenceServiceServicer:
@@ -113,6 +118,14 @@ class GRPCInferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ModelStreamInfer(self, request_iterator, context):
+        """Run inference on a stream of requests (Triton's extension): one response on the stream for
+        each request, in the order they finish; a request's error is its response's error_message.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GRPCInferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -145,6 +158,11 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.ModelInfer,
                     request_deserializer=batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelInferRequest.FromString,
                     response_serializer=batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelInferResponse.SerializeToString,
+            ),
+            'ModelStreamInfer': grpc.stream_stream_rpc_method_handler(
+                    servicer.ModelStreamInfer,
+                    request_deserializer=batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelInferRequest.FromString,
+                    response_serializer=batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelStreamInferResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -310,6 +328,33 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/ModelInfer',
             batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelInferRequest.SerializeToString,
             batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelInferResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModelStreamInfer(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/inference.GRPCInferenceService/ModelStreamInfer',
+            batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelInferRequest.SerializeToString,
+            batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelStreamInferResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -73,6 +73,9 @@ timeout."""
 
 EXTENSIONS = ("binary_tensor_data", "batchpilot_batching")
 
+STREAM_IN_FLIGHT = 256
+"""Requests of one ModelStreamInfer stream served at once; reading the stream waits beyond."""
+
 
 def grpc_status(error: InferenceError) -> grpc.StatusCode:
     for cls in type(error).__mro__:
@@ -176,6 +179,98 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 self._access.admit(_key_metadata(context))
             except InferenceError as exc:  # not one of the model's requests: counted by key
                 await _abort(context, exc)
+        started = time.perf_counter()
+        try:
+            return await self._answer(request, context)
+        except InferenceError as exc:
+            await _abort(context, exc)
+        except _Internal:
+            await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
+        except asyncio.CancelledError:
+            # The client cancelled the RPC or its deadline passed: the request has left the queue.
+            remaining = context.time_remaining()
+            if remaining is not None and remaining <= 2 * DEADLINE_MARGIN_S:
+                self._metrics.request_finished(
+                    RequestOutcome.TIMEOUT, time.perf_counter() - started
+                )
+            else:
+                self._metrics.request_finished(RequestOutcome.CANCELLED)
+            raise
+
+    async def ModelStreamInfer(  # noqa: N802
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Context
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Triton's streaming inference: every request read from the stream is served at once
+        (up to `STREAM_IN_FLIGHT` of them; reading waits for room beyond), through the same
+        batcher as the others, and answered on the stream as it finishes. A request's error is
+        its response's `error_message` ("UNAVAILABLE: …", the status its own RPC would have
+        got) and the stream goes on; a caller without an allowed key is refused the stream."""
+        key = _key_metadata(context)
+        if self._access is not None:
+            try:
+                self._access.identify(key)
+            except InferenceError as exc:
+                await _abort(context, exc)
+        answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        room = asyncio.Semaphore(STREAM_IN_FLIGHT)
+        running: set[asyncio.Task[None]] = set()
+
+        async def serve(request: pb.ModelInferRequest) -> None:
+            try:
+                answers.put_nowait(await self._stream_answer(request, key, context))
+            finally:
+                room.release()
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    await room.acquire()
+                    task = asyncio.get_running_loop().create_task(serve(request))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                if running:
+                    await asyncio.wait(set(running))
+            finally:
+                answers.put_nowait(None)
+
+        reader = asyncio.get_running_loop().create_task(read())
+        try:
+            while (answer := await answers.get()) is not None:
+                yield answer
+            await reader  # what ended the reading, if it failed
+        finally:
+            reader.cancel()
+            for task in list(running):
+                task.cancel()
+
+    async def _stream_answer(
+        self, request: pb.ModelInferRequest, key: list[tuple[str, str]], context: Context
+    ) -> pb.ModelStreamInferResponse:
+        """One streamed request's response: its outputs, or its error in words."""
+        try:
+            if self._access is not None:
+                self._access.admit(key)
+            return pb.ModelStreamInferResponse(infer_response=await self._answer(request, context))
+        except InferenceError as exc:
+            message = f"{grpc_status(exc).name}: {exc}"
+        except _Internal:
+            message = f"{grpc.StatusCode.INTERNAL.name}: {INTERNAL_MESSAGE}"
+        except asyncio.CancelledError:
+            self._metrics.request_finished(RequestOutcome.CANCELLED)
+            raise
+        return pb.ModelStreamInferResponse(
+            error_message=message,
+            infer_response=pb.ModelInferResponse(
+                model_name=request.model_name, model_version=request.model_version, id=request.id
+            ),
+        )
+
+    async def _answer(
+        self, request: pb.ModelInferRequest, context: Context
+    ) -> pb.ModelInferResponse:
+        """`request`'s response, counted in the request metrics as it ends. Raises the
+        `InferenceError` it failed with, `_Internal` for anything else (a bug: logged and counted
+        as an error); a cancellation the caller counts."""
         metrics = self._metrics
         started = time.perf_counter()
         metrics.inflight.inc()
@@ -196,29 +291,23 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             )
         except InferenceError as exc:
             metrics.request_finished(status_of(exc)[1], time.perf_counter() - started)
-            failure: InferenceError | None = exc
-        except asyncio.CancelledError:
-            # The client cancelled the RPC or its deadline passed: the request has left the queue.
-            remaining = context.time_remaining()
-            if remaining is not None and remaining <= 2 * DEADLINE_MARGIN_S:
-                metrics.request_finished(RequestOutcome.TIMEOUT, time.perf_counter() - started)
-            else:
-                metrics.request_finished(RequestOutcome.CANCELLED)
             raise
-        except Exception:
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
             # A bug, not the client's fault: an INTERNAL status, counted as an error so the error
             # rate the autopilot reads includes it.
             log.exception("gRPC infer request failed unexpectedly")
             metrics.request_finished(RequestOutcome.ERROR, time.perf_counter() - started)
-            failure = None
-        else:
-            metrics.request_finished(RequestOutcome.SUCCESS, time.perf_counter() - started)
-            return response
+            raise _Internal from exc
         finally:
             metrics.inflight.dec()
-        if failure is not None:
-            await _abort(context, failure)
-        await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
+        metrics.request_finished(RequestOutcome.SUCCESS, time.perf_counter() - started)
+        return response
+
+
+class _Internal(Exception):
+    """A request failed on a bug of the server's (logged): INTERNAL, with no detail."""
 
 
 @dataclass(frozen=True, slots=True)
