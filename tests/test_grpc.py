@@ -778,6 +778,11 @@ def test_sigterm_finishes_accepted_rpcs(mlp_model: Path, tmp_path: Path, channel
     ) as server:
         stub = channel_to(server)
         request = raw_request("mlp", {"x": mlp_rows(1)}, {"x": "FP32"})
+        # A stream open across the signal: what it sends after is answered UNAVAILABLE, on it.
+        to_stream: queue.Queue[Any] = queue.Queue()
+        stream = stub.ModelStreamInfer(iter(to_stream.get, None), timeout=20)
+        to_stream.put(request)
+        assert next(stream).error_message == ""
         accepted = [stub.ModelInfer.future(request, timeout=20) for _ in range(6)]
         wait_until(
             lambda: metric(server, "batchpilot_inflight_requests") == 6,
@@ -795,6 +800,11 @@ def test_sigterm_finishes_accepted_rpcs(mlp_model: Path, tmp_path: Path, channel
         wait_until(refused, timeout=10, what="readiness to fail after SIGTERM")
         late = rpc_error(stub.ModelInfer, request, timeout=10)
         assert late.code() == grpc.StatusCode.UNAVAILABLE
+        to_stream.put(request)
+        streamed_late = next(stream)
+        assert streamed_late.error_message.startswith("UNAVAILABLE: "), streamed_late
+        to_stream.put(None)  # the client ends its stream
+        assert list(stream) == []
         for future in accepted:
             assert list(future.result(timeout=15).outputs[0].shape) == [1, 16]
         assert server.process.wait(timeout=20) == 0
@@ -802,7 +812,7 @@ def test_sigterm_finishes_accepted_rpcs(mlp_model: Path, tmp_path: Path, channel
     tally = re.search(r"stopped; requests by outcome: (.*)", log)
     assert tally is not None, log
     counts = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", tally[1])}
-    assert counts["success"] == 6, log
+    assert counts["success"] == 7, log
     assert counts["cancelled"] == counts["error"] == counts["timeout"] == 0, log
 
 

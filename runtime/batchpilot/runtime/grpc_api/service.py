@@ -4,7 +4,8 @@ It runs in the same process and event loop as uvicorn and calls the same `ModelS
 and REST requests share one queue, batch together, count in the same metrics and fail with the
 same domain errors, mapped to gRPC status codes in one table (`GRPC_STATUS`) with the REST
 messages. The RPC's deadline is the request's timeout, and a cancelled RPC leaves the queue, as
-a REST request does when its client disconnects.
+a REST request does when its client disconnects. ModelStreamInfer (Triton's streaming inference)
+serves each request of a stream the same way, answering each on the stream as it finishes.
 
 `attach` ties the gRPC server to the app's lifespan: it starts after the batcher and, on
 shutdown, refuses new RPCs and lets the accepted ones finish within the drain grace before the
