@@ -275,14 +275,15 @@ class TestTheAnswers:
         assert b"wrong-key" not in scrape
         assert ALICE.encode() not in scrape
 
-    def test_health_and_server_metadata_stay_open_model_metadata_needs_a_key(
+    def test_health_and_server_metadata_stay_open_model_metadata_and_config_need_a_key(
         self, keyed: RuntimeProcess
     ) -> None:
         for path in ("/v2/health/live", "/v2/health/ready", "/v2/models/mlp/ready", "/v2"):
             assert send(keyed, "GET", path).status == 200, path
-        assert send(keyed, "GET", "/v2/models/mlp").status == 401
-        assert send(keyed, "GET", "/v2/models/mlp", headers={"x-api-key": BOB}).status == 403
-        assert send(keyed, "GET", "/v2/models/mlp", headers={"x-api-key": ALICE}).status == 200
+        for path in ("/v2/models/mlp", "/v2/models/mlp/config"):
+            assert send(keyed, "GET", path).status == 401, path
+            assert send(keyed, "GET", path, headers={"x-api-key": BOB}).status == 403, path
+            assert send(keyed, "GET", path, headers={"x-api-key": ALICE}).status == 200, path
         client = tgrpc.InferenceServerClient(f"127.0.0.1:{keyed.grpc_port}")
         try:
             assert client.is_server_live()
@@ -291,6 +292,10 @@ class TestTheAnswers:
             with pytest.raises(InferenceServerException, match="needs an API key"):
                 client.get_model_metadata("mlp")
             assert client.get_model_metadata("mlp", headers={"x-api-key": ALICE}).name == "mlp"
+            with pytest.raises(InferenceServerException, match="needs an API key"):
+                client.get_model_config("mlp")
+            config = client.get_model_config("mlp", headers={"x-api-key": ALICE})
+            assert config.config.name == "mlp"
         finally:
             client.close()
 

@@ -23,6 +23,7 @@ import numpy as np
 import orjson
 import pytest
 import tritonclient.grpc as tc
+import tritonclient.http
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
@@ -217,6 +218,40 @@ class TestHealthAndMetadata:
             # JSON from protobuf writes int64 as strings.
             got = [{**t, "shape": [int(d) for d in t["shape"]]} for t in metadata[side]]
             assert got == rest[side]
+
+    def test_model_config_as_triton_gives_it_over_both_protocols(
+        self, multi_server: RuntimeProcess
+    ) -> None:
+        # What perf_analyzer and Model Analyzer read before they send (Triton's model
+        # configuration extension), through Triton's own clients.
+        with tritonclient.http.InferenceServerClient(f"127.0.0.1:{multi_server.port}") as rest:
+            over_http = rest.get_model_config("multi")
+            with pytest.raises(InferenceServerException) as caught:
+                rest.get_model_config("resnet")
+            assert caught.value.status() == "404"
+        with client(multi_server) as triton:
+            over_grpc = triton.get_model_config("multi", as_json=True)["config"]
+            with pytest.raises(InferenceServerException) as caught:
+                triton.get_model_config("resnet")
+            assert caught.value.status() == "StatusCode.NOT_FOUND"
+        metadata = send(multi_server, "GET", "/v2/models/multi").json()
+        for config in (over_http, over_grpc):
+            assert config["name"] == "multi"
+            assert config["platform"] == "onnxruntime_onnx"
+            assert config["backend"] == "onnxruntime"
+            assert int(config["max_batch_size"]) == metadata["parameters"]["max_batch_size"]
+            inputs = {t["name"]: t for t in config["input"]}
+            assert set(inputs) == set(MULTI_IO_INPUTS)
+            for spec in metadata["inputs"]:
+                tensor = inputs[spec["name"]]
+                # The batch dimension is max_batch_size's; BYTES is Triton's TYPE_STRING.
+                assert [int(d) for d in tensor["dims"]] == spec["shape"][1:]
+                assert tensor["data_type"] == (
+                    "TYPE_STRING" if spec["datatype"] == "BYTES" else f"TYPE_{spec['datatype']}"
+                )
+            assert [o["name"] for o in config["output"]] == [o["name"] for o in metadata["outputs"]]
+            assert config["instance_group"][0]["kind"] == "KIND_CPU"
+            assert int(config["dynamic_batching"]["max_queue_delay_microseconds"]) == 1000
 
 
 class TestInfer:

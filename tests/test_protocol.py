@@ -11,6 +11,7 @@ import pytest
 
 from batchpilot.runtime.errors import InvalidRequest
 from batchpilot.runtime.protocol.client_codec import decode_response, encode_request
+from batchpilot.runtime.protocol.model_config import TRITON_DATATYPES, model_config
 from batchpilot.runtime.protocol.server_codec import decode_request, encode_response
 from batchpilot.runtime.protocol.tensors import DATATYPES, Tensor, datatype_of
 
@@ -294,3 +295,31 @@ def test_datatype_names_of_numpy_dtypes() -> None:
     assert datatype_of(np.dtype(np.bool_)) == "BOOL"
     with pytest.raises(InvalidRequest):
         datatype_of(np.dtype("U3"))
+
+
+class TestModelConfig:
+    """Triton's model configuration form of a signature (`protocol.model_config`)."""
+
+    def test_dims_leave_out_the_batch_and_datatypes_take_tritons_names(self) -> None:
+        config = model_config(
+            name="m",
+            platform="onnxruntime_onnx",
+            backend="onnxruntime",
+            inputs=[("image", "UINT8", (-1, 3, 224, 224)), ("text", "BYTES", (-1,))],
+            outputs=[("scores", "FP16", (-1, 1000))],
+            max_batch_size=16,
+            max_queue_delay_s=0.0025,
+            instances=2,
+            gpu=True,
+        )
+        assert config["max_batch_size"] == 16
+        assert config["input"] == [
+            {"name": "image", "data_type": "TYPE_UINT8", "dims": [3, 224, 224]},
+            {"name": "text", "data_type": "TYPE_STRING", "dims": []},
+        ]
+        assert config["output"] == [{"name": "scores", "data_type": "TYPE_FP16", "dims": [1000]}]
+        assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 2500
+        assert config["instance_group"] == [
+            {"name": "m", "kind": "KIND_GPU", "count": 2, "gpus": [0]}
+        ]
+        assert set(TRITON_DATATYPES) == {*DATATYPES, "BYTES"}

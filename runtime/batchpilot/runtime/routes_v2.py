@@ -139,6 +139,14 @@ def add_v2_routes(
             }
         )
 
+    @app.api_route("/v2/models/{name}/config", methods=_GET)
+    @app.api_route("/v2/models/{name}/versions/{version}/config", methods=_GET)
+    async def config(name: str, request: Request) -> Response:
+        if access is not None:
+            access.identify(request.headers.items())
+        model(name, request.path_params.get("version"))
+        return json_response(server.model_config())
+
     @app.api_route("/v2/models/{name}/ready", methods=_GET)
     @app.api_route("/v2/models/{name}/versions/{version}/ready", methods=_GET)
     async def model_ready(name: str, request: Request) -> Response:

@@ -44,6 +44,7 @@ from batchpilot.runtime.errors import (
     out_of_memory,
 )
 from batchpilot.runtime.metrics import RuntimeMetrics, available_cores
+from batchpilot.runtime.protocol.model_config import model_config
 from batchpilot.runtime.protocol.server_codec import InferRequest
 from batchpilot.runtime.protocol.tensors import Tensor
 from batchpilot.runtime.validation import validate_inputs
@@ -149,6 +150,23 @@ class ModelServer:
     def signature(self) -> ModelSignature:
         """What clients send and get back: the pipeline's ends when there is one."""
         return self.pipeline.signature if self.pipeline is not None else self.engine.signature
+
+    def model_config(self) -> dict[str, Any]:
+        """The served model in Triton's model configuration form (`protocol.model_config`),
+        with the batch settings in force now: what `GET /v2/models/{name}/config` and the gRPC
+        ModelConfig answer."""
+        signature, info, batching = self.signature, self.engine.info, self.batching
+        return model_config(
+            name=signature.name,
+            platform=signature.platform,
+            backend=info.kind,
+            inputs=[(s.name, s.datatype, s.shape) for s in signature.inputs],
+            outputs=[(s.name, s.datatype, s.shape) for s in signature.outputs],
+            max_batch_size=batching.max_batch_size,
+            max_queue_delay_s=batching.max_queue_delay_s,
+            instances=info.instances,
+            gpu=info.device == "gpu",
+        )
 
     def check_model(self, name: str, version: str | None = None) -> None:
         """Raise ModelNotFound unless `name` is the model this server serves and `version` one

@@ -70,6 +70,11 @@ class GRPCInferenceServiceStub:
                 request_serializer=batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelInferRequest.SerializeToString,
                 response_deserializer=batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelStreamInferResponse.FromString,
                 _registered_method=True)
+        self.ModelConfig = channel.unary_unary(
+                '/inference.GRPCInferenceService/ModelConfig',
+                request_serializer=batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelConfigRequest.SerializeToString,
+                response_deserializer=batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelConfigResponse.FromString,
+                _registered_method=True)
 
 
 class GRPCInferenceServiceServicer:
@@ -126,6 +131,13 @@ class GRPCInferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ModelConfig(self, request, context):
+        """A model's configuration, as Triton's model configuration extension gives it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GRPCInferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -163,6 +175,11 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.ModelStreamInfer,
                     request_deserializer=batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelInferRequest.FromString,
                     response_serializer=batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelStreamInferResponse.SerializeToString,
+            ),
+            'ModelConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.ModelConfig,
+                    request_deserializer=batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelConfigRequest.FromString,
+                    response_serializer=batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelConfigResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -355,6 +372,33 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/ModelStreamInfer',
             batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelInferRequest.SerializeToString,
             batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelStreamInferResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModelConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/ModelConfig',
+            batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelConfigRequest.SerializeToString,
+            batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelConfigResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import grpc
+from google.protobuf import json_format
 
 from batchpilot.runtime.access import AccessGate
 from batchpilot.runtime.errors import (
@@ -171,6 +172,20 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 tensor(name=s.name, datatype=s.datatype, shape=s.shape) for s in signature.outputs
             ],
         )
+
+    async def ModelConfig(  # noqa: N802
+        self, request: pb.ModelConfigRequest, context: Context
+    ) -> pb.ModelConfigResponse:
+        try:
+            if self._access is not None:
+                self._access.identify(_key_metadata(context))
+            self._server.check_model(request.name, request.version)
+        except InferenceError as exc:
+            await _abort(context, exc)
+        config = json_format.ParseDict(
+            self._server.model_config(), pb.ModelConfig(), ignore_unknown_fields=True
+        )
+        return pb.ModelConfigResponse(config=config)
 
     async def ModelInfer(  # noqa: N802
         self, request: pb.ModelInferRequest, context: Context
