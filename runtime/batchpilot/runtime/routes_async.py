@@ -153,11 +153,12 @@ def add_async_routes(
                 request.method, address, path, request.headers.items(), wait_s=wait_s
             )
         except Gone as exc:
-            log.info("async job %s: its replica is gone (%s)", job_id, exc)
+            log.debug("async job %s: its replica is gone (%s)", job_id, exc)
             raise not_found(job_id) from exc
         except NotAnswering as exc:
+            log.debug("async job %s: its replica did not answer (%s)", job_id, exc)
             raise HolderNotAnswering(
-                f"the replica holding async job '{job_id}' did not answer ({exc}); retry"
+                f"the replica holding async job '{job_id}' did not answer in time; retry"
             ) from exc
 
     def owner_of(request: Request) -> str | None:
