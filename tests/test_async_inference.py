@@ -415,7 +415,10 @@ class TestAsyncOverHttp:
     def test_bad_requests_fail_at_submit_and_store_nothing(
         self, mlp_model: Path, tmp_path: Path
     ) -> None:
-        with runtime_process(mlp_model, "--device", "cpu", log_dir=tmp_path) as server:
+        # Its results are never fetched: no hold for them at the end.
+        with runtime_process(
+            mlp_model, "--device", "cpu", "--async-drain-hold-s", "0", log_dir=tmp_path
+        ) as server:
             wrong_name = orjson.dumps(
                 {"inputs": [{"name": "y", "datatype": "FP32", "shape": [1, 64], "data": [0] * 64}]}
             )
@@ -456,8 +459,9 @@ class TestAsyncOverHttp:
             assert metric(server, "batchpilot_async_jobs") == 0
 
     def test_a_full_store_answers_429_at_once(self, mlp_model: Path, tmp_path: Path) -> None:
+        hold = ("--async-drain-hold-s", "0")  # results left unfetched at the end: no hold
         with runtime_process(
-            mlp_model, "--device", "cpu", "--async-capacity", "2", log_dir=tmp_path
+            mlp_model, "--device", "cpu", "--async-capacity", "2", *hold, log_dir=tmp_path
         ) as server:
             ids = [submit(server, json_body(rows(1, i))).json()["id"] for i in range(2)]
             full = submit(server, json_body(rows(1, 9)))
@@ -537,7 +541,11 @@ class TestAsyncOverHttp:
             assert all(r.status == 202 for r in replies)
             assert metric(server, "batchpilot_async_jobs", state="pending") == 6
             server.process.send_signal(signal.SIGTERM)
+            # Computed during the drain, and the port held open until they are fetched.
+            for reply in replies:
+                assert fetch(server, reply.json()["id"], wait_s=10).status == 200
             assert server.process.wait(timeout=30) == 0
+            assert "never fetched" not in server.log()
         # the drain ran all six jobs instead of failing them
         assert "success=6" in server.log()
         assert "rejected=0" in server.log()
