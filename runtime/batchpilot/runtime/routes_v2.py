@@ -107,12 +107,17 @@ def add_v2_routes(
     async def ready() -> Response:
         return json_response({"ready": server.ready}, status=200 if server.ready else 503)
 
-    @app.api_route("/v2/models/{name}", methods=_GET)
-    @app.api_route("/v2/models/{name}/versions/{version}", methods=_GET)
-    async def model_metadata(name: str, request: Request) -> Response:
+    def described(name: str, request: Request) -> None:
+        """Raise unless the caller may read the model's description (an allowed key, where keys
+        are on) and the path names the model served."""
         if access is not None:
             access.identify(request.headers.items())
         model(name, request.path_params.get("version"))
+
+    @app.api_route("/v2/models/{name}", methods=_GET)
+    @app.api_route("/v2/models/{name}/versions/{version}", methods=_GET)
+    async def model_metadata(name: str, request: Request) -> Response:
+        described(name, request)
         info = server.engine.info
         return json_response(
             {
@@ -142,9 +147,7 @@ def add_v2_routes(
     @app.api_route("/v2/models/{name}/config", methods=_GET)
     @app.api_route("/v2/models/{name}/versions/{version}/config", methods=_GET)
     async def config(name: str, request: Request) -> Response:
-        if access is not None:
-            access.identify(request.headers.items())
-        model(name, request.path_params.get("version"))
+        described(name, request)
         return json_response(server.model_config())
 
     @app.api_route("/v2/models/{name}/ready", methods=_GET)

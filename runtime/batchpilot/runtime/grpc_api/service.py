@@ -150,15 +150,20 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             name="batchpilot", version=self._version, extensions=EXTENSIONS
         )
 
-    async def ModelMetadata(  # noqa: N802
-        self, request: pb.ModelMetadataRequest, context: Context
-    ) -> pb.ModelMetadataResponse:
+    async def _described(self, name: str, version: str, context: Context) -> None:
+        """Abort unless the caller may read the model's description (an allowed key, where keys
+        are on) and `name`/`version` is the model served."""
         try:
             if self._access is not None:
                 self._access.identify(_key_metadata(context))
-            self._server.check_model(request.name, request.version)
+            self._server.check_model(name, version)
         except InferenceError as exc:
             await _abort(context, exc)
+
+    async def ModelMetadata(  # noqa: N802
+        self, request: pb.ModelMetadataRequest, context: Context
+    ) -> pb.ModelMetadataResponse:
+        await self._described(request.name, request.version, context)
         signature = self._server.signature
         tensor = pb.ModelMetadataResponse.TensorMetadata
         return pb.ModelMetadataResponse(
@@ -176,12 +181,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelConfig(  # noqa: N802
         self, request: pb.ModelConfigRequest, context: Context
     ) -> pb.ModelConfigResponse:
-        try:
-            if self._access is not None:
-                self._access.identify(_key_metadata(context))
-            self._server.check_model(request.name, request.version)
-        except InferenceError as exc:
-            await _abort(context, exc)
+        await self._described(request.name, request.version, context)
         config = json_format.ParseDict(
             self._server.model_config(), pb.ModelConfig(), ignore_unknown_fields=True
         )
