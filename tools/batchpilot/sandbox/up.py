@@ -533,32 +533,27 @@ OPERATOR_TARGET = {"job": "batchpilot-operator"}
 def _operator_samples(prometheus_url: str) -> dict[str, float]:
     """The operator's own metrics at the end of the run, as Prometheus scraped them: each
     `batchpilot_operator_*` series summed over its labels, by name."""
-    query = urllib.parse.quote(
-        'sum by (__name__) ({__name__=~"batchpilot_operator_.*", job="batchpilot-operator"})'
-    )
-    answer = _get(f"{prometheus_url}/api/v1/query?query={query}") or {}
-    samples = {}
-    for series in (answer.get("data") or {}).get("result") or []:
-        try:
-            samples[series["metric"]["__name__"]] = float(series["value"][1])
-        except (KeyError, IndexError, TypeError, ValueError):
-            continue
-    return samples
+    query = 'sum by (__name__) ({__name__=~"batchpilot_operator_.*", job="batchpilot-operator"})'
+    return _by_label(prometheus_url, query, "__name__")
 
 
 def _shed_by_reason(prometheus_url: str, *, namespace: str, name: str) -> dict[str, float]:
     """What the runtimes shed over the run, by reason, from their own counters."""
-    query = urllib.parse.quote(
-        f'sum by (reason) (batchpilot_shed_total{{namespace="{namespace}",isvc="{name}"}})'
-    )
-    answer = _get(f"{prometheus_url}/api/v1/query?query={query}") or {}
-    shed = {}
+    query = f'sum by (reason) (batchpilot_shed_total{{namespace="{namespace}",isvc="{name}"}})'
+    return _by_label(prometheus_url, query, "reason")
+
+
+def _by_label(prometheus_url: str, query: str, label: str) -> dict[str, float]:
+    """An instant query's values by one label of its series (none where Prometheus does not
+    answer)."""
+    answer = _get(f"{prometheus_url}/api/v1/query?query={urllib.parse.quote(query)}") or {}
+    values = {}
     for series in (answer.get("data") or {}).get("result") or []:
         try:
-            shed[series["metric"]["reason"]] = float(series["value"][1])
+            values[series["metric"][label]] = float(series["value"][1])
         except (KeyError, IndexError, TypeError, ValueError):
             continue
-    return shed
+    return values
 
 
 def _served_by_pod(
