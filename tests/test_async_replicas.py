@@ -109,7 +109,7 @@ ANSWER = (
 
 class TestRelay:
     async def test_the_holders_answer_comes_back_with_the_callers_key_sent_once(self) -> None:
-        relay = JobRelay("10.1.0.2:8080")
+        relay = JobRelay(TWO)
         try:
             async with tiny_server(ANSWER) as (address, seen):
                 answer = await relay.relay(
@@ -134,7 +134,7 @@ class TestRelay:
         assert f"{FORWARDED_HEADER}: 10.1.0.2:8080" in head
 
     async def test_a_refused_connection_is_a_holder_gone(self) -> None:
-        relay = JobRelay("10.1.0.2:8080")
+        relay = JobRelay(TWO)
         try:
             with pytest.raises(Gone):
                 await relay.relay("GET", f"127.0.0.1:{closed_port()}", "/x", [])
@@ -142,7 +142,7 @@ class TestRelay:
             await relay.close()
 
     async def test_a_holder_that_never_answers_is_given_up_in_time(self) -> None:
-        relay = JobRelay("10.1.0.2:8080", answer_timeout_s=0.2)
+        relay = JobRelay(TWO, answer_timeout_s=0.2)
         try:
             async with tiny_server(None) as (address, _):
                 with pytest.raises(NotAnswering):

@@ -64,7 +64,7 @@ def create_app(
     `job_routes`: async job ids that name this replica, so that its peers pass on requests for
     its jobs and it passes on theirs (None: ids served where they arrive)."""
     config = config or AppConfig()
-    relay = None if job_routes is None else (job_routes, JobRelay(job_routes.address))
+    relay = None if job_routes is None else JobRelay(job_routes)
     jobs: JobStore[EncodedResult] = JobStore(
         capacity=config.async_capacity,
         ttl_s=config.async_result_ttl_s,
@@ -84,7 +84,7 @@ def create_app(
         if work := [job.work for job in jobs.pending() if job.work is not None]:
             await asyncio.wait(work, timeout=5)
         if relay is not None:
-            await relay[1].close()
+            await relay.close()
 
     app = RuntimeApp(
         title="batchpilot runtime",

@@ -17,6 +17,8 @@ from collections.abc import Iterable
 import aiohttp
 from fastapi.responses import Response
 
+from batchpilot.runtime.job_routes import JobRoutes
+
 FORWARDED_HEADER = "x-batchpilot-forwarded-by"
 """Set on a passed-on request (the address of the replica that passed it on)."""
 PASSED_ON = ("authorization", "x-api-key")
@@ -44,17 +46,17 @@ class NotAnswering(Exception):
 
 
 class JobRelay:
-    """Passes requests on from this replica (`own_address`); one connection pool, opened on first
-    use in the serving loop, closed by `close()`."""
+    """Passes requests on from this replica, whose ids `routes` makes and reads; one connection
+    pool, opened on first use in the serving loop, closed by `close()`."""
 
     def __init__(
         self,
-        own_address: str,
+        routes: JobRoutes,
         *,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         answer_timeout_s: float = ANSWER_TIMEOUT_S,
     ) -> None:
-        self.own_address = own_address
+        self.routes = routes
         self._connect_timeout_s = connect_timeout_s
         self._answer_timeout_s = answer_timeout_s
         self._session: aiohttp.ClientSession | None = None
@@ -84,7 +86,7 @@ class JobRelay:
         """`method path_and_query` at the replica at `address`, with the caller's key; its answer.
         Raises `Gone` or `NotAnswering`."""
         sent = {name: value for name, value in headers if name.lower() in PASSED_ON}
-        sent[FORWARDED_HEADER] = self.own_address
+        sent[FORWARDED_HEADER] = self.routes.address
         timeout = aiohttp.ClientTimeout(
             total=wait_s + self._answer_timeout_s, sock_connect=self._connect_timeout_s
         )

@@ -48,7 +48,6 @@ from batchpilot.runtime.async_jobs import (
 )
 from batchpilot.runtime.errors import EngineFailure, InferenceError, InvalidRequest, ShuttingDown
 from batchpilot.runtime.job_relay import FORWARDED_HEADER, Gone, JobRelay, NotAnswering
-from batchpilot.runtime.job_routes import JobRoutes
 from batchpilot.runtime.outcomes import RequestOutcome, status_of
 from batchpilot.runtime.protocol.server_codec import InferRequest, decode_request
 from batchpilot.runtime.responses import (
@@ -89,7 +88,7 @@ def add_async_routes(
     jobs: JobStore[EncodedResult],
     max_body_bytes: int,
     access: AccessGate | None = None,
-    relay: tuple[JobRoutes, JobRelay] | None = None,
+    relay: JobRelay | None = None,
 ) -> None:
     """`POST .../infer/async`, `GET` and `DELETE .../infer/async/{job_id}`, on `jobs`. With
     `access`, each needs an allowed API key, a submit is within quota, and a job is read or
@@ -143,13 +142,12 @@ def add_async_routes(
         passed on already; None when the job is looked up here."""
         if relay is None or FORWARDED_HEADER in request.headers:
             return None
-        routes, relayer = relay
-        address = routes.elsewhere(job_id)
+        address = relay.routes.elsewhere(job_id)
         if address is None:
             return None
         path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         try:
-            return await relayer.relay(
+            return await relay.relay(
                 request.method, address, path, request.headers.items(), wait_s=wait_s
             )
         except Gone as exc:
