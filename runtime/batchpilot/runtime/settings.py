@@ -12,6 +12,12 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+DRAIN_PARTS = {
+    "drain_linger_s": "the linger is the end of the drain",
+    "async_drain_hold_s": "the hold is part of the drain",
+}
+"""The settings that are parts of the drain, each no longer than its grace, and why."""
+
 
 class RuntimeSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BATCHPILOT_", extra="ignore")
@@ -213,20 +219,17 @@ class RuntimeSettings(BaseSettings):
             )
         if not self.model_name:
             self.model_name = self.model_path.stem
-        if self.drain_linger_s > self.drain_grace_s:
-            if "drain_linger_s" in self.model_fields_set:
+        # Parts of the drain fit inside its grace: set by hand, refused; a default, shrunk to it.
+        for part, why in DRAIN_PARTS.items():
+            seconds = getattr(self, part)
+            if seconds <= self.drain_grace_s:
+                continue
+            if part in self.model_fields_set:
                 raise ValueError(
-                    f"drain_linger_s ({self.drain_linger_s:g} s) must fit inside drain_grace_s "
-                    f"({self.drain_grace_s:g} s): the linger is the end of the drain"
+                    f"{part} ({seconds:g} s) must fit inside drain_grace_s "
+                    f"({self.drain_grace_s:g} s): {why}"
                 )
-            self.drain_linger_s = self.drain_grace_s  # the default shrinks to a short grace
-        if self.async_drain_hold_s > self.drain_grace_s:
-            if "async_drain_hold_s" in self.model_fields_set:
-                raise ValueError(
-                    f"async_drain_hold_s ({self.async_drain_hold_s:g} s) must fit inside "
-                    f"drain_grace_s ({self.drain_grace_s:g} s): the hold is part of the drain"
-                )
-            self.async_drain_hold_s = self.drain_grace_s
+            setattr(self, part, self.drain_grace_s)
         return self
 
     def token(self) -> str | None:
