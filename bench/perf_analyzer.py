@@ -3,10 +3,12 @@
     .venv/bin/python bench/perf_analyzer.py --binary PATH/perf_analyzer [--seconds 2]
 
 perf_analyzer reads the model's metadata and configuration (`/v2/models/{name}/config`, gRPC
-ModelConfig) before it sends, then measures; a server that lacks what it reads stops it at once.
-This starts `batchpilot runtime serve` on the small MLP (real onnxruntime, 127.0.0.1), runs
+ModelConfig) before it sends, then measures, reading the server's statistics (`/stats`, gRPC
+ModelStatistics) before and after each window; a server that lacks what it reads stops it at
+once. This starts `batchpilot runtime serve` on the small MLP (real onnxruntime, 127.0.0.1), runs
 perf_analyzer once per protocol at a few concurrencies, and prints each run's last line
-(throughput and latency) — or its error, and exits 1.
+(throughput and latency) with the server's side of it (its mean request time split into
+overhead, queue and compute) — or its error, and exits 1.
 
 perf_analyzer is not a Python package: it ships as a binary inside `tritonclient`'s Linux wheel
 (`tritonclient-X.data/data/bin/perf_analyzer`). The wheels of 2.45 and older run on Debian 12's
@@ -56,12 +58,15 @@ def main() -> int:
                 ]  # fmt: skip
                 done = subprocess.run(command, capture_output=True, text=True, timeout=300)
                 lines = [line for line in done.stdout.splitlines() if "throughput" in line]
-                if done.returncode != 0 or not lines:
+                server_side = [
+                    line for line in done.stdout.splitlines() if "Avg request latency" in line
+                ]
+                if done.returncode != 0 or not lines or len(server_side) != len(lines):
                     failed = True
                     print(f"{name}: FAILED (exit {done.returncode})\n{done.stdout}{done.stderr}")
                     continue
-                for line in lines:
-                    print(f"{name}: {line.strip()}")
+                for line, server_line in zip(lines, server_side, strict=True):
+                    print(f"{name}: {line.strip()}\n    server: {server_line.strip()}")
     return 1 if failed else 0
 
 

@@ -41,6 +41,8 @@ BOB = "bob-0123456789abcdef012345"
 BULK_HTTP = "bulk-http-0123456789abcdef"
 BULK_GRPC = "bulk-grpc-0123456789abcdef"
 BULK_STREAM = "bulk-stream-0123456789abcd"
+STATS_PATHS = ("/v2/models/mlp/stats", "/v2/models/stats")
+"""Triton's statistics extension: the model's, and every model's (the one served)."""
 KEYS = {
     "alice": ALICE,
     "bob": BOB,
@@ -280,7 +282,7 @@ class TestTheAnswers:
     ) -> None:
         for path in ("/v2/health/live", "/v2/health/ready", "/v2/models/mlp/ready", "/v2"):
             assert send(keyed, "GET", path).status == 200, path
-        for path in ("/v2/models/mlp", "/v2/models/mlp/config"):
+        for path in ("/v2/models/mlp", "/v2/models/mlp/config", *STATS_PATHS):
             assert send(keyed, "GET", path).status == 401, path
             assert send(keyed, "GET", path, headers={"x-api-key": BOB}).status == 403, path
             assert send(keyed, "GET", path, headers={"x-api-key": ALICE}).status == 200, path
@@ -296,6 +298,13 @@ class TestTheAnswers:
                 client.get_model_config("mlp")
             config = client.get_model_config("mlp", headers={"x-api-key": ALICE})
             assert config.config.name == "mlp"
+            for model in ("mlp", ""):  # "": every model's
+                with pytest.raises(InferenceServerException, match="needs an API key"):
+                    client.get_inference_statistics(model)
+                with pytest.raises(InferenceServerException, match="may not call model"):
+                    client.get_inference_statistics(model, headers={"x-api-key": BOB})
+                stats = client.get_inference_statistics(model, headers={"x-api-key": ALICE})
+                assert stats.model_stats[0].name == "mlp"
         finally:
             client.close()
 

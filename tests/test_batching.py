@@ -64,7 +64,14 @@ class RecordingObserver:
         self.waits: list[float] = []
 
     def batch_done(
-        self, *, rows: int, requests: int, compute_s: float, queue_waits_s: Sequence[float]
+        self,
+        *,
+        rows: int,
+        requests: int,
+        compute_s: float,
+        queue_waits_s: Sequence[float],
+        input_s: float,
+        output_s: float,
     ) -> None:
         self.done.append((rows, requests))
         self.waits.extend(queue_waits_s)

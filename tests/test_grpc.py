@@ -94,6 +94,17 @@ def mlp_rows(rows: int, seed: int = 0) -> Array:
     return np.random.default_rng(seed).standard_normal((rows, 64)).astype(np.float32)
 
 
+def mlp_body(rows: int) -> bytes:
+    """A REST request of `rows` rows for the MLP."""
+    return orjson.dumps(
+        {
+            "inputs": [
+                {"name": "x", "datatype": "FP32", "shape": [rows, 64], "data": [0.0] * 64 * rows}
+            ]
+        }
+    )
+
+
 def rpc_error(call: Any, *args: Any, **kwargs: Any) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as caught:
         call(*args, **kwargs)
@@ -252,6 +263,72 @@ class TestHealthAndMetadata:
             assert [o["name"] for o in config["output"]] == [o["name"] for o in metadata["outputs"]]
             assert config["instance_group"][0]["kind"] == "KIND_CPU"
             assert int(config["dynamic_batching"]["max_queue_delay_microseconds"]) == 1000
+
+
+def test_statistics_as_triton_gives_them_over_both_protocols(
+    mlp_model: Path, tmp_path: Path
+) -> None:
+    """Triton's statistics extension, read with Triton's own clients after known traffic on a
+    fresh server: 5 ms a batch, requests one after another (each its own batch), one refused."""
+    with runtime_process(
+        mlp_model,
+        "--engine",
+        "simulated",
+        "--simulated-latency",
+        "alpha_ms=5,beta_ms=0",
+        "--max-queue-delay-ms",
+        "0",
+        grpc=True,
+        log_dir=tmp_path,
+    ) as server:
+        before_ms = time.time() * 1000
+        rows = [1, 2, 3, 1]
+        for count in rows:
+            assert send(server, "POST", "/v2/models/mlp/infer", mlp_body(count)).status == 200
+        with client(server) as triton:
+            for _ in range(2):
+                tensor = tc.InferInput("x", [1, 64], "FP32")
+                tensor.set_data_from_numpy(mlp_rows(1))
+                triton.infer("mlp", [tensor])
+        bad = send(server, "POST", "/v2/models/mlp/infer", mlp_body(1).replace(b"64", b"65"))
+        assert bad.status == 400
+        after_ms = time.time() * 1000
+        with tritonclient.http.InferenceServerClient(f"127.0.0.1:{server.port}") as rest:
+            over_http = rest.get_inference_statistics("mlp")
+            every_model = rest.get_inference_statistics()
+            with pytest.raises(InferenceServerException) as caught:
+                rest.get_inference_statistics("resnet")
+            assert caught.value.status() == "404"
+            assert "statistics" in rest.get_server_metadata()["extensions"]
+        with client(server) as triton:
+            over_grpc = triton.get_inference_statistics("mlp", as_json=True)
+            with pytest.raises(InferenceServerException) as caught:
+                triton.get_inference_statistics("resnet")
+            assert caught.value.status() == "StatusCode.NOT_FOUND"
+            assert "statistics" in triton.get_server_metadata().extensions
+    assert every_model == over_http
+    (entry,) = over_http["model_stats"]
+    assert (entry["name"], entry["version"]) == ("mlp", "1")
+    assert before_ms <= entry["last_inference"] <= after_ms + 1
+    inference = entry["inference_stats"]
+    assert inference["success"]["count"] == 6
+    assert inference["fail"]["count"] == 1
+    assert entry["inference_count"] == sum(rows) + 2  # rows, not requests
+    assert entry["execution_count"] == 6
+    batches = entry["batch_stats"]
+    assert sum(b["batch_size"] * b["compute_infer"]["count"] for b in batches) == sum(rows) + 2
+    assert {b["batch_size"] for b in batches} == {1, 2, 3}
+    for part in ("queue", "compute_input", "compute_infer", "compute_output"):
+        assert inference[part]["count"] == 6, part
+    assert inference["compute_infer"]["ns"] >= 6 * 5_000_000  # 5 ms a batch, one a request
+    # Each request's time in the server holds its wait and its batch's times.
+    inside = sum(inference[part]["ns"] for part in ("queue", "compute_input", "compute_infer"))
+    assert inference["success"]["ns"] >= inside
+    # The same document over gRPC (protobuf's JSON writes uint64 as strings).
+    (grpc_entry,) = over_grpc["model_stats"]
+    assert int(grpc_entry["inference_count"]) == entry["inference_count"]
+    assert int(grpc_entry["inference_stats"]["success"]["ns"]) >= inference["success"]["ns"]
+    assert int(grpc_entry["inference_stats"]["compute_infer"]["count"]) == 6
 
 
 class TestInfer:

@@ -113,7 +113,14 @@ class Computed:
         self.compute_s: list[float] = []
 
     def batch_done(
-        self, *, rows: int, requests: int, compute_s: float, queue_waits_s: Sequence[float]
+        self,
+        *,
+        rows: int,
+        requests: int,
+        compute_s: float,
+        queue_waits_s: Sequence[float],
+        input_s: float,
+        output_s: float,
     ) -> None:
         self.compute_s.append(compute_s)
 

@@ -98,6 +98,7 @@ from batchpilot.api.arrivals import RECENT_ARRIVALS_S
 from batchpilot.runtime.arrival_rate import RecentArrivals
 from batchpilot.runtime.device import Nvml
 from batchpilot.runtime.engine import EngineInfo
+from batchpilot.runtime.inference_stats import InferenceStatistics
 from batchpilot.runtime.outcomes import RequestOutcome
 
 
@@ -331,6 +332,8 @@ class RuntimeMetrics:
             for outcome in RequestOutcome
         }
         self._bucket_counters: dict[str, tuple[Counter, Counter, Counter]] = {}
+        self.statistics = InferenceStatistics()
+        """The same requests and batches as Triton's statistics extension counts them."""
         self._live = _LiveValues(labels)
         r.register(self._live)
         Gauge(
@@ -436,6 +439,9 @@ class RuntimeMetrics:
 
     def request_finished(self, outcome: RequestOutcome, duration_s: float | None = None) -> None:
         self._outcome_counters[outcome].inc()
+        self.statistics.request_ended(
+            success=outcome is RequestOutcome.SUCCESS, duration_s=duration_s
+        )
         if duration_s is not None:
             if outcome in _TIMED_OUTCOMES:
                 self.request_duration.observe(duration_s)
@@ -498,11 +504,25 @@ class RuntimeMetrics:
 
     # BatchObserver
     def batch_done(
-        self, *, rows: int, requests: int, compute_s: float, queue_waits_s: Sequence[float]
+        self,
+        *,
+        rows: int,
+        requests: int,
+        compute_s: float,
+        queue_waits_s: Sequence[float],
+        input_s: float,
+        output_s: float,
     ) -> None:
         self._count_batch(rows, compute_s)
         for wait in queue_waits_s:
             self.queue_wait.observe(wait)
+        self.statistics.batch_done(
+            rows=rows,
+            input_s=input_s,
+            infer_s=compute_s,
+            output_s=output_s,
+            queue_waits_s=queue_waits_s,
+        )
 
     def batch_failed(self, *, rows: int, requests: int, compute_s: float) -> None:
         self._count_batch(rows, compute_s)

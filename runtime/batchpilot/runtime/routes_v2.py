@@ -43,7 +43,7 @@ from batchpilot.runtime.responses import (
     error_response,
     json_response,
 )
-from batchpilot.runtime.server import ModelServer, server_version
+from batchpilot.runtime.server import EXTENSIONS, ModelServer, server_version
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def add_v2_routes(
             {
                 "name": "batchpilot",
                 "version": server_version(),
-                "extensions": ["binary_tensor_data", "batchpilot_batching"],
+                "extensions": list(EXTENSIONS),
             }
         )
 
@@ -113,6 +113,19 @@ def add_v2_routes(
         if access is not None:
             access.identify(request.headers.items())
         model(name, request.path_params.get("version"))
+
+    # Before the model's metadata, whose path would take "stats" for a model's name.
+    @app.api_route("/v2/models/stats", methods=_GET)
+    async def all_statistics(request: Request) -> Response:
+        if access is not None:
+            access.identify(request.headers.items())
+        return json_response(server.statistics())
+
+    @app.api_route("/v2/models/{name}/stats", methods=_GET)
+    @app.api_route("/v2/models/{name}/versions/{version}/stats", methods=_GET)
+    async def statistics(name: str, request: Request) -> Response:
+        described(name, request)
+        return json_response(server.statistics())
 
     @app.api_route("/v2/models/{name}", methods=_GET)
     @app.api_route("/v2/models/{name}/versions/{version}", methods=_GET)

@@ -74,6 +74,12 @@ has a slope before the first request: a single measured size cannot tell fixed c
 per-row cost. The autopilot reads them too (`batchpilot_startup_batch_seconds`)."""
 
 
+EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics", "batchpilot_batching")
+"""The protocol extensions the server metadata lists (REST and gRPC): Triton's names for the
+binary tensor data, model configuration and statistics extensions, and batchpilot's batching
+settings (`/admin/batching`)."""
+
+
 def server_version() -> str:
     """The batchpilot version the server reports in its metadata (REST and gRPC)."""
     try:
@@ -180,6 +186,15 @@ class ModelServer:
                 f"model '{name}' has no version '{version}'; "
                 + (f"its one version is '{known}'" if known else "it has no versions: leave it out")
             )
+
+    def statistics(self) -> dict[str, Any]:
+        """Triton's statistics response for the model served (`inference_stats`)."""
+        signature = self.signature
+        return {
+            "model_stats": [
+                self.metrics.statistics.snapshot(name=signature.name, version=signature.version)
+            ]
+        }
 
     @property
     def batching(self) -> BatchSettings:

@@ -33,8 +33,17 @@ class BatchObserver(Protocol):
     """Where the batch loop reports what it did (the metrics adapter implements this)."""
 
     def batch_done(
-        self, *, rows: int, requests: int, compute_s: float, queue_waits_s: Sequence[float]
-    ) -> None: ...
+        self,
+        *,
+        rows: int,
+        requests: int,
+        compute_s: float,
+        queue_waits_s: Sequence[float],
+        input_s: float,
+        output_s: float,
+    ) -> None:
+        """A batch ran: `compute_s` the engine's (t(b)'s), `input_s` gathering the requests'
+        inputs before it, `output_s` handing each request its rows after."""
 
     def batch_failed(self, *, rows: int, requests: int, compute_s: float) -> None: ...
 
@@ -174,6 +183,7 @@ class Batcher:
         clock = self._clock
         items = batch.items
         rows = batch.rows
+        gathering = clock()
         inputs = items[0].inputs if len(items) == 1 else _concatenate(items)
         started = clock()
         self._busy.begin(started)
@@ -242,6 +252,8 @@ class Batcher:
             requests=len(items),
             compute_s=compute_s,
             queue_waits_s=[batch.formed_at - item.enqueued_at for item in items],
+            input_s=started - gathering,
+            output_s=clock() - ended,
         )
 
     async def _out_of_memory(self, batch: Batch, error: BaseException) -> None:

@@ -75,6 +75,11 @@ class GRPCInferenceServiceStub:
                 request_serializer=batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelConfigRequest.SerializeToString,
                 response_deserializer=batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelConfigResponse.FromString,
                 _registered_method=True)
+        self.ModelStatistics = channel.unary_unary(
+                '/inference.GRPCInferenceService/ModelStatistics',
+                request_serializer=batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelStatisticsRequest.SerializeToString,
+                response_deserializer=batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelStatisticsResponse.FromString,
+                _registered_method=True)
 
 
 class GRPCInferenceServiceServicer:
@@ -138,6 +143,13 @@ class GRPCInferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ModelStatistics(self, request, context):
+        """What a model did since the server started, as Triton's statistics extension counts it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GRPCInferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -180,6 +192,11 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.ModelConfig,
                     request_deserializer=batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelConfigRequest.FromString,
                     response_serializer=batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelConfigResponse.SerializeToString,
+            ),
+            'ModelStatistics': grpc.unary_unary_rpc_method_handler(
+                    servicer.ModelStatistics,
+                    request_deserializer=batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelStatisticsRequest.FromString,
+                    response_serializer=batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelStatisticsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -399,6 +416,33 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/ModelConfig',
             batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelConfigRequest.SerializeToString,
             batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModelStatistics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/ModelStatistics',
+            batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelStatisticsRequest.SerializeToString,
+            batchpilot_dot_runtime_dot_grpc__api_dot_grpc__predict__v2__pb2.ModelStatisticsResponse.FromString,
             options,
             channel_credentials,
             insecure,

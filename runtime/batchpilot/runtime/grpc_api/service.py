@@ -45,7 +45,7 @@ from batchpilot.runtime.grpc_api import grpc_predict_v2_pb2 as pb
 from batchpilot.runtime.grpc_api import grpc_predict_v2_pb2_grpc as pb_grpc
 from batchpilot.runtime.grpc_api.codec import decode_infer_request, encode_infer_response
 from batchpilot.runtime.outcomes import RequestOutcome, status_of
-from batchpilot.runtime.server import ModelServer, server_version
+from batchpilot.runtime.server import EXTENSIONS, ModelServer, server_version
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,6 @@ DEADLINE_MARGIN_S = 0.01
 DEADLINE_EXCEEDED itself rather than racing the client, which cancels the RPC at that deadline; a
 cancellation that arrives within twice this of the deadline is the deadline, and counts as a
 timeout."""
-
-EXTENSIONS = ("binary_tensor_data", "batchpilot_batching")
 
 STREAM_IN_FLIGHT = 256
 """Requests of one ModelStreamInfer stream served at once; reading the stream waits beyond."""
@@ -186,6 +184,18 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             self._server.model_config(), pb.ModelConfig(), ignore_unknown_fields=True
         )
         return pb.ModelConfigResponse(config=config)
+
+    async def ModelStatistics(  # noqa: N802
+        self, request: pb.ModelStatisticsRequest, context: Context
+    ) -> pb.ModelStatisticsResponse:
+        if request.name:
+            await self._described(request.name, request.version, context)
+        elif self._access is not None:  # every model's: still a key, where keys are on
+            try:
+                self._access.identify(_key_metadata(context))
+            except InferenceError as exc:
+                await _abort(context, exc)
+        return json_format.ParseDict(self._server.statistics(), pb.ModelStatisticsResponse())
 
     async def ModelInfer(  # noqa: N802
         self, request: pb.ModelInferRequest, context: Context
