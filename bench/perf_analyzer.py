@@ -42,11 +42,19 @@ def main() -> int:
     parser.add_argument("--binary", required=True, help="the perf_analyzer executable")
     parser.add_argument("--seconds", type=float, default=2.0, help="measurement window")
     parser.add_argument("--concurrency", default="1:8:7", help="perf_analyzer's range")
+    parser.add_argument(
+        "--no-early-start",
+        action="store_true",
+        help="serve with --no-early-start: every batch fills or waits out its delay",
+    )
     args = parser.parse_args()
+    server_flags = ["--no-early-start"] if args.no_early_start else []
     failed = False
     with tempfile.TemporaryDirectory(prefix="perf-analyzer-") as tmp:
         model = mlp(Path(tmp) / "mlp.onnx")
-        with runtime_process(model, "--device", "cpu", grpc=True, log_dir=Path(tmp)) as server:
+        with runtime_process(
+            model, "--device", "cpu", *server_flags, grpc=True, log_dir=Path(tmp)
+        ) as server:
             for name, flags, port in RUNS:
                 command = [
                     args.binary,

@@ -477,7 +477,8 @@ class TestAsyncOverHttp:
     def test_pending_jobs_long_poll_cancel_and_fail_with_their_own_status(
         self, mlp_model: Path, tmp_path: Path
     ) -> None:
-        # The simulated device with a long queue delay keeps a lone job pending for 3 s.
+        # The simulated device with a long queue delay keeps a lone job pending for 3 s (no
+        # early start: lone requests one after another would otherwise start at once).
         with runtime_process(
             mlp_model,
             "--engine",
@@ -486,6 +487,7 @@ class TestAsyncOverHttp:
             "alpha_ms=1,beta_ms=0",
             "--max-queue-delay-ms",
             "3000",
+            "--no-early-start",
             "--max-batch-size",
             "64",
             log_dir=tmp_path,

@@ -81,10 +81,22 @@ class RecordingObserver:
 
 
 class Harness:
-    def __init__(self, *, max_batch_size: int = 4, delay_s: float = 0.005, capacity: int = 100):
+    def __init__(
+        self,
+        *,
+        max_batch_size: int = 4,
+        delay_s: float = 0.005,
+        capacity: int = 100,
+        early_start: bool = True,
+    ):
         self.settings = BatchSettings(max_batch_size=max_batch_size, max_queue_delay_s=delay_s)
         loop = asyncio.get_running_loop()
-        self.queue = BatchQueue(settings=lambda: self.settings, capacity=capacity, clock=loop.time)
+        self.queue = BatchQueue(
+            settings=lambda: self.settings,
+            capacity=capacity,
+            clock=loop.time,
+            early_start=early_start,
+        )
         self.engine = FakeEngine()
         self.observer = RecordingObserver()
         self.batcher = Batcher(self.queue, self.engine, self.observer, clock=loop.time)
@@ -168,6 +180,75 @@ class TestBatchFormation:
             assert loop.time() == pytest.approx(0.010)
             assert h.engine.batches == [2]
             assert h.observer.waits == pytest.approx([0.010, 0.006])
+
+
+class TestNobodyElseComing:
+    """A batch stops waiting to fill once the requests outstanding are as many as the most the
+    queue has held at once, seen before (`batching.population`): a closed loop's clients are
+    all queued and none will send again before it is answered."""
+
+    @staticmethod
+    async def closed_loop(h: Harness, *, clients: int, rounds: int) -> list[float]:
+        """`clients` that each send their next request once the last is answered; when the
+        answers came."""
+        loop = asyncio.get_running_loop()
+        answered: list[float] = []
+
+        async def client(value: float) -> None:
+            for _ in range(rounds):
+                await h.put(value)
+                answered.append(loop.time())
+
+        await asyncio.gather(*(client(float(index)) for index in range(clients)))
+        return answered
+
+    async def test_a_closed_loop_waits_the_delay_once_then_never_again(self) -> None:
+        async with Harness(max_batch_size=8, delay_s=0.050) as h:
+            h.engine.compute_s = 0.001
+            answered = await self.closed_loop(h, clients=2, rounds=10)
+            # The first batch of two waits out the delay (two at once was never seen before);
+            # every later one starts as soon as both are back, and runs its 1 ms.
+            assert h.engine.batches == [2] * 10
+            assert answered[:2] == pytest.approx([0.051, 0.051])
+            assert answered[-1] == pytest.approx(0.051 + 9 * 0.001)
+            assert h.observer.waits[2:] == pytest.approx([0.0] * 18)
+
+    async def test_without_early_start_every_batch_waits_out_the_delay(self) -> None:
+        async with Harness(max_batch_size=8, delay_s=0.050, early_start=False) as h:
+            h.engine.compute_s = 0.001
+            answered = await self.closed_loop(h, clients=2, rounds=10)
+            assert h.engine.batches == [2] * 10
+            assert answered[-1] == pytest.approx(10 * 0.051)
+
+    async def test_a_client_more_than_ever_seen_at_once_still_waits_the_delay(self) -> None:
+        async with Harness(max_batch_size=8, delay_s=0.050) as h:
+            loop = asyncio.get_running_loop()
+            for _ in range(3):  # one at a time: the most ever held is 1, seen often
+                await h.put(1.0)
+            started = loop.time()
+            # One at a time, they wait for nobody; then two come at once, a count never seen:
+            assert started == pytest.approx(0.050)  # (the very first waited the delay)
+            await asyncio.gather(h.put(1.0), h.put(2.0))
+            assert h.engine.batches == [1, 1, 1, 2]
+            assert loop.time() - started == pytest.approx(0.050)
+
+    async def test_requests_arriving_on_their_own_clock_fill_their_batches_as_before(
+        self,
+    ) -> None:
+        async with Harness(max_batch_size=8, delay_s=0.010) as h:
+            # Open-loop arrivals every 4 ms: each batch holds the three that come within its
+            # delay. The first waits the delay out (at 10 ms); the next ones start with their
+            # third request (at 20 and 32 ms), three at once being the most ever seen: the
+            # fourth would come after the delay anyway.
+            pending = []
+            for index in range(9):
+                pending.append(h.put(float(index)))
+                await asyncio.sleep(0.004)
+            await asyncio.gather(*pending)
+            assert h.engine.batches == [3, 3, 3]
+            assert h.observer.waits == pytest.approx(
+                [0.010, 0.006, 0.002] + [0.008, 0.004, 0.0] * 2
+            )
 
 
 class TestSettingsChangeWhileServing:

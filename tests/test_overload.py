@@ -251,6 +251,7 @@ class TestTheLatenessMarginFollowsThePresent:
             str(MAX_BATCH),
             "--max-queue-delay-ms",
             "100",
+            "--no-early-start",
             "--deadline-ms",
             "1000",
             "--admin-token-file",
@@ -259,8 +260,9 @@ class TestTheLatenessMarginFollowsThePresent:
         ) as server:
             one = orjson.loads(v2_request(mlp_rows(1, seed=0))[0])
             tight = {**one, "parameters": {"timeout": 50_000}}  # 50 ms; a batch takes 21
-            # Each lone request waits out the 100 ms queue delay for company that never comes:
-            # every answer is 100 ms later than predicted, and the server learns it.
+            # Each lone request waits out the 100 ms queue delay for company that never comes
+            # (no early start): every answer is 100 ms later than predicted, and the server
+            # learns it.
             for _ in range(10):
                 assert send_json(server, one).status == 200
             assert send_json(server, tight).status == 503  # 21 ms + 100 ms of lateness

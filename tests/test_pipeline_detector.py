@@ -260,6 +260,7 @@ def detector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeProces
         "2",
         "--max-queue-delay-ms",
         "10000",
+        "--no-early-start",  # a pair's first request waits for the second, whatever came before
         log_dir=folder,
     ) as server:
         yield server
@@ -474,6 +475,7 @@ def letterboxed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimePro
         "2",
         "--max-queue-delay-ms",
         "10000",
+        "--no-early-start",  # a pair's first request waits for the second, whatever came before
         log_dir=folder,
     ) as server:
         yield server

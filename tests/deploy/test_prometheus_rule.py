@@ -362,7 +362,9 @@ def exported_series() -> dict[str, set[str]]:
     metrics.settings_changed(max_batch_size=4, max_queue_delay_s=0.005, sla_s=0.1, objective=0.99)
     metrics.request_finished(RequestOutcome.SUCCESS, 0.01)
     metrics.arrivals.inc()
-    metrics.batch_done(rows=4, requests=4, compute_s=0.01, queue_waits_s=[0.001] * 4)
+    metrics.batch_done(
+        rows=4, requests=4, compute_s=0.01, queue_waits_s=[0.001] * 4, input_s=0.0, output_s=0.0
+    )
     metrics.track_busy_seconds(lambda: 1.0)
     metrics.startup_timed({1: 0.005, 4: 0.011})
     exported: dict[str, set[str]] = {}

@@ -155,6 +155,7 @@ def assemble(
             burst_batch_size=settings.burst_batch_size,
         ),
         queue_capacity=settings.queue_capacity,
+        early_start=settings.early_start,
         metrics=metrics,
         admission=settings.admission,
         pipeline=pipeline,

@@ -232,6 +232,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the batching document (default: none; BATCHPILOT_BURST_BATCH_SIZE)",
     )
     a("--max-queue-delay-ms", type=float, help="longest wait for a batch to fill (default 5)")
+    a(
+        "--no-early-start",
+        dest="early_start",
+        action="store_const",
+        const=False,
+        help="every batch fills or waits out --max-queue-delay-ms, even when every client seen "
+        "at once recently is already queued (default: it starts then; "
+        "BATCHPILOT_EARLY_START=false)",
+    )
     a("--queue-capacity", type=int, help="requests waiting before 503 (default 1024)")
     a(
         "--deadline-ms",

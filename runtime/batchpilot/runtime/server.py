@@ -98,6 +98,7 @@ class ModelServer:
         batching: BatchSettings,
         queue_capacity: int,
         metrics: RuntimeMetrics,
+        early_start: bool = True,
         admission: Admission = "deadline",
         pipeline: Pipeline | None = None,
         pipeline_threads: int = 0,
@@ -138,6 +139,7 @@ class ModelServer:
             settings=self._settings,
             capacity=queue_capacity,
             predictor=self.predictor if admission == "deadline" else None,
+            early_start=early_start,
         )
         self._batcher = Batcher(
             self._queue,

@@ -87,6 +87,12 @@ class RuntimeSettings(BaseSettings):
         "each request still in time (deadline admission only); default: never above the limit",
     )
     max_queue_delay_ms: float = Field(default=5.0, ge=0, le=10_000)
+    early_start: bool = Field(
+        default=True,
+        description="start a batch before its delay is up once as many requests are outstanding "
+        "as the most held at once recently (a closed loop's clients all queued); false: every "
+        "batch fills or waits out its delay, as Triton's does",
+    )
     queue_capacity: int = Field(default=1024, ge=1, description="requests waiting, at most")
     deadline_ms: float = Field(
         default=1000.0,

@@ -2,9 +2,11 @@
 
 Requests wait in a bounded queue. A batch starts with the oldest request and takes the requests
 behind it whose non-batch dimensions match, until the batch holds `max_batch_size` rows or the
-oldest request has waited `max_queue_delay`. Settings are read once per batch, so they can change
-while serving. A request larger than `max_batch_size` runs alone rather than failing: the
-autopilot may lower the limit while clients keep sending what they always sent.
+oldest request has waited `max_queue_delay`, or once the requests outstanding are as many as the
+most the queue has recently held at once (`population`: a closed loop's clients are all here and
+none will send more). Settings are read once per batch, so they can change while serving. A
+request larger than `max_batch_size` runs alone rather than failing: the autopilot may lower the
+limit while clients keep sending what they always sent.
 
 With several model instances the batcher runs that many workers on the same queue: each takes
 the next batch as soon as it is free, so up to `instances` batches run at once. Busy time is the

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from batchpilot.runtime.admission import Predictor
+from batchpilot.runtime.batching.population import Population
 from batchpilot.runtime.errors import (
     DeadlineExceeded,
     Overloaded,
@@ -140,7 +141,10 @@ class BatchQueue:
         capacity: int,
         clock: Callable[[], float] = time.perf_counter,
         predictor: Predictor | None = None,
+        early_start: bool = True,
     ) -> None:
+        """`early_start`: a batch starts before its delay is up once everyone recently seen at
+        once is outstanding (`population`); False: it fills or waits out the delay."""
         if capacity < 1:
             raise ValueError(f"queue capacity must be at least 1, got {capacity}")
         self._settings = settings
@@ -154,6 +158,9 @@ class BatchQueue:
         self._size = 0
         self._waiters: list[_Waiter] = []
         self._closed = False
+        self._outstanding = 0
+        """Requests queued or in a running batch: put, their futures not yet done."""
+        self._population = Population() if early_start else None
 
     def __len__(self) -> int:
         """Requests waiting (not yet in a batch)."""
@@ -225,10 +232,22 @@ class BatchQueue:
         self._rows[key] += rows
         self._queued_rows += rows
         self._size += 1
+        self._outstanding += 1
+        if self._population is not None:
+            self._population.reached(self._outstanding, now)
         item.future.add_done_callback(lambda _: self._forget(item))
         if self._waiters:
-            self._wake(group, self._rows[key])
+            if self._everyone_here(now):
+                self._wake()  # a batch waiting to fill waits for nobody now
+            else:
+                self._wake(group, self._rows[key])
         return item.future
+
+    def _everyone_here(self, now: float) -> bool:
+        """Whether the requests outstanding are everyone recently seen at once (`population`):
+        nobody else is coming, and a batch waiting to fill only adds latency."""
+        population = self._population
+        return population is not None and population.everyone_here(self._outstanding, now)
 
     def check_servable(self, rows: int, *, timeout_s: float | None) -> None:
         """Refuse for good (`TooLargeForDeadline`) a request of more rows than the largest batch
@@ -334,7 +353,9 @@ class BatchQueue:
         return joined, margin
 
     def _forget(self, item: Pending) -> None:
-        """Drop a request whose caller stopped waiting (disconnect, deadline)."""
+        """A request's future is done: answered, failed, or its caller stopped waiting
+        (disconnect, deadline), in which case it leaves the queue."""
+        self._outstanding -= 1
         if item.queued:
             group = self._groups[item.key]
             group.remove(item)
@@ -366,8 +387,11 @@ class BatchQueue:
             settings = self._settings()
             while key in self._groups and self._rows[key] < settings.max_batch_size:
                 oldest = self._groups[key][0]
-                remaining = self._fill_until(oldest, settings, self._rows[key]) - clock()
+                now = clock()
+                remaining = self._fill_until(oldest, settings, self._rows[key]) - now
                 if remaining <= 0 or self._closed:
+                    break
+                if self._everyone_here(now):
                     break
                 timed_out = await self._wait(
                     self._groups[key], rows=settings.max_batch_size, timeout_s=remaining
