@@ -7,7 +7,7 @@ exact: a batch that should form after 5 ms forms at 0.005, not "about then".
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -16,6 +16,7 @@ import pytest
 from batchpilot.runtime.batching import Batch, Batcher, BatchQueue, BatchSettings
 from batchpilot.runtime.engine import EngineInfo, ModelSignature, TensorSpec
 from batchpilot.runtime.errors import DeadlineExceeded, EngineFailure, Overloaded, ShuttingDown
+from batchpilot.runtime.outcomes import BatchDone
 
 pytestmark = pytest.mark.looptime
 
@@ -63,18 +64,9 @@ class RecordingObserver:
         self.failed: list[tuple[int, int]] = []
         self.waits: list[float] = []
 
-    def batch_done(
-        self,
-        *,
-        rows: int,
-        requests: int,
-        compute_s: float,
-        queue_waits_s: Sequence[float],
-        input_s: float,
-        output_s: float,
-    ) -> None:
-        self.done.append((rows, requests))
-        self.waits.extend(queue_waits_s)
+    def batch_done(self, done: BatchDone) -> None:
+        self.done.append((done.rows, done.requests))
+        self.waits.extend(done.queue_waits_s)
 
     def batch_failed(self, *, rows: int, requests: int, compute_s: float) -> None:
         self.failed.append((rows, requests))

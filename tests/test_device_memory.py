@@ -22,6 +22,7 @@ from batchpilot.runtime.batching import Batcher, BatchQueue, BatchSettings
 from batchpilot.runtime.engine import EngineInfo, ModelSignature, TensorSpec
 from batchpilot.runtime.errors import EngineFailure, out_of_memory
 from batchpilot.runtime.metrics import RuntimeMetrics
+from batchpilot.runtime.outcomes import BatchDone
 from batchpilot.runtime.server import MEMORY_RETRY_S, ModelServer
 from batchpilot.runtime.simulated import LatencyModel, SimulatedEngine
 from tests.runtime_process import metric, runtime_process, send
@@ -159,7 +160,7 @@ class TestTheBatchLoop:
 
 
 class _Ignore:
-    def batch_done(self, **_: Any) -> None:
+    def batch_done(self, done: BatchDone) -> None:
         pass
 
     def batch_failed(self, **_: Any) -> None:

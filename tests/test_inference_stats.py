@@ -13,7 +13,7 @@ from batchpilot.runtime.engine import EngineInfo
 from batchpilot.runtime.grpc_api import grpc_predict_v2_pb2 as ours
 from batchpilot.runtime.inference_stats import InferenceStatistics
 from batchpilot.runtime.metrics import RuntimeMetrics
-from batchpilot.runtime.outcomes import RequestOutcome
+from batchpilot.runtime.outcomes import BatchDone, RequestOutcome
 
 
 def stats_of(statistics: InferenceStatistics, version: str | None = None) -> dict[str, Any]:
@@ -25,7 +25,13 @@ class TestCounts:
         statistics = InferenceStatistics(wall_clock=lambda: 1_700_000_000.25)
         # One batch of three requests of 1, 2 and 5 rows, which waited 1, 2 and 3 ms.
         statistics.batch_done(
-            rows=8, input_s=0.0005, infer_s=0.020, output_s=0.0001, queue_waits_s=[1e-3, 2e-3, 3e-3]
+            BatchDone(
+                rows=8,
+                compute_s=0.020,
+                queue_waits_s=(1e-3, 2e-3, 3e-3),
+                input_s=0.0005,
+                output_s=0.0001,
+            )
         )
         for duration in (0.030, 0.031, 0.032):
             statistics.request_ended(success=True, duration_s=duration)
@@ -53,7 +59,9 @@ class TestCounts:
         statistics = InferenceStatistics()
         for rows, infer_s in ((4, 0.004), (1, 0.001), (4, 0.006)):
             statistics.batch_done(
-                rows=rows, input_s=0.0, infer_s=infer_s, output_s=0.0, queue_waits_s=[0.0]
+                BatchDone(
+                    rows=rows, compute_s=infer_s, queue_waits_s=(0.0,), input_s=0.0, output_s=0.0
+                )
             )
         sizes = [
             (entry["batch_size"], entry["compute_infer"])
@@ -85,7 +93,7 @@ def test_the_runtime_metrics_feed_it() -> None:
     engine = EngineInfo(kind="simulated", device="gpu", simulated=True)
     metrics = RuntimeMetrics(model="m", service="", namespace="", engine=engine, nvml=None)
     metrics.batch_done(
-        rows=2, requests=2, compute_s=0.01, queue_waits_s=[0.001, 0.002], input_s=0.0, output_s=0.0
+        BatchDone(rows=2, compute_s=0.01, queue_waits_s=(0.001, 0.002), input_s=0.0, output_s=0.0)
     )
     for outcome in RequestOutcome:
         metrics.request_finished(outcome, 0.001)
@@ -101,7 +109,9 @@ def test_the_document_is_tritons_grpc_message_on_the_wire() -> None:
     own message (tritonclient's) with the same content: field names and numbers agree."""
     statistics = InferenceStatistics(wall_clock=lambda: 1_700_000_000.0)
     statistics.batch_done(
-        rows=3, input_s=0.001, infer_s=0.002, output_s=0.003, queue_waits_s=[0.004, 0.005]
+        BatchDone(
+            rows=3, compute_s=0.002, queue_waits_s=(0.004, 0.005), input_s=0.001, output_s=0.003
+        )
     )
     statistics.request_ended(success=True, duration_s=0.01)
     document = {"model_stats": [stats_of(statistics)]}

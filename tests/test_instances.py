@@ -27,6 +27,7 @@ from batchpilot.runtime.batching.batcher import LoopDelay
 from batchpilot.runtime.engine import EngineInfo, ModelSignature, Ran, TensorSpec
 from batchpilot.runtime.errors import ShuttingDown
 from batchpilot.runtime.onnx_engine import OnnxEngine, threads_per_instance
+from batchpilot.runtime.outcomes import BatchDone
 from batchpilot.runtime.settings import RuntimeSettings
 from batchpilot.runtime.simulated import LatencyModel, SimulatedEngine
 from tests.runtime_process import metric, runtime_process, send
@@ -112,17 +113,8 @@ class Computed:
     def __init__(self) -> None:
         self.compute_s: list[float] = []
 
-    def batch_done(
-        self,
-        *,
-        rows: int,
-        requests: int,
-        compute_s: float,
-        queue_waits_s: Sequence[float],
-        input_s: float,
-        output_s: float,
-    ) -> None:
-        self.compute_s.append(compute_s)
+    def batch_done(self, done: BatchDone) -> None:
+        self.compute_s.append(done.compute_s)
 
     def batch_failed(self, *, rows: int, requests: int, compute_s: float) -> None:
         self.compute_s.append(compute_s)

@@ -19,7 +19,7 @@ from batchpilot.operator.autopilot import recorded
 from batchpilot.operator.autopilot.slo import Objective
 from batchpilot.runtime.engine import EngineInfo
 from batchpilot.runtime.metrics import RuntimeMetrics
-from batchpilot.runtime.outcomes import RequestOutcome
+from batchpilot.runtime.outcomes import BatchDone, RequestOutcome
 from tests.deploy.chart import NAMESPACE, NAMESPACED, find, one, render
 
 ENABLED: dict[str, Any] = {"monitoring": {"prometheusRule": {"enabled": True}}}
@@ -363,7 +363,7 @@ def exported_series() -> dict[str, set[str]]:
     metrics.request_finished(RequestOutcome.SUCCESS, 0.01)
     metrics.arrivals.inc()
     metrics.batch_done(
-        rows=4, requests=4, compute_s=0.01, queue_waits_s=[0.001] * 4, input_s=0.0, output_s=0.0
+        BatchDone(rows=4, compute_s=0.01, queue_waits_s=(0.001,) * 4, input_s=0.0, output_s=0.0)
     )
     metrics.track_busy_seconds(lambda: 1.0)
     metrics.startup_timed({1: 0.005, 4: 0.011})

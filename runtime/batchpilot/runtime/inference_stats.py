@@ -26,9 +26,11 @@ What counts where, as Triton counts it:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from batchpilot.runtime.outcomes import BatchDone
 
 NS = 1_000_000_000
 
@@ -85,30 +87,25 @@ class InferenceStatistics:
         (self.success if success else self.fail).add(duration_s or 0.0)
         self.last_inference_ms = int(self._wall_clock() * 1000)
 
-    def batch_done(
-        self,
-        *,
-        rows: int,
-        input_s: float,
-        infer_s: float,
-        output_s: float,
-        queue_waits_s: Sequence[float],
-    ) -> None:
-        """A batch ran and answered its requests, which waited `queue_waits_s` for it."""
-        requests = len(queue_waits_s)
-        self.inference_count += rows
+    def batch_done(self, done: BatchDone) -> None:
+        """A batch ran and answered its requests."""
+        requests = done.requests
+        self.inference_count += done.rows
         self.execution_count += 1
-        for wait in queue_waits_s:
+        for wait in done.queue_waits_s:
             self.queue.add(wait)
-        self.compute_input.add(input_s, requests)
-        self.compute_infer.add(infer_s, requests)
-        self.compute_output.add(output_s, requests)
-        sized = self._by_rows.get(rows)
+        times = (done.input_s, done.compute_s, done.output_s)
+        sized = self._by_rows.get(done.rows)
         if sized is None:
-            sized = self._by_rows[rows] = _Batches()
-        sized.compute_input.add(input_s)
-        sized.compute_infer.add(infer_s)
-        sized.compute_output.add(output_s)
+            sized = self._by_rows[done.rows] = _Batches()
+        for per_request, per_batch, seconds in zip(
+            (self.compute_input, self.compute_infer, self.compute_output),
+            (sized.compute_input, sized.compute_infer, sized.compute_output),
+            times,
+            strict=True,
+        ):
+            per_request.add(seconds, requests)
+            per_batch.add(seconds)
 
     def snapshot(self, *, name: str, version: str | None) -> dict[str, Any]:
         """The model's entry of Triton's statistics response (`model_stats`' element), under

@@ -99,7 +99,7 @@ from batchpilot.runtime.arrival_rate import RecentArrivals
 from batchpilot.runtime.device import Nvml
 from batchpilot.runtime.engine import EngineInfo
 from batchpilot.runtime.inference_stats import InferenceStatistics
-from batchpilot.runtime.outcomes import RequestOutcome
+from batchpilot.runtime.outcomes import BatchDone, RequestOutcome
 
 
 def _latency_buckets() -> tuple[float, ...]:
@@ -503,26 +503,11 @@ class RuntimeMetrics:
                 gauge.labels(**self._labels).set(value)
 
     # BatchObserver
-    def batch_done(
-        self,
-        *,
-        rows: int,
-        requests: int,
-        compute_s: float,
-        queue_waits_s: Sequence[float],
-        input_s: float,
-        output_s: float,
-    ) -> None:
-        self._count_batch(rows, compute_s)
-        for wait in queue_waits_s:
+    def batch_done(self, done: BatchDone) -> None:
+        self._count_batch(done.rows, done.compute_s)
+        for wait in done.queue_waits_s:
             self.queue_wait.observe(wait)
-        self.statistics.batch_done(
-            rows=rows,
-            input_s=input_s,
-            infer_s=compute_s,
-            output_s=output_s,
-            queue_waits_s=queue_waits_s,
-        )
+        self.statistics.batch_done(done)
 
     def batch_failed(self, *, rows: int, requests: int, compute_s: float) -> None:
         self._count_batch(rows, compute_s)

@@ -1,4 +1,5 @@
-"""What became of a request, and which outcome and HTTP status each domain error means.
+"""What became of a request, and which outcome and HTTP status each domain error means; what a
+batch that ran reports.
 
 Both transports count a request the same way: the REST endpoints answer with the status from
 `ERROR_STATUS`, the gRPC service maps the same errors to its own codes (`grpc_api.service`), and
@@ -9,6 +10,7 @@ lookup, no I/O.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 
 from batchpilot.runtime.async_jobs import HolderNotAnswering, JobNotFound, StoreFull
@@ -63,3 +65,22 @@ def status_of(error: InferenceError) -> tuple[int, RequestOutcome]:
         if cls in ERROR_STATUS:
             return ERROR_STATUS[cls]
     return 500, RequestOutcome.ERROR
+
+
+@dataclass(frozen=True, slots=True)
+class BatchDone:
+    """A batch that ran and answered its requests."""
+
+    rows: int
+    compute_s: float
+    """The engine's time, what t(b) is fit from (`batching.batcher`'s `LoopDelay`)."""
+    queue_waits_s: tuple[float, ...]
+    """Each request's wait from the queue to the batch."""
+    input_s: float
+    """Gathering the requests' inputs into the batch, before the engine."""
+    output_s: float
+    """Handing each request its rows, after the engine."""
+
+    @property
+    def requests(self) -> int:
+        return len(self.queue_waits_s)

@@ -27,23 +27,13 @@ from batchpilot.runtime.admission import Predictor
 from batchpilot.runtime.batching.batch_queue import Batch, BatchQueue, Pending
 from batchpilot.runtime.engine import Engine, Ran, TimedEngine
 from batchpilot.runtime.errors import EngineFailure, ShuttingDown, first_line, out_of_memory
+from batchpilot.runtime.outcomes import BatchDone
 
 
 class BatchObserver(Protocol):
     """Where the batch loop reports what it did (the metrics adapter implements this)."""
 
-    def batch_done(
-        self,
-        *,
-        rows: int,
-        requests: int,
-        compute_s: float,
-        queue_waits_s: Sequence[float],
-        input_s: float,
-        output_s: float,
-    ) -> None:
-        """A batch ran: `compute_s` the engine's (t(b)'s), `input_s` gathering the requests'
-        inputs before it, `output_s` handing each request its rows after."""
+    def batch_done(self, done: BatchDone) -> None: ...
 
     def batch_failed(self, *, rows: int, requests: int, compute_s: float) -> None: ...
 
@@ -248,12 +238,13 @@ class Batcher:
                 item.future.set_result({name: out[start:end] for name, out in outputs.items()})
             start = end
         self._observer.batch_done(
-            rows=rows,
-            requests=len(items),
-            compute_s=compute_s,
-            queue_waits_s=[batch.formed_at - item.enqueued_at for item in items],
-            input_s=started - gathering,
-            output_s=clock() - ended,
+            BatchDone(
+                rows=rows,
+                compute_s=compute_s,
+                queue_waits_s=tuple(batch.formed_at - item.enqueued_at for item in items),
+                input_s=started - gathering,
+                output_s=clock() - ended,
+            )
         )
 
     async def _out_of_memory(self, batch: Batch, error: BaseException) -> None:
