@@ -538,17 +538,17 @@ class TestBadRequestsGetTheirStatusAndAReason:
     def test_a_version_the_model_does_not_have_is_not_found(
         self, server: RuntimeProcess, path: str
     ) -> None:
-        assert send(server, "GET", f"/v2/models/{MODEL}").json()["versions"] == []
+        # a model whose file names no version is its version 1
+        assert send(server, "GET", f"/v2/models/{MODEL}").json()["versions"] == ["1"]
         reply = send(server, "GET", f"/v2/models/{MODEL}{path}")
         assert reply.status == 404, reply.body
         assert reply.json()["error"] == (
-            f"model '{MODEL}' has no version '7'; it has no versions: leave it out"
+            f"model '{MODEL}' has no version '7'; its one version is '1' (or leave the version out)"
         )
-        # no version at all is the model
-        assert (
-            send(server, "GET", f"/v2/models/{MODEL}{path.replace('/versions/7', '')}").status
-            == 200
-        )
+        # version 1, or no version at all, is the model
+        for served in ("/versions/1", ""):
+            model_path = f"/v2/models/{MODEL}{path.replace('/versions/7', served)}"
+            assert send(server, "GET", model_path).status == 200, model_path
 
     def test_nan_and_infinity_outputs_must_be_asked_for_in_binary(
         self, server: RuntimeProcess

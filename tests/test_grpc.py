@@ -214,7 +214,9 @@ class TestHealthAndMetadata:
             with pytest.raises(InferenceServerException) as caught:
                 triton.get_model_metadata("resnet")
             assert caught.value.status() == "StatusCode.NOT_FOUND"
-            # the model has no versions ("versions": []): none is "the model", any other unknown
+            # a model whose file names no version is its version 1 ("versions": ["1"]): 1 or
+            # none is the model, any other unknown
+            assert triton.is_model_ready("multi", model_version="1")
             with pytest.raises(InferenceServerException) as caught:
                 triton.get_model_metadata("multi", model_version="7")
             assert caught.value.status() == "StatusCode.NOT_FOUND"

@@ -141,8 +141,9 @@ def binary_request() -> tuple[bytes, dict[str, str]]:
 
 CASES: dict[str, tuple[str, bytes, dict[str, str], int]] = {
     "json": ("/v2/models/mlp/infer", json_request(2), {}, 200),
-    # the model has no versions: one named is not found (no version at all is the model)
-    "unknown-version": ("/v2/models/mlp/versions/1/infer", json_request(1), {}, 404),
+    # the model is its version 1 (as is no version at all); any other is not found
+    "unknown-version": ("/v2/models/mlp/versions/2/infer", json_request(1), {}, 404),
+    "version-1": ("/v2/models/mlp/versions/1/infer", json_request(1), {}, 200),
     "binary": ("/v2/models/mlp/infer", *binary_request(), 200),
     "malformed": ("/v2/models/mlp/infer", b"{not json", {}, 400),
     "wrong-shape": (

@@ -36,6 +36,12 @@ class TensorSpec:
         return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
 
 
+DEFAULT_VERSION = "1"
+"""The version of a model whose file names none, as a Triton model repository's one version
+directory would make it: Triton's tools read versions as numbers (perf_analyzer parses the
+statistics' version to find the latest) and some clients name version 1 outright."""
+
+
 @dataclass(frozen=True, slots=True)
 class ModelSignature:
     """The model as the v2 metadata endpoint describes it. Dimension 0 is the batch axis."""
@@ -45,6 +51,12 @@ class ModelSignature:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     version: str | None = None
+    """The model's own version, where its file names one."""
+
+    @property
+    def served_version(self) -> str:
+        """The version clients see and name: the model's own, or `DEFAULT_VERSION`."""
+        return self.version or DEFAULT_VERSION
 
     def input(self, name: str) -> TensorSpec | None:
         for spec in self.inputs:

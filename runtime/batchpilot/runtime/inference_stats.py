@@ -34,11 +34,6 @@ from batchpilot.runtime.outcomes import BatchDone
 
 NS = 1_000_000_000
 
-DEFAULT_VERSION = "1"
-"""The version a model without one reports: Triton's clients read versions as numbers
-(perf_analyzer parses them to find the latest), and a model in a Triton repository has at least
-its version 1."""
-
 
 @dataclass(slots=True)
 class Duration:
@@ -107,12 +102,12 @@ class InferenceStatistics:
             per_request.add(seconds, requests)
             per_batch.add(seconds)
 
-    def snapshot(self, *, name: str, version: str | None) -> dict[str, Any]:
+    def snapshot(self, *, name: str, version: str) -> dict[str, Any]:
         """The model's entry of Triton's statistics response (`model_stats`' element), under
         its field names: the same document parses into gRPC's ModelStatistics."""
         return {
             "name": name,
-            "version": version or DEFAULT_VERSION,
+            "version": version,
             "last_inference": self.last_inference_ms,
             "inference_count": self.inference_count,
             "execution_count": self.execution_count,

@@ -77,7 +77,7 @@ def encode_result(
 ) -> EncodedResult:
     content, header_length = encode_response(
         model_name=server.signature.name,
-        model_version=server.signature.version,
+        model_version=server.signature.served_version,
         request_id=parsed.id,
         outputs=outputs,
         binary=(

@@ -135,7 +135,7 @@ def add_v2_routes(
         return json_response(
             {
                 "name": model_name,
-                "versions": [signature.version] if signature.version else [],
+                "versions": [signature.served_version],
                 "platform": signature.platform,
                 "inputs": [spec.as_metadata() for spec in signature.inputs],
                 "outputs": [spec.as_metadata() for spec in signature.outputs],

@@ -177,16 +177,16 @@ class ModelServer:
         )
 
     def check_model(self, name: str, version: str | None = None) -> None:
-        """Raise ModelNotFound unless `name` is the model this server serves and `version` one
-        of the versions its metadata lists. No version (None or empty) means the model."""
+        """Raise ModelNotFound unless `name` is the model this server serves and `version` the
+        one version its metadata lists. No version (None or empty) means the model."""
         served = self.signature.name
         if name != served:
             raise ModelNotFound(f"model '{name}' is not served here; this server serves '{served}'")
-        if version and version != self.signature.version:
-            known = self.signature.version
+        known = self.signature.served_version
+        if version and version != known:
             raise ModelNotFound(
-                f"model '{name}' has no version '{version}'; "
-                + (f"its one version is '{known}'" if known else "it has no versions: leave it out")
+                f"model '{name}' has no version '{version}'; its one version is '{known}' "
+                f"(or leave the version out)"
             )
 
     def statistics(self) -> dict[str, Any]:
@@ -194,7 +194,9 @@ class ModelServer:
         signature = self.signature
         return {
             "model_stats": [
-                self.metrics.statistics.snapshot(name=signature.name, version=signature.version)
+                self.metrics.statistics.snapshot(
+                    name=signature.name, version=signature.served_version
+                )
             ]
         }
 

@@ -166,7 +166,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         tensor = pb.ModelMetadataResponse.TensorMetadata
         return pb.ModelMetadataResponse(
             name=signature.name,
-            versions=[signature.version] if signature.version else [],
+            versions=[signature.served_version],
             platform=signature.platform,
             inputs=[
                 tensor(name=s.name, datatype=s.datatype, shape=s.shape) for s in signature.inputs
@@ -311,7 +311,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             signature = self._server.signature
             response = encode_infer_response(
                 model_name=signature.name,
-                model_version=signature.version,
+                model_version=signature.served_version,
                 request_id=parsed.id,
                 outputs=outputs,
             )
