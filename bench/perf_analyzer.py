@@ -1,6 +1,6 @@
 """Triton's own load tool against the runtime: `perf_analyzer` over HTTP, gRPC and gRPC streaming.
 
-    .venv/bin/python bench/perf_analyzer.py --binary PATH/perf_analyzer [--seconds 2]
+    .venv/bin/python bench/perf_analyzer.py [--binary PATH/perf_analyzer] [--seconds 2]
 
 perf_analyzer reads the model's metadata and configuration (`/v2/models/{name}/config`, gRPC
 ModelConfig) before it sends, then measures, reading the server's statistics (`/stats`, gRPC
@@ -13,7 +13,9 @@ overhead, queue and compute) — or its error, and exits 1.
 perf_analyzer is not a Python package: it ships as a binary inside `tritonclient`'s Linux wheel
 (`tritonclient-X.data/data/bin/perf_analyzer`). The wheels of 2.45 and older run on Debian 12's
 glibc; they load `libb64.so.0d` (Debian's `libb64-0d`) and `libcudart.so.12` (the
-`nvidia-cuda-runtime-cu12` wheel), whose folders go in LD_LIBRARY_PATH. Nothing here downloads.
+`nvidia-cuda-runtime-cu12` wheel). `make install` puts the 2.45 binary and a launcher that finds
+both at `.venv/bin/perf_analyzer` (hack/fetch-perf-analyzer.sh), the default here. Nothing here
+downloads.
 """
 
 from __future__ import annotations
@@ -39,7 +41,11 @@ RUNS = (
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--binary", required=True, help="the perf_analyzer executable")
+    parser.add_argument(
+        "--binary",
+        default=str(Path(sys.executable).parent / "perf_analyzer"),
+        help="the perf_analyzer executable (default: the one `make install` puts in the venv)",
+    )
     parser.add_argument("--seconds", type=float, default=2.0, help="measurement window")
     parser.add_argument("--concurrency", default="1:8:7", help="perf_analyzer's range")
     parser.add_argument(
