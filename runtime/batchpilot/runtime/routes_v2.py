@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -121,11 +123,18 @@ def add_v2_routes(
             access.identify(request.headers.items())
         return json_response(server.statistics())
 
-    @app.api_route("/v2/models/{name}/stats", methods=_GET)
-    @app.api_route("/v2/models/{name}/versions/{version}/stats", methods=_GET)
-    async def statistics(name: str, request: Request) -> Response:
-        described(name, request)
-        return json_response(server.statistics())
+    def model_document(suffix: str, document: Callable[[], dict[str, Any]]) -> None:
+        """GET /v2/models/{name}[/versions/{version}]{suffix}: `document()`, to a caller who
+        may read the model's description."""
+
+        async def endpoint(name: str, request: Request) -> Response:
+            described(name, request)
+            return json_response(document())
+
+        for path in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+            app.add_api_route(path + suffix, endpoint, methods=_GET, name=suffix.strip("/"))
+
+    model_document("/stats", server.statistics)
 
     @app.api_route("/v2/models/{name}", methods=_GET)
     @app.api_route("/v2/models/{name}/versions/{version}", methods=_GET)
@@ -157,11 +166,7 @@ def add_v2_routes(
             }
         )
 
-    @app.api_route("/v2/models/{name}/config", methods=_GET)
-    @app.api_route("/v2/models/{name}/versions/{version}/config", methods=_GET)
-    async def config(name: str, request: Request) -> Response:
-        described(name, request)
-        return json_response(server.model_config())
+    model_document("/config", server.model_config)
 
     @app.api_route("/v2/models/{name}/ready", methods=_GET)
     @app.api_route("/v2/models/{name}/versions/{version}/ready", methods=_GET)
