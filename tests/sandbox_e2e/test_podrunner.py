@@ -453,7 +453,7 @@ def test_a_runtime_that_cannot_start_is_reported_as_the_kubelet_would(tmp_path: 
 
             def crash_looping() -> dict[str, Any] | None:
                 pods = rest.call(f"/api/v1/namespaces/{NS}/pods")["items"]
-                statuses = pods[0]["status"].get("containerStatuses") if pods else None
+                statuses = pods[0].get("status", {}).get("containerStatuses") if pods else None
                 waiting = (statuses or [{}])[0].get("state", {}).get("waiting", {})
                 return statuses[0] if waiting.get("reason") == "CrashLoopBackOff" else None
 
@@ -629,7 +629,8 @@ def test_a_pod_finds_no_gpu_on_a_full_node_until_one_is_freed(tmp_path: Path) ->
 
             def unschedulable() -> dict[str, Any] | None:
                 pods = pods_of(rest, "late")
-                return pods[0] if pods and pods[0]["status"].get("conditions") else None
+                # a pod just created may have no status yet
+                return pods[0] if pods and pods[0].get("status", {}).get("conditions") else None
 
             pod = wait_until(unschedulable, timeout=10, what="the late pod unschedulable")
             assert pod["status"]["phase"] == "Pending"
@@ -681,7 +682,7 @@ def test_a_rollout_in_place_frees_the_gpu_its_surge_pod_waits_for(tmp_path: Path
 
             def waiting() -> bool:
                 return any(
-                    p["status"].get("conditions") and scheduled(p)["status"] == "False"
+                    p.get("status", {}).get("conditions") and scheduled(p)["status"] == "False"
                     for p in pods_of(rest, "m")
                 )
 
