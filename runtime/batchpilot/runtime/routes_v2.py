@@ -119,8 +119,7 @@ def add_v2_routes(
     # Before the model's metadata, whose path would take "stats" for a model's name.
     @app.api_route("/v2/models/stats", methods=_GET)
     async def all_statistics(request: Request) -> Response:
-        if access is not None:
-            access.identify(request.headers.items())
+        described(model_name, request)  # every model's: the one served
         return json_response(server.statistics())
 
     def model_document(suffix: str, document: Callable[[], dict[str, Any]]) -> None:

@@ -188,13 +188,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStatistics(  # noqa: N802
         self, request: pb.ModelStatisticsRequest, context: Context
     ) -> pb.ModelStatisticsResponse:
-        if request.name:
-            await self._described(request.name, request.version, context)
-        elif self._access is not None:  # every model's: still a key, where keys are on
-            try:
-                self._access.identify(_key_metadata(context))
-            except InferenceError as exc:
-                await _abort(context, exc)
+        # No name: every model's, which is the one served (still a key, where keys are on).
+        await self._described(request.name or self._server.signature.name, request.version, context)
         return json_format.ParseDict(self._server.statistics(), pb.ModelStatisticsResponse())
 
     async def ModelInfer(  # noqa: N802
