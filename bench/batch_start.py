@@ -8,8 +8,10 @@ a closed loop's clients are then all queued. This starts `batchpilot runtime ser
 with the simulated engine (t(b) = 2 ms + 0.1 ms·b, so the client's two cores are not the model's
 too), max batch 32, queue delay 5 ms, no deadline — once as it runs by default and once with
 `--no-early-start` (every batch fills or waits out its delay, Triton's rule) — and drives each
-with `batchpilot loadgen`: Poisson arrivals at three rates and closed loops of 1, 4 and 16
-workers. For each it prints the achieved rate, P50 and P99 from the client, and the mean batch,
+with `batchpilot loadgen`: Poisson arrivals at three rates, closed loops of 1, 4 and 16
+workers, and closed loops of 1 and 4 workers that begin right after 2 s of 3,000 rps (the
+queue has just held far more requests at once than they will ever send; only the closed loop
+is measured). For each it prints the achieved rate, P50 and P99 from the client, and the mean batch,
 read from the server's own statistics (`/v2/models/mlp/stats`: inferences over executions in
 the run), with the early start / without side by side.
 """
@@ -38,13 +40,18 @@ SERVER = (
     "--deadline-ms", "0",
 )  # fmt: skip
 
-LOADS = (
-    ("open, 200 rps", ["--rate", "200"]),
-    ("open, 1,000 rps", ["--rate", "1000"]),
-    ("open, 3,000 rps", ["--rate", "3000"]),
-    ("closed, 1 worker", ["--concurrency", "1"]),
-    ("closed, 4 workers", ["--concurrency", "4"]),
-    ("closed, 16 workers", ["--concurrency", "16"]),
+BURST = ["--rate", "3000", "--duration", "2"]
+"""What the queue has just held, for the loads that begin after it."""
+
+LOADS: tuple[tuple[str, list[str], list[str] | None], ...] = (
+    ("open, 200 rps", ["--rate", "200"], None),
+    ("open, 1,000 rps", ["--rate", "1000"], None),
+    ("open, 3,000 rps", ["--rate", "3000"], None),
+    ("closed, 1 worker", ["--concurrency", "1"], None),
+    ("closed, 4 workers", ["--concurrency", "4"], None),
+    ("closed, 16 workers", ["--concurrency", "16"], None),
+    ("closed, 1 worker after 3,000 rps", ["--concurrency", "1"], BURST),
+    ("closed, 4 workers after 3,000 rps", ["--concurrency", "4"], BURST),
 )
 
 
@@ -59,15 +66,17 @@ def measure(folder: Path, model: Path, flags: tuple[str, ...], seconds: float) -
     """A server with `flags` for each load (none inherits what the one before it taught the
     queue: it remembers 5 s of it): a cell of the table for each."""
     cells = []
-    for _, load in LOADS:
+    for _, load, first in LOADS:
         with runtime_process(model, *SERVER, *flags, log_dir=folder) as server:
-            before = counts(server.port)
             report = folder / "report.json"
-            command = [
+            loadgen = [
                 sys.executable, "-m", "batchpilot.runtime.cli", "loadgen",
                 "--url", f"http://127.0.0.1:{server.port}", "--model", "mlp",
-                *load, "--duration", str(seconds), "--json", str(report),
             ]  # fmt: skip
+            if first is not None:
+                subprocess.run([*loadgen, *first], capture_output=True, timeout=120)
+            before = counts(server.port)
+            command = [*loadgen, *load, "--duration", str(seconds), "--json", str(report)]
             subprocess.run(command, capture_output=True, timeout=seconds + 120)
             rows, batches = (a - b for a, b in zip(counts(server.port), before, strict=True))
             result = json.loads(report.read_text())
@@ -91,7 +100,7 @@ def main() -> int:
         waiting = measure(folder, model, ("--no-early-start",), args.seconds)
     print("| load | early start (default) | `--no-early-start` |")
     print("| --- | --- | --- |")
-    for (name, _), with_it, without in zip(LOADS, early, waiting, strict=True):
+    for (name, _, _), with_it, without in zip(LOADS, early, waiting, strict=True):
         print(f"| {name} | {with_it} | {without} |")
     return 0
 

@@ -242,6 +242,20 @@ class TestNobodyElseComing:
                 [0.010, 0.006, 0.002] + [0.008, 0.004, 0.0] * 2
             )
 
+    async def test_a_closed_loop_after_a_burst_waits_a_few_rounds_not_the_horizon(self) -> None:
+        async with Harness(max_batch_size=8, delay_s=0.050) as h:
+            h.engine.compute_s = 0.001
+            for _ in range(2):  # a burst: six at once, twice (the second starts at once)
+                await asyncio.gather(*(h.put(float(index)) for index in range(6)))
+            answered = await self.closed_loop(h, clients=2, rounds=12)
+            # Two at once is not the most held: rounds wait out the delay until two has come
+            # back eight times with nothing above it — four rounds here, where the first client
+            # answered is back before the second's answer is counted (two reaches a round) —
+            # 0.2 s after the burst, not the 5 s it is otherwise remembered.
+            assert h.engine.batches == [6, 6] + [2] * 12
+            assert h.observer.waits[12:] == pytest.approx([0.050] * 8 + [0.0] * 16)
+            assert answered[-1] == pytest.approx(0.052 + 4 * 0.051 + 8 * 0.001)
+
 
 class TestSettingsChangeWhileServing:
     async def test_each_batch_reads_the_settings_in_force_when_it_forms(self) -> None:

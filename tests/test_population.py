@@ -50,3 +50,28 @@ def test_a_population_that_shrinks_is_forgotten_within_the_horizon() -> None:
         assert not population.everyone_here(2, now)
     cycle(population, 2, 5.02)
     assert population.everyone_here(2, 5.02)
+
+
+def test_a_closed_loop_right_after_a_burst_is_everyone_within_a_few_rounds() -> None:
+    population = Population(horizon_s=5.0, settled_reaches=8)
+    for now in (0.0, 0.01):
+        cycle(population, 30, now)  # a burst: thirty at once, twice
+    # One client now, in a loop: its count comes back round after round, thirty never again.
+    rounds = [0.1 + 0.005 * n for n in range(8)]
+    for now in rounds[:-1]:
+        cycle(population, 1, now)
+        assert not population.everyone_here(1, now)
+    cycle(population, 1, rounds[-1])
+    assert population.everyone_here(1, rounds[-1])  # 40 ms after the burst, not 5 s
+    assert not population.everyone_here(0, rounds[-1])
+
+
+def test_a_larger_count_in_between_keeps_the_peak() -> None:
+    population = Population(horizon_s=5.0, settled_reaches=8)
+    for now in (0.0, 0.01):
+        cycle(population, 30, now)
+    for n in range(20):
+        # Two at once most rounds, three every fifth: two never comes back eight times in a
+        # row with nothing above it, nor does three.
+        cycle(population, 3 if n % 5 == 4 else 2, 0.1 + 0.005 * n)
+        assert not population.everyone_here(3, 0.1 + 0.005 * n)

@@ -13,7 +13,9 @@ was seen before, everyone who has been here at once is here now, and the batch s
 Traffic that arrives on its own clock (open loop) rarely brings the outstanding count back to
 the most it has been within the horizon while a batch fills, so it waits as before; a first
 request, or a count never seen before (a rising load), always waits: one sighting is no
-pattern. A population that shrinks is forgotten within the horizon. Pure: no I/O, times from
+pattern. A population that shrinks is forgotten once a smaller count has come back
+`SETTLED_REACHES` times without the larger one showing (a closed loop right after a burst: tens
+of milliseconds, not the horizon), and within the horizon in any case. Pure: no I/O, times from
 the caller.
 """
 
@@ -24,6 +26,12 @@ from dataclasses import dataclass
 
 HORIZON_S = 5.0
 """How long the most requests held at once is remembered after it was last seen."""
+SETTLED_REACHES = 8
+"""How often a smaller count must come back, the larger ones not showing in between, before
+those are forgotten: a closed loop of N reaches N once a round, every round; arrivals on their
+own clock rarely reach one count this often with nothing above it in between (for a count in
+the upper tail of what a batch gathers, the chance is the share of its rounds that stop at it
+to the power of this)."""
 
 
 @dataclass(slots=True)
@@ -39,8 +47,11 @@ class Population:
     """The most requests held at once within `horizon_s`, and how often it was reached: a
     sliding maximum (levels kept decreasing in value, increasing in time)."""
 
-    def __init__(self, *, horizon_s: float = HORIZON_S) -> None:
+    def __init__(
+        self, *, horizon_s: float = HORIZON_S, settled_reaches: int = SETTLED_REACHES
+    ) -> None:
         self._horizon_s = horizon_s
+        self._settled_reaches = settled_reaches
         self._levels: deque[_Level] = deque()
 
     def reached(self, count: int, now: float) -> None:
@@ -52,6 +63,11 @@ class Population:
             level = levels[-1]
             level.seen_at = now
             level.times += 1
+            if level.times >= self._settled_reaches:
+                # Every larger count was last seen before this one began to come back, and it
+                # has come back often since: the population is this many now.
+                while len(levels) > 1:
+                    levels.popleft()
         else:
             levels.append(_Level(count, now, 1))
 
