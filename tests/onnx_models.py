@@ -205,6 +205,21 @@ def detector(path: Path, *, size: int = 32) -> Path:
     return _save(graph, path)
 
 
+def embedding(path: Path, *, vocabulary: int = 10, width: int = 4) -> Path:
+    """ids: INT64 [N, 3] → vectors: FP32 [N, 3, width], rows of a table of `vocabulary` rows
+    (`Gather`): an id outside [-vocabulary, vocabulary) fails the whole run, as a token id past
+    a language model's vocabulary does."""
+    table = np.arange(vocabulary * width, dtype=np.float32).reshape(vocabulary, width)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["vectors"], axis=0)],
+        "embedding",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 3])],
+        [helper.make_tensor_value_info("vectors", TensorProto.FLOAT, ["batch", 3, width])],
+        [numpy_helper.from_array(table, "table")],
+    )
+    return _save(graph, path)
+
+
 def fixed_batch(path: Path) -> Path:
     """A model whose batch dimension is fixed at 4: it cannot be batched dynamically."""
     graph = helper.make_graph(

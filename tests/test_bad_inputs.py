@@ -15,6 +15,7 @@ import gzip
 import re
 import zlib
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from hypothesis import strategies as st
 
 from tests import onnx_models
 from tests.onnx_models import MULTI_IO_INPUTS
-from tests.runtime_process import RuntimeProcess, runtime_process, send
+from tests.runtime_process import Reply, RuntimeProcess, runtime_process, send
 
 MODEL = "multi_io"
 MAX_BODY_BYTES = 4096
@@ -601,6 +602,47 @@ class TestBadRequestsGetTheirStatusAndAReason:
 
     def test_server_still_serves_after_the_table(self, server: RuntimeProcess) -> None:
         assert_ready_and_serving_correctly(server)
+
+
+class TestARequestTheModelFailsOn:
+    """A value the model cannot take (an id past its table) fails onnxruntime's whole run: the
+    requests batched with it are answered all the same, and it alone is refused with 400."""
+
+    def test_it_is_refused_and_its_batch_is_answered(self, tmp_path: Path) -> None:
+        model = onnx_models.embedding(tmp_path / "embedding.onnx", vocabulary=10, width=4)
+        flags = ["--max-batch-size", "8", "--max-queue-delay-ms", "2000", "--no-early-start"]
+        with runtime_process(model, *flags, log_dir=tmp_path) as server:
+            ids = [[n, n, n] for n in range(7)] + [[1, 20, 3]]  # the last: 20 of 10 rows
+
+            def infer(row: list[int]) -> Reply:
+                doc = {
+                    "inputs": [{"name": "ids", "datatype": "INT64", "shape": [1, 3], "data": row}]
+                }
+                return send(server, "POST", "/v2/models/embedding/infer", orjson.dumps(doc))
+
+            with ThreadPoolExecutor(len(ids)) as pool:  # one batch of eight: it fills, then runs
+                replies = list(pool.map(infer, ids))
+            for n, reply in enumerate(replies[:-1]):
+                assert reply.status == 200, reply.body
+                vectors = orjson.loads(reply.body)["outputs"][0]["data"]
+                assert vectors == list(range(4 * n, 4 * n + 4)) * 3
+            refused = replies[-1]
+            assert refused.status == 400
+            error = orjson.loads(refused.body)["error"]
+            assert error.startswith(
+                "the model failed on this request's inputs, while 7 of the 7 requests batched "
+                "with it ran: "
+            )
+            assert "indices element out of data bounds, idx=20" in error
+            stats = send(server, "GET", "/v2/models/embedding/stats").json()["model_stats"][0]
+            assert stats["inference_count"] == 7  # rows answered
+            metrics = send(server, "GET", "/metrics").body.decode()
+            outcomes = dict(
+                re.findall(r'batchpilot_requests_total\{[^}]*outcome="(\w+)"\} (\S+)', metrics)
+            )
+            assert (float(outcomes["success"]), float(outcomes["invalid"])) == (7, 1)
+            assert float(outcomes.get("error", 0)) == 0
+            assert send(server, "GET", "/v2/health/ready").status == 200
 
 
 # --- Fuzzing a real server process ------------------------------------------------------------

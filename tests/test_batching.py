@@ -14,9 +14,16 @@ import numpy as np
 import pytest
 
 from batchpilot.runtime.batching import Batch, Batcher, BatchQueue, BatchSettings
+from batchpilot.runtime.batching.batcher import SYSTEMATIC_FAILURES
 from batchpilot.runtime.engine import EngineInfo, ModelSignature, TensorSpec
-from batchpilot.runtime.errors import DeadlineExceeded, EngineFailure, Overloaded, ShuttingDown
-from batchpilot.runtime.outcomes import BatchDone
+from batchpilot.runtime.errors import (
+    DeadlineExceeded,
+    EngineFailure,
+    Overloaded,
+    RefusedByModel,
+    ShuttingDown,
+)
+from batchpilot.runtime.outcomes import BatchDone, RequestOutcome, status_of
 
 pytestmark = pytest.mark.looptime
 
@@ -36,6 +43,8 @@ class FakeEngine:
         self.batches: list[int] = []
         self.fail_with: Exception | None = None
         self.drop_row = False
+        self.refuse_negative = False
+        """Fail any batch holding a negative value, as a model fails on one bad row."""
 
     @property
     def signature(self) -> ModelSignature:
@@ -51,6 +60,8 @@ class FakeEngine:
         await asyncio.sleep(self.compute_s)
         if self.fail_with is not None:
             raise self.fail_with
+        if self.refuse_negative and (x < 0).any():
+            raise RuntimeError(f"INVALID_ARGUMENT : indices element out of bounds, idx={x.min()}")
         y = x * 2
         return {"y": y[:-1] if self.drop_row else y}
 
@@ -287,17 +298,74 @@ class TestFailures:
             h.engine.fail_with = RuntimeError("device lost")
             results = await asyncio.gather(*(h.put(v) for v in range(3)), return_exceptions=True)
             assert all(isinstance(r, EngineFailure) for r in results)
+            assert not any(isinstance(r, RefusedByModel) for r in results)  # nothing ran: 500
             assert "device lost" in str(results[0])
-            assert h.observer.failed == [(3, 3)]
+            # Run again in halves, then alone, to find whose inputs it fails on: every run fails.
+            assert h.observer.failed == [(3, 3), (1, 1), (2, 2), (1, 1), (1, 1)]
             h.engine.fail_with = None
             assert rows_of(await h.put(5)) == [10.0]  # the loop survives
 
-    async def test_a_wrong_number_of_output_rows_fails_the_whole_batch(self) -> None:
+    async def test_a_wrong_number_of_output_rows_fails_every_request(self) -> None:
         async with Harness(max_batch_size=2, delay_s=0.01) as h:
             h.engine.drop_row = True
             results = await asyncio.gather(h.put(1), h.put(2), return_exceptions=True)
             assert all(isinstance(r, EngineFailure) for r in results)
-            assert "returned 1 rows of output 'y' for a batch of 2 rows" in str(results[0])
+            assert "returned 0 rows of output 'y' for a batch of 1 rows" in str(results[0])
+
+    async def test_a_request_the_model_fails_on_is_refused_and_the_rest_of_its_batch_answered(
+        self,
+    ) -> None:
+        async with Harness(max_batch_size=8, delay_s=0.01) as h:
+            h.engine.refuse_negative = True
+            values = [1.0, 2.0, 3.0, -4.0, 5.0, 6.0, 7.0, 8.0]
+            results = await asyncio.gather(*(h.put(v) for v in values), return_exceptions=True)
+            refused = results.pop(3)
+            assert [rows_of(r) for r in results] == [
+                [2.0],
+                [4.0],
+                [6.0],
+                [10.0],
+                [12.0],
+                [14.0],
+                [16.0],
+            ]
+            assert isinstance(refused, RefusedByModel)
+            assert status_of(refused) == (400, RequestOutcome.INVALID)
+            assert str(refused) == (
+                "the model failed on this request's inputs, while 7 of the 7 requests batched "
+                "with it ran: INVALID_ARGUMENT : indices element out of bounds, idx=-4.0"
+            )
+            # The batch, then the half holding it at each halving (its other half ran): 4, 2, 1.
+            assert h.observer.failed == [(8, 8), (4, 4), (2, 2), (1, 1)]
+            assert sorted(h.observer.done) == [(1, 1), (2, 2), (4, 4)]
+
+    async def test_two_bad_requests_in_one_batch_are_both_found(self) -> None:
+        async with Harness(max_batch_size=8, delay_s=0.01) as h:
+            h.engine.refuse_negative = True
+            values = [-1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, -8.0]
+            results = await asyncio.gather(*(h.put(v) for v in values), return_exceptions=True)
+            assert [type(r) for r in results] == [RefusedByModel] + [dict] * 6 + [RefusedByModel]
+            assert "while 6 of the 7 requests batched with it ran" in str(results[0])
+
+    async def test_an_engine_that_fails_everything_is_not_split_again_and_again(self) -> None:
+        async with Harness(max_batch_size=8, delay_s=0.01) as h:
+            h.engine.fail_with = RuntimeError("device lost")
+            for _ in range(3):
+                results = await asyncio.gather(
+                    *(h.put(float(v)) for v in range(8)), return_exceptions=True
+                )
+                assert all(type(r) is EngineFailure for r in results)
+            # The first batch is run in parts until SYSTEMATIC_FAILURES runs have failed in a
+            # row (8 rows, 4, 4, four of 2, one alone); the parts left, and every batch after
+            # it, fail at once.
+            assert [rows for rows, _ in h.observer.failed] == [8, 4, 4, 2, 2, 2, 2, 1, 8, 8]
+            assert SYSTEMATIC_FAILURES == 8
+            h.engine.fail_with = None
+            assert rows_of(await h.put(5)) == [10.0]
+            h.engine.refuse_negative = True  # one that ran: parts are tried again
+            results = await asyncio.gather(h.put(1.0), h.put(-2.0), return_exceptions=True)
+            assert rows_of(results[0]) == [2.0]
+            assert isinstance(results[1], RefusedByModel)
 
     async def test_a_full_queue_refuses_at_once(self) -> None:
         h = Harness(max_batch_size=1, delay_s=0.0, capacity=2)

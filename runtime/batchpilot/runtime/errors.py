@@ -28,6 +28,12 @@ class UnsupportedEncoding(InvalidRequest):
     identity (415)."""
 
 
+class RefusedByModel(InvalidRequest):
+    """The engine failed on this request's inputs, run alone, while requests batched with it ran
+    (400, in the engine's words): a value the model cannot take (a token id past its vocabulary,
+    an index out of range). The same request would fail on every replica."""
+
+
 class ModelNotFound(InferenceError):
     """The request names a model this server does not serve (404)."""
 

@@ -284,6 +284,13 @@ class RuntimeMetrics:
         self._batches_by_bucket = Counter(
             "batchpilot_batches", "Batches executed, by batch size bucket", bucketed, registry=r
         )
+        self.engine_failures = Counter(
+            "batchpilot_engine_failed_batches",
+            "Batches the engine failed on (each run again in parts counts again); not in the "
+            "batch size, duration and compute counters, which time the batches that ran",
+            names,
+            registry=r,
+        ).labels(**labels)
         self._outcomes = Counter(
             "batchpilot_requests", "Requests by outcome", [*names, "outcome"], registry=r
         )
@@ -510,7 +517,9 @@ class RuntimeMetrics:
         self.statistics.batch_done(done)
 
     def batch_failed(self, *, rows: int, requests: int, compute_s: float) -> None:
-        self._count_batch(rows, compute_s)
+        # A failed run is no point of t(b): it may stop at the failing operator, or run long
+        # before the device runs out of memory.
+        self.engine_failures.inc()
 
     def _bucket(self, bucket: str) -> tuple[Counter, Counter, Counter]:
         counters = self._bucket_counters.get(bucket)

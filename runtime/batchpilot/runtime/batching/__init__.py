@@ -28,9 +28,11 @@ so a burst drains at the larger batch's rate from its first batch on, without wa
 autopilot to raise the limit. Without one the queue bound is the only admission control (the
 "queue" mode, kept to compare the two).
 
-Every request's future gets exactly one result or exception: an engine error fails the whole
-batch, a wrong number of output rows fails the whole batch, and a request whose caller went away
-(its future cancelled) leaves the queue at once. Waiting is done on events and loop timers, never
+Every request's future gets exactly one result or exception: a batch the engine fails on (an
+error, a wrong number of output rows) runs again in halves down to requests alone, so that the
+request whose inputs the model cannot take is refused and the rest are answered, unless the
+engine fails whatever it is given; and a request whose caller went away (its future cancelled)
+leaves the queue at once. Waiting is done on events and loop timers, never
 by polling. Durations are read from an injected clock: `time.perf_counter` in the server (uvloop's
 loop clock ticks in whole milliseconds, too coarse for latency metrics), the loop's own clock in
 tests, where `looptime` fakes it.

@@ -1,6 +1,7 @@
 """The loop that runs the queue's batches on the engine, up to `instances` at once, answers every
-request of a batch (outputs split by rows, or the batch's one error), and accounts busy time as
-the union of the running batches. numpy and asyncio only.
+request of a batch (outputs split by rows; where the engine fails, the batch runs again in parts
+until the failure is pinned on the requests whose inputs cause it, or on the engine), and
+accounts busy time as the union of the running batches. numpy and asyncio only.
 
 Two durations of a batch. Busy time spans it as the event loop saw it, from its start to the
 moment the loop took its outputs back: a loop too busy to take them keeps the batch's slot
@@ -26,7 +27,13 @@ import numpy as np
 from batchpilot.runtime.admission import Predictor
 from batchpilot.runtime.batching.batch_queue import Batch, BatchQueue, Pending
 from batchpilot.runtime.engine import Engine, Ran, TimedEngine
-from batchpilot.runtime.errors import EngineFailure, ShuttingDown, first_line, out_of_memory
+from batchpilot.runtime.errors import (
+    EngineFailure,
+    RefusedByModel,
+    ShuttingDown,
+    first_line,
+    out_of_memory,
+)
 from batchpilot.runtime.outcomes import BatchDone
 
 
@@ -101,6 +108,12 @@ class LoopDelay:
 LOOP_DELAY_BATCHES = 31
 """Batches the usual loop delay is the median of: a stall is one batch or two per burst (the one
 running while the burst is read), far from half of them."""
+SYSTEMATIC_FAILURES = 8
+"""Runs of the engine that failed in a row, none between them that did not, after which it is
+taken to fail whatever it is given (a lost device, a broken model): a batch that fails is then
+answered with the failure at once, not run again in parts. Finding one request's inputs in a
+batch of 32 fails about six runs in a row (the batch, then the half holding it at each halving:
+the other half runs), so two or three such requests are still told apart."""
 STALL_FACTOR = 4.0
 """A delay this many times the usual one, and longer than the batch itself, is a stall: under
 steady overload the loop's delays run to about 7× their median at the 99th percentile (0.25 ms
@@ -137,6 +150,8 @@ class Batcher:
         self._instances = instances
         self._busy = BusyTime()
         self._loop_delay = LoopDelay()
+        self._failed_runs = 0
+        """The engine's runs that failed since its last that did not."""
 
     @property
     def instances(self) -> int:
@@ -170,6 +185,27 @@ class Batcher:
             await self.run_batch(batch)
 
     async def run_batch(self, batch: Batch) -> None:
+        """Run `batch` and answer its requests: with their rows, or where the engine fails,
+        with the failure — once it is known whose it is (`_isolate`)."""
+        error = await self._attempt(batch)
+        if error is None:
+            return
+        if out_of_memory(error):
+            await self._out_of_memory(batch, error)
+        elif len(batch.items) > 1 and not self._failing:
+            await self._isolate(batch)
+        else:
+            _fail(batch.items, _engine_failure(error))
+
+    @property
+    def _failing(self) -> bool:
+        """Whether the engine's last `SYSTEMATIC_FAILURES` runs all failed: it fails whatever
+        it is given, and a batch is not run again in parts to find whose inputs it fails on."""
+        return self._failed_runs >= SYSTEMATIC_FAILURES
+
+    async def _attempt(self, batch: Batch) -> BaseException | None:
+        """Run `batch` once: answer its requests and return None, or return the engine's error
+        and leave them unanswered (a cancelled run answers them: the server is stopping)."""
         clock = self._clock
         items = batch.items
         rows = batch.rows
@@ -206,12 +242,9 @@ class Batcher:
             if predictor is not None:
                 predictor.finished(token, rows=rows, seconds=None, now=ended)
             self._observer.batch_failed(rows=rows, requests=len(items), compute_s=compute_s)
-            if out_of_memory(exc):
-                await self._out_of_memory(batch, exc)
-                return
-            error = exc if isinstance(exc, EngineFailure) else EngineFailure(f"engine error: {exc}")
-            _fail(items, error)
-            return
+            self._failed_runs += 1
+            return exc
+        self._failed_runs = 0
         ended = clock()
         self._busy.end(ended)
         compute_s = (
@@ -246,6 +279,48 @@ class Batcher:
                 output_s=clock() - ended,
             )
         )
+        return None
+
+    async def _isolate(self, batch: Batch) -> None:
+        """The engine failed on a batch of several requests: one request's inputs may be what
+        it fails on (a token id past the vocabulary, a value a custom operator refuses), and
+        the others are not to pay for it. The requests run again in halves, each half that
+        fails in halves again, down to requests alone; the halves that run are answered at
+        once. A request that fails alone, where others of the batch ran, is refused for its
+        inputs (`RefusedByModel`, 400, in the engine's words); where none ran, the engine is
+        what fails (500). Once the engine has failed `SYSTEMATIC_FAILURES` runs in a row, a
+        failing part is not split further: one poisoned request costs about two runs per
+        halving, a broken engine at most that many before every batch fails at once."""
+        parts = deque(_halves(batch.items))
+        alone: list[tuple[Pending, BaseException]] = []
+        answered = 0
+        failure: BaseException | None = None
+        while parts:
+            part = parts.popleft()
+            if failure is not None and self._failing:
+                _fail(part, _engine_failure(failure))
+                continue
+            sub = Batch(part, batch.settings, batch.formed_at)
+            error = await self._attempt(sub)
+            if error is None:
+                answered += len(part)
+            elif out_of_memory(error):
+                await self._out_of_memory(sub, error)
+            elif len(part) == 1:
+                alone.append((part[0], error))
+            else:
+                failure = error
+                parts.extend(_halves(part))
+        for item, error in alone:
+            _fail(
+                [item],
+                RefusedByModel(
+                    f"the model failed on this request's inputs, while {answered} of the "
+                    f"{len(batch.items) - 1} requests batched with it ran: {first_line(error)}"
+                )
+                if answered
+                else _engine_failure(error),
+            )
 
     async def _out_of_memory(self, batch: Batch, error: BaseException) -> None:
         """The device had no memory for the batch: no batch that large is formed again (the
@@ -266,9 +341,17 @@ class Batcher:
                 ),
             )
             return
-        half = len(items) // 2
-        for part in (items[:half], items[half:]):
+        for part in _halves(items):
             await self.run_batch(Batch(part, batch.settings, batch.formed_at))
+
+
+def _halves(items: tuple[Pending, ...]) -> tuple[tuple[Pending, ...], tuple[Pending, ...]]:
+    half = len(items) // 2
+    return items[:half], items[half:]
+
+
+def _engine_failure(error: BaseException) -> EngineFailure:
+    return error if isinstance(error, EngineFailure) else EngineFailure(f"engine error: {error}")
 
 
 def _fail(items: Sequence[Pending], error: BaseException) -> None:
