@@ -347,6 +347,28 @@ class TestFailures:
             assert [type(r) for r in results] == [RefusedByModel] + [dict] * 6 + [RefusedByModel]
             assert "while 6 of the 7 requests batched with it ran" in str(results[0])
 
+    async def test_a_request_alone_in_its_batch_is_refused_where_the_engine_runs_others(
+        self,
+    ) -> None:
+        async with Harness(max_batch_size=8, delay_s=0.0) as h:
+            h.engine.refuse_negative = True
+            first = await asyncio.gather(h.put(-1.0), return_exceptions=True)
+            # The engine's first run: nothing says the engine can run at all.
+            assert type(first[0]) is EngineFailure
+            assert rows_of(await h.put(2.0)) == [4.0]
+            for n in range(SYSTEMATIC_FAILURES - 1):  # one after another, each alone
+                refused = await asyncio.gather(h.put(-3.0 - n), return_exceptions=True)
+                assert isinstance(refused[0], RefusedByModel)
+                assert str(refused[0]).startswith(
+                    "the model failed on this request's inputs, while the engine runs others: "
+                )
+            # Eight failed runs in a row, none between that ran: the engine is what fails.
+            failed = await asyncio.gather(h.put(-20.0), return_exceptions=True)
+            assert type(failed[0]) is EngineFailure
+            assert rows_of(await h.put(2.0)) == [4.0]
+            refused = await asyncio.gather(h.put(-21.0), return_exceptions=True)
+            assert isinstance(refused[0], RefusedByModel)
+
     async def test_an_engine_that_fails_everything_is_not_split_again_and_again(self) -> None:
         async with Harness(max_batch_size=8, delay_s=0.01) as h:
             h.engine.fail_with = RuntimeError("device lost")

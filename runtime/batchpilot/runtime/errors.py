@@ -29,9 +29,11 @@ class UnsupportedEncoding(InvalidRequest):
 
 
 class RefusedByModel(InvalidRequest):
-    """The engine failed on this request's inputs, run alone, while requests batched with it ran
-    (400, in the engine's words): a value the model cannot take (a token id past its vocabulary,
-    an index out of range). The same request would fail on every replica."""
+    """The engine failed on this request's inputs (400, in the engine's words): run alone, while
+    requests batched with it ran; or alone in its batch, while the engine runs others (it has
+    run a batch and has not failed every run of late). A value the model cannot take: a token
+    id past its vocabulary, an index out of range. The same request would fail on every
+    replica."""
 
 
 class ModelNotFound(InferenceError):

@@ -111,9 +111,10 @@ running while the burst is read), far from half of them."""
 SYSTEMATIC_FAILURES = 8
 """Runs of the engine that failed in a row, none between them that did not, after which it is
 taken to fail whatever it is given (a lost device, a broken model): a batch that fails is then
-answered with the failure at once, not run again in parts. Finding one request's inputs in a
-batch of 32 fails about six runs in a row (the batch, then the half holding it at each halving:
-the other half runs), so two or three such requests are still told apart."""
+answered with the failure at once, not run again in parts. The halves run one after the
+other, each half that fails halved again after them: a batch with one bad request fails twice
+in a row (the batch, the half holding it), then its other half runs; it takes several bad
+requests together, or an engine that fails everything, to fail eight in a row."""
 STALL_FACTOR = 4.0
 """A delay this many times the usual one, and longer than the batch itself, is a stall: under
 steady overload the loop's delays run to about 7× their median at the 99th percentile (0.25 ms
@@ -152,6 +153,8 @@ class Batcher:
         self._loop_delay = LoopDelay()
         self._failed_runs = 0
         """The engine's runs that failed since its last that did not."""
+        self._ran = False
+        """Whether any run of the engine has not failed."""
 
     @property
     def instances(self) -> int:
@@ -194,6 +197,10 @@ class Batcher:
             await self._out_of_memory(batch, error)
         elif len(batch.items) > 1 and not self._failing:
             await self._isolate(batch)
+        elif len(batch.items) == 1 and self._ran and not self._failing:
+            # A request alone in its batch, where the engine runs others: its inputs. (Where
+            # it has never run a batch, or fails every run of late, the engine is what fails.)
+            _fail(batch.items, _refused(error, "while the engine runs others"))
         else:
             _fail(batch.items, _engine_failure(error))
 
@@ -245,6 +252,7 @@ class Batcher:
             self._failed_runs += 1
             return exc
         self._failed_runs = 0
+        self._ran = True
         ended = clock()
         self._busy.end(ended)
         compute_s = (
@@ -289,8 +297,8 @@ class Batcher:
         once. A request that fails alone, where others of the batch ran, is refused for its
         inputs (`RefusedByModel`, 400, in the engine's words); where none ran, the engine is
         what fails (500). Once the engine has failed `SYSTEMATIC_FAILURES` runs in a row, a
-        failing part is not split further: one poisoned request costs about two runs per
-        halving, a broken engine at most that many before every batch fails at once."""
+        failing part is not split further: one bad request costs a failed and an answered run
+        per halving, a broken engine that many runs before every batch fails at once."""
         parts = deque(_halves(batch.items))
         alone: list[tuple[Pending, BaseException]] = []
         answered = 0
@@ -311,16 +319,9 @@ class Batcher:
             else:
                 failure = error
                 parts.extend(_halves(part))
+        others = f"while {answered} of the {len(batch.items) - 1} requests batched with it ran"
         for item, error in alone:
-            _fail(
-                [item],
-                RefusedByModel(
-                    f"the model failed on this request's inputs, while {answered} of the "
-                    f"{len(batch.items) - 1} requests batched with it ran: {first_line(error)}"
-                )
-                if answered
-                else _engine_failure(error),
-            )
+            _fail([item], _refused(error, others) if answered else _engine_failure(error))
 
     async def _out_of_memory(self, batch: Batch, error: BaseException) -> None:
         """The device had no memory for the batch: no batch that large is formed again (the
@@ -348,6 +349,12 @@ class Batcher:
 def _halves(items: tuple[Pending, ...]) -> tuple[tuple[Pending, ...], tuple[Pending, ...]]:
     half = len(items) // 2
     return items[:half], items[half:]
+
+
+def _refused(error: BaseException, evidence: str) -> RefusedByModel:
+    return RefusedByModel(
+        f"the model failed on this request's inputs, {evidence}: {first_line(error)}"
+    )
 
 
 def _engine_failure(error: BaseException) -> EngineFailure:
