@@ -398,6 +398,56 @@ class TestFailures:
         assert len(h.queue) == 2
 
 
+KNOWN_GOOD = {"x": np.zeros((1, 1), dtype=np.float32)}
+"""What the server's warm-up would run on the fake engine's model."""
+
+
+class TestAKnownGoodBatch:
+    """With the batch the engine ran at start (the server's warm-up inputs), a request the model
+    fails on with nothing else running is told from an engine that fails everything."""
+
+    async def test_a_bad_request_alone_is_refused_from_the_first_run(self) -> None:
+        async with Harness(max_batch_size=8, delay_s=0.0) as h:
+            h.batcher.known_good(KNOWN_GOOD)
+            h.engine.refuse_negative = True
+            refused = await asyncio.gather(h.put(-1.0), return_exceptions=True)
+            assert isinstance(refused[0], RefusedByModel)
+            assert str(refused[0]).startswith(
+                "the model failed on this request's inputs, while the model runs a known-good "
+                "batch: INVALID_ARGUMENT"
+            )
+            assert h.engine.batches == [1, 1]  # the request, then the known-good batch
+            assert h.batcher.broken is None
+
+    async def test_a_batch_of_bad_requests_only_is_refused(self) -> None:
+        async with Harness(max_batch_size=2, delay_s=0.01) as h:
+            h.batcher.known_good(KNOWN_GOOD)
+            h.engine.refuse_negative = True
+            results = await asyncio.gather(h.put(-1.0), h.put(-2.0), return_exceptions=True)
+            assert [type(r) for r in results] == [RefusedByModel, RefusedByModel]
+            assert h.engine.batches == [2, 1, 1, 1]  # the batch, each alone, the check once
+
+    async def test_an_engine_that_fails_the_known_good_batch_is_broken_until_one_runs(
+        self,
+    ) -> None:
+        async with Harness(max_batch_size=4, delay_s=0.01) as h:
+            h.batcher.known_good(KNOWN_GOOD)
+            assert rows_of(await h.put(1.0)) == [2.0]
+            h.engine.fail_with = RuntimeError("CUDA error: an illegal memory access")
+            failed = await asyncio.gather(h.put(2.0), return_exceptions=True)
+            assert type(failed[0]) is EngineFailure
+            assert h.batcher.broken == "CUDA error: an illegal memory access"
+            h.engine.batches.clear()
+            results = await asyncio.gather(*(h.put(v) for v in range(4)), return_exceptions=True)
+            assert all(type(r) is EngineFailure for r in results)
+            assert h.engine.batches == [4]  # at once: no parts, no check
+            assert not await h.batcher.check_engine()
+            h.engine.fail_with = None
+            assert await h.batcher.check_engine()
+            assert h.batcher.broken is None
+            assert rows_of(await h.put(3.0)) == [6.0]
+
+
 class TestCallersThatGoAway:
     async def test_a_cancelled_request_leaves_the_queue_and_is_never_computed(self) -> None:
         async with Harness(max_batch_size=4, delay_s=0.01) as h:

@@ -76,6 +76,7 @@ def create_app(
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if server.admission == "deadline":
             await server.calibrate()
+        await server.learn_known_good()
         server.start()
         yield
         await server.drain(grace_s=config.drain_grace_s)

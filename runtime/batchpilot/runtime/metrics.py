@@ -291,6 +291,13 @@ class RuntimeMetrics:
             names,
             registry=r,
         ).labels(**labels)
+        self.engine_failing = Gauge(
+            "batchpilot_engine_failing",
+            "1 while the engine fails the batch it ran at start (the replica is not live, nor "
+            "ready, until it runs one again), else 0",
+            names,
+            registry=r,
+        ).labels(**labels)
         self._outcomes = Counter(
             "batchpilot_requests", "Requests by outcome", [*names, "outcome"], registry=r
         )
@@ -424,6 +431,10 @@ class RuntimeMetrics:
 
     def track_queue_depth(self, depth: Callable[[], int]) -> None:
         self.queue_depth.set_function(lambda: float(depth()))
+
+    def track_engine_failing(self, failing: Callable[[], bool]) -> None:
+        """Where `batchpilot_engine_failing` is read from (the batcher's known-good check)."""
+        self.engine_failing.set_function(lambda: 1.0 if failing() else 0.0)
 
     def track_busy_seconds(self, busy_seconds: Callable[[], float]) -> None:
         """Where `batchpilot_device_busy_seconds_total` is read from (the batcher's union)."""

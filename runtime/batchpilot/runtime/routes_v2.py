@@ -101,12 +101,19 @@ def add_v2_routes(
             }
         )
 
+    def engine_failing() -> dict[str, str]:
+        return {"error": f"the engine fails the batch it ran at start: {server.engine_failure}"}
+
     @app.api_route("/v2/health/live", methods=_GET)
     async def live() -> Response:
-        return json_response({"live": True})
+        if await server.engine_live():
+            return json_response({"live": True})
+        return json_response({"live": False, **engine_failing()}, status=503)
 
     @app.api_route("/v2/health/ready", methods=_GET)
     async def ready() -> Response:
+        if not await server.engine_live():
+            return json_response({"ready": False, **engine_failing()}, status=503)
         return json_response({"ready": server.ready}, status=200 if server.ready else 503)
 
     def described(name: str, request: Request) -> None:

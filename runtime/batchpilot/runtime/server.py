@@ -41,6 +41,7 @@ from batchpilot.runtime.errors import (
     Overloaded,
     RequestTooLarge,
     ShuttingDown,
+    first_line,
     out_of_memory,
 )
 from batchpilot.runtime.metrics import RuntimeMetrics, available_cores
@@ -68,6 +69,9 @@ MEMORY_RETRY_S = 600.0
 again (a neighbour's process that held the memory may be gone). Another failure sets the limit
 again at once, where it was, its batch split as before: a failed batch every ten minutes at
 most, against a replica's batches kept small for ever by a passing shortage."""
+ENGINE_CHECK_EVERY_S = 1.0
+"""While the engine fails the known-good batch, the health probes try it again at most this
+often."""
 CALIBRATION_ROUNDS = 2
 """Batches of 1 row and of the largest allowed batch limit timed at start-up, each, so that t(b)
 has a slope before the first request: a single measured size cannot tell fixed cost from
@@ -150,6 +154,8 @@ class ModelServer:
             on_out_of_memory=self._out_of_memory,
         )
         metrics.track_busy_seconds(self._batcher.busy_seconds)
+        metrics.track_engine_failing(lambda: self._batcher.broken is not None)
+        self._engine_checked_at = -math.inf
         self._task: asyncio.Task[None] | None = None
         metrics.track_queue_depth(lambda: len(self._queue))
         self._report_settings(batching)
@@ -311,7 +317,46 @@ class ModelServer:
 
     @property
     def ready(self) -> bool:
-        return self._task is not None and not self._task.done() and not self._queue.closed
+        return (
+            self._task is not None
+            and not self._task.done()
+            and not self._queue.closed
+            and self._batcher.broken is None
+        )
+
+    async def learn_known_good(self) -> None:
+        """Run the warm-up inputs once more and keep them as the batch the engine is known to
+        run (`Batcher.check_engine`): with it, a request the model fails on alone is told from
+        an engine that fails everything. A model the zeros do not fit has none."""
+        inputs = example_inputs(self.engine.signature, rows=1)
+        try:
+            await self.engine.run(inputs)
+        except Exception as exc:
+            log.warning(
+                "the engine fails on zero-filled inputs (%s): no known-good batch, so a request "
+                "it fails on alone is told from a failing engine by its other runs only",
+                first_line(exc),
+            )
+            return
+        self._batcher.known_good(inputs)
+
+    @property
+    def engine_failure(self) -> str | None:
+        """Why the engine fails whatever it is given (it failed the known-good batch), or None."""
+        return self._batcher.broken
+
+    async def engine_live(self) -> bool:
+        """Whether the engine runs: while it is taken to fail everything, the known-good batch
+        is tried again here — what the health probes call, at most once a second — so that a
+        replica nobody sends requests to (not ready) comes back when its engine does."""
+        if self._batcher.broken is None:
+            return True
+        now = time.monotonic()
+        if now - self._engine_checked_at >= ENGINE_CHECK_EVERY_S:
+            self._engine_checked_at = now
+            if await self._batcher.check_engine():
+                log.info("the engine runs the known-good batch again")
+        return self._batcher.broken is None
 
     @property
     def queued(self) -> int:

@@ -155,6 +155,8 @@ class Batcher:
         """The engine's runs that failed since its last that did not."""
         self._ran = False
         """Whether any run of the engine has not failed."""
+        self._known_good: Mapping[str, np.ndarray[Any, Any]] | None = None
+        self._broken: str | None = None
 
     @property
     def instances(self) -> int:
@@ -195,14 +197,66 @@ class Batcher:
             return
         if out_of_memory(error):
             await self._out_of_memory(batch, error)
-        elif len(batch.items) > 1 and not self._failing:
-            await self._isolate(batch)
-        elif len(batch.items) == 1 and self._ran and not self._failing:
-            # A request alone in its batch, where the engine runs others: its inputs. (Where
-            # it has never run a batch, or fails every run of late, the engine is what fails.)
-            _fail(batch.items, _refused(error, "while the engine runs others"))
-        else:
+        elif self._broken is not None:
+            _fail(batch.items, _engine_failure(error))  # no parts, no check: see `check_engine`
+        elif self._failing and await self._runs_others(presume=False) is None:
             _fail(batch.items, _engine_failure(error))
+        elif len(batch.items) > 1:
+            await self._isolate(batch)
+        else:
+            evidence = await self._runs_others(presume=True)
+            _fail(
+                batch.items,
+                _engine_failure(error) if evidence is None else _refused(error, evidence),
+            )
+
+    def known_good(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> None:
+        """A batch the engine ran at start (the server's warm-up inputs): what tells a request
+        the model fails on from an engine that fails everything (`check_engine`)."""
+        self._known_good = inputs
+
+    @property
+    def broken(self) -> str | None:
+        """Why the engine is taken to fail whatever it is given — it failed the known-good
+        batch, in its words — or None. Cleared by the next run that does not fail."""
+        return self._broken
+
+    async def check_engine(self) -> bool:
+        """Run the known-good batch: whether the engine runs (without one, whether it was not
+        `broken`). A failure other than the device's memory marks it `broken`: every batch
+        then fails at once, without parts, until a run does not; the server's health says so,
+        and asks again (a probe)."""
+        inputs = self._known_good
+        if inputs is None:
+            return self._broken is None
+        self._busy.begin(self._clock())
+        try:
+            await self._engine.run(inputs)
+        except Exception as exc:
+            self._failed_runs += 1
+            if not out_of_memory(exc):  # the device full of other batches says nothing of it
+                self._broken = first_line(exc)
+            return False
+        finally:
+            self._busy.end(self._clock())
+        self._ran_now()
+        return True
+
+    async def _runs_others(self, *, presume: bool) -> str | None:
+        """Whether the engine runs other inputs than those it just failed on, in words for the
+        refusal (None: it does not, or nothing says it does): it runs the known-good batch; or,
+        without one and where `presume`, it has run a batch and is not `_failing`."""
+        if self._known_good is not None:
+            works = await self.check_engine()
+            return "while the model runs a known-good batch" if works else None
+        if presume and self._ran and not self._failing:
+            return "while the engine runs others"
+        return None
+
+    def _ran_now(self) -> None:
+        self._failed_runs = 0
+        self._ran = True
+        self._broken = None
 
     @property
     def _failing(self) -> bool:
@@ -251,8 +305,7 @@ class Batcher:
             self._observer.batch_failed(rows=rows, requests=len(items), compute_s=compute_s)
             self._failed_runs += 1
             return exc
-        self._failed_runs = 0
-        self._ran = True
+        self._ran_now()
         ended = clock()
         self._busy.end(ended)
         compute_s = (
@@ -319,9 +372,17 @@ class Batcher:
             else:
                 failure = error
                 parts.extend(_halves(part))
-        others = f"while {answered} of the {len(batch.items) - 1} requests batched with it ran"
+        evidence: str | None = None
+        if answered:
+            evidence = (
+                f"while {answered} of the {len(batch.items) - 1} requests batched with it ran"
+            )
+        elif alone:
+            # None of the batch ran: only the known-good batch says the engine runs (a device
+            # lost between two batches is more common than a batch of bad requests only).
+            evidence = await self._runs_others(presume=False)
         for item, error in alone:
-            _fail([item], _refused(error, others) if answered else _engine_failure(error))
+            _fail([item], _engine_failure(error) if evidence is None else _refused(error, evidence))
 
     async def _out_of_memory(self, batch: Batch, error: BaseException) -> None:
         """The device had no memory for the batch: no batch that large is formed again (the

@@ -125,12 +125,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ServerLive(  # noqa: N802
         self, request: pb.ServerLiveRequest, context: Context
     ) -> pb.ServerLiveResponse:
-        return pb.ServerLiveResponse(live=True)
+        return pb.ServerLiveResponse(live=await self._server.engine_live())
 
     async def ServerReady(  # noqa: N802
         self, request: pb.ServerReadyRequest, context: Context
     ) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self._server.ready)
+        return pb.ServerReadyResponse(ready=await self._server.engine_live() and self._server.ready)
 
     async def ModelReady(  # noqa: N802
         self, request: pb.ModelReadyRequest, context: Context

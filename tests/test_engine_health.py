@@ -1,0 +1,136 @@
+"""An engine that fails whatever it is given (a GPU lost, a CUDA context broken by a device-side
+assert) is told from a request the model cannot take, by the batch it ran at start: the replica
+is then not live (the kubelet restarts it) nor ready (the Service stops sending to it), and says
+why, until that batch runs again. In-process over ASGI (httpx), with the simulated engine behind
+a switch that breaks it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from batchpilot.runtime import server as server_module
+from batchpilot.runtime.app import create_app
+from batchpilot.runtime.batching import BatchSettings
+from batchpilot.runtime.engine import EngineInfo, ModelSignature
+from batchpilot.runtime.metrics import RuntimeMetrics
+from batchpilot.runtime.server import ModelServer
+from batchpilot.runtime.simulated import LatencyModel, SimulatedEngine
+from tests import onnx_models
+
+REFUSED = -999.0
+"""A value the wrapped model cannot take, as an id past an embedding's table."""
+
+
+class Breakable:
+    """The simulated engine, failing every run while `broken` holds an error, and any run with
+    `REFUSED` in its inputs."""
+
+    def __init__(self, engine: SimulatedEngine) -> None:
+        self._engine = engine
+        self.broken: str | None = None
+
+    @property
+    def signature(self) -> ModelSignature:
+        return self._engine.signature
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._engine.info
+
+    async def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
+        if self.broken is not None:
+            raise RuntimeError(self.broken)
+        if (inputs["x"] == REFUSED).any():
+            raise RuntimeError("INVALID_ARGUMENT : a value out of range")
+        return await self._engine.run(inputs)
+
+    async def close(self) -> None:
+        await self._engine.close()
+
+
+@dataclass
+class Replica:
+    server: ModelServer
+    engine: Breakable
+    client: httpx.AsyncClient
+
+    async def infer(self, value: float) -> httpx.Response:
+        row = [value, 1.0, 2.0, 3.0]
+        doc = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": row}]}
+        return await self.client.post("/v2/models/mlp/infer", json=doc)
+
+    async def failing_gauge(self) -> float:
+        metrics = (await self.client.get("/metrics")).text
+        line = next(
+            line for line in metrics.splitlines() if line.startswith("batchpilot_engine_failing{")
+        )
+        return float(line.rsplit(" ", 1)[1])
+
+
+@pytest.fixture
+async def replica(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Replica]:
+    monkeypatch.setattr(server_module, "ENGINE_CHECK_EVERY_S", 0.0)  # every probe tries again
+    model = onnx_models.mlp(tmp_path / "mlp.onnx", features=4, hidden=8, classes=3)
+    latency = LatencyModel(alpha_s=0.0, beta_s=0.0)
+    engine = Breakable(SimulatedEngine.load(model, name="mlp", latency=latency))
+    metrics = RuntimeMetrics(model="mlp", service="", namespace="", engine=engine.info, nvml=None)
+    server = ModelServer(
+        engine,
+        batching=BatchSettings(max_batch_size=4, max_queue_delay_s=0.0),
+        queue_capacity=16,
+        metrics=metrics,
+    )
+    app = create_app(server)
+    await server.learn_known_good()  # as the app's lifespan does, before it starts the batcher
+    server.start()
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://replica") as client:
+        yield Replica(server, engine, client)
+    await server.close()
+
+
+async def test_a_request_the_model_cannot_take_is_refused_and_the_replica_stays_live(
+    replica: Replica,
+) -> None:
+    reply = await replica.infer(REFUSED)
+    assert reply.status_code == 400
+    assert reply.json()["error"] == (
+        "the model failed on this request's inputs, while the model runs a known-good batch: "
+        "INVALID_ARGUMENT : a value out of range"
+    )
+    assert (await replica.client.get("/v2/health/live")).status_code == 200
+    assert (await replica.client.get("/v2/health/ready")).status_code == 200
+    assert (await replica.infer(1.0)).status_code == 200
+
+
+async def test_an_engine_that_fails_everything_is_not_live_nor_ready_until_it_runs_again(
+    replica: Replica,
+) -> None:
+    assert (await replica.infer(1.0)).status_code == 200
+    assert await replica.failing_gauge() == 0
+    replica.engine.broken = "CUDA error: an illegal memory access was encountered"
+    reply = await replica.infer(1.0)
+    assert reply.status_code == 500
+    assert "an illegal memory access" in reply.json()["error"]
+    why = "the engine fails the batch it ran at start: CUDA error: an illegal memory access"
+    live = await replica.client.get("/v2/health/live")
+    assert live.status_code == 503
+    assert live.json() == {"live": False, "error": f"{why} was encountered"}
+    ready = await replica.client.get("/v2/health/ready")
+    assert ready.status_code == 503
+    assert ready.json()["ready"] is False
+    assert await replica.failing_gauge() == 1
+    assert (await replica.infer(1.0)).status_code == 500  # at once: no parts, no check
+
+    replica.engine.broken = None  # the probes try the known-good batch again
+    assert (await replica.client.get("/v2/health/live")).json() == {"live": True}
+    assert (await replica.client.get("/v2/health/ready")).json() == {"ready": True}
+    assert await replica.failing_gauge() == 0
+    assert (await replica.infer(1.0)).status_code == 200
