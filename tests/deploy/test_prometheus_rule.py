@@ -94,7 +94,8 @@ class TestRendering:
         assert one(render(elsewhere), "PrometheusRule")["metadata"]["namespace"] == "monitoring"
 
     def test_the_default_alert_pairs_are_the_autopilots_for_the_default_window(self) -> None:
-        alerts = [r for r in rule_groups(ENABLED)["groups"][0]["rules"] if "alert" in r]
+        rules = rule_groups(ENABLED)["groups"][0]["rules"]
+        alerts = [r for r in rules if r.get("alert") == "InferenceServiceErrorBudgetBurn"]
         rendered = {
             a["labels"]["burn"]: (
                 seconds(a["labels"]["long"]),
@@ -120,7 +121,7 @@ class TestRendering:
         }
         values = {"monitoring": {"prometheusRule": {"enabled": True, "alerts": month}}}
         rules = rule_groups(values)["groups"][0]["rules"]
-        exprs = [r["expr"] for r in rules if "alert" in r]
+        exprs = [r["expr"] for r in rules if r.get("alert") == "InferenceServiceErrorBudgetBurn"]
         assert exprs == [
             "batchpilot:slo_burn_rate:1h > 14.4 and batchpilot:slo_burn_rate:5m > 14.4",
             "batchpilot:slo_burn_rate:6h > 6 and batchpilot:slo_burn_rate:30m > 6",
@@ -173,8 +174,8 @@ class TestPromtool:
     def test_the_rules_are_valid(self, values: dict[str, Any], tmp_path: Path) -> None:
         result = check_rules(values, tmp_path)
         assert result.returncode == 0, result.stdout + result.stderr
-        # 11 of the SLO, 17 of the autopilot; and the operator's 4 where it is scraped
-        rules = 28 if values is ENABLED else 32
+        # 12 of the SLO, 17 of the autopilot; and the operator's 4 where it is scraped
+        rules = 29 if values is ENABLED else 33
         assert f"SUCCESS: {rules} rules found" in result.stdout
 
     def test_the_operators_alerts_fire_on_a_blind_autopilot_and_a_fight(
@@ -238,6 +239,44 @@ class TestPromtool:
                         }
                     ],
                 },
+            ],
+        }
+        result = promtool_test(groups, tmp_path, case)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+    def test_a_replica_whose_engine_fails_everything_is_said_after_a_minute(
+        self, tmp_path: Path
+    ) -> None:
+        # Two replicas of one service: pod b's engine fails the known-good batch from 5 minutes
+        # in, for 3 minutes (its liveness probe restarts it); pod a's never does.
+        groups = rule_groups(ENABLED)
+        (slo,) = [g for g in groups["groups"] if g["name"] == "batchpilot-slo"]
+        said = {rule["alert"]: rule["annotations"] for rule in slo["rules"] if "alert" in rule}
+        service = 'namespace="vision",isvc="resnet50",model="resnet50"'
+        failing = " ".join("1" if 20 <= n < 32 else "0" for n in range(SAMPLES))
+        series = [
+            {"series": f'batchpilot_engine_failing{{{service},pod="a"}}', "values": "0x80"},
+            {"series": f'batchpilot_engine_failing{{{service},pod="b"}}', "values": failing},
+        ]
+        labels = {"namespace": "vision", "isvc": "resnet50", "pod": "b", "severity": "warning"}
+        annotations = {
+            key: value.replace("{{ $labels.pod }}", "b")
+            .replace("{{ $labels.namespace }}", "vision")
+            .replace("{{ $labels.isvc }}", "resnet50")
+            for key, value in said["InferenceServiceEngineFailing"].items()
+        }
+        firing = [{"exp_labels": labels | {"alertname": "InferenceServiceEngineFailing"}}]
+        firing[0]["exp_annotations"] = annotations
+        case = {
+            "input_series": series,
+            "alert_rule_test": [
+                {"eval_time": "5m30s", "alertname": "InferenceServiceEngineFailing"},
+                {
+                    "eval_time": "6m30s",
+                    "alertname": "InferenceServiceEngineFailing",
+                    "exp_alerts": firing,
+                },
+                {"eval_time": "9m", "alertname": "InferenceServiceEngineFailing"},
             ],
         }
         result = promtool_test(groups, tmp_path, case)
@@ -386,6 +425,7 @@ def test_the_rules_read_series_the_runtime_exports_with_its_labels() -> None:
         "batchpilot_arrivals_total",
         "batchpilot_sla_seconds",
         "batchpilot_slo_objective_ratio",
+        "batchpilot_engine_failing",
     }
     for name in read:
         assert name in exported, name
