@@ -1,11 +1,14 @@
 """An engine that fails whatever it is given (a GPU lost, a CUDA context broken by a device-side
 assert) is told from a request the model cannot take, by the batch it ran at start: the replica
 is then not live (the kubelet restarts it) nor ready (the Service stops sending to it), and says
-why, until that batch runs again. In-process over ASGI (httpx), with the simulated engine behind
-a switch that breaks it."""
+why, until that batch runs again; so is one whose run has not ended long past its time (a GPU
+that stopped answering). In-process over ASGI (httpx), with the simulated engine behind switches
+that break it and hang it."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +38,8 @@ class Breakable:
     def __init__(self, engine: SimulatedEngine) -> None:
         self._engine = engine
         self.broken: str | None = None
+        self.hang: asyncio.Event | None = None
+        """While set to an event, every run waits for it, as on a GPU that stopped answering."""
 
     @property
     def signature(self) -> ModelSignature:
@@ -47,6 +52,8 @@ class Breakable:
     async def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
         if self.broken is not None:
             raise RuntimeError(self.broken)
+        if self.hang is not None:
+            await self.hang.wait()
         if (inputs["x"] == REFUSED).any():
             raise RuntimeError("INVALID_ARGUMENT : a value out of range")
         return await self._engine.run(inputs)
@@ -134,3 +141,27 @@ async def test_an_engine_that_fails_everything_is_not_live_nor_ready_until_it_ru
     assert (await replica.client.get("/v2/health/ready")).json() == {"ready": True}
     assert await replica.failing_gauge() == 0
     assert (await replica.infer(1.0)).status_code == 200
+
+
+async def test_an_engine_that_hangs_is_not_live_nor_ready_until_its_run_ends(
+    replica: Replica, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No t(b) measured (no calibration here): a run is hung after HANG_MIN_S x HANG_FACTOR.
+    monkeypatch.setattr(server_module, "HANG_MIN_S", 0.05)
+    monkeypatch.setattr(server_module, "HANG_FACTOR", 2.0)
+    replica.engine.hang = asyncio.Event()
+    waiting = asyncio.create_task(replica.infer(1.0))
+    deadline = time.monotonic() + 10
+    while (live := await replica.client.get("/v2/health/live")).status_code == 200:
+        assert time.monotonic() < deadline, "never taken to hang"
+        await asyncio.sleep(0.02)
+    assert live.status_code == 503
+    assert live.json()["error"].startswith(
+        "the engine hangs: a batch of 1 rows has run for 0 s"  # rounded: 0.1 s
+    )
+    assert (await replica.client.get("/v2/health/ready")).status_code == 503
+    assert await replica.failing_gauge() == 1
+    replica.engine.hang.set()  # the run ends after all
+    assert (await waiting).status_code == 200
+    assert (await replica.client.get("/v2/health/live")).json() == {"live": True}
+    assert await replica.failing_gauge() == 0

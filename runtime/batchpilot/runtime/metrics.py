@@ -293,8 +293,8 @@ class RuntimeMetrics:
         ).labels(**labels)
         self.engine_failing = Gauge(
             "batchpilot_engine_failing",
-            "1 while the engine fails the batch it ran at start (the replica is not live, nor "
-            "ready, until it runs one again), else 0",
+            "1 while the engine fails the batch it ran at start, or a run of it has lasted far "
+            "past its time (the replica is not live, nor ready, meanwhile), else 0",
             names,
             registry=r,
         ).labels(**labels)
@@ -433,7 +433,7 @@ class RuntimeMetrics:
         self.queue_depth.set_function(lambda: float(depth()))
 
     def track_engine_failing(self, failing: Callable[[], bool]) -> None:
-        """Where `batchpilot_engine_failing` is read from (the batcher's known-good check)."""
+        """Where `batchpilot_engine_failing` is read from (`ModelServer.engine_failure`)."""
         self.engine_failing.set_function(lambda: 1.0 if failing() else 0.0)
 
     def track_busy_seconds(self, busy_seconds: Callable[[], float]) -> None:

@@ -102,7 +102,7 @@ def add_v2_routes(
         )
 
     def engine_failing() -> dict[str, str]:
-        return {"error": f"the engine fails the batch it ran at start: {server.engine_failure}"}
+        return {"error": server.engine_failure or ""}
 
     @app.api_route("/v2/health/live", methods=_GET)
     async def live() -> Response:

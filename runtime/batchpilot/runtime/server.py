@@ -69,6 +69,11 @@ MEMORY_RETRY_S = 600.0
 again (a neighbour's process that held the memory may be gone). Another failure sets the limit
 again at once, where it was, its batch split as before: a failed batch every ten minutes at
 most, against a replica's batches kept small for ever by a passing shortage."""
+HANG_MIN_S = 30.0
+HANG_FACTOR = 20.0
+"""A run of the engine that lasts `HANG_FACTOR` times what t(b) predicts for its rows, and at
+least `HANG_MIN_S`, is an engine that hangs (`ModelServer.hung`): far beyond a slow batch (a
+garbage collection, a device shared with another process), well before anyone waits on it."""
 ENGINE_CHECK_EVERY_S = 1.0
 """While the engine fails the known-good batch, the health probes try it again at most this
 often."""
@@ -154,7 +159,7 @@ class ModelServer:
             on_out_of_memory=self._out_of_memory,
         )
         metrics.track_busy_seconds(self._batcher.busy_seconds)
-        metrics.track_engine_failing(lambda: self._batcher.broken is not None)
+        metrics.track_engine_failing(lambda: self.engine_failure is not None)
         self._engine_checked_at = -math.inf
         self._task: asyncio.Task[None] | None = None
         metrics.track_queue_depth(lambda: len(self._queue))
@@ -321,7 +326,7 @@ class ModelServer:
             self._task is not None
             and not self._task.done()
             and not self._queue.closed
-            and self._batcher.broken is None
+            and self.engine_failure is None
         )
 
     async def learn_known_good(self) -> None:
@@ -342,21 +347,40 @@ class ModelServer:
 
     @property
     def engine_failure(self) -> str | None:
-        """Why the engine fails whatever it is given (it failed the known-good batch), or None."""
-        return self._batcher.broken
+        """Why the engine cannot serve — it fails whatever it is given (the known-good batch
+        too), or a run of it has not ended long past its time (`hung`) — or None."""
+        if (broken := self._batcher.broken) is not None:
+            return f"the engine fails the batch it ran at start: {broken}"
+        return self.hung()
+
+    def hung(self) -> str | None:
+        """Why the engine is taken to hang — a run has lasted `HANG_FACTOR` times what t(b)
+        predicts for its rows, and at least `HANG_MIN_S` (without a prediction, `HANG_MIN_S`
+        × `HANG_FACTOR`) — or None. A GPU that stops answering leaves its run waiting for ever:
+        the requests behind it time out, and only a restart frees the device."""
+        longest = self._batcher.longest_run()
+        if longest is None:
+            return None
+        seconds, rows = longest
+        usual = self.predictor.timing.seconds(rows)
+        limit = HANG_MIN_S * HANG_FACTOR if usual is None else max(HANG_MIN_S, HANG_FACTOR * usual)
+        if seconds < limit:
+            return None
+        took = "" if usual is None else f"; t(b) predicts {usual * 1e3:.0f} ms for its rows"
+        return f"the engine hangs: a batch of {rows} rows has run for {seconds:.0f} s{took}"
 
     async def engine_live(self) -> bool:
-        """Whether the engine runs: while it is taken to fail everything, the known-good batch
-        is tried again here — what the health probes call, at most once a second — so that a
-        replica nobody sends requests to (not ready) comes back when its engine does."""
-        if self._batcher.broken is None:
-            return True
-        now = time.monotonic()
-        if now - self._engine_checked_at >= ENGINE_CHECK_EVERY_S:
-            self._engine_checked_at = now
-            if await self._batcher.check_engine():
-                log.info("the engine runs the known-good batch again")
-        return self._batcher.broken is None
+        """Whether the engine can serve (`engine_failure`): while it is taken to fail
+        everything, the known-good batch is tried again here — what the health probes call, at
+        most once a second — so that a replica nobody sends requests to (not ready) comes back
+        when its engine does."""
+        if self._batcher.broken is not None:
+            now = time.monotonic()
+            if now - self._engine_checked_at >= ENGINE_CHECK_EVERY_S:
+                self._engine_checked_at = now
+                if await self._batcher.check_engine():
+                    log.info("the engine runs the known-good batch again")
+        return self.engine_failure is None
 
     @property
     def queued(self) -> int:

@@ -16,6 +16,7 @@ once in the fit it would refuse the next bursts for a while.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import statistics
 import time
 from collections import deque
@@ -157,6 +158,9 @@ class Batcher:
         """Whether any run of the engine has not failed."""
         self._known_good: Mapping[str, np.ndarray[Any, Any]] | None = None
         self._broken: str | None = None
+        self._running: dict[int, tuple[float, int]] = {}
+        """The runs on the engine now: when each started, and its rows."""
+        self._runs = itertools.count()
 
     @property
     def instances(self) -> int:
@@ -215,6 +219,14 @@ class Batcher:
         the model fails on from an engine that fails everything (`check_engine`)."""
         self._known_good = inputs
 
+    def longest_run(self) -> tuple[float, int] | None:
+        """The run on the engine that has lasted longest, now: its seconds so far and rows (a
+        run that never ends is an engine that hangs); None while none runs."""
+        if not self._running:
+            return None
+        started, rows = min(self._running.values())
+        return self._clock() - started, rows
+
     @property
     def broken(self) -> str | None:
         """Why the engine is taken to fail whatever it is given — it failed the known-good
@@ -229,7 +241,10 @@ class Batcher:
         inputs = self._known_good
         if inputs is None:
             return self._broken is None
-        self._busy.begin(self._clock())
+        started = self._clock()
+        self._busy.begin(started)
+        run = next(self._runs)
+        self._running[run] = (started, 1)
         try:
             await self._engine.run(inputs)
         except Exception as exc:
@@ -239,6 +254,7 @@ class Batcher:
             return False
         finally:
             self._busy.end(self._clock())
+            del self._running[run]
         self._ran_now()
         return True
 
@@ -274,6 +290,8 @@ class Batcher:
         inputs = items[0].inputs if len(items) == 1 else _concatenate(items)
         started = clock()
         self._busy.begin(started)
+        run = next(self._runs)
+        self._running[run] = (started, rows)
         predictor = self._predictor
         token = predictor.started(rows, started) if predictor is not None else 0
         timed: float | None = None
@@ -285,6 +303,7 @@ class Batcher:
                 else:
                     outputs = await self._engine.run(inputs)
             except asyncio.CancelledError:
+                del self._running[run]
                 self._busy.end(clock())
                 if predictor is not None:
                     predictor.finished(token, rows=rows, seconds=None, now=clock())
@@ -297,6 +316,7 @@ class Batcher:
                         f"output '{name}' for a batch of {rows} rows"
                     )
         except Exception as exc:
+            del self._running[run]
             ended = clock()
             self._busy.end(ended)
             compute_s = ended - started
@@ -305,6 +325,7 @@ class Batcher:
             self._observer.batch_failed(rows=rows, requests=len(items), compute_s=compute_s)
             self._failed_runs += 1
             return exc
+        del self._running[run]
         self._ran_now()
         ended = clock()
         self._busy.end(ended)
