@@ -369,8 +369,9 @@ class Batcher:
         the others are not to pay for it. The requests run again in halves, each half that
         fails in halves again, down to requests alone; the halves that run are answered at
         once. A request that fails alone, where others of the batch ran, is refused for its
-        inputs (`RefusedByModel`, 400, in the engine's words); where none ran, the engine is
-        what fails (500). Once the engine has failed `SYSTEMATIC_FAILURES` runs in a row, a
+        inputs (`RefusedByModel`, 400, in the engine's words); where none ran, only the
+        known-good batch running says so (`_runs_others`), else the engine is what fails (500).
+        Once the engine has failed `SYSTEMATIC_FAILURES` runs in a row, a
         failing part is not split further: one bad request costs a failed and an answered run
         per halving, a broken engine that many runs before every batch fails at once."""
         parts = deque(_halves(batch.items))
