@@ -22,6 +22,8 @@ from batchpilot.runtime import server as server_module
 from batchpilot.runtime.app import create_app
 from batchpilot.runtime.batching import BatchSettings
 from batchpilot.runtime.engine import EngineInfo, ModelSignature
+from batchpilot.runtime.grpc_api import grpc_predict_v2_pb2 as pb
+from batchpilot.runtime.grpc_api.service import InferenceService
 from batchpilot.runtime.metrics import RuntimeMetrics
 from batchpilot.runtime.server import ModelServer
 from batchpilot.runtime.simulated import LatencyModel, SimulatedEngine
@@ -135,10 +137,16 @@ async def test_an_engine_that_fails_everything_is_not_live_nor_ready_until_it_ru
     assert ready.json()["ready"] is False
     assert await replica.failing_gauge() == 1
     assert (await replica.infer(1.0)).status_code == 500  # at once: no parts, no check
+    grpc = InferenceService(replica.server)  # gRPC's health says the same
+    context: Any = None  # the health calls read nothing of it
+    assert not (await grpc.ServerLive(pb.ServerLiveRequest(), context)).live
+    assert not (await grpc.ServerReady(pb.ServerReadyRequest(), context)).ready
 
     replica.engine.broken = None  # the probes try the known-good batch again
     assert (await replica.client.get("/v2/health/live")).json() == {"live": True}
     assert (await replica.client.get("/v2/health/ready")).json() == {"ready": True}
+    assert (await grpc.ServerLive(pb.ServerLiveRequest(), context)).live
+    assert (await grpc.ServerReady(pb.ServerReadyRequest(), context)).ready
     assert await replica.failing_gauge() == 0
     assert (await replica.infer(1.0)).status_code == 200
 
