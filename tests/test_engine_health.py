@@ -21,35 +21,27 @@ import pytest
 from batchpilot.runtime import server as server_module
 from batchpilot.runtime.app import create_app
 from batchpilot.runtime.batching import BatchSettings
-from batchpilot.runtime.engine import EngineInfo, ModelSignature
 from batchpilot.runtime.grpc_api import grpc_predict_v2_pb2 as pb
 from batchpilot.runtime.grpc_api.service import InferenceService
 from batchpilot.runtime.metrics import RuntimeMetrics
 from batchpilot.runtime.server import ModelServer
 from batchpilot.runtime.simulated import LatencyModel, SimulatedEngine
 from tests import onnx_models
+from tests.wrapped_engine import Wrapped
 
 REFUSED = -999.0
 """A value the wrapped model cannot take, as an id past an embedding's table."""
 
 
-class Breakable:
+class Breakable(Wrapped):
     """The simulated engine, failing every run while `broken` holds an error, and any run with
     `REFUSED` in its inputs."""
 
     def __init__(self, engine: SimulatedEngine) -> None:
-        self._engine = engine
+        super().__init__(engine)
         self.broken: str | None = None
         self.hang: asyncio.Event | None = None
         """While set to an event, every run waits for it, as on a GPU that stopped answering."""
-
-    @property
-    def signature(self) -> ModelSignature:
-        return self._engine.signature
-
-    @property
-    def info(self) -> EngineInfo:
-        return self._engine.info
 
     async def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
         if self.broken is not None:
@@ -58,10 +50,7 @@ class Breakable:
             await self.hang.wait()
         if (inputs["x"] == REFUSED).any():
             raise RuntimeError("INVALID_ARGUMENT : a value out of range")
-        return await self._engine.run(inputs)
-
-    async def close(self) -> None:
-        await self._engine.close()
+        return await super().run(inputs)
 
 
 @dataclass

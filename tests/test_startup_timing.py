@@ -16,38 +16,27 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from batchpilot.runtime.batching import BatchSettings
-from batchpilot.runtime.engine import EngineInfo, ModelSignature
 from batchpilot.runtime.metrics import RuntimeMetrics
 from batchpilot.runtime.server import ModelServer
 from batchpilot.runtime.simulated import LatencyModel, SimulatedEngine
+from tests.wrapped_engine import Wrapped
 
 
-class AtMost:
+class AtMost(Wrapped):
     """A simulated engine (t(b) = 2 + 0.1·b ms) that fails batches of more than `rows` rows."""
 
     def __init__(self, model: Path, rows: int) -> None:
         latency = LatencyModel(alpha_s=0.002, beta_s=0.0001)
-        self._engine = SimulatedEngine.load(model, name="mlp", latency=latency)
+        super().__init__(SimulatedEngine.load(model, name="mlp", latency=latency))
         self._rows = rows
         self.sizes: list[int] = []
-
-    @property
-    def signature(self) -> ModelSignature:
-        return self._engine.signature
-
-    @property
-    def info(self) -> EngineInfo:
-        return self._engine.info
 
     async def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
         rows = next(iter(inputs.values())).shape[0]
         self.sizes.append(rows)
         if rows > self._rows:
             raise MemoryError(f"out of memory for {rows} rows")
-        return await self._engine.run(inputs)
-
-    async def close(self) -> None:
-        await self._engine.close()
+        return await super().run(inputs)
 
 
 def timed_at_start_up(
