@@ -320,15 +320,7 @@ class TestFailures:
             values = [1.0, 2.0, 3.0, -4.0, 5.0, 6.0, 7.0, 8.0]
             results = await asyncio.gather(*(h.put(v) for v in values), return_exceptions=True)
             refused = results.pop(3)
-            assert [rows_of(r) for r in results] == [
-                [2.0],
-                [4.0],
-                [6.0],
-                [10.0],
-                [12.0],
-                [14.0],
-                [16.0],
-            ]
+            assert [rows_of(r) for r in results] == [[2 * v] for v in values if v > 0]
             assert isinstance(refused, RefusedByModel)
             assert status_of(refused) == (400, RequestOutcome.INVALID)
             assert str(refused) == (
