@@ -718,3 +718,40 @@ def test_a_rollout_in_place_frees_the_gpu_its_surge_pod_waits_for(tmp_path: Path
             # One replica served throughout; never more pods than GPUs bound.
             assert all(e.ready.get((NS, "m")) for e in published[mark:])
             assert all(len(e.ready.get((NS, "m"), [])) <= 2 for e in published[mark:])
+
+
+def test_a_pod_whose_liveness_probe_fails_is_killed_and_restarted(tmp_path: Path) -> None:
+    """A runtime that stops answering (frozen: SIGSTOP, as a wedged process or an engine the
+    runtime says fails everything) fails its livenessProbe; after failureThreshold failures in a
+    row the container is killed and restarted, and the pod says why in its last state."""
+    probed = deployment(1)
+    container = probed["spec"]["template"]["spec"]["containers"][0]
+    container["livenessProbe"] = {
+        "httpGet": {"path": "/v2/health/live", "port": "http"},
+        "periodSeconds": 1,
+        "failureThreshold": 2,
+        "timeoutSeconds": 1,
+    }
+    with LocalKubernetesAPI(crds=[ROOT / "crds"]).threaded() as api:
+        rest = seeded(api.url)
+        rest.call(DEPLOYMENTS, "POST", probed)
+        with running(api.url, tmp_path, start_delay_s=0.1) as runner:
+            wait_until(lambda: ready_replicas(rest) == 1, timeout=60, what="a ready replica")
+            (replica,) = runner.replicas.values()
+            assert replica.process is not None
+            frozen = replica.process.pid
+            os.kill(frozen, signal.SIGSTOP)
+
+            def restarted() -> dict[str, Any] | None:
+                pods = rest.call(f"/api/v1/namespaces/{NS}/pods")["items"]
+                statuses = pods[0].get("status", {}).get("containerStatuses") or [{}]
+                return statuses[0] if statuses[0].get("restartCount") == 1 else None
+
+            status = wait_until(restarted, timeout=30, what="the container restarted")
+            last = status["lastState"]["terminated"]
+            assert last["exitCode"] == 137
+            assert last["message"] == "Liveness probe failed: 2 times in a row (/v2/health/live)"
+            assert not alive(frozen)
+            wait_until(lambda: ready_replicas(rest) == 1, timeout=60, what="ready again")
+            assert replica.process is not None
+            assert replica.process.pid != frozen

@@ -6,7 +6,7 @@ Deployments that InferenceServices own, and the ConfigMaps and Secrets their pod
 each desired replica starts `batchpilot runtime serve` with the arguments the Deployment's
 container asks for, made local (pods.py). A replica waits `start_delay_s` before it starts
 (image pull and cold start), becomes Ready when `GET /v2/health/ready` answers, and is
-restarted when it crashes. A pod that goes (a scale-down, a rolling update) leaves the Service's
+restarted when it crashes or its livenessProbe fails (`_liveness_failed`). A pod that goes (a scale-down, a rolling update) leaves the Service's
 endpoints at once and gets SIGTERM after its container's preStop pause, SIGKILL at the end of
 its terminationGracePeriodSeconds, both as its pod spec says (pods.termination). Pods and
 Deployment status are reported back into the API, so the operator and kubectl see what a cluster
@@ -137,6 +137,10 @@ class Replica:
     gpus: GpuRequest | None = None
     """The GPUs its container asks for (None: none)."""
     bound: bool = True
+    live_failures: int = 0
+    """Its liveness probe's failures in a row."""
+    live_probed_at: float = 0.0
+    """When its liveness was last probed (0: not since its container started up)."""
     """Scheduled to the node; an unbound pod waits for room (`start_at` is infinite until it
     is bound)."""
     bound_since: str = ""
@@ -538,14 +542,53 @@ class PodRunner:
             # Crashed: CrashLoopBackOff, briefly; the same pod restarts its container.
             self._crashed(replica, now)
             return
+        if self._liveness_failed(replica, now):
+            return
         if replica.hosted_in_pass is not None:
             hosted = self._hosted.get(replica.name)
             ready = hosted is not None and hosted.ready
         else:
             ready = healthy(f"http://{replica.endpoint}/v2/health/ready")
+        if ready and replica.live_probed_at == 0.0:
+            replica.live_probed_at = now  # started up: liveness is probed from here
         if ready != replica.ready:
             replica.ready = ready
             self._report_pod(replica, phase="Running")
+
+    def _liveness_failed(self, replica: Replica, now: float) -> bool:
+        """Its container's livenessProbe (an httpGet), every `periodSeconds` from the first
+        time the pod is ready (as a startupProbe's success, which the runtime's is): after
+        `failureThreshold` failures in a row the container is killed and restarted, as the
+        kubelet does — a runtime whose engine fails everything or hangs says so there, as does
+        a process that stopped answering. Only for pods of their own process (the pod host's
+        pods are the host's)."""
+        probe = replica.container.get("livenessProbe") or {}
+        path = (probe.get("httpGet") or {}).get("path")
+        process = replica.process
+        if path is None or process is None or replica.live_probed_at == 0.0:
+            return False  # not started up (its startupProbe): liveness waits for that
+        if now < replica.live_probed_at + float(probe.get("periodSeconds", 10)):
+            return False
+        replica.live_probed_at = now
+        url = f"http://{replica.endpoint}{path}"
+        if healthy(url, timeout_s=float(probe.get("timeoutSeconds", 1))):
+            replica.live_failures = 0
+            return False
+        replica.live_failures += 1
+        if replica.live_failures < int(probe.get("failureThreshold", 3)):
+            return False
+        process.kill()  # a frozen or wedged process gets no grace here either
+        process.wait()
+        self._crashed(replica, now)
+        replica.last_exit = {
+            "exitCode": 137,
+            "reason": "Error",
+            "message": f"Liveness probe failed: {replica.live_failures} times in a row ({path})",
+        }
+        replica.live_failures = 0
+        replica.live_probed_at = 0.0
+        self._report_pod(replica, phase="Running")
+        return True
 
     def _advance_unreachable(self, replica: Replica, now: float) -> None:
         """A pod on a lost node: no kubelet probes, restarts or reports it (a probe would wait

@@ -176,9 +176,9 @@ def template_hash(deployment: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
-def healthy(url: str) -> bool:
+def healthy(url: str, *, timeout_s: float = 0.5) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=0.5) as response:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
             return bool(response.status == 200)
     except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
         return False
