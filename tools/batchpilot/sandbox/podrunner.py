@@ -6,9 +6,10 @@ Deployments that InferenceServices own, and the ConfigMaps and Secrets their pod
 each desired replica starts `batchpilot runtime serve` with the arguments the Deployment's
 container asks for, made local (pods.py). A replica waits `start_delay_s` before it starts
 (image pull and cold start), becomes Ready when `GET /v2/health/ready` answers, and is
-restarted when it crashes or its livenessProbe fails (`_liveness_failed`). A pod that goes (a scale-down, a rolling update) leaves the Service's
-endpoints at once and gets SIGTERM after its container's preStop pause, SIGKILL at the end of
-its terminationGracePeriodSeconds, both as its pod spec says (pods.termination). Pods and
+restarted when it crashes or its livenessProbe fails (`_liveness_failed`). A pod that goes (a
+scale-down, a rolling update) leaves the Service's endpoints at once and gets SIGTERM after its
+container's preStop pause, SIGKILL at the end of its terminationGracePeriodSeconds, both as its
+pod spec says (pods.termination). Pods and
 Deployment status are reported back into the API, so the operator and kubectl see what a cluster
 would show; the ready endpoints go to the sandbox's Service proxy and every running pod to
 Prometheus' file-based discovery.
