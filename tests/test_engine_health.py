@@ -8,6 +8,7 @@ that break it and hang it."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -109,8 +110,9 @@ async def test_a_request_the_model_cannot_take_is_refused_and_the_replica_stays_
 
 
 async def test_an_engine_that_fails_everything_is_not_live_nor_ready_until_it_runs_again(
-    replica: Replica,
+    replica: Replica, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="batchpilot.runtime.server")
     assert (await replica.infer(1.0)).status_code == 200
     assert await replica.failing_gauge() == 0
     replica.engine.broken = "CUDA error: an illegal memory access was encountered"
@@ -125,6 +127,8 @@ async def test_an_engine_that_fails_everything_is_not_live_nor_ready_until_it_ru
     assert ready.status_code == 503
     assert ready.json()["ready"] is False
     assert await replica.failing_gauge() == 1
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert said == [f"{why} was encountered: not live, not ready, until it serves again"]
     assert (await replica.infer(1.0)).status_code == 500  # at once: no parts, no check
     grpc = InferenceService(replica.server)  # gRPC's health says the same
     context: Any = None  # the health calls read nothing of it
@@ -137,6 +141,7 @@ async def test_an_engine_that_fails_everything_is_not_live_nor_ready_until_it_ru
     assert (await grpc.ServerLive(pb.ServerLiveRequest(), context)).live
     assert (await grpc.ServerReady(pb.ServerReadyRequest(), context)).ready
     assert await replica.failing_gauge() == 0
+    assert "the engine serves again: live and ready" in caplog.messages
     assert (await replica.infer(1.0)).status_code == 200
 
 

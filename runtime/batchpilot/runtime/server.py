@@ -161,6 +161,8 @@ class ModelServer:
         metrics.track_busy_seconds(self._batcher.busy_seconds)
         metrics.track_engine_failing(lambda: self.engine_failure is not None)
         self._engine_checked_at = -math.inf
+        self._failure_said = False
+        """Whether the health answers last said the engine cannot serve (logged on a change)."""
         self._task: asyncio.Task[None] | None = None
         metrics.track_queue_depth(lambda: len(self._queue))
         self._report_settings(batching)
@@ -378,9 +380,15 @@ class ModelServer:
             now = time.monotonic()
             if now - self._engine_checked_at >= ENGINE_CHECK_EVERY_S:
                 self._engine_checked_at = now
-                if await self._batcher.check_engine():
-                    log.info("the engine runs the known-good batch again")
-        return self.engine_failure is None
+                await self._batcher.check_engine()
+        failure = self.engine_failure
+        if (failure is not None) != self._failure_said:
+            self._failure_said = failure is not None
+            if failure is not None:
+                log.warning("%s: not live, not ready, until it serves again", failure)
+            else:
+                log.info("the engine serves again: live and ready")
+        return failure is None
 
     @property
     def queued(self) -> int:
