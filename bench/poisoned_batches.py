@@ -87,7 +87,7 @@ async def drive(
     }
 
 
-def failed_runs(port_url: str, metrics: str) -> str:
+def failed_runs(metrics: str) -> str:
     found = re.search(r"^batchpilot_engine_failed_batches_total\{[^}]*\} (\S+)$", metrics, re.M)
     return "n/a" if found is None else f"{float(found[1]):.0f}"
 
@@ -120,7 +120,7 @@ def main() -> int:
                 f"({failed / max(1, total):.1%}) | "
                 + (", ".join(f"{n:,}× {s}" for s, n in sorted(bad.items())) or "none")
                 + f" | {result['p50']:.2f} / {result['p99']:.2f} ms | "
-                f"{failed_runs(server.url, metrics)} |"
+                f"{failed_runs(metrics)} |"
             )
     return 0
 
