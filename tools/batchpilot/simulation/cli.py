@@ -25,6 +25,7 @@ from typing import cast
 
 from batchpilot.operator.autopilot.prometheus import Seasonality
 from batchpilot.simulation import generate
+from batchpilot.simulation.clients import Retries
 from batchpilot.simulation.cluster import ClusterConfig, NodeLoss
 from batchpilot.simulation.report import DEFAULT_OBJECTIVE, SimulationResult, table
 from batchpilot.simulation.scenario import POLICIES, PolicyName, Scenario, simulate
@@ -65,6 +66,24 @@ def _node_loss(text: str) -> tuple[float, int]:
     if loss[0] < 0 or loss[1] < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: need AT_S >= 0 and COUNT >= 1")
     return loss
+
+
+def _retries(text: str) -> Retries:
+    try:
+        return Retries.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def clients_line(result: SimulationResult) -> str:
+    """What the retrying clients did under one policy."""
+    clients = result.clients or {}
+    requests, retries = clients.get("requests", 0), clients.get("retries", 0)
+    return (
+        f"{result.trace:<12} {result.policy:<10} clients: {requests} requests, {retries} "
+        f"retries ({retries / requests if requests else 0:.3f} per request), "
+        f"{clients.get('gaveUp', 0)} given up"
+    )
 
 
 def _objective_percent(text: str) -> float:
@@ -215,6 +234,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "replaced: the pod template's tolerationSeconds of the node-loss taints, which the "
         "autopilot reads too (300, Kubernetes' default; the operator renders 30)",
     )
+    cluster.add_argument(
+        "--retries",
+        type=_retries,
+        default=None,
+        metavar="attempts=3,delay_s=1,backoff=1,jitter=0.5",
+        help="clients send a refused request again, after delay_s (times backoff per attempt, "
+        "± jitter), up to attempts tries in all; the runtimes count every try as an arrival. "
+        "Default: a refused request is dropped",
+    )
     cluster.add_argument("--seed", type=int, default=0)
     cluster.add_argument(
         "--duration-s", type=float, default=None, help="override the trace's length"
@@ -273,6 +301,7 @@ def scenario_of(args: argparse.Namespace) -> Scenario:
                 else None
             ),
             seed=args.seed,
+            retries=args.retries,
             node_losses=tuple(
                 NodeLoss(at, count, notice_s=args.node_notice_s, eviction_s=args.eviction_s)
                 for at, count in args.lose_node
@@ -294,6 +323,9 @@ def main(args: argparse.Namespace) -> int:
         f"in {args.objective_percent:g} % of intervals"
     )
     print(table(results, objective=objective))
+    for result in results:
+        if result.clients is not None:
+            print(clients_line(result))
     if args.json is not None:
         document = {"results": [result.to_dict(objective=objective) for result in results]}
         args.json.write_text(json.dumps(document, indent=1, allow_nan=False) + "\n")

@@ -54,9 +54,10 @@ from batchpilot.operator.autopilot.policy import InForce
 from batchpilot.operator.autopilot.prometheus import Seasonality
 from batchpilot.operator.children.deadline import default_deadline_ms
 from batchpilot.operator.children.node_loss import DEFAULT_EVICTION_S
+from batchpilot.simulation.clients import Retries, RetryQueue
 from batchpilot.simulation.observe import Telemetry
 from batchpilot.simulation.policies import Command, Controller
-from batchpilot.simulation.replica import Replica, Served
+from batchpilot.simulation.replica import FloatArray, Replica, Served
 from batchpilot.simulation.report import IntervalRecord, SimulationResult, summarize
 from batchpilot.simulation.service import ServiceTruth
 from batchpilot.simulation.trace import Trace
@@ -139,6 +140,8 @@ class ClusterConfig:
     seed: int = 0
     node_losses: tuple[NodeLoss, ...] = ()
     """Nodes that die during the run (none by default)."""
+    retries: Retries | None = None
+    """Clients send what is refused again (`clients`); None: a refused request is dropped."""
 
     def __post_init__(self) -> None:
         if self.scrape_interval_s < 0 or self.recent_window_s <= 0 or self.window_s <= 0:
@@ -370,6 +373,9 @@ def simulate_cluster(
     fleet.advance(0.0, cold_start=controller.cold_start)
     robin = 0
     ticks: list[_Tick] = []
+    retrying = None if config.retries is None else RetryQueue(config.retries)
+    step = math.inf if config.retries is None else config.retries.step_s
+    steps = 0 if config.retries is None else math.ceil(interval / step)
     for k in range(count):
         start, end = k * interval, min((k + 1) * interval, trace.duration_s)
         observed_p99: float | None = None
@@ -391,11 +397,11 @@ def simulate_cluster(
         ready_at_start = len(fleet.ready(start))
         # Every pass serves up to the next cut; each cut is a pod's readiness or a loss' moment.
         lo = start
-        for _ in range(len(fleet.pods) + 4 * len(config.node_losses) + 2):
+        for _ in range(len(fleet.pods) + 4 * len(config.node_losses) + 2 + steps):
             if lo >= end:
                 break
-            hi = fleet.next_change(lo, end)
-            robin = _serve(fleet, telemetry, trace, rng, lo, hi, robin)
+            hi = min(fleet.next_change(lo, end), lo + step)
+            robin = _serve(fleet, telemetry, trace, rng, lo, hi, robin, retrying)
             fleet.advance(hi, cold_start=controller.cold_start)
             lo = hi
         else:
@@ -444,6 +450,7 @@ def simulate_cluster(
         summary=summary,
         intervals=records,
         wall_s=time.perf_counter() - began,
+        clients=None if retrying is None else _clients(retrying, telemetry),
         settings={
             "intervalS": config.interval_s,
             "windowS": config.window_s,
@@ -457,6 +464,7 @@ def simulate_cluster(
             "seasonalPeriodS": None if config.seasonality is None else config.seasonality.period_s,
             "seed": config.seed,
             "nodeLosses": [loss.describe() for loss in config.node_losses],
+            **({} if config.retries is None else {"retries": config.retries.describe()}),
         },
     )
 
@@ -469,14 +477,20 @@ def _serve(
     lo: float,
     hi: float,
     robin: int,
+    retrying: RetryQueue | None = None,
 ) -> int:
-    """Serve [lo, hi): spread its arrivals over the ready pods, run every pod's batches."""
+    """Serve [lo, hi): spread its arrivals — the trace's, and the retries due — over the ready
+    pods, run every pod's batches; what is refused goes back to `retrying`."""
     arrivals = trace.arrivals(lo, hi, rng)
+    if retrying is not None and retrying.waiting:
+        arrivals = np.sort(np.concatenate([arrivals, retrying.due(hi)]))
     telemetry.record_offered(arrivals)
     ready = fleet.ready(lo)
     served: list[tuple[int, Served]] = []
+    unreached: list[FloatArray] = []
     if not ready:
         telemetry.record_unreached(int(arrivals.shape[0]), lo)  # no endpoints: refused
+        unreached.append(arrivals)
     else:
         n = len(ready)
         if fleet.config.balancing == "random":
@@ -492,6 +506,7 @@ def _serve(
             if pod.lost is not None:
                 # Its node is dead and nobody knows yet: what the Service sends it fails.
                 telemetry.record_unreached(int(mine.shape[0]), lo)
+                unreached.append(mine)
                 continue
             telemetry.record_arrivals(pod.index, mine)
             served.append((pod.index, pod.replica.serve(mine.tolist(), since=lo, until=hi)))
@@ -501,7 +516,23 @@ def _serve(
             if pod.replica.idle_at(hi):
                 fleet.retire(pod, max(lo, pod.replica.free_at))
     telemetry.record(served, truth=fleet.truth)
+    if retrying is not None:
+        refused = [*unreached, *(r.shed_at for _, r in served), *(r.refused_at for _, r in served)]
+        if refused:
+            retrying.refused(np.sort(np.concatenate(refused)), rng, lo=lo, hi=hi)
+        retrying.settle()
     return robin
+
+
+def _clients(retrying: RetryQueue, telemetry: Telemetry) -> dict[str, int]:
+    """What became of the clients' requests: sent (the trace's, each once), retried, never
+    served (refused on their last attempt, or still waiting to retry at the end)."""
+    attempts = int(telemetry.offered.sum())
+    return {
+        "requests": attempts - retrying.sent,
+        "retries": retrying.sent,
+        "gaveUp": retrying.gave_up + retrying.waiting,
+    }
 
 
 def _records(

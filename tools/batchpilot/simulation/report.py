@@ -99,6 +99,9 @@ class SimulationResult:
     intervals: Sequence[IntervalRecord]
     wall_s: float
     settings: dict[str, Any] = field(default_factory=dict)
+    clients: dict[str, int] | None = None
+    """Where clients retry (`ClusterConfig.retries`): the requests they meant to send, the
+    retries they sent besides, and how many they gave up on; None where refusals are dropped."""
 
     def to_dict(
         self, *, intervals: bool = True, objective: float = DEFAULT_OBJECTIVE
@@ -116,6 +119,8 @@ class SimulationResult:
             "settings": self.settings,
             "summary": summary,
         }
+        if self.clients is not None:
+            doc["clients"] = self.clients
         if intervals:
             doc["intervals"] = [
                 {_camel(k): _json(v) for k, v in asdict(record).items()}
