@@ -1,7 +1,7 @@
 """The autopilot on service physics the shipped traces do not use, beside the bounds.
 
     .venv/bin/python bench/physics_matrix.py --seed 5353 [--physics textbook,fixed,mid,big]
-        [--kinds ramp,step] [--procs 2] [--json out.json]
+        [--kinds ramp,step] [--retries attempts=3,delay_s=1] [--procs 2] [--json out.json]
 
 `slo_matrix.py` runs every baseline on one physics at a time; this runs the autopilot, the
 reactive bound (knows the present rate and the true capacity, pays the cold start) and the
@@ -13,7 +13,8 @@ a 300 ms SLA and a two-minute cold start; and two whose clients send several row
 (4 on the textbook's service, 8 on the fixed cost), where the rates count requests and the
 batches rows. Per trace: the share of 15 s intervals inside the SLA
 and GPU-seconds over the oracle's. Traces are generated from `--seed` (pick one the shipped
-files do not use); the objective is declared per kind as in `slo_matrix.py`.
+files do not use); the objective is declared per kind as in `slo_matrix.py`. `--retries`: the
+clients send what is refused again (`batchpilot.simulation.clients`), for every policy alike.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from multiprocessing import Pool
 from pathlib import Path
 
 from batchpilot.simulation import Scenario, Trace, simulate
+from batchpilot.simulation.clients import Retries
 from batchpilot.simulation.cluster import ClusterConfig
 from batchpilot.simulation.generate import generate
 from batchpilot.simulation.service import ServiceTruth
@@ -55,9 +57,9 @@ PHYSICS = {
 POLICIES = ("autopilot", "reactive", "oracle")
 
 
-def run(job: tuple[str, str, int, str]) -> tuple[str, str, str, float, float]:
+def run(job: tuple[str, str, int, str, str]) -> tuple[str, str, str, float, float]:
     """(physics, kind, policy, attainment, GPU-seconds) of one simulation."""
-    name, kind, seed, policy = job
+    name, kind, seed, policy, retries = job
     physics = PHYSICS[name]
     trace = Trace.from_points(generate(kind, seed), name=f"{kind}-{seed}", duration_s=None)
     scenario = Scenario(
@@ -66,7 +68,10 @@ def run(job: tuple[str, str, int, str]) -> tuple[str, str, str, float, float]:
         sla_s=physics.sla_s,
         objective=OBJECTIVE[kind],
         max_replicas=physics.max_replicas,
-        cluster=ClusterConfig(cold_start_s=physics.cold_start_s),
+        cluster=ClusterConfig(
+            cold_start_s=physics.cold_start_s,
+            retries=Retries.parse(retries) if retries else None,
+        ),
     )
     summary = simulate(scenario, policy).summary
     return name, kind, policy, summary.interval_attainment, summary.gpu_seconds
@@ -77,6 +82,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=5353)
     parser.add_argument("--physics", default=",".join(PHYSICS), help=", ".join(PHYSICS))
     parser.add_argument("--kinds", default=",".join(OBJECTIVE))
+    parser.add_argument("--retries", default="", help="clients retry: attempts=3,delay_s=1,…")
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -85,7 +91,11 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown: {', '.join(unknown)}")
     began = time.perf_counter()
-    jobs = [(n, k, args.seed, p) for n in names for k in kinds for p in POLICIES]
+    try:
+        Retries.parse(args.retries)
+    except ValueError as exc:
+        parser.error(str(exc))
+    jobs = [(n, k, args.seed, p, args.retries) for n in names for k in kinds for p in POLICIES]
     with Pool(args.procs) as pool:
         results = pool.map(run, jobs)
     table = {(n, k, p): (a, g) for n, k, p, a, g in results}

@@ -26,7 +26,7 @@ from batchpilot.operator.autopilot.learn import (
     saturated_load,
 )
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation
-from batchpilot.operator.autopilot.pacing import pace
+from batchpilot.operator.autopilot.pacing import pace, verified
 from batchpilot.operator.autopilot.policy import LOAD_HEADROOM, Decision, InForce, Policy
 from batchpilot.operator.autopilot.service_model import LatencyFit, predict
 from batchpilot.operator.autopilot.slo import Objective
@@ -678,6 +678,83 @@ class TestPacing:
         assert decision.sla_met is None  # no traffic: nothing to judge
 
 
+class TestRetriedRefusals:
+    """A storm refused on one replica: 470 rps served, 1,400 refused. Clients that retry send
+    each refusal again, so part of what arrived was the same requests over again; the windows
+    after the new replicas start show the demand itself."""
+
+    POLICY = replace(POLICY, max_replicas=10)
+    # (served, refused, ready: None for all in force) of each 15 s decision's window
+    STORM = ((470, 1400, 1), (520, 900, 1), (560, 500, None), (600, 60, None))
+
+    def replicas(self, then: float) -> list[int]:
+        """The replicas decided, window by window, when `then` rps arrive after the storm with
+        nothing refused."""
+        return [replicas for replicas, _ in self.decisions(then)]
+
+    def decisions(self, then: float) -> list[tuple[int, str]]:
+        """(replicas, reason) of each decision."""
+        current, state = InForce(1, 32, 0.005), State(fit=MODEL)
+        windows = (*self.STORM, *((then, 0, None),) * 8)
+        out = []
+        for tick, (qps, refused, ready) in enumerate(windows):
+            now = tick * TICK
+            obs = seen(
+                at=now,
+                qps=qps,
+                rejected=refused,
+                p99_ms=95 if refused else 30,
+                ready=ready or current.replicas,
+                batch=16,
+                utilization=0.9,
+            )
+            decision, current, state = step_with(obs, self.POLICY, current, state, now)
+            out.append((decision.replicas, decision.reason))
+            if tick == 0:
+                assert state.refusing == ((0.0, 470),)  # the storm's recommendation, marked
+        return out
+
+    def test_once_the_demand_shows_what_the_storm_was_the_scale_down_goes_to_it(self) -> None:
+        # 600 rps arrive with nothing refused: more than was served while refusing, so the
+        # demand stayed and the rest of the storm was retries. The first scale-down goes to
+        # what 600 rps need (2), not to what the storm's windows recommended (4).
+        decisions = self.decisions(600)
+        replicas = [r for r, _ in decisions]
+        assert replicas[0] == 5  # the storm is planned for at once: a scale-up never waits
+        assert replicas[5:] == [2] * 7
+        said = [reason for _, reason in decisions if "rest of that load was retries" in reason]
+        assert len(said) == 1
+        assert "600 rps arrive with nothing refused, more than was served while refusing" in said[0]
+
+    def test_where_the_traffic_fell_instead_the_storms_recommendations_stand(self) -> None:
+        # 300 rps: less than was served while refusing. The traffic went away, which says
+        # nothing of retries: the stabilization window keeps what was recommended then.
+        replicas = self.replicas(300)
+        assert replicas[5] == 4
+        assert replicas[-1] == 1
+
+    def test_a_window_not_clean_shows_nothing(self) -> None:
+        history = [(0.0, 5), (15.0, 4)]
+        marks = ((0.0, 470.0), (15.0, 520.0))
+        assert verified(history, marks, want=2, clean_offered=None) == (history, marks)
+        assert verified(history, marks, want=2, clean_offered=500) == (
+            [(0.0, 2), (15.0, 4)],
+            ((15.0, 520.0),),
+        )
+        assert verified(history, (), want=2, clean_offered=500) == (history, ())
+
+
+def step_with(
+    observation: Observation, policy: Policy, current: InForce, state: State, now: float
+) -> tuple[Decision, InForce, State]:
+    decision, state = decide(observation, policy, current, state, now)
+    return (
+        decision,
+        InForce(decision.replicas, decision.batch_size, decision.max_queue_delay_s),
+        state,
+    )
+
+
 class TestFeedbackWithoutAModel:
     def test_over_the_sla_without_compute_points_doubles_the_batch(self) -> None:
         obs = Observation(
@@ -706,6 +783,7 @@ def test_state_survives_a_round_trip_through_the_resource() -> None:
         ready=2,
         rate=(30.0, 412.5),
         batch_first_at=28.0,
+        refusing=((10.0, 470.0),),
     )
     assert State.from_dict(state.to_dict()) == state
     assert State.from_dict({"fit": {"alphaMs": "x"}}) == State()
@@ -1044,7 +1122,7 @@ class TestHeadroomKeptTheCheaperWay:
         """Pace a recommendation of 2 replicas, held all through the window, with 3 at batch 32
         in force, at `rate`."""
         policy = replace(POLICY, max_batch_size=64, max_replicas=20)
-        replicas, _, note = pace(
+        paced = pace(
             want=2,
             current=InForce(3, 32, 0.005),
             ready=3,
@@ -1058,7 +1136,7 @@ class TestHeadroomKeptTheCheaperWay:
             delay_s=0.005,
             overhead_s=0.0,
         )
-        return replicas, note
+        return paced.replicas, paced.note
 
     def test_scale_down_keeps_the_headroom_the_plan_kept(self) -> None:
         # 900 rps on 2 replicas: each would carry 900 / 0.95 / 2 = 474 rps — over what batch 32

@@ -73,7 +73,7 @@ from batchpilot.operator.autopilot.learn import (
 )
 from batchpilot.operator.autopilot.lost import stand_ins, stood_in
 from batchpilot.operator.autopilot.observation import Observation
-from batchpilot.operator.autopilot.pacing import pace
+from batchpilot.operator.autopilot.pacing import CLEAN_SHARE, REFUSING_SHARE, pace
 from batchpilot.operator.autopilot.policy import (
     LOAD_HEADROOM,
     Decision,
@@ -292,8 +292,10 @@ def decide(
         want_replicas += away
         why += f"; {stood_in(learned_state.lost, away, now=now)}"
 
-    # 6. Pace the replicas.
-    replicas, recommendations, pace_note = pace(
+    # 6. Pace the replicas. A window refusing requests marks its recommendation (its load may
+    # count retries); one refusing none, of the replicas in force, shows what they stood for.
+    unserved = observation.unserved_share
+    paced = pace(
         want=want_replicas,
         current=current,
         ready=ready,
@@ -309,9 +311,22 @@ def decide(
         batch=want_batch,
         delay_s=delay_s,
         overhead_s=overhead or 0.0,
+        served_while_refusing=observation.qps if unserved > REFUSING_SHARE else None,
+        clean_offered=(
+            offered
+            if unserved <= CLEAN_SHARE and sla_met and settled and ready >= current.replicas
+            else None
+        ),
     )
-    if pace_note:
-        notes.append(pace_note)
+    replicas = paced.replicas
+    if paced.shown:
+        why += (
+            f"; {offered:.0f} rps arrive with nothing refused, more than was served while "
+            f"refusing: the rest of that load was retries, and the {paced.shown} "
+            f"recommendations made then count for no more than {want_replicas}"
+        )
+    if paced.note:
+        notes.append(paced.note)
     trying_the_batch = trying_the_batch and replicas == current.replicas
     if (
         model is not None
@@ -339,7 +354,8 @@ def decide(
     retuned = (want_batch, delay_s) != (current.batch_size, current.max_queue_delay_s)
     new_state = replace(
         learned_state,
-        recommendations=recommendations,
+        recommendations=paced.recommendations,
+        refusing=paced.refusing,
         changed_at=now if retuned else learned_state.changed_at,
         pending_since=pending_since(
             learned_state.pending_since, asked=replicas, current=current.replicas, now=now

@@ -9,6 +9,16 @@ wider margin than scale-up needs (hysteresis: the replicas that stay must carry 
 `SCALE_DOWN_LOAD` of their capacity with the plan's headroom), so the count does not flap.
 Bounds (minReplicas, maxReplicas) apply to every recommendation.
 
+A recommendation made while the service refused requests is marked: its load counts every
+attempt that arrived, and clients retry what is refused (a 503 honoured after `Retry-After`, or
+at once), so a retry storm reads as traffic several times the demand — which no replica count
+needed. Which arrivals were retries nobody can tell at the time; a later window can. Once a
+window with nothing refused describes the replicas in force and still carries at least what
+was served while refusing (the demand did not go away), the marked recommendations count for no
+more than that window's: the load the refusals stood for has shown what it was. Where the
+traffic fell instead (less arrives than was served then), they stand. Scale-down still waits
+the whole stabilization window; only how far it goes changes.
+
 Apart from `decide` because it is a step with a memory of its own: the window of
 recommendations kept in the state is computed only here.
 
@@ -16,6 +26,9 @@ Pure: state in, state out, `now` an argument.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from batchpilot.operator.autopilot.policy import LOAD_HEADROOM, InForce, Policy, p99_bounds
 from batchpilot.operator.autopilot.service_model import LatencyFit, predict
@@ -28,6 +41,43 @@ Prometheus never causes a scale-down."""
 SCALE_DOWN_LOAD = 0.95
 """Remove replicas only if the rest carry the planned load at most at this fraction of their
 capacity (hysteresis: scale-up happens above 100 %)."""
+REFUSING_SHARE = 0.01
+"""A window that refused more than this share of its arrivals: its recommendation is marked (its
+load may count retries)."""
+CLEAN_SHARE = 0.001
+"""A window that refused at most this share: it shows the demand without retries."""
+
+
+@dataclass(frozen=True, slots=True)
+class Paced:
+    replicas: int
+    """Replicas to set now."""
+    recommendations: tuple[tuple[float, int], ...]
+    """The recommendations to remember."""
+    refusing: tuple[tuple[float, float], ...]
+    """Which of them were made while refusing: (time, served rps then)."""
+    note: str | None
+    """Why the count stays where the plan would move it, if it does."""
+    shown: int = 0
+    """Recommendations made while refusing that this window lowered (it showed their load)."""
+
+
+def verified(
+    history: Sequence[tuple[float, int]],
+    refusing: Sequence[tuple[float, float]],
+    *,
+    want: int,
+    clean_offered: float | None,
+) -> tuple[list[tuple[float, int]], tuple[tuple[float, float], ...]]:
+    """The recommendations with those made while refusing lowered to `want` where a clean
+    window (`clean_offered`: its arrivals per second; None: this window is not one) carries at
+    least what was served then; the marks that stand."""
+    marked = {t: served for t, served in refusing}
+    if clean_offered is None or not marked:
+        return list(history), tuple(refusing)
+    shown = {t for t, served in marked.items() if clean_offered >= served}
+    lowered = [(t, min(r, want) if t in shown else r) for t, r in history]
+    return lowered, tuple((t, q) for t, q in refusing if t not in shown)
 
 
 def pace(
@@ -47,46 +97,56 @@ def pace(
     batch: int,
     delay_s: float,
     overhead_s: float,
-) -> tuple[int, tuple[tuple[float, int], ...], str | None]:
-    """Replicas to set now, the recommendations to remember, and a note on any restraint."""
+    served_while_refusing: float | None = None,
+    clean_offered: float | None = None,
+) -> Paced:
+    """Replicas to set now, the recommendations to remember, and a note on any restraint.
+    `served_while_refusing`: this window refused requests, and served this many per second (its
+    recommendation is marked); `clean_offered`: it refused none, describes the replicas in
+    force, and this many arrived per second (it shows what the marked ones stood for)."""
     want = max(policy.min_replicas, min(policy.max_replicas, want))
+    mark = () if served_while_refusing is None else ((now, served_while_refusing),)
     if want > current.replicas:
-        return want, ((now, want),), None
+        return Paced(want, ((now, want),), mark, None)
     # The recommendations of the last scale_down_delay seconds, plus the one in force when that
     # window began: it proves the window is covered.
     cutoff = now - policy.scale_down_delay_s
-    history = sorted((*state.recommendations, (now, want)))
+    earlier, marks = verified(
+        state.recommendations, state.refusing, want=want, clean_offered=clean_offered
+    )
+    shown = len(state.refusing) - len(marks)
+    history = sorted((*earlier, (now, want)))
     before = [entry for entry in history if entry[0] <= cutoff]
     window = tuple(before[-1:] + [entry for entry in history if entry[0] > cutoff])
+    kept = {t for t, _ in window}
+    marks = tuple(m for m in (*marks, *mark) if m[0] in kept)
+
+    def stay(note: str | None) -> Paced:
+        return Paced(current.replicas, window, marks, note, shown)
+
     if want == current.replicas:
-        return want, window, None
+        return stay(None)
     # Fewer replicas recommended. Every condition below keeps the current count.
     if sla_met is False:
-        return current.replicas, window, "not scaling down while over the SLA"
+        return stay("not scaling down while over the SLA")
     starting = current.replicas - ready
     if starting > 0:
-        return current.replicas, window, f"{starting} replicas still starting"
+        return stay(f"{starting} replicas still starting")
     if scraped is not None and scraped < ready:
-        return (
-            current.replicas,
-            window,
-            f"{ready - scraped} of {ready} ready replicas not scraped: the rates miss their load",
+        return stay(
+            f"{ready - scraped} of {ready} ready replicas not scraped: the rates miss their load"
         )
     if covered_s is not None and window_s and covered_s < COVERED_SHARE * window_s:
-        return (
-            current.replicas,
-            window,
+        return stay(
             f"Prometheus holds {covered_s:.0f} s of the {window_s:.0f} s window: "
-            "the load before that is unseen",
+            "the load before that is unseen"
         )
     stable = max(r for _, r in window)
     if not before or stable >= current.replicas:
         waited = now - window[0][0]
-        return (
-            current.replicas,
-            window,
+        return stay(
             f"scale-down to {want} waits for {policy.scale_down_delay_s:.0f} s of low load "
-            f"({waited:.0f} s so far)",
+            f"({waited:.0f} s so far)"
         )
     if model is not None:
         # Hysteresis: the replicas that stay must carry the load with room to spare.
@@ -104,5 +164,5 @@ def pace(
             ).p99_s
 
         if p99(rate) > target and p99(rate * LOAD_HEADROOM) > near:
-            return current.replicas, window, "fewer replicas would leave too little headroom"
-    return stable, ((now, stable),), None
+            return stay("fewer replicas would leave too little headroom")
+    return Paced(stable, ((now, stable),), (), None, shown)

@@ -31,6 +31,9 @@ class State:
     the model's prediction. None until learned."""
     recommendations: tuple[tuple[float, int], ...] = ()
     """(time, replicas) recommended within the scale-down window."""
+    refusing: tuple[tuple[float, float], ...] = ()
+    """(time, served requests per second) of the recommendations made while the service refused
+    requests: their load may count clients' retries (see `pacing`)."""
     changed_at: float | None = None
     """When the capacity in force last changed (batch settings, ready replicas): the metrics
     window describes the present only a window later."""
@@ -61,6 +64,8 @@ class State:
             "slo": self.slo.to_dict(),
             "history": self.history.to_dict(),
         }
+        if self.refusing:
+            doc["refusing"] = [[round(t, 3), round(q, 3)] for t, q in self.refusing]
         if self.cold_start_s is not None:
             doc["coldStartS"] = round(self.cold_start_s, 3)
         if self.pending_since is not None:
@@ -109,6 +114,7 @@ class State:
             if model is not None and not _physical(model):
                 model = None  # a fit no batch time comes from: learn it again
             recs = tuple((float(t), int(r)) for t, r in doc.get("recommendations", []))
+            refusing = tuple((float(t), float(q)) for t, q in doc.get("refusing", []))
             overhead = doc.get("overheadMs")
             changed = doc.get("changedAt")
             ready = doc.get("ready")
@@ -126,6 +132,7 @@ class State:
                 fit=model,
                 overhead_s=None if overhead is None else float(overhead) / 1e3,
                 recommendations=recs,
+                refusing=refusing,
                 changed_at=None if changed is None else float(changed),
                 ready=None if ready is None else int(ready),
                 replicas=None if replicas is None else int(replicas),
