@@ -41,18 +41,22 @@ from batchpilot.runtime.loadgen import (
     ModelMetadata,
     RateSchedule,
     RateSearch,
+    Retries,
     SearchConfig,
     Target,
     TargetError,
     TensorSpec,
     arrival_times,
     find_max_rate,
+    format_report,
     latency_stats,
     loops,
     probe_passes,
     random_inputs,
     run_load,
 )
+from batchpilot.runtime.loadgen.client import retry_after_s
+from batchpilot.runtime.loadgen.config import MAX_RETRY_WAIT_S
 from batchpilot.runtime.protocol.server_codec import decode_request, encode_response
 from batchpilot.runtime.protocol.tensors import HEADER_LENGTH, Tensor
 from batchpilot.sandbox.background import in_thread
@@ -81,6 +85,8 @@ class Behaviour:
     Kept as a virtual finish time, so timer jitter does not change the capacity."""
     status_every: tuple[int, int] | None = None
     """(n, status): every n-th request is answered with this status instead."""
+    retry_after: str | None = None
+    """The `Retry-After` those answers carry, if any."""
     drop_connection: bool = False
     wrong_output: bool = False
 
@@ -119,7 +125,8 @@ class FakeV2Server:
             request.transport.close()
             return web.Response(status=500)  # never reaches the client
         if b.status_every is not None and n % b.status_every[0] == 0:
-            return web.json_response({"error": "shed"}, status=b.status_every[1])
+            retry = {} if b.retry_after is None else {"Retry-After": b.retry_after}
+            return web.json_response({"error": "shed"}, status=b.status_every[1], headers=retry)
         loop = asyncio.get_running_loop()
         if b.service_s is not None:
             self._free_at = max(loop.time(), self._free_at) + b.service_s
@@ -662,6 +669,65 @@ async def test_shed_load_is_counted_apart_from_failures(server: FakeV2Server) ->
     assert (report.shed, report.failed, report.succeeded) == (20, 0, 20)
 
 
+class TestRetryingClients:
+    async def test_a_refused_request_is_sent_again_and_counted_once(
+        self, server: FakeV2Server
+    ) -> None:
+        # Every second send is refused; one client at a time: request 1 is answered, request 2
+        # refused and its repeat answered, and so on.
+        server.behaviour = Behaviour(status_every=(2, 503))
+        report = await run_load(
+            LoadConfig(
+                target=target(server),
+                duration_s=10,
+                concurrency=1,
+                max_requests=10,
+                retries=Retries(2, delay_s=0.0),
+            )
+        )
+        assert (report.succeeded, report.shed, report.sent) == (10, 0, 10)
+        assert report.retries == 9
+        assert server.infer_count == 19  # what the server counts as arrivals
+        assert "9 refused sends repeated: 19 arrivals at the server for 10 requests" in (
+            format_report(report)
+        )
+
+    async def test_the_servers_retry_after_is_waited_and_the_last_answer_counts(
+        self, server: FakeV2Server
+    ) -> None:
+        server.behaviour = Behaviour(status_every=(1, 503), retry_after="1")
+        report = await run_load(
+            LoadConfig(
+                target=target(server),
+                duration_s=5,
+                concurrency=1,
+                max_requests=1,
+                retries=Retries(1),
+            )
+        )
+        assert (report.shed, report.retries, server.infer_count) == (1, 1, 2)
+        assert report.shed_latency_ms is not None
+        assert report.shed_latency_ms.p50_ms >= 1000  # the wait the server asked for
+
+    def test_retry_after_is_read_in_seconds(self) -> None:
+        assert retry_after_s("2") == 2.0
+        assert retry_after_s(" 0.5 ") == 0.5
+        assert retry_after_s("Wed, 21 Oct 2026 07:28:00 GMT") is None
+        assert retry_after_s("-1") is None
+        assert retry_after_s(None) is None
+        assert Retries(3).wait_s(None) == 1.0
+        assert Retries(3).wait_s(600) == MAX_RETRY_WAIT_S
+        assert Retries(3, delay_s=0.05).wait_s(5) == 0.05
+
+    @pytest.mark.parametrize(
+        ("attempts", "delay_s", "says"),
+        [(-1, None, "retries must be at least 0"), (1, 11.0, "retry delay must be in")],
+    )
+    def test_nonsense_is_refused(self, attempts: int, delay_s: float | None, says: str) -> None:
+        with pytest.raises(ValueError, match=says):
+            Retries(attempts, delay_s)
+
+
 async def test_other_statuses_are_failures_by_code(server: FakeV2Server) -> None:
     server.behaviour = Behaviour(status_every=(4, 500))
     report = await run_load(
@@ -916,6 +982,20 @@ def test_cli_run_writes_a_json_report(
     assert "achieved" in out_text
     assert "send lag" in out_text
     assert "INVALID" not in out_text
+    assert doc["retries"] == 0
+
+
+def test_cli_retries_refused_requests(
+    server: FakeV2Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server.behaviour = Behaviour(status_every=(2, 503))
+    out = tmp_path / "report.json"
+    argv = ["--url", server.url, "--model", MODEL, "--concurrency", "1", "--duration", "10"]
+    retrying = ["--requests", "4", "--retries", "1", "--retry-delay-s", "0"]
+    assert loadgen.run_cli([*argv, *retrying, "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert (doc["succeeded"], doc["retries"]) == (4, 3)
+    assert "3 refused sends repeated" in capsys.readouterr().out
 
 
 def test_cli_json_to_stdout_stays_parseable(
@@ -983,6 +1063,8 @@ def test_cli_help_documents_the_exit_statuses(capsys: pytest.CaptureFixture[str]
         pytest.param(["--duration", "x", "--rate", "5"], id="not-a-number"),
         pytest.param(["--duration", "1", "--rate", "5", "--max-send-lag-ms", "0"], id="no-lag"),
         pytest.param(["--duration", "1", "--rate", "5", "--sla-ms", "-1"], id="negative-sla"),
+        pytest.param(["--duration", "1", "--rate", "5", "--retries", "-1"], id="negative-retries"),
+        pytest.param(["--find-max", "--sla-ms", "100", "--retries", "1"], id="find-max-retrying"),
     ],
 )
 def test_cli_bad_arguments_exit_2(extra: list[str], capsys: pytest.CaptureFixture[str]) -> None:

@@ -37,7 +37,13 @@ from __future__ import annotations
 from batchpilot.runtime.loadgen.args import add_arguments, config_from_args
 from batchpilot.runtime.loadgen.cli import main, run_cli
 from batchpilot.runtime.loadgen.client import fetch_metadata, send_once
-from batchpilot.runtime.loadgen.config import MAX_DURATION_S, LoadConfig, SearchConfig, Target
+from batchpilot.runtime.loadgen.config import (
+    MAX_DURATION_S,
+    LoadConfig,
+    Retries,
+    SearchConfig,
+    Target,
+)
 from batchpilot.runtime.loadgen.errors import (
     CONNECTION,
     DROPPED_CLIENT,
@@ -112,6 +118,7 @@ __all__ = [
     "Probe",
     "RateSchedule",
     "RateSearch",
+    "Retries",
     "SearchConfig",
     "SearchResult",
     "Summary",

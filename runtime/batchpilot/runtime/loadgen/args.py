@@ -12,7 +12,7 @@ import os
 from collections.abc import Sequence
 from typing import Final
 
-from batchpilot.runtime.loadgen.config import LoadConfig, SearchConfig, Target
+from batchpilot.runtime.loadgen.config import LoadConfig, Retries, SearchConfig, Target
 from batchpilot.runtime.loadgen.errors import (
     EXIT_INTERRUPTED,
     EXIT_INVALID,
@@ -100,6 +100,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     load.add_argument(
         "--window-s", type=float, default=1.0, help="time-series window seconds (default 1)"
+    )
+    load.add_argument(
+        "--retries",
+        type=int,
+        default=0,
+        help="send a refused request (503/429) again up to this many times, as retrying "
+        "clients do; its latency runs to its last answer (default 0)",
+    )
+    load.add_argument(
+        "--retry-delay-s",
+        type=float,
+        default=None,
+        help="wait this long before each retry (0: at once); default: the answer's Retry-After, "
+        "1 s where it has none",
     )
 
     search = parser.add_argument_group("find-max")
@@ -189,6 +203,8 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig | SearchConfig:
     """Turn parsed arguments into a run or a search; ValueError says what is wrong."""
     target = _target_from(args)
     if args.find_max:
+        if args.retries:
+            raise ValueError("--find-max sends each request once: drop --retries")
         if args.sla_ms is None:
             raise ValueError("--find-max needs --sla-ms")
         if args.concurrency is not None or args.schedule or args.schedule_file:
@@ -227,4 +243,5 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig | SearchConfig:
         seed=args.seed,
         sla_ms=args.sla_ms,
         max_send_lag_ms=args.max_send_lag_ms,
+        retries=Retries(args.retries, args.retry_delay_s),
     )

@@ -1,21 +1,30 @@
 """The HTTP edge of the load generator: the only module that talks to the server.
 
 It reads the model's metadata, opens one pooled aiohttp session per target, and sends the
-prepared request: one `session.post` per request, the body read but not decoded unless
-verifying, so the client stays cheap. Every way a send can fail comes back as an error kind,
-never an exception; a target that cannot be used raises TargetError.
+prepared request: one `session.post` per request (and one per retry of a refused one, where the
+clients retry), the body read but not decoded unless verifying, so the client stays cheap.
+Every way a send can fail comes back as an error kind, never an exception; a target that cannot
+be used raises TargetError.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+from collections.abc import Callable
 
 import aiohttp
 import orjson
 from yarl import URL
 
-from batchpilot.runtime.loadgen.config import Target
-from batchpilot.runtime.loadgen.errors import CONNECTION, INVALID_RESPONSE, TIMEOUT, TargetError
+from batchpilot.runtime.loadgen.config import Retries, Target
+from batchpilot.runtime.loadgen.errors import (
+    CONNECTION,
+    INVALID_RESPONSE,
+    SHED_KINDS,
+    TIMEOUT,
+    TargetError,
+)
 from batchpilot.runtime.loadgen.request import (
     ModelMetadata,
     PreparedRequest,
@@ -50,20 +59,61 @@ async def send_once(
 ) -> str:
     """Send the request once; "" on success, else the error kind. The body is read (the latency
     includes receiving it) but decoded only when verifying."""
+    kind, _ = await _post(session, request, verify=verify)
+    return kind
+
+
+async def send_retrying(
+    session: aiohttp.ClientSession,
+    request: PreparedRequest,
+    *,
+    verify: bool = False,
+    retries: Retries,
+    on_retry: Callable[[], None],
+) -> str:
+    """Send the request, and send it again when it is refused (503/429) — after the server's
+    `Retry-After` or `retries.delay_s` — up to `retries.attempts` more times; the last answer's
+    kind. `on_retry` is called before each repeat."""
+    kind, retry_after = await _post(session, request, verify=verify)
+    for _ in range(retries.attempts):
+        if kind not in SHED_KINDS:
+            break
+        await asyncio.sleep(retries.wait_s(retry_after))
+        on_retry()
+        kind, retry_after = await _post(session, request, verify=verify)
+    return kind
+
+
+async def _post(
+    session: aiohttp.ClientSession, request: PreparedRequest, *, verify: bool
+) -> tuple[str, float | None]:
+    """One send: its kind, and the seconds its `Retry-After` asks for (None: none)."""
     try:
         async with session.post(request.url, data=request.body, headers=request.headers) as resp:
             body = await resp.read()
             if not 200 <= resp.status < 300:
-                return str(resp.status)
+                return str(resp.status), retry_after_s(resp.headers.get("Retry-After"))
             if verify and not response_is_valid(request, body, resp.headers):
-                return INVALID_RESPONSE
-            return ""
+                return INVALID_RESPONSE, None
+            return "", None
     except TimeoutError:  # before ClientConnectionError: aiohttp's timeouts subclass both
-        return TIMEOUT
+        return TIMEOUT, None
     except (aiohttp.ClientConnectionError, OSError):
-        return CONNECTION
+        return CONNECTION, None
     except aiohttp.ClientError as exc:
-        return type(exc).__name__
+        return type(exc).__name__, None
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """A `Retry-After` in seconds; None where absent or not a number of seconds (an HTTP date
+    is read as none: the client's own delay applies)."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    return seconds if seconds >= 0 and seconds == seconds else None
 
 
 class TargetSession:

@@ -44,6 +44,40 @@ class Target:
                 raise ValueError(f"shape of {name!r} must not have negative axes: {shape}")
 
 
+MAX_RETRY_WAIT_S: Final = 10.0
+"""The longest a retrying client waits before a retry, whatever `Retry-After` says."""
+
+
+@dataclass(frozen=True, slots=True)
+class Retries:
+    """Clients that send a refused request (503/429) again, as client libraries do: what the
+    server counts as arrivals is then the requests plus their retries."""
+
+    attempts: int
+    """Repeats of a refused request at most (0: none)."""
+    delay_s: float | None = None
+    """The wait before each repeat; None: the answer's `Retry-After` (1 s where it has none)."""
+
+    def __post_init__(self) -> None:
+        if self.attempts < 0:
+            raise ValueError(f"retries must be at least 0, got {self.attempts}")
+        if self.delay_s is not None and not 0 <= self.delay_s <= MAX_RETRY_WAIT_S:
+            raise ValueError(
+                f"the retry delay must be in [0, {MAX_RETRY_WAIT_S:g}] s, got {self.delay_s}"
+            )
+
+    def wait_s(self, retry_after_s: float | None) -> float:
+        """The wait before a repeat, given the refusal's `Retry-After` (None: none)."""
+        if self.delay_s is not None:
+            return self.delay_s
+        return min(MAX_RETRY_WAIT_S, 1.0 if retry_after_s is None else retry_after_s)
+
+    @property
+    def longest_s(self) -> float:
+        """The most a request's repeats can wait in all."""
+        return self.attempts * (MAX_RETRY_WAIT_S if self.delay_s is None else self.delay_s)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoadConfig:
     """One run: open loop when `schedule` is given, closed loop when `concurrency` is."""
@@ -71,6 +105,9 @@ class LoadConfig:
     """The latency SLA the report's goodput counts against (answers within it per second)."""
     max_send_lag_ms: float = DEFAULT_MAX_SEND_LAG_MS
     """Open loop: a send lag P99 above this makes the run invalid (the client fell behind)."""
+    retries: Retries = Retries(0)
+    """Refused requests are sent again (none by default). A request's latency then runs from
+    its (scheduled) first send to its last answer, waits included."""
 
     def __post_init__(self) -> None:
         if (self.schedule is None) == (self.concurrency is None):

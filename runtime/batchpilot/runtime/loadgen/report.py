@@ -67,6 +67,11 @@ def format_report(report: LoadReport, *, max_windows: int = 120) -> str:
         f"({report.succeeded} succeeded of {report.sent} sent)",
         f"  errors       shed {report.shed}, failed {report.failed} ({errors})",
     ]
+    if report.retries:
+        lines.append(
+            f"  retries      {report.retries} refused sends repeated: "
+            f"{report.sent + report.retries} arrivals at the server for {report.sent} requests"
+        )
     for label, stats in (("latency", report.latency_ms), ("service", report.service_latency_ms)):
         if stats is None:
             lines.append(f"  {label:<12} no successful requests")

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from batchpilot.runtime.loadgen.client import TargetSession, send_once
+from batchpilot.runtime.loadgen.client import TargetSession, send_once, send_retrying
 from batchpilot.runtime.loadgen.config import LoadConfig
 from batchpilot.runtime.loadgen.errors import UNFINISHED
 from batchpilot.runtime.loadgen.loops import (
@@ -82,6 +82,9 @@ class LoadReport:
     sla_misses: int | None = None
     """Requests answered after `sla_ms`, and refused ones (503/429): misses of the SLA."""
     """With an SLA: successes within it (latency as in latency_ms) per second of elapsed_s."""
+    retries: int = 0
+    """Refused sends the client repeated for the measured requests (`LoadConfig.retries`):
+    arrivals at the server beyond `sent`. Each request is counted once, by its last answer."""
 
     def to_dict(self) -> dict[str, Any]:
         doc = dataclasses.asdict(self)
@@ -100,17 +103,38 @@ async def run_with(
     recorder = Recorder()
     t0 = clock()
 
+    retries = config.retries
+    repeats = 0
+    measure_start = config.warmup_s
+
     async def send(scheduled: float) -> None:
         sent = clock() - t0
+
+        def on_retry() -> None:
+            nonlocal repeats
+            if scheduled >= measure_start:
+                repeats += 1
+
         try:
-            kind = await send_once(session, request, verify=verify)
+            if retries.attempts:
+                kind = await send_retrying(
+                    session, request, verify=verify, retries=retries, on_retry=on_retry
+                )
+            else:
+                kind = await send_once(session, request, verify=verify)
         except asyncio.CancelledError:
             recorder.add(scheduled, sent, clock() - t0, UNFINISHED)
             raise
         recorder.add(scheduled, sent, clock() - t0, kind)
 
+    tries = retries.attempts + 1
     hard_deadline = (
-        t0 + config.warmup_s + config.duration_s + client.target.timeout_s + _HARD_CAP_GRACE_S
+        t0
+        + config.warmup_s
+        + config.duration_s
+        + tries * client.target.timeout_s
+        + retries.longest_s
+        + _HARD_CAP_GRACE_S
     )
     if config.schedule is not None:
         stopped_early = await open_loop(
@@ -143,6 +167,7 @@ async def run_with(
         concurrency=config.concurrency,
         window_s=config.window_s,
         aborted=stopped_early,
+        retries=repeats,
         **numbers,
     )
 
