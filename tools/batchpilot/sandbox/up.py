@@ -119,6 +119,10 @@ class SandboxOptions:
     node_gpus: int | None = None
     """The node's GPUs: pods asking for more than are free wait Unschedulable (None: no limit)."""
     prometheus_outage: PrometheusOutage | None = None
+    retries: int = 0
+    """The load's clients send a refused request again up to this many times."""
+    retry_delay_s: float | None = None
+    """Before each retry; None: the answer's Retry-After."""
 
 
 @dataclass
@@ -400,7 +404,8 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
                  "--url", proxy_url, "--model", model_name,
                  "--schedule", options.scenario, "--arrivals", options.arrivals,
                  "--duration", str(options.duration_s),
-                 "--timeout-s", str(options.request_timeout_s), "--json", str(load_json)],
+                 "--timeout-s", str(options.request_timeout_s), "--json", str(load_json),
+                 *retrying(options)],
                 log=workdir / "loadgen.txt",
             )  # fmt: skip
             say(f"load: {options.scenario} (s:rps) for {options.duration_s:g} s through the proxy")
@@ -599,6 +604,11 @@ def _summary(
         f"{refused} refused (503 + Retry-After), {load.get('failed', 0)} failed "
         f"{dict(load.get('errors') or {})}"
     )
+    if retries := int(load.get("retries") or 0):
+        say(
+            f"the clients retried {retries} refused requests: the runtimes saw "
+            f"{int(load.get('sent', 0)) + retries} arrivals for {load.get('sent', 0)} requests"
+        )
     if scheduled and refused:
         refusal = load.get("shed_latency_ms") or {}
         say(
@@ -630,6 +640,15 @@ def _summary(
         say("  " + decision_line(float(d["t_s"]), d))
     if plot is not None:
         say(f"plot: {plot}")
+
+
+def retrying(options: SandboxOptions) -> list[str]:
+    """The load generator's flags for the clients' retries."""
+    if not options.retries:
+        return []
+    delay = options.retry_delay_s
+    waits = [] if delay is None else ["--retry-delay-s", f"{delay:g}"]
+    return ["--retries", str(options.retries), *waits]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -697,6 +716,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "its data): the autopilot reads the pods' own metrics meanwhile, and only adds replicas",
     )
     a(
+        "--retries",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the load's clients send a refused request again up to N times, after its "
+        "Retry-After (or --retry-delay-s), as retrying clients do (default 0)",
+    )
+    a("--retry-delay-s", type=float, default=None, help="wait before each retry (0: at once)")
+    a(
         "--node-notice-s",
         type=float,
         default=NODE_MONITOR_GRACE_S,
@@ -732,6 +760,9 @@ def main(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"error: --prometheus-outage: {exc}", file=sys.stderr)
             return 2
+    if args.retries < 0 or (args.retry_delay_s is not None and not 0 <= args.retry_delay_s <= 10):
+        print("error: --retries must be 0 or more, --retry-delay-s within 0-10", file=sys.stderr)
+        return 2
     if args.node_gpus is not None and args.node_gpus < 0:
         print("error: --node-gpus must be 0 or more", file=sys.stderr)
         return 2
@@ -753,6 +784,8 @@ def main(args: argparse.Namespace) -> int:
         service_balance=args.service_balance,
         node_gpus=args.node_gpus,
         prometheus_outage=outage,
+        retries=args.retries,
+        retry_delay_s=args.retry_delay_s,
     )
     try:
         result = run_sandbox(options, out=lambda text: print(text, flush=True))
