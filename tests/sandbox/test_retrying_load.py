@@ -1,0 +1,34 @@
+"""`sandbox up --retries`: the load's clients retry what is refused, or the run is refused."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from batchpilot.sandbox.up import SandboxOptions, add_arguments, main, retrying
+
+
+def parsed(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_the_load_generator_gets_the_retries() -> None:
+    assert retrying(SandboxOptions()) == []
+    assert retrying(SandboxOptions(retries=2)) == ["--retries", "2"]
+    assert retrying(SandboxOptions(retries=4, retry_delay_s=0.0)) == [
+        "--retries",
+        "4",
+        "--retry-delay-s",
+        "0",
+    ]
+
+
+@pytest.mark.parametrize("argv", [("--retries", "-1"), ("--retries", "2", "--retry-delay-s", "60")])
+def test_nonsense_is_refused_before_anything_starts(
+    argv: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(parsed(*argv)) == 2
+    assert "--retries must be 0 or more" in capsys.readouterr().err
