@@ -75,7 +75,10 @@ def test_perf_analyzer_measures_and_reads_the_servers_side(
     executions = int(_field(out, r"Execution count: (\d+)"))
     successes = int(_field(out, r"Successful request count: (\d+)"))
     # The server counted what the client sent in the window (one row a request), in batches.
-    assert successes == inferences > 0
+    # A batch's rows count as it ends, its requests as each answer goes out: a window's snapshot
+    # taken between the two holds up to the concurrency's rows more than answers.
+    assert successes > 0
+    assert 0 <= inferences - successes <= 2, out
     assert abs(successes - client_count) <= 2, out  # the window's edges
     assert 0 < executions <= inferences
     parts = re.search(

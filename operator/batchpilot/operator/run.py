@@ -142,15 +142,8 @@ class KopfOnItsLoop:
             loop.run_until_complete(task)
         except asyncio.CancelledError:
             pass
-        finally:  # as asyncio.run() ends: what kopf left running is cancelled and awaited
-            left = asyncio.all_tasks(loop)
-            for straggler in left:
-                straggler.cancel()
-            if left:
-                loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.run_until_complete(loop.shutdown_default_executor())
-            loop.close()
+        finally:
+            close(loop)
 
     def stop(self) -> None:
         self._stopped = True
@@ -158,6 +151,31 @@ class KopfOnItsLoop:
             loop, task = self._running
             if not loop.is_closed():
                 loop.call_soon_threadsafe(task.cancel)
+
+
+def close(loop: asyncio.AbstractEventLoop) -> None:
+    """As asyncio.run() ends: what kopf left running is cancelled and awaited, its async
+    generators closed, the loop closed. kopf's watch streams may refuse to close ("generator
+    didn't stop after athrow()", now and then, as a stream is cut at SIGTERM): the operator is
+    stopping and nothing is lost, so that is logged at debug, not as an error with a traceback."""
+    left = asyncio.all_tasks(loop)
+    for straggler in left:
+        straggler.cancel()
+    if left:
+        loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+    loop.set_exception_handler(_closing_generators)
+    loop.run_until_complete(loop.shutdown_asyncgens())
+    loop.run_until_complete(loop.shutdown_default_executor())
+    loop.close()
+
+
+def _closing_generators(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    if "asyncgen" in context and isinstance(context.get("exception"), RuntimeError):
+        logging.getLogger(__name__).debug(
+            "stopping: %s: %s", context.get("message"), context.get("exception")
+        )
+        return
+    loop.default_exception_handler(context)
 
 
 def _run_elected(
