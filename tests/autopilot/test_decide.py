@@ -73,9 +73,13 @@ def seen(
 
 
 def step(
-    observation: Observation | None, current: InForce, state: State, now: float
+    observation: Observation | None,
+    current: InForce,
+    state: State,
+    now: float,
+    policy: Policy = POLICY,
 ) -> tuple[Decision, InForce, State]:
-    decision, state = decide(observation, POLICY, current, state, now)
+    decision, state = decide(observation, policy, current, state, now)
     return (
         decision,
         InForce(decision.replicas, decision.batch_size, decision.max_queue_delay_s),
@@ -708,7 +712,7 @@ class TestRetriedRefusals:
                 batch=16,
                 utilization=0.9,
             )
-            decision, current, state = step_with(obs, self.POLICY, current, state, now)
+            decision, current, state = step(obs, current, state, now, self.POLICY)
             out.append((decision.replicas, decision.reason))
             if tick == 0:
                 assert state.refusing == ((0.0, 470),)  # the storm's recommendation, marked
@@ -742,17 +746,6 @@ class TestRetriedRefusals:
             ((15.0, 520.0),),
         )
         assert verified(history, (), want=2, clean_offered=500) == (history, ())
-
-
-def step_with(
-    observation: Observation, policy: Policy, current: InForce, state: State, now: float
-) -> tuple[Decision, InForce, State]:
-    decision, state = decide(observation, policy, current, state, now)
-    return (
-        decision,
-        InForce(decision.replicas, decision.batch_size, decision.max_queue_delay_s),
-        state,
-    )
 
 
 class TestFeedbackWithoutAModel:
