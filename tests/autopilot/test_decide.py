@@ -729,6 +729,7 @@ class TestRetriedRefusals:
         said = [reason for _, reason in decisions if "rest of that load was retries" in reason]
         assert len(said) == 1
         assert "600 rps arrive with nothing refused, more than was served while refusing" in said[0]
+        assert "recommendations made then count for no more than 2" in said[0]
 
     def test_where_the_traffic_fell_instead_the_storms_recommendations_stand(self) -> None:
         # 300 rps: less than was served while refusing. The traffic went away, which says

@@ -395,7 +395,8 @@ def simulate_cluster(
             reason = command.reason
             fleet.apply(command, start, cold_start=controller.cold_start)
         ready_at_start = len(fleet.ready(start))
-        # Every pass serves up to the next cut; each cut is a pod's readiness or a loss' moment.
+        # Every pass serves up to the next cut; each cut is a pod's readiness or a loss' moment
+        # (and, while clients retry, at most a retry step after the last).
         lo = start
         for _ in range(len(fleet.pods) + 4 * len(config.node_losses) + 2 + steps):
             if lo >= end:

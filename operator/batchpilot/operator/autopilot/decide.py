@@ -323,7 +323,7 @@ def decide(
         why += (
             f"; {offered:.0f} rps arrive with nothing refused, more than was served while "
             f"refusing: the rest of that load was retries, and the {paced.shown} "
-            f"recommendations made then count for no more than {want_replicas}"
+            f"recommendations made then count for no more than {paced.wanted}"
         )
     if paced.note:
         notes.append(paced.note)

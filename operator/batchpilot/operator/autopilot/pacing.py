@@ -60,6 +60,8 @@ class Paced:
     """Why the count stays where the plan would move it, if it does."""
     shown: int = 0
     """Recommendations made while refusing that this window lowered (it showed their load)."""
+    wanted: int = 0
+    """This window's recommendation within the bounds: what those now count for at most."""
 
 
 def verified(
@@ -122,7 +124,7 @@ def pace(
     marks = tuple(m for m in (*marks, *mark) if m[0] in kept)
 
     def stay(note: str | None) -> Paced:
-        return Paced(current.replicas, window, marks, note, shown)
+        return Paced(current.replicas, window, marks, note, shown, want)
 
     if want == current.replicas:
         return stay(None)
@@ -165,4 +167,4 @@ def pace(
 
         if p99(rate) > target and p99(rate * LOAD_HEADROOM) > near:
             return stay("fewer replicas would leave too little headroom")
-    return Paced(stable, ((now, stable),), (), None, shown)
+    return Paced(stable, ((now, stable),), (), None, shown, want)
