@@ -103,6 +103,27 @@ class TestTwoReads:
         assert float(raw["p99"][0]["value"][1]) == pytest.approx(0.25 + 0.25 * 9 / 10)
         assert float(raw["p95"][0]["value"][1]) == pytest.approx(0.25 + 0.25 * 5 / 10)
 
+    def test_retries_a_pod_counted_apart_are_no_part_of_the_arrivals(self) -> None:
+        own = {"model": "resnet50", "isvc": "resnet50", "namespace": "vision"}
+
+        def read(at: float, first: float, retried: float) -> Read:
+            return Read(
+                at,
+                (
+                    *counters(served=0),
+                    ("batchpilot_arrivals_total", {**own, "attempt": "first"}, first),
+                    ("batchpilot_arrivals_total", {**own, "attempt": "retry"}, retried),
+                    ("batchpilot_recent_arrivals_per_second", {**own, "attempt": "first"}, 40.0),
+                    ("batchpilot_recent_arrivals_per_second", {**own, "attempt": "retry"}, 90.0),
+                ),
+            )
+
+        # `counters` adds a series without the label (a runtime that does not count by
+        # attempt): it is demand, as Prometheus' `attempt!="retry"` reads it.
+        raw, _ = answers({"a": read(0.0, 100, 50)}, {"a": read(10.0, 500, 950)}) or ({}, 0)
+        assert float(raw["arrivals"][0]["value"][1]) == pytest.approx(40.0)
+        assert float(raw["now"][0]["value"][1]) == pytest.approx(40.0)
+
     def test_a_pod_read_once_is_not_in_the_window(self) -> None:
         read = Read(0.0, tuple(counters(served=0)))
         assert answers({}, {"a": read}) is None

@@ -400,7 +400,7 @@ def exported_series() -> dict[str, set[str]]:
     )
     metrics.settings_changed(max_batch_size=4, max_queue_delay_s=0.005, sla_s=0.1, objective=0.99)
     metrics.request_finished(RequestOutcome.SUCCESS, 0.01)
-    metrics.arrivals.inc()
+    metrics.arrived()
     metrics.batch_done(
         BatchDone(rows=4, compute_s=0.01, queue_waits_s=(0.001,) * 4, input_s=0.0, output_s=0.0)
     )

@@ -6,6 +6,13 @@ over the whole scrape interval. The runtime also exports the arrivals of the las
 `RECENT_ARRIVALS_S` seconds per second as a gauge (`batchpilot_recent_arrivals_per_second`):
 read at the scrape, it shows the new rate as soon as the step is that old. The autopilot reads
 it beside the counter's rate and judges its noise by this span, so both sides take it from here.
+
+Both count by attempt: a request its client or proxy says is a retry (an Envoy
+`x-envoy-attempt-count` above 1, a gRPC `grpc-previous-rpc-attempts` above 0) is counted under
+`attempt="retry"`, every other under `attempt="first"`. The first attempts are the demand; the
+retries are the refusals of the moments before coming back, load the autopilot must not size
+for. It reads the arrivals with `NOT_RETRIED` (a runtime that does not count by attempt
+matches it too: every arrival of its is read as demand).
 """
 
 from __future__ import annotations
@@ -13,3 +20,10 @@ from __future__ import annotations
 RECENT_ARRIVALS_S = 5.0
 """Seconds of arrivals the gauge counts: short against a scrape interval (15 s), long enough that
 Poisson noise at tens of requests per second stays within tens of per cent."""
+
+ATTEMPT_LABEL = "attempt"
+"""The arrival series' label saying whether the request was a retry."""
+FIRST_ATTEMPT = "first"
+RETRY_ATTEMPT = "retry"
+NOT_RETRIED = f'{ATTEMPT_LABEL}!="{RETRY_ATTEMPT}"'
+"""The PromQL matcher of the arrivals that are demand: every series not marked a retry."""

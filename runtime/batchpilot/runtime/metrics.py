@@ -44,7 +44,9 @@ environment), so one PromQL selector finds a service's replicas. What each metri
   was preprocessed counts as admitted, then expired. `batchpilot_recent_arrivals_per_second`
   (gauge): the same arrivals over the last 5 s (`batchpilot.api.arrivals`), per second at the
   moment of the scrape: a step in the load shows in it whole once it is that old, where the
-  counter's rate between two scrapes averages it with what came before.
+  counter's rate between two scrapes averages it with what came before. Both by `attempt`:
+  `retry` for a request whose headers say it is one (`batchpilot.runtime.attempts`), `first`
+  for the rest — the demand the autopilot sizes for.
 - `batchpilot_deadline_seconds` (gauge): the default deadline in force (0: none).
 - `batchpilot_device_memory_batch_rows` (gauge): absent until the device runs out of memory for
   a batch; then the largest batch it is not known to lack memory for. Batches are formed no
@@ -94,7 +96,12 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from batchpilot.api.arrivals import RECENT_ARRIVALS_S
+from batchpilot.api.arrivals import (
+    ATTEMPT_LABEL,
+    FIRST_ATTEMPT,
+    RECENT_ARRIVALS_S,
+    RETRY_ATTEMPT,
+)
 from batchpilot.runtime.arrival_rate import RecentArrivals
 from batchpilot.runtime.device import Nvml
 from batchpilot.runtime.engine import EngineInfo
@@ -301,20 +308,25 @@ class RuntimeMetrics:
         self._outcomes = Counter(
             "batchpilot_requests", "Requests by outcome", [*names, "outcome"], registry=r
         )
-        self.arrivals = Counter(
+        arrivals = Counter(
             "batchpilot_arrivals",
-            "Valid requests that arrived, whatever became of them: the offered load",
-            names,
+            "Valid requests that arrived, whatever became of them, by attempt (first, or a "
+            "retry by its headers): the offered load",
+            [*names, ATTEMPT_LABEL],
             registry=r,
-        ).labels(**labels)
-        self.recent_arrivals = RecentArrivals()
-        Gauge(
+        )
+        recent = Gauge(
             "batchpilot_recent_arrivals_per_second",
-            f"Valid requests that arrived in the last {RECENT_ARRIVALS_S:g} s, per second: the "
-            "offered load now",
-            names,
+            f"Valid requests that arrived in the last {RECENT_ARRIVALS_S:g} s, per second, by "
+            "attempt: the offered load now",
+            [*names, ATTEMPT_LABEL],
             registry=r,
-        ).labels(**labels).set_function(self.recent_arrivals.rate)
+        )
+        attempts = (FIRST_ATTEMPT, RETRY_ATTEMPT)
+        self._arrivals = {a: arrivals.labels(**labels, attempt=a) for a in attempts}
+        self._recent_arrivals = {a: RecentArrivals() for a in attempts}
+        for attempt, rate in self._recent_arrivals.items():
+            recent.labels(**labels, attempt=attempt).set_function(rate.rate)
         self.batcher_seconds = Counter(
             "batchpilot_batcher_seconds",
             "Seconds the timed requests spent in the batcher, from the queue to their batch's "
@@ -471,10 +483,12 @@ class RuntimeMetrics:
         for rows, seconds in seconds_by_rows.items():
             self._startup.labels(**self._labels, rows=str(rows)).set(seconds)
 
-    def arrived(self) -> None:
-        """One valid request arrived: the counter and the last seconds' rate."""
-        self.arrivals.inc()
-        self.recent_arrivals.arrived()
+    def arrived(self, *, retry: bool = False) -> None:
+        """One valid request arrived, a retry by its headers or not: the counter and the last
+        seconds' rate."""
+        attempt = RETRY_ATTEMPT if retry else FIRST_ATTEMPT
+        self._arrivals[attempt].inc()
+        self._recent_arrivals[attempt].arrived()
 
     def shed(self, reason: str) -> None:
         """One request shed; `reason` is one of `SHED_REASONS`."""

@@ -46,6 +46,7 @@ from batchpilot.runtime.async_jobs import (
     JobState,
     JobStore,
 )
+from batchpilot.runtime.attempts import is_retry_raw
 from batchpilot.runtime.errors import EngineFailure, InferenceError, InvalidRequest, ShuttingDown
 from batchpilot.runtime.job_relay import FORWARDED_HEADER, Gone, JobRelay, NotAnswering
 from batchpilot.runtime.outcomes import RequestOutcome, status_of
@@ -98,10 +99,12 @@ def add_async_routes(
     model_name = server.signature.name
     check_model = server.check_model
 
-    async def run_job(job: Job[EncodedResult], parsed: InferRequest, started: float) -> None:
+    async def run_job(
+        job: Job[EncodedResult], parsed: InferRequest, started: float, *, retry: bool
+    ) -> None:
         metrics.inflight.inc()
         try:
-            outputs = await server.infer(parsed)
+            outputs = await server.infer(parsed, retry=retry)
             result = encode_result(server, parsed, outputs)
         except InferenceError as exc:
             metrics.request_finished(status_of(exc)[1], time.perf_counter() - started)
@@ -186,8 +189,9 @@ def add_async_routes(
         except ClientDisconnect:
             metrics.request_finished(RequestOutcome.CANCELLED)
             return Response(status_code=CLIENT_CLOSED_REQUEST)
+        retry = is_retry_raw(request.scope["headers"])
         job.work = asyncio.get_running_loop().create_task(
-            run_job(job, parsed, started), name=f"async-job-{job.id}"
+            run_job(job, parsed, started, retry=retry), name=f"async-job-{job.id}"
         )
         return json_response(
             {"id": job.id, "model_name": model_name, "status": "queued"},

@@ -34,6 +34,7 @@ from batchpilot.runtime.asgi_io import (
     send_answer,
     until_disconnected,
 )
+from batchpilot.runtime.attempts import is_retry_raw
 from batchpilot.runtime.errors import InferenceError
 from batchpilot.runtime.infer_dispatch import RuntimeApp
 from batchpilot.runtime.outcomes import RequestOutcome, status_of
@@ -211,7 +212,7 @@ def add_v2_routes(
             assert handler is not None
             watcher = asyncio.get_running_loop().create_task(until_disconnected(receive, handler))
             try:
-                outputs = await server.infer(parsed)
+                outputs = await server.infer(parsed, retry=is_retry_raw(scope["headers"]))
             except asyncio.CancelledError:
                 if not (watcher.done() and handler.uncancel() == 0):
                     raise

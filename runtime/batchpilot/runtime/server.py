@@ -478,8 +478,9 @@ class ModelServer:
                 f"({self._max_body_bytes} bytes), whichever is more"
             )
 
-    async def infer(self, request: InferRequest) -> list[Tensor]:
-        """Serve one request; raises the runtime's errors for anything but success.
+    async def infer(self, request: InferRequest, *, retry: bool = False) -> list[Tensor]:
+        """Serve one request; raises the runtime's errors for anything but success. `retry`:
+        its headers say it is a retry (`attempts`), and it arrives as one.
 
         A request is an arrival once it is known to be valid: with a preprocess, once that has
         turned its inputs into the model's (a request it refuses is invalid, as one refused by
@@ -498,7 +499,7 @@ class ModelServer:
             # The deadline counts from arrival: preprocessing spends the request's own time.
             arrived = time.perf_counter()
             inputs, geometry = await self._off_loop("preprocess", pipeline.preprocess, inputs)
-            metrics.arrived()
+            metrics.arrived(retry=retry)
             if timeout_s is not None:
                 remaining_s = timeout_s - (time.perf_counter() - arrived)
                 if remaining_s <= 0:
@@ -509,7 +510,7 @@ class ModelServer:
                         "inputs were preprocessed"
                     )
         else:
-            metrics.arrived()
+            metrics.arrived(retry=retry)
         try:
             future = self._queue.put(inputs, rows=rows, timeout_s=remaining_s)
         except Overloaded as exc:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from batchpilot.api.arrivals import NOT_RETRIED
+
 UtilizationSource = Literal["busy", "nvml", "dcgm"]
 
 
@@ -103,7 +105,9 @@ def queries(
         "nvml": agg("avg", f"avg_over_time(batchpilot_gpu_utilization_ratio{{{sel}}}[{w}])"),
         "dcgm": dcgm,
     }[utilization]
-    arrivals = f"batchpilot_arrivals_total{{{sel}}}"
+    # The demand: every arrival but those whose headers said they were retries (a runtime that
+    # does not count by attempt matches as a whole).
+    arrivals = f"batchpilot_arrivals_total{{{sel},{NOT_RETRIED}}}"
     served = rate("batchpilot_requests_total", ',outcome="success"')
     # irate: the rate between the last two scrapes in the range, the freshest Prometheus has.
     # And the runtime's own rate of the last seconds, as the last scrape read it.
@@ -118,7 +122,9 @@ def queries(
         else {
             "recent": agg("sum", f"irate({arrivals}[{recent_s}s]) and {arrivals}"),
             "now": agg(
-                "sum", f"last_over_time({gauge}{{{sel}}}[{recent_s}s]) and {gauge}{{{sel}}}"
+                "sum",
+                f"last_over_time({gauge}{{{sel},{NOT_RETRIED}}}[{recent_s}s]) "
+                f"and {gauge}{{{sel},{NOT_RETRIED}}}",
             ),
         }
     )
@@ -156,7 +162,7 @@ def queries(
             "queue_p99": quantile(0.99, "batchpilot_queue_wait_seconds"),
             "qps": served,
             "rejected": rate("batchpilot_requests_total", ',outcome="rejected"'),
-            "arrivals": rate("batchpilot_arrivals_total"),
+            "arrivals": rate("batchpilot_arrivals_total", f",{NOT_RETRIED}"),
             "utilization": util,
             "mean_batch": (
                 f"{rate('batchpilot_batch_size_sum')} / {rate('batchpilot_batch_size_count')}"

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from batchpilot.api.arrivals import ATTEMPT_LABEL, RETRY_ATTEMPT
 from batchpilot.api.samples import Sample
 from batchpilot.operator.autopilot.answers import Raw
 
@@ -76,6 +77,10 @@ def answers(before: Mapping[str, Read], after: Mapping[str, Read]) -> tuple[Raw,
     def gauges(name: str) -> list[tuple[Labels, float]]:
         return [item for pod in pods for item in after[pod].values(name).items()]
 
+    def demand(found: list[tuple[Labels, float]]) -> list[float]:
+        """The values of the arrival series not marked retries (as `NOT_RETRIED` reads them)."""
+        return [v for labels, v in found if dict(labels).get(ATTEMPT_LABEL) != RETRY_ATTEMPT]
+
     served = total("batchpilot_requests_total", outcome="success")
     busy = [r for _, r in rates("batchpilot_device_busy_seconds_total")]
     rows = total("batchpilot_batch_size_sum")
@@ -88,7 +93,8 @@ def answers(before: Mapping[str, Read], after: Mapping[str, Read]) -> tuple[Raw,
         if (at_rows := dict(labels).get("rows")) is not None:
             startup[at_rows].append(value)
     memory = [v for _, v in gauges("batchpilot_device_memory_batch_rows")]
-    now = [v for _, v in gauges("batchpilot_recent_arrivals_per_second")]
+    now = demand(gauges("batchpilot_recent_arrivals_per_second"))
+    arrivals = demand(rates("batchpilot_arrivals_total"))
     requests_buckets = by("batchpilot_request_duration_seconds_bucket", "le")
     raw: Raw = {
         "p99": _one(histogram_quantile(0.99, requests_buckets)),
@@ -98,7 +104,7 @@ def answers(before: Mapping[str, Read], after: Mapping[str, Read]) -> tuple[Raw,
         ),
         "qps": _one(served),
         "rejected": _one(total("batchpilot_requests_total", outcome="rejected")),
-        "arrivals": _one(total("batchpilot_arrivals_total")),
+        "arrivals": _one(sum(arrivals) if arrivals else None),
         "utilization": _one(sum(busy) / len(busy) if busy else None),
         "mean_batch": _one(_ratio(rows, batches)),
         "rows_per_request": _one(_ratio(rows, served)),

@@ -28,6 +28,7 @@ import grpc
 from google.protobuf import json_format
 
 from batchpilot.runtime.access import AccessGate
+from batchpilot.runtime.attempts import is_retry
 from batchpilot.runtime.errors import (
     DeadlineExceeded,
     EngineFailure,
@@ -302,7 +303,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 request,
                 deadline_s=None if remaining is None else remaining - DEADLINE_MARGIN_S,
             )
-            outputs = await self._server.infer(parsed)
+            retry = is_retry(context.invocation_metadata() or ())
+            outputs = await self._server.infer(parsed, retry=retry)
             signature = self._server.signature
             response = encode_infer_response(
                 model_name=signature.name,
