@@ -97,6 +97,8 @@ class FakeV2Server:
     behaviour: Behaviour = field(default_factory=Behaviour)
     infer_count: int = 0
     shapes_seen: set[tuple[int, ...]] = field(default_factory=set)
+    attempts_seen: list[str | None] = field(default_factory=list)
+    """Each infer's `x-envoy-attempt-count`, None where it had none."""
     _free_at: float = 0.0
 
     def app(self) -> web.Application:
@@ -113,6 +115,7 @@ class FakeV2Server:
     async def infer(self, request: web.Request) -> web.StreamResponse:
         self.infer_count += 1
         n = self.infer_count
+        self.attempts_seen.append(request.headers.get("x-envoy-attempt-count"))
         body = await request.read()
         length = request.headers.get(HEADER_LENGTH)
         try:
@@ -709,6 +712,34 @@ class TestRetryingClients:
         assert report.shed_latency_ms is not None
         assert report.shed_latency_ms.p50_ms >= 1000  # the wait the server asked for
 
+    async def test_marked_retries_number_every_try_as_envoy_does(
+        self, server: FakeV2Server
+    ) -> None:
+        server.behaviour = Behaviour(status_every=(1, 503))  # every send refused
+        report = await run_load(
+            LoadConfig(
+                target=target(server),
+                duration_s=10,
+                concurrency=1,
+                max_requests=2,
+                retries=Retries(2, delay_s=0.0, marked=True),
+            )
+        )
+        assert (report.shed, report.retries) == (2, 4)
+        assert server.attempts_seen == ["1", "2", "3"] * 2
+
+    async def test_unmarked_retries_carry_no_attempt_count(self, server: FakeV2Server) -> None:
+        server.behaviour = Behaviour(status_every=(1, 503))
+        config = LoadConfig(
+            target=target(server),
+            duration_s=10,
+            concurrency=1,
+            max_requests=1,
+            retries=Retries(1, delay_s=0.0),
+        )
+        assert (await run_load(config)).retries == 1
+        assert server.attempts_seen == [None, None]
+
     def test_retry_after_is_read_in_seconds(self) -> None:
         assert retry_after_s("2") == 2.0
         assert retry_after_s(" 0.5 ") == 0.5
@@ -991,11 +1022,12 @@ def test_cli_retries_refused_requests(
     server.behaviour = Behaviour(status_every=(2, 503))
     out = tmp_path / "report.json"
     argv = ["--url", server.url, "--model", MODEL, "--concurrency", "1", "--duration", "10"]
-    retrying = ["--requests", "4", "--retries", "1", "--retry-delay-s", "0"]
+    retrying = ["--requests", "4", "--retries", "1", "--retry-delay-s", "0", "--mark-retries"]
     assert loadgen.run_cli([*argv, *retrying, "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert (doc["succeeded"], doc["retries"]) == (4, 3)
     assert "3 refused sends repeated" in capsys.readouterr().out
+    assert server.attempts_seen.count("2") == 3
 
 
 def test_cli_json_to_stdout_stays_parseable(
@@ -1065,6 +1097,7 @@ def test_cli_help_documents_the_exit_statuses(capsys: pytest.CaptureFixture[str]
         pytest.param(["--duration", "1", "--rate", "5", "--sla-ms", "-1"], id="negative-sla"),
         pytest.param(["--duration", "1", "--rate", "5", "--retries", "-1"], id="negative-retries"),
         pytest.param(["--find-max", "--sla-ms", "100", "--retries", "1"], id="find-max-retrying"),
+        pytest.param(["--duration", "1", "--rate", "5", "--mark-retries"], id="marking-no-retries"),
     ],
 )
 def test_cli_bad_arguments_exit_2(extra: list[str], capsys: pytest.CaptureFixture[str]) -> None:

@@ -27,7 +27,7 @@ from batchpilot.operator.autopilot.prometheus import (
     Scope,
     http_query,
 )
-from batchpilot.runtime.loadgen import LoadConfig, RateSchedule, Target, run_load
+from batchpilot.runtime.loadgen import LoadConfig, RateSchedule, Retries, Target, run_load
 from batchpilot.sandbox.prometheus import PrometheusProcess, prometheus_process
 from tests.runtime_process import RuntimeProcess, Scrape, free_port, runtime_process
 from tests.waiting import wait_until
@@ -206,6 +206,48 @@ def test_requests_of_several_rows_read_back_as_rows_per_request(
     assert whole.compute
     # every batch holds whole requests of 4 rows: buckets 4, 8 and 16, nothing smaller
     assert min(p.mean_batch for p in whole.compute) >= 0.98 * 4
+
+
+def test_retries_the_clients_mark_are_read_as_no_part_of_the_demand(
+    image_model: Path, tmp_path: Path
+) -> None:
+    # Batches of at most 4 rows at 20 + 2·b ms: about 140 rps served of 250 offered; what is
+    # refused is sent twice more, 0.1 s apart, each try numbered as Envoy numbers them.
+    with scraped_runtime(image_model, tmp_path, "alpha_ms=20,beta_ms=2", 4) as (
+        runtime,
+        prometheus,
+        _,
+    ):
+        config = LoadConfig(
+            target=Target(url=runtime.url, model="image"),
+            duration_s=LOAD_S,
+            schedule=RateSchedule.constant(250),
+            retries=Retries(2, delay_s=0.1, marked=True),
+        )
+        report = asyncio.run(run_load(config))
+        ended = time.time()
+        scraped_through(
+            prometheus, int(Scrape(runtime).value("batchpilot_requests_total", outcome="success"))
+        )
+        observer = PrometheusObserver(
+            http_query(prometheus.url), window_s=int(LOAD_S) - 2, recent_s=3, clock=time.time
+        )
+        observation = observer.observe(SCOPE, ready_replicas=1, at=ended - 0.5)
+        scrape = Scrape(runtime)
+    offered = report.sent / LOAD_S
+    assert report.retries > 0.3 * report.sent  # the storm is large against the demand
+    # The runtime counted every marked retry apart from the requests' first tries.
+    assert scrape.value("batchpilot_arrivals_total", attempt="retry") == report.retries
+    assert scrape.value("batchpilot_arrivals_total", attempt="first") == report.sent
+    assert observation is not None
+    # What the autopilot reads as demand is the clients' own rate, every signal of it, not
+    # the rate of sends (the requests and their retries) that reached the runtime.
+    assert observation.arrival_qps == pytest.approx(offered, rel=0.10)
+    assert observation.offered_qps == pytest.approx(offered, rel=0.10)
+    assert observation.recent_qps == pytest.approx(offered, rel=0.25)
+    assert observation.now_qps == pytest.approx(offered, rel=0.25)
+    # Still refusing: the share not served is the demand's.
+    assert observation.unserved_share > 0.2
 
 
 def test_a_dead_prometheus_is_no_observation_not_a_hang(tmp_path: Path) -> None:

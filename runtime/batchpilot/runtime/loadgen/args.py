@@ -115,6 +115,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="wait this long before each retry (0: at once); default: the answer's Retry-After, "
         "1 s where it has none",
     )
+    load.add_argument(
+        "--mark-retries",
+        action="store_true",
+        help="number every try in x-envoy-attempt-count, as an Envoy proxy retrying for its "
+        "client does: the server counts the repeats as retries, not as demand",
+    )
 
     search = parser.add_argument_group("find-max")
     search.add_argument(
@@ -243,5 +249,5 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig | SearchConfig:
         seed=args.seed,
         sla_ms=args.sla_ms,
         max_send_lag_ms=args.max_send_lag_ms,
-        retries=Retries(args.retries, args.retry_delay_s),
+        retries=Retries(args.retries, args.retry_delay_s, marked=args.mark_retries),
     )

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import aiohttp
 import orjson
 from yarl import URL
 
+from batchpilot.runtime.attempts import ENVOY_ATTEMPT_COUNT
 from batchpilot.runtime.loadgen.config import Retries, Target
 from batchpilot.runtime.loadgen.errors import (
     CONNECTION,
@@ -73,23 +74,36 @@ async def send_retrying(
 ) -> str:
     """Send the request, and send it again when it is refused (503/429) — after the server's
     `Retry-After` or `retries.delay_s` — up to `retries.attempts` more times; the last answer's
-    kind. `on_retry` is called before each repeat."""
-    kind, retry_after = await _post(session, request, verify=verify)
-    for _ in range(retries.attempts):
+    kind. `on_retry` is called before each repeat. Where `retries.marked`, every try carries
+    its number in `x-envoy-attempt-count`."""
+
+    def headers(attempt: int) -> Mapping[str, str]:
+        if not retries.marked:
+            return request.headers
+        return {**request.headers, ENVOY_ATTEMPT_COUNT: str(attempt)}
+
+    kind, retry_after = await _post(session, request, verify=verify, headers=headers(1))
+    for attempt in range(2, retries.attempts + 2):
         if kind not in SHED_KINDS:
             break
         await asyncio.sleep(retries.wait_s(retry_after))
         on_retry()
-        kind, retry_after = await _post(session, request, verify=verify)
+        kind, retry_after = await _post(session, request, verify=verify, headers=headers(attempt))
     return kind
 
 
 async def _post(
-    session: aiohttp.ClientSession, request: PreparedRequest, *, verify: bool
+    session: aiohttp.ClientSession,
+    request: PreparedRequest,
+    *,
+    verify: bool,
+    headers: Mapping[str, str] | None = None,
 ) -> tuple[str, float | None]:
-    """One send: its kind, and the seconds its `Retry-After` asks for (None: none)."""
+    """One send (with `headers` in place of the request's own, where given): its kind, and the
+    seconds its `Retry-After` asks for (None: none)."""
+    sent = request.headers if headers is None else headers
     try:
-        async with session.post(request.url, data=request.body, headers=request.headers) as resp:
+        async with session.post(request.url, data=request.body, headers=sent) as resp:
             body = await resp.read()
             if not 200 <= resp.status < 300:
                 return str(resp.status), retry_after_s(resp.headers.get("Retry-After"))

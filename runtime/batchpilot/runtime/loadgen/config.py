@@ -57,10 +57,16 @@ class Retries:
     """Repeats of a refused request at most (0: none)."""
     delay_s: float | None = None
     """The wait before each repeat; None: the answer's `Retry-After` (1 s where it has none)."""
+    marked: bool = False
+    """Each try says which it is in `x-envoy-attempt-count` (1, 2, …), as an Envoy proxy that
+    retries for its client does where the route includes the attempt count: the server counts
+    the repeats as retries, not as demand."""
 
     def __post_init__(self) -> None:
         if self.attempts < 0:
             raise ValueError(f"retries must be at least 0, got {self.attempts}")
+        if self.marked and not self.attempts:
+            raise ValueError("marking retries needs retries: give --retries too")
         if self.delay_s is not None and not 0 <= self.delay_s <= MAX_RETRY_WAIT_S:
             raise ValueError(
                 f"the retry delay must be in [0, {MAX_RETRY_WAIT_S:g}] s, got {self.delay_s}"
