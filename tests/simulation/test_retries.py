@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
 
+from batchpilot.operator.autopilot.observation import Observation
+from batchpilot.operator.autopilot.policy import InForce
 from batchpilot.simulation import TEXTBOOK, ClusterConfig, Trace, cli
 from batchpilot.simulation.clients import MIN_STEP_S, Retries, RetryQueue
 from batchpilot.simulation.cluster import simulate_cluster
-from batchpilot.simulation.policies import StaticController
+from batchpilot.simulation.policies import Command, StaticController
 from batchpilot.simulation.report import SimulationResult
 
 
@@ -18,6 +21,8 @@ class TestTheirBehaviour:
     def test_parsed_from_the_command_line_form(self) -> None:
         assert Retries.parse("attempts=5,delay_s=0.1,backoff=2") == Retries(5, 0.1, 2.0, 0.5)
         assert Retries.parse("") == Retries()
+        assert Retries.parse("marked=1") == Retries(marked=True)
+        assert Retries.parse("marked=false,attempts=2") == Retries(2, marked=False)
 
     @pytest.mark.parametrize(
         ("text", "says"),
@@ -27,6 +32,7 @@ class TestTheirBehaviour:
             ("attempts=0", "at least 1"),
             ("delay_s=0", "delay_s must be positive"),
             ("jitter=1", "jitter must be in [0, 1)"),
+            ("marked=maybe", "marked must be 1 or 0"),
         ],
     )
     def test_nonsense_is_refused_with_the_reason(self, text: str, says: str) -> None:
@@ -67,12 +73,28 @@ class TestTheQueue:
         assert due.std() > 0.2
 
 
-def overloaded(retries: Retries | None) -> SimulationResult:
+@dataclass
+class Watching(StaticController):
+    """A static controller that keeps the arrival signals of every observation it is given."""
+
+    seen: list[tuple[float | None, float | None, float | None]] = field(default_factory=list)
+
+    def decide(
+        self, observation: Observation | None, current: InForce, *, now: float, interval: int
+    ) -> Command:
+        if observation is not None:
+            self.seen.append((observation.arrival_qps, observation.recent_qps, observation.now_qps))
+        return self.initial()
+
+
+def overloaded(
+    retries: Retries | None, controller: StaticController | None = None
+) -> SimulationResult:
     """One replica at batch 8 (about 330 rps) offered 600 rps for two minutes."""
     return simulate_cluster(
         Trace.constant(600, 120),
         TEXTBOOK,
-        StaticController(1, 8, 0.005),
+        controller or StaticController(1, 8, 0.005),
         sla_s=0.1,
         config=ClusterConfig(retries=retries),
     )
@@ -96,6 +118,32 @@ class TestARetryStorm:
         assert served == pytest.approx(dropped.summary.requests - dropped.summary.shed, rel=0.05)
         assert retried.settings["retries"]["attempts"] == 3
         assert retried.to_dict(intervals=False)["clients"] == clients
+
+    def test_retries_that_say_so_are_served_alike_and_are_no_part_of_the_arrival_signals(
+        self,
+    ) -> None:
+        plain, marked = Watching(1, 8, 0.005), Watching(1, 8, 0.005)
+        unmarked_run = overloaded(Retries(attempts=3, delay_s=1.0), plain)
+        marked_run = overloaded(Retries(attempts=3, delay_s=1.0, marked=True), marked)
+        assert marked_run.clients is not None
+        assert unmarked_run.clients is not None
+        # The same storm reaches the replica: as many requests and retries, as many refused.
+        for key in ("requests", "retries"):
+            assert marked_run.clients[key] == pytest.approx(unmarked_run.clients[key], rel=0.02)
+        assert marked_run.summary.requests == (
+            marked_run.clients["requests"] + marked_run.clients["retries"]
+        )
+        assert marked_run.summary.shed == pytest.approx(unmarked_run.summary.shed, rel=0.02)
+        # Once the window is all storm, the marked runtimes' arrivals are the clients' 600 rps;
+        # unmarked, the requests and their retries.
+        for arrivals, recent, now in marked.seen[4:]:
+            assert arrivals == pytest.approx(600, rel=0.05)
+            assert recent == pytest.approx(600, rel=0.25)
+            assert now == pytest.approx(600, rel=0.25)
+        for arrivals, _, _ in plain.seen[4:]:
+            assert arrivals is not None
+            assert arrivals > 1.3 * 600
+        assert marked_run.settings["retries"]["marked"] is True
 
     def test_one_attempt_only_gives_up_every_refusal(self) -> None:
         result = overloaded(Retries(attempts=1))

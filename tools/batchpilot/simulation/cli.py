@@ -238,9 +238,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--retries",
         type=_retries,
         default=None,
-        metavar="attempts=3,delay_s=1,backoff=1,jitter=0.5",
+        metavar="attempts=3,delay_s=1,backoff=1,jitter=0.5,marked=0",
         help="clients send a refused request again, after delay_s (times backoff per attempt, "
         "± jitter), up to attempts tries in all; the runtimes count every try as an arrival. "
+        "marked=1: each retry says it is one (x-envoy-attempt-count, gRPC's attempt count), "
+        "and the arrival signals count the first tries alone. "
         "Default: a refused request is dropped",
     )
     cluster.add_argument("--seed", type=int, default=0)

@@ -41,6 +41,10 @@ class Retries:
     """Each later retry waits this many times the one before."""
     jitter: float = 0.5
     """Each wait is drawn uniformly within ±`jitter` of its mean."""
+    marked: bool = False
+    """Each retry says it is one (an Envoy `x-envoy-attempt-count`, gRPC's
+    `grpc-previous-rpc-attempts`): the runtimes count it under `attempt="retry"`, and the
+    autopilot's arrival signals (and the seasonal history) are the first attempts alone."""
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
@@ -55,30 +59,45 @@ class Retries:
         """The longest pass while these clients retry."""
         return max(MIN_STEP_S, self.delay_s * (1 - self.jitter))
 
-    def describe(self) -> dict[str, float]:
+    def describe(self) -> dict[str, float | bool]:
         return {
             "attempts": self.attempts,
             "delayS": self.delay_s,
             "backoff": self.backoff,
             "jitter": self.jitter,
+            "marked": self.marked,
         }
 
     @classmethod
     def parse(cls, text: str) -> Retries:
-        """`attempts=3,delay_s=1,backoff=2,jitter=0.5`; any left out keep their defaults."""
+        """`attempts=3,delay_s=1,backoff=2,jitter=0.5,marked=1`; any left out keep their
+        defaults."""
         known = {"attempts": int, "delay_s": float, "backoff": float, "jitter": float}
-        values: dict[str, float] = {}
+        values: dict[str, float | bool] = {}
         for part in filter(None, (p.strip() for p in text.split(","))):
             key, sep, value = part.partition("=")
+            if key == "marked" and sep:
+                values[key] = _flag(value)
+                continue
             if not sep or key not in known:
                 raise ValueError(
-                    f"retries: {part!r} is not one of attempts=, delay_s=, backoff=, jitter="
+                    f"retries: {part!r} is not one of attempts=, delay_s=, backoff=, jitter=, "
+                    "marked="
                 )
             try:
                 values[key] = known[key](value)
             except ValueError:
                 raise ValueError(f"retries: {key} must be a number, not {value!r}") from None
         return cls(**values)  # type: ignore[arg-type]
+
+
+def _flag(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes"):
+        return True
+    if lowered in ("0", "false", "no"):
+        return False
+    raise ValueError(f"retries: marked must be 1 or 0 (true or false), not {value!r}")
 
 
 @dataclass

@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -481,11 +481,19 @@ def _serve(
     retrying: RetryQueue | None = None,
 ) -> int:
     """Serve [lo, hi): spread its arrivals — the trace's, and the retries due — over the ready
-    pods, run every pod's batches; what is refused goes back to `retrying`."""
+    pods, run every pod's batches; what is refused goes back to `retrying`. Retries the clients
+    mark are served as any arrival and counted apart: the arrival signals have the first
+    attempts alone (`attempt!="retry"`)."""
     arrivals = trace.arrivals(lo, hi, rng)
+    first = arrivals.shape[0]
+    retried: np.ndarray[Any, np.dtype[np.bool_]] | None = None
     if retrying is not None and retrying.waiting:
-        arrivals = np.sort(np.concatenate([arrivals, retrying.due(hi)]))
-    telemetry.record_offered(arrivals)
+        both = np.concatenate([arrivals, retrying.due(hi)])
+        order = np.argsort(both, kind="stable")
+        arrivals = both[order]
+        if retrying.retries.marked:
+            retried = order >= first
+    telemetry.record_offered(arrivals if retried is None else arrivals[~retried])
     ready = fleet.ready(lo)
     served: list[tuple[int, Served]] = []
     unreached: list[FloatArray] = []
@@ -502,6 +510,7 @@ def _serve(
         order = np.argsort(target, kind="stable")
         bounds = np.concatenate([[0], np.cumsum(np.bincount(target, minlength=n))])
         ordered = arrivals[order]
+        demand = None if retried is None else ~retried[order]
         for i, pod in enumerate(ready):
             mine = ordered[bounds[i] : bounds[i + 1]]
             if pod.lost is not None:
@@ -509,7 +518,8 @@ def _serve(
                 telemetry.record_unreached(int(mine.shape[0]), lo)
                 unreached.append(mine)
                 continue
-            telemetry.record_arrivals(pod.index, mine)
+            counted = mine if demand is None else mine[demand[bounds[i] : bounds[i + 1]]]
+            telemetry.record_arrivals(pod.index, counted)
             served.append((pod.index, pod.replica.serve(mine.tolist(), since=lo, until=hi)))
     for pod in fleet.pods:
         if pod.draining:
@@ -528,9 +538,9 @@ def _serve(
 def _clients(retrying: RetryQueue, telemetry: Telemetry) -> dict[str, int]:
     """What became of the clients' requests: sent (the trace's, each once), retried, never
     served (refused on their last attempt, or still waiting to retry at the end)."""
-    attempts = int(telemetry.offered.sum())
+    offered = int(telemetry.offered.sum())  # the first attempts alone, where retries are marked
     return {
-        "requests": attempts - retrying.sent,
+        "requests": offered if retrying.retries.marked else offered - retrying.sent,
         "retries": retrying.sent,
         "gaveUp": retrying.gave_up + retrying.waiting,
     }
