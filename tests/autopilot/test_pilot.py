@@ -116,6 +116,22 @@ class TestAuto:
         # the offered load, as the status tells it: served + shed without arrival counts
         assert world.body["status"]["metrics"]["offeredQps"] == 300
 
+    def test_the_retries_the_runtimes_counted_apart_are_in_the_status_and_the_reason(
+        self,
+    ) -> None:
+        world = World(observe=lambda *a, **k: replace(overloaded(*a, **k), retried_qps=180.0))
+        decision = world.tick().decision
+        assert decision is not None
+        metrics = world.body["status"]["metrics"]
+        assert (metrics["offeredQps"], metrics["retriedQps"]) == (300, 180)
+        assert "at 300 rps (and 180 rps of retries, not counted)" in decision.reason
+        # Without retries, the reason does not mention them.
+        quiet = World()
+        plain = quiet.tick().decision
+        assert plain is not None
+        assert "retries" not in plain.reason
+        assert "retriedQps" not in quiet.body["status"]["metrics"]
+
     def test_the_rows_a_request_brings_are_in_the_status_and_the_reason(self) -> None:
         world = World(observe=lambda *a, **k: replace(overloaded(*a, **k), rows_per_request=4.0))
         decision = world.tick().decision

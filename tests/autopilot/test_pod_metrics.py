@@ -123,6 +123,7 @@ class TestTwoReads:
         raw, _ = answers({"a": read(0.0, 100, 50)}, {"a": read(10.0, 500, 950)}) or ({}, 0)
         assert float(raw["arrivals"][0]["value"][1]) == pytest.approx(40.0)
         assert float(raw["now"][0]["value"][1]) == pytest.approx(40.0)
+        assert float(raw["retried"][0]["value"][1]) == pytest.approx(90.0)
 
     def test_a_pod_read_once_is_not_in_the_window(self) -> None:
         read = Read(0.0, tuple(counters(served=0)))

@@ -246,6 +246,9 @@ def test_retries_the_clients_mark_are_read_as_no_part_of_the_demand(
     assert observation.offered_qps == pytest.approx(offered, rel=0.10)
     assert observation.recent_qps == pytest.approx(offered, rel=0.25)
     assert observation.now_qps == pytest.approx(offered, rel=0.25)
+    # The retries are read beside it, for the status to show.
+    assert observation.retried_qps is not None
+    assert observation.retried_qps > 0.3 * offered
     # Still refusing: the share not served is the demand's.
     assert observation.unserved_share > 0.2
 

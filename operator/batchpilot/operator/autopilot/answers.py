@@ -101,9 +101,10 @@ def observation_from(
 
     reporting = number("reporting")
     if reporting is None:
-        qps = rejected = arrivals = recent = now = None  # no replica of this service reports
+        qps = rejected = arrivals = retried = recent = now = None  # no replica reports
     else:
         qps, rejected, arrivals = rate("qps"), rate("rejected"), rate("arrivals")
+        retried = rate("retried")
         recent, now = number("recent"), number("now")
     seconds = _by_label(raw.get("compute_seconds", []), "batch_bucket")
     rows = _by_label(raw.get("compute_rows", []), "batch_bucket")
@@ -142,6 +143,7 @@ def observation_from(
         reporting_replicas=None if reporting is None else round(reporting),
         memory_rows=None if (memory := number("memory_rows")) is None else max(1, int(memory)),
         arrival_qps=arrivals,
+        retried_qps=retried,
         recent_qps=recent,
         # two scrapes fit the range: their distance is about half of it
         recent_window_s=None if recent is None or recent_s is None else recent_s / 2,

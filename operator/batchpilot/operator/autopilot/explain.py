@@ -83,6 +83,11 @@ def explain(
         if observation.idle
         else f"P99 {format_ms(p99)} vs SLA {format_ms(sla)} "
         f"at {observation.offered_qps or 0.0:.0f} rps"
+        + (
+            f" (and {retried:.0f} rps of retries, not counted)"
+            if (retried := observation.retried_qps or 0.0) >= 0.5
+            else ""
+        )
         + (f", {unserved:.0%} unserved" if unserved > SHED_TOLERANCE else "")
         + (
             f", device {observation.utilization * 100:.0f}% busy"

@@ -77,7 +77,11 @@ class Observation:
     is given. None: none ran out."""
     arrival_qps: float | None = None
     """Requests that arrived per second, counted at arrival by the runtime whatever became of
-    them (served, refused, expired); None from runtimes that do not count arrivals."""
+    them (served, refused, expired): the demand, so not those whose headers said they were
+    retries; None from runtimes that do not count arrivals."""
+    retried_qps: float | None = None
+    """The arrivals per second that said they were retries (`attempt="retry"`): no part of
+    `arrival_qps`, shown beside it. None from runtimes that do not count by attempt."""
     recent_qps: float | None = None
     """Arrivals per second over the last `recent_window_s` only (between the last two scrapes):
     the fast signal. The window's rate trails a sudden rise by half the window; this one by half

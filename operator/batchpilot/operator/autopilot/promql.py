@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from batchpilot.api.arrivals import NOT_RETRIED
+from batchpilot.api.arrivals import ATTEMPT_LABEL, NOT_RETRIED, RETRY_ATTEMPT
 
 UtilizationSource = Literal["busy", "nvml", "dcgm"]
 
@@ -163,6 +163,7 @@ def queries(
             "qps": served,
             "rejected": rate("batchpilot_requests_total", ',outcome="rejected"'),
             "arrivals": rate("batchpilot_arrivals_total", f",{NOT_RETRIED}"),
+            "retried": rate("batchpilot_arrivals_total", f',{ATTEMPT_LABEL}="{RETRY_ATTEMPT}"'),
             "utilization": util,
             "mean_batch": (
                 f"{rate('batchpilot_batch_size_sum')} / {rate('batchpilot_batch_size_count')}"

@@ -42,6 +42,7 @@ RECORDED = (
     "qps",
     "rejected",
     "arrivals",
+    "retried",
     "utilization",
     "mean_batch",
     "rows_per_request",

@@ -262,6 +262,9 @@ def metrics_status(observation: Observation | None, *, now: datetime) -> dict[st
         "offeredQps": None
         if observation.offered_qps is None
         else round(observation.offered_qps, 1),
+        "retriedQps": None
+        if observation.retried_qps is None
+        else round(observation.retried_qps, 1),
         "gpuUtilization": None
         if observation.utilization is None
         else round(observation.utilization * 100, 1),

@@ -95,6 +95,7 @@ def answers(before: Mapping[str, Read], after: Mapping[str, Read]) -> tuple[Raw,
     memory = [v for _, v in gauges("batchpilot_device_memory_batch_rows")]
     now = demand(gauges("batchpilot_recent_arrivals_per_second"))
     arrivals = demand(rates("batchpilot_arrivals_total"))
+    retried = total("batchpilot_arrivals_total", **{ATTEMPT_LABEL: RETRY_ATTEMPT})
     requests_buckets = by("batchpilot_request_duration_seconds_bucket", "le")
     raw: Raw = {
         "p99": _one(histogram_quantile(0.99, requests_buckets)),
@@ -105,6 +106,7 @@ def answers(before: Mapping[str, Read], after: Mapping[str, Read]) -> tuple[Raw,
         "qps": _one(served),
         "rejected": _one(total("batchpilot_requests_total", outcome="rejected")),
         "arrivals": _one(sum(arrivals) if arrivals else None),
+        "retried": _one(retried),
         "utilization": _one(sum(busy) / len(busy) if busy else None),
         "mean_batch": _one(_ratio(rows, batches)),
         "rows_per_request": _one(_ratio(rows, served)),
