@@ -24,6 +24,11 @@ def test_the_load_generator_gets_the_retries() -> None:
         "--retry-delay-s",
         "0",
     ]
+    assert retrying(SandboxOptions(retries=1, mark_retries=True)) == [
+        "--retries",
+        "1",
+        "--mark-retries",
+    ]
 
 
 @pytest.mark.parametrize("argv", [("--retries", "-1"), ("--retries", "2", "--retry-delay-s", "60")])
@@ -32,3 +37,8 @@ def test_nonsense_is_refused_before_anything_starts(
 ) -> None:
     assert main(parsed(*argv)) == 2
     assert "--retries must be 0 or more" in capsys.readouterr().err
+
+
+def test_marking_retries_needs_retries(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(parsed("--mark-retries")) == 2
+    assert "--mark-retries needs --retries" in capsys.readouterr().err

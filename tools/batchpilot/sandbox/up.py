@@ -123,6 +123,8 @@ class SandboxOptions:
     """The load's clients send a refused request again up to this many times."""
     retry_delay_s: float | None = None
     """Before each retry; None: the answer's Retry-After."""
+    mark_retries: bool = False
+    """Each try carries `x-envoy-attempt-count`: the runtimes count the retries apart."""
 
 
 @dataclass
@@ -648,7 +650,8 @@ def retrying(options: SandboxOptions) -> list[str]:
         return []
     delay = options.retry_delay_s
     waits = [] if delay is None else ["--retry-delay-s", f"{delay:g}"]
-    return ["--retries", str(options.retries), *waits]
+    marked = ["--mark-retries"] if options.mark_retries else []
+    return ["--retries", str(options.retries), *waits, *marked]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -725,6 +728,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     a("--retry-delay-s", type=float, default=None, help="wait before each retry (0: at once)")
     a(
+        "--mark-retries",
+        action="store_true",
+        help="the clients number every try in x-envoy-attempt-count, as an Envoy sidecar "
+        "retrying for them does: the runtimes count the retries apart from the demand",
+    )
+    a(
         "--node-notice-s",
         type=float,
         default=NODE_MONITOR_GRACE_S,
@@ -763,6 +772,9 @@ def main(args: argparse.Namespace) -> int:
     if args.retries < 0 or (args.retry_delay_s is not None and not 0 <= args.retry_delay_s <= 10):
         print("error: --retries must be 0 or more, --retry-delay-s within 0-10", file=sys.stderr)
         return 2
+    if args.mark_retries and not args.retries:
+        print("error: --mark-retries needs --retries", file=sys.stderr)
+        return 2
     if args.node_gpus is not None and args.node_gpus < 0:
         print("error: --node-gpus must be 0 or more", file=sys.stderr)
         return 2
@@ -786,6 +798,7 @@ def main(args: argparse.Namespace) -> int:
         prometheus_outage=outage,
         retries=args.retries,
         retry_delay_s=args.retry_delay_s,
+        mark_retries=args.mark_retries,
     )
     try:
         result = run_sandbox(options, out=lambda text: print(text, flush=True))
