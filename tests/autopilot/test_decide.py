@@ -205,6 +205,16 @@ class TestRefusalsAreMissesOfTheSla:
         older = seen(at=0, qps=100, rejected=10, p99_ms=60, ready=1)
         assert older.offered_qps == 110  # a runtime without the arrival counter
 
+    def test_retries_counted_apart_are_no_demand_but_their_refusals_are_refusals(self) -> None:
+        # 60 rps of demand, 60 rps of retries; 80 answered (some of them retries), 40 refused.
+        storm = replace(
+            seen(at=0, qps=80, rejected=40, p99_ms=60, ready=1), arrival_qps=60, retried_qps=60
+        )
+        assert storm.offered_qps == 80  # what was carried, at least
+        assert storm.unserved_share == pytest.approx(1 / 3)  # of every attempt
+        # Against the demand alone it would read as refusing nothing.
+        assert replace(storm, retried_qps=None).unserved_share == 0.0
+
 
 class TestRequestsOfSeveralRows:
     """Clients that batch on their side send several rows a request: the rates count requests,

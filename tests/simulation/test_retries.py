@@ -77,13 +77,13 @@ class TestTheQueue:
 class Watching(StaticController):
     """A static controller that keeps the arrival signals of every observation it is given."""
 
-    seen: list[tuple[float | None, float | None, float | None]] = field(default_factory=list)
+    seen: list[Observation] = field(default_factory=list)
 
     def decide(
         self, observation: Observation | None, current: InForce, *, now: float, interval: int
     ) -> Command:
         if observation is not None:
-            self.seen.append((observation.arrival_qps, observation.recent_qps, observation.now_qps))
+            self.seen.append(observation)
         return self.initial()
 
 
@@ -136,13 +136,17 @@ class TestARetryStorm:
         assert marked_run.summary.shed == pytest.approx(unmarked_run.summary.shed, rel=0.02)
         # Once the window is all storm, the marked runtimes' arrivals are the clients' 600 rps;
         # unmarked, the requests and their retries.
-        for arrivals, recent, now in marked.seen[4:]:
-            assert arrivals == pytest.approx(600, rel=0.05)
-            assert recent == pytest.approx(600, rel=0.25)
-            assert now == pytest.approx(600, rel=0.25)
-        for arrivals, _, _ in plain.seen[4:]:
-            assert arrivals is not None
-            assert arrivals > 1.3 * 600
+        # The retries are counted apart, as many as the unmarked runtimes took for demand; the
+        # share refused is of every attempt, the same either way.
+        for counted, taken in zip(marked.seen[4:], plain.seen[4:], strict=True):
+            assert counted.arrival_qps == pytest.approx(600, rel=0.05)
+            assert counted.recent_qps == pytest.approx(600, rel=0.25)
+            assert counted.now_qps == pytest.approx(600, rel=0.25)
+            assert taken.arrival_qps is not None
+            assert taken.arrival_qps > 1.3 * 600
+            assert counted.retried_qps == pytest.approx(taken.arrival_qps - 600, rel=0.15)
+            assert taken.retried_qps in (None, 0.0)
+            assert counted.unserved_share == pytest.approx(taken.unserved_share, abs=0.03)
         assert marked_run.settings["retries"]["marked"] is True
 
     def test_one_attempt_only_gives_up_every_refusal(self) -> None:

@@ -518,8 +518,11 @@ def _serve(
                 telemetry.record_unreached(int(mine.shape[0]), lo)
                 unreached.append(mine)
                 continue
-            counted = mine if demand is None else mine[demand[bounds[i] : bounds[i + 1]]]
-            telemetry.record_arrivals(pod.index, counted)
+            if demand is None:
+                telemetry.record_arrivals(pod.index, mine)
+            else:
+                fresh = demand[bounds[i] : bounds[i + 1]]
+                telemetry.record_arrivals(pod.index, mine[fresh], retried=mine[~fresh])
             served.append((pod.index, pod.replica.serve(mine.tolist(), since=lo, until=hi)))
     for pod in fleet.pods:
         if pod.draining:

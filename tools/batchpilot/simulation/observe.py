@@ -87,7 +87,10 @@ class Column:
     RECENT = OUTSIDE + 1
     """batchpilot_recent_arrivals_per_second × its span: the arrivals within
     `RECENT_ARRIVALS_S` before each scrape (`Target.count_recent`: increments, not a counter)."""
-    COUNT = RECENT + 1
+    RETRIED = RECENT + 1
+    """batchpilot_arrivals_total{attempt="retry"}: arrivals that said they were retries (in
+    neither ARRIVALS nor RECENT, which are the first attempts)."""
+    COUNT = RETRIED + 1
 
 
 def _lazy_columns() -> np.ndarray[Any, np.dtype[np.bool_]]:
@@ -218,6 +221,8 @@ class Telemetry:
         """Requests a runtime refused (503 at arrival)."""
         self.arrived = np.zeros(slots, dtype=np.int64)
         """Requests that reached a runtime (the exact view's; scraped, the targets count)."""
+        self.retried = np.zeros(slots, dtype=np.int64)
+        """Of the arrivals, the retries that said so: not in `arrived` (the exact view's)."""
         self.offered = np.zeros(slots, dtype=np.int64)
         """Every request the trace offered, reached a runtime or not (the seasonal signals)."""
         self.busy_s = np.zeros(slots, dtype=np.float64)
@@ -329,11 +334,19 @@ class Telemetry:
         if count:
             self.shed[min(int(at // self.interval_s), self._last)] += count
 
-    def record_arrivals(self, pod: int, times: FloatArray) -> None:
-        """Requests that reached `pod` (the runtime's arrivals counter), served or refused."""
+    def record_arrivals(
+        self, pod: int, times: FloatArray, retried: FloatArray | None = None
+    ) -> None:
+        """Requests that reached `pod` (the runtime's arrivals counter), served or refused:
+        first attempts at `times`, and retries that said so at `retried`."""
+        target = self.targets.get(pod)
+        if retried is not None and retried.shape[0]:
+            if target is None:
+                _count(self.retried, self._slot(retried))
+            else:
+                target.count(retried, Column.RETRIED)
         if times.shape[0] == 0:
             return
-        target = self.targets.get(pod)
         if target is None:
             _count(self.arrived, self._slot(times))
         else:
@@ -519,6 +532,7 @@ class Telemetry:
             ready_replicas=ready,
             reporting_replicas=reporting,
             arrival_qps=float(self.arrived[lo:k].sum()) / seconds,
+            retried_qps=float(self.retried[lo:k].sum()) / seconds,
             recent_qps=float(self.arrived[k - recent : k].sum()) / (recent * self.interval_s),
             recent_window_s=self.recent_window_s,
         )
@@ -583,6 +597,7 @@ class Telemetry:
             ready_replicas=ready,
             reporting_replicas=reporting,
             arrival_qps=_number(rates[Column.ARRIVALS]) if counted else None,
+            retried_qps=_number(rates[Column.RETRIED]) if counted else None,
             recent_qps=fast,
             recent_window_s=None if fast is None else self.scrape_interval_s,
             now_qps=gauge if counted and any(math.isfinite(r) for r in readings) else None,

@@ -112,10 +112,15 @@ class Observation:
     @property
     def unserved_share(self) -> float:
         """The share of the offered requests not answered successfully: refused at arrival,
-        expired in the queue or failed (0 when there was no traffic)."""
+        expired in the queue or failed (0 when there was no traffic). Where retries are counted
+        apart, of every attempt: a retry the runtime answered is in `qps`, so against the
+        demand alone a service refusing half of what reached it could read as refusing
+        nothing."""
         offered = self.offered_qps
         if not offered or self.qps is None:
             return 0.0
+        if self.retried_qps and self.arrival_qps is not None:
+            offered = max(offered, self.arrival_qps + self.retried_qps)
         return max(0.0, 1.0 - self.qps / offered)
 
     @property
