@@ -28,7 +28,9 @@ class Pod:
         self.endpoint = ""
 
     async def answer(self, request: web.Request) -> web.StreamResponse:
-        response = web.json_response({"pod": self.name})
+        response = web.json_response(
+            {"pod": self.name, "attempt": request.headers.get("x-envoy-attempt-count")}
+        )
         if request.path == "/close":
             response.force_close()
         return response
@@ -108,6 +110,14 @@ async def test_per_request_each_request_goes_to_the_next_endpoint(tmp_path: Path
         # A mesh ends the pod's connection itself: the client's stays open.
         _, closes = await who(client, f"{box.url}/close")
         assert not closes
+
+
+async def test_a_retry_says_so_through_the_service(tmp_path: Path) -> None:
+    # A client's (or its sidecar's) attempt count reaches the pod, as through kube-proxy.
+    async with sandbox_service(tmp_path, "request") as box, one_connection() as client:
+        retried = {"x-envoy-attempt-count": "2"}
+        async with client.post(f"{box.url}/infer", data=b"x", headers=retried) as response:
+            assert (await response.json())["attempt"] == "2"
 
 
 async def test_per_connection_a_connection_stays_on_its_endpoint_and_the_next_one_moves_on(

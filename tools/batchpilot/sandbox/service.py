@@ -57,6 +57,9 @@ _FORWARD_REQUEST = (
     "Accept",
     "Authorization",
     "X-Api-Key",
+    # A retry says so (`batchpilot.runtime.attempts`): kube-proxy passes every header.
+    "X-Envoy-Attempt-Count",
+    "Grpc-Previous-Rpc-Attempts",
 )
 _FORWARD_RESPONSE = (
     "Content-Type",
