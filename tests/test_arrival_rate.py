@@ -1,10 +1,12 @@
-"""The arrival rate of the last seconds: what the gauge reads at a scrape, on a fake clock."""
+"""The arrival rate of the last seconds, and how its arrivals clump: what the gauges read at a
+scrape, on a fake clock."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from batchpilot.runtime.arrival_rate import RecentArrivals
+from batchpilot.runtime.arrival_rate import ArrivalDispersion, RecentArrivals
 
 
 class Clock:
@@ -55,3 +57,55 @@ class TestRecentArrivals:
     def test_a_bucket_must_be_shorter_than_the_span(self) -> None:
         with pytest.raises(ValueError, match="bucket_s < span_s"):
             RecentArrivals(span_s=1, bucket_s=1)
+
+
+class TestArrivalDispersion:
+    """Clock at 1000.005 s: slots of 10 ms start on whole hundredths."""
+
+    @staticmethod
+    def fresh() -> tuple[ArrivalDispersion, Clock]:
+        clock = Clock()
+        clock.now = 1000.005
+        return ArrivalDispersion(span_s=10, slot_s=0.01, clock=clock), clock
+
+    def test_nothing_arrived_reads_as_poisson(self) -> None:
+        dispersion, clock = self.fresh()
+        assert dispersion.dispersion() == 1.0
+        clock.now += 5
+        assert dispersion.dispersion() == 1.0
+
+    def test_clumps_read_as_their_variance_over_their_mean(self) -> None:
+        dispersion, clock = self.fresh()
+        for _ in range(200):  # 5 at once, every fourth slot: counts 5, 0, 0, 0, …
+            clock.now += 0.01
+            for _ in range(5):
+                dispersion.arrived()
+            clock.now += 0.03
+        # mean 1.25, mean square 6.25: variance 4.6875, over the mean 3.75
+        assert dispersion.dispersion() == pytest.approx(3.75, rel=0.02)
+
+    def test_one_arrival_every_slot_is_more_regular_than_poisson(self) -> None:
+        dispersion, clock = self.fresh()
+        for _ in range(500):
+            clock.now += 0.01
+            dispersion.arrived()
+        assert dispersion.dispersion() == pytest.approx(0.0, abs=0.01)
+
+    def test_poisson_arrivals_read_about_one(self) -> None:
+        dispersion, clock = self.fresh()
+        gaps = np.random.default_rng(7).exponential(1 / 300, size=3000)  # 300 rps, 10 s
+        for gap in gaps:
+            clock.now += float(gap)
+            dispersion.arrived()
+        assert dispersion.dispersion() == pytest.approx(1.0, abs=0.1)
+
+    def test_only_the_last_span_counts(self) -> None:
+        dispersion, clock = self.fresh()
+        for _ in range(100):  # clumps of 10, then 20 s of one a slot
+            clock.now += 0.05
+            for _ in range(10):
+                dispersion.arrived()
+        for _ in range(2000):
+            clock.now += 0.01
+            dispersion.arrived()
+        assert dispersion.dispersion() == pytest.approx(0.0, abs=0.01)

@@ -27,3 +27,11 @@ FIRST_ATTEMPT = "first"
 RETRY_ATTEMPT = "retry"
 NOT_RETRIED = f'{ATTEMPT_LABEL}!="{RETRY_ATTEMPT}"'
 """The PromQL matcher of the arrivals that are demand: every series not marked a retry."""
+
+DISPERSION_SLOT_S = 0.01
+"""The runtime counts its arrivals in slots this long to see how they clump: about a batch's
+time, so requests that come together (a client's fan-out, a gateway's burst) share a slot."""
+DISPERSION_SPAN_S = 10.0
+"""The slots of the last this many seconds make the runtime's dispersion gauge
+(`batchpilot_arrival_dispersion`): the variance of a slot's arrivals over their mean, 1 for
+Poisson arrivals, about E[X²]/E[X] for clumps of X requests arriving at once."""

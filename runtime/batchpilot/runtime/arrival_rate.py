@@ -1,10 +1,16 @@
-"""The arrival rate of the last few seconds, exported as a gauge read at each scrape.
+"""The arrival rate of the last few seconds, and how its arrivals clump, exported as gauges
+read at each scrape.
 
 The arrival counter tells Prometheus how many requests came between two scrapes; a step in the
 load shows in its rate averaged with what came before it. This keeps the arrivals of the last
 `span_s` seconds in buckets of `bucket_s` (a ring: one integer add per arrival, a sum over the
 buckets per scrape), so the scrape reads the rate of the last seconds only
 (`batchpilot.api.arrivals`).
+
+`ArrivalDispersion` counts the same arrivals in slots of a hundredth of a second: the variance
+of a slot's count over its mean is 1 for Poisson arrivals and grows with the requests that come
+together (a client's fan-out, a gateway that forwards in bursts), which queue behind each other
+where Poisson arrivals of the same rate would not (`batchpilot.api.arrivals`).
 
 Pure: the clock is an argument.
 """
@@ -15,7 +21,7 @@ import math
 import time
 from collections.abc import Callable
 
-from batchpilot.api.arrivals import RECENT_ARRIVALS_S
+from batchpilot.api.arrivals import DISPERSION_SLOT_S, DISPERSION_SPAN_S, RECENT_ARRIVALS_S
 
 
 class RecentArrivals:
@@ -61,3 +67,52 @@ class RecentArrivals:
         covered = (self._slots - 1) * self._bucket_s + (now - bucket * self._bucket_s)
         covered = min(covered, now - self._started)
         return total / covered if covered > 0 else 0.0
+
+
+class ArrivalDispersion:
+    """The variance over the mean of the arrivals per `slot_s` slot, over the last `span_s`
+    seconds of whole slots (since the start, where that is shorter); 1 where nothing arrived.
+    One integer add per arrival; a pass over the slots per read."""
+
+    def __init__(
+        self,
+        *,
+        span_s: float = DISPERSION_SPAN_S,
+        slot_s: float = DISPERSION_SLOT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not 0 < slot_s < span_s:
+            raise ValueError(f"need 0 < slot_s < span_s, got {slot_s} and {span_s}")
+        self._slot_s = slot_s
+        self._slots = math.ceil(span_s / slot_s)
+        self._counts = [0] * self._slots
+        self._stamps = [-1] * self._slots
+        """The slot number each place counts (-1: none yet)."""
+        self._clock = clock
+        self._first = int(clock() / slot_s) + 1
+        """The first whole slot since the start."""
+
+    def arrived(self) -> None:
+        slot = int(self._clock() / self._slot_s)
+        place = slot % self._slots
+        if self._stamps[place] != slot:
+            self._stamps[place] = slot
+            self._counts[place] = 0
+        self._counts[place] += 1
+
+    def dispersion(self) -> float:
+        """Variance over mean of the whole slots' counts (a slot no arrival stamped counts 0)."""
+        current = int(self._clock() / self._slot_s)
+        oldest = max(current - self._slots, self._first)
+        seen = current - oldest
+        if seen <= 0:
+            return 1.0
+        total = squares = 0
+        for count, stamp in zip(self._counts, self._stamps, strict=True):
+            if oldest <= stamp < current:
+                total += count
+                squares += count * count
+        if total == 0:
+            return 1.0
+        mean = total / seen
+        return (squares / seen - mean * mean) / mean

@@ -46,7 +46,9 @@ environment), so one PromQL selector finds a service's replicas. What each metri
   moment of the scrape: a step in the load shows in it whole once it is that old, where the
   counter's rate between two scrapes averages it with what came before. Both by `attempt`:
   `retry` for a request whose headers say it is one (`batchpilot.runtime.attempts`), `first`
-  for the rest — the demand the autopilot sizes for.
+  for the rest — the demand the autopilot sizes for. `batchpilot_arrival_dispersion` (gauge):
+  how every arrival of the last 10 s clumped, the variance over the mean of their counts per
+  10 ms (`ArrivalDispersion`): 1 for Poisson arrivals, more where requests come together.
 - `batchpilot_deadline_seconds` (gauge): the default deadline in force (0: none).
 - `batchpilot_device_memory_batch_rows` (gauge): absent until the device runs out of memory for
   a batch; then the largest batch it is not known to lack memory for. Batches are formed no
@@ -98,11 +100,13 @@ from prometheus_client.registry import Collector
 
 from batchpilot.api.arrivals import (
     ATTEMPT_LABEL,
+    DISPERSION_SLOT_S,
+    DISPERSION_SPAN_S,
     FIRST_ATTEMPT,
     RECENT_ARRIVALS_S,
     RETRY_ATTEMPT,
 )
-from batchpilot.runtime.arrival_rate import RecentArrivals
+from batchpilot.runtime.arrival_rate import ArrivalDispersion, RecentArrivals
 from batchpilot.runtime.device import Nvml
 from batchpilot.runtime.engine import EngineInfo
 from batchpilot.runtime.inference_stats import InferenceStatistics
@@ -322,6 +326,15 @@ class RuntimeMetrics:
             [*names, ATTEMPT_LABEL],
             registry=r,
         )
+        self._dispersion = ArrivalDispersion()
+        Gauge(
+            "batchpilot_arrival_dispersion",
+            f"Variance over mean of the arrivals per {DISPERSION_SLOT_S * 1e3:g} ms over the last "
+            f"{DISPERSION_SPAN_S:g} s, every attempt: 1 for Poisson arrivals, more where requests "
+            "come together",
+            names,
+            registry=r,
+        ).labels(**labels).set_function(self._dispersion.dispersion)
         attempts = (FIRST_ATTEMPT, RETRY_ATTEMPT)
         self._arrivals = {a: arrivals.labels(**labels, attempt=a) for a in attempts}
         self._recent_arrivals = {a: RecentArrivals() for a in attempts}
@@ -489,6 +502,7 @@ class RuntimeMetrics:
         attempt = RETRY_ATTEMPT if retry else FIRST_ATTEMPT
         self._arrivals[attempt].inc()
         self._recent_arrivals[attempt].arrived()
+        self._dispersion.arrived()
 
     def shed(self, reason: str) -> None:
         """One request shed; `reason` is one of `SHED_REASONS`."""
