@@ -216,6 +216,49 @@ class TestRefusalsAreMissesOfTheSla:
         assert replace(storm, retried_qps=None).unserved_share == 0.0
 
 
+class TestClumpedArrivals:
+    """Requests that arrive together (a client's fan-out) queue behind each other: the window's
+    dispersion goes into the model, which plans more capacity for the same rate."""
+
+    @staticmethod
+    def window(qps: float, dispersion: float | None) -> Observation:
+        return replace(
+            seen(at=0, qps=qps, p99_ms=60, ready=2, batch=8),
+            arrival_qps=qps,
+            arrival_dispersion=dispersion,
+        )
+
+    def test_clumps_are_planned_for_and_said(self) -> None:
+        policy = replace(POLICY, max_replicas=20)
+        current, fitted = InForce(2, 8, 0.005), State(fit=MODEL, overhead_s=0.01)
+        poisson, _ = decide(self.window(1200, 1.0), policy, current, fitted, now=0)
+        clumped, state = decide(self.window(1200, 6.3), policy, current, fitted, now=0)
+        assert clumped.replicas > poisson.replicas
+        assert state.fit is not None
+        assert state.fit.dispersion == pytest.approx(1.1**19, rel=1e-3)  # 6.3, to a 10 % step
+        assert "arrivals clumped 6.1× Poisson's variance" in clumped.reason
+        assert "clumped" not in poisson.reason
+
+    @pytest.mark.parametrize(("measured", "modelled"), [(0.3, 1.0), (1.0, 1.0), (1.19, 1.0)])
+    def test_a_dispersion_near_poissons_is_poissons(self, measured: float, modelled: float) -> None:
+        _, state = decide(self.window(300, measured), POLICY, InForce(2, 8, 0.005), State(), 0)
+        assert state.fit is not None
+        assert state.fit.dispersion == modelled
+
+    def test_a_window_without_it_keeps_the_one_known_and_a_restart_too(self) -> None:
+        known = State(fit=replace(MODEL, dispersion=3.1384))
+        _, state = decide(self.window(300, None), POLICY, InForce(2, 8, 0.005), known, now=0)
+        assert state.fit is not None
+        assert state.fit.dispersion == 3.1384
+        assert State.from_dict(state.to_dict()).fit == state.fit
+        assert "dispersion" not in State(fit=MODEL).to_dict()["fit"]
+        for nonsense in (0.2, -1, "nan"):
+            doc = {"fit": {"alphaMs": 4, "betaMs": 2, "confident": True, "dispersion": nonsense}}
+            fit = State.from_dict(doc).fit
+            assert fit is not None
+            assert fit.dispersion == 1.0
+
+
 class TestRequestsOfSeveralRows:
     """Clients that batch on their side send several rows a request: the rates count requests,
     the fit and the batch limits rows, and the window's rows per request converts."""

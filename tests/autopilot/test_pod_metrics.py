@@ -125,6 +125,17 @@ class TestTwoReads:
         assert float(raw["now"][0]["value"][1]) == pytest.approx(40.0)
         assert float(raw["retried"][0]["value"][1]) == pytest.approx(90.0)
 
+    def test_how_the_arrivals_clump_is_the_pods_mean_gauge(self) -> None:
+        own = {"model": "resnet50", "isvc": "resnet50", "namespace": "vision"}
+
+        def read(at: float, dispersion: float) -> Read:
+            gauge = ("batchpilot_arrival_dispersion", own, dispersion)
+            return Read(at, (*counters(served=0), gauge))
+
+        before = {"a": read(0.0, 1.0), "b": read(0.0, 1.0)}
+        raw, _ = answers(before, {"a": read(10.0, 3.0), "b": read(10.0, 5.0)}) or ({}, 0)
+        assert float(raw["dispersion"][0]["value"][1]) == pytest.approx(4.0)
+
     def test_a_pod_read_once_is_not_in_the_window(self) -> None:
         read = Read(0.0, tuple(counters(served=0)))
         assert answers({}, {"a": read}) is None

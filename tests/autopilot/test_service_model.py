@@ -170,13 +170,16 @@ def written_predict(
         batch = nxt
     utilization = min(1.0, lam * t(batch) / batch)
     memory = lam * model.beta_s
-    spread = math.sqrt(cycle_arrivals / (1 - memory * memory))
+    clumps = max(1.0, model.dispersion)
+    spread = math.sqrt(clumps * cycle_arrivals / (1 - memory * memory))
     tail_batch = min(float(max_batch), batch + Z99 * spread)
     fill = max_batch - 1
     filling = min(delay, (fill + Z99 * math.sqrt(fill)) / lam) if fill else 0.0
     in_flight = t(tail_batch) * max(0.0, 1 - TAIL / utilization) if utilization > TAIL else 0.0
     work = full / max_batch
-    backlog = math.log(load / TAIL) * work / written_backlog_rate(load) if load > TAIL else 0.0
+    backlog = (
+        clumps * math.log(load / TAIL) * work / written_backlog_rate(load) if load > TAIL else 0.0
+    )
     p99 = overhead_s + max(filling, in_flight, backlog) + t(tail_batch)
     return Prediction(batch=batch, utilization=utilization, load=load, p99_s=p99)
 
@@ -228,6 +231,8 @@ MODELS = [
     LatencyFit(alpha_s=0.020, beta_s=0.0005, confident=True),  # λβ near 1 close to saturation
     LatencyFit(alpha_s=0.011, beta_s=0.0, confident=False),  # batch_first's optimistic reading
     LatencyFit(alpha_s=0.0001, beta_s=0.004, confident=True),  # nearly all per-row cost
+    LatencyFit(alpha_s=0.002, beta_s=0.001, confident=True, dispersion=4.177),  # clumped
+    LatencyFit(alpha_s=0.002, beta_s=0.001, confident=True, dispersion=0.5),  # regular: Poisson
 ]
 
 
@@ -271,6 +276,33 @@ class TestTheFastModelIsTheWrittenOne:
                             target_s=target_s,
                         )  # fmt: skip
                         assert fast == written, (max_batch, delay_s, overhead_s, target_s)
+
+
+class TestClumpedArrivals:
+    """Requests that arrive together queue as Poisson arrivals of the same rate do not."""
+
+    POISSON = LatencyFit(alpha_s=0.00152, beta_s=0.00225, confident=True)
+
+    def test_clumps_lengthen_the_tail_and_lower_what_a_replica_carries(self) -> None:
+        clumped = LatencyFit(alpha_s=0.00152, beta_s=0.00225, confident=True, dispersion=7.0)
+        for rate in (50.0, 150.0, 250.0):
+            plain = predict(self.POISSON, rate=rate, replicas=1, max_batch=8, delay_s=0.005)
+            bursty = predict(clumped, rate=rate, replicas=1, max_batch=8, delay_s=0.005)
+            assert bursty.p99_s > plain.p99_s
+            # The mean batch and the busy time are the rate's, not the clumps'.
+            assert (bursty.batch, bursty.utilization) == (plain.batch, plain.utilization)
+        poisson = sla_capacity(
+            self.POISSON, max_batch=8, delay_s=0.005, overhead_s=0.04, target_s=0.1
+        )
+        bursty = sla_capacity(clumped, max_batch=8, delay_s=0.005, overhead_s=0.04, target_s=0.1)
+        assert bursty < 0.9 * poisson
+
+    def test_arrivals_more_regular_than_poisson_are_planned_as_poisson(self) -> None:
+        regular = LatencyFit(alpha_s=0.00152, beta_s=0.00225, confident=True, dispersion=0.2)
+        for model in (self.POISSON, regular):
+            assert predict(model, rate=200, replicas=1, max_batch=8, delay_s=0.005) == predict(
+                self.POISSON, rate=200, replicas=1, max_batch=8, delay_s=0.005
+            )
 
 
 class TestRequestsOfSeveralRows:

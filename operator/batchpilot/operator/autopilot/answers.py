@@ -134,6 +134,7 @@ def observation_from(
         queue_p99_s=number("queue_p99"),
         utilization=rate("utilization") if utilization == "busy" else number("utilization"),
         mean_batch=number("mean_batch"),
+        arrival_dispersion=number("dispersion"),
         rows_per_request=number("rows_per_request"),
         outside_s=number("outside"),
         startup=startup,

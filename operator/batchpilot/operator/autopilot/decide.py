@@ -70,6 +70,7 @@ from batchpilot.operator.autopilot.learn import (
     present_load,
     reaction_horizon,
     saturated_load,
+    split_dispersion,
 )
 from batchpilot.operator.autopilot.lost import stand_ins, stood_in
 from batchpilot.operator.autopilot.observation import Observation
@@ -220,6 +221,28 @@ def decide(
             target_s=target,
             prefer=current.batch_size,
         )
+        # Clumps split over the replicas: fewer replicas each see more of a clump. A plan for
+        # fewer replicas than measured it is made again with the dispersion they would see,
+        # until it holds (a plan for more keeps the measured one: a little more than needed).
+        measured_over = max(1, ready)
+        for _ in range(CLUMP_REPLANS):
+            if model.dispersion <= 1.0 or chosen.replicas >= measured_over:
+                break
+            fewer = replace(
+                model, dispersion=split_dispersion(model.dispersion, measured_over, chosen.replicas)
+            )
+            again = plan_capacity(
+                fewer,
+                rate=headroom.rate,
+                policy=policy,
+                delay_s=delay_s,
+                overhead_s=overhead or 0.0,
+                target_s=target,
+                prefer=current.batch_size,
+            )
+            if again.replicas <= chosen.replicas:
+                break
+            chosen = again
         want_replicas, want_batch = chosen.replicas, chosen.batch_size
         predicted = chosen.predicted_p99_s
         capacity_per_replica = chosen.capacity
@@ -227,7 +250,8 @@ def decide(
             f"model t(b) = {model.alpha_s * 1e3:.2f} + {model.beta_s * 1e3:.2f}·b ms"
             f"{'' if model.confident else ' (rough)'}"
             f"{_rows_note(model)}"
-            f" + {format_ms(outside)} outside the batcher: "
+            f" + {format_ms(outside)} outside the batcher"
+            f"{_clumps_note(model)}: "
             f"a replica carries "
             f"{chosen.capacity:.0f} rps at batch ≤ {chosen.batch_size} {kept_in(chosen)}, "
             f"so {chosen.replicas} for {headroom.rate:.0f} rps (P99 {format_ms(predicted)})"
@@ -378,6 +402,17 @@ def decide(
         capacity=capacity_per_replica,
         retuned=retuned,
     ), new_state
+
+
+CLUMP_REPLANS = 4
+"""Plans made again with the dispersion fewer replicas would see: it settles in two or three."""
+
+
+def _clumps_note(model: LatencyFit) -> str:
+    """How the arrivals clump, where they do: the model plans for it."""
+    if model.dispersion <= 1.0:
+        return ""
+    return f", arrivals clumped {model.dispersion:.1f}× Poisson's variance"
 
 
 def _rows_note(model: LatencyFit) -> str:

@@ -18,7 +18,7 @@ from batchpilot.api.arrivals import RECENT_ARRIVALS_S
 from batchpilot.operator.autopilot.lost import track
 from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.autopilot.policy import InForce, Policy
-from batchpilot.operator.autopilot.service_model import fit, predict, startup_fit
+from batchpilot.operator.autopilot.service_model import LatencyFit, fit, predict, startup_fit
 from batchpilot.operator.autopilot.state import State
 
 OVERHEAD_FALL = 0.5
@@ -62,6 +62,12 @@ has its tail trimmed and reads the overhead short, never long — and must teach
 whose windows all refuse a little (one that started overloaded, say) would otherwise plan with
 no overhead, for too few replicas, and never leave the miss. Where many were refused, P99 is the
 deadline's, and says nothing of the overhead."""
+CLUMPED = 1.2
+"""A dispersion below this is Poisson's 1: the measurement's noise, and the rate's own change
+over the runtime's 10 s, stay under it."""
+DISPERSION_STEP = 1.1
+"""The model's dispersion moves in steps of 10 %."""
+MAX_DISPERSION = 1000.0
 ONE_ROW = 1.01
 """Rows per request below this are one row: the rest is the edges of the window (a batch is
 counted when it runs, its requests when they are answered)."""
@@ -106,8 +112,12 @@ def learn(
         prior = startup_fit(observation.startup) or prior
     model = fit(observation.compute, prior)
     if model is not None:
-        known = state.fit.rows_per_request if state.fit is not None else 1.0
-        model = replace(model, rows_per_request=rows_per_request(observation, known))
+        known = state.fit or LatencyFit(alpha_s=0.0, beta_s=0.0, confident=False)
+        model = replace(
+            model,
+            rows_per_request=rows_per_request(observation, known.rows_per_request),
+            dispersion=dispersion(observation, known.dispersion),
+        )
     overhead = state.overhead_s
     if overhead is None and observation.outside_s is not None:
         # Until a window inside the SLA teaches it, the mean the runtime measured: a service
@@ -174,6 +184,33 @@ def learn(
         settled=settled,
         interval=interval,
     )
+
+
+def dispersion(observation: Observation, known: float) -> float:
+    """How the arrivals clump, for the model: the window's, else the last known. Below
+    `CLUMPED` it is Poisson's 1 (a slow change of rate inside the runtime's 10 s reads as a
+    little over 1); above, to the nearest step of `DISPERSION_STEP` — the capacity search
+    remembers its answers by model, and a measurement that wobbles would find none of them."""
+    measured = observation.arrival_dispersion
+    if measured is None or not math.isfinite(measured):
+        return known
+    return _on_grid(measured)
+
+
+def split_dispersion(measured: float, over: int, replicas: int) -> float:
+    """The dispersion each of `replicas` replicas would see, where each of `over` replicas saw
+    `measured`: a Service that spreads requests at random splits a clump binomially, so each
+    replica's excess over Poisson's 1 is the whole stream's over the replicas (on the model's
+    steps). A Service that keeps a client's connection on one replica splits nothing, and this
+    is then more than the replicas will see: a plan for fewer replicas errs towards more."""
+    return _on_grid(1.0 + (measured - 1.0) * over / max(1, replicas))
+
+
+def _on_grid(dispersion: float) -> float:
+    if dispersion < CLUMPED:
+        return 1.0
+    steps = round(math.log(min(dispersion, MAX_DISPERSION)) / math.log(DISPERSION_STEP))
+    return round(DISPERSION_STEP**steps, 4)
 
 
 def rows_per_request(observation: Observation, known: float) -> float:

@@ -79,6 +79,10 @@ class Observation:
     """Requests that arrived per second, counted at arrival by the runtime whatever became of
     them (served, refused, expired): the demand, so not those whose headers said they were
     retries; None from runtimes that do not count arrivals."""
+    arrival_dispersion: float | None = None
+    """How the arrivals clumped over the window, the replicas' mean: the variance of their
+    count per 10 ms over its mean (`batchpilot_arrival_dispersion`), 1 for Poisson arrivals.
+    None from runtimes that do not measure it."""
     retried_qps: float | None = None
     """The arrivals per second that said they were retries (`attempt="retry"`): no part of
     `arrival_qps`, shown beside it. None from runtimes that do not count by attempt."""

@@ -165,6 +165,8 @@ def queries(
             "arrivals": rate("batchpilot_arrivals_total", f",{NOT_RETRIED}"),
             "retried": rate("batchpilot_arrivals_total", f',{ATTEMPT_LABEL}="{RETRY_ATTEMPT}"'),
             "utilization": util,
+            # How the arrivals clumped: each replica's gauge over the window, their mean.
+            "dispersion": agg("avg", f"avg_over_time(batchpilot_arrival_dispersion{{{sel}}}[{w}])"),
             "mean_batch": (
                 f"{rate('batchpilot_batch_size_sum')} / {rate('batchpilot_batch_size_count')}"
             ),

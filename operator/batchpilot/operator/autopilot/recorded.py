@@ -44,6 +44,7 @@ RECORDED = (
     "arrivals",
     "retried",
     "utilization",
+    "dispersion",
     "mean_batch",
     "rows_per_request",
     "outside",

@@ -265,6 +265,9 @@ def metrics_status(observation: Observation | None, *, now: datetime) -> dict[st
         "retriedQps": None
         if observation.retried_qps is None
         else round(observation.retried_qps, 1),
+        "arrivalDispersion": None
+        if observation.arrival_dispersion is None
+        else round(observation.arrival_dispersion, 2),
         "gpuUtilization": None
         if observation.utilization is None
         else round(observation.utilization * 100, 1),

@@ -16,6 +16,12 @@ holds B requests, or when its oldest request has waited the queue delay D and th
 - Batch-size tail. A long batch collects a large next batch: sizes follow b' ≈ λα + λβ·b + noise,
   an AR(1) process with coefficient λβ and variance m / (1 - (λβ)²); its 99th percentile is
   b₉₉ = b + 2.33·√variance (at most B).
+- Clumped arrivals. Requests that come together (a client's fan-out, a gateway's bursts) make
+  a cycle's arrivals vary more than Poisson ones of the same rate: by the dispersion I, the
+  variance of a short slot's count over its mean (E[X²]/E[X] for clumps of X requests at once).
+  The batch sizes' variance is I·m / (1 - (λβ)²), and the backlog's tail decays I times slower
+  (the same Cramér–Lundberg equation with work arriving in clumps of I requests). I below 1
+  (arrivals more regular than Poisson) is taken as 1.
 - Queue wait, the largest of three causes: waiting for the batch to fill (D at most); waiting for
   the batch in flight (up to t(b₉₉), while the device is busy); and the M/D/1-like backlog of
   full batches, whose tail is exponential — P(wait > x) ≈ ρ·e^(-θx), with ρ = λ·t(B)/B and θ the
@@ -64,6 +70,10 @@ class LatencyFit:
     beta_s: float
     confident: bool
     rows_per_request: float = 1.0
+    dispersion: float = 1.0
+    """How the arrivals clump: the variance of their count over a short slot over its mean
+    (measured, see `Observation.arrival_dispersion`); 1 for Poisson arrivals. The queue's
+    randomness grows with it: the batch sizes' spread and the backlog's tail (`predict`)."""
 
     def batch_seconds(self, batch: float) -> float:
         return self.alpha_s + self.beta_s * batch
@@ -232,6 +242,7 @@ def _operating_point(
     The queue is modelled in requests (`LatencyFit.in_requests`): the batch size returned is
     converted back to rows."""
     alpha, beta, rows = model.alpha_s, model.beta_s, model.rows_per_request
+    clumps = model.dispersion if model.dispersion > 1.0 else 1.0
     if rows != 1.0:
         beta, max_batch = model.in_requests(max_batch)
     delay = delay_s if max_batch > 1 else 0.0
@@ -243,7 +254,7 @@ def _operating_point(
         return max_batch * rows, 1.0, load, math.inf
     floor = min(float(max_batch), 1 + lam * delay)
     work = full / max_batch
-    backlog = math.log(load / TAIL) * work / _backlog_rate(load) if load > TAIL else 0.0
+    backlog = clumps * math.log(load / TAIL) * work / _backlog_rate(load) if load > TAIL else 0.0
     if beta >= 0 and overhead_s + backlog + (alpha + beta * floor) > give_up_above_s:
         return None
     # Mean batch: the fixed point of b = m + e^-m (a contraction: slope < λβ < 1).
@@ -263,7 +274,7 @@ def _operating_point(
     utilization = min(1.0, lam * (alpha + beta * batch) / batch)
     # Batch-size tail of the AR(1) process b' = λα + λβ·b + noise.
     memory = lam * beta
-    spread = math.sqrt(cycle_arrivals / (1 - memory * memory))
+    spread = math.sqrt(clumps * cycle_arrivals / (1 - memory * memory))
     tail_batch = min(float(max_batch), batch + Z99 * spread)
     tail_seconds = alpha + beta * tail_batch
     # Queue wait: filling, the batch in flight, the backlog of full batches.

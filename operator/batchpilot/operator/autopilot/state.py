@@ -78,6 +78,8 @@ class State:
             }
             if self.fit.rows_per_request != 1.0:
                 doc["fit"]["rowsPerRequest"] = round(self.fit.rows_per_request, 4)
+            if self.fit.dispersion != 1.0:
+                doc["fit"]["dispersion"] = round(self.fit.dispersion, 4)
         if self.overhead_s is not None:
             doc["overheadMs"] = round(self.overhead_s * 1e3, 4)
         if self.changed_at is not None:
@@ -107,6 +109,7 @@ class State:
                     beta_s=float(raw_fit["betaMs"]) / 1e3,
                     confident=bool(raw_fit["confident"]),
                     rows_per_request=_rows(raw_fit.get("rowsPerRequest")),
+                    dispersion=_at_least_one(raw_fit.get("dispersion")),
                 )
                 if isinstance(raw_fit, dict)
                 else None
@@ -156,6 +159,12 @@ def _rows(value: Any) -> float:
     """A persisted rows-per-request: 1 where absent or out of bounds."""
     rows = 1.0 if value is None else float(value)
     return rows if math.isfinite(rows) and rows >= 1.0 else 1.0
+
+
+def _at_least_one(value: Any) -> float:
+    """A persisted dispersion: 1 (Poisson) where absent or out of bounds."""
+    dispersion = 1.0 if value is None else float(value)
+    return dispersion if math.isfinite(dispersion) and dispersion >= 1.0 else 1.0
 
 
 def _physical(model: LatencyFit) -> bool:
