@@ -1,7 +1,8 @@
 """The autopilot on service physics the shipped traces do not use, beside the bounds.
 
     .venv/bin/python bench/physics_matrix.py --seed 5353 [--physics textbook,fixed,mid,big]
-        [--kinds ramp,step] [--retries attempts=3,delay_s=1] [--procs 2] [--json out.json]
+        [--kinds ramp,step] [--retries attempts=3,delay_s=1] [--clump 4] [--procs 2]
+        [--json out.json]
 
 `slo_matrix.py` runs every baseline on one physics at a time; this runs the autopilot, the
 reactive bound (knows the present rate and the true capacity, pays the cold start) and the
@@ -14,7 +15,8 @@ a 300 ms SLA and a two-minute cold start; and two whose clients send several row
 batches rows. Per trace: the share of 15 s intervals inside the SLA
 and GPU-seconds over the oracle's. Traces are generated from `--seed` (pick one the shipped
 files do not use); the objective is declared per kind as in `slo_matrix.py`. `--retries`: the
-clients send what is refused again (`batchpilot.simulation.clients`), for every policy alike.
+clients send what is refused again (`batchpilot.simulation.clients`), for every policy alike;
+`--clump M`: requests arrive in clumps of mean size M, a clump's at once (`Trace.arrivals`).
 """
 
 from __future__ import annotations
@@ -57,9 +59,9 @@ PHYSICS = {
 POLICIES = ("autopilot", "reactive", "oracle")
 
 
-def run(job: tuple[str, str, int, str, str]) -> tuple[str, str, str, float, float]:
+def run(job: tuple[str, str, int, str, str, float]) -> tuple[str, str, str, float, float]:
     """(physics, kind, policy, attainment, GPU-seconds) of one simulation."""
-    name, kind, seed, policy, retries = job
+    name, kind, seed, policy, retries, clump = job
     physics = PHYSICS[name]
     trace = Trace.from_points(generate(kind, seed), name=f"{kind}-{seed}", duration_s=None)
     scenario = Scenario(
@@ -71,6 +73,7 @@ def run(job: tuple[str, str, int, str, str]) -> tuple[str, str, str, float, floa
         cluster=ClusterConfig(
             cold_start_s=physics.cold_start_s,
             retries=Retries.parse(retries) if retries else None,
+            clump=clump,
         ),
     )
     summary = simulate(scenario, policy).summary
@@ -83,6 +86,7 @@ def main() -> int:
     parser.add_argument("--physics", default=",".join(PHYSICS), help=", ".join(PHYSICS))
     parser.add_argument("--kinds", default=",".join(OBJECTIVE))
     parser.add_argument("--retries", default="", help="clients retry: attempts=3,delay_s=1,…")
+    parser.add_argument("--clump", type=float, default=1.0, help="mean clump size (1: Poisson)")
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -95,7 +99,12 @@ def main() -> int:
         Retries.parse(args.retries)
     except ValueError as exc:
         parser.error(str(exc))
-    jobs = [(n, k, args.seed, p, args.retries) for n in names for k in kinds for p in POLICIES]
+    jobs = [
+        (n, k, args.seed, p, args.retries, args.clump)
+        for n in names
+        for k in kinds
+        for p in POLICIES
+    ]
     with Pool(args.procs) as pool:
         results = pool.map(run, jobs)
     table = {(n, k, p): (a, g) for n, k, p, a, g in results}

@@ -75,6 +75,16 @@ def _retries(text: str) -> Retries:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _clump(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--clump must be a number, not {text!r}") from None
+    if not (value >= 1 and value < float("inf")):
+        raise argparse.ArgumentTypeError("--clump is a mean clump size: at least 1")
+    return value
+
+
 def clients_line(result: SimulationResult) -> str:
     """What the retrying clients did under one policy."""
     clients = result.clients or {}
@@ -245,6 +255,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "and the arrival signals count the first tries alone. "
         "Default: a refused request is dropped",
     )
+    cluster.add_argument(
+        "--clump",
+        type=_clump,
+        default=1.0,
+        metavar="MEAN",
+        help="requests arrive in clumps of this mean size, a clump's at once (a client's "
+        "fan-out, a gateway's bursts): geometric sizes, the trace's rate. Default 1: Poisson",
+    )
     cluster.add_argument("--seed", type=int, default=0)
     cluster.add_argument(
         "--duration-s", type=float, default=None, help="override the trace's length"
@@ -304,6 +322,7 @@ def scenario_of(args: argparse.Namespace) -> Scenario:
             ),
             seed=args.seed,
             retries=args.retries,
+            clump=args.clump,
             node_losses=tuple(
                 NodeLoss(at, count, notice_s=args.node_notice_s, eviction_s=args.eviction_s)
                 for at, count in args.lose_node

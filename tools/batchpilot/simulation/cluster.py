@@ -142,10 +142,15 @@ class ClusterConfig:
     """Nodes that die during the run (none by default)."""
     retries: Retries | None = None
     """Clients send what is refused again (`clients`); None: a refused request is dropped."""
+    clump: float = 1.0
+    """Requests arrive in clumps of this mean size, all of a clump at once (`Trace.arrivals`):
+    a client's fan-out, a gateway's bursts. 1: one at a time, Poisson."""
 
     def __post_init__(self) -> None:
         if self.scrape_interval_s < 0 or self.recent_window_s <= 0 or self.window_s <= 0:
             raise ValueError("windows must be positive and the scrape interval not negative")
+        if not (math.isfinite(self.clump) and self.clump >= 1):
+            raise ValueError("the mean clump is at least 1 request")
         if len({loss.eviction_s for loss in self.node_losses}) > 1:
             raise ValueError("node losses evict after one time: the pod template's tolerations")
 
@@ -466,6 +471,7 @@ def simulate_cluster(
             "seed": config.seed,
             "nodeLosses": [loss.describe() for loss in config.node_losses],
             **({} if config.retries is None else {"retries": config.retries.describe()}),
+            **({} if config.clump == 1 else {"clump": config.clump}),
         },
     )
 
@@ -484,7 +490,7 @@ def _serve(
     pods, run every pod's batches; what is refused goes back to `retrying`. Retries the clients
     mark are served as any arrival and counted apart: the arrival signals have the first
     attempts alone (`attempt!="retry"`)."""
-    arrivals = trace.arrivals(lo, hi, rng)
+    arrivals = trace.arrivals(lo, hi, rng, clump=fleet.config.clump)
     first = arrivals.shape[0]
     retried: np.ndarray[Any, np.dtype[np.bool_]] | None = None
     if retrying is not None and retrying.waiting:

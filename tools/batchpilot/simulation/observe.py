@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from batchpilot.api.arrivals import RECENT_ARRIVALS_S
+from batchpilot.api.arrivals import DISPERSION_SLOT_S, DISPERSION_SPAN_S, RECENT_ARRIVALS_S
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation, PastPeriod
 from batchpilot.operator.autopilot.prometheus import Seasonality
 from batchpilot.runtime.metrics import LATENCY_BUCKETS
@@ -90,7 +90,13 @@ class Column:
     RETRIED = RECENT + 1
     """batchpilot_arrivals_total{attempt="retry"}: arrivals that said they were retries (in
     neither ARRIVALS nor RECENT, which are the first attempts)."""
-    COUNT = RETRIED + 1
+    DISPERSION = RETRIED + 1
+    """batchpilot_arrival_dispersion as `avg_over_time` reads it: each `DISPERSION_SPAN_S`
+    block's dispersion of every arrival (its slots' variance over their mean), summed at the
+    block's end; with BLOCKS, their mean over the window."""
+    BLOCKS = DISPERSION + 1
+    """The blocks with an arrival whose dispersion DISPERSION sums."""
+    COUNT = BLOCKS + 1
 
 
 def _lazy_columns() -> np.ndarray[Any, np.dtype[np.bool_]]:
@@ -223,6 +229,11 @@ class Telemetry:
         """Requests that reached a runtime (the exact view's; scraped, the targets count)."""
         self.retried = np.zeros(slots, dtype=np.int64)
         """Of the arrivals, the retries that said so: not in `arrived` (the exact view's)."""
+        self.dispersion = np.zeros((slots, 2), dtype=np.float64)
+        """The exact view's `DISPERSION` and `BLOCKS`, by interval."""
+        self._blocks: dict[int, list[float]] = {}
+        """Per pod, the block being counted: [block number, arrivals, sum of squared slot
+        counts]."""
         self.offered = np.zeros(slots, dtype=np.int64)
         """Every request the trace offered, reached a runtime or not (the seasonal signals)."""
         self.busy_s = np.zeros(slots, dtype=np.float64)
@@ -345,6 +356,10 @@ class Telemetry:
                 _count(self.retried, self._slot(retried))
             else:
                 target.count(retried, Column.RETRIED)
+        if retried is None or not retried.shape[0]:
+            self._record_slots(pod, target, times)
+        else:
+            self._record_slots(pod, target, np.sort(np.concatenate([times, retried])))
         if times.shape[0] == 0:
             return
         if target is None:
@@ -352,6 +367,45 @@ class Telemetry:
         else:
             target.count(times, Column.ARRIVALS)
             target.count_recent(times, Column.RECENT, RECENT_ARRIVALS_S)
+
+    def _record_slots(self, pod: int, target: Target | None, times: FloatArray) -> None:
+        """Every arrival at `times` (sorted) in its slot and `DISPERSION_SPAN_S` block; a block
+        is counted once the arrivals have moved past it, as the gauge reads it at its end."""
+        if times.shape[0] == 0:
+            return
+        slots, counts = np.unique(np.floor(times / DISPERSION_SLOT_S), return_counts=True)
+        per_block = round(DISPERSION_SPAN_S / DISPERSION_SLOT_S)
+        blocks = (slots // per_block).astype(np.int64)
+        weights = counts.astype(np.float64)
+        open_block = self._blocks.get(pod)
+        ended_at: list[float] = []
+        values: list[float] = []
+        for block in np.unique(blocks).tolist():
+            mine = blocks == block
+            arrived, squares = float(weights[mine].sum()), float((weights[mine] ** 2).sum())
+            if open_block is not None and open_block[0] == block:
+                open_block[1] += arrived
+                open_block[2] += squares
+                continue
+            if open_block is not None:
+                ended_at.append((open_block[0] + 1) * DISPERSION_SPAN_S)
+                values.append(open_block[2] / open_block[1] - open_block[1] / per_block)
+            open_block = [float(block), arrived, squares]
+        if open_block is not None:
+            self._blocks[pod] = open_block
+        if not ended_at:
+            return
+        ends, found = np.array(ended_at), np.array(values)
+        if target is None:
+            rows = self._slot(ends)
+            np.add.at(self.dispersion[:, 0], rows, found)
+            np.add.at(self.dispersion[:, 1], rows, 1.0)
+            return
+        rows = target.rows(ends)
+        columns = np.repeat([Column.DISPERSION, Column.BLOCKS], rows.shape[0])
+        target.add(
+            np.concatenate([rows, rows]), columns, np.concatenate([found, np.ones_like(found)])
+        )
 
     def record(self, served: Sequence[tuple[int, Served]], *, truth: ServiceTruth) -> None:
         """Count the batches (and their requests) that replicas ran, by when they finished, and
@@ -533,6 +587,7 @@ class Telemetry:
             reporting_replicas=reporting,
             arrival_qps=float(self.arrived[lo:k].sum()) / seconds,
             retried_qps=float(self.retried[lo:k].sum()) / seconds,
+            arrival_dispersion=_dispersion([self.dispersion[lo:k].sum(axis=0)]),
             recent_qps=float(self.arrived[k - recent : k].sum()) / (recent * self.interval_s),
             recent_window_s=self.recent_window_s,
         )
@@ -598,7 +653,25 @@ class Telemetry:
             reporting_replicas=reporting,
             arrival_qps=_number(rates[Column.ARRIVALS]) if counted else None,
             retried_qps=_number(rates[Column.RETRIED]) if counted else None,
+            arrival_dispersion=_dispersion(
+                [
+                    t.increase(now, window, slice(Column.DISPERSION, Column.BLOCKS + 1))
+                    for t in targets
+                ]
+            )
+            if counted
+            else None,
             recent_qps=fast,
             recent_window_s=None if fast is None else self.scrape_interval_s,
             now_qps=gauge if counted and any(math.isfinite(r) for r in readings) else None,
         )
+
+
+def _dispersion(increases: Sequence[FloatArray]) -> float | None:
+    """The mean dispersion of the blocks the window holds, from each replica's (sum of its
+    blocks' dispersions, blocks); None where no block ended in it."""
+    total = blocks = 0.0
+    for summed, count in increases:
+        if math.isfinite(summed) and math.isfinite(count) and count > 0:
+            total, blocks = total + summed, blocks + count
+    return total / blocks if blocks > 0 else None

@@ -7,7 +7,9 @@ overrides that (the last rate then holds until the end).
 
 Arrivals are drawn one chunk of time at a time, vectorised: a Poisson count per constant-rate
 segment, uniform times within it, one sort. For a piecewise-constant rate that is exactly a
-Poisson process.
+Poisson process. Clumped, the Poisson events are clumps at the rate over the mean clump, each
+of a geometric number of requests (1, 2, …, of that mean) arriving at once: a compound Poisson
+process of the same rate, whose count over any span varies 2·mean − 1 times as much.
 """
 
 from __future__ import annotations
@@ -104,15 +106,20 @@ class Trace:
     def max_rate(self) -> float:
         return max(self.rates)
 
-    def arrivals(self, start: float, end: float, rng: np.random.Generator) -> FloatArray:
-        """Sorted Poisson arrival times in [start, end)."""
+    def arrivals(
+        self, start: float, end: float, rng: np.random.Generator, *, clump: float = 1.0
+    ) -> FloatArray:
+        """Sorted Poisson arrival times in [start, end); with `clump` above 1, in clumps of
+        that mean size, each clump's requests at one time."""
         pieces = self._pieces(start, end)
         if not pieces:
             return np.empty(0, dtype=np.float64)
         lows = np.array([lo for lo, _, _ in pieces])
         spans = np.array([hi - lo for lo, hi, _ in pieces])
-        counts = rng.poisson(spans * np.array([r for _, _, r in pieces]))
+        counts = rng.poisson(spans * np.array([r for _, _, r in pieces]) / clump)
         offsets = rng.random(int(counts.sum())) * np.repeat(spans, counts)
         times: FloatArray = np.repeat(lows, counts) + offsets
+        if clump > 1:
+            times = np.repeat(times, rng.geometric(1 / clump, size=times.shape[0]))
         times.sort()
         return times
