@@ -1,4 +1,5 @@
-"""`sandbox up --retries`: the load's clients retry what is refused, or the run is refused."""
+"""`sandbox up --retries`, `--clump`: the load's clients retry what is refused, or send requests
+in clumps; or the run is refused."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 
 import pytest
 
-from batchpilot.sandbox.up import SandboxOptions, add_arguments, main, retrying
+from batchpilot.sandbox.up import SandboxOptions, add_arguments, clumping, main, retrying
 
 
 def parsed(*argv: str) -> argparse.Namespace:
@@ -42,3 +43,11 @@ def test_nonsense_is_refused_before_anything_starts(
 def test_marking_retries_needs_retries(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(parsed("--mark-retries")) == 2
     assert "--mark-retries needs --retries" in capsys.readouterr().err
+
+
+def test_the_load_generator_gets_the_clumps(capsys: pytest.CaptureFixture[str]) -> None:
+    assert clumping(SandboxOptions()) == []
+    assert clumping(SandboxOptions(clump=4.0)) == ["--clump", "4"]
+    for argv in (("--clump", "0.5"), ("--clump", "3", "--arrivals", "uniform")):
+        assert main(parsed(*argv)) == 2
+        assert "--clump is a mean clump size" in capsys.readouterr().err

@@ -125,6 +125,8 @@ class SandboxOptions:
     """Before each retry; None: the answer's Retry-After."""
     mark_retries: bool = False
     """Each try carries `x-envoy-attempt-count`: the runtimes count the retries apart."""
+    clump: float = 1.0
+    """The load's requests go in clumps of this mean size, each clump's at once."""
 
 
 @dataclass
@@ -407,7 +409,7 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
                  "--schedule", options.scenario, "--arrivals", options.arrivals,
                  "--duration", str(options.duration_s),
                  "--timeout-s", str(options.request_timeout_s), "--json", str(load_json),
-                 *retrying(options)],
+                 *retrying(options), *clumping(options)],
                 log=workdir / "loadgen.txt",
             )  # fmt: skip
             say(f"load: {options.scenario} (s:rps) for {options.duration_s:g} s through the proxy")
@@ -654,6 +656,11 @@ def retrying(options: SandboxOptions) -> list[str]:
     return ["--retries", str(options.retries), *waits, *marked]
 
 
+def clumping(options: SandboxOptions) -> list[str]:
+    """The load generator's flags for clumped requests."""
+    return ["--clump", f"{options.clump:g}"] if options.clump > 1 else []
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
     a(
@@ -728,6 +735,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     a("--retry-delay-s", type=float, default=None, help="wait before each retry (0: at once)")
     a(
+        "--clump",
+        type=float,
+        default=1.0,
+        metavar="MEAN",
+        help="the load's requests go in clumps of this mean size, each clump's at once, as "
+        "clients that fan out send them (Poisson arrivals only; default 1)",
+    )
+    a(
         "--mark-retries",
         action="store_true",
         help="the clients number every try in x-envoy-attempt-count, as an Envoy sidecar "
@@ -772,6 +787,9 @@ def main(args: argparse.Namespace) -> int:
     if args.retries < 0 or (args.retry_delay_s is not None and not 0 <= args.retry_delay_s <= 10):
         print("error: --retries must be 0 or more, --retry-delay-s within 0-10", file=sys.stderr)
         return 2
+    if not 1 <= args.clump < 1000 or (args.clump > 1 and args.arrivals != "poisson"):
+        print("error: --clump is a mean clump size from 1, of Poisson arrivals", file=sys.stderr)
+        return 2
     if args.mark_retries and not args.retries:
         print("error: --mark-retries needs --retries", file=sys.stderr)
         return 2
@@ -799,6 +817,7 @@ def main(args: argparse.Namespace) -> int:
         retries=args.retries,
         retry_delay_s=args.retry_delay_s,
         mark_retries=args.mark_retries,
+        clump=args.clump,
     )
     try:
         result = run_sandbox(options, out=lambda text: print(text, flush=True))

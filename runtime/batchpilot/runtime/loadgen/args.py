@@ -79,6 +79,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="open-loop arrival process (default poisson)",
     )
     load.add_argument(
+        "--clump",
+        type=float,
+        default=1.0,
+        metavar="MEAN",
+        help="send Poisson arrivals in clumps of this mean size, each clump's at once, as a "
+        "client that fans out does (default 1: one at a time)",
+    )
+    load.add_argument(
         "--max-outstanding",
         type=int,
         default=2000,
@@ -211,6 +219,8 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig | SearchConfig:
     if args.find_max:
         if args.retries:
             raise ValueError("--find-max sends each request once: drop --retries")
+        if args.clump != 1:
+            raise ValueError("--find-max probes Poisson arrivals: drop --clump")
         if args.sla_ms is None:
             raise ValueError("--find-max needs --sla-ms")
         if args.concurrency is not None or args.schedule or args.schedule_file:
@@ -241,6 +251,7 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig | SearchConfig:
         schedule=schedule,
         concurrency=args.concurrency,
         arrivals=args.arrivals,
+        clump=args.clump,
         max_outstanding=args.max_outstanding,
         max_requests=args.requests,
         warmup_s=args.warmup_s,

@@ -6,6 +6,7 @@ benchmark, the tests) get the same ValueErrors, and the code that runs load can 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
@@ -93,6 +94,8 @@ class LoadConfig:
     schedule: RateSchedule | None = None
     concurrency: int | None = None
     arrivals: ArrivalProcess = "poisson"
+    clump: float = 1.0
+    """Open loop, Poisson: requests go in clumps of this mean size, each clump's at once."""
     max_outstanding: int = 2000
     """Open loop: arrivals beyond this many outstanding requests count as dropped_client."""
     max_requests: int | None = None
@@ -126,6 +129,10 @@ class LoadConfig:
             raise ValueError(f"warmup_s must be in [0, {MAX_DURATION_S:g}], got {self.warmup_s}")
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
+        if not (1 <= self.clump < math.inf):
+            raise ValueError(f"the mean clump is at least 1 request, got {self.clump}")
+        if self.clump > 1 and (self.schedule is None or self.arrivals != "poisson"):
+            raise ValueError("clumps are of an open loop's Poisson arrivals: drop --clump")
         if self.max_outstanding < 1:
             raise ValueError(f"max_outstanding must be at least 1, got {self.max_outstanding}")
         if self.max_requests is not None and self.max_requests < 1:

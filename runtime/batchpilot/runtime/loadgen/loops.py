@@ -103,7 +103,11 @@ async def open_loop(
         process=config.arrivals,
     )
     measured = arrival_times(
-        schedule, duration_s=config.duration_s, rng=rng, process=config.arrivals
+        schedule,
+        duration_s=config.duration_s,
+        rng=rng,
+        process=config.arrivals,
+        clump=config.clump,
     )
     if config.max_requests is not None:
         measured = measured[: config.max_requests]

@@ -116,8 +116,11 @@ def arrival_times(
     duration_s: float,
     rng: np.random.Generator,
     process: ArrivalProcess = "poisson",
+    clump: float = 1.0,
 ) -> np.ndarray[Any, Any]:
-    """Sorted arrival offsets in [0, duration) following the schedule.
+    """Sorted arrival offsets in [0, duration) following the schedule. With `clump` above 1
+    (Poisson only), the Poisson points are clumps of a geometric number of requests of that
+    mean, all sent at once: a client's fan-out, at the schedule's rate of requests.
 
     Works in "operational time" u = Λ(t), the integral of the rate: there a Poisson process of
     any piecewise-constant rate is a unit-rate one (its points are uniform given their count),
@@ -133,8 +136,12 @@ def arrival_times(
         raise ValueError(
             f"the schedule asks for {total:.0f} requests; at most {MAX_ARRIVALS} per run"
         )
+    if clump > 1 and process != "poisson":
+        raise ValueError("clumps are of Poisson arrivals")
     if process == "poisson":
-        u = np.sort(rng.uniform(0.0, total, size=rng.poisson(total)))
+        u = np.sort(rng.uniform(0.0, total / clump, size=rng.poisson(total / clump))) * clump
+        if clump > 1:
+            u = np.repeat(u, rng.geometric(1 / clump, size=u.shape[0]))
     elif process == "uniform":
         u = np.arange(0.0, total, 1.0)
     else:
