@@ -4,18 +4,15 @@ autopilot planning for it."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
 
 import batchpilot.operator.autopilot.learn as learn
 from batchpilot.api.arrivals import DISPERSION_SLOT_S
-from batchpilot.operator.autopilot.observation import Observation
-from batchpilot.operator.autopilot.policy import InForce
 from batchpilot.simulation import TEXTBOOK, ClusterConfig, Scenario, Trace, cli, simulate
 from batchpilot.simulation.cluster import simulate_cluster
-from batchpilot.simulation.policies import Command, StaticController
+from tests.simulation.test_simulate import Watcher
 
 
 class TestTheTrace:
@@ -43,24 +40,10 @@ class TestTheTrace:
             parser.parse_args(["--trace-gen", "textbook", "--clump", "0"])
 
 
-@dataclass
-class Watching(StaticController):
-    """A static controller that keeps every observation it is given."""
-
-    seen: list[Observation] = field(default_factory=list)
-
-    def decide(
-        self, observation: Observation | None, current: InForce, *, now: float, interval: int
-    ) -> Command:
-        if observation is not None:
-            self.seen.append(observation)
-        return self.initial()
-
-
 class TestWhatTheReplicasMeasure:
     @pytest.mark.parametrize(("replicas", "clump"), [(1, 1.0), (1, 4.0), (2, 4.0)])
     def test_the_dispersion_each_replica_sees(self, replicas: int, clump: float) -> None:
-        watching = Watching(replicas, 16, 0.005)
+        watching = Watcher(replicas, 16, 0.005)
         simulate_cluster(
             Trace.constant(200, 300),
             TEXTBOOK,

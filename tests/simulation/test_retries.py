@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
 
-from batchpilot.operator.autopilot.observation import Observation
-from batchpilot.operator.autopilot.policy import InForce
 from batchpilot.simulation import TEXTBOOK, ClusterConfig, Trace, cli
 from batchpilot.simulation.clients import MIN_STEP_S, Retries, RetryQueue
 from batchpilot.simulation.cluster import simulate_cluster
-from batchpilot.simulation.policies import Command, StaticController
+from batchpilot.simulation.policies import StaticController
 from batchpilot.simulation.report import SimulationResult
+from tests.simulation.test_simulate import Watcher
 
 
 class TestTheirBehaviour:
@@ -73,20 +71,6 @@ class TestTheQueue:
         assert due.std() > 0.2
 
 
-@dataclass
-class Watching(StaticController):
-    """A static controller that keeps the arrival signals of every observation it is given."""
-
-    seen: list[Observation] = field(default_factory=list)
-
-    def decide(
-        self, observation: Observation | None, current: InForce, *, now: float, interval: int
-    ) -> Command:
-        if observation is not None:
-            self.seen.append(observation)
-        return self.initial()
-
-
 def overloaded(
     retries: Retries | None, controller: StaticController | None = None
 ) -> SimulationResult:
@@ -122,7 +106,7 @@ class TestARetryStorm:
     def test_retries_that_say_so_are_served_alike_and_are_no_part_of_the_arrival_signals(
         self,
     ) -> None:
-        plain, marked = Watching(1, 8, 0.005), Watching(1, 8, 0.005)
+        plain, marked = Watcher(1, 8, 0.005), Watcher(1, 8, 0.005)
         unmarked_run = overloaded(Retries(attempts=3, delay_s=1.0), plain)
         marked_run = overloaded(Retries(attempts=3, delay_s=1.0, marked=True), marked)
         assert marked_run.clients is not None

@@ -212,27 +212,10 @@ def decide(
     elif model is None:
         want_replicas, want_batch, why = feedback_only(observation, policy, current)
     else:
-        chosen = plan_capacity(
-            model,
-            rate=headroom.rate,
-            policy=policy,
-            delay_s=delay_s,
-            overhead_s=overhead or 0.0,
-            target_s=target,
-            prefer=current.batch_size,
-        )
-        # Clumps split over the replicas: fewer replicas each see more of a clump. A plan for
-        # fewer replicas than measured it is made again with the dispersion they would see,
-        # until it holds (a plan for more keeps the measured one: a little more than needed).
-        measured_over = max(1, ready)
-        for _ in range(CLUMP_REPLANS):
-            if model.dispersion <= 1.0 or chosen.replicas >= measured_over:
-                break
-            fewer = replace(
-                model, dispersion=split_dispersion(model.dispersion, measured_over, chosen.replicas)
-            )
-            again = plan_capacity(
-                fewer,
+
+        def plan(planned: LatencyFit) -> CapacityPlan:
+            return plan_capacity(
+                planned,
                 rate=headroom.rate,
                 policy=policy,
                 delay_s=delay_s,
@@ -240,6 +223,17 @@ def decide(
                 target_s=target,
                 prefer=current.batch_size,
             )
+
+        chosen = plan(model)
+        # Clumps split over the replicas: fewer replicas each see more of a clump. A plan for
+        # fewer replicas than measured it is made again with the dispersion they would see,
+        # until it holds (a plan for more keeps the measured one: a little more than needed).
+        measured_over = max(1, ready)
+        for _ in range(CLUMP_REPLANS):
+            if model.dispersion <= 1.0 or chosen.replicas >= measured_over:
+                break
+            seen = split_dispersion(model.dispersion, measured_over, chosen.replicas)
+            again = plan(replace(model, dispersion=seen))
             if again.replicas <= chosen.replicas:
                 break
             chosen = again
