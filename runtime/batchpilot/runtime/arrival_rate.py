@@ -19,9 +19,41 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from batchpilot.api.arrivals import DISPERSION_SLOT_S, DISPERSION_SPAN_S, RECENT_ARRIVALS_S
+
+
+class _Slots:
+    """Arrival counts per time slot for the last `span_s` seconds: a ring of places, each
+    stamped with the slot it counts and restarted when a later slot comes to it."""
+
+    def __init__(
+        self, *, span_s: float, slot_s: float, clock: Callable[[], float], name: str
+    ) -> None:
+        if not 0 < slot_s < span_s:
+            raise ValueError(f"need 0 < {name} < span_s, got {slot_s} and {span_s}")
+        self.slot_s = slot_s
+        self.size = math.ceil(span_s / slot_s)
+        self._counts = [0] * self.size
+        self._stamps = [-1] * self.size
+        """The slot number each place counts (-1: none yet)."""
+        self.clock = clock
+
+    def add(self, count: int = 1) -> None:
+        slot = int(self.clock() / self.slot_s)
+        place = slot % self.size
+        if self._stamps[place] != slot:
+            self._stamps[place] = slot
+            self._counts[place] = 0
+        self._counts[place] += count
+
+    def counts(self, oldest: int, newest: int) -> Iterator[int]:
+        """The counts of the slots from `oldest` to `newest`, both included, that had an
+        arrival (the others counted none)."""
+        for count, stamp in zip(self._counts, self._stamps, strict=True):
+            if oldest <= stamp <= newest:
+                yield count
 
 
 class RecentArrivals:
@@ -35,36 +67,20 @@ class RecentArrivals:
         bucket_s: float = 0.1,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not 0 < bucket_s < span_s:
-            raise ValueError(f"need 0 < bucket_s < span_s, got {bucket_s} and {span_s}")
-        self._bucket_s = bucket_s
-        self._slots = math.ceil(span_s / bucket_s)
-        self._counts = [0] * self._slots
-        self._stamps = [-1] * self._slots
-        """The bucket number each slot counts (-1: none yet)."""
-        self._clock = clock
+        self._buckets = _Slots(span_s=span_s, slot_s=bucket_s, clock=clock, name="bucket_s")
         self._started = clock()
 
     def arrived(self, count: int = 1) -> None:
-        bucket = int(self._clock() / self._bucket_s)
-        slot = bucket % self._slots
-        if self._stamps[slot] != bucket:
-            self._stamps[slot] = bucket
-            self._counts[slot] = 0
-        self._counts[slot] += count
+        self._buckets.add(count)
 
     def rate(self) -> float:
         """Arrivals per second over the last `span_s` seconds: the current bucket, part gone,
         and the full ones before it."""
-        now = self._clock()
-        bucket = int(now / self._bucket_s)
-        oldest = bucket - self._slots + 1
-        total = sum(
-            count
-            for count, stamp in zip(self._counts, self._stamps, strict=True)
-            if oldest <= stamp <= bucket
-        )
-        covered = (self._slots - 1) * self._bucket_s + (now - bucket * self._bucket_s)
+        buckets = self._buckets
+        now = buckets.clock()
+        bucket = int(now / buckets.slot_s)
+        total = sum(buckets.counts(bucket - buckets.size + 1, bucket))
+        covered = (buckets.size - 1) * buckets.slot_s + (now - bucket * buckets.slot_s)
         covered = min(covered, now - self._started)
         return total / covered if covered > 0 else 0.0
 
@@ -81,37 +97,25 @@ class ArrivalDispersion:
         slot_s: float = DISPERSION_SLOT_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not 0 < slot_s < span_s:
-            raise ValueError(f"need 0 < slot_s < span_s, got {slot_s} and {span_s}")
-        self._slot_s = slot_s
-        self._slots = math.ceil(span_s / slot_s)
-        self._counts = [0] * self._slots
-        self._stamps = [-1] * self._slots
-        """The slot number each place counts (-1: none yet)."""
-        self._clock = clock
+        self._slots = _Slots(span_s=span_s, slot_s=slot_s, clock=clock, name="slot_s")
         self._first = int(clock() / slot_s) + 1
         """The first whole slot since the start."""
 
     def arrived(self) -> None:
-        slot = int(self._clock() / self._slot_s)
-        place = slot % self._slots
-        if self._stamps[place] != slot:
-            self._stamps[place] = slot
-            self._counts[place] = 0
-        self._counts[place] += 1
+        self._slots.add()
 
     def dispersion(self) -> float:
         """Variance over mean of the whole slots' counts (a slot no arrival stamped counts 0)."""
-        current = int(self._clock() / self._slot_s)
-        oldest = max(current - self._slots, self._first)
+        slots = self._slots
+        current = int(slots.clock() / slots.slot_s)
+        oldest = max(current - slots.size, self._first)
         seen = current - oldest
         if seen <= 0:
             return 1.0
         total = squares = 0
-        for count, stamp in zip(self._counts, self._stamps, strict=True):
-            if oldest <= stamp < current:
-                total += count
-                squares += count * count
+        for count in slots.counts(oldest, current - 1):
+            total += count
+            squares += count * count
         if total == 0:
             return 1.0
         mean = total / seen
