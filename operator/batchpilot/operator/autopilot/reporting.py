@@ -248,35 +248,24 @@ def metrics_status(observation: Observation | None, *, now: datetime) -> dict[st
             "gpuText": "-",
         }
 
+    def rounded(value: float | None, digits: int, scale: float = 1.0) -> float | None:
+        return None if value is None else round(value * scale, digits)
+
     def ms(value: float | None) -> float | None:
-        return None if value is None else round(value * 1e3, 2)
+        return rounded(value, 2, 1e3)
 
     doc: dict[str, Any] = {
         "p99Ms": ms(observation.p99_s),
         "p95Ms": ms(observation.p95_s),
         "queueP99Ms": ms(observation.queue_p99_s),
-        "qps": None if observation.qps is None else round(observation.qps, 1),
-        "rejectedQps": None
-        if observation.rejected_qps is None
-        else round(observation.rejected_qps, 1),
-        "offeredQps": None
-        if observation.offered_qps is None
-        else round(observation.offered_qps, 1),
-        "retriedQps": None
-        if observation.retried_qps is None
-        else round(observation.retried_qps, 1),
-        "arrivalDispersion": None
-        if observation.arrival_dispersion is None
-        else round(observation.arrival_dispersion, 2),
-        "gpuUtilization": None
-        if observation.utilization is None
-        else round(observation.utilization * 100, 1),
-        "meanBatchSize": None
-        if observation.mean_batch is None
-        else round(observation.mean_batch, 2),
-        "rowsPerRequest": None
-        if observation.rows_per_request is None
-        else round(observation.rows_per_request, 2),
+        "qps": rounded(observation.qps, 1),
+        "rejectedQps": rounded(observation.rejected_qps, 1),
+        "offeredQps": rounded(observation.offered_qps, 1),
+        "retriedQps": rounded(observation.retried_qps, 1),
+        "arrivalDispersion": rounded(observation.arrival_dispersion, 2),
+        "gpuUtilization": rounded(observation.utilization, 1, 100),
+        "meanBatchSize": rounded(observation.mean_batch, 2),
+        "rowsPerRequest": rounded(observation.rows_per_request, 2),
         "outsideMs": ms(observation.outside_s),
         "window": f"{observation.window_s:.0f}s",
         "observedAt": conditions.timestamp(now),
