@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -94,6 +95,24 @@ class TestBatchTiming:
         assert upper == pytest.approx(expected * (1 + 2 * fit.spread))
         # four batches in a row: the sum's deviation grows as √4 = 2, not 4
         assert timing.upper(8, batches=4) == pytest.approx(4 * expected * (1 + fit.spread))
+
+    def test_how_much_batches_vary_is_said_once_ten_were_predicted(self) -> None:
+        timing = BatchTiming()
+        assert timing.cv is None
+        rng = np.random.default_rng(8)
+        sigma = math.sqrt(math.log1p(0.3**2))
+        for n in range(400):
+            rows = int(rng.choice([1, 8]))
+            factor = float(rng.lognormal(-sigma * sigma / 2, sigma))
+            timing.observe(rows, (0.010 + 0.001 * rows) * factor)
+            if n < 10:
+                assert timing.cv is None  # the first batches fit, they are not predicted
+        # Batches of ±30 % (log-normal): the last ~50 batches' root mean square error.
+        assert timing.cv == pytest.approx(0.3, rel=0.35)
+        steady = exact_timing(0.010, 0.001)
+        for _ in range(20):
+            steady.observe(8, 0.018)
+        assert steady.cv == pytest.approx(0.0, abs=1e-9)
 
     def test_a_fit_never_says_a_bigger_batch_is_faster(self) -> None:
         timing = BatchTiming()

@@ -38,6 +38,9 @@ SIZE_WEIGHT_CAP = 10
 burst) counts less than one seen all day, and the commonest size cannot drown the others that
 pin down the slope."""
 
+CV_MIN_BATCHES = 10
+"""`BatchTiming.cv` is said from this many predicted batches on (weighted as they fade)."""
+
 SPREAD_SIGMAS = 2.0
 """High estimates add this many standard deviations of the fit's relative one-step-ahead
 error: a batch takes longer than predicted this way about 2-3 % of the time."""
@@ -83,6 +86,15 @@ class BatchTiming:
     def fit(self) -> Fit | None:
         """The current fit; None until a batch has been measured."""
         return self._fit
+
+    @property
+    def cv(self) -> float | None:
+        """How much batches vary around the fit: the root mean square of measured over
+        predicted, less 1, over the last ~`SIZE_MEMORY_BATCHES` batches (the spread of
+        `Fit`); None until `CV_MIN_BATCHES` have been predicted."""
+        if self._err_w < CV_MIN_BATCHES:
+            return None
+        return math.sqrt(self._err2 / self._err_w)
 
     def observe(self, rows: int, seconds: float, *, fresh: bool = False) -> None:
         """Add one measured batch of `rows` rows that took `seconds`. A `fresh` measurement (a

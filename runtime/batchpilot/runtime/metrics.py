@@ -29,7 +29,10 @@ environment), so one PromQL selector finds a service's replicas. What each metri
   mean rows per bucket, the points the autopilot fits t(b) ≈ α + β·b to. A batch's compute
   time is the engine's own measure, on the thread or device it ran on, plus the server's
   delay in taking its outputs back — not a stall of the event loop (a burst being read), which
-  is no property of the batch (`batching.batcher`).
+  is no property of the batch (`batching.batcher`). `batchpilot_batch_time_cv` (gauge): how
+  much a batch's compute time varies around the server's own t(b), the root mean square of
+  measured over predicted, less 1, over its last ~50 batches (`admission.BatchTiming`): 0.1
+  where batches take their time ±10 %; absent until ten batches have been predicted.
 - `batchpilot_requests_total` (counter by `outcome`), `batchpilot_queue_depth`,
   `batchpilot_inflight_requests` (gauges).
 - `batchpilot_arrivals_total` (counter): every valid request for the model, counted when it
@@ -180,11 +183,13 @@ class _GpuCollector(Collector):
 
 class _LiveValues(Collector):
     """Series read from the data plane when scraped: busy time (a running union that a plain
-    Counter could only add to after each batch) and the async job store."""
+    Counter could only add to after each batch), how batch times vary (absent until known) and
+    the async job store."""
 
     def __init__(self, labels: dict[str, str]) -> None:
         self._labels = labels
         self.busy_seconds: Callable[[], float] = lambda: 0.0
+        self.batch_time_cv: Callable[[], float | None] = lambda: None
         self.async_jobs: Callable[[], Mapping[str, int]] = dict
         self.async_expired: Callable[[], int] = lambda: 0
         self.open_connections: Callable[[], int] | None = None
@@ -199,6 +204,14 @@ class _LiveValues(Collector):
             labels=names,
         )
         busy.add_metric(values, self.busy_seconds())
+        cv = GaugeMetricFamily(
+            "batchpilot_batch_time_cv",
+            "How much a batch's compute time varies around the server's own t(b): the root "
+            "mean square of measured over predicted, less 1, over its last ~50 batches",
+            labels=names,
+        )
+        if (value := self.batch_time_cv()) is not None:
+            cv.add_metric(values, value)
         jobs = GaugeMetricFamily(
             "batchpilot_async_jobs",
             "Async inference jobs stored, by state",
@@ -212,7 +225,7 @@ class _LiveValues(Collector):
             labels=names,
         )
         expired.add_metric(values, self.async_expired())
-        yield from (busy, jobs, expired)
+        yield from (busy, cv, jobs, expired)
         if self.open_connections is None:
             return  # (a server whose connections are not kept: the sandbox's pod host)
         connections = GaugeMetricFamily(
@@ -460,6 +473,10 @@ class RuntimeMetrics:
     def track_engine_failing(self, failing: Callable[[], bool]) -> None:
         """Where `batchpilot_engine_failing` is read from (`ModelServer.engine_failure`)."""
         self.engine_failing.set_function(lambda: 1.0 if failing() else 0.0)
+
+    def track_batch_time_cv(self, cv: Callable[[], float | None]) -> None:
+        """Where `batchpilot_batch_time_cv` is read from (the server's `BatchTiming`)."""
+        self._live.batch_time_cv = cv
 
     def track_busy_seconds(self, busy_seconds: Callable[[], float]) -> None:
         """Where `batchpilot_device_busy_seconds_total` is read from (the batcher's union)."""

@@ -19,6 +19,7 @@ device, as it would include contention on a real one.
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,35 +32,44 @@ from batchpilot.runtime.engine import EngineInfo, ModelSignature, Ran
 from batchpilot.runtime.onnx_engine import SessionConfig, open_session, signature_of
 from batchpilot.runtime.protocol.tensors import DATATYPES
 
-_PART = r"(alpha_ms|beta_ms)=([0-9]*\.?[0-9]+)|(memory_rows)=([0-9]+)"
+_PART = r"(alpha_ms|beta_ms|cv)=([0-9]*\.?[0-9]+)|(memory_rows)=([0-9]+)"
+MAX_CV = 2.0
 
 
 @dataclass(frozen=True, slots=True)
 class LatencyModel:
-    """Per-batch compute time t(b) = α + β·b, and how many rows the device has memory for."""
+    """Per-batch compute time t(b) = α + β·b, how much it varies, and how many rows the device
+    has memory for."""
 
     alpha_s: float
     beta_s: float
     memory_rows: int | None = None
     """A batch of more rows fails as a GPU's would, out of memory; None: no such limit."""
+    cv: float = 0.0
+    """Each batch takes t(b) times a log-normal draw of mean 1 and this coefficient of
+    variation, as a real device's batches vary (0: exactly t(b))."""
 
     def __post_init__(self) -> None:
         if self.alpha_s < 0 or self.beta_s < 0:
             raise ValueError("alpha and beta must not be negative")
         if self.memory_rows is not None and self.memory_rows < 1:
             raise ValueError("memory_rows must be at least 1")
+        if not 0 <= self.cv <= MAX_CV:
+            raise ValueError(f"cv must be between 0 and {MAX_CV:g}")
 
     def seconds(self, rows: int) -> float:
         return self.alpha_s + self.beta_s * rows
 
     @classmethod
     def parse(cls, text: str) -> LatencyModel:
-        """Parse `alpha_ms=A,beta_ms=B[,memory_rows=N]` (the CLI form)."""
+        """Parse `alpha_ms=A,beta_ms=B[,memory_rows=N][,cv=C]` (the CLI form)."""
         values: dict[str, float] = {}
         for part in filter(None, (p.strip() for p in text.split(","))):
             match = re.fullmatch(_PART, part)
             if match is None:
-                raise ValueError(f"expected alpha_ms=A,beta_ms=B[,memory_rows=N], got {text!r}")
+                raise ValueError(
+                    f"expected alpha_ms=A,beta_ms=B[,memory_rows=N][,cv=C], got {text!r}"
+                )
             values[match[1] or match[3]] = float(match[2] or match[4])
         if not {"alpha_ms", "beta_ms"} <= set(values):
             raise ValueError(f"expected both alpha_ms and beta_ms, got {text!r}")
@@ -68,6 +78,7 @@ class LatencyModel:
             alpha_s=values["alpha_ms"] / 1e3,
             beta_s=values["beta_ms"] / 1e3,
             memory_rows=None if memory is None else int(memory),
+            cv=values.get("cv", 0.0),
         )
 
 
@@ -81,6 +92,9 @@ class SimulatedEngine:
         self._latency = latency
         self._device = asyncio.Lock()
         """The one simulated device: a batch holds it for t(b); asyncio.Lock is FIFO."""
+        sigma = math.sqrt(math.log1p(latency.cv * latency.cv))
+        self._variation = (np.random.default_rng(), sigma) if latency.cv > 0 else None
+        """Where batch times vary: the generator of their log-normal factors, and its σ."""
         self._info = EngineInfo(
             kind="simulated",
             device="gpu",
@@ -88,6 +102,7 @@ class SimulatedEngine:
             detail=(
                 f"simulated accelerator: t(b) = {latency.alpha_s * 1e3:g} ms + "
                 f"{latency.beta_s * 1e3:g} ms x b"
+                + (f" ± {latency.cv:.0%}" if latency.cv else "")
                 + (f", memory for {latency.memory_rows} rows" if latency.memory_rows else "")
                 + (f"; {instances} instances sharing one device" if instances > 1 else "")
             ),
@@ -128,6 +143,9 @@ class SimulatedEngine:
                 f"CUDA out of memory (simulated): a batch of {rows} rows, memory for {memory}"
             )
         seconds = self._latency.seconds(rows)
+        if self._variation is not None:
+            rng, sigma = self._variation
+            seconds *= float(rng.lognormal(-sigma * sigma / 2, sigma))
         async with self._device:
             await asyncio.sleep(seconds)
         outputs = {
