@@ -1,7 +1,7 @@
 """The autopilot on service physics the shipped traces do not use, beside the bounds.
 
     .venv/bin/python bench/physics_matrix.py --seed 5353 [--physics textbook,fixed,mid,big]
-        [--kinds ramp,step] [--retries attempts=3,delay_s=1] [--clump 4] [--procs 2]
+        [--kinds ramp,step] [--retries attempts=3,delay_s=1] [--clump 4] [--cv 0.2] [--procs 2]
         [--json out.json]
 
 `slo_matrix.py` runs every baseline on one physics at a time; this runs the autopilot, the
@@ -16,7 +16,8 @@ batches rows. Per trace: the share of 15 s intervals inside the SLA
 and GPU-seconds over the oracle's. Traces are generated from `--seed` (pick one the shipped
 files do not use); the objective is declared per kind as in `slo_matrix.py`. `--retries`: the
 clients send what is refused again (`batchpilot.simulation.clients`), for every policy alike;
-`--clump M`: requests arrive in clumps of mean size M, a clump's at once (`Trace.arrivals`).
+`--clump M`: requests arrive in clumps of mean size M, a clump's at once (`Trace.arrivals`);
+`--cv V`: every physics' batch times vary around t(b) by V (`ServiceTruth.cv`).
 """
 
 from __future__ import annotations
@@ -59,14 +60,17 @@ PHYSICS = {
 POLICIES = ("autopilot", "reactive", "oracle")
 
 
-def run(job: tuple[str, str, int, str, str, float]) -> tuple[str, str, str, float, float]:
+def run(
+    job: tuple[str, str, int, str, str, float, float],
+) -> tuple[str, str, str, float, float]:
     """(physics, kind, policy, attainment, GPU-seconds) of one simulation."""
-    name, kind, seed, policy, retries, clump = job
+    name, kind, seed, policy, retries, clump, cv = job
     physics = PHYSICS[name]
     trace = Trace.from_points(generate(kind, seed), name=f"{kind}-{seed}", duration_s=None)
+    service = physics.service + (f",cv={cv}" if cv else "")
     scenario = Scenario(
         trace=trace,
-        service=ServiceTruth.parse(physics.service),
+        service=ServiceTruth.parse(service),
         sla_s=physics.sla_s,
         objective=OBJECTIVE[kind],
         max_replicas=physics.max_replicas,
@@ -87,6 +91,7 @@ def main() -> int:
     parser.add_argument("--kinds", default=",".join(OBJECTIVE))
     parser.add_argument("--retries", default="", help="clients retry: attempts=3,delay_s=1,…")
     parser.add_argument("--clump", type=float, default=1.0, help="mean clump size (1: Poisson)")
+    parser.add_argument("--cv", type=float, default=0.0, help="batch times' spread (0: exact)")
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -100,7 +105,7 @@ def main() -> int:
     except ValueError as exc:
         parser.error(str(exc))
     jobs = [
-        (n, k, args.seed, p, args.retries, args.clump)
+        (n, k, args.seed, p, args.retries, args.clump, args.cv)
         for n in names
         for k in kinds
         for p in POLICIES

@@ -259,6 +259,54 @@ class TestClumpedArrivals:
             assert fit.dispersion == 1.0
 
 
+class TestBatchTimesThatVary:
+    """A device whose batches vary around t(b) (contention, a descheduled launch thread): the
+    window's variation goes into the model, which plans more capacity for the same rate."""
+
+    @staticmethod
+    def window(qps: float, cv: float | None) -> Observation:
+        return replace(
+            seen(at=0, qps=qps, p99_ms=60, ready=2, batch=8),
+            arrival_qps=qps,
+            batch_time_cv=cv,
+        )
+
+    def test_variation_is_planned_for_and_said(self) -> None:
+        policy = replace(POLICY, max_replicas=20)
+        current, fitted = InForce(2, 8, 0.005), State(fit=MODEL, overhead_s=0.01)
+        steady, _ = decide(self.window(1200, 0.01), policy, current, fitted, now=0)
+        varying, state = decide(self.window(1200, 0.37), policy, current, fitted, now=0)
+        assert varying.capacity_rps is not None
+        assert steady.capacity_rps is not None
+        assert varying.capacity_rps < 0.9 * steady.capacity_rps  # a replica carries less
+        assert varying.replicas >= steady.replicas
+        assert state.fit is not None
+        assert state.fit.batch_cv == 0.35  # to a step of 0.05
+        assert "·b ms ± 35%" in varying.reason
+        assert "±" not in steady.reason
+
+    @pytest.mark.parametrize(("measured", "modelled"), [(0.0, 0.0), (0.049, 0.0), (9.0, 2.0)])
+    def test_little_variation_is_none_and_a_stalling_device_is_capped(
+        self, measured: float, modelled: float
+    ) -> None:
+        _, state = decide(self.window(300, measured), POLICY, InForce(2, 8, 0.005), State(), 0)
+        assert state.fit is not None
+        assert state.fit.batch_cv == modelled
+
+    def test_a_window_without_it_keeps_the_one_known_and_a_restart_too(self) -> None:
+        known = State(fit=replace(MODEL, batch_cv=0.25))
+        _, state = decide(self.window(300, None), POLICY, InForce(2, 8, 0.005), known, now=0)
+        assert state.fit is not None
+        assert state.fit.batch_cv == 0.25
+        assert State.from_dict(state.to_dict()).fit == state.fit
+        assert "batchCv" not in State(fit=MODEL).to_dict()["fit"]
+        for nonsense in (-0.1, 3.0, "nan"):
+            doc = {"fit": {"alphaMs": 4, "betaMs": 2, "confident": True, "batchCv": nonsense}}
+            fit = State.from_dict(doc).fit
+            assert fit is not None
+            assert fit.batch_cv == 0.0
+
+
 class TestRequestsOfSeveralRows:
     """Clients that batch on their side send several rows a request: the rates count requests,
     the fit and the batch limits rows, and the window's rows per request converts."""

@@ -132,6 +132,16 @@ class TestAuto:
         assert "retries" not in plain.reason
         assert "retriedQps" not in quiet.body["status"]["metrics"]
 
+    def test_how_batch_times_vary_is_in_the_status_and_the_reason(self) -> None:
+        world = World(observe=lambda *a, **k: replace(overloaded(*a, **k), batch_time_cv=0.2137))
+        decision = world.tick().decision
+        assert decision is not None
+        assert world.body["status"]["metrics"]["batchTimeCv"] == 0.214
+        assert "·b ms ± 20%" in decision.reason
+        quiet = World()
+        assert quiet.tick().decision is not None
+        assert "batchTimeCv" not in quiet.body["status"]["metrics"]
+
     def test_the_rows_a_request_brings_are_in_the_status_and_the_reason(self) -> None:
         world = World(observe=lambda *a, **k: replace(overloaded(*a, **k), rows_per_request=4.0))
         decision = world.tick().decision

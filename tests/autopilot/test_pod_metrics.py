@@ -136,6 +136,19 @@ class TestTwoReads:
         raw, _ = answers(before, {"a": read(10.0, 3.0), "b": read(10.0, 5.0)}) or ({}, 0)
         assert float(raw["dispersion"][0]["value"][1]) == pytest.approx(4.0)
 
+    def test_how_batch_times_vary_is_the_pods_mean_gauge(self) -> None:
+        own = {"model": "resnet50", "isvc": "resnet50", "namespace": "vision"}
+
+        def read(at: float, cv: float | None) -> Read:
+            gauge = () if cv is None else (("batchpilot_batch_time_cv", own, cv),)
+            return Read(at, (*counters(served=0), *gauge))
+
+        before = {"a": read(0.0, 0.1), "b": read(0.0, None), "c": read(0.0, 0.1)}
+        after = {"a": read(10.0, 0.2), "b": read(10.0, None), "c": read(10.0, 0.4)}
+        raw, _ = answers(before, after) or ({}, 0)
+        # b has not yet predicted ten batches: no gauge, no part of the mean
+        assert float(raw["batch_cv"][0]["value"][1]) == pytest.approx(0.3)
+
     def test_a_pod_read_once_is_not_in_the_window(self) -> None:
         read = Read(0.0, tuple(counters(served=0)))
         assert answers({}, {"a": read}) is None

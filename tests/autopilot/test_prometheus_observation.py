@@ -135,6 +135,9 @@ def test_rate_and_latency_read_back_agree_with_the_load_generator(
     # sends in small bunches when its loop stalls, 1.4 seen), far below clumps (2m − 1)
     assert observation.arrival_dispersion is not None
     assert 0.6 <= observation.arrival_dispersion <= 2.5
+    # how the real model's batches varied around the server's t(b) on this machine's CPU
+    assert observation.batch_time_cv is not None
+    assert 0.0 < observation.batch_time_cv < 2.0
     assert observation.p99_s is not None
     assert whole is not None
     assert whole.p99_s is not None

@@ -228,6 +228,17 @@ class TestServingPath:
         assert flags["--async-result-ttl-s"] == "60"
         assert flags["--async-capacity"] == "10"
 
+    def test_a_simulated_accelerators_variation_reaches_the_runtime(self) -> None:
+        owner = owner_of(ROOT / "examples" / "resnet50-simulated.yaml")
+        runtime = owner.spec.runtime.dump()
+        steady = pod_of(owner)["spec"]["containers"][0]["args"]
+        latency = {**runtime["simulatedLatency"], "cv": 0.25}
+        varying = pod_of(with_spec(owner, runtime={**runtime, "simulatedLatency": latency}))
+        args = varying["spec"]["containers"][0]["args"]
+        timing = args[args.index("--simulated-latency") + 1]
+        assert timing.endswith(",cv=0.25")
+        assert steady[steady.index("--simulated-latency") + 1] == timing.removesuffix(",cv=0.25")
+
     @pytest.mark.parametrize(("ceiling", "rows"), [(16, "16"), (64, "64"), (512, "64")])
     def test_the_start_up_timing_reaches_the_largest_batch_limit_allowed(
         self, ceiling: int, rows: str

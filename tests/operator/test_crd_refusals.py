@@ -150,3 +150,10 @@ def test_model_uris_without_a_host_and_a_path_are_refused(uri: str) -> None:
 )
 def test_model_uris_with_a_host_and_a_path_are_accepted(uri: str) -> None:
     accepted({"model": {"uri": uri}})
+
+
+@pytest.mark.parametrize("cv", [-0.1, 2.5])
+def test_a_simulated_variation_out_of_bounds_is_refused(cv: float) -> None:
+    latency = {"alphaMs": 20, "betaMs": 5, "cv": cv}
+    message = refusal({"runtime": {"engine": "simulated", "simulatedLatency": latency}})
+    assert "spec.runtime.simulatedLatency.cv in body should be" in message

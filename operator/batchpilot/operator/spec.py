@@ -105,6 +105,7 @@ class ModelSource(SpecModel):
 class SimulatedLatency(SpecModel):
     alpha_ms: float = Field(ge=0, le=10_000)
     beta_ms: float = Field(ge=0, le=10_000)
+    cv: float = Field(default=0.0, ge=0, le=2)
 
 
 class AsyncInferenceSpec(SpecModel):

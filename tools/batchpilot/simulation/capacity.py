@@ -55,7 +55,7 @@ def p99_at(
     arrivals = unit / rate
     replica = truth.replica(max_batch=max_batch, delay_s=delay_s, capacity=len(unit))
     served = replica.serve(arrivals.tolist(), since=0.0, until=math.inf)
-    ended = served.dispatched_at + replica.alpha_s + replica.beta_s * served.sizes
+    ended = served.dispatched_at + served.seconds
     latency = np.repeat(ended, served.sizes) - served.arrivals + truth.overhead_s
     return exact_quantile(0.99, latency)
 
@@ -99,11 +99,11 @@ def interval_attainment(
     """Share of intervals whose P99 is within the SLA, for a pool of replicas each at `rate`."""
     duration = INTERVAL_PROBES * interval_s
     latencies, slots = [], []
-    for unit in streams:
+    for seed, unit in enumerate(streams):
         arrivals = unit[unit < duration * rate] / rate
-        replica = truth.replica(max_batch=max_batch, delay_s=delay_s)
+        replica = truth.replica(max_batch=max_batch, delay_s=delay_s, seed=seed)
         served = replica.serve(arrivals.tolist(), since=0.0, until=math.inf)
-        ended = served.dispatched_at + replica.alpha_s + replica.beta_s * served.sizes
+        ended = served.dispatched_at + served.seconds
         ended = np.repeat(ended, served.sizes)
         latencies.append(ended - served.arrivals + truth.overhead_s)
         slots.append(np.floor(ended / interval_s).astype(np.int64))

@@ -118,7 +118,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="textbook",
         help="alpha_ms=A,beta_ms=B[,overhead_ms=C], or 'textbook' (ResNet-50 on an A10: "
         "α 1.52 ms, β 2.25 ms, 40 ms outside the device); either followed by ',rows=K' for "
-        "clients that send K rows a request; default: textbook",
+        "clients that send K rows a request and ',cv=V' for batch times that vary around t(b) "
+        "by V; default: textbook",
     )
     parser.add_argument(
         "--overhead-ms",

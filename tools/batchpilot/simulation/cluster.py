@@ -307,6 +307,7 @@ class _Fleet:
                     else self.truth.requests_per_batch(self.burst_rows)
                 ),
                 start=now,
+                seed=self.config.seed * 100_003 + len(self.pods),
             ),
             limit=self.batch_size,
             requested_at=now,

@@ -96,7 +96,12 @@ class Column:
     block's end; with BLOCKS, their mean over the window."""
     BLOCKS = DISPERSION + 1
     """The blocks with an arrival whose dispersion DISPERSION sums."""
-    COUNT = BLOCKS + 1
+    VARIATION = BLOCKS + 1
+    """batchpilot_batch_time_cv as `avg_over_time` reads it, squared: each batch's (time over
+    t(b), less 1)², summed at its end; with TIMED, the root of their mean over the window."""
+    TIMED = VARIATION + 1
+    """The batches VARIATION sums."""
+    COUNT = TIMED + 1
 
 
 def _lazy_columns() -> np.ndarray[Any, np.dtype[np.bool_]]:
@@ -231,6 +236,8 @@ class Telemetry:
         """Of the arrivals, the retries that said so: not in `arrived` (the exact view's)."""
         self.dispersion = np.zeros((slots, 2), dtype=np.float64)
         """The exact view's `DISPERSION` and `BLOCKS`, by interval."""
+        self.variation = np.zeros((slots, 2), dtype=np.float64)
+        """The exact view's `VARIATION` and `TIMED`, by interval."""
         self._blocks: dict[int, list[float]] = {}
         """Per pod, the block being counted: [block number, arrivals, sum of squared slot
         counts]."""
@@ -427,9 +434,10 @@ class Telemetry:
             sizes = result.sizes
             rows = sizes * truth.rows_per_request
             dispatched = result.dispatched_at
-            seconds: FloatArray = truth.alpha_s + truth.beta_s * rows.astype(np.float64)
+            seconds = result.seconds
             ended = dispatched + seconds
             batch_slot = self._slot(ended)
+            deviation = seconds / (truth.alpha_s + truth.beta_s * rows) - 1.0
             pow2 = _pow2_slot(rows)
             np.add.at(self.busy_s, batch_slot, seconds)
             self._add(self.batches, batch_slot, pow2)
@@ -443,9 +451,17 @@ class Telemetry:
             if target is None:
                 self._add(self.latency, slot, latency_bucket)
                 self._add(self.queue_wait, slot, wait_bucket)
+                np.add.at(self.variation[:, 0], batch_slot, deviation * deviation)
+                np.add.at(self.variation[:, 1], batch_slot, 1.0)
             else:
                 self._scrape_batches(
                     target, result, rows, seconds, ended, pow2, latency_bucket, wait_bucket
+                )
+                ended_row = target.rows(ended)
+                target.add(
+                    np.concatenate([ended_row, ended_row]),
+                    np.repeat([Column.VARIATION, Column.TIMED], ended.shape[0]),
+                    np.concatenate([deviation * deviation, np.ones_like(deviation)]),
                 )
             latencies.append(latency)
             slots.append(slot)
@@ -588,6 +604,7 @@ class Telemetry:
             arrival_qps=float(self.arrived[lo:k].sum()) / seconds,
             retried_qps=float(self.retried[lo:k].sum()) / seconds,
             arrival_dispersion=_dispersion([self.dispersion[lo:k].sum(axis=0)]),
+            batch_time_cv=_variation(self.variation[lo:k].sum(axis=0)),
             recent_qps=float(self.arrived[k - recent : k].sum()) / (recent * self.interval_s),
             recent_window_s=self.recent_window_s,
         )
@@ -661,10 +678,22 @@ class Telemetry:
             )
             if counted
             else None,
+            batch_time_cv=(
+                _variation(rates[Column.VARIATION : Column.TIMED + 1]) if counted else None
+            ),
             recent_qps=fast,
             recent_window_s=None if fast is None else self.scrape_interval_s,
             now_qps=gauge if counted and any(math.isfinite(r) for r in readings) else None,
         )
+
+
+def _variation(summed: FloatArray) -> float | None:
+    """How batch times varied around t(b) over the window: the root of the mean squared
+    deviation from (sum of squares, batches) or their rates; None where no batch ended."""
+    squares, batches = float(summed[0]), float(summed[1])
+    if not (math.isfinite(squares) and math.isfinite(batches) and batches > 0):
+        return None
+    return math.sqrt(max(0.0, squares) / batches)
 
 
 def _dispersion(increases: Sequence[FloatArray]) -> float | None:

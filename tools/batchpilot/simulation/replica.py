@@ -44,6 +44,7 @@ over the batches this returns.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,6 +74,8 @@ class Served:
     """Arrival times of the requests shed because the queue was full."""
     refused_at: FloatArray = field(default_factory=_no_times)
     """Arrival times of the requests refused as predicted to finish after their deadline."""
+    seconds: FloatArray = field(default_factory=_no_times)
+    """Each batch's time on the device: t(b), times its draw of the noise where there is one."""
 
     @property
     def batches(self) -> int:
@@ -92,6 +95,7 @@ class Replica:
     batch at a time."""
 
     __slots__ = (
+        "_noise",
         "_queue",
         "alpha_s",
         "beta_s",
@@ -114,9 +118,13 @@ class Replica:
         deadline_s: float | None = None,
         burst: int | None = None,
         start: float = 0.0,
+        cv: float = 0.0,
+        seed: int = 0,
     ) -> None:
         if capacity < 1 or max_batch < 1:
             raise ValueError("capacity and max_batch must be at least 1")
+        if cv < 0:
+            raise ValueError("the compute time's coefficient of variation must not be negative")
         self.burst = burst
         """The most requests a backlog's batch may take (with a deadline); None: the limit."""
         self.alpha_s = alpha_s
@@ -130,6 +138,8 @@ class Replica:
         """When the device finishes its current batch."""
         self._queue: list[float] = []
         """Arrival times of the requests waiting, oldest first."""
+        self._noise = _Noise(cv, seed) if cv > 0 else None
+        """Each batch's time is t(b) times a draw of this (mean 1); None: exactly t(b)."""
 
     @property
     def waiting(self) -> int:
@@ -172,6 +182,8 @@ class Replica:
         free = self.free_at
         dispatched: list[float] = []
         sizes: list[int] = []
+        seconds: list[float] = []
+        noise = self._noise
 
         gate = _Gate(
             arrivals,
@@ -262,7 +274,11 @@ class Replica:
             head += size
             dispatched.append(dispatch)
             sizes.append(size)
-            free = dispatch + alpha + beta * size
+            took = alpha + beta * size
+            if noise is not None:
+                took *= noise.draw()
+            seconds.append(took)
+            free = dispatch + took
         else:
             raise AssertionError("the batch loop did not terminate")  # pragma: no cover
         gate.admit(pos, n, n, head=head, free=free)  # no dispatch before `until`
@@ -274,7 +290,35 @@ class Replica:
             arrivals=np.array(queue[:head], dtype=np.float64),
             shed_at=np.array(gate.shed_at, dtype=np.float64),
             refused_at=np.array(gate.refused_at, dtype=np.float64),
+            seconds=np.array(seconds, dtype=np.float64),
         )
+
+
+class _Noise:
+    """A batch's time on a real device varies around t(b): kernels contend for memory
+    bandwidth, the host thread that launches them is descheduled, clocks move with temperature.
+    Each batch draws a factor of mean 1 and coefficient of variation `cv` from a log-normal
+    distribution (a right tail: a batch can take twice as long, never no time), independent of
+    the others; drawn in blocks, from the replica's own seed."""
+
+    __slots__ = ("_block", "_next", "_rng", "_sigma")
+
+    BLOCK = 1024
+
+    def __init__(self, cv: float, seed: int) -> None:
+        self._sigma = math.sqrt(math.log1p(cv * cv))
+        self._rng = np.random.default_rng(seed)
+        self._block: list[float] = []
+        self._next = 0
+
+    def draw(self) -> float:
+        if self._next >= len(self._block):
+            sigma = self._sigma
+            self._block = self._rng.lognormal(-sigma * sigma / 2, sigma, self.BLOCK).tolist()
+            self._next = 0
+        factor = self._block[self._next]
+        self._next += 1
+        return factor
 
 
 class _Gate:

@@ -30,6 +30,9 @@ from typing import Any
 
 from batchpilot.simulation.replica import Replica
 
+MAX_CV = 2.0
+"""Beyond this a batch's time is not t(b) with noise but something else."""
+
 
 @dataclass(frozen=True, slots=True)
 class ServiceTruth:
@@ -37,12 +40,14 @@ class ServiceTruth:
     `overhead_s` per request outside it (in parallel, never queued: the CPU side is not the
     bottleneck here); and what its callers send: `rows_per_request` rows in every request (a
     client that batches on its side). The batch limit counts rows, as the runtime's does: a
-    batch holds as many whole requests as fit in it, and at least one."""
+    batch holds as many whole requests as fit in it, and at least one. `cv`: how much a batch's
+    time varies around t(b) (its coefficient of variation; 0: every batch takes exactly t(b))."""
 
     alpha_s: float
     beta_s: float
     overhead_s: float = 0.0
     rows_per_request: int = 1
+    cv: float = 0.0
 
     def __post_init__(self) -> None:
         if self.alpha_s < 0 or self.beta_s < 0 or self.overhead_s < 0:
@@ -51,6 +56,8 @@ class ServiceTruth:
             raise ValueError("a batch must take some time: alpha + beta must be positive")
         if self.rows_per_request < 1:
             raise ValueError("a request carries at least one row")
+        if not 0 <= self.cv <= MAX_CV:
+            raise ValueError(f"cv is the batch time's spread around t(b), 0 to {MAX_CV}")
 
     def batch_seconds(self, rows: float) -> float:
         return self.alpha_s + self.beta_s * rows
@@ -67,12 +74,14 @@ class ServiceTruth:
     def replica(self, *, max_batch: int, delay_s: float, **options: Any) -> Replica:
         """A replica of this service, counting in requests: its batch limit is the requests
         `max_batch` rows hold (`requests_per_batch`, as the cluster sets it again when the limit
-        changes), a request costs `request_beta_s`."""
+        changes), a request costs `request_beta_s`. `seed`: its batch times' draws, where
+        they vary."""
         return Replica(
             alpha_s=self.alpha_s,
             beta_s=self.request_beta_s,
             max_batch=self.requests_per_batch(max_batch),
             delay_s=delay_s,
+            cv=self.cv,
             **options,
         )
 
@@ -87,21 +96,23 @@ class ServiceTruth:
             text += f", +{self.overhead_s * 1e3:.3g} ms outside the device"
         if self.rows_per_request > 1:
             text += f", {self.rows_per_request} rows a request"
+        if self.cv:
+            text += f", batch times ±{self.cv:.0%} (cv)"
         return text
 
     @classmethod
     def parse(cls, text: str, *, overhead_ms: float | None = None) -> ServiceTruth:
-        """`alpha_ms=A,beta_ms=B[,overhead_ms=C][,rows=K]`, or a preset name (`textbook`),
-        optionally followed by `,rows=K` (`textbook,rows=4`)."""
+        """`alpha_ms=A,beta_ms=B[,overhead_ms=C][,rows=K][,cv=V]`, or a preset name
+        (`textbook`), optionally followed by `,rows=K` and `,cv=V` (`textbook,rows=4,cv=0.2`)."""
         parts = [p.strip() for p in text.split(",") if p.strip()]
         preset = PRESETS.get(parts[0].lower()) if parts else None
         values: dict[str, float] = {}
         for part in parts[1:] if preset is not None else parts:
-            match = re.fullmatch(r"(alpha_ms|beta_ms|overhead_ms|rows)=([0-9]*\.?[0-9]+)", part)
-            if match is None or (preset is not None and match[1] != "rows"):
+            match = re.fullmatch(r"(alpha_ms|beta_ms|overhead_ms|rows|cv)=([0-9]*\.?[0-9]+)", part)
+            if match is None or (preset is not None and match[1] not in ("rows", "cv")):
                 raise ValueError(
-                    f"expected alpha_ms=A,beta_ms=B[,overhead_ms=C][,rows=K] or one of "
-                    f"{', '.join(PRESETS)}[,rows=K]; got {text!r}"
+                    f"expected alpha_ms=A,beta_ms=B[,overhead_ms=C][,rows=K][,cv=V] or one of "
+                    f"{', '.join(PRESETS)}[,rows=K][,cv=V]; got {text!r}"
                 )
             values[match[1]] = float(match[2])
         rows = values.get("rows", 1.0)
@@ -109,7 +120,7 @@ class ServiceTruth:
             raise ValueError(f"rows is a whole number of rows a request, at least 1; got {text!r}")
         if preset is not None:
             overhead_s = preset.overhead_s if overhead_ms is None else overhead_ms / 1e3
-            return cls(preset.alpha_s, preset.beta_s, overhead_s, int(rows))
+            return cls(preset.alpha_s, preset.beta_s, overhead_s, int(rows), values.get("cv", 0.0))
         if not {"alpha_ms", "beta_ms"} <= set(values):
             raise ValueError(f"expected both alpha_ms and beta_ms, got {text!r}")
         if overhead_ms is not None:
@@ -119,6 +130,7 @@ class ServiceTruth:
             beta_s=values["beta_ms"] / 1e3,
             overhead_s=values.get("overhead_ms", 0.0) / 1e3,
             rows_per_request=int(rows),
+            cv=values.get("cv", 0.0),
         )
 
 

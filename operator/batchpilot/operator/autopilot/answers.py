@@ -135,6 +135,7 @@ def observation_from(
         utilization=rate("utilization") if utilization == "busy" else number("utilization"),
         mean_batch=number("mean_batch"),
         arrival_dispersion=number("dispersion"),
+        batch_time_cv=number("batch_cv"),
         rows_per_request=number("rows_per_request"),
         outside_s=number("outside"),
         startup=startup,

@@ -242,6 +242,7 @@ def decide(
         capacity_per_replica = chosen.capacity
         why = (
             f"model t(b) = {model.alpha_s * 1e3:.2f} + {model.beta_s * 1e3:.2f}·b ms"
+            f"{_varies_note(model)}"
             f"{'' if model.confident else ' (rough)'}"
             f"{_rows_note(model)}"
             f" + {format_ms(outside)} outside the batcher"
@@ -407,6 +408,11 @@ def _clumps_note(model: LatencyFit) -> str:
     if model.dispersion <= 1.0:
         return ""
     return f", arrivals clumped {model.dispersion:.1f}× Poisson's variance"
+
+
+def _varies_note(model: LatencyFit) -> str:
+    """How much batch times vary around t(b), where they do: the model plans for it."""
+    return f" ± {model.batch_cv:.0%}" if model.batch_cv > 0 else ""
 
 
 def _rows_note(model: LatencyFit) -> str:

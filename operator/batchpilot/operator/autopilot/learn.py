@@ -18,7 +18,13 @@ from batchpilot.api.arrivals import RECENT_ARRIVALS_S
 from batchpilot.operator.autopilot.lost import track
 from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.autopilot.policy import InForce, Policy
-from batchpilot.operator.autopilot.service_model import LatencyFit, fit, predict, startup_fit
+from batchpilot.operator.autopilot.service_model import (
+    MAX_BATCH_CV,
+    LatencyFit,
+    fit,
+    predict,
+    startup_fit,
+)
 from batchpilot.operator.autopilot.state import State
 
 OVERHEAD_FALL = 0.5
@@ -68,6 +74,12 @@ over the runtime's 10 s, stay under it."""
 DISPERSION_STEP = 1.1
 """The model's dispersion moves in steps of 10 %."""
 MAX_DISPERSION = 1000.0
+STEADY_CV = 0.05
+"""Batch times that vary less than this around t(b) are taken as steady: the P99 they add is a
+few per cent of a batch's time, and a fit's own error on a device that keeps time reads about
+this much."""
+CV_STEP = 0.05
+"""The model's batch-time variation moves in steps of this."""
 ONE_ROW = 1.01
 """Rows per request below this are one row: the rest is the edges of the window (a batch is
 counted when it runs, its requests when they are answered)."""
@@ -117,6 +129,7 @@ def learn(
             model,
             rows_per_request=rows_per_request(observation, known.rows_per_request),
             dispersion=dispersion(observation, known.dispersion),
+            batch_cv=batch_cv(observation, known.batch_cv),
         )
     overhead = state.overhead_s
     if overhead is None and observation.outside_s is not None:
@@ -195,6 +208,19 @@ def dispersion(observation: Observation, known: float) -> float:
     if measured is None or not math.isfinite(measured):
         return known
     return _on_grid(measured)
+
+
+def batch_cv(observation: Observation, known: float) -> float:
+    """How batch times vary around t(b), for the model: the window's, else the last known.
+    Below `STEADY_CV` it is none (what a fit's own small errors leave on batches that take
+    their time); above, in steps of `CV_STEP`, at most `MAX_BATCH_CV` — on a grid, as the
+    dispersion is, for the capacity search's memory."""
+    measured = observation.batch_time_cv
+    if measured is None or not math.isfinite(measured):
+        return known
+    if measured < STEADY_CV:
+        return 0.0
+    return round(round(min(measured, MAX_BATCH_CV) / CV_STEP) * CV_STEP, 4)
 
 
 def split_dispersion(measured: float, over: int, replicas: int) -> float:

@@ -83,6 +83,10 @@ class Observation:
     """How the arrivals clumped over the window, the replicas' mean: the variance of their
     count per 10 ms over its mean (`batchpilot_arrival_dispersion`), 1 for Poisson arrivals.
     None from runtimes that do not measure it."""
+    batch_time_cv: float | None = None
+    """How much a batch's time varied around t(b) over the window, the replicas' mean: the root
+    mean square of each runtime's measured over predicted, less 1 (`batchpilot_batch_time_cv`).
+    None from runtimes that do not measure it, or before they have."""
     retried_qps: float | None = None
     """The arrivals per second that said they were retries (`attempt="retry"`): no part of
     `arrival_qps`, shown beside it. None from runtimes that do not count by attempt."""

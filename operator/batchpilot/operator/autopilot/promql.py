@@ -167,6 +167,8 @@ def queries(
             "utilization": util,
             # How the arrivals clumped: each replica's gauge over the window, their mean.
             "dispersion": agg("avg", f"avg_over_time(batchpilot_arrival_dispersion{{{sel}}}[{w}])"),
+            # How batch times vary around t(b): each replica's gauge over the window, their mean.
+            "batch_cv": agg("avg", f"avg_over_time(batchpilot_batch_time_cv{{{sel}}}[{w}])"),
             "mean_batch": (
                 f"{rate('batchpilot_batch_size_sum')} / {rate('batchpilot_batch_size_count')}"
             ),

@@ -45,6 +45,7 @@ RECORDED = (
     "retried",
     "utilization",
     "dispersion",
+    "batch_cv",
     "mean_batch",
     "rows_per_request",
     "outside",

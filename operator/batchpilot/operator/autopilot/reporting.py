@@ -263,6 +263,7 @@ def metrics_status(observation: Observation | None, *, now: datetime) -> dict[st
         "offeredQps": rounded(observation.offered_qps, 1),
         "retriedQps": rounded(observation.retried_qps, 1),
         "arrivalDispersion": rounded(observation.arrival_dispersion, 2),
+        "batchTimeCv": rounded(observation.batch_time_cv, 3),
         "gpuUtilization": rounded(observation.utilization, 1, 100),
         "meanBatchSize": rounded(observation.mean_batch, 2),
         "rowsPerRequest": rounded(observation.rows_per_request, 2),

@@ -95,6 +95,7 @@ def answers(before: Mapping[str, Read], after: Mapping[str, Read]) -> tuple[Raw,
     memory = [v for _, v in gauges("batchpilot_device_memory_batch_rows")]
     now = demand(gauges("batchpilot_recent_arrivals_per_second"))
     clumps = [v for _, v in gauges("batchpilot_arrival_dispersion") if math.isfinite(v)]
+    varies = [v for _, v in gauges("batchpilot_batch_time_cv") if math.isfinite(v)]
     arrivals = demand(rates("batchpilot_arrivals_total"))
     retried = total("batchpilot_arrivals_total", **{ATTEMPT_LABEL: RETRY_ATTEMPT})
     requests_buckets = by("batchpilot_request_duration_seconds_bucket", "le")
@@ -110,6 +111,7 @@ def answers(before: Mapping[str, Read], after: Mapping[str, Read]) -> tuple[Raw,
         "retried": _one(retried),
         "utilization": _one(sum(busy) / len(busy) if busy else None),
         "dispersion": _one(sum(clumps) / len(clumps) if clumps else None),
+        "batch_cv": _one(sum(varies) / len(varies) if varies else None),
         "mean_batch": _one(_ratio(rows, batches)),
         "rows_per_request": _one(_ratio(rows, served)),
         "outside": _one(

@@ -26,6 +26,13 @@ holds B requests, or when its oldest request has waited the queue delay D and th
   the batch in flight (up to t(b₉₉), while the device is busy); and the M/D/1-like backlog of
   full batches, whose tail is exponential — P(wait > x) ≈ ρ·e^(-θx), with ρ = λ·t(B)/B and θ the
   Cramér–Lundberg rate of per-request work t(B)/B: λ·(e^(θ·t(B)/B) - 1) = θ.
+- Batch times that vary. A real device does not take exactly t(b): kernels contend for memory
+  bandwidth, the thread that launches them is descheduled, clocks follow temperature. With a
+  batch's time t(b)·X (X of mean 1 and coefficient of variation c, measured by the runtime), a
+  request's own batch runs past t(b) by X's 99th percentile (log-normal), independent of the
+  batch's size, so the two deviations add in quadrature; and the backlog of full batches of B,
+  whose arrivals in units of a batch have a variance index of I/B where the service's is c²,
+  has a tail (I/B + c²)/(1/B) times M/D/1's (Kingman): it stretches by I + B·c².
 - P99 ≈ queue wait + t(b₉₉) + the latency spent outside the batcher (`overhead_s`: decoding,
   pre- and post-processing; the decision function learns it from observed P99).
 
@@ -33,8 +40,12 @@ Checked against the discrete-event simulator (`batchpilot.simulation`) over α f
 20 ms, β from 0.5 to 4 ms, B from 1 to 64, D from 0 to 20 ms and loads from 20 % to 95 % of
 saturation: the median P99 error is +3 %, 90 % of predictions are within -14 % / +36 % (the
 worst: +40 % at batch 1 near saturation, where the tail's prefactor ρ is pessimistic; -26 % at
-large batch limits around 80 % load). The decision function anchors predictions to the observed
-P99 and falls back to feedback when they disagree.
+large batch limits around 80 % load). With batch times that vary (c 0.2 and 0.4, α 1-30 ms,
+β 0.5-8 ms, B 1-64, loads 10-85 %): median +4 %, 80 % within -8 % / +34 % — where a model blind
+to the variation reads -13 % / -36 % median at c 0.2 / 0.4, and most of its predictions are
+short by more than 10 % (the worst over: +240 % at B 64 and c 0.4 under light load, where the
+backlog's heavy-traffic stretch is pessimistic). The decision function anchors predictions to
+the observed P99 and falls back to feedback when they disagree.
 
 Pure: arithmetic only.
 """
@@ -55,6 +66,9 @@ MIN_BATCHES = 20
 WHOLE_SLACK = 0.1
 """Whole requests and rows are counted to a tenth: a mean measured a little above a whole
 number of rows (3.01 where every request carries 3) must not lose a request from every batch."""
+MAX_BATCH_CV = 2.0
+"""Batch times that vary more than this around t(b) are no longer t(b) with noise (a device
+that stalls): the model takes this."""
 SMOOTHING = 0.5
 """Weight of a new fit against the previous one (a rough previous one is replaced: see `fit`)."""
 
@@ -74,6 +88,10 @@ class LatencyFit:
     """How the arrivals clump: the variance of their count over a short slot over its mean
     (measured, see `Observation.arrival_dispersion`); 1 for Poisson arrivals. The queue's
     randomness grows with it: the batch sizes' spread and the backlog's tail (`predict`)."""
+    batch_cv: float = 0.0
+    """How much a batch's time varies around t(b): the standard deviation of measured over
+    predicted (measured, see `Observation.batch_time_cv`); 0 where every batch of a size takes
+    the same time. The tail of a request's own batch and the backlog's grow with it (`predict`)."""
 
     def batch_seconds(self, batch: float) -> float:
         return self.alpha_s + self.beta_s * batch
@@ -178,6 +196,14 @@ _ITERATIONS = 60
 """Bound on the fixed-point and Newton iterations (both converge in a few)."""
 
 
+@lru_cache(maxsize=256)
+def _tail_factor(cv: float) -> float:
+    """The 99th percentile of a batch's time over its mean, for times of this coefficient of
+    variation: log-normal (a right tail — a batch can take twice its time, never none)."""
+    sigma2 = math.log1p(cv * cv)
+    return math.exp(Z99 * math.sqrt(sigma2) - sigma2 / 2)
+
+
 def _backlog_rate(rho: float) -> float:
     """The positive root x of ρ·(eˣ - 1) = x, for 0 < ρ < 1 (x = θ × per-request work).
 
@@ -245,6 +271,11 @@ def _operating_point(
     clumps = model.dispersion if model.dispersion > 1.0 else 1.0
     if rows != 1.0:
         beta, max_batch = model.in_requests(max_batch)
+    cv = model.batch_cv
+    # The backlog is served in full batches of B requests taking t(B)·X each: in units of a
+    # batch the arrivals' variance index is I/B and the service's X's cv², so its tail (a
+    # Kingman-like scale, (I/B + cv²)/(1/B) times M/D/1's) stretches by I + B·cv².
+    stretch = clumps + max_batch * cv * cv if cv > 0 else clumps
     delay = delay_s if max_batch > 1 else 0.0
     full = alpha + beta * max_batch
     load = lam * full / max_batch
@@ -254,7 +285,7 @@ def _operating_point(
         return max_batch * rows, 1.0, load, math.inf
     floor = min(float(max_batch), 1 + lam * delay)
     work = full / max_batch
-    backlog = clumps * math.log(load / TAIL) * work / _backlog_rate(load) if load > TAIL else 0.0
+    backlog = stretch * math.log(load / TAIL) * work / _backlog_rate(load) if load > TAIL else 0.0
     if beta >= 0 and overhead_s + backlog + (alpha + beta * floor) > give_up_above_s:
         return None
     # Mean batch: the fixed point of b = m + e^-m (a contraction: slope < λβ < 1).
@@ -282,6 +313,13 @@ def _operating_point(
     filling = min(delay, (fill + Z99 * math.sqrt(fill)) / lam) if fill else 0.0
     in_flight = tail_seconds * max(0.0, 1 - TAIL / utilization) if utilization > TAIL else 0.0
     p99 = overhead_s + max(filling, in_flight, backlog) + tail_seconds
+    if cv > 0:
+        # The request's own batch takes longer than t(b) by its draw of X: independent of the
+        # batch's size, so the two deviations add in quadrature.
+        mean_seconds = alpha + beta * batch
+        late = mean_seconds * (_tail_factor(cv) - 1)
+        size_tail = tail_seconds - mean_seconds
+        p99 += math.sqrt(size_tail * size_tail + late * late) - size_tail
     return batch * rows, utilization, load, p99
 
 

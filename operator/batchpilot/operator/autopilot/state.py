@@ -17,7 +17,7 @@ from typing import Any
 
 from batchpilot.operator.autopilot.headroom import RateHistory
 from batchpilot.operator.autopilot.lost import Loss
-from batchpilot.operator.autopilot.service_model import LatencyFit
+from batchpilot.operator.autopilot.service_model import MAX_BATCH_CV, LatencyFit
 from batchpilot.operator.autopilot.slo import SloLedger
 
 
@@ -80,6 +80,8 @@ class State:
                 doc["fit"]["rowsPerRequest"] = round(self.fit.rows_per_request, 4)
             if self.fit.dispersion != 1.0:
                 doc["fit"]["dispersion"] = round(self.fit.dispersion, 4)
+            if self.fit.batch_cv:
+                doc["fit"]["batchCv"] = round(self.fit.batch_cv, 4)
         if self.overhead_s is not None:
             doc["overheadMs"] = round(self.overhead_s * 1e3, 4)
         if self.changed_at is not None:
@@ -110,6 +112,7 @@ class State:
                     confident=bool(raw_fit["confident"]),
                     rows_per_request=_rows(raw_fit.get("rowsPerRequest")),
                     dispersion=_at_least_one(raw_fit.get("dispersion")),
+                    batch_cv=_cv(raw_fit.get("batchCv")),
                 )
                 if isinstance(raw_fit, dict)
                 else None
@@ -165,6 +168,12 @@ def _at_least_one(value: Any) -> float:
     """A persisted dispersion: 1 (Poisson) where absent or out of bounds."""
     dispersion = 1.0 if value is None else float(value)
     return dispersion if math.isfinite(dispersion) and dispersion >= 1.0 else 1.0
+
+
+def _cv(value: Any) -> float:
+    """A persisted batch-time variation: 0 (none) where absent or out of bounds."""
+    cv = 0.0 if value is None else float(value)
+    return cv if math.isfinite(cv) and 0.0 <= cv <= MAX_BATCH_CV else 0.0
 
 
 def _physical(model: LatencyFit) -> bool:

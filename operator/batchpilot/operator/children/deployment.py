@@ -221,10 +221,8 @@ def runtime_args(owner: Owner, settings: OperatorSettings, model_path: str) -> l
         args += ["--pipeline-config", f"{BATCHING_DIR}/{PIPELINE_FILE}"]
     if runtime.engine == "simulated" and runtime.simulated_latency is not None:
         latency = runtime.simulated_latency
-        args += [
-            "--simulated-latency",
-            f"alpha_ms={latency.alpha_ms:g},beta_ms={latency.beta_ms:g}",
-        ]
+        timing = f"alpha_ms={latency.alpha_ms:g},beta_ms={latency.beta_ms:g}"
+        args += ["--simulated-latency", timing + (f",cv={latency.cv:g}" if latency.cv else "")]
     return args
 
 
