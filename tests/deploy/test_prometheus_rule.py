@@ -405,6 +405,7 @@ def exported_series() -> dict[str, set[str]]:
         BatchDone(rows=4, compute_s=0.01, queue_waits_s=(0.001,) * 4, input_s=0.0, output_s=0.0)
     )
     metrics.track_busy_seconds(lambda: 1.0)
+    metrics.track_batch_time_cv(lambda: 0.1)
     metrics.startup_timed({1: 0.005, 4: 0.011})
     exported: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(generate_latest(metrics.registry).decode()):

@@ -68,9 +68,11 @@ class TestTelemetry:
         dispatched = np.arange(0.0, 60.0, 0.5)
         sizes = np.where(np.arange(len(dispatched)) % 2 == 0, 1, 3)
         arrivals = np.repeat(dispatched, sizes) - 0.004  # every request waited 4 ms
-        telemetry.record([(0, Served(dispatched, sizes, arrivals))], truth=T_2_1)
+        took = T_2_1.batch_seconds(sizes)
+        telemetry.record([(0, Served(dispatched, sizes, arrivals, took))], truth=T_2_1)
+        nothing = np.empty(0)
         refused = Served(
-            np.empty(0), np.empty(0, dtype=np.int64), np.empty(0), shed_at=np.full(6, 30.0)
+            nothing, np.empty(0, dtype=np.int64), nothing, nothing, shed_at=np.full(6, 30.0)
         )
         telemetry.record([(0, refused)], truth=T_2_1)
         telemetry.record_arrivals(0, np.concatenate([arrivals, np.full(6, 30.0)]))
@@ -118,7 +120,8 @@ class TestTelemetry:
         sizes = np.where(np.arange(len(dispatched)) % 2 == 0, 1, larger)
         arrivals = np.repeat(dispatched, sizes) - 0.004
         telemetry.record_arrivals(0, arrivals)
-        telemetry.record([(0, Served(dispatched, sizes, arrivals))], truth=truth)
+        took = truth.alpha_s + truth.request_beta_s * sizes
+        telemetry.record([(0, Served(dispatched, sizes, arrivals, took))], truth=truth)
         return telemetry
 
     @pytest.mark.parametrize("scrape_s", [0.0, 5.0])

@@ -26,6 +26,10 @@ runtime's does: a request is in time if batches of the limit serve it in time, o
 `burst` do and the oldest waiting would still finish in time behind them all (the runtime's
 stand-in for "the batch can take it").
 
+A batch may take longer or shorter than t(b) (`cv`: a log-normal factor of mean 1 on each, as
+a real device's batches vary, `_Variation`); admission still predicts with t(b), as the runtime
+predicts with its mean, and knows when the batch in flight ends.
+
 Not modelled: the batcher's own use of deadlines otherwise (a batch dispatched early, or capped
 below the limit, so that its oldest request stays in time) and expiry in the queue. An admitted
 request whose batch then waits out the queue delay, or grows past the size predicted for it, may
@@ -70,12 +74,13 @@ class Served:
     """Requests in each batch."""
     arrivals: FloatArray
     """Arrival time of every request in those batches, batch by batch (FIFO)."""
+    seconds: FloatArray
+    """Each batch's time on the device: t(b), times its draw of the variation where there is
+    one."""
     shed_at: FloatArray = field(default_factory=_no_times)
     """Arrival times of the requests shed because the queue was full."""
     refused_at: FloatArray = field(default_factory=_no_times)
     """Arrival times of the requests refused as predicted to finish after their deadline."""
-    seconds: FloatArray = field(default_factory=_no_times)
-    """Each batch's time on the device: t(b), times its draw of the noise where there is one."""
 
     @property
     def batches(self) -> int:
@@ -95,8 +100,8 @@ class Replica:
     batch at a time."""
 
     __slots__ = (
-        "_noise",
         "_queue",
+        "_variation",
         "alpha_s",
         "beta_s",
         "burst",
@@ -138,7 +143,7 @@ class Replica:
         """When the device finishes its current batch."""
         self._queue: list[float] = []
         """Arrival times of the requests waiting, oldest first."""
-        self._noise = _Noise(cv, seed) if cv > 0 else None
+        self._variation = _Variation(cv, seed) if cv > 0 else None
         """Each batch's time is t(b) times a draw of this (mean 1); None: exactly t(b)."""
 
     @property
@@ -183,7 +188,7 @@ class Replica:
         dispatched: list[float] = []
         sizes: list[int] = []
         seconds: list[float] = []
-        noise = self._noise
+        variation = self._variation
 
         gate = _Gate(
             arrivals,
@@ -275,8 +280,8 @@ class Replica:
             dispatched.append(dispatch)
             sizes.append(size)
             took = alpha + beta * size
-            if noise is not None:
-                took *= noise.draw()
+            if variation is not None:
+                took *= variation.draw()
             seconds.append(took)
             free = dispatch + took
         else:
@@ -288,13 +293,13 @@ class Replica:
             dispatched_at=np.array(dispatched, dtype=np.float64),
             sizes=np.array(sizes, dtype=np.int64),
             arrivals=np.array(queue[:head], dtype=np.float64),
+            seconds=np.array(seconds, dtype=np.float64),
             shed_at=np.array(gate.shed_at, dtype=np.float64),
             refused_at=np.array(gate.refused_at, dtype=np.float64),
-            seconds=np.array(seconds, dtype=np.float64),
         )
 
 
-class _Noise:
+class _Variation:
     """A batch's time on a real device varies around t(b): kernels contend for memory
     bandwidth, the host thread that launches them is descheduled, clocks move with temperature.
     Each batch draws a factor of mean 1 and coefficient of variation `cv` from a log-normal
