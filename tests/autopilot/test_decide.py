@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -216,17 +217,35 @@ class TestRefusalsAreMissesOfTheSla:
         assert replace(storm, retried_qps=None).unserved_share == 0.0
 
 
+def measured(qps: float, **signals: float | None) -> Observation:
+    """A window of two replicas at batch 8, inside the SLA, with these signals measured."""
+    return replace(seen(at=0, qps=qps, p99_ms=60, ready=2, batch=8), arrival_qps=qps, **signals)
+
+
+def kept_and_persisted(
+    signal: str, field: str, key: str, value: float, nonsense: tuple[Any, ...], absent: float
+) -> None:
+    """A window without `signal` keeps the fit's `field` known, a restart reads it back from
+    `key`, and a persisted value out of bounds reads as `absent` (what is not written)."""
+    known = State(fit=replace(MODEL, **{field: value}))
+    _, state = decide(measured(300, **{signal: None}), POLICY, InForce(2, 8, 0.005), known, 0)
+    assert state.fit is not None
+    assert getattr(state.fit, field) == value
+    assert State.from_dict(state.to_dict()).fit == state.fit
+    assert key not in State(fit=MODEL).to_dict()["fit"]
+    for wrong in nonsense:
+        fit = State.from_dict({"fit": {"alphaMs": 4, "betaMs": 2, "confident": True, key: wrong}})
+        assert fit.fit is not None
+        assert getattr(fit.fit, field) == absent
+
+
 class TestClumpedArrivals:
     """Requests that arrive together (a client's fan-out) queue behind each other: the window's
     dispersion goes into the model, which plans more capacity for the same rate."""
 
     @staticmethod
     def window(qps: float, dispersion: float | None) -> Observation:
-        return replace(
-            seen(at=0, qps=qps, p99_ms=60, ready=2, batch=8),
-            arrival_qps=qps,
-            arrival_dispersion=dispersion,
-        )
+        return measured(qps, arrival_dispersion=dispersion)
 
     def test_clumps_are_planned_for_and_said(self) -> None:
         policy = replace(POLICY, max_replicas=20)
@@ -246,17 +265,9 @@ class TestClumpedArrivals:
         assert state.fit.dispersion == modelled
 
     def test_a_window_without_it_keeps_the_one_known_and_a_restart_too(self) -> None:
-        known = State(fit=replace(MODEL, dispersion=3.1384))
-        _, state = decide(self.window(300, None), POLICY, InForce(2, 8, 0.005), known, now=0)
-        assert state.fit is not None
-        assert state.fit.dispersion == 3.1384
-        assert State.from_dict(state.to_dict()).fit == state.fit
-        assert "dispersion" not in State(fit=MODEL).to_dict()["fit"]
-        for nonsense in (0.2, -1, "nan"):
-            doc = {"fit": {"alphaMs": 4, "betaMs": 2, "confident": True, "dispersion": nonsense}}
-            fit = State.from_dict(doc).fit
-            assert fit is not None
-            assert fit.dispersion == 1.0
+        kept_and_persisted(
+            "arrival_dispersion", "dispersion", "dispersion", 3.1384, (0.2, -1, "nan"), 1.0
+        )
 
 
 class TestBatchTimesThatVary:
@@ -265,11 +276,7 @@ class TestBatchTimesThatVary:
 
     @staticmethod
     def window(qps: float, cv: float | None) -> Observation:
-        return replace(
-            seen(at=0, qps=qps, p99_ms=60, ready=2, batch=8),
-            arrival_qps=qps,
-            batch_time_cv=cv,
-        )
+        return measured(qps, batch_time_cv=cv)
 
     def test_variation_is_planned_for_and_said(self) -> None:
         policy = replace(POLICY, max_replicas=20)
@@ -294,17 +301,7 @@ class TestBatchTimesThatVary:
         assert state.fit.batch_cv == modelled
 
     def test_a_window_without_it_keeps_the_one_known_and_a_restart_too(self) -> None:
-        known = State(fit=replace(MODEL, batch_cv=0.25))
-        _, state = decide(self.window(300, None), POLICY, InForce(2, 8, 0.005), known, now=0)
-        assert state.fit is not None
-        assert state.fit.batch_cv == 0.25
-        assert State.from_dict(state.to_dict()).fit == state.fit
-        assert "batchCv" not in State(fit=MODEL).to_dict()["fit"]
-        for nonsense in (-0.1, 3.0, "nan"):
-            doc = {"fit": {"alphaMs": 4, "betaMs": 2, "confident": True, "batchCv": nonsense}}
-            fit = State.from_dict(doc).fit
-            assert fit is not None
-            assert fit.batch_cv == 0.0
+        kept_and_persisted("batch_time_cv", "batch_cv", "batchCv", 0.25, (-0.1, 3.0, "nan"), 0.0)
 
 
 class TestRequestsOfSeveralRows:
