@@ -92,9 +92,9 @@ class BatchTiming:
         """How much batches vary around the fit: the root mean square of measured over
         predicted, less 1, over the last ~`SIZE_MEMORY_BATCHES` batches (the spread of
         `Fit`); None until `CV_MIN_BATCHES` have been predicted."""
-        if self._err_w < CV_MIN_BATCHES:
+        if self._fit is None or self._err_w < CV_MIN_BATCHES:
             return None
-        return math.sqrt(self._err2 / self._err_w)
+        return self._fit.spread
 
     def observe(self, rows: int, seconds: float, *, fresh: bool = False) -> None:
         """Add one measured batch of `rows` rows that took `seconds`. A `fresh` measurement (a

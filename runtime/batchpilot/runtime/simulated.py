@@ -34,6 +34,7 @@ from batchpilot.runtime.protocol.tensors import DATATYPES
 
 _PART = r"(alpha_ms|beta_ms|cv)=([0-9]*\.?[0-9]+)|(memory_rows)=([0-9]+)"
 MAX_CV = 2.0
+"""The most a simulated batch's time may vary (its coefficient of variation)."""
 
 
 @dataclass(frozen=True, slots=True)
