@@ -455,13 +455,14 @@ class Telemetry:
                 np.add.at(self.variation[:, 1], batch_slot, 1.0)
             else:
                 self._scrape_batches(
-                    target, result, rows, seconds, ended, pow2, latency_bucket, wait_bucket
-                )
-                ended_row = target.rows(ended)
-                target.add(
-                    np.concatenate([ended_row, ended_row]),
-                    np.repeat([Column.VARIATION, Column.TIMED], ended.shape[0]),
-                    np.concatenate([deviation * deviation, np.ones_like(deviation)]),
+                    target,
+                    result,
+                    rows,
+                    ended,
+                    deviation,
+                    pow2,
+                    latency_bucket,
+                    wait_bucket,
                 )
             latencies.append(latency)
             slots.append(slot)
@@ -483,16 +484,18 @@ class Telemetry:
         target: Target,
         served: Served,
         rows_run: IntArray,
-        seconds: FloatArray,
         ended: FloatArray,
+        deviation: FloatArray,
         pow2: IntArray,
         latency_bucket: IntArray,
         wait_bucket: IntArray,
     ) -> None:
         """Add one call's batches to a target's series: requests when their batch ends, busy
         seconds as they pass (a scrape during a batch sees the part run so far; a batch longer
-        than a scrape interval is split between its first scrape and its last only)."""
+        than a scrape interval is split between its first scrape and its last only).
+        `deviation`: each batch's time over t(b), less 1."""
         sizes = served.sizes
+        seconds = served.seconds
         ended_row = target.rows(ended)
         started_row = target.rows(served.dispatched_at)
         first_part = np.minimum(ended, target.origin + started_row * target.interval_s) - (
@@ -501,7 +504,7 @@ class Telemetry:
         request_row = np.repeat(ended_row, sizes)
         batch = np.ones(sizes.shape[0])
         rows = np.concatenate(
-            [request_row, request_row, request_row, started_row, ended_row] + [ended_row] * 5
+            [request_row, request_row, request_row, started_row, ended_row] + [ended_row] * 7
         )
         cols = np.concatenate(
             [
@@ -515,6 +518,8 @@ class Telemetry:
                 Column.BATCHES.start + pow2,
                 Column.ROWS.start + pow2,
                 Column.COMPUTE.start + pow2,
+                np.full(sizes.shape[0], Column.VARIATION),
+                np.full(sizes.shape[0], Column.TIMED),
             ]
         )
         weights = np.concatenate(
@@ -528,6 +533,8 @@ class Telemetry:
                 batch,
                 rows_run,
                 seconds,
+                deviation * deviation,
+                batch,
             ]
         )
         target.add(rows, cols, weights)
