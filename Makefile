@@ -52,8 +52,10 @@ lint: install
 	# tools, runtime and operator independent but for the api, the api alone, layers.
 	$(BIN)/lint-imports
 
+# Two workers: most of the suite waits on processes, sockets and wall-clock scenarios rather than
+# computing. The sandbox's end-to-end runs take turns on one of them (tests/conftest.py).
 test: install lint
-	$(BIN)/pytest -q --durations=40
+	$(BIN)/pytest -q -n 2 --durations=40
 
 # The whole system on this machine: local Kubernetes API, Prometheus, the operator, runtime
 # processes and a traffic scenario; live view, then a summary and demo.png.

@@ -1,4 +1,5 @@
-"""Shared fixtures: test models built once per session; the operator's settings for tests.
+"""Shared fixtures: test models built once per session; the operator's settings for tests; how
+the suite is shared out between workers.
 
 kopf reads timer intervals when `batchpilot.operator.handlers` is imported, and test modules in
 several folders import it (tests/deploy reads its handler registry, tests/operator runs it), so
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +21,27 @@ from tests import onnx_models
 os.environ.setdefault("BATCHPILOT_OPERATOR_RECONCILE_INTERVAL_SECONDS", "2")
 os.environ.setdefault("BATCHPILOT_OPERATOR_AUTOPILOT_INTERVAL_SECONDS", "3600")
 os.environ.setdefault("BATCHPILOT_OPERATOR_PROMETHEUS_URL", "http://127.0.0.1:9")
+
+SANDBOX_END_TO_END = "tests/sandbox_e2e/"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under `pytest -n 2` (`make test`) tests go out one at a time to whichever worker is free,
+    except the sandbox's end-to-end runs: one unit of work, run one after another on one worker.
+    Each is a whole system on loopback (API emulator, Prometheus, operator, runtime processes, a
+    load generator) held to wall-clock timelines (a node's notice within a second, a toleration
+    within a second and a half); two of them at once would share the machine's cores, while
+    either runs well beside the rest of the suite, which mostly waits on processes and sockets.
+    (`--dist loadgroup` would do this with marks, but xdist 3.8 cannot rename a test's node id
+    on pytest 9.2, so its groups are silently ignored.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SandboxRunsTakeTurns(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return SANDBOX_END_TO_END if nodeid.startswith(SANDBOX_END_TO_END) else nodeid
+
+    return SandboxRunsTakeTurns(config, log)
 
 
 @pytest.fixture(scope="session")
