@@ -188,6 +188,7 @@ class TestPromtool:
         (operator,) = [g for g in groups["groups"] if g["name"] == "batchpilot-operator"]
         said = {rule["alert"]: rule["annotations"] for rule in operator["rules"]}
         leader = 'job="operator",pod="operator-a"'
+        fought = 'isvc_namespace="vision",isvc="resnet50"'
         standby = 'job="operator",pod="operator-b"'
         ticks = " ".join(str(n) for n in range(SAMPLES))
         fights = " ".join(str(max(0, (n - 20) // 4)) for n in range(SAMPLES))
@@ -202,8 +203,21 @@ class TestPromtool:
             {"series": f"batchpilot_operator_autopilot_rounds_total{{{standby}}}", "values": zeros},
             {
                 "series": "batchpilot_operator_events_total"
-                f'{{{leader},type="Warning",reason="ReplicasChangedElsewhere"}}',
+                f'{{{leader},{fought},type="Warning",reason="ReplicasChangedElsewhere"}}',
                 "values": fights,
+            },
+            # The standby took over once, long ago, and counted one fight there too: one alert.
+            {
+                "series": "batchpilot_operator_events_total"
+                f'{{{standby},{fought},type="Warning",reason="ReplicasChangedElsewhere"}}',
+                "values": " ".join("1" for _ in range(SAMPLES)),
+            },
+            # Another service, decided on but never fought over: no alert.
+            {
+                "series": "batchpilot_operator_events_total"
+                f'{{{leader},isvc_namespace="text",isvc="bert",type="Normal",'
+                'reason="AutopilotDecided"}',
+                "values": ticks,
             },
         ]
         blind = {"alertname": "BatchpilotAutopilotBlind", "severity": "warning"}
@@ -232,10 +246,13 @@ class TestPromtool:
                     "alertname": "BatchpilotReplicasChangedElsewhere",
                     "exp_alerts": [
                         {
-                            "exp_labels": fight
-                            | a
-                            | {"type": "Warning", "reason": "ReplicasChangedElsewhere"},
-                            "exp_annotations": said["BatchpilotReplicasChangedElsewhere"],
+                            "exp_labels": fight | {"isvc_namespace": "vision", "isvc": "resnet50"},
+                            "exp_annotations": {
+                                key: text.replace("{{ $labels.isvc_namespace }}", "vision").replace(
+                                    "{{ $labels.isvc }}", "resnet50"
+                                )
+                                for key, text in said["BatchpilotReplicasChangedElsewhere"].items()
+                            },
                         }
                     ],
                 },

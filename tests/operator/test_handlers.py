@@ -13,7 +13,7 @@ from typing import Any
 import kopf
 import pytest
 
-from batchpilot.operator import handlers
+from batchpilot.operator import handlers, telemetry
 from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
 from batchpilot.operator.autopilot.prometheus import FleetRound
 from batchpilot.operator.fleet import FleetPilot
@@ -194,6 +194,29 @@ class TestOneReconcilePath:
         assert operator.kube.writes[-1] == ("patch/status", "InferenceService", "resnet50")
         types = {c["type"] for c in operator.status()["conditions"]}
         assert {"Ready", "MetricsAvailable"} <= types
+
+    def test_the_events_posted_are_counted_for_their_service_until_it_is_deleted(
+        self, posted: Posted
+    ) -> None:
+        def counted() -> dict[tuple[str, str], float]:
+            return {
+                (sample.labels["type"], sample.labels["reason"]): sample.value
+                for metric in telemetry.REGISTRY.collect()
+                for sample in metric.samples
+                if sample.name == "batchpilot_operator_events_total"
+                and (sample.labels["isvc_namespace"], sample.labels["isvc"]) == (NS, "resnet50")
+            }
+
+        handlers.deleted(name="resnet50", namespace=NS, memo=kopf.Memo())
+        operator = Operator(isvc())
+        handlers.reconcile(name="resnet50", namespace=NS, memo=operator.memo)
+        operator.memo.fleet.run_round([(NS, "resnet50")])  # the autopilot's posts, in its round
+
+        kinds = [(type_, reason) for _, type_, reason, _ in posted]
+        assert counted() == {kind: float(kinds.count(kind)) for kind in set(kinds)}
+        assert ("Normal", "Created") in counted()
+        handlers.deleted(name="resnet50", namespace=NS, memo=operator.memo)
+        assert counted() == {}
 
 
 class TestFailures:

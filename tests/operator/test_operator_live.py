@@ -163,7 +163,13 @@ class TestLifecycle:
 
     def test_the_events_posted_are_in_the_operators_metrics(self, cluster: Cluster) -> None:
         created = telemetry.REGISTRY.get_sample_value(
-            "batchpilot_operator_events_total", {"type": "Normal", "reason": "Created"}
+            "batchpilot_operator_events_total",
+            {
+                "isvc_namespace": "default",
+                "isvc": "resnet50",
+                "type": "Normal",
+                "reason": "Created",
+            },
         )
         assert created is not None
         assert created >= 4  # at least the Deployment, Service, ConfigMap and Secret
@@ -211,6 +217,7 @@ class TestLifecycle:
         assert cluster.api.writes.total == before_all, cluster.api.writes.by_resource()
 
     def test_delete_takes_the_children_with_it(self, cluster: Cluster) -> None:
+        assert event_series("default", "resnet50") != []
         cluster.kubectl("delete", "inferenceservice", "resnet50")
         for kind, name in [
             ("deployment", "resnet50"),
@@ -219,6 +226,18 @@ class TestLifecycle:
             ("secret", "resnet50-admin-token"),
         ]:
             wait_until(lambda k=kind, n=name: cluster.get(k, n) is None, what=f"{kind} gone")
+        # ... and its Events' series leave the operator's metrics.
+        wait_until(lambda: event_series("default", "resnet50") == [], what="its series gone")
+
+
+def event_series(namespace: str, name: str) -> list[dict[str, str]]:
+    return [
+        sample.labels
+        for metric in telemetry.REGISTRY.collect()
+        for sample in metric.samples
+        if sample.name == "batchpilot_operator_events_total"
+        and (sample.labels["isvc_namespace"], sample.labels["isvc"]) == (namespace, name)
+    ]
 
 
 class TestForeignObjects:

@@ -1,5 +1,5 @@
-"""The operator's own metrics: Events counted by reason, rounds and Prometheus' answers, and
-`GET /metrics` over real HTTP."""
+"""The operator's own metrics: Events counted by service and reason, rounds and Prometheus'
+answers, and `GET /metrics` over real HTTP."""
 
 from __future__ import annotations
 
@@ -14,25 +14,60 @@ def value(name: str, **labels: str) -> float:
     return 0.0 if found is None else found
 
 
-def test_every_event_posted_is_counted_by_type_and_reason() -> None:
-    before = value(
-        "batchpilot_operator_events_total", type="Warning", reason="ReplicasChangedElsewhere"
+def events(namespace: str, name: str, type_: str, reason: str) -> float:
+    return value(
+        "batchpilot_operator_events_total",
+        isvc_namespace=namespace,
+        isvc=name,
+        type=type_,
+        reason=reason,
     )
-    decided = value("batchpilot_operator_events_total", type="Normal", reason="AutopilotDecided")
+
+
+def series_of(namespace: str, name: str) -> list[dict[str, str]]:
+    return [
+        sample.labels
+        for metric in telemetry.REGISTRY.collect()
+        for sample in metric.samples
+        if sample.name == "batchpilot_operator_events_total"
+        and (sample.labels["isvc_namespace"], sample.labels["isvc"]) == (namespace, name)
+    ]
+
+
+def test_every_event_posted_is_counted_by_service_type_and_reason() -> None:
+    fought = ("vision", "resnet50", "Warning", "ReplicasChangedElsewhere")
+    decided = ("vision", "resnet50", "Normal", "AutopilotDecided")
+    elsewhere = ("text", "bert", "Warning", "ReplicasChangedElsewhere")
+    before = {key: events(*key) for key in (fought, decided, elsewhere)}
     telemetry.posted(
+        "vision",
+        "resnet50",
         [
             Event("Warning", "ReplicasChangedElsewhere", "…"),
             Event("Warning", "ReplicasChangedElsewhere", "…"),
             Event("Normal", "AutopilotDecided", "…"),
-        ]
+        ],
     )
-    elsewhere = value(
-        "batchpilot_operator_events_total", type="Warning", reason="ReplicasChangedElsewhere"
-    )
-    assert elsewhere == before + 2
-    assert value("batchpilot_operator_events_total", type="Normal", reason="AutopilotDecided") == (
-        decided + 1
-    )
+    assert events(*fought) == before[fought] + 2
+    assert events(*decided) == before[decided] + 1
+    # Another service's series are its own: an alert names the service fought over.
+    assert events(*elsewhere) == before[elsewhere]
+
+
+def test_a_deleted_service_takes_its_series_with_it() -> None:
+    telemetry.posted("fleet", "gone", [Event("Normal", "Created", "…")] * 3)
+    telemetry.posted("fleet", "gone", [Event("Warning", "ApplyFailed", "…")])
+    telemetry.posted("fleet", "stays", [Event("Normal", "Created", "…")])
+    assert len(series_of("fleet", "gone")) == 2
+    telemetry.forget("fleet", "gone")
+    assert series_of("fleet", "gone") == []
+    assert events("fleet", "stays", "Normal", "Created") == 1
+    # Forgetting twice, or a service that never had an Event, is nothing.
+    telemetry.forget("fleet", "gone")
+    telemetry.forget("fleet", "never")
+    # A new service of the name starts from nothing.
+    telemetry.posted("fleet", "gone", [Event("Normal", "Created", "…")])
+    assert events("fleet", "gone", "Normal", "Created") == 1
 
 
 def test_a_round_says_how_many_services_how_long_and_whether_prometheus_answered() -> None:
@@ -49,7 +84,7 @@ def test_a_round_says_how_many_services_how_long_and_whether_prometheus_answered
 
 
 def test_the_metrics_are_served_over_http() -> None:
-    telemetry.posted([Event("Normal", "Created", "created Deployment resnet50")])
+    telemetry.posted("vision", "resnet50", [Event("Normal", "Created", "created Deployment")])
     server = telemetry.serve(0, address="127.0.0.1")
     try:
         url = f"http://127.0.0.1:{server.server_port}/metrics"
@@ -57,5 +92,8 @@ def test_the_metrics_are_served_over_http() -> None:
             text = answer.read().decode()
     finally:
         server.shutdown()
-    assert 'batchpilot_operator_events_total{reason="Created",type="Normal"}' in text
+    assert (
+        'batchpilot_operator_events_total{isvc="resnet50",isvc_namespace="vision",'
+        'reason="Created",type="Normal"}'
+    ) in text
     assert "batchpilot_operator_active" in text

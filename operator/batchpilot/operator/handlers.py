@@ -287,7 +287,8 @@ def _post(body: dict[str, Any], found: list[Event]) -> None:
     about = kopf.Body(cast(kopf.RawBody, body))  # the API's JSON: apiVersion, kind, metadata
     for event in found:
         kopf.event(about, type=event.type, reason=event.reason, message=event.message)
-    telemetry.posted(found)
+    meta = body.get("metadata", {})
+    telemetry.posted(meta.get("namespace", ""), meta.get("name", ""), found)
 
 
 def reconcile_now(namespace: str, name: str, memo: kopf.Memo) -> ReconcileOutcome | None:
@@ -366,6 +367,7 @@ def deleted(name: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> None
     """Its children go with it (owner references); what the operator remembers of it in memory
     goes here (an InferenceService deleted while the operator was down was never in it)."""
     log.info("InferenceService %s/%s deleted; its children go with it", namespace, name)
+    telemetry.forget(namespace or "", name)
     for remembering in ("access_pusher", "rebalancer"):
         pusher: AccessPusher | ConnectionRebalancer | None = memo.get(remembering)
         if pusher is not None and namespace is not None:

@@ -4,13 +4,20 @@
 The services' metrics are the runtimes'; these say whether the operator itself is doing its
 job: which replica is active (the leader), whether each autopilot round ran, how long it took
 against its interval and whether Prometheus answered it, and every Event the operator posted by
-reason — `AutopilotDecided`, `MetricsUnavailable`, `ReplicasChangedElsewhere`, `ApplyFailed`,
-`ReplicasFailing`… — so that an alert can say "the autopilot is blind" or "someone fights the
-autopilot" without reading Events. One registry per process (a standby's says it is not active).
+service and reason — `AutopilotDecided`, `MetricsUnavailable`, `ReplicasChangedElsewhere`,
+`ApplyFailed`, `ReplicasFailing`… — so that an alert can say "the autopilot is blind" or "someone
+fights the autopilot over vision/resnet50" without reading Events. One registry per process (a
+standby's says it is not active).
+
+The service is in `isvc_namespace` and `isvc`, not `namespace`: Prometheus gives the operator
+pod's own namespace that name when it scrapes (honorLabels is false). A service's series go when
+it is deleted (`forget`), so a fleet that turns over does not grow the exposition without end:
+it holds one series per service and reason posted.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
@@ -28,10 +35,14 @@ ACTIVE = Gauge(
 )
 EVENTS = Counter(
     "batchpilot_operator_events",
-    "Events the operator posted, by type and reason",
-    ["type", "reason"],
+    "Events the operator posted, by InferenceService (isvc_namespace, isvc), type and reason",
+    ["isvc_namespace", "isvc", "type", "reason"],
     registry=REGISTRY,
 )
+_POSTED: dict[tuple[str, str], set[tuple[str, str]]] = {}
+"""The (type, reason) series each service has, for `forget`; the fleet's workers post from their
+threads, hence the lock."""
+_POSTED_LOCK = threading.Lock()
 ROUNDS = Counter(
     "batchpilot_operator_autopilot_rounds",
     "Autopilot rounds run (one Prometheus round, then every service's tick)",
@@ -71,9 +82,19 @@ class Round:
     took_s: float
 
 
-def posted(events: Iterable[Event]) -> None:
-    for event in events:
-        EVENTS.labels(event.type, event.reason).inc()
+def posted(namespace: str, name: str, events: Iterable[Event]) -> None:
+    """Count the Events posted about the InferenceService `namespace`/`name`."""
+    with _POSTED_LOCK:
+        for event in events:
+            EVENTS.labels(namespace, name, event.type, event.reason).inc()
+            _POSTED.setdefault((namespace, name), set()).add((event.type, event.reason))
+
+
+def forget(namespace: str, name: str) -> None:
+    """Drop the series of a deleted InferenceService (a new one of the name starts from 0)."""
+    with _POSTED_LOCK:
+        for type_, reason in _POSTED.pop((namespace, name), set()):
+            EVENTS.remove(namespace, name, type_, reason)
 
 
 def ran(round_: Round) -> None:
