@@ -53,7 +53,8 @@ lint: install
 	$(BIN)/lint-imports
 
 # Two workers: most of the suite waits on processes, sockets and wall-clock scenarios rather than
-# computing. The sandbox's end-to-end runs take turns on one of them (tests/conftest.py).
+# computing. The runs that load the machine against a timeline take turns on one of them
+# (tests/conftest.py).
 test: install lint
 	$(BIN)/pytest -q -n 2 --durations=40
 

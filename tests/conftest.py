@@ -22,26 +22,35 @@ os.environ.setdefault("BATCHPILOT_OPERATOR_RECONCILE_INTERVAL_SECONDS", "2")
 os.environ.setdefault("BATCHPILOT_OPERATOR_AUTOPILOT_INTERVAL_SECONDS", "3600")
 os.environ.setdefault("BATCHPILOT_OPERATOR_PROMETHEUS_URL", "http://127.0.0.1:9")
 
-SANDBOX_END_TO_END = "tests/sandbox_e2e/"
+TAKING_TURNS = (
+    "tests/sandbox_e2e/",
+    "tests/test_overload.py",
+    "tests/test_drain.py",
+    "tests/test_grpc_drain.py",
+    "tests/test_connection_age.py",
+    "tests/test_perf_analyzer.py",
+)
+"""The runs held to wall-clock timelines under load they generate: the sandbox's end-to-end runs
+(a whole system on loopback: API emulator, Prometheus, operator, runtime processes, a load
+generator; a node's notice within a second, a toleration within a second and a half), and the
+runtime's own under overload, through drains and connection moves."""
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under `pytest -n 2` (`make test`) tests go out one at a time to whichever worker is free,
-    except the sandbox's end-to-end runs: one unit of work, run one after another on one worker.
-    Each is a whole system on loopback (API emulator, Prometheus, operator, runtime processes, a
-    load generator) held to wall-clock timelines (a node's notice within a second, a toleration
-    within a second and a half); two of them at once would share the machine's cores, while
-    either runs well beside the rest of the suite, which mostly waits on processes and sockets.
-    (`--dist loadgroup` would do this with marks, but xdist 3.8 cannot rename a test's node id
-    on pytest 9.2, so its groups are silently ignored.)"""
+    except `TAKING_TURNS`: one unit of work, run one after another on one worker. Two of them
+    at once would share the machine's cores with two loads, while either runs well beside the
+    rest of the suite, which mostly waits on processes and sockets. (`--dist loadgroup` would do
+    this with marks, but xdist 3.8 cannot rename a test's node id on pytest 9.2, so its groups
+    are silently ignored.)"""
     from xdist.scheduler import LoadScopeScheduling
 
-    class SandboxRunsTakeTurns(LoadScopeScheduling):
+    class LoadRunsTakeTurns(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return SANDBOX_END_TO_END if nodeid.startswith(SANDBOX_END_TO_END) else nodeid
+            return "taking turns" if nodeid.startswith(TAKING_TURNS) else nodeid
 
-    return SandboxRunsTakeTurns(config, log)
+    return LoadRunsTakeTurns(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -874,7 +874,19 @@ class TestLoad:
 # --- SIGTERM ---------------------------------------------------------------------------------
 
 
-def test_sigterm_finishes_accepted_rpcs(mlp_model: Path, tmp_path: Path, channel_to: Any) -> None:
+@pytest.mark.parametrize(
+    ("age_s", "kept"),
+    [("30", True), ("0", False)],
+    ids=["connections-kept-until-their-age", "no-connection-age"],
+)
+def test_sigterm_finishes_accepted_rpcs(
+    mlp_model: Path, tmp_path: Path, channel_to: Any, age_s: str, kept: bool
+) -> None:
+    """With a connection age (30 s, at most half the drain's grace: 5 s here) the draining
+    server goes on taking its connections' RPCs until their age retires them, so their clients
+    lose none (tests/test_grpc_drain.py), while REST requests get 503 from the signal on; with
+    none, it sends GOAWAY at once and what comes after is UNAVAILABLE. Either way the RPCs it took
+    are answered and it exits 0."""
     with runtime_process(
         mlp_model,
         "--engine",
@@ -887,12 +899,14 @@ def test_sigterm_finishes_accepted_rpcs(mlp_model: Path, tmp_path: Path, channel
         "0",
         "--drain-grace-s",
         "10",
+        "--max-connection-age-s",
+        age_s,
         grpc=True,
         log_dir=tmp_path,
     ) as server:
         stub = channel_to(server)
         request = raw_request("mlp", {"x": mlp_rows(1)}, {"x": "FP32"})
-        # A stream open across the signal: what it sends after is answered UNAVAILABLE, on it.
+        # A stream open across the signal.
         to_stream: queue.Queue[Any] = queue.Queue()
         stream = stub.ModelStreamInfer(iter(to_stream.get, None), timeout=20)
         to_stream.put(request)
@@ -912,11 +926,19 @@ def test_sigterm_finishes_accepted_rpcs(mlp_model: Path, tmp_path: Path, channel
                 return bool(exc.code() == grpc.StatusCode.UNAVAILABLE)
 
         wait_until(refused, timeout=10, what="readiness to fail after SIGTERM")
-        late = rpc_error(stub.ModelInfer, request, timeout=10)
-        assert late.code() == grpc.StatusCode.UNAVAILABLE
         to_stream.put(request)
-        streamed_late = next(stream)
-        assert streamed_late.error_message.startswith("UNAVAILABLE: "), streamed_late
+        if kept:
+            # The kept connection's RPCs are still taken, the stream's too; REST's are not.
+            late = stub.ModelInfer(request, timeout=10)
+            assert list(late.outputs[0].shape) == [1, 16]
+            assert next(stream).error_message == ""
+            assert send(server, "POST", "/v2/models/mlp/infer", mlp_body(1)).status == 503
+        else:
+            assert rpc_error(stub.ModelInfer, request, timeout=10).code() == (
+                grpc.StatusCode.UNAVAILABLE
+            )
+            streamed_late = next(stream)
+            assert streamed_late.error_message.startswith("UNAVAILABLE: "), streamed_late
         to_stream.put(None)  # the client ends its stream
         assert list(stream) == []
         for future in accepted:
@@ -926,8 +948,9 @@ def test_sigterm_finishes_accepted_rpcs(mlp_model: Path, tmp_path: Path, channel
     tally = re.search(r"stopped; requests by outcome: (.*)", log)
     assert tally is not None, log
     counts = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", tally[1])}
-    assert counts["success"] == 7, log
+    assert counts["success"] == (9 if kept else 7), log
     assert counts["cancelled"] == counts["error"] == counts["timeout"] == 0, log
+    assert ("drain: gRPC connections served for" in log) == kept, log
 
 
 # --- Startup ---------------------------------------------------------------------------------

@@ -218,12 +218,12 @@ def assemble(
                 port=settings.grpc_port,
                 max_message_bytes=settings.max_body_bytes,
                 grace_s=settings.drain_grace_s,
-                max_connection_age_s=settings.max_connection_age_s or None,
+                max_connection_age_s=grpc_connection_age_s(settings),
             ),
             access=access,
         )
         attach(app, endpoint)
-        on_drain.append(endpoint.stop)  # GOAWAY when the drain starts; the batcher still runs
+        on_drain.append(endpoint.drain)  # its connections go by age; the batcher still runs
     return Assembled(
         settings=settings,
         metrics=metrics,
@@ -233,6 +233,12 @@ def assemble(
         on_drain=tuple(on_drain),
         access=access_watcher,
     )
+
+
+def grpc_connection_age_s(settings: RuntimeSettings) -> float | None:
+    """gRPC's connection age: `max_connection_age_s`, at most half the drain's grace, so that a
+    draining server's connections go by age within it (`GrpcEndpoint.drain`); None: never."""
+    return min(settings.max_connection_age_s, settings.drain_grace_s / 2) or None
 
 
 def job_routes(settings: RuntimeSettings) -> JobRoutes | None:

@@ -105,11 +105,12 @@ class DrainingServer(uvicorn.Server):
             self._loop.call_soon_threadsafe(self._begin_drain)
 
     def _begin_drain(self) -> None:
-        """Close the queue, answer `Connection: close` from now on, and start gRPC's GOAWAY."""
+        """Refuse new requests (but those of the connections gRPC's drain still serves), answer
+        `Connection: close` from now on, and start gRPC's drain."""
         if self._drain_started is not None:
             return
         self._drain_started = asyncio.get_running_loop().time()
-        self._model_server.stop_accepting()
+        self._model_server.refuse_new()
         self._closing.start()
         self._drain_tasks = [asyncio.ensure_future(stop()) for stop in self._on_drain]
 
@@ -119,7 +120,9 @@ class DrainingServer(uvicorn.Server):
         have a request on the wire right then, and gets "server disconnected without a
         response", not knowing whether it ran; a client that reconnects finds the port shut.
 
-        So first the batcher serves what is queued (within the grace); meanwhile each answer
+        So first gRPC's drain, where there is one (the requests of its connections are taken
+        until their age retires them: `GrpcEndpoint.drain`); then the batcher serves what is
+        queued (within the grace), and the queue takes nothing more; meanwhile each answer
         says `Connection: close`, so busy connections are closed by the server right after a
         complete answer, and those clients reconnect to a port that still answers 503. Then
         `linger_s` more with the port open, for clients that have not yet heard (in Kubernetes,
@@ -132,10 +135,18 @@ class DrainingServer(uvicorn.Server):
         assert self._forced is not None
         loop = asyncio.get_running_loop()
         deadline = self._drain_started + self._grace_s
+        forced = loop.create_task(self._forced.wait())
+        if self._drain_tasks:
+            # gRPC's drain first: the queue takes its kept connections' requests until it stops.
+            parts: asyncio.Future[Any] = asyncio.gather(*self._drain_tasks, return_exceptions=True)
+            await asyncio.wait(
+                {parts, forced},
+                timeout=max(0.0, deadline - loop.time()),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
         drained = loop.create_task(
             self._model_server.drain(grace_s=max(0.0, deadline - loop.time()))
         )
-        forced = loop.create_task(self._forced.wait())
         await asyncio.wait({drained, forced}, return_when=asyncio.FIRST_COMPLETED)
         linger_s = min(self._linger_s, max(0.0, deadline - loop.time()))
         if drained.done() and linger_s > 0:

@@ -150,6 +150,8 @@ class ModelServer:
             predictor=self.predictor if admission == "deadline" else None,
             early_start=early_start,
         )
+        self._refusing = False
+        """Draining while kept gRPC connections are still served (`refuse_new`)."""
         self._batcher = Batcher(
             self._queue,
             engine,
@@ -329,6 +331,7 @@ class ModelServer:
             self._task is not None
             and not self._task.done()
             and not self._queue.closed
+            and not self._refusing
             and self.engine_failure is None
         )
 
@@ -479,9 +482,13 @@ class ModelServer:
                 f"({self._max_body_bytes} bytes), whichever is more"
             )
 
-    async def infer(self, request: InferRequest, *, retry: bool = False) -> list[Tensor]:
+    async def infer(
+        self, request: InferRequest, *, retry: bool = False, kept: bool = False
+    ) -> list[Tensor]:
         """Serve one request; raises the runtime's errors for anything but success. `retry`:
-        its headers say it is a retry (`attempts`), and it arrives as one.
+        its headers say it is a retry (`attempts`), and it arrives as one. `kept`: it came on a
+        connection a draining server still serves (gRPC's, until their age retires them:
+        `refuse_new`).
 
         A request is an arrival once it is known to be valid: with a preprocess, once that has
         turned its inputs into the model's (a request it refuses is invalid, as one refused by
@@ -513,6 +520,8 @@ class ModelServer:
         else:
             metrics.arrived(retry=retry)
         try:
+            if self._refusing and not kept:
+                raise ShuttingDown("the server is shutting down and accepts no new requests")
             future = self._queue.put(inputs, rows=rows, timeout_s=remaining_s)
         except Overloaded as exc:
             metrics.shed(exc.reason)
@@ -564,6 +573,12 @@ class ModelServer:
 
         assert self._pipeline_pool is not None
         return await asyncio.get_running_loop().run_in_executor(self._pipeline_pool, timed)
+
+    def refuse_new(self) -> None:
+        """Readiness fails and new requests get 503, but those on the connections a draining
+        server still serves (`infer(kept=True)`); queued requests are still served. The drain
+        (`drain`) refuses those too."""
+        self._refusing = True
 
     def stop_accepting(self) -> None:
         """New requests get 503 and readiness fails; queued requests are still served."""

@@ -136,7 +136,8 @@ class RuntimeSettings(BaseSettings):
         ge=0,
         le=86_400,
         description="an HTTP connection this old (±10 %) is closed after its next answer, which "
-        "says Connection: close, and a gRPC connection gets GOAWAY, so that clients reconnect "
+        "says Connection: close, and a gRPC connection gets GOAWAY (at most half "
+        "drain_grace_s: a drain lets gRPC connections go by age), so that clients reconnect "
         "and the Service spreads them over replicas added since (0: never)",
     )
     max_connections: int = Field(

@@ -9,8 +9,19 @@ serves each request of a stream the same way, answering each on the stream as it
 
 `attach` ties the gRPC server to the app's lifespan: it starts after the batcher and, on
 shutdown, refuses new RPCs and lets the accepted ones finish within the drain grace before the
-batcher drains. `batchpilot runtime serve` calls `GrpcEndpoint.stop` already when the drain
-starts, while the batcher still serves the queue; the lifespan's call then waits for that stop.
+batcher drains. `batchpilot runtime serve` calls `GrpcEndpoint.drain` already when the drain
+starts, while the batcher still serves the queue; the lifespan's call then waits for its stop.
+
+Why `drain` does not stop the server at once: a gRPC client's connection stays on the replica it
+was placed on, whatever the Service's endpoints say, and stopping a grpc.aio server ends as
+CANCELLED every RPC that has reached it but that its loop has not yet taken up (gRPC core,
+grpc/grpc#41785; under kept-alive load, one signal in a few: bench/grpc_drain.py). A connection
+that goes by age gets GOAWAY with the server running, which costs no RPC. So while draining the
+server goes on serving the RPCs of the connections it has (`ModelServer.infer(kept=True)`; REST
+requests get 503 from the signal on), their age retires them, their clients reconnect through
+the Service to the replicas in its endpoints, and the server stops once no RPC has come for
+`QUIET_S` — or at the latest the age (and its ±10 %) plus that after the signal, within half
+the drain grace.
 """
 
 from __future__ import annotations
@@ -117,11 +128,22 @@ async def _abort(context: Context, error: InferenceError) -> NoReturn:
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     """`inference.GRPCInferenceService` for one model server."""
 
-    def __init__(self, server: ModelServer, *, access: AccessGate | None = None) -> None:
+    def __init__(
+        self,
+        server: ModelServer,
+        *,
+        access: AccessGate | None = None,
+        keeps_connections: bool = False,
+    ) -> None:
+        """`keeps_connections`: a drain serves its connections' requests until their age
+        retires them (`GrpcEndpoint.drain`)."""
         self._server = server
         self._access = access
+        self._kept = keeps_connections
         self._metrics = server.metrics
         self._version = server_version()
+        self.last_request_at = -math.inf
+        """When an inference request last came (`time.monotonic()`): a drain waits for quiet."""
 
     async def ServerLive(  # noqa: N802
         self, request: pb.ServerLiveRequest, context: Context
@@ -295,6 +317,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         as an error); a cancellation the caller counts."""
         metrics = self._metrics
         started = time.perf_counter()
+        self.last_request_at = time.monotonic()
         metrics.inflight.inc()
         try:
             self._server.check_model(request.model_name, request.model_version)
@@ -304,7 +327,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 deadline_s=None if remaining is None else remaining - DEADLINE_MARGIN_S,
             )
             retry = is_retry(context.invocation_metadata() or ())
-            outputs = await self._server.infer(parsed, retry=retry)
+            outputs = await self._server.infer(parsed, retry=retry, kept=self._kept)
             signature = self._server.signature
             response = encode_infer_response(
                 model_name=signature.name,
@@ -343,7 +366,15 @@ class GrpcConfig:
     """On shutdown, how long accepted RPCs may take to finish."""
     max_connection_age_s: float | None = None
     """A connection this old (gRPC adds ±10 %) gets GOAWAY, and its RPCs `grace_s` to finish:
-    the client reconnects, and the Service may place it on a replica added since. None: never."""
+    the client reconnects, and the Service may place it on a replica added since; a draining
+    server lets its connections go so (`GrpcEndpoint.drain`). None: never."""
+
+
+QUIET_S = 0.5
+"""A draining server stops once no inference request has come for this long: its clients have
+gone elsewhere. (A client that sends less often than this may find it stopped: as before.)"""
+AGE_JITTER = 1.1
+"""gRPC retires a connection at its age times a factor within ±10 %."""
 
 
 def _address(host: str, port: int) -> str:
@@ -360,6 +391,7 @@ class GrpcEndpoint:
         self._config = config
         self._access = access
         self._server: grpc.aio.Server | None = None
+        self._servicer: InferenceService | None = None
         self._stopping: asyncio.Future[None] | None = None
         self.port: int | None = None
         """The bound port, once started (differs from the configured one when that is 0)."""
@@ -377,9 +409,10 @@ class GrpcEndpoint:
                 ("grpc.max_connection_age_grace_ms", round(config.grace_s * 1000)),
             ]
         server = grpc.aio.server(options=options)
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(
-            InferenceService(self._model_server, access=self._access), server
+        self._servicer = InferenceService(
+            self._model_server, access=self._access, keeps_connections=self.keeps_connections
         )
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(self._servicer, server)
         address = _address(self._config.host, self._config.port)
         try:
             self.port = server.add_insecure_port(address)
@@ -392,10 +425,38 @@ class GrpcEndpoint:
             _address(self._config.host, self.port),
         )
 
+    @property
+    def keeps_connections(self) -> bool:
+        """Whether `drain` serves the connections it has until their age retires them."""
+        return self._config.max_connection_age_s is not None
+
+    async def drain(self) -> None:
+        """A drain's gRPC part (see the module's docstring): serve the RPCs of the connections
+        there are while their age retires them, until none has come for `QUIET_S` or, at the
+        latest, their age and that after the call, within half the grace; then `stop`."""
+        age_s = self._config.max_connection_age_s
+        if age_s is not None and self._servicer is not None:
+            servicer = self._servicer
+            started = time.monotonic()
+            until = started + min(age_s * AGE_JITTER + QUIET_S, self._config.grace_s / 2)
+            while True:  # until quiet (no request for QUIET_S), or until `until`
+                now = time.monotonic()
+                quiet_at = max(servicer.last_request_at, started) + QUIET_S
+                if now >= min(quiet_at, until):
+                    break
+                await asyncio.sleep(min(quiet_at, until) - now)
+            log.info(
+                "drain: gRPC connections served for %.1f s after the signal, the last request "
+                "%.1f s ago; stopping gRPC",
+                time.monotonic() - started,
+                time.monotonic() - servicer.last_request_at,
+            )
+        await self.stop()
+
     async def stop(self) -> None:
         """Refuse new RPCs (GOAWAY: clients take new ones elsewhere) and wait for accepted
-        ones, at most the grace period. The server calls it when the drain starts, the lifespan
-        again at shutdown: a later call waits for the first one's stop."""
+        ones, at most the grace period. A drain calls it, the lifespan again at shutdown: a
+        later call waits for the first one's stop."""
         if self._server is None:
             return
         if self._stopping is None:
