@@ -38,17 +38,19 @@ runtime's own under overload, through drains and connection moves."""
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under `pytest -n 2` (`make test`) tests go out one at a time to whichever worker is free,
-    except `TAKING_TURNS`: one unit of work, run one after another on one worker. Two of them
-    at once would share the machine's cores with two loads, while either runs well beside the
-    rest of the suite, which mostly waits on processes and sockets. (`--dist loadgroup` would do
-    this with marks, but xdist 3.8 cannot rename a test's node id on pytest 9.2, so its groups
-    are silently ignored.)"""
+    """Under `pytest -n 2` (`make test`) test files go out one at a time to whichever worker is
+    free, each whole and in its order (a module's fixtures are built once, and a class such as
+    tests/operator/test_operator_live.py's lifecycle runs its steps in turn), except
+    `TAKING_TURNS`: one unit of work, run one after another on one worker. Two of them at once
+    would share the machine's cores with two loads, while either runs well beside the rest of
+    the suite, which mostly waits on processes and sockets. (`--dist loadgroup` would do this
+    with marks, but xdist 3.8 cannot rename a test's node id on pytest 9.2, so its groups are
+    silently ignored.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class LoadRunsTakeTurns(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "taking turns" if nodeid.startswith(TAKING_TURNS) else nodeid
+            return "taking turns" if nodeid.startswith(TAKING_TURNS) else nodeid.split("::")[0]
 
     return LoadRunsTakeTurns(config, log)
 

@@ -13,7 +13,7 @@ from typing import Any
 import kopf
 import pytest
 
-from batchpilot.operator import handlers, telemetry
+from batchpilot.operator import handlers
 from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
 from batchpilot.operator.autopilot.prometheus import FleetRound
 from batchpilot.operator.fleet import FleetPilot
@@ -25,6 +25,7 @@ from batchpilot.operator.settings import OperatorSettings
 from tests.operator.fake_kube import FakeKube
 from tests.operator.test_passes import WAIT_S, Background, ObservedLock, awaited
 from tests.operator.test_reconciler import NS, T0, isvc
+from tests.operator.test_telemetry import counted_for
 
 Posted = list[tuple[str, str, str, str]]
 
@@ -198,25 +199,17 @@ class TestOneReconcilePath:
     def test_the_events_posted_are_counted_for_their_service_until_it_is_deleted(
         self, posted: Posted
     ) -> None:
-        def counted() -> dict[tuple[str, str], float]:
-            return {
-                (sample.labels["type"], sample.labels["reason"]): sample.value
-                for metric in telemetry.REGISTRY.collect()
-                for sample in metric.samples
-                if sample.name == "batchpilot_operator_events_total"
-                and (sample.labels["isvc_namespace"], sample.labels["isvc"]) == (NS, "resnet50")
-            }
-
         handlers.deleted(name="resnet50", namespace=NS, memo=kopf.Memo())
         operator = Operator(isvc())
         handlers.reconcile(name="resnet50", namespace=NS, memo=operator.memo)
         operator.memo.fleet.run_round([(NS, "resnet50")])  # the autopilot's posts, in its round
 
         kinds = [(type_, reason) for _, type_, reason, _ in posted]
-        assert counted() == {kind: float(kinds.count(kind)) for kind in set(kinds)}
-        assert ("Normal", "Created") in counted()
+        expected = {kind: float(kinds.count(kind)) for kind in set(kinds)}
+        assert counted_for(NS, "resnet50") == expected
+        assert ("Normal", "Created") in counted_for(NS, "resnet50")
         handlers.deleted(name="resnet50", namespace=NS, memo=operator.memo)
-        assert counted() == {}
+        assert counted_for(NS, "resnet50") == {}
 
 
 class TestFailures:

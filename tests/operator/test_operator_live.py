@@ -19,6 +19,7 @@ from kopf.testing import KopfRunner
 
 from batchpilot.operator import telemetry
 from batchpilot.sandbox import LocalKubernetesAPI
+from tests.operator.test_telemetry import counted_for
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -217,7 +218,7 @@ class TestLifecycle:
         assert cluster.api.writes.total == before_all, cluster.api.writes.by_resource()
 
     def test_delete_takes_the_children_with_it(self, cluster: Cluster) -> None:
-        assert event_series("default", "resnet50") != []
+        assert counted_for("default", "resnet50") != {}
         cluster.kubectl("delete", "inferenceservice", "resnet50")
         for kind, name in [
             ("deployment", "resnet50"),
@@ -227,17 +228,7 @@ class TestLifecycle:
         ]:
             wait_until(lambda k=kind, n=name: cluster.get(k, n) is None, what=f"{kind} gone")
         # ... and its Events' series leave the operator's metrics.
-        wait_until(lambda: event_series("default", "resnet50") == [], what="its series gone")
-
-
-def event_series(namespace: str, name: str) -> list[dict[str, str]]:
-    return [
-        sample.labels
-        for metric in telemetry.REGISTRY.collect()
-        for sample in metric.samples
-        if sample.name == "batchpilot_operator_events_total"
-        and (sample.labels["isvc_namespace"], sample.labels["isvc"]) == (namespace, name)
-    ]
+        wait_until(lambda: counted_for("default", "resnet50") == {}, what="its series gone")
 
 
 class TestForeignObjects:

@@ -24,14 +24,15 @@ def events(namespace: str, name: str, type_: str, reason: str) -> float:
     )
 
 
-def series_of(namespace: str, name: str) -> list[dict[str, str]]:
-    return [
-        sample.labels
+def counted_for(namespace: str, name: str) -> dict[tuple[str, str], float]:
+    """The Events counted for one InferenceService: (type, reason) → how many."""
+    return {
+        (sample.labels["type"], sample.labels["reason"]): sample.value
         for metric in telemetry.REGISTRY.collect()
         for sample in metric.samples
         if sample.name == "batchpilot_operator_events_total"
         and (sample.labels["isvc_namespace"], sample.labels["isvc"]) == (namespace, name)
-    ]
+    }
 
 
 def test_every_event_posted_is_counted_by_service_type_and_reason() -> None:
@@ -58,9 +59,9 @@ def test_a_deleted_service_takes_its_series_with_it() -> None:
     telemetry.posted("fleet", "gone", [Event("Normal", "Created", "…")] * 3)
     telemetry.posted("fleet", "gone", [Event("Warning", "ApplyFailed", "…")])
     telemetry.posted("fleet", "stays", [Event("Normal", "Created", "…")])
-    assert len(series_of("fleet", "gone")) == 2
+    assert counted_for("fleet", "gone") == {("Normal", "Created"): 3, ("Warning", "ApplyFailed"): 1}
     telemetry.forget("fleet", "gone")
-    assert series_of("fleet", "gone") == []
+    assert counted_for("fleet", "gone") == {}
     assert events("fleet", "stays", "Normal", "Created") == 1
     # Forgetting twice, or a service that never had an Event, is nothing.
     telemetry.forget("fleet", "gone")
