@@ -3,13 +3,14 @@
 A service of the simulated engine is scaled by the autopilot to the three replicas its load
 needs; then the node of one of them dies (`--lose-node`). Its pod answers nothing, is marked not
 Ready after the node controller's notice (5 s here, 40 s on a default cluster), and is evicted,
-and so replaced, only when its toleration of the unreachable taint runs out: 100 s here, long
+and so replaced, only when its toleration of the unreachable taint runs out: 75 s here, long
 enough that the replacement must come from the autopilot, not from the eviction. The autopilot
-must ask for a fourth replica in its place — once it has been away longer than a restart takes
-(`lost.grace_s`: a minute, the cold start being learned short), or at once where the replicas
-left miss the SLA — naming the stand-in in its reason; the stand-in must become ready before the
-eviction; after the eviction every replica must be ready again. Then nothing the sandbox started
-may still run, the frozen process included.
+must ask for a fourth replica in its place — at once where the replicas left miss the SLA (what
+was sent to the lost pod until it went not Ready failed: here about 1 % of the window, at the
+tolerance), or once it has been away longer than a restart takes (`lost.grace_s`: a minute, the
+cold start being learned short) — naming the stand-in in its reason; the stand-in must become
+ready before the eviction, by either path; after the eviction every replica must be ready again.
+Then nothing the sandbox started may still run, the frozen process included.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.slow
 LOST_AT_S = 40.0
 """Into the load: the autopilot has scaled to three replicas by then."""
 NOTICE_S = 5.0
-TOLERATION_S = 100
+TOLERATION_S = 75
 STAND_IN = "more in place of 1 replica ready before and not for"
 
 
@@ -56,7 +57,7 @@ def event_at(result: SandboxResult, text: str) -> float:
     return found
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(210)
 def test_the_autopilot_stands_in_for_a_replica_on_a_lost_node(
     tmp_path: Path, mlp_model: Path
 ) -> None:
@@ -118,4 +119,4 @@ def test_the_autopilot_stands_in_for_a_replica_on_a_lost_node(
         f"({first['reason']}), ready {ready_at:.1f} s, evicted {evicted_at:.1f} s; "
         f"test {time.monotonic() - started:.0f} s"
     )
-    assert time.monotonic() - started < 225
+    assert time.monotonic() - started < 195
