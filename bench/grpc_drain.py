@@ -33,8 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import numpy as np
-from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from batchpilot.sandbox.kubeproxy import ConnectionBalancer
@@ -44,6 +42,7 @@ sys.path.insert(0, str(ROOT))  # tests/ holds the model builder and the server p
 
 from tests.onnx_models import mlp  # noqa: E402
 from tests.runtime_process import RuntimeProcess, runtime_process  # noqa: E402
+from tests.test_grpc import mlp_rows, raw_request  # noqa: E402
 
 SERVER = (
     "--engine", "simulated",
@@ -53,19 +52,11 @@ SERVER = (
 )  # fmt: skip
 
 
-def request() -> Any:
-    rows = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
-    message = pb.ModelInferRequest(model_name="mlp")
-    message.inputs.add(name="x", datatype="FP32", shape=rows.shape)
-    message.raw_input_contents.append(rows.tobytes())
-    return message
-
-
 class Load:
     """`clients` threads sending ModelInfer back to back through `port`, until `stop`."""
 
     def __init__(self, port: int, clients: int) -> None:
-        self.message = request()
+        self.message = raw_request("mlp", {"x": mlp_rows(1)}, {"x": "FP32"})
         self.port = port
         self.lock = threading.Lock()
         self.signalled = False

@@ -42,6 +42,8 @@ RPS = 20
 the other is replaced carries the whole load with room to spare."""
 DURATION_S = 40.0
 """Of load: the rollout takes the wait, a reconcile pass (5 s) and two pods' starts."""
+STOPPING_S = 15.0
+"""From the sandbox closing its API to `sandbox up` returning, at most: its pods drain."""
 DEPLOYMENT = f"/apis/apps/v1/namespaces/{NS}/deployments/{NAME}"
 PODS = f"/api/v1/namespaces/{NS}/pods?" + urllib.parse.urlencode(
     {"labelSelector": f"batchpilot.io/inferenceservice={NAME}"}
@@ -107,7 +109,9 @@ class Watch:
         try:
             self._run()
         except Exception as exc:  # the sandbox stopped under it, or a bug: said at the end
-            if not self.stop.is_set():
+            # The sandbox's end closes its API before `sandbox up` returns (its pods drain
+            # after): a failure the end explains is followed by `stop` within seconds.
+            if not self.stop.wait(STOPPING_S):
                 self.failures.append(repr(exc))
 
     def _run(self) -> None:

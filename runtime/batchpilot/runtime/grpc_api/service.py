@@ -432,8 +432,9 @@ class GrpcEndpoint:
 
     async def drain(self) -> None:
         """A drain's gRPC part (see the module's docstring): serve the RPCs of the connections
-        there are while their age retires them, until none has come for `QUIET_S` or, at the
-        latest, their age and that after the call, within half the grace; then `stop`."""
+        there are while their age retires them, until none has come for `QUIET_S` (counted from
+        the last one: a server idle at the call stops at once) or, at the latest, their age and
+        that after the call, within half the grace; then `stop`."""
         age_s = self._config.max_connection_age_s
         if age_s is not None and self._servicer is not None:
             servicer = self._servicer
@@ -441,7 +442,7 @@ class GrpcEndpoint:
             until = started + min(age_s * AGE_JITTER + QUIET_S, self._config.grace_s / 2)
             while True:  # until quiet (no request for QUIET_S), or until `until`
                 now = time.monotonic()
-                quiet_at = max(servicer.last_request_at, started) + QUIET_S
+                quiet_at = servicer.last_request_at + QUIET_S  # an idle server stops at once
                 if now >= min(quiet_at, until):
                     break
                 await asyncio.sleep(min(quiet_at, until) - now)
