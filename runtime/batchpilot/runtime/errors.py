@@ -60,6 +60,9 @@ class Overloaded(InferenceError):
 class ShuttingDown(InferenceError):
     """The server is draining and accepts no new requests (503)."""
 
+    def __init__(self, message: str = "the server is shutting down and accepts no new requests"):
+        super().__init__(message)
+
 
 class DeadlineExceeded(InferenceError):
     """The request's deadline passed before it could be served (504)."""

@@ -177,7 +177,7 @@ def add_async_routes(
         try:
             check_model(request.path_params["name"], request.path_params.get("version"))
             if not server.ready:
-                raise ShuttingDown("the server is shutting down and accepts no new requests")
+                raise ShuttingDown()
             coding = body_coding(request.scope["headers"])
             body = decode_body(await read_body(request, max_body_bytes), coding, max_body_bytes)
             parsed = decode_request(body, header_length=request_header_length(request))

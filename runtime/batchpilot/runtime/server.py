@@ -521,7 +521,7 @@ class ModelServer:
             metrics.arrived(retry=retry)
         try:
             if self._refusing and not kept:
-                raise ShuttingDown("the server is shutting down and accepts no new requests")
+                raise ShuttingDown()
             future = self._queue.put(inputs, rows=rows, timeout_s=remaining_s)
         except Overloaded as exc:
             metrics.shed(exc.reason)

@@ -196,7 +196,7 @@ class BatchQueue:
     ) -> asyncio.Future[dict[str, np.ndarray[Any, Any]]]:
         """Queue a request; the future resolves to its own rows of every output."""
         if self._closed:
-            raise ShuttingDown("the server is shutting down and accepts no new requests")
+            raise ShuttingDown()
         if self._size >= self._capacity:
             raise Overloaded(
                 f"the queue is full ({self._capacity} requests waiting); retry shortly",

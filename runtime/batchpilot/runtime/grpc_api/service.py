@@ -372,7 +372,8 @@ class GrpcConfig:
 
 QUIET_S = 0.5
 """A draining server stops once no inference request has come for this long: its clients have
-gone elsewhere. (A client that sends less often than this may find it stopped: as before.)"""
+gone elsewhere. (A client that sends less often than this may find it stopped: its next RPC
+goes elsewhere after GOAWAY.)"""
 AGE_JITTER = 1.1
 """gRPC retires a connection at its age times a factor within ±10 %."""
 
@@ -442,10 +443,11 @@ class GrpcEndpoint:
             until = started + min(age_s * AGE_JITTER + QUIET_S, self._config.grace_s / 2)
             while True:  # until quiet (no request for QUIET_S), or until `until`
                 now = time.monotonic()
-                quiet_at = servicer.last_request_at + QUIET_S  # an idle server stops at once
-                if now >= min(quiet_at, until):
+                # Counted from the last request: an idle server stops at once.
+                wake = min(servicer.last_request_at + QUIET_S, until)
+                if now >= wake:
                     break
-                await asyncio.sleep(min(quiet_at, until) - now)
+                await asyncio.sleep(wake - now)
             log.info(
                 "drain: gRPC connections served for %.1f s after the signal, the last request "
                 "%.1f s ago; stopping gRPC",
