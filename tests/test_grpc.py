@@ -864,7 +864,10 @@ class TestLoad:
             timeout=5,
             what="the cancelled request to leave the queue",
         )
-        assert outcomes(Scrape(slow_server))["cancelled"] == 1
+        scrape = Scrape(slow_server)
+        assert outcomes(scrape)["cancelled"] == 1
+        # no SLA, no deadline: nothing was promised, so it was withdrawn, not missed
+        assert scrape.value("batchpilot_withdrawn_total") == 1
         # its place is free again before the first request is done
         third = stub.ModelInfer.future(raw_request("mlp", {"x": mlp_rows(1)}, {"x": "FP32"}))
         assert list(first.result(timeout=10).outputs[0].shape) == [1, 16]

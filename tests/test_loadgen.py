@@ -759,6 +759,66 @@ class TestRetryingClients:
             Retries(attempts, delay_s)
 
 
+class TestHedgingClients:
+    async def test_a_slow_answer_is_hedged_and_the_first_success_wins(
+        self, server: FakeV2Server
+    ) -> None:
+        # Every answer takes 0.3 s; the clients send again after 50 ms, marked as Envoy does.
+        server.behaviour = Behaviour(delay_s=0.3)
+        report = await run_load(
+            LoadConfig(
+                target=target(server),
+                duration_s=10,
+                concurrency=1,
+                max_requests=3,
+                hedge_s=0.05,
+                retries=Retries(0, marked=True),
+            )
+        )
+        assert (report.succeeded, report.sent, report.hedges) == (3, 3, 3)
+        assert server.attempts_seen == [None, "2"] * 3
+        assert report.latency_ms is not None
+        # the first send's answer, not the copy's 50 ms later
+        assert report.latency_ms.max_ms < 345
+        assert "3 requests sent twice, the slower send cancelled: 6 arrivals" in (
+            format_report(report)
+        )
+
+    async def test_a_quick_answer_is_not_hedged(self, server: FakeV2Server) -> None:
+        report = await run_load(
+            LoadConfig(
+                target=target(server), duration_s=10, concurrency=1, max_requests=3, hedge_s=1.0
+            )
+        )
+        assert (report.succeeded, report.hedges, server.infer_count) == (3, 0, 3)
+
+    async def test_a_refused_send_waits_for_the_other(self, server: FakeV2Server) -> None:
+        # the copy (sent at 50 ms) is refused at once, the first send answered at 0.2 s
+        server.behaviour = Behaviour(delay_s=0.2, status_every=(2, 503))
+        report = await run_load(
+            LoadConfig(
+                target=target(server), duration_s=10, concurrency=1, max_requests=1, hedge_s=0.05
+            )
+        )
+        assert (report.succeeded, report.shed, report.hedges) == (1, 0, 1)
+
+    @pytest.mark.parametrize(
+        ("hedge_s", "attempts", "says"),
+        [(0.0, 0, "hedging delay must be positive"), (0.1, 1, "a hedged request is not retried")],
+    )
+    def test_nonsense_is_refused(
+        self, server: FakeV2Server, hedge_s: float, attempts: int, says: str
+    ) -> None:
+        with pytest.raises(ValueError, match=says):
+            LoadConfig(
+                target=target(server),
+                duration_s=1,
+                concurrency=1,
+                hedge_s=hedge_s,
+                retries=Retries(attempts),
+            )
+
+
 async def test_other_statuses_are_failures_by_code(server: FakeV2Server) -> None:
     server.behaviour = Behaviour(status_every=(4, 500))
     report = await run_load(
@@ -1030,6 +1090,18 @@ def test_cli_retries_refused_requests(
     assert server.attempts_seen.count("2") == 3
 
 
+def test_cli_hedges_slow_requests(
+    server: FakeV2Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server.behaviour = Behaviour(delay_s=0.2)
+    out = tmp_path / "report.json"
+    argv = ["--url", server.url, "--model", MODEL, "--concurrency", "1", "--duration", "10"]
+    assert loadgen.run_cli([*argv, "--requests", "2", "--hedge-ms", "30", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["hedges"] == 2
+    assert "2 requests sent twice" in capsys.readouterr().out
+    assert server.attempts_seen == [None] * 4
+
+
 def test_cli_json_to_stdout_stays_parseable(
     server: FakeV2Server, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -1098,6 +1170,12 @@ def test_cli_help_documents_the_exit_statuses(capsys: pytest.CaptureFixture[str]
         pytest.param(["--duration", "1", "--rate", "5", "--retries", "-1"], id="negative-retries"),
         pytest.param(["--find-max", "--sla-ms", "100", "--retries", "1"], id="find-max-retrying"),
         pytest.param(["--duration", "1", "--rate", "5", "--mark-retries"], id="marking-no-retries"),
+        pytest.param(["--duration", "1", "--rate", "5", "--hedge-ms", "0"], id="hedge-at-once"),
+        pytest.param(
+            ["--duration", "1", "--rate", "5", "--hedge-ms", "20", "--retries", "1"],
+            id="hedge-and-retry",
+        ),
+        pytest.param(["--find-max", "--sla-ms", "100", "--hedge-ms", "20"], id="find-max-hedging"),
     ],
 )
 def test_cli_bad_arguments_exit_2(extra: list[str], capsys: pytest.CaptureFixture[str]) -> None:

@@ -608,7 +608,60 @@ class TestMetricsFollowTheTraffic:
             assert outcomes(scrape)["success"] == 1
             assert outcomes(scrape)["error"] == 0
             assert scrape.value("batchpilot_inflight_requests") == 0
+            # the one that arrived went away within its 1 s deadline (no SLA here): withdrawn;
+            # the one cut short never arrived
+            assert scrape.value("batchpilot_arrivals_total", attempt="first") == 2
+            assert scrape.value("batchpilot_withdrawn_total") == 1
             assert "Traceback" not in server.log()
+
+    def test_a_client_gone_before_the_sla_withdraws_its_request_and_after_it_misses(
+        self, mlp_model: Path, tmp_path: Path
+    ) -> None:
+        mount = tmp_path / "config"
+        mount.mkdir()
+        configmap = ConfigMapVolume(mount, "batching.json")
+        configmap.write(
+            '{"maxBatchSize": 1, "maxQueueDelayMs": 0, "deadlineMs": 5000, "slaMs": 150}'
+        )
+        with runtime_process(
+            mlp_model,
+            "--engine",
+            "simulated",
+            "--simulated-latency",
+            "alpha_ms=800,beta_ms=0",
+            "--batching-config",
+            str(configmap.path),
+            log_dir=tmp_path,
+        ) as server:
+            body, headers = v2_request(mlp_rows(1, seed=0))
+            head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+            request = (
+                f"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\n{head}"
+                f"Content-Length: {len(body)}\r\n\r\n"
+            ).encode() + body
+            # gone at once (a hedged request whose twin was answered elsewhere), then gone after
+            # waiting 0.3 s, twice the SLA, while its 0.8 s batch still ran (a caller that gave up)
+            for patience_s, cancelled in ((0.0, 1), (0.3, 2)):
+                with socket.create_connection(("127.0.0.1", server.port)) as raw:
+                    raw.sendall(request)
+                    wait_until(
+                        lambda: Scrape(server).value("batchpilot_inflight_requests") == 1,
+                        timeout_s=10,
+                        what="the request in the server",
+                    )
+                    time.sleep(patience_s)  # the client's own patience, not a wait for the server
+
+                def counted(expected: int = cancelled) -> bool:
+                    scrape = Scrape(server)
+                    return (
+                        scrape.value("batchpilot_requests_total", outcome="cancelled") == expected
+                    )
+
+                wait_until(counted, timeout_s=10, what=f"{cancelled} cancelled")
+            scrape = Scrape(server)
+            assert scrape.value("batchpilot_arrivals_total", attempt="first") == 2
+            assert scrape.value("batchpilot_withdrawn_total") == 1
+            assert outcomes(scrape)["success"] == 0
 
 
 # --- The simulated accelerator ----------------------------------------------------------------

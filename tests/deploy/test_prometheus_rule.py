@@ -174,8 +174,8 @@ class TestPromtool:
     def test_the_rules_are_valid(self, values: dict[str, Any], tmp_path: Path) -> None:
         result = check_rules(values, tmp_path)
         assert result.returncode == 0, result.stdout + result.stderr
-        # 12 of the SLO, 20 of the autopilot; and the operator's 4 where it is scraped
-        rules = 32 if values is ENABLED else 36
+        # 12 of the SLO, 21 of the autopilot; and the operator's 4 where it is scraped
+        rules = 33 if values is ENABLED else 37
         assert f"SUCCESS: {rules} rules found" in result.stdout
 
     def test_the_operators_alerts_fire_on_a_blind_autopilot_and_a_fight(
@@ -302,15 +302,19 @@ class TestPromtool:
     def test_the_alerts_fire_on_a_service_outside_its_sla_and_stop_with_the_burning(
         self, tmp_path: Path
     ) -> None:
-        # Four services, 40 requests a minute each, SLA 100 ms, objective 99 %:
+        # Five services, 40 requests a minute each, SLA 100 ms, objective 99 %:
         # late     — every request takes 200 ms for 10 minutes, then 50 ms;
         # quick    — 50 ms throughout;
         # shedding — 50 ms, but 1 request in 11 offered is refused (9 % unserved, over 1 %);
+        # hedged   — 50 ms, and 1 in 11 cancelled by its client before the SLA: withdrawn,
+        #            no answer owed (9 % of the arrivals; shedding's pods, an older runtime's,
+        #            export no such series: none withdrawn there);
         # unjudged — late too, but its pods export no SLA (an older operator): not judged.
         series = [
             *service_series("late", late_until=40),
             *service_series("quick", late_until=0),
             *service_series("shedding", late_until=0, shed=1),
+            *service_series("hedged", late_until=0, shed=1, withdrawn=True),
             *service_series("unjudged", late_until=40, service_level=False),
         ]
         fast = alert_labels("fast", "critical", "5m", "1m")
@@ -318,12 +322,13 @@ class TestPromtool:
         late = {"namespace": "vision", "isvc": "late"}
         quick = {"namespace": "vision", "isvc": "quick"}
         shedding = {"namespace": "vision", "isvc": "shedding"}
+        hedged = {"namespace": "vision", "isvc": "hedged"}
         expectations = [
             # 10 min of bad minutes: the burn rate is 1 / (1 - 0.99) = 100 over every lookback
             (
                 "round(batchpilot:slo_burn_rate:5m)",
                 "10m",
-                [(late, 100), (quick, 0), (shedding, 100)],
+                [(late, 100), (quick, 0), (shedding, 100), (hedged, 0)],
             ),
             (
                 'ALERTS{alertstate="firing"}',
@@ -371,11 +376,17 @@ def series_labels(labels: dict[str, str]) -> str:
 
 
 def service_series(
-    isvc: str, *, late_until: int, shed: int = 0, service_level: bool = True
+    isvc: str,
+    *,
+    late_until: int,
+    shed: int = 0,
+    withdrawn: bool = False,
+    service_level: bool = True,
 ) -> list[dict[str, str]]:
     """The runtime's series of one pod: 10 requests served per 15 s sample, 200 ms each before
-    sample `late_until`, 50 ms after; `shed` more arriving and refused per sample; the SLA
-    (100 ms) and objective (99 %) gauges if exported."""
+    sample `late_until`, 50 ms after; `shed` more arriving and refused per sample — or, with
+    `withdrawn`, cancelled by their clients before the SLA; the SLA (100 ms) and objective
+    (99 %) gauges if exported."""
     labels = f'namespace="vision",isvc="{isvc}",model="m",pod="{isvc}-0"'
 
     def counter(counts: Any, per_sample: int = 10) -> str:
@@ -398,6 +409,8 @@ def service_series(
         (f'batchpilot_requests_total{{{labels},outcome="success"}}', counter(every)),
         (f"batchpilot_arrivals_total{{{labels}}}", counter(every, 10 + shed)),
     ]
+    if withdrawn:
+        series.append((f"batchpilot_withdrawn_total{{{labels}}}", counter(every, shed)))
     if service_level:
         series += [
             (f"batchpilot_sla_seconds{{{labels}}}", f"0.1x{SAMPLES - 1}"),
@@ -441,6 +454,7 @@ def test_the_rules_read_series_the_runtime_exports_with_its_labels() -> None:
         "batchpilot_request_duration_seconds_bucket",
         "batchpilot_requests_total",
         "batchpilot_arrivals_total",
+        "batchpilot_withdrawn_total",
         "batchpilot_sla_seconds",
         "batchpilot_slo_objective_ratio",
         "batchpilot_engine_failing",

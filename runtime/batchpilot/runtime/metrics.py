@@ -34,7 +34,12 @@ environment), so one PromQL selector finds a service's replicas. What each metri
   measured over predicted, less 1, over its last ~50 batches (`admission.BatchTiming`): 0.1
   where batches take their time ±10 %; absent until ten batches have been predicted.
 - `batchpilot_requests_total` (counter by `outcome`), `batchpilot_queue_depth`,
-  `batchpilot_inflight_requests` (gauges).
+  `batchpilot_inflight_requests` (gauges). `batchpilot_withdrawn_total` (counter): arrivals
+  their client cancelled before the SLA had passed and before their own deadline
+  (`outcomes.withdrawn`; also in `outcome="cancelled"`): no answer was owed yet, so the share of
+  the arrivals left unserved counts them neither as served nor as missed — a client that hedges
+  (sends a second copy elsewhere and cancels the slower) would otherwise read as a service that
+  fails its SLA.
 - `batchpilot_arrivals_total` (counter): every valid request for the model, counted when it
   arrives, whatever happens to it next: its rate is the offered load, measured rather than
   inferred from what was served. `batchpilot_admitted_total` counts those that entered the
@@ -113,7 +118,7 @@ from batchpilot.runtime.arrival_rate import ArrivalDispersion, RecentArrivals
 from batchpilot.runtime.device import Nvml
 from batchpilot.runtime.engine import EngineInfo
 from batchpilot.runtime.inference_stats import InferenceStatistics
-from batchpilot.runtime.outcomes import BatchDone, RequestOutcome
+from batchpilot.runtime.outcomes import BatchDone, RequestOutcome, withdrawn
 
 
 def _latency_buckets() -> tuple[float, ...]:
@@ -325,6 +330,15 @@ class RuntimeMetrics:
         self._outcomes = Counter(
             "batchpilot_requests", "Requests by outcome", [*names, "outcome"], registry=r
         )
+        self._withdrawn = Counter(
+            "batchpilot_withdrawn",
+            "Arrivals their client cancelled before the SLA had passed and before their own "
+            'deadline (also in requests_total{outcome="cancelled"}): no answer was owed yet, '
+            "neither served nor missed",
+            names,
+            registry=r,
+        ).labels(**labels)
+        self._sla_s: float | None = None
         arrivals = Counter(
             "batchpilot_arrivals",
             "Valid requests that arrived, whatever became of them, by attempt (first, or a "
@@ -521,6 +535,13 @@ class RuntimeMetrics:
         self._recent_arrivals[attempt].arrived()
         self._dispersion.arrived()
 
+    def arrival_cancelled(self, age_s: float, *, deadline_s: float | None) -> None:
+        """An arrival its client cancelled `age_s` after it arrived (its outcome, `cancelled`,
+        is counted where the request ends): counted as withdrawn where it came before the SLA
+        in force and its own deadline (`outcomes.withdrawn`)."""
+        if withdrawn(age_s, sla_s=self._sla_s, deadline_s=deadline_s):
+            self._withdrawn.inc()
+
     def shed(self, reason: str) -> None:
         """One request shed; `reason` is one of `SHED_REASONS`."""
         self._shed[reason].inc()
@@ -559,6 +580,7 @@ class RuntimeMetrics:
             self._bucket(str(1 << size))
         self.max_queue_delay.set(max_queue_delay_s)
         self.deadline.set(deadline_s or 0.0)
+        self._sla_s = sla_s
         for gauge, value in ((self._sla, sla_s), (self._objective, objective)):
             if value is None:
                 gauge.clear()

@@ -60,6 +60,16 @@ ERROR_STATUS: dict[type[InferenceError], tuple[int, RequestOutcome]] = {
 """The HTTP status and the outcome of each domain error (its nearest listed base class's)."""
 
 
+def withdrawn(age_s: float, *, sla_s: float | None, deadline_s: float | None) -> bool:
+    """Whether a request its client cancelled `age_s` after it arrived was withdrawn rather than
+    missed: cancelled before the service's SLA had passed and before its own deadline. No answer
+    was owed yet, and nothing says it would have been late — a hedged request whose twin was
+    answered elsewhere, a caller that moved on. One cancelled later was waiting past what the
+    service promised (a gRPC deadline that passed is the client's own timeout): a miss. With
+    neither an SLA nor a deadline nothing was promised, and every cancellation is withdrawn."""
+    return (sla_s is None or age_s < sla_s) and (deadline_s is None or age_s < deadline_s)
+
+
 def status_of(error: InferenceError) -> tuple[int, RequestOutcome]:
     for cls in type(error).__mro__:
         if cls in ERROR_STATUS:

@@ -503,9 +503,9 @@ class ModelServer:
         pipeline = self.pipeline
         remaining_s = timeout_s
         geometry = None  # what preprocess records of the request, for its postprocess
+        # The deadline counts from arrival: preprocessing spends the request's own time.
+        arrived = time.perf_counter()
         if pipeline is not None and pipeline.preprocess is not None:
-            # The deadline counts from arrival: preprocessing spends the request's own time.
-            arrived = time.perf_counter()
             inputs, geometry = await self._off_loop("preprocess", pipeline.preprocess, inputs)
             metrics.arrived(retry=retry)
             if timeout_s is not None:
@@ -530,6 +530,30 @@ class ModelServer:
             metrics.shed("draining")
             raise
         metrics.admitted.inc()
+        try:
+            outputs = await self._served(future, timeout_s, remaining_s)
+            names = request.requested_outputs or self._output_names
+            if pipeline is not None and pipeline.postprocess is not None:
+                return await self._off_loop(
+                    "postprocess", pipeline.postprocess, outputs, names, geometry
+                )
+        except asyncio.CancelledError:
+            # The client went away: withdrawn, or a miss if it had waited past the SLA.
+            metrics.arrival_cancelled(time.perf_counter() - arrived, deadline_s=timeout_s)
+            raise
+        datatypes = self._output_datatypes
+        return [Tensor(name, datatypes[name], _array(outputs[name])) for name in names]
+
+    async def _served(
+        self,
+        future: asyncio.Future[dict[str, np.ndarray[Any, Any]]],
+        timeout_s: float | None,
+        remaining_s: float | None,
+    ) -> dict[str, np.ndarray[Any, Any]]:
+        """The outputs of an admitted request, expired with 504 once `remaining_s` has passed;
+        its time in the batcher counted, whatever became of it but a cancellation (a cancelled
+        request's duration is not timed either)."""
+        metrics = self.metrics
         queued = time.perf_counter()
         try:
             if remaining_s is None:
@@ -547,19 +571,13 @@ class ModelServer:
                 finally:
                     timer.cancel()
         except asyncio.CancelledError:
-            raise  # a cancelled request's duration is not timed either
+            raise
         except BaseException:
             metrics.batcher_seconds.inc(time.perf_counter() - queued)
             raise
         # Whatever is answered, its time in the batcher: the rest of its duration is outside it.
         metrics.batcher_seconds.inc(time.perf_counter() - queued)
-        names = request.requested_outputs or self._output_names
-        if pipeline is not None and pipeline.postprocess is not None:
-            return await self._off_loop(
-                "postprocess", pipeline.postprocess, outputs, names, geometry
-            )
-        datatypes = self._output_datatypes
-        return [Tensor(name, datatypes[name], _array(outputs[name])) for name in names]
+        return outputs
 
     async def _off_loop(self, stage: str, func: Callable[..., _T], *args: Any) -> _T:
         """Run a pipeline stage in the pool, timed into batchpilot_pipeline_seconds{stage}."""

@@ -101,10 +101,10 @@ def observation_from(
 
     reporting = number("reporting")
     if reporting is None:
-        qps = rejected = arrivals = retried = recent = now = None  # no replica reports
+        qps = rejected = arrivals = retried = withdrawn = recent = now = None  # none reports
     else:
         qps, rejected, arrivals = rate("qps"), rate("rejected"), rate("arrivals")
-        retried = rate("retried")
+        retried, withdrawn = rate("retried"), rate("withdrawn")
         recent, now = number("recent"), number("now")
     seconds = _by_label(raw.get("compute_seconds", []), "batch_bucket")
     rows = _by_label(raw.get("compute_rows", []), "batch_bucket")
@@ -146,6 +146,7 @@ def observation_from(
         memory_rows=None if (memory := number("memory_rows")) is None else max(1, int(memory)),
         arrival_qps=arrivals,
         retried_qps=retried,
+        withdrawn_qps=withdrawn,
         recent_qps=recent,
         # two scrapes fit the range: their distance is about half of it
         recent_window_s=None if recent is None or recent_s is None else recent_s / 2,

@@ -88,6 +88,12 @@ def explain(
             if (retried := observation.retried_qps or 0.0) >= 0.5
             else ""
         )
+        + (
+            f", {withdrawn:.0f} rps of them withdrawn by their clients before the SLA"
+            if (withdrawn := observation.withdrawn_qps or 0.0) >= 0.5
+            and withdrawn >= SHED_TOLERANCE * (observation.offered_qps or 0.0)
+            else ""
+        )
         + (f", {unserved:.0%} unserved" if unserved > SHED_TOLERANCE else "")
         + (
             f", device {observation.utilization * 100:.0f}% busy"

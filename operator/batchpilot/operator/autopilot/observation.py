@@ -90,6 +90,12 @@ class Observation:
     retried_qps: float | None = None
     """The arrivals per second that said they were retries (`attempt="retry"`): no part of
     `arrival_qps`, shown beside it. None from runtimes that do not count by attempt."""
+    withdrawn_qps: float | None = None
+    """Arrivals per second their clients cancelled before the SLA had passed (and before their
+    own deadline: `batchpilot_withdrawn_total`) — a client that hedges, sending a second copy
+    to another replica and cancelling the slower, one that moved on. No answer was owed, so
+    they count neither as served nor as missed in `unserved_share`; they are load all the same
+    (in `arrival_qps`: they were queued). None from runtimes that do not count them."""
     recent_qps: float | None = None
     """Arrivals per second over the last `recent_window_s` only (between the last two scrapes):
     the fast signal. The window's rate trails a sudden rise by half the window; this one by half
@@ -123,13 +129,15 @@ class Observation:
         expired in the queue or failed (0 when there was no traffic). Where retries are counted
         apart, of every attempt: a retry the runtime answered is in `qps`, so against the
         demand alone a service refusing half of what reached it could read as refusing
-        nothing."""
+        nothing. Requests their clients withdrew (`withdrawn_qps`) are left out of both sides:
+        no answer was owed."""
         offered = self.offered_qps
         if not offered or self.qps is None:
             return 0.0
         if self.retried_qps and self.arrival_qps is not None:
             offered = max(offered, self.arrival_qps + self.retried_qps)
-        return max(0.0, 1.0 - self.qps / offered)
+        owed = max(self.qps, offered - (self.withdrawn_qps or 0.0))
+        return max(0.0, 1.0 - self.qps / owed) if owed > 0 else 0.0
 
     @property
     def idle(self) -> bool:

@@ -164,6 +164,8 @@ def queries(
             "rejected": rate("batchpilot_requests_total", ',outcome="rejected"'),
             "arrivals": rate("batchpilot_arrivals_total", f",{NOT_RETRIED}"),
             "retried": rate("batchpilot_arrivals_total", f',{ATTEMPT_LABEL}="{RETRY_ATTEMPT}"'),
+            # Arrivals their clients cancelled before the SLA passed: neither served nor missed.
+            "withdrawn": rate("batchpilot_withdrawn_total"),
             "utilization": util,
             # How the arrivals clumped: each replica's gauge over the window, their mean.
             "dispersion": agg("avg", f"avg_over_time(batchpilot_arrival_dispersion{{{sel}}}[{w}])"),

@@ -43,6 +43,7 @@ RECORDED = (
     "rejected",
     "arrivals",
     "retried",
+    "withdrawn",
     "utilization",
     "dispersion",
     "batch_cv",

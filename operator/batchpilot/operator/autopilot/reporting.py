@@ -262,6 +262,7 @@ def metrics_status(observation: Observation | None, *, now: datetime) -> dict[st
         "rejectedQps": rounded(observation.rejected_qps, 1),
         "offeredQps": rounded(observation.offered_qps, 1),
         "retriedQps": rounded(observation.retried_qps, 1),
+        "withdrawnQps": rounded(observation.withdrawn_qps, 1),
         "arrivalDispersion": rounded(observation.arrival_dispersion, 2),
         "batchTimeCv": rounded(observation.batch_time_cv, 3),
         "gpuUtilization": rounded(observation.utilization, 1, 100),

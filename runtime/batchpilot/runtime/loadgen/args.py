@@ -129,6 +129,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="number every try in x-envoy-attempt-count, as an Envoy proxy retrying for its "
         "client does: the server counts the repeats as retries, not as demand",
     )
+    load.add_argument(
+        "--hedge-ms",
+        type=float,
+        default=None,
+        help="hedge: send a request again when no answer came within this many ms, take the "
+        "first success and cancel the other send (gRPC's hedging policy, Envoy's "
+        "hedge_on_per_try_timeout); with --mark-retries the copy is numbered 2",
+    )
 
     search = parser.add_argument_group("find-max")
     search.add_argument(
@@ -217,8 +225,8 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig | SearchConfig:
     """Turn parsed arguments into a run or a search; ValueError says what is wrong."""
     target = _target_from(args)
     if args.find_max:
-        if args.retries:
-            raise ValueError("--find-max sends each request once: drop --retries")
+        if args.retries or args.hedge_ms is not None:
+            raise ValueError("--find-max sends each request once: drop --retries and --hedge-ms")
         if args.clump != 1:
             raise ValueError("--find-max probes Poisson arrivals: drop --clump")
         if args.sla_ms is None:
@@ -261,4 +269,5 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig | SearchConfig:
         sla_ms=args.sla_ms,
         max_send_lag_ms=args.max_send_lag_ms,
         retries=Retries(args.retries, args.retry_delay_s, marked=args.mark_retries),
+        hedge_s=None if args.hedge_ms is None else args.hedge_ms / 1e3,
     )

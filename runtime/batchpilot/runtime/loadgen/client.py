@@ -92,6 +92,42 @@ async def send_retrying(
     return kind
 
 
+async def send_hedged(
+    session: aiohttp.ClientSession,
+    request: PreparedRequest,
+    *,
+    verify: bool = False,
+    hedge_s: float,
+    marked: bool = False,
+    on_hedge: Callable[[], None],
+) -> str:
+    """Send the request, and once more where no answer came within `hedge_s` (`on_hedge` is
+    called then); "" as soon as either succeeds, the other send cancelled — its connection
+    closed, as a client that hedges does — else the kind of the last to fail. Where `marked`,
+    the copy says it is the second try in `x-envoy-attempt-count`."""
+    first = asyncio.ensure_future(_post(session, request, verify=verify))
+    sends = {first}
+    try:
+        done, _ = await asyncio.wait(sends, timeout=hedge_s)
+        if not done:
+            on_hedge()
+            copy = {**request.headers, ENVOY_ATTEMPT_COUNT: "2"} if marked else None
+            sends.add(asyncio.ensure_future(_post(session, request, verify=verify, headers=copy)))
+        kind = ""
+        while sends:
+            done, sends = await asyncio.wait(sends, return_when=asyncio.FIRST_COMPLETED)
+            for send in done:
+                kind, _ = send.result()
+                if not kind:
+                    return kind
+        return kind
+    finally:
+        for send in sends:
+            send.cancel()
+        if sends:
+            await asyncio.wait(sends)
+
+
 async def _post(
     session: aiohttp.ClientSession,
     request: PreparedRequest,

@@ -66,8 +66,6 @@ class Retries:
     def __post_init__(self) -> None:
         if self.attempts < 0:
             raise ValueError(f"retries must be at least 0, got {self.attempts}")
-        if self.marked and not self.attempts:
-            raise ValueError("marking retries needs retries: give --retries too")
         if self.delay_s is not None and not 0 <= self.delay_s <= MAX_RETRY_WAIT_S:
             raise ValueError(
                 f"the retry delay must be in [0, {MAX_RETRY_WAIT_S:g}] s, got {self.delay_s}"
@@ -117,6 +115,12 @@ class LoadConfig:
     retries: Retries = Retries(0)
     """Refused requests are sent again (none by default). A request's latency then runs from
     its (scheduled) first send to its last answer, waits included."""
+    hedge_s: float | None = None
+    """Hedged requests: one not answered this long after it was sent goes out once more, and
+    the first success is its answer — the other send is cancelled (its connection closed), as
+    gRPC's hedging policy and Envoy's `hedge_on_per_try_timeout` do to cut the tail. The copy
+    says it is the second try in `x-envoy-attempt-count` where `retries.marked`. None: no
+    hedging."""
 
     def __post_init__(self) -> None:
         if (self.schedule is None) == (self.concurrency is None):
@@ -147,6 +151,13 @@ class LoadConfig:
             raise ValueError(f"sla_ms must be positive, got {self.sla_ms}")
         if not self.max_send_lag_ms > 0:
             raise ValueError(f"max_send_lag_ms must be positive, got {self.max_send_lag_ms}")
+        if self.retries.marked and not self.retries.attempts and self.hedge_s is None:
+            raise ValueError("marking tries needs retries or hedging: give --retries too")
+        if self.hedge_s is not None:
+            if not 0 < self.hedge_s < math.inf:
+                raise ValueError(f"the hedging delay must be positive, got {self.hedge_s}")
+            if self.retries.attempts:
+                raise ValueError("a hedged request is not retried: drop --retries or --hedge-ms")
 
     @property
     def pool_size(self) -> int:

@@ -72,6 +72,11 @@ def format_report(report: LoadReport, *, max_windows: int = 120) -> str:
             f"  retries      {report.retries} refused sends repeated: "
             f"{report.sent + report.retries} arrivals at the server for {report.sent} requests"
         )
+    if report.hedges:
+        lines.append(
+            f"  hedged       {report.hedges} requests sent twice, the slower send cancelled: "
+            f"{report.sent + report.hedges} arrivals at the server for {report.sent} requests"
+        )
     for label, stats in (("latency", report.latency_ms), ("service", report.service_latency_ms)):
         if stats is None:
             lines.append(f"  {label:<12} no successful requests")

@@ -15,7 +15,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from batchpilot.runtime.loadgen.client import TargetSession, send_once, send_retrying
+from batchpilot.runtime.loadgen.client import (
+    TargetSession,
+    send_hedged,
+    send_once,
+    send_retrying,
+)
 from batchpilot.runtime.loadgen.config import LoadConfig
 from batchpilot.runtime.loadgen.errors import UNFINISHED
 from batchpilot.runtime.loadgen.loops import (
@@ -85,6 +90,10 @@ class LoadReport:
     retries: int = 0
     """Refused sends the client repeated for the measured requests (`LoadConfig.retries`):
     arrivals at the server beyond `sent`. Each request is counted once, by its last answer."""
+    hedges: int = 0
+    """Measured requests sent a second time for want of an answer (`LoadConfig.hedge_s`):
+    arrivals at the server beyond `sent`, the slower of each pair cancelled. Each request is
+    counted once, by its first success."""
 
     def to_dict(self) -> dict[str, Any]:
         doc = dataclasses.asdict(self)
@@ -104,7 +113,7 @@ async def run_with(
     t0 = clock()
 
     retries = config.retries
-    repeats = 0
+    repeats = hedges = 0
     measure_start = config.warmup_s
 
     async def send(scheduled: float) -> None:
@@ -115,8 +124,22 @@ async def run_with(
             if scheduled >= measure_start:
                 repeats += 1
 
+        def on_hedge() -> None:
+            nonlocal hedges
+            if scheduled >= measure_start:
+                hedges += 1
+
         try:
-            if retries.attempts:
+            if config.hedge_s is not None:
+                kind = await send_hedged(
+                    session,
+                    request,
+                    verify=verify,
+                    hedge_s=config.hedge_s,
+                    marked=retries.marked,
+                    on_hedge=on_hedge,
+                )
+            elif retries.attempts:
                 kind = await send_retrying(
                     session, request, verify=verify, retries=retries, on_retry=on_retry
                 )
@@ -168,6 +191,7 @@ async def run_with(
         window_s=config.window_s,
         aborted=stopped_early,
         retries=repeats,
+        hedges=hedges,
         **numbers,
     )
 
