@@ -16,6 +16,7 @@ import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -258,6 +259,44 @@ def test_retries_the_clients_mark_are_read_as_no_part_of_the_demand(
     assert observation.retried_qps > 0.3 * offered
     # Still refusing: the share not served is the demand's.
     assert observation.unserved_share > 0.2
+
+
+def test_sends_a_hedging_client_cancelled_are_read_as_withdrawn_not_unserved(
+    image_model: Path, tmp_path: Path
+) -> None:
+    # Batches of 1 row at 30 ms, two clients at a time that send again after 40 ms and cancel
+    # the slower send (tests/autopilot/test_withdrawn.py reads the same from the pod itself).
+    with scraped_runtime(image_model, tmp_path, "alpha_ms=30,beta_ms=0", 1) as (
+        runtime,
+        prometheus,
+        targets_set,
+    ):
+        config = LoadConfig(
+            target=Target(url=runtime.url, model="image"),
+            duration_s=LOAD_S,
+            concurrency=2,
+            max_requests=60,
+            hedge_s=0.04,
+        )
+        report = asyncio.run(run_load(config))
+        withdrawn = f"sum(batchpilot_withdrawn_total{{{SCOPE.selector}}})"
+        wait_until(
+            lambda: (
+                Scrape(runtime).value("batchpilot_inflight_requests") == 0
+                and (r := prometheus.query(withdrawn))
+                and float(r[0]["value"][1]) == Scrape(runtime).value("batchpilot_withdrawn_total")
+            ),
+            timeout=10,
+            what="Prometheus to scrape the last cancellations",
+        )
+        observation = whole_run(prometheus, targets_set)
+    assert report.succeeded == 60
+    assert report.hedges >= 20
+    assert observation is not None
+    assert observation.withdrawn_qps is not None
+    assert observation.withdrawn_qps > 0
+    assert observation.unserved_share < 0.01
+    assert replace(observation, withdrawn_qps=None).unserved_share > 0.1
 
 
 def test_a_dead_prometheus_is_no_observation_not_a_hang(tmp_path: Path) -> None:
