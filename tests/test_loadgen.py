@@ -22,7 +22,7 @@ import math
 import socket
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -783,6 +783,14 @@ class TestHedgingClients:
         assert "3 requests sent twice, the slower send cancelled: 6 arrivals" in (
             format_report(report)
         )
+
+    def test_each_send_out_has_a_connection_of_its_own(self, server: FakeV2Server) -> None:
+        # two sends of a hedged request at once: a pool of one per client would hold the copy
+        # back until the first send's answer came, and then it is no use
+        plain = LoadConfig(target=target(server), duration_s=1, concurrency=3)
+        assert plain.pool_size == 3
+        assert replace(plain, hedge_s=0.1).pool_size == 6
+        assert replace(plain, hedge_s=0.1, connections=4).pool_size == 4
 
     async def test_a_quick_answer_is_not_hedged(self, server: FakeV2Server) -> None:
         report = await run_load(

@@ -163,7 +163,9 @@ class LoadConfig:
     def pool_size(self) -> int:
         if self.connections is not None:
             return self.connections
-        return self.concurrency if self.concurrency is not None else self.max_outstanding
+        sends = self.concurrency if self.concurrency is not None else self.max_outstanding
+        # a hedged request may have two sends out at once, each on a connection of its own
+        return 2 * sends if self.hedge_s is not None else sends
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
