@@ -283,7 +283,7 @@ class TestHalfClose:
             sock.shutdown(socket.SHUT_WR)
             received = receive_all(sock, timeout_s=10)
         assert received.ended == "eof"
-        # Interim 100s (one, or two if the answer takes long) are how the server learns the
+        # Interim 100s (one, up to four if the answer takes long) are how the server learns the
         # client is still there: see the next test.
         *interim, (status, headers) = received.answers
         assert status == 200

@@ -59,10 +59,14 @@ LINGER_S = 1.0
 """How long a connection closed under a client still sending is drained before it is closed
 outright: closing a socket with unread data resets it, and the client may lose the answer."""
 
-PROBE_WAIT_S = 0.05
-"""After a half-close, how long before the second probe that tells a gone client (whose kernel
-answers the first with a reset) from one that only stopped sending: many round trips in a
-cluster. A client farther away than that is found gone only when its answer is written."""
+PROBES_AFTER_S = (0.002, 0.01, 0.05)
+"""After a half-close, when the probes after the first go out, from the half-close: each tells
+a gone client (whose kernel answers the probe before with a reset) from one that only stopped
+sending. A client in the same cluster (round trips well under a millisecond) is found gone at
+the second, 2 ms on — a request cancelled while it waits for a batch leaves the queue before
+the device runs it: a client that hedges cancels one send of each pair, and each found late is
+computed for nobody; one farther away at the third or the fourth, 50 ms on. Farther still, it
+is found gone only when its answer is written."""
 
 _PROBE = b"HTTP/1.1 100 Continue\r\n\r\n"
 """An interim answer every HTTP/1.1 client must accept and skip (RFC 9110 §15.2)."""
@@ -266,8 +270,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
         A client that closed its socket altogether sends the same FIN: only writing tells them
         apart, as the closed end answers data with a reset. So the server writes an interim
-        `100 Continue` at once and again `PROBE_WAIT_S` later; the second write fails against a
-        reset, the connection is lost, and the request leaves the queue as for any disconnect."""
+        `100 Continue` at once and again at `PROBES_AFTER_S`; a write after the reset has come
+        fails, the connection is lost, and the request leaves the queue as for any disconnect."""
         if self._refusal_after is not None:
             self._half_closed = True  # the refusal is the last answer: then close
             return True
@@ -285,14 +289,23 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         cycle.keep_alive = False
         if not cycle.response_started and cycle.scope["http_version"] == "1.1":
             self.transport.write(_PROBE)
-            self._probe_timer = self.loop.call_later(PROBE_WAIT_S, self._probe_again)
+            self._probe_again_at(0)
         return True
 
-    def _probe_again(self) -> None:
+    def _probe_again_at(self, probe: int, since: float = 0.0) -> None:
+        """Write probe `probe` of `PROBES_AFTER_S` then, `since` the half-close now."""
+        self._probe_timer = self.loop.call_later(
+            PROBES_AFTER_S[probe] - since, self._probe_again, probe
+        )
+
+    def _probe_again(self, probe: int) -> None:
         self._probe_timer = None
         cycle = self.cycle
-        if not self.transport.is_closing() and not cycle.response_started:
-            self.transport.write(_PROBE)
+        if self.transport.is_closing() or cycle is None or cycle.response_started:
+            return
+        self.transport.write(_PROBE)
+        if probe + 1 < len(PROBES_AFTER_S):
+            self._probe_again_at(probe + 1, PROBES_AFTER_S[probe])
 
     # --- The request's headers ---
 
