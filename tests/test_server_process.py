@@ -621,14 +621,14 @@ class TestMetricsFollowTheTraffic:
         mount.mkdir()
         configmap = ConfigMapVolume(mount, "batching.json")
         configmap.write(
-            '{"maxBatchSize": 1, "maxQueueDelayMs": 0, "deadlineMs": 5000, "slaMs": 150}'
+            '{"maxBatchSize": 1, "maxQueueDelayMs": 0, "deadlineMs": 5000, "slaMs": 250}'
         )
         with runtime_process(
             mlp_model,
             "--engine",
             "simulated",
             "--simulated-latency",
-            "alpha_ms=800,beta_ms=0",
+            "alpha_ms=1200,beta_ms=0",
             "--batching-config",
             str(configmap.path),
             log_dir=tmp_path,
@@ -640,8 +640,8 @@ class TestMetricsFollowTheTraffic:
                 f"Content-Length: {len(body)}\r\n\r\n"
             ).encode() + body
             # gone at once (a hedged request whose twin was answered elsewhere), then gone after
-            # waiting 0.3 s, twice the SLA, while its 0.8 s batch still ran (a caller that gave up)
-            for patience_s, cancelled in ((0.0, 1), (0.3, 2)):
+            # waiting 0.5 s, twice the SLA, while its 1.2 s batch still ran (a caller that gave up)
+            for patience_s, cancelled in ((0.0, 1), (0.5, 2)):
                 with socket.create_connection(("127.0.0.1", server.port)) as raw:
                     raw.sendall(request)
                     wait_until(
