@@ -581,28 +581,12 @@ class TestMetricsFollowTheTraffic:
             "alpha_ms=300,beta_ms=0",
             log_dir=tmp_path,
         ) as server:
-            body, headers = v2_request(mlp_rows(1, seed=0))
-            head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-            request_head = (
-                f"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\n{head}"
-                f"Content-Length: {len(body)}\r\n\r\n"
-            ).encode()
+            request_head, body, headers = raw_infer_request()
             # gone while sending the body, then gone while its request is being computed
             for sent, cancelled in ((request_head + body[:10], 1), (request_head + body, 2)):
                 with socket.create_connection(("127.0.0.1", server.port)) as raw:
                     raw.sendall(sent)
-
-                def counted(expected: int = cancelled) -> bool:
-                    scrape = Scrape(server)
-                    return (
-                        scrape.value("batchpilot_requests_total", outcome="cancelled") == expected
-                    )
-
-                wait_until(
-                    counted,
-                    timeout_s=10,
-                    what=f"{cancelled} cancelled",
-                )
+                wait_cancelled(server, cancelled)
             assert send(server, "POST", "/v2/models/mlp/infer", body, headers).status == 200
             scrape = Scrape(server)
             assert outcomes(scrape)["success"] == 1
@@ -633,35 +617,44 @@ class TestMetricsFollowTheTraffic:
             str(configmap.path),
             log_dir=tmp_path,
         ) as server:
-            body, headers = v2_request(mlp_rows(1, seed=0))
-            head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-            request = (
-                f"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\n{head}"
-                f"Content-Length: {len(body)}\r\n\r\n"
-            ).encode() + body
+            request_head, body, _ = raw_infer_request()
             # gone at once (a hedged request whose twin was answered elsewhere), then gone after
             # waiting 0.5 s, twice the SLA, while its 1.2 s batch still ran (a caller that gave up)
             for patience_s, cancelled in ((0.0, 1), (0.5, 2)):
                 with socket.create_connection(("127.0.0.1", server.port)) as raw:
-                    raw.sendall(request)
+                    raw.sendall(request_head + body)
                     wait_until(
                         lambda: Scrape(server).value("batchpilot_inflight_requests") == 1,
                         timeout_s=10,
                         what="the request in the server",
                     )
                     time.sleep(patience_s)  # the client's own patience, not a wait for the server
-
-                def counted(expected: int = cancelled) -> bool:
-                    scrape = Scrape(server)
-                    return (
-                        scrape.value("batchpilot_requests_total", outcome="cancelled") == expected
-                    )
-
-                wait_until(counted, timeout_s=10, what=f"{cancelled} cancelled")
+                wait_cancelled(server, cancelled)
             scrape = Scrape(server)
             assert scrape.value("batchpilot_arrivals_total", attempt="first") == 2
             assert scrape.value("batchpilot_withdrawn_total") == 1
             assert outcomes(scrape)["success"] == 0
+
+
+def raw_infer_request() -> tuple[bytes, bytes, dict[str, str]]:
+    """A one-row infer request for the MLP as raw HTTP/1.1: its head, its body, and the headers
+    the head carries (beside Host and Content-Length)."""
+    body, headers = v2_request(mlp_rows(1, seed=0))
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    request_head = (
+        f"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\n{head}"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    return request_head, body, headers
+
+
+def wait_cancelled(server: RuntimeProcess, count: int) -> None:
+    """Until the server has counted `count` requests cancelled by their clients."""
+    wait_until(
+        lambda: Scrape(server).value("batchpilot_requests_total", outcome="cancelled") == count,
+        timeout_s=10,
+        what=f"{count} cancelled",
+    )
 
 
 # --- The simulated accelerator ----------------------------------------------------------------
