@@ -601,10 +601,8 @@ class TestMetricsFollowTheTraffic:
     def test_a_client_gone_before_the_sla_withdraws_its_request_and_after_it_misses(
         self, mlp_model: Path, tmp_path: Path
     ) -> None:
-        mount = tmp_path / "config"
-        mount.mkdir()
-        configmap = ConfigMapVolume(mount, "batching.json")
-        configmap.write(
+        config = tmp_path / "batching.json"
+        config.write_text(
             '{"maxBatchSize": 1, "maxQueueDelayMs": 0, "deadlineMs": 5000, "slaMs": 250}'
         )
         with runtime_process(
@@ -614,7 +612,7 @@ class TestMetricsFollowTheTraffic:
             "--simulated-latency",
             "alpha_ms=1200,beta_ms=0",
             "--batching-config",
-            str(configmap.path),
+            str(config),
             log_dir=tmp_path,
         ) as server:
             request_head, body, _ = raw_infer_request()

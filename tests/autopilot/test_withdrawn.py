@@ -28,7 +28,6 @@ from batchpilot.runtime.loadgen import LoadConfig, Retries, Target, run_load
 from tests.autopilot.test_decide import POLICY, seen
 from tests.autopilot.test_pod_metrics import Pods, owner
 from tests.runtime_process import Scrape, runtime_process
-from tests.test_server_process import ConfigMapVolume
 from tests.waiting import wait_until
 
 
@@ -73,14 +72,12 @@ def test_a_client_that_hedges_against_a_runtime_is_read_as_served(
 ) -> None:
     """Real parts: a runtime process (t(b) = 30 ms at batch 1, SLA 200 ms), two clients at a
     time that hedge after 40 ms, and the operator's reading of the pod's own metrics."""
-    mount = tmp_path / "config"
-    mount.mkdir()
-    configmap = ConfigMapVolume(mount, "batching.json")
-    configmap.write('{"maxBatchSize": 1, "maxQueueDelayMs": 1, "slaMs": 200}')
+    config = tmp_path / "batching.json"
+    config.write_text('{"maxBatchSize": 1, "maxQueueDelayMs": 1, "slaMs": 200}')
     with runtime_process(
         mlp_model,
         "--engine", "simulated", "--simulated-latency", "alpha_ms=30,beta_ms=0",
-        "--batching-config", str(configmap.path),
+        "--batching-config", str(config),
         log_dir=tmp_path,
     ) as runtime:  # fmt: skip
         scraper = PodScraper(Pods(f"127.0.0.1:{runtime.admin_port}"), clock=time.time)
