@@ -29,7 +29,6 @@ withdrawn before the SLA left out, and counted as misses as they were before
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import tempfile
@@ -48,6 +47,7 @@ from batchpilot.operator.autopilot.explain import SHED_TOLERANCE  # noqa: E402
 from batchpilot.operator.autopilot.pod_metrics import PodScraper  # noqa: E402
 from batchpilot.operator.children.common import Owner  # noqa: E402
 from batchpilot.operator.spec import InferenceServiceSpec  # noqa: E402
+from loadgen_run import open_loop  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -107,25 +107,6 @@ class Pods:
         return list(self.endpoints)
 
 
-async def run_one(
-    port: int, folder: Path, *, rate: float, seconds: float, sla_ms: float, flags: list[str]
-) -> dict[str, Any]:
-    """One open-loop run of `batchpilot loadgen`: its JSON report."""
-    report = folder / "report.json"
-    command = [
-        sys.executable, "-m", "batchpilot.runtime.cli", "loadgen",
-        "--url", f"http://127.0.0.1:{port}", "--model", "mlp",
-        "--rate", f"{rate:.1f}", "--duration", f"{seconds:g}", "--sla-ms", f"{sla_ms:g}",
-        "--timeout-s", "5", "--seed", "1", "--json", str(report), *flags,
-    ]  # fmt: skip
-    loadgen = await asyncio.create_subprocess_exec(
-        *command, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
-    )
-    await asyncio.wait_for(loadgen.wait(), timeout=seconds + 180)
-    doc: dict[str, Any] = json.loads(report.read_text())
-    return doc
-
-
 def counts(scrapes: list[Scrape]) -> dict[str, float]:
     """The replicas' counts together."""
     return {
@@ -140,7 +121,7 @@ def counts(scrapes: list[Scrape]) -> dict[str, float]:
     }
 
 
-async def one_run(
+def one_run(
     model: Path,
     folder: Path,
     *,
@@ -159,15 +140,15 @@ async def one_run(
     owner = physics.owner()
     with runtime_process(model, *server, log_dir=folder) as replica:
         scraper = PodScraper(Pods(f"127.0.0.1:{replica.admin_port}"), clock=time.monotonic)
-        await asyncio.to_thread(scraper, owner, ready_replicas=1, at=time.time())
-        doc = await run_one(
+        scraper(owner, ready_replicas=1, at=time.time())
+        doc = open_loop(
             replica.port, folder, rate=rate, seconds=seconds, sla_ms=physics.sla_ms, flags=flags
         )
         for _ in range(200):  # the sends cancelled last may still be on their way out
             if not Scrape(replica).value("batchpilot_inflight_requests"):
                 break
-            await asyncio.sleep(0.05)
-        observation = await asyncio.to_thread(scraper, owner, ready_replicas=1, at=time.time())
+            time.sleep(0.05)
+        observation = scraper(owner, ready_replicas=1, at=time.time())
         counted = counts([Scrape(replica)])
     assert observation is not None
     before = replace(observation, withdrawn_qps=None).unserved_share
@@ -178,7 +159,7 @@ def verdict(share: float) -> str:
     return f"{share:.1%} ({'outside' if share > SHED_TOLERANCE else 'inside'})"
 
 
-async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     levels = [float(x) for x in args.levels.split(",")]
     results: list[dict[str, Any]] = []
     physics = PHYSICS[args.physics]
@@ -199,7 +180,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         config.write_text(json.dumps(physics.batching))
         for level in levels:
             for name, flags in physics.clients():
-                doc, counted, before, now = await one_run(
+                doc, counted, before, now = one_run(
                     model,
                     folder,
                     physics=physics,
@@ -239,7 +220,7 @@ def main() -> int:
     )
     parser.add_argument("--json", type=Path, default=None, help="every run's numbers")
     args = parser.parse_args()
-    results = asyncio.run(run(args))
+    results = run(args)
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
     return 0

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -32,6 +31,8 @@ sys.path.insert(0, str(ROOT))  # tests/ holds the model builder and the server p
 
 from tests.onnx_models import mlp  # noqa: E402
 from tests.runtime_process import runtime_process  # noqa: E402
+
+from loadgen_run import open_loop  # noqa: E402
 
 ALPHA_MS, BETA_MS, MAX_BATCH, DEADLINE_MS = 20.0, 1.0, 8, 100.0
 CAPACITY_RPS = MAX_BATCH / (ALPHA_MS + BETA_MS * MAX_BATCH) * 1e3
@@ -48,22 +49,6 @@ CLIENTS: tuple[tuple[str, list[str]], ...] = (
     ("retry twice after Retry-After", ["--retries", "2"]),
     ("retry four times at once", ["--retries", "4", "--retry-delay-s", "0"]),
 )
-
-
-def run_one(
-    port: int, folder: Path, *, rate: float, seconds: float, flags: list[str]
-) -> dict[str, Any]:
-    """One open-loop run of `batchpilot loadgen`: its JSON report."""
-    report = folder / "report.json"
-    command = [
-        sys.executable, "-m", "batchpilot.runtime.cli", "loadgen",
-        "--url", f"http://127.0.0.1:{port}", "--model", "mlp",
-        "--rate", f"{rate:.1f}", "--duration", f"{seconds:g}", "--sla-ms", f"{DEADLINE_MS:g}",
-        "--timeout-s", "5", "--seed", "1", "--json", str(report), *flags,
-    ]  # fmt: skip
-    subprocess.run(command, capture_output=True, timeout=seconds + 180, check=False)
-    doc: dict[str, Any] = json.loads(report.read_text())
-    return doc
 
 
 def cell(doc: dict[str, Any]) -> str:
@@ -99,11 +84,12 @@ def main() -> int:
                 # A fresh server per run: what one run's refusals taught its admission stays out
                 # of the next.
                 with runtime_process(model, *SERVER, log_dir=folder) as server:
-                    doc = run_one(
+                    doc = open_loop(
                         server.port,
                         folder,
                         rate=level * CAPACITY_RPS,
                         seconds=args.seconds,
+                        sla_ms=DEADLINE_MS,
                         flags=flags,
                     )
                 results.append({"level": level, "clients": name, "report": doc})
