@@ -157,6 +157,7 @@ async def run_with(
         + config.duration_s
         + tries * client.target.timeout_s
         + retries.longest_s
+        + (config.hedge_s or 0.0)  # a hedged request's copy may time out that much later
         + _HARD_CAP_GRACE_S
     )
     if config.schedule is not None:
