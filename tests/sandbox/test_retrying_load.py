@@ -1,5 +1,5 @@
-"""`sandbox up --retries`, `--clump`: the load's clients retry what is refused, or send requests
-in clumps; or the run is refused."""
+"""`sandbox up --retries`, `--hedge-ms`, `--clump`: the load's clients retry what is refused,
+hedge, or send requests in clumps; or the run is refused."""
 
 from __future__ import annotations
 
@@ -42,7 +42,24 @@ def test_nonsense_is_refused_before_anything_starts(
 
 def test_marking_retries_needs_retries(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(parsed("--mark-retries")) == 2
-    assert "--mark-retries needs --retries" in capsys.readouterr().err
+    assert "--mark-retries needs --retries or --hedge-ms" in capsys.readouterr().err
+
+
+def test_the_load_generator_gets_the_hedging() -> None:
+    assert retrying(SandboxOptions(hedge_ms=40.0)) == ["--hedge-ms", "40"]
+    assert retrying(SandboxOptions(hedge_ms=25.0, mark_retries=True)) == [
+        "--hedge-ms",
+        "25",
+        "--mark-retries",
+    ]
+
+
+@pytest.mark.parametrize("argv", [("--hedge-ms", "0"), ("--hedge-ms", "40", "--retries", "1")])
+def test_hedging_nonsense_is_refused(
+    argv: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(parsed(*argv)) == 2
+    assert "--hedge-ms is a delay above 0" in capsys.readouterr().err
 
 
 def test_the_load_generator_gets_the_clumps(capsys: pytest.CaptureFixture[str]) -> None:

@@ -127,6 +127,9 @@ class SandboxOptions:
     """Each try carries `x-envoy-attempt-count`: the runtimes count the retries apart."""
     clump: float = 1.0
     """The load's requests go in clumps of this mean size, each clump's at once."""
+    hedge_ms: float | None = None
+    """The load's clients send a request again when no answer came within this, and cancel the
+    slower send (the Service proxy cancels it upstream, as a mesh does)."""
 
 
 @dataclass
@@ -613,6 +616,12 @@ def _summary(
             f"the clients retried {retries} refused requests: the runtimes saw "
             f"{int(load.get('sent', 0)) + retries} arrivals for {load.get('sent', 0)} requests"
         )
+    if hedges := int(load.get("hedges") or 0):
+        say(
+            f"the clients hedged {hedges} requests (sent twice, the slower cancelled): the "
+            f"runtimes saw {int(load.get('sent', 0)) + hedges} arrivals for "
+            f"{load.get('sent', 0)} requests"
+        )
     if scheduled and refused:
         refusal = load.get("shed_latency_ms") or {}
         say(
@@ -647,12 +656,14 @@ def _summary(
 
 
 def retrying(options: SandboxOptions) -> list[str]:
-    """The load generator's flags for the clients' retries."""
+    """The load generator's flags for the clients' retries, or their hedging."""
+    marked = ["--mark-retries"] if options.mark_retries else []
+    if options.hedge_ms is not None:
+        return ["--hedge-ms", f"{options.hedge_ms:g}", *marked]
     if not options.retries:
         return []
     delay = options.retry_delay_s
     waits = [] if delay is None else ["--retry-delay-s", f"{delay:g}"]
-    marked = ["--mark-retries"] if options.mark_retries else []
     return ["--retries", str(options.retries), *waits, *marked]
 
 
@@ -743,10 +754,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "clients that fan out send them (Poisson arrivals only; default 1)",
     )
     a(
+        "--hedge-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="the load's clients hedge: send a request again when no answer came within MS, "
+        "take the first and cancel the other (the proxy cancels it upstream, as a mesh does); "
+        "the runtimes count those cancelled before the SLA as withdrawn, not missed",
+    )
+    a(
         "--mark-retries",
         action="store_true",
         help="the clients number every try in x-envoy-attempt-count, as an Envoy sidecar "
-        "retrying for them does: the runtimes count the retries apart from the demand",
+        "retrying (or hedging) for them does: the runtimes count the repeats apart from the "
+        "demand",
     )
     a(
         "--node-notice-s",
@@ -790,8 +811,11 @@ def main(args: argparse.Namespace) -> int:
     if not 1 <= args.clump < 1000 or (args.clump > 1 and args.arrivals != "poisson"):
         print("error: --clump is a mean clump size from 1, of Poisson arrivals", file=sys.stderr)
         return 2
-    if args.mark_retries and not args.retries:
-        print("error: --mark-retries needs --retries", file=sys.stderr)
+    if args.hedge_ms is not None and (args.retries or not 0 < args.hedge_ms < 60_000):
+        print("error: --hedge-ms is a delay above 0 (ms), without --retries", file=sys.stderr)
+        return 2
+    if args.mark_retries and not args.retries and args.hedge_ms is None:
+        print("error: --mark-retries needs --retries or --hedge-ms", file=sys.stderr)
         return 2
     if args.node_gpus is not None and args.node_gpus < 0:
         print("error: --node-gpus must be 0 or more", file=sys.stderr)
@@ -818,6 +842,7 @@ def main(args: argparse.Namespace) -> int:
         retry_delay_s=args.retry_delay_s,
         mark_retries=args.mark_retries,
         clump=args.clump,
+        hedge_ms=args.hedge_ms,
     )
     try:
         result = run_sandbox(options, out=lambda text: print(text, flush=True))
