@@ -174,11 +174,11 @@ class TestPromtool:
     def test_the_rules_are_valid(self, values: dict[str, Any], tmp_path: Path) -> None:
         result = check_rules(values, tmp_path)
         assert result.returncode == 0, result.stdout + result.stderr
-        # 12 of the SLO, 21 of the autopilot; and the operator's 4 where it is scraped
-        rules = 33 if values is ENABLED else 37
+        # 12 of the SLO, 21 of the autopilot; and the operator's 5 where it is scraped
+        rules = 33 if values is ENABLED else 38
         assert f"SUCCESS: {rules} rules found" in result.stdout
 
-    def test_the_operators_alerts_fire_on_a_blind_autopilot_and_a_fight(
+    def test_the_operators_alerts_fire_on_a_blind_autopilot_a_fight_and_an_outage(
         self, tmp_path: Path
     ) -> None:
         # Two operator pods: the leader's rounds run every 15 s and Prometheus never answers
@@ -194,7 +194,12 @@ class TestPromtool:
         fights = " ".join(str(max(0, (n - 20) // 4)) for n in range(SAMPLES))
         zeros = " ".join("0" for _ in range(SAMPLES))
         ones = " ".join("1" for _ in range(SAMPLES))
+        # The standby's requests to the API server fail from 2 minutes in for 8 (a network
+        # policy, a throttled client); the leader's never do.
+        cut_off = " ".join("1" if 8 <= n < 40 else "0" for n in range(SAMPLES))
         series = [
+            {"series": f"batchpilot_operator_api_outage{{{leader}}}", "values": zeros},
+            {"series": f"batchpilot_operator_api_outage{{{standby}}}", "values": cut_off},
             {"series": f"batchpilot_operator_active{{{leader}}}", "values": ones},
             {"series": f"batchpilot_operator_active{{{standby}}}", "values": zeros},
             {"series": f"batchpilot_operator_prometheus_up{{{leader}}}", "values": zeros},
@@ -221,6 +226,8 @@ class TestPromtool:
             },
         ]
         blind = {"alertname": "BatchpilotAutopilotBlind", "severity": "warning"}
+        outage = {"alertname": "BatchpilotOperatorAPIOutage", "severity": "warning"}
+        b = {"job": "operator", "pod": "operator-b"}
         fight = {"alertname": "BatchpilotReplicasChangedElsewhere", "severity": "warning"}
         a = {"job": "operator", "pod": "operator-a"}
         case = {
@@ -240,6 +247,22 @@ class TestPromtool:
                 },
                 # One operator active: nothing to say.
                 {"eval_time": "10m", "alertname": "BatchpilotOperatorNotActive"},
+                # The standby cut off from the API server: said after 5 minutes, gone after.
+                {"eval_time": "6m", "alertname": "BatchpilotOperatorAPIOutage"},
+                {
+                    "eval_time": "8m",
+                    "alertname": "BatchpilotOperatorAPIOutage",
+                    "exp_alerts": [
+                        {
+                            "exp_labels": outage | b,
+                            "exp_annotations": {
+                                key: text.replace("{{ $labels.pod }}", "operator-b")
+                                for key, text in said["BatchpilotOperatorAPIOutage"].items()
+                            },
+                        }
+                    ],
+                },
+                {"eval_time": "11m", "alertname": "BatchpilotOperatorAPIOutage"},
                 {"eval_time": "4m", "alertname": "BatchpilotReplicasChangedElsewhere"},
                 {
                     "eval_time": "8m",

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -58,14 +59,31 @@ class Cluster:
         self.rest = API(api.url)  # the test's own hands, straight to the API; 404 reads None
         self.log_path = tmp / "operator.log"
         self.liveness = f"http://127.0.0.1:{free_port()}/healthz"
+        self.metrics_port = free_port()
         kubeconfig = proxy.write_kubeconfig(tmp / "kubeconfig")
+        env = {
+            **os.environ,
+            "BATCHPILOT_OPERATOR_AUTOPILOT_INTERVAL_SECONDS": "3600",
+            "BATCHPILOT_OPERATOR_METRICS_PORT": str(self.metrics_port),
+        }
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "batchpilot.runtime.cli", "operator", "run",
-                 "--kubeconfig", str(kubeconfig), "--liveness", self.liveness],
-                env={**os.environ, "BATCHPILOT_OPERATOR_AUTOPILOT_INTERVAL_SECONDS": "3600"},
-                stdout=log, stderr=subprocess.STDOUT,
+                 "--kubeconfig", str(kubeconfig), "--liveness", self.liveness,
+                 "--metrics-address", "127.0.0.1"],
+                env=env, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
+
+    def api_outage(self) -> float | None:
+        """The operator's `batchpilot_operator_api_outage` gauge; None where not served yet."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as answer:
+                text = answer.read().decode()
+        except OSError:
+            return None
+        found = re.search(r"^batchpilot_operator_api_outage (\S+)$", text, re.MULTILINE)
+        return None if found is None else float(found[1])
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -280,6 +298,8 @@ class TestTheLogThroughAnOutage:
             timeout=3 * PASS_S,
             what="the Deployment's create refused three times, and kopf's patch four",
         )
+        # and the operator's own metrics say so, for an alert that does not read logs
+        assert cluster.api_outage() == 1
         cluster.proxy.remove(failing)
         wait_until(
             lambda: cluster.child("deployment", "unwritable"),
@@ -295,6 +315,7 @@ class TestTheLogThroughAnOutage:
         print(f"\n{time.monotonic() - began:.1f} s of refused writes, logged:")
         print("\n".join(line for line in cluster.log()[logged:].splitlines() if OUTAGE in line))
         assert cluster.logged_since(logged, "ERROR") == []  # nor since
+        assert cluster.api_outage() == 0
         (warning,) = cluster.logged_since(logged, "WARNING")
         assert f"{OUTAGE}: it answered 503 to " in warning
         (over,) = [line for line in cluster.logged_since(logged, "INFO") if OUTAGE in line]

@@ -65,11 +65,14 @@ class Log:
         self.shown = Shown()
         self.kopf = self._logger("test.kopf")
         self.said = self._logger("test.outages")
+        self.signalled: list[bool] = []
+        """What the filter told the gauge, in turn: an outage open, or not."""
         self.filter = OutageLog(
             Outage(retrying="retrying every 10 s", asked_again="asked again"),
             level=level,
             clock=self.clock,
             say=self.said,
+            signal=self.signalled.append,
         )
         self.shown.addFilter(self.filter)
 
@@ -187,6 +190,16 @@ class TestTheClientsRecords:
             "INFO test.outages: API server outage over: the operator's own requests answered "
             "again after 12 s, 2 failed tries",
         ]
+        # the gauge: up with the first statement, down with the last
+        assert log.signalled == [True, False]
+
+    def test_a_reminder_keeps_the_gauge_up(self, log: Log) -> None:
+        client = log._logger("test.kube")
+        client.debug("POST /x: 503", extra={API_FAILED: KubeError(503, "unavailable")})
+        log.clock.now += 61
+        client.debug("POST /x: 503", extra={API_FAILED: KubeError(503, "unavailable")})
+        assert len(log.shown.lines) == 2
+        assert log.signalled == [True, True]
 
 
 def refused_port() -> int:

@@ -1,7 +1,9 @@
 """The operator's log through an API-server outage: the failed tries in, one statement out.
 
 run.py installs `OutageLog` on the log's handler. It hands `Outage` (outages.py) what says the API
-server fails or answers, logs what that says, and passes on the rest:
+server fails or answers, logs what that says — and sets the operator's gauge
+`batchpilot_operator_api_outage` (telemetry.py) as an outage begins and ends, for an alert that
+does not read logs — and passes on the rest:
 
 - kopf's failed tries, "Request attempt #3 failed; will retry: GET https://…/apis/apps/v1/
   deployments?watch=true&… -> APIServerError(…)" (kopf/_cogs/clients/api.py), logged as ERROR
@@ -51,7 +53,7 @@ from typing import Any
 
 import aiohttp
 
-from batchpilot.operator import kube
+from batchpilot.operator import kube, telemetry
 from batchpilot.operator.kube import API_ANSWERED, API_FAILED, KubeError
 from batchpilot.operator.outages import UNANSWERED, Failure, Outage, Part, Said
 
@@ -81,12 +83,14 @@ class OutageLog(logging.Filter):
         level: int,
         clock: Callable[[], float] = time.monotonic,
         say: logging.Logger = log,
+        signal: Callable[[bool], None] = lambda open_: None,
     ) -> None:
         super().__init__()
         self.outage = outage
         self.level = level
         self._clock = clock
         self._say = say
+        self._signal = signal
         self._lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -137,8 +141,11 @@ class OutageLog(logging.Filter):
         return record.levelno >= self.level
 
     def _tell(self, said: Said | None) -> None:
+        """Log what the outage says; each statement also tells `signal` whether one is open
+        (an outage begins and ends with one)."""
         if said is not None:
             self._say.log(said.level, said.message)
+            self._signal(self.outage.open)
 
 
 def install(
@@ -153,7 +160,7 @@ def install(
     `retrying`, `asked_again`: how kopf's requests and the client's are tried again, for the
     first statement (`Outage`); `level`: the log's own."""
     outage = Outage(retrying=retrying, asked_again=asked_again, remind_every_s=remind_every_s)
-    outage_log = OutageLog(outage, level=level, clock=clock)
+    outage_log = OutageLog(outage, level=level, clock=clock, signal=telemetry.api_outage)
     for handler in handlers:
         handler.addFilter(outage_log)
     client = logging.getLogger(kube.__name__)

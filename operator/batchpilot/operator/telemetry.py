@@ -3,7 +3,8 @@
 
 The services' metrics are the runtimes'; these say whether the operator itself is doing its
 job: which replica is active (the leader), whether each autopilot round ran, how long it took
-against its interval and whether Prometheus answered it, and every Event the operator posted by
+against its interval and whether Prometheus answered it, whether its requests to the API server
+fail (an outage, as its log tells it), and every Event the operator posted by
 service and reason — `AutopilotDecided`, `MetricsUnavailable`, `ReplicasChangedElsewhere`,
 `ApplyFailed`, `ReplicasFailing`… — so that an alert can say "the autopilot is blind" or "someone
 fights the autopilot over vision/resnet50" without reading Events. One registry per process (a
@@ -64,6 +65,12 @@ TICKS_FAILED = Counter(
     "Services' ticks that failed (an API error, a bug): their decisions waited a round",
     registry=REGISTRY,
 )
+API_OUTAGE = Gauge(
+    "batchpilot_operator_api_outage",
+    "1 while this process's requests to the API server fail or go unanswered (the outage its "
+    "log tells once, 'API server outage'), else 0",
+    registry=REGISTRY,
+)
 PROMETHEUS_UP = Gauge(
     "batchpilot_operator_prometheus_up",
     "1 where the last autopilot round's Prometheus answered, 0 where it did not (the autopilot "
@@ -80,6 +87,11 @@ class Round:
     failed: int
     prometheus_answered: bool
     took_s: float
+
+
+def api_outage(open_: bool) -> None:
+    """An API-server outage began (True) or is over (False): `outage_log` tells it."""
+    API_OUTAGE.set(1.0 if open_ else 0.0)
 
 
 def posted(namespace: str, name: str, events: Iterable[Event]) -> None:
