@@ -533,6 +533,11 @@ class TestMetricsFollowTheTraffic:
             # every valid request is an arrival, admitted into the queue
             assert scrape.value("batchpilot_arrivals_total", **labels) == len(sizes)
             assert scrape.value("batchpilot_admitted_total", **labels) == len(sizes)
+            # with their rows and the rows' squares: how much the sizes vary (invalid: none)
+            assert scrape.value("batchpilot_arrival_rows_total", **labels) == sum(sizes)
+            assert scrape.value("batchpilot_arrival_rows_squared_total", **labels) == sum(
+                r * r for r in sizes
+            )
             # and counts in the last seconds' rate (its arithmetic: tests/test_arrival_rate.py)
             assert scrape.value("batchpilot_recent_arrivals_per_second", **labels) >= 0
             assert scrape.value("batchpilot_request_duration_seconds_sum", **labels) > 0

@@ -304,6 +304,40 @@ class TestBatchTimesThatVary:
         kept_and_persisted("batch_time_cv", "batch_cv", "batchCv", 0.25, (-0.1, 3.0, "nan"), 0.0)
 
 
+class TestRequestsOfVariedSizes:
+    """Clients whose requests bring varied rows (one row mostly, sixteen now and then): the rows
+    clump by the sizes' spread, which the window measures and the model plans for."""
+
+    @staticmethod
+    def window(qps: float, cv: float | None) -> Observation:
+        return measured(qps, rows_per_request=2.5, request_rows_cv=cv)
+
+    def test_the_spread_is_planned_for_and_said(self) -> None:
+        policy = replace(POLICY, max_replicas=40)
+        current, fitted = InForce(2, 32, 0.005), State(fit=MODEL, overhead_s=0.01)
+        same, _ = decide(self.window(400, 0.0), policy, current, fitted, now=0)
+        varied, state = decide(self.window(400, 1.83), policy, current, fitted, now=0)
+        assert varied.capacity_rps is not None
+        assert same.capacity_rps is not None
+        assert varied.capacity_rps < 0.8 * same.capacity_rps  # a replica carries less
+        assert varied.replicas > same.replicas
+        assert state.fit is not None
+        assert state.fit.rows_cv == 1.8  # to a step of 0.1
+        assert "2.5 rows a request ± 180%" in varied.reason
+        assert "±" not in same.reason
+
+    @pytest.mark.parametrize(("measured", "modelled"), [(0.0, 0.0), (0.049, 0.0), (40.0, 10.0)])
+    def test_little_spread_is_none_and_a_wild_one_is_capped(
+        self, measured: float, modelled: float
+    ) -> None:
+        _, state = decide(self.window(300, measured), POLICY, InForce(2, 8, 0.005), State(), 0)
+        assert state.fit is not None
+        assert state.fit.rows_cv == modelled
+
+    def test_a_window_without_it_keeps_the_one_known_and_a_restart_too(self) -> None:
+        kept_and_persisted("request_rows_cv", "rows_cv", "rowsCv", 1.2, (-0.1, 11.0, "nan"), 0.0)
+
+
 class TestRequestsOfSeveralRows:
     """Clients that batch on their side send several rows a request: the rates count requests,
     the fit and the batch limits rows, and the window's rows per request converts."""

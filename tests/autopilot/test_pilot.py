@@ -142,6 +142,19 @@ class TestAuto:
         assert quiet.tick().decision is not None
         assert "batchTimeCv" not in quiet.body["status"]["metrics"]
 
+    def test_how_the_rows_a_request_vary_is_in_the_status_and_the_reason(self) -> None:
+        def varied(*a: Any, **k: Any) -> Observation:
+            return replace(overloaded(*a, **k), rows_per_request=2.5, request_rows_cv=1.834)
+
+        world = World(observe=varied)
+        decision = world.tick().decision
+        assert decision is not None
+        assert world.body["status"]["metrics"]["requestRowsCv"] == 1.83
+        assert "2.5 rows a request ± 180%" in decision.reason
+        quiet = World()
+        assert quiet.tick().decision is not None
+        assert "requestRowsCv" not in quiet.body["status"]["metrics"]
+
     def test_the_rows_a_request_brings_are_in_the_status_and_the_reason(self) -> None:
         world = World(observe=lambda *a, **k: replace(overloaded(*a, **k), rows_per_request=4.0))
         decision = world.tick().decision

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import threading
 import time
@@ -148,6 +149,31 @@ class TestTwoReads:
         raw, _ = answers(before, after) or ({}, 0)
         # b has not yet predicted ten batches: no gauge, no part of the mean
         assert float(raw["batch_cv"][0]["value"][1]) == pytest.approx(0.3)
+
+    def test_how_the_rows_a_request_vary_is_their_cv_over_the_pods(self) -> None:
+        own = {"model": "resnet50", "isvc": "resnet50", "namespace": "vision"}
+
+        def read(at: float, arrivals: float, rows: float, squares: float) -> Read:
+            sums = (
+                ("batchpilot_arrival_rows_total", own, rows),
+                ("batchpilot_arrival_rows_squared_total", own, squares),
+            )
+            return Read(at, (*counters(served=arrivals), *sums))
+
+        # a: 90 of one row and 10 of 16 in 10 s; b: 100 of 4. Over both: 200 requests, 650
+        # rows, 2,650 + 1,600 squared: cv² = 4,250 · 200 / 650² - 1
+        before = {"a": read(0.0, 0, 0, 0), "b": read(0.0, 0, 0, 0)}
+        after = {"a": read(10.0, 100, 250, 2_650), "b": read(10.0, 100, 400, 1_600)}
+        raw, _ = answers(before, after) or ({}, 0)
+        expected = math.sqrt(4_250 * 200 / 650**2 - 1)
+        assert float(raw["rows_cv"][0]["value"][1]) == pytest.approx(expected)
+        # one size: 0; a runtime without the sums: no answer
+        same = {"a": read(10.0, 100, 400, 1_600)}
+        raw, _ = answers({"a": read(0.0, 0, 0, 0)}, same) or ({}, 0)
+        assert float(raw["rows_cv"][0]["value"][1]) == 0.0
+        plain = Read(10.0, tuple(counters(served=100)))
+        raw, _ = answers({"a": Read(0.0, tuple(counters(served=0)))}, {"a": plain}) or ({}, 0)
+        assert raw["rows_cv"] == []
 
     def test_a_pod_read_once_is_not_in_the_window(self) -> None:
         read = Read(0.0, tuple(counters(served=0)))

@@ -57,6 +57,10 @@ environment), so one PromQL selector finds a service's replicas. What each metri
   for the rest — the demand the autopilot sizes for. `batchpilot_arrival_dispersion` (gauge):
   how every arrival of the last 10 s clumped, the variance over the mean of their counts per
   10 ms (`ArrivalDispersion`): 1 for Poisson arrivals, more where requests come together.
+  `batchpilot_arrival_rows_total`, `batchpilot_arrival_rows_squared_total` (counters): the
+  rows those arrivals brought, and the sum of each one's rows squared — with the arrivals'
+  count, the mean and the spread of a request's rows (every attempt): requests of varied sizes
+  are rows arriving in clumps, and the queue's tail grows with their spread.
 - `batchpilot_deadline_seconds` (gauge): the default deadline in force (0: none).
 - `batchpilot_device_memory_batch_rows` (gauge): absent until the device runs out of memory for
   a batch; then the largest batch it is not known to lack memory for. Batches are formed no
@@ -362,6 +366,20 @@ class RuntimeMetrics:
             names,
             registry=r,
         ).labels(**labels).set_function(self._dispersion.dispersion)
+        self._arrival_rows = Counter(
+            "batchpilot_arrival_rows",
+            "Rows the valid requests brought, every attempt (with arrivals_total: the mean rows "
+            "a request)",
+            names,
+            registry=r,
+        ).labels(**labels)
+        self._arrival_rows_squared = Counter(
+            "batchpilot_arrival_rows_squared",
+            "Sum over the valid requests of their rows squared, every attempt (with "
+            "arrival_rows_total and arrivals_total: how much the rows a request vary)",
+            names,
+            registry=r,
+        ).labels(**labels)
         attempts = (FIRST_ATTEMPT, RETRY_ATTEMPT)
         self._arrivals = {a: arrivals.labels(**labels, attempt=a) for a in attempts}
         self._recent_arrivals = {a: RecentArrivals() for a in attempts}
@@ -527,11 +545,13 @@ class RuntimeMetrics:
         for rows, seconds in seconds_by_rows.items():
             self._startup.labels(**self._labels, rows=str(rows)).set(seconds)
 
-    def arrived(self, *, retry: bool = False) -> None:
-        """One valid request arrived, a retry by its headers or not: the counter and the last
-        seconds' rate."""
+    def arrived(self, rows: int = 1, *, retry: bool = False) -> None:
+        """One valid request of `rows` rows arrived, a retry by its headers or not: the
+        counters and the last seconds' rate."""
         attempt = RETRY_ATTEMPT if retry else FIRST_ATTEMPT
         self._arrivals[attempt].inc()
+        self._arrival_rows.inc(rows)
+        self._arrival_rows_squared.inc(rows * rows)
         self._recent_arrivals[attempt].arrived()
         self._dispersion.arrived()
 

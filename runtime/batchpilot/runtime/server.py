@@ -507,7 +507,7 @@ class ModelServer:
         arrived = time.perf_counter()
         if pipeline is not None and pipeline.preprocess is not None:
             inputs, geometry = await self._off_loop("preprocess", pipeline.preprocess, inputs)
-            metrics.arrived(retry=retry)
+            metrics.arrived(rows, retry=retry)
             if timeout_s is not None:
                 remaining_s = timeout_s - (time.perf_counter() - arrived)
                 if remaining_s <= 0:
@@ -518,7 +518,7 @@ class ModelServer:
                         "inputs were preprocessed"
                     )
         else:
-            metrics.arrived(retry=retry)
+            metrics.arrived(rows, retry=retry)
         try:
             if self._refusing and not kept:
                 raise ShuttingDown()

@@ -136,6 +136,7 @@ def observation_from(
         mean_batch=number("mean_batch"),
         arrival_dispersion=number("dispersion"),
         batch_time_cv=number("batch_cv"),
+        request_rows_cv=number("rows_cv"),
         rows_per_request=number("rows_per_request"),
         outside_s=number("outside"),
         startup=startup,

@@ -416,8 +416,11 @@ def _varies_note(model: LatencyFit) -> str:
 
 
 def _rows_note(model: LatencyFit) -> str:
-    """The rows a request brings, in the model's words, where it is not one."""
+    """The rows a request brings, in the model's words, where it is not one; and how much they
+    vary, where they do (requests of varied sizes queue as rows in clumps)."""
     rows = model.rows_per_request
+    if model.rows_cv > 0:
+        return f", {rows:.3g} rows a request ± {model.rows_cv:.0%}"
     return f", {rows:.3g} rows a request" if rows > 1 else ""
 
 

@@ -20,6 +20,8 @@ from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.autopilot.policy import InForce, Policy
 from batchpilot.operator.autopilot.service_model import (
     MAX_BATCH_CV,
+    MAX_ROWS_CV,
+    VARIED_ROWS_CV,
     LatencyFit,
     fit,
     predict,
@@ -80,6 +82,8 @@ few per cent of a batch's time, and a fit's own error on a device that keeps tim
 this much."""
 CV_STEP = 0.05
 """The model's batch-time variation moves in steps of this."""
+ROWS_CV_STEP = 0.1
+"""The model's spread of rows a request moves in steps of this."""
 ONE_ROW = 1.01
 """Rows per request below this are one row: the rest is the edges of the window (a batch is
 counted when it runs, its requests when they are answered)."""
@@ -130,6 +134,7 @@ def learn(
             rows_per_request=rows_per_request(observation, known.rows_per_request),
             dispersion=dispersion(observation, known.dispersion),
             batch_cv=batch_cv(observation, known.batch_cv),
+            rows_cv=rows_cv(observation, known.rows_cv),
         )
     overhead = state.overhead_s
     if overhead is None and observation.outside_s is not None:
@@ -221,6 +226,19 @@ def batch_cv(observation: Observation, known: float) -> float:
     if measured < STEADY_CV:
         return 0.0
     return round(round(min(measured, MAX_BATCH_CV) / CV_STEP) * CV_STEP, 4)
+
+
+def rows_cv(observation: Observation, known: float) -> float:
+    """How the rows a request brings vary, for the model: the window's, else the last known.
+    Below `VARIED_ROWS_CV` every request brings the same rows (the window's edges leave a
+    little); above, in steps of `ROWS_CV_STEP` up to `MAX_ROWS_CV` — on a grid, for the
+    capacity search's memory."""
+    measured = observation.request_rows_cv
+    if measured is None or not math.isfinite(measured):
+        return known
+    if measured < VARIED_ROWS_CV:
+        return 0.0
+    return round(round(min(measured, MAX_ROWS_CV) / ROWS_CV_STEP) * ROWS_CV_STEP, 4)
 
 
 def split_dispersion(measured: float, over: int, replicas: int) -> float:

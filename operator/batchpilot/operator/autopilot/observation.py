@@ -87,6 +87,11 @@ class Observation:
     """How much a batch's time varied around t(b) over the window, the replicas' mean: the root
     mean square of each runtime's measured over predicted, less 1 (`batchpilot_batch_time_cv`).
     None from runtimes that do not measure it, or before they have."""
+    request_rows_cv: float | None = None
+    """How much the rows a request brings varied over the window: their coefficient of variation
+    over every arrival (`batchpilot_arrival_rows_total` and `…_squared_total` against
+    `batchpilot_arrivals_total`), 0 where every request brings the same rows. None from runtimes
+    that do not count them, or without arrivals."""
     retried_qps: float | None = None
     """The arrivals per second that said they were retries (`attempt="retry"`): no part of
     `arrival_qps`, shown beside it. None from runtimes that do not count by attempt."""

@@ -174,6 +174,13 @@ def queries(
             "mean_batch": (
                 f"{rate('batchpilot_batch_size_sum')} / {rate('batchpilot_batch_size_count')}"
             ),
+            # How much the rows a request brings vary: the cv of every arrival's rows, from the
+            # sums of their rows and of their squares (0 where all bring the same rows).
+            "rows_cv": (
+                f"sqrt(clamp_min({rate('batchpilot_arrival_rows_squared_total')} * "
+                f"{rate('batchpilot_arrivals_total')} / "
+                f"{rate('batchpilot_arrival_rows_total')} ^ 2 - 1, 0))"
+            ),
             # Rows run per request answered: the rates count requests, the fit t(b) rows.
             "rows_per_request": f"{rate('batchpilot_batch_size_sum')} / {served}",
             # Time outside the batcher per request timed: duration less the time in the batcher.

@@ -47,6 +47,7 @@ RECORDED = (
     "utilization",
     "dispersion",
     "batch_cv",
+    "rows_cv",
     "mean_batch",
     "rows_per_request",
     "outside",

@@ -268,6 +268,7 @@ def metrics_status(observation: Observation | None, *, now: datetime) -> dict[st
         "gpuUtilization": rounded(observation.utilization, 1, 100),
         "meanBatchSize": rounded(observation.mean_batch, 2),
         "rowsPerRequest": rounded(observation.rows_per_request, 2),
+        "requestRowsCv": rounded(observation.request_rows_cv, 2),
         "outsideMs": ms(observation.outside_s),
         "window": f"{observation.window_s:.0f}s",
         "observedAt": conditions.timestamp(now),

@@ -98,6 +98,9 @@ def answers(before: Mapping[str, Read], after: Mapping[str, Read]) -> tuple[Raw,
     varies = [v for _, v in gauges("batchpilot_batch_time_cv") if math.isfinite(v)]
     arrivals = demand(rates("batchpilot_arrivals_total"))
     retried = total("batchpilot_arrivals_total", **{ATTEMPT_LABEL: RETRY_ATTEMPT})
+    every = total("batchpilot_arrivals_total")
+    arrived_rows = total("batchpilot_arrival_rows_total")
+    squares = total("batchpilot_arrival_rows_squared_total")
     requests_buckets = by("batchpilot_request_duration_seconds_bucket", "le")
     raw: Raw = {
         "p99": _one(histogram_quantile(0.99, requests_buckets)),
@@ -113,6 +116,7 @@ def answers(before: Mapping[str, Read], after: Mapping[str, Read]) -> tuple[Raw,
         "utilization": _one(sum(busy) / len(busy) if busy else None),
         "dispersion": _one(sum(clumps) / len(clumps) if clumps else None),
         "batch_cv": _one(sum(varies) / len(varies) if varies else None),
+        "rows_cv": _one(_spread(squares, every, arrived_rows)),
         "mean_batch": _one(_ratio(rows, batches)),
         "rows_per_request": _one(_ratio(rows, served)),
         "outside": _one(
@@ -131,6 +135,14 @@ def answers(before: Mapping[str, Read], after: Mapping[str, Read]) -> tuple[Raw,
         "now": _one(sum(now) if now else None),
     }
     return raw, window_s
+
+
+def _spread(squares: float | None, count: float | None, total: float | None) -> float | None:
+    """The coefficient of variation of values from their count, sum and sum of squares, as
+    `promql`'s `rows_cv` computes it; None where any is missing or nothing was counted."""
+    if squares is None or count is None or total is None or total <= 0:
+        return None
+    return math.sqrt(max(0.0, squares * count / (total * total) - 1.0))
 
 
 def histogram_quantile(q: float, buckets: Mapping[str, float]) -> float | None:

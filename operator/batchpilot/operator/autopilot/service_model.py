@@ -66,6 +66,11 @@ MIN_BATCHES = 20
 WHOLE_SLACK = 0.1
 """Whole requests and rows are counted to a tenth: a mean measured a little above a whole
 number of rows (3.01 where every request carries 3) must not lose a request from every batch."""
+VARIED_ROWS_CV = 0.05
+"""Rows a request that vary less than this are one size: whole requests fill a batch."""
+MAX_ROWS_CV = 10.0
+"""The most spread of rows a request the model takes (one request in 100 a hundred times the
+others' size is a cv of about 10)."""
 MAX_BATCH_CV = 2.0
 """Batch times that vary more than this around t(b) are no longer t(b) with noise (a device
 that stalls): the model takes this."""
@@ -92,21 +97,39 @@ class LatencyFit:
     """How much a batch's time varies around t(b): the standard deviation of measured over
     predicted (measured, see `Observation.batch_time_cv`); 0 where every batch of a size takes
     the same time. The tail of a request's own batch and the backlog's grow with it (`predict`)."""
+    rows_cv: float = 0.0
+    """How much the rows a request brings vary around `rows_per_request`: their coefficient of
+    variation (measured, see `Observation.request_rows_cv`); 0 where every request brings the
+    same rows. A request of r rows is r rows arriving at once: the rows clump, and the queue's
+    randomness grows as the arrivals' dispersion does, by the squared cv (`predict`)."""
 
     def batch_seconds(self, batch: float) -> float:
         return self.alpha_s + self.beta_s * batch
 
-    def in_requests(self, max_batch: int) -> tuple[float, int]:
-        """(β per request, whole requests a batch limit of `max_batch` rows holds: at least one,
-        a larger request runs alone)."""
+    def in_requests(self, max_batch: int) -> tuple[float, float]:
+        """(β per request, requests a batch limit of `max_batch` rows holds: at least one, a
+        larger request runs alone). Requests of one size fill a batch with as many whole ones
+        as fit. Requests of varied sizes leave room unused: the batch closes on the first one
+        that does not fit, and a batch that closes at a random point of the size-biased stream
+        leaves half of such a request's rows, about (E[r²]/E[r] - 1)/2, empty (at most a
+        quarter of the limit: requests larger than the limit run alone, over it)."""
         k = self.rows_per_request
+        if self.rows_cv >= VARIED_ROWS_CV:
+            biased = k * (1.0 + self.rows_cv * self.rows_cv)  # E[r²]/E[r]
+            empty = min((biased - 1.0) / 2, max_batch / 4)
+            return self.beta_s * k, max(1.0, (max_batch - empty) / k)
         if k == 1.0:
             return self.beta_s, max_batch
         return self.beta_s * k, max(1, int(max_batch / k + WHOLE_SLACK))
 
     def request_rows(self) -> int:
-        """The rows of one request, whole (to `WHOLE_SLACK`)."""
-        return int(self.rows_per_request + WHOLE_SLACK)
+        """The rows of one request, whole (to `WHOLE_SLACK`); where they vary, of the request a
+        row comes in (E[r²]/E[r]): a batch limit below it runs most rows in batches of one
+        request, over the limit."""
+        k = self.rows_per_request
+        if self.rows_cv >= VARIED_ROWS_CV:
+            k *= 1.0 + self.rows_cv * self.rows_cv
+        return int(k + WHOLE_SLACK)
 
     def capacity(self, max_batch: int) -> float:
         """Requests per second one replica serves at full batches of `max_batch` rows."""
@@ -269,22 +292,28 @@ def _operating_point(
     converted back to rows."""
     alpha, beta, rows = model.alpha_s, model.beta_s, model.rows_per_request
     clumps = model.dispersion if model.dispersion > 1.0 else 1.0
-    if rows != 1.0:
-        beta, max_batch = model.in_requests(max_batch)
+    # Requests of varied rows are rows arriving in clumps: in units of a request of the mean
+    # size, the rows' dispersion is the arrivals' plus the sizes' squared cv.
+    varied = model.rows_cv >= VARIED_ROWS_CV
+    if varied:
+        clumps += model.rows_cv * model.rows_cv
+    limit: float = max_batch
+    if rows != 1.0 or varied:
+        beta, limit = model.in_requests(max_batch)
     cv = model.batch_cv
     # The backlog is served in full batches of B requests taking t(B)·X each: in units of a
     # batch the arrivals' variance index is I/B and the service's X's cv², so its tail (a
     # Kingman-like scale, (I/B + cv²)/(1/B) times M/D/1's) stretches by I + B·cv².
-    stretch = clumps + max_batch * cv * cv if cv > 0 else clumps
-    delay = delay_s if max_batch > 1 else 0.0
-    full = alpha + beta * max_batch
-    load = lam * full / max_batch
+    stretch = clumps + limit * cv * cv if cv > 0 else clumps
+    delay = delay_s if limit > 1 else 0.0
+    full = alpha + beta * limit
+    load = lam * full / limit
     if lam <= 0:
         return rows, 0.0, 0.0, overhead_s + delay + (alpha + beta)
     if load >= 1:
-        return max_batch * rows, 1.0, load, math.inf
-    floor = min(float(max_batch), 1 + lam * delay)
-    work = full / max_batch
+        return limit * rows, 1.0, load, math.inf
+    floor = min(float(limit), 1 + lam * delay)
+    work = full / limit
     backlog = stretch * math.log(load / TAIL) * work / _backlog_rate(load) if load > TAIL else 0.0
     if beta >= 0 and overhead_s + backlog + (alpha + beta * floor) > give_up_above_s:
         return None
@@ -298,7 +327,7 @@ def _operating_point(
         grown = cycle_arrivals + exp(-cycle_arrivals)
         if floor > grown:
             grown = floor
-        nxt: float = grown if grown < max_batch else max_batch
+        nxt: float = grown if grown < limit else limit
         if -1e-9 < nxt - batch < 1e-9:
             break
         batch = nxt
@@ -306,10 +335,10 @@ def _operating_point(
     # Batch-size tail of the AR(1) process b' = λα + λβ·b + noise.
     memory = lam * beta
     spread = math.sqrt(clumps * cycle_arrivals / (1 - memory * memory))
-    tail_batch = min(float(max_batch), batch + Z99 * spread)
+    tail_batch = min(float(limit), batch + Z99 * spread)
     tail_seconds = alpha + beta * tail_batch
     # Queue wait: filling, the batch in flight, the backlog of full batches.
-    fill = max_batch - 1
+    fill = limit - 1
     filling = min(delay, (fill + Z99 * math.sqrt(fill)) / lam) if fill else 0.0
     in_flight = tail_seconds * max(0.0, 1 - TAIL / utilization) if utilization > TAIL else 0.0
     p99 = overhead_s + max(filling, in_flight, backlog) + tail_seconds

@@ -17,7 +17,7 @@ from typing import Any
 
 from batchpilot.operator.autopilot.headroom import RateHistory
 from batchpilot.operator.autopilot.lost import Loss
-from batchpilot.operator.autopilot.service_model import MAX_BATCH_CV, LatencyFit
+from batchpilot.operator.autopilot.service_model import MAX_BATCH_CV, MAX_ROWS_CV, LatencyFit
 from batchpilot.operator.autopilot.slo import SloLedger
 
 
@@ -82,6 +82,8 @@ class State:
                 doc["fit"]["dispersion"] = round(self.fit.dispersion, 4)
             if self.fit.batch_cv:
                 doc["fit"]["batchCv"] = round(self.fit.batch_cv, 4)
+            if self.fit.rows_cv:
+                doc["fit"]["rowsCv"] = round(self.fit.rows_cv, 4)
         if self.overhead_s is not None:
             doc["overheadMs"] = round(self.overhead_s * 1e3, 4)
         if self.changed_at is not None:
@@ -113,6 +115,7 @@ class State:
                     rows_per_request=_rows(raw_fit.get("rowsPerRequest")),
                     dispersion=_at_least_one(raw_fit.get("dispersion")),
                     batch_cv=_cv(raw_fit.get("batchCv")),
+                    rows_cv=_rows_cv(raw_fit.get("rowsCv")),
                 )
                 if isinstance(raw_fit, dict)
                 else None
@@ -174,6 +177,12 @@ def _cv(value: Any) -> float:
     """A persisted batch-time variation: 0 (none) where absent or out of bounds."""
     cv = 0.0 if value is None else float(value)
     return cv if math.isfinite(cv) and 0.0 <= cv <= MAX_BATCH_CV else 0.0
+
+
+def _rows_cv(value: Any) -> float:
+    """A persisted spread of rows a request: 0 (one size) where absent or out of bounds."""
+    cv = 0.0 if value is None else float(value)
+    return cv if math.isfinite(cv) and 0.0 <= cv <= MAX_ROWS_CV else 0.0
 
 
 def _physical(model: LatencyFit) -> bool:

@@ -1,0 +1,109 @@
+"""Requests of varied sizes on one replica: the reference the latency model's treatment of them
+is checked against.
+
+The simulator's replica (`replica`) counts in requests of one size: a request of k rows costs
+β·k, and a batch limit of B rows holds B // k of them. Clients that send varied rows a request (a
+ranking call with 1 to 50 candidates, an image batch of whatever the user uploaded) make batches
+that differ in rows for the same number of requests, and a batch that closes on the first
+request that does not fit. This follows the runtime's batcher rule for rule, for requests of
+any rows: a batch starts with the oldest waiting request and dispatches once the rows waiting
+reach the limit or the oldest has waited `delay_s`, never before the device is free; it takes
+the waiting requests oldest first while their rows fit the limit (the first one always: a
+request larger than the limit runs alone). No admission and no deadlines: every request is
+served, and its latency is its batch's end less its arrival.
+
+`RowMix` (`batchpilot.api.request_rows`) is a distribution of rows a request (`1:9,16:1`:
+nine in ten bring one row, one in ten sixteen); `serve` runs given arrivals and sizes,
+`latencies` Poisson arrivals of a mix.
+
+Pure: numpy and arithmetic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from batchpilot.api.request_rows import RowMix
+
+FloatArray = np.ndarray[Any, np.dtype[np.float64]]
+IntArray = np.ndarray[Any, np.dtype[np.int64]]
+
+
+def draw(mix: RowMix, n: int, rng: np.random.Generator) -> IntArray:
+    """`n` requests' rows, drawn from `mix` with `rng`."""
+    return rng.choice(np.array(mix.rows, dtype=np.int64), size=n, p=np.array(mix.shares))
+
+
+def latencies(
+    rate: float,
+    mix: RowMix,
+    *,
+    alpha_s: float,
+    beta_s: float,
+    max_batch: int,
+    delay_s: float,
+    requests: int,
+    seed: int = 0,
+) -> FloatArray:
+    """Each request's latency (seconds, in arrival order) on one replica offered `rate` Poisson
+    requests per second of `mix`'s rows, with batches of t(b) = α + β·b for b rows."""
+    if rate <= 0 or requests < 1:
+        raise ValueError("need a positive rate and at least one request")
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1.0 / rate, requests))
+    return serve(
+        arrivals.tolist(),
+        draw(mix, requests, rng).tolist(),
+        alpha_s=alpha_s,
+        beta_s=beta_s,
+        max_batch=max_batch,
+        delay_s=delay_s,
+    )
+
+
+def serve(
+    arrivals: Sequence[float],
+    sizes: Sequence[int],
+    *,
+    alpha_s: float,
+    beta_s: float,
+    max_batch: int,
+    delay_s: float,
+) -> FloatArray:
+    """Each request's latency (seconds) for requests arriving at `arrivals` (sorted) with
+    `sizes` rows each, on one replica with batches of t(b) = α + β·b for b rows."""
+    if len(arrivals) != len(sizes):
+        raise ValueError("one size for each arrival")
+    if max_batch < 1 or delay_s < 0:
+        raise ValueError("need a batch limit of at least one row and no negative delay")
+    requests = len(arrivals)
+    out = np.empty(requests, dtype=np.float64)
+    head, free = 0, 0.0
+    while head < requests:
+        oldest = arrivals[head]
+        start = free if free > oldest else oldest
+        dispatch = max(start, oldest + delay_s)
+        # Full earlier: the moment the rows waiting reach the limit, if before the delay ends.
+        waiting, i = 0, head
+        while i < requests and arrivals[i] <= dispatch:
+            waiting += sizes[i]
+            if waiting >= max_batch:
+                dispatch = max(start, arrivals[i])
+                break
+            i += 1
+        # The batch: oldest first while their rows fit (the first one always).
+        rows, end = 0, head
+        while (
+            end < requests
+            and arrivals[end] <= dispatch
+            and (end == head or rows + sizes[end] <= max_batch)
+        ):
+            rows += sizes[end]
+            end += 1
+        free = dispatch + alpha_s + beta_s * rows
+        out[head:end] = free - np.asarray(arrivals[head:end])
+        head = end
+    return out
