@@ -31,6 +31,7 @@ import orjson
 import pytest
 from aiohttp import web
 
+from batchpilot.api.request_rows import RowMix
 from batchpilot.runtime import loadgen
 from batchpilot.runtime.errors import InvalidRequest
 from batchpilot.runtime.loadgen import (
@@ -97,6 +98,8 @@ class FakeV2Server:
     behaviour: Behaviour = field(default_factory=Behaviour)
     infer_count: int = 0
     shapes_seen: set[tuple[int, ...]] = field(default_factory=set)
+    rows_seen: list[int] = field(default_factory=list)
+    """Each answered infer's rows (its first input's batch axis)."""
     attempts_seen: list[str | None] = field(default_factory=list)
     """Each infer's `x-envoy-attempt-count`, None where it had none."""
     _free_at: float = 0.0
@@ -138,6 +141,7 @@ class FakeV2Server:
             await asyncio.sleep(b.delay_s)
         x = decoded.inputs[0].data
         self.shapes_seen.add(tuple(x.shape))
+        self.rows_seen.append(int(x.shape[0]))
         name = "z" if b.wrong_output else "y"
         out, header_length = encode_response(
             model_name=MODEL,
@@ -1110,6 +1114,37 @@ def test_cli_hedges_slow_requests(
     assert server.attempts_seen == [None] * 4
 
 
+def test_cli_sends_a_mix_of_rows_a_request(
+    server: FakeV2Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "report.json"
+    argv = ["--url", server.url, "--model", MODEL, "--concurrency", "4", "--duration", "30"]
+    mix = ["--rows", "1:3,8:1", "--requests", "400", "--verify", "--json", str(out)]
+    assert loadgen.run_cli([*argv, *mix]) == 0
+    # every answer verified against its own request's rows; about one in four of 8 rows
+    assert json.loads(out.read_text())["succeeded"] == 400
+    assert set(server.rows_seen) == {1, 8}
+    assert 60 <= server.rows_seen.count(8) <= 140
+    assert "rows         rows a request: 1 (75%), 8 (25%); mean 2.75, cv 1.10" in (
+        capsys.readouterr().out
+    )
+
+
+def test_a_mix_of_rows_is_drawn_from_the_seed(server: FakeV2Server) -> None:
+    def rows_sent(seed: int) -> list[int]:
+        server.rows_seen.clear()
+        target = Target(url=server.url, model=MODEL, row_mix=RowMix.parse("1:1,2:1,4:1"), seed=seed)
+        config = LoadConfig(target=target, duration_s=30, concurrency=1, max_requests=30)
+        asyncio.run(run_load(config))
+        return list(server.rows_seen)
+
+    first = rows_sent(7)
+    assert rows_sent(7) == first
+    assert rows_sent(8) != first
+    with pytest.raises(ValueError, match="explicit shapes"):
+        Target(url=server.url, model=MODEL, row_mix=RowMix.parse("1:1,2:1"), shapes={"x": (2, 4)})
+
+
 def test_cli_json_to_stdout_stays_parseable(
     server: FakeV2Server, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -1171,6 +1206,8 @@ def test_cli_help_documents_the_exit_statuses(capsys: pytest.CaptureFixture[str]
         pytest.param(["--duration", "1", "--concurrency", "0"], id="no-workers"),
         pytest.param(["--duration", "1", "--rate", "5", "--shape", "x"], id="bad-shape"),
         pytest.param(["--duration", "1", "--rate", "5", "--rows", "0"], id="no-rows"),
+        pytest.param(["--duration", "1", "--rate", "5", "--rows", "1:9,16"], id="half-a-mix"),
+        pytest.param(["--duration", "1", "--rate", "5", "--rows", "0:1,4:1"], id="empty-size"),
         pytest.param(["--find-max"], id="find-max-without-sla"),
         pytest.param(["--duration", "x", "--rate", "5"], id="not-a-number"),
         pytest.param(["--duration", "1", "--rate", "5", "--max-send-lag-ms", "0"], id="no-lag"),

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from batchpilot.api.request_rows import RowMix
 from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.autopilot.prometheus import (
     PrometheusObserver,
@@ -37,6 +38,7 @@ pytestmark = pytest.mark.slow
 
 SCOPE = Scope(namespace="vision", isvc="resnet50")
 LOAD_S = 8.0
+MIX = RowMix.parse("1:3,2:1")
 
 
 @contextmanager
@@ -102,8 +104,9 @@ def test_rate_and_latency_read_back_agree_with_the_load_generator(
         prometheus,
         targets_set,
     ):
+        # Requests of varied rows, three of one row for each of two: mean 1.25, cv 0.35.
         config = LoadConfig(
-            target=Target(url=runtime.url, model="image"),
+            target=Target(url=runtime.url, model="image", row_mix=MIX),
             duration_s=LOAD_S,
             schedule=RateSchedule.constant(80),
         )
@@ -136,6 +139,9 @@ def test_rate_and_latency_read_back_agree_with_the_load_generator(
     # sends in small bunches when its loop stalls, 1.4 seen), far below clumps (2m − 1)
     assert observation.arrival_dispersion is not None
     assert 0.6 <= observation.arrival_dispersion <= 2.5
+    # the rows a request brought, and how much they varied, as the runtime counted them
+    assert observation.rows_per_request == pytest.approx(MIX.mean, rel=0.15)
+    assert observation.request_rows_cv == pytest.approx(MIX.cv, rel=0.2)
     # how the real model's batches varied around the server's t(b) on this machine's CPU
     assert observation.batch_time_cv is not None
     assert 0.0 < observation.batch_time_cv < 2.0
@@ -148,7 +154,11 @@ def test_rate_and_latency_read_back_agree_with_the_load_generator(
     assert 0.022 <= whole.p99_s <= 1.15 * client_p99_s + 0.005, (whole.p99_s, client_p99_s)
     assert observation.mean_batch is not None
     assert observation.mean_batch >= 1
-    assert whole.rows_per_request == pytest.approx(1.0, rel=0.01)  # one row a request
+    # the rows run per request answered over the run: the rows the requests brought
+    brought = scrape.value("batchpilot_arrival_rows_total") / scrape.value(
+        "batchpilot_arrivals_total"
+    )
+    assert whole.rows_per_request == pytest.approx(brought, rel=0.01)
     # the time outside the batcher: the runtime's request durations less their time in it
     outside = (
         scrape.value("batchpilot_request_duration_seconds_sum")

@@ -12,6 +12,7 @@ import os
 from collections.abc import Sequence
 from typing import Final
 
+from batchpilot.api.request_rows import RowMix
 from batchpilot.runtime.loadgen.config import LoadConfig, Retries, SearchConfig, Target
 from batchpilot.runtime.loadgen.errors import (
     EXIT_INTERRUPTED,
@@ -38,7 +39,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     target = parser.add_argument_group("target")
     target.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8080")
     target.add_argument("--model", required=True, help="model name")
-    target.add_argument("--rows", type=int, default=1, help="batch rows per request (default 1)")
+    target.add_argument(
+        "--rows",
+        type=_rows,
+        default=RowMix((1,), (1.0,)),
+        metavar="ROWS|ROWS:WEIGHT,...",
+        help="batch rows per request (default 1), or a mix each request draws from: 1:9,16:1 "
+        "sends nine requests of one row for each of sixteen",
+    )
     target.add_argument(
         "--shape",
         action="append",
@@ -194,11 +202,20 @@ def _parse_headers(items: Sequence[str], api_key: str | None) -> dict[str, str]:
     return headers
 
 
+def _rows(text: str) -> RowMix:
+    try:
+        return RowMix.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _target_from(args: argparse.Namespace) -> Target:
+    mix: RowMix = args.rows
     return Target(
         url=args.url,
         model=args.model,
-        rows=args.rows,
+        rows=mix.rows[0],
+        row_mix=None if mix.single else mix,
         shapes=_parse_shapes(args.shape),
         seed=args.seed,
         json_tensors=args.json_tensors,

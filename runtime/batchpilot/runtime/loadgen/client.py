@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from collections.abc import Callable, Mapping
 
 import aiohttp
@@ -176,6 +177,10 @@ class TargetSession:
         self._stack = contextlib.AsyncExitStack()
         self.session: aiohttp.ClientSession | None = None
         self.request: PreparedRequest | None = None
+        """The request of the target's first size (the one every send reuses, where the target
+        has one size: `pick`)."""
+        self._requests: tuple[PreparedRequest, ...] = ()
+        self._picks = random.Random(target.seed)
 
     async def __aenter__(self) -> TargetSession:
         connector = aiohttp.TCPConnector(limit=self._pool_size)
@@ -190,12 +195,20 @@ class TargetSession:
             metadata = await fetch_metadata(
                 self.session, self.target.url, self.target.model, timeout_s=self.target.timeout_s
             )
-            inputs = random_inputs(
-                metadata, rows=self.target.rows, shapes=self.target.shapes, seed=self.target.seed
+            mix = self.target.row_mix
+            sizes = mix.rows if mix is not None else (self.target.rows,)
+            self._requests = tuple(
+                prepare_request(
+                    self.target.url,
+                    metadata,
+                    random_inputs(
+                        metadata, rows=rows, shapes=self.target.shapes, seed=self.target.seed
+                    ),
+                    binary=not self.target.json_tensors,
+                )
+                for rows in sizes
             )
-            self.request = prepare_request(
-                self.target.url, metadata, inputs, binary=not self.target.json_tensors
-            )
+            self.request = self._requests[0]
         except BaseException:
             await self._stack.aclose()
             raise
@@ -203,3 +216,12 @@ class TargetSession:
 
     async def __aexit__(self, *exc: object) -> None:
         await self._stack.aclose()
+
+    def pick(self) -> PreparedRequest:
+        """The request to send next: the one prepared, or one of the mix's sizes, drawn by its
+        weights (each size encoded once, up front)."""
+        mix = self.target.row_mix
+        if mix is None or len(self._requests) == 1:
+            assert self.request is not None, "use `async with`"
+            return self.request
+        return self._requests[mix.pick(self._picks)]

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
+from batchpilot.api.request_rows import RowMix
 from batchpilot.runtime.loadgen.schedule import MAX_RATE_RPS, ArrivalProcess, RateSchedule
 from batchpilot.runtime.loadgen.stats import DEFAULT_MAX_SEND_LAG_MS
 
@@ -25,6 +26,9 @@ class Target:
     url: str
     model: str
     rows: int = 1
+    row_mix: RowMix | None = None
+    """Requests of varied rows: each send's rows drawn from this (seeded by `seed`); wins over
+    `rows`. None: every request brings `rows`."""
     shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     """Explicit input shapes by name; they win over the metadata and `rows`."""
     seed: int = 0
@@ -38,6 +42,11 @@ class Target:
     def __post_init__(self) -> None:
         if self.rows < 1:
             raise ValueError(f"rows must be at least 1, got {self.rows}")
+        if self.row_mix is not None and self.shapes:
+            raise ValueError(
+                "a mix of rows a request and explicit shapes do not go together: the shapes "
+                "fix the rows"
+            )
         if not (0 < self.timeout_s <= 3600):
             raise ValueError(f"timeout_s must be in (0, 3600], got {self.timeout_s}")
         for name, shape in self.shapes.items():

@@ -57,6 +57,7 @@ def format_report(report: LoadReport, *, max_windows: int = 120) -> str:
         f"batchpilot loadgen: {report.url} model {report.model} ({mode})",
         *invalid,
         f"  request      {inputs}, {report.request_bytes} bytes",
+        *([f"  rows         {report.row_mix}"] if report.row_mix else []),
         f"  duration     {report.duration_s:.1f} s measured (+{report.warmup_s:.1f} s warm-up), "
         f"elapsed {report.elapsed_s:.2f} s" + (" — stopped early" if report.aborted else ""),
     ]

@@ -90,6 +90,9 @@ class LoadReport:
     retries: int = 0
     """Refused sends the client repeated for the measured requests (`LoadConfig.retries`):
     arrivals at the server beyond `sent`. Each request is counted once, by its last answer."""
+    row_mix: str | None = None
+    """The rows a request brought, where they were drawn from a mix (`Target.row_mix`): the
+    sizes, their shares, mean and cv; `inputs` and `request_bytes` are then the first size's."""
     hedges: int = 0
     """Measured requests sent a second time for want of an answer (`LoadConfig.hedge_s`):
     arrivals at the server beyond `sent`, the slower of each pair cancelled. Each request is
@@ -118,6 +121,7 @@ async def run_with(
 
     async def send(scheduled: float) -> None:
         sent = clock() - t0
+        chosen = client.pick()  # one size of a mix, or the one request
 
         def on_retry() -> None:
             nonlocal repeats
@@ -133,7 +137,7 @@ async def run_with(
             if config.hedge_s is not None:
                 kind = await send_hedged(
                     session,
-                    request,
+                    chosen,
                     verify=verify,
                     hedge_s=config.hedge_s,
                     marked=retries.marked,
@@ -141,10 +145,10 @@ async def run_with(
                 )
             elif retries.attempts:
                 kind = await send_retrying(
-                    session, request, verify=verify, retries=retries, on_retry=on_retry
+                    session, chosen, verify=verify, retries=retries, on_retry=on_retry
                 )
             else:
-                kind = await send_once(session, request, verify=verify)
+                kind = await send_once(session, chosen, verify=verify)
         except asyncio.CancelledError:
             recorder.add(scheduled, sent, clock() - t0, UNFINISHED)
             raise
@@ -193,6 +197,11 @@ async def run_with(
         aborted=stopped_early,
         retries=repeats,
         hedges=hedges,
+        row_mix=(
+            client.target.row_mix.describe()
+            if client.target.row_mix is not None and not client.target.row_mix.single
+            else None
+        ),
         **numbers,
     )
 
