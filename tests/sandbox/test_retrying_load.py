@@ -1,5 +1,5 @@
-"""`sandbox up --retries`, `--hedge-ms`, `--clump`: the load's clients retry what is refused,
-hedge, or send requests in clumps; or the run is refused."""
+"""`sandbox up --retries`, `--hedge-ms`, `--clump`, `--rows`: the load's clients retry what is
+refused, hedge, send requests in clumps or of varied rows; or the run is refused."""
 
 from __future__ import annotations
 
@@ -65,6 +65,11 @@ def test_hedging_nonsense_is_refused(
 def test_the_load_generator_gets_the_clumps(capsys: pytest.CaptureFixture[str]) -> None:
     assert clumping(SandboxOptions()) == []
     assert clumping(SandboxOptions(clump=4.0)) == ["--clump", "4"]
+    assert clumping(SandboxOptions(rows="1:9,16:1")) == ["--rows", "1:9,16:1"]
+    assert clumping(SandboxOptions(rows="4")) == ["--rows", "4"]
+    for rows in ("0", "1:9,16", "x"):
+        assert main(parsed("--rows", rows)) == 2
+        assert "error: --rows:" in capsys.readouterr().err
     for argv in (("--clump", "0.5"), ("--clump", "3", "--arrivals", "uniform")):
         assert main(parsed(*argv)) == 2
         assert "--clump is a mean clump size" in capsys.readouterr().err

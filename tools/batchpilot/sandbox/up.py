@@ -34,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from batchpilot.api.request_rows import RowMix
 from batchpilot.operator.autopilot import recorded
 from batchpilot.sandbox.apiserver import LocalKubernetesAPI
 from batchpilot.sandbox.hosting import pod_host_process
@@ -130,6 +131,8 @@ class SandboxOptions:
     hedge_ms: float | None = None
     """The load's clients send a request again when no answer came within this, and cancel the
     slower send (the Service proxy cancels it upstream, as a mesh does)."""
+    rows: str = "1"
+    """The rows a request brings: a number, or a mix each request draws from (`1:9,16:1`)."""
 
 
 @dataclass
@@ -668,8 +671,9 @@ def retrying(options: SandboxOptions) -> list[str]:
 
 
 def clumping(options: SandboxOptions) -> list[str]:
-    """The load generator's flags for clumped requests."""
-    return ["--clump", f"{options.clump:g}"] if options.clump > 1 else []
+    """The load generator's flags for clumped requests, and for requests of several rows."""
+    clumps = ["--clump", f"{options.clump:g}"] if options.clump > 1 else []
+    return clumps + (["--rows", options.rows] if options.rows.strip() != "1" else [])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -754,6 +758,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "clients that fan out send them (Poisson arrivals only; default 1)",
     )
     a(
+        "--rows",
+        default="1",
+        metavar="ROWS|ROWS:WEIGHT,...",
+        help="the rows a request brings (default 1), or a mix each request draws from, as "
+        "clients that batch on their side send: 1:9,16:1 is nine requests of one row for each "
+        "of sixteen (the scenario's rates stay requests a second)",
+    )
+    a(
         "--hedge-ms",
         type=float,
         default=None,
@@ -817,6 +829,11 @@ def main(args: argparse.Namespace) -> int:
     if args.mark_retries and not args.retries and args.hedge_ms is None:
         print("error: --mark-retries needs --retries or --hedge-ms", file=sys.stderr)
         return 2
+    try:
+        RowMix.parse(args.rows)
+    except ValueError as exc:
+        print(f"error: --rows: {exc}", file=sys.stderr)
+        return 2
     if args.node_gpus is not None and args.node_gpus < 0:
         print("error: --node-gpus must be 0 or more", file=sys.stderr)
         return 2
@@ -843,6 +860,7 @@ def main(args: argparse.Namespace) -> int:
         mark_retries=args.mark_retries,
         clump=args.clump,
         hedge_ms=args.hedge_ms,
+        rows=args.rows,
     )
     try:
         result = run_sandbox(options, out=lambda text: print(text, flush=True))
