@@ -357,6 +357,19 @@ class TestBatchesFitTheDeadline:
             assert loop.time() == pytest.approx(0.038)
             assert s.engine.batches == [1]
 
+    async def test_a_request_filling_the_room_keeps_the_batch_in_time(self) -> None:
+        # t(b) = 20 + 1·b ms. A (1 row) has 23 ms; B (8) does not fit beside it and waits;
+        # behind B, C (3 rows) would make A's batch 24 ms, late, and waits too; D (1) makes it
+        # 22 ms and joins. Then B, the oldest left, alone, and C.
+        async with Served(alpha_s=0.020, beta_s=0.001, max_batch_size=8) as s:
+            loop = asyncio.get_running_loop()
+            a = s.put(timeout_s=0.023)
+            rest = [s.put(timeout_s=1.0, rows=rows) for rows in (8, 3, 1)]
+            await a
+            assert loop.time() == pytest.approx(0.022)
+            await asyncio.gather(*rest)
+            assert s.engine.batches == [2, 8, 3]
+
     async def test_queue_mode_forms_full_batches_whatever_the_deadline(self) -> None:
         async with Served(alpha_s=0.020, beta_s=0.010, deadline=False) as s:
             loop = asyncio.get_running_loop()

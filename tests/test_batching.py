@@ -148,12 +148,24 @@ class TestBatchFormation:
     async def test_multi_row_requests_are_never_split_and_each_gets_its_own_rows(self) -> None:
         async with Harness(max_batch_size=4, delay_s=0.01) as h:
             a, b, c = await asyncio.gather(h.put(1, 2), h.put(3, 4, 5), h.put(6, 7))
-            # a (2) + b (3) = 5 > 4, so a runs alone; b (3) + c (2) = 5 > 4, so b runs alone;
-            # c runs last, after waiting the queue delay for company.
-            assert h.engine.batches == [2, 3, 2]
+            # a (2) + b (3) = 5 > 4: b waits, and c (2), behind it, fills a's batch; b, still
+            # the oldest waiting, runs next, after waiting the queue delay for company.
+            assert h.engine.batches == [4, 3]
             assert rows_of(a) == [2.0, 4.0]
             assert rows_of(b) == [6.0, 8.0, 10.0]
             assert rows_of(c) == [12.0, 14.0]
+
+    async def test_the_room_a_request_that_does_not_fit_leaves_is_filled_from_behind(
+        self,
+    ) -> None:
+        async with Harness(max_batch_size=8, delay_s=0.01) as h:
+            sizes = (3, 6, 4, 1, 2, 5)
+            results = await asyncio.gather(*(h.put(*range(n)) for n in sizes))
+            # 3 + 6 > 8: 6 waits; behind it 4 fits (7), 1 fits (8), the batch is full. Then
+            # the 6, the oldest left, with the 2 (8); the 5 last, after the queue delay.
+            assert h.engine.batches == [8, 8, 5]
+            assert [len(rows_of(r)) for r in results] == list(sizes)
+            assert [rows_of(r)[-1] for r in results] == [2.0 * (n - 1) for n in sizes]
 
     async def test_a_request_larger_than_the_batch_limit_runs_alone(self) -> None:
         async with Harness(max_batch_size=2, delay_s=0.01) as h:

@@ -411,8 +411,7 @@ class TestRequestsOfSeveralRows:
 
 class TestRequestsOfVariedSizes:
     """Requests of varied rows against the runtime's batcher running them (`simulation.sizes`):
-    a request of r rows is r rows arriving at once, so the rows clump by the sizes' spread, and
-    a batch closes on the first request that does not fit."""
+    a request of r rows is r rows arriving at once, so the rows clump by the sizes' spread."""
 
     TEXTBOOK = (0.00152, 0.00225)
     FIXED_COST = (0.020, 0.0005)
@@ -440,7 +439,7 @@ class TestRequestsOfVariedSizes:
             (TEXTBOOK, "1:9,16:1", 32, 0.3, 0.6),
             (TEXTBOOK, "1:9,16:1", 32, 0.6, 0.6),
             (TEXTBOOK, "1:19,32:1", 64, 0.6, 0.6),
-            (TEXTBOOK, "1:4,8:1", 16, 0.85, 0.6),
+            (TEXTBOOK, "1:4,8:1", 16, 0.85, 0.7),
             (FIXED_COST, "1:9,16:1", 64, 0.6, 0.9),
         ],
     )
@@ -462,17 +461,15 @@ class TestRequestsOfVariedSizes:
         assert 0.75 * truth < p99(self.model(parts, rows)) < 1.4 * truth
         assert p99(self.model(parts, rows, spread=False)) < blind * truth
 
-    def test_a_batch_closes_on_a_request_that_does_not_fit(self) -> None:
-        # Nine in ten of one row, one in ten of 16: E[r²]/E[r] = 10.6, a batch of 32 rows leaves
-        # (10.6 - 1) / 2 = 4.8 of them empty: 11 requests of 2.5 rows, not 12.
+    def test_a_full_batch_holds_the_limits_rows(self) -> None:
+        # The batcher fills the room a request that does not fit leaves from behind it: 32 rows
+        # are 12.8 requests of 2.5 rows, where one size would fit 12 whole ones.
         rows = RowMix.parse("1:9,16:1")
         varied = self.model(self.TEXTBOOK, rows)
-        _, requests = varied.in_requests(32)
-        assert requests == pytest.approx((32 - 4.8) / 2.5, rel=0.01)
+        assert varied.in_requests(32) == (pytest.approx(0.00225 * 2.5), pytest.approx(12.8))
         assert self.model(self.TEXTBOOK, rows, spread=False).in_requests(32)[1] == 12
-        # at most a quarter of the limit: a request over it runs alone
-        assert varied.in_requests(8)[1] == pytest.approx(6 / 2.5)
-        # the candidate limits start at the size of the request a row comes in
+        assert varied.in_requests(2)[1] == 1.0  # a larger request runs alone
+        # the candidate limits start at the size of the request a row comes in (E[r²]/E[r])
         assert varied.request_rows() == 10
 
     def test_one_size_is_the_model_unchanged(self) -> None:

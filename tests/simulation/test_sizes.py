@@ -56,7 +56,7 @@ class TestBatches:
         ends = np.repeat(batches.dispatched_at + batches.seconds, batches.sizes)
         assert np.allclose(served, ends - batches.arrivals)
 
-    def test_a_request_over_the_limit_runs_alone_and_a_batch_closes_on_one_that_does_not_fit(
+    def test_a_request_over_the_limit_runs_alone_and_one_that_does_not_fit_waits(
         self,
     ) -> None:
         # At 0: 20 rows, over the limit of 8: at once, alone (2 + 20 ms). At 1 and 2 ms: 3 and
@@ -67,6 +67,22 @@ class TestBatches:
             delay_s=0.010,
         )  # fmt: skip
         assert served.tolist() == pytest.approx([0.022, 0.026, 0.033])
+
+    def test_the_room_a_request_that_does_not_fit_leaves_is_filled_from_behind(self) -> None:
+        # As the runtime's batcher forms them (tests/test_batching.py): all at 0, limit 8, 21
+        # rows waiting: 3 + 4 + 1 (the 6 does not fit) from 0 to 10 ms; the 6 and the 2 from
+        # 10 to 20; the 5 alone, from 20 to 27.
+        served = serve(
+            [0.0] * 6, [3, 6, 4, 1, 2, 5], alpha_s=0.002, beta_s=0.001, max_batch=8,
+            delay_s=0.01,
+        )  # fmt: skip
+        assert served.tolist() == pytest.approx([0.010, 0.020, 0.010, 0.010, 0.020, 0.027])
+        # without the fill: 3 alone (to 5 ms), 6 alone (to 13), 4 + 1 + 2 (to 22), the 5
+        closing = serve(
+            [0.0] * 6, [3, 6, 4, 1, 2, 5], alpha_s=0.002, beta_s=0.001, max_batch=8,
+            delay_s=0.01, fill_scan=0,
+        )  # fmt: skip
+        assert closing.tolist() == pytest.approx([0.005, 0.013, 0.022, 0.022, 0.022, 0.029])
 
     def test_a_batch_waits_the_delay_for_company_then_goes(self) -> None:
         served = serve([0.0, 0.004], [1, 2], alpha_s=0.002, beta_s=0.001, max_batch=8, delay_s=0.01)

@@ -2,15 +2,16 @@
 is checked against.
 
 The simulator's replica (`replica`) counts in requests of one size: a request of k rows costs
-β·k, and a batch limit of B rows holds B // k of them. Clients that send varied rows a request (a
-ranking call with 1 to 50 candidates, an image batch of whatever the user uploaded) make batches
-that differ in rows for the same number of requests, and a batch that closes on the first
-request that does not fit. This follows the runtime's batcher rule for rule, for requests of
-any rows: a batch starts with the oldest waiting request and dispatches once the rows waiting
-reach the limit or the oldest has waited `delay_s`, never before the device is free; it takes
-the waiting requests oldest first while their rows fit the limit (the first one always: a
-request larger than the limit runs alone). No admission and no deadlines: every request is
-served, and its latency is its batch's end less its arrival.
+β·k, and a batch limit of B rows holds B // k of them. Clients that send varied rows a request
+(a ranking call with 1 to 50 candidates, an image batch of whatever the user uploaded) make
+batches that differ in rows for the same number of requests, and batches whose next request
+does not fit. This follows the runtime's batcher rule for rule, for requests of any rows: a
+batch starts with the oldest waiting request and dispatches once the rows waiting reach the
+limit or the oldest has waited `delay_s`, never before the device is free; it takes the waiting
+requests oldest first while their rows fit the limit (the first one always: a request larger
+than the limit runs alone), then fills the room the first that did not fit leaves with the
+requests behind it that fit, oldest first (looking at `FILL_SCAN` of them). No admission and no
+deadlines: every request is served, and its latency is its batch's end less its arrival.
 
 `RowMix` (`batchpilot.api.request_rows`) is a distribution of rows a request (`1:9,16:1`:
 nine in ten bring one row, one in ten sixteen); `serve` runs given arrivals and sizes,
@@ -21,12 +22,17 @@ Pure: numpy and arithmetic.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from batchpilot.api.request_rows import RowMix
+
+FILL_SCAN = 64
+"""The requests behind one that does not fit a batch looked at to fill its room (the runtime's
+`batch_queue.FILL_SCAN`)."""
 
 FloatArray = np.ndarray[Any, np.dtype[np.float64]]
 IntArray = np.ndarray[Any, np.dtype[np.int64]]
@@ -47,6 +53,7 @@ def latencies(
     delay_s: float,
     requests: int,
     seed: int = 0,
+    fill_scan: int = FILL_SCAN,
 ) -> FloatArray:
     """Each request's latency (seconds, in arrival order) on one replica offered `rate` Poisson
     requests per second of `mix`'s rows, with batches of t(b) = α + β·b for b rows."""
@@ -61,6 +68,7 @@ def latencies(
         beta_s=beta_s,
         max_batch=max_batch,
         delay_s=delay_s,
+        fill_scan=fill_scan,
     )
 
 
@@ -72,38 +80,63 @@ def serve(
     beta_s: float,
     max_batch: int,
     delay_s: float,
+    fill_scan: int = FILL_SCAN,
 ) -> FloatArray:
     """Each request's latency (seconds) for requests arriving at `arrivals` (sorted) with
-    `sizes` rows each, on one replica with batches of t(b) = α + β·b for b rows."""
+    `sizes` rows each, on one replica with batches of t(b) = α + β·b for b rows. `fill_scan`:
+    how many requests behind one that does not fit are looked at to fill the room (0: none,
+    the batch closes on it)."""
     if len(arrivals) != len(sizes):
         raise ValueError("one size for each arrival")
     if max_batch < 1 or delay_s < 0:
         raise ValueError("need a batch limit of at least one row and no negative delay")
     requests = len(arrivals)
     out = np.empty(requests, dtype=np.float64)
-    head, free = 0, 0.0
-    while head < requests:
-        oldest = arrivals[head]
+    waiting: deque[int] = deque()  # admitted, not yet in a batch, oldest first
+    waiting_rows = 0
+    arrived = 0  # arrivals[:arrived] are in the queue or served
+    free = 0.0
+    while arrived < requests or waiting:
+        if not waiting:
+            waiting.append(arrived)
+            waiting_rows += sizes[arrived]
+            arrived += 1
+        oldest = arrivals[waiting[0]]
         start = free if free > oldest else oldest
         dispatch = max(start, oldest + delay_s)
-        # Full earlier: the moment the rows waiting reach the limit, if before the delay ends.
-        waiting, i = 0, head
-        while i < requests and arrivals[i] <= dispatch:
-            waiting += sizes[i]
-            if waiting >= max_batch:
-                dispatch = max(start, arrivals[i])
-                break
-            i += 1
-        # The batch: oldest first while their rows fit (the first one always).
-        rows, end = 0, head
-        while (
-            end < requests
-            and arrivals[end] <= dispatch
-            and (end == head or rows + sizes[end] <= max_batch)
-        ):
-            rows += sizes[end]
-            end += 1
+        if waiting_rows >= max_batch:
+            dispatch = start
+        else:
+            # Full earlier: the moment the rows waiting reach the limit, if before the delay.
+            rows, i = waiting_rows, arrived
+            while i < requests and arrivals[i] <= dispatch:
+                rows += sizes[i]
+                if rows >= max_batch:
+                    dispatch = max(start, arrivals[i])
+                    break
+                i += 1
+        while arrived < requests and arrivals[arrived] <= dispatch:
+            waiting.append(arrived)
+            waiting_rows += sizes[arrived]
+            arrived += 1
+        # The batch: oldest first while their rows fit (the first one always), then the room
+        # left filled from behind the first that did not fit.
+        batch: list[int] = []
+        rows = 0
+        while waiting and (not batch or rows + sizes[waiting[0]] <= max_batch):
+            batch.append(waiting.popleft())
+            rows += sizes[batch[-1]]
+        i, end = 1, min(len(waiting), 1 + fill_scan)
+        while i < end and rows < max_batch:
+            if rows + sizes[waiting[i]] <= max_batch:
+                batch.append(waiting[i])
+                rows += sizes[waiting[i]]
+                del waiting[i]
+                end -= 1
+            else:
+                i += 1
+        waiting_rows -= rows
         free = dispatch + alpha_s + beta_s * rows
-        out[head:end] = free - np.asarray(arrivals[head:end])
-        head = end
+        for j in batch:
+            out[j] = free - arrivals[j]
     return out

@@ -36,9 +36,8 @@ holds B requests, or when its oldest request has waited the queue delay D and th
 - Requests of varied rows. A request of r rows is r rows arriving at once: in units of a request
   of the mean size k, the rows' dispersion is the arrivals' plus the sizes' squared coefficient
   of variation c² (measured by the runtime), and it widens the batch sizes' spread and the
-  backlog's tail as clumps do. A batch closes on the first request that does not fit, which
-  leaves about half a size-biased request's rows empty, (E[r²]/E[r] − 1)/2 (at most a quarter
-  of the limit), so a full batch holds (B − that)/k requests.
+  backlog's tail as clumps do. The batcher fills the room a request that does not fit leaves
+  with smaller ones from behind it, so a full batch holds B/k requests.
 - P99 ≈ queue wait + t(b₉₉) + the latency spent outside the batcher (`overhead_s`: decoding,
   pre- and post-processing; the decision function learns it from observed P99).
 
@@ -53,9 +52,9 @@ short by more than 10 % (the worst over: +240 % at B 64 and c 0.4 under light lo
 backlog's heavy-traffic stretch is pessimistic). The decision function anchors predictions to
 the observed P99 and falls back to feedback when they disagree. With requests of varied rows,
 against the batcher rule for rule in rows (`batchpilot.simulation.sizes`; three services, seven
-mixes, B 16 and 64, D 2 and 10 ms, loads 30-85 %: `bench/request_sizes.py`): median -2 to -5 %
-on mixes of cv 0.9-2.7, where the mean size alone reads -29 to -73 %; 6 of 144 such points
-more than 25 % short (the large requests the limit's size at light load).
+mixes, B 16 and 64, D 2 and 10 ms, loads 30-85 %: `bench/request_sizes.py`): median -2 to +12 %
+on mixes of cv 0.9-2.7, where the mean size alone reads -25 to -69 %; 2 of 144 such points
+more than 25 % short.
 
 Pure: arithmetic only.
 """
@@ -119,15 +118,12 @@ class LatencyFit:
     def in_requests(self, max_batch: int) -> tuple[float, float]:
         """(β per request, requests a batch limit of `max_batch` rows holds: at least one, a
         larger request runs alone). Requests of one size fill a batch with as many whole ones
-        as fit. Requests of varied sizes leave room unused: the batch closes on the first one
-        that does not fit, and a batch that closes at a random point of the size-biased stream
-        leaves half of such a request's rows, about (E[r²]/E[r] - 1)/2, empty (at most a
-        quarter of the limit: requests larger than the limit run alone, over it)."""
+        as fit. Requests of varied sizes fill it: the runtime's batcher fills the room a request
+        that does not fit leaves with the smaller ones behind it, so a full batch holds the
+        limit's rows, `max_batch / k` requests of the mean size k."""
         k = self.rows_per_request
         if self.rows_cv >= VARIED_ROWS_CV:
-            biased = k * (1.0 + self.rows_cv * self.rows_cv)  # E[r²]/E[r]
-            empty = min((biased - 1.0) / 2, max_batch / 4)
-            return self.beta_s * k, max(1.0, (max_batch - empty) / k)
+            return self.beta_s * k, max(1.0, max_batch / k)
         if k == 1.0:
             return self.beta_s, max_batch
         return self.beta_s * k, max(1, int(max_batch / k + WHOLE_SLACK))

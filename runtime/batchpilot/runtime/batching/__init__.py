@@ -6,7 +6,10 @@ oldest request has waited `max_queue_delay`, or once the requests outstanding ar
 most the queue has recently held at once (`population`: a closed loop's clients are all here and
 none will send more). Settings are read once per batch, so they can change while serving. A
 request larger than `max_batch_size` runs alone rather than failing: the autopilot may lower the
-limit while clients keep sending what they always sent.
+limit while clients keep sending what they always sent. Where the next request does not fit the
+room a batch has left, the batch fills it with the requests behind that one that fit, oldest
+first: requests of varied rows would otherwise leave about half a large request's rows of every
+full batch empty, and the one that did not fit, still the oldest, heads the next batch.
 
 With several model instances the batcher runs that many workers on the same queue: each takes
 the next batch as soon as it is free, so up to `instances` batches run at once. Busy time is the
