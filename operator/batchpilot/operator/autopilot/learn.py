@@ -220,12 +220,9 @@ def batch_cv(observation: Observation, known: float) -> float:
     Below `STEADY_CV` it is none (what a fit's own small errors leave on batches that take
     their time); above, in steps of `CV_STEP`, at most `MAX_BATCH_CV` — on a grid, as the
     dispersion is, for the capacity search's memory."""
-    measured = observation.batch_time_cv
-    if measured is None or not math.isfinite(measured):
-        return known
-    if measured < STEADY_CV:
-        return 0.0
-    return round(round(min(measured, MAX_BATCH_CV) / CV_STEP) * CV_STEP, 4)
+    return _stepped(
+        observation.batch_time_cv, known, least=STEADY_CV, step=CV_STEP, most=MAX_BATCH_CV
+    )
 
 
 def rows_cv(observation: Observation, known: float) -> float:
@@ -233,12 +230,25 @@ def rows_cv(observation: Observation, known: float) -> float:
     Below `VARIED_ROWS_CV` every request brings the same rows (the window's edges leave a
     little); above, in steps of `ROWS_CV_STEP` up to `MAX_ROWS_CV` — on a grid, for the
     capacity search's memory."""
-    measured = observation.request_rows_cv
+    return _stepped(
+        observation.request_rows_cv,
+        known,
+        least=VARIED_ROWS_CV,
+        step=ROWS_CV_STEP,
+        most=MAX_ROWS_CV,
+    )
+
+
+def _stepped(
+    measured: float | None, known: float, *, least: float, step: float, most: float
+) -> float:
+    """A measured spread on the model's grid: the last known where none was measured, 0 below
+    `least`, else to the nearest `step`, at most `most`."""
     if measured is None or not math.isfinite(measured):
         return known
-    if measured < VARIED_ROWS_CV:
+    if measured < least:
         return 0.0
-    return round(round(min(measured, MAX_ROWS_CV) / ROWS_CV_STEP) * ROWS_CV_STEP, 4)
+    return round(round(min(measured, most) / step) * step, 4)
 
 
 def split_dispersion(measured: float, over: int, replicas: int) -> float:
