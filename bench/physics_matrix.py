@@ -1,8 +1,8 @@
 """The autopilot on service physics the shipped traces do not use, beside the bounds.
 
     .venv/bin/python bench/physics_matrix.py --seed 5353 [--physics textbook,fixed,mid,big]
-        [--kinds ramp,step] [--retries attempts=3,delay_s=1] [--clump 4] [--cv 0.2] [--procs 2]
-        [--json out.json]
+        [--kinds ramp,step] [--retries attempts=3,delay_s=1] [--clump 4] [--cv 0.2]
+        [--rows 1:9,16:1 [--blind-rows]] [--procs 2] [--json out.json]
 
 `slo_matrix.py` runs every baseline on one physics at a time; this runs the autopilot, the
 reactive bound (knows the present rate and the true capacity, pays the cold start) and the
@@ -17,7 +17,12 @@ and GPU-seconds over the oracle's. Traces are generated from `--seed` (pick one 
 files do not use); the objective is declared per kind as in `slo_matrix.py`. `--retries`: the
 clients send what is refused again (`batchpilot.simulation.clients`), for every policy alike;
 `--clump M`: requests arrive in clumps of mean size M, a clump's at once (`Trace.arrivals`);
-`--cv V`: every physics' batch times vary around t(b) by V (`ServiceTruth.cv`).
+`--cv V`: every physics' batch times vary around t(b) by V (`ServiceTruth.cv`); `--rows MIX`:
+every request's rows drawn from the mix (`ServiceTruth.row_mix`: replicas that count in rows, a
+batch filled from behind a request that does not fit), the trace's rates over the mix's mean
+rows so that the rows a second are the one-row physics'; `--blind-rows`: the replicas do not
+export the rows' spread (`ClusterConfig.rows_spread`), as runtimes before it, and the autopilot
+plans by the mean rows alone.
 """
 
 from __future__ import annotations
@@ -26,10 +31,11 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing import Pool
 from pathlib import Path
 
+from batchpilot.api.request_rows import RowMix
 from batchpilot.simulation import Scenario, Trace, simulate
 from batchpilot.simulation.clients import Retries
 from batchpilot.simulation.cluster import ClusterConfig
@@ -61,16 +67,22 @@ POLICIES = ("autopilot", "reactive", "oracle")
 
 
 def run(
-    job: tuple[str, str, int, str, str, float, float],
+    job: tuple[str, str, int, str, str, float, float, str, bool],
 ) -> tuple[str, str, str, float, float]:
     """(physics, kind, policy, attainment, GPU-seconds) of one simulation."""
-    name, kind, seed, policy, retries, clump, cv = job
+    name, kind, seed, policy, retries, clump, cv, rows, blind_rows = job
     physics = PHYSICS[name]
-    trace = Trace.from_points(generate(kind, seed), name=f"{kind}-{seed}", duration_s=None)
+    mix = RowMix.parse(rows) if rows else None
+    per_request = 1.0 / mix.mean if mix is not None else 1.0
+    points = [(t, rate * per_request) for t, rate in generate(kind, seed)]
+    trace = Trace.from_points(points, name=f"{kind}-{seed}", duration_s=None)
     service = physics.service + (f",cv={cv}" if cv else "")
+    truth = ServiceTruth.parse(service)
+    if mix is not None:
+        truth = replace(truth, rows_per_request=1, row_mix=mix)
     scenario = Scenario(
         trace=trace,
-        service=ServiceTruth.parse(service),
+        service=truth,
         sla_s=physics.sla_s,
         objective=OBJECTIVE[kind],
         max_replicas=physics.max_replicas,
@@ -78,6 +90,7 @@ def run(
             cold_start_s=physics.cold_start_s,
             retries=Retries.parse(retries) if retries else None,
             clump=clump,
+            rows_spread=not blind_rows,
         ),
     )
     summary = simulate(scenario, policy).summary
@@ -92,6 +105,8 @@ def main() -> int:
     parser.add_argument("--retries", default="", help="clients retry: attempts=3,delay_s=1,…")
     parser.add_argument("--clump", type=float, default=1.0, help="mean clump size (1: Poisson)")
     parser.add_argument("--cv", type=float, default=0.0, help="batch times' spread (0: exact)")
+    parser.add_argument("--rows", default="", help="rows a request from a mix: 1:9,16:1")
+    parser.add_argument("--blind-rows", action="store_true", help="the rows' spread unexported")
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -102,10 +117,12 @@ def main() -> int:
     began = time.perf_counter()
     try:
         Retries.parse(args.retries)
+        if args.rows:
+            RowMix.parse(args.rows)
     except ValueError as exc:
         parser.error(str(exc))
     jobs = [
-        (n, k, args.seed, p, args.retries, args.clump, args.cv)
+        (n, k, args.seed, p, args.retries, args.clump, args.cv, args.rows, args.blind_rows)
         for n in names
         for k in kinds
         for p in POLICIES

@@ -12,10 +12,12 @@ run on the same simulated service, so every claim about the policy comes with nu
 attainment by interval and by request, GPU-seconds, scaling actions, utilization.
 
 Modules, bottom up: `service` (the simulated truth), `trace` and `generate` (load), `replica`
-(the queueing core and admission), `scrape` (Prometheus' samples and `rate()`), `observe` (what
-the autopilot would see, and the truth), `capacity` (true capacity, for the oracle), `policies`
-(who turns the knobs), `cluster` (the Deployment over time), `report`, `scenario` (the entry
-point: `simulate(scenario, "autopilot")`), `cli` (`batchpilot simulate`), `plot`.
+(the queueing core and admission; `sized` the same in rows, for requests of varied rows, and
+`sizes` the batcher alone in rows, the latency model's reference), `scrape` (Prometheus' samples
+and `rate()`), `observe` (what the autopilot would see, and the truth), `capacity` (true
+capacity, for the oracle), `policies` (who turns the knobs), `cluster` (the Deployment over
+time), `report`, `scenario` (the entry point: `simulate(scenario, "autopilot")`), `cli`
+(`batchpilot simulate`), `plot`.
 
 Pure: numpy and arithmetic; the CLI reads the trace file and writes the outputs.
 """

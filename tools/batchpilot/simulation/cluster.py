@@ -60,6 +60,7 @@ from batchpilot.simulation.policies import Command, Controller
 from batchpilot.simulation.replica import FloatArray, Replica, Served
 from batchpilot.simulation.report import IntervalRecord, SimulationResult, summarize
 from batchpilot.simulation.service import ServiceTruth
+from batchpilot.simulation.sized import SizedReplica
 from batchpilot.simulation.trace import Trace
 
 Balancing = Literal["random", "round-robin"]
@@ -145,6 +146,10 @@ class ClusterConfig:
     clump: float = 1.0
     """Requests arrive in clumps of this mean size, all of a clump at once (`Trace.arrivals`):
     a client's fan-out, a gateway's bursts. 1: one at a time, Poisson."""
+    rows_spread: bool = True
+    """Where the service's requests bring varied rows (`ServiceTruth.row_mix`): whether the
+    replicas export their spread (`batchpilot_arrival_rows_squared_total`) — runtimes before it
+    did not, and the autopilot planned by the mean rows alone."""
 
     def __post_init__(self) -> None:
         if self.scrape_interval_s < 0 or self.recent_window_s <= 0 or self.window_s <= 0:
@@ -178,7 +183,7 @@ class _Tick:
 class Pod:
     index: int
     """Its name, in effect: the order in which the Deployment created it."""
-    replica: Replica
+    replica: Replica | SizedReplica
     requested_at: float
     ready_at: float
     limit: int
@@ -277,7 +282,7 @@ class _Fleet:
                 if pod.limit != command.batch_size:
                     self.telemetry.batch_limit(pod.index, largest, at=now)
                 pod.limit = command.batch_size
-                pod.replica.max_batch = self.truth.requests_per_batch(command.batch_size)
+                pod.replica.max_batch = self.truth.replica_limit(command.batch_size)
                 pod.replica.delay_s = command.max_queue_delay_s
         active = self.active()
         for _ in range(command.replicas - len(active)):
@@ -302,9 +307,7 @@ class _Fleet:
                 capacity=self.config.queue_capacity,
                 deadline_s=self.deadline_s,
                 burst=(
-                    None
-                    if self.burst_rows is None
-                    else self.truth.requests_per_batch(self.burst_rows)
+                    None if self.burst_rows is None else self.truth.replica_limit(self.burst_rows)
                 ),
                 start=now,
                 seed=self.config.seed * 100_003 + len(self.pods),
@@ -360,6 +363,7 @@ def simulate_cluster(
         seasonality=config.seasonality,
         seed=config.seed,
         startup=startup_timing(truth, calibration_rows, admission=config.admission),
+        rows_cv=truth.row_mix.cv if truth.row_mix is not None and config.rows_spread else None,
     )
     deadline_s = (
         default_deadline_ms(sla_ms=sla_s * 1e3, outside_s=truth.overhead_s) / 1e3

@@ -204,8 +204,13 @@ class Telemetry:
         seasonality: Seasonality | None = None,
         seed: int = 0,
         startup: tuple[ComputePoint, ...] = (),
+        rows_cv: float | None = None,
     ) -> None:
         self.interval_s = interval_s
+        self.rows_cv = rows_cv
+        """The spread of rows a request the replicas export, while any reports: the mix's own
+        (the runtime counts every arrival's rows and their squares, which over a window of
+        thousands of requests reads it to a few per cent); None: one size, or not exported."""
         self.startup = startup
         """The batch times every replica timed at start-up (the runtime's gauge), shown
         while any replica reports."""
@@ -432,7 +437,7 @@ class Telemetry:
             if not result.batches:
                 continue
             sizes = result.sizes
-            rows = sizes * truth.rows_per_request
+            rows = result.rows if result.rows is not None else sizes * truth.rows_per_request
             dispatched = result.dispatched_at
             seconds = result.seconds
             ended = dispatched + seconds
@@ -612,6 +617,7 @@ class Telemetry:
             retried_qps=float(self.retried[lo:k].sum()) / seconds,
             arrival_dispersion=_dispersion([self.dispersion[lo:k].sum(axis=0)]),
             batch_time_cv=_variation(self.variation[lo:k].sum(axis=0)),
+            request_rows_cv=self.rows_cv if reporting else None,
             recent_qps=float(self.arrived[k - recent : k].sum()) / (recent * self.interval_s),
             recent_window_s=self.recent_window_s,
         )
@@ -688,6 +694,7 @@ class Telemetry:
             batch_time_cv=(
                 _variation(rates[Column.VARIATION : Column.TIMED + 1]) if counted else None
             ),
+            request_rows_cv=self.rows_cv if counted else None,
             recent_qps=fast,
             recent_window_s=None if fast is None else self.scrape_interval_s,
             now_qps=gauge if counted and any(math.isfinite(r) for r in readings) else None,

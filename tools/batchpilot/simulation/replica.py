@@ -27,7 +27,7 @@ runtime's does: a request is in time if batches of the limit serve it in time, o
 stand-in for "the batch can take it").
 
 A batch may take longer or shorter than t(b) (`cv`: a log-normal factor of mean 1 on each, as
-a real device's batches vary, `_Variation`); admission still predicts with t(b), as the runtime
+a real device's batches vary, `Variation`); admission still predicts with t(b), as the runtime
 predicts with its mean, and knows when the batch in flight ends.
 
 Not modelled: the batcher's own use of deadlines otherwise (a batch dispatched early, or capped
@@ -81,6 +81,9 @@ class Served:
     """Arrival times of the requests shed because the queue was full."""
     refused_at: FloatArray = field(default_factory=_no_times)
     """Arrival times of the requests refused as predicted to finish after their deadline."""
+    rows: IntArray | None = None
+    """Rows in each batch, where requests bring varied rows (`sized.SizedReplica`); None:
+    `sizes` times the rows every request brings."""
 
     @property
     def batches(self) -> int:
@@ -143,7 +146,7 @@ class Replica:
         """When the device finishes its current batch."""
         self._queue: list[float] = []
         """Arrival times of the requests waiting, oldest first."""
-        self._variation = _Variation(cv, seed) if cv > 0 else None
+        self._variation = Variation(cv, seed) if cv > 0 else None
         """Each batch's time is t(b) times a draw of this (mean 1); None: exactly t(b)."""
 
     @property
@@ -182,7 +185,7 @@ class Replica:
         safe = (
             capacity
             if deadline is None
-            else min(capacity, _rows_within(deadline - busiest, alpha, beta, limit, full_s))
+            else min(capacity, rows_within(deadline - busiest, alpha, beta, limit, full_s))
         )
         free = self.free_at
         dispatched: list[float] = []
@@ -244,7 +247,7 @@ class Replica:
                     or (
                         deadline is not None
                         and (free - first if free > first else 0.0)
-                        + _finish_s(total, alpha, beta, limit, full_s)
+                        + finish_s(total, alpha, beta, limit, full_s)
                         > deadline
                     )
                 ):
@@ -299,7 +302,7 @@ class Replica:
         )
 
 
-class _Variation:
+class Variation:
     """A batch's time on a real device varies around t(b): kernels contend for memory
     bandwidth, the host thread that launches them is descheduled, clocks move with temperature.
     Each batch draws a factor of mean 1 and coefficient of variation `cv` from a log-normal
@@ -393,17 +396,17 @@ class _Gate:
                 busy = free - first if free > first else 0.0
                 # From here on arrivals are in time while the rows ahead and their own fit the
                 # budget the running batch leaves (it only shrinks as they arrive).
-                fits = _rows_within(deadline - busy, alpha, beta, limit, full_s) - waiting
+                fits = rows_within(deadline - busy, alpha, beta, limit, full_s) - waiting
                 if self.reach > limit and waiting > 0:
                     # Or it is in time in batches of the burst size, which the backlog runs as
                     # long as the oldest waiting finishes in time with it.
                     start = free if free > first else first
                     budget = queue[head] + deadline - start
-                    joins = _rows_within(budget, alpha, beta, self.reach, self.reach_s)
+                    joins = rows_within(budget, alpha, beta, self.reach, self.reach_s)
                     fits = max(fits, joins - waiting)
                 if fits <= 0:
                     # With `waiting` ahead, one arriving at `free - slack` or later fits.
-                    slack = deadline - _finish_s(waiting + 1, alpha, beta, limit, full_s)
+                    slack = deadline - finish_s(waiting + 1, alpha, beta, limit, full_s)
                     if slack < 0:
                         self.refused_at.extend(arrivals[pos:stop])
                         return stop
@@ -419,7 +422,7 @@ class _Gate:
         return pos
 
 
-def _finish_s(rows: int, alpha: float, beta: float, limit: int, full_s: float) -> float:
+def finish_s(rows: int, alpha: float, beta: float, limit: int, full_s: float) -> float:
     """Device time for `rows` queued rows, the last one's included, as the runtime predicts it:
     full batches of `limit` (the rows arriving meanwhile fill the last), or one batch of them."""
     if rows >= limit:
@@ -427,8 +430,8 @@ def _finish_s(rows: int, alpha: float, beta: float, limit: int, full_s: float) -
     return alpha + beta * rows
 
 
-def _rows_within(budget: float, alpha: float, beta: float, limit: int, full_s: float) -> int:
-    """The most rows whose `_finish_s` is within `budget` (0: not even one)."""
+def rows_within(budget: float, alpha: float, beta: float, limit: int, full_s: float) -> int:
+    """The most rows whose `finish_s` is within `budget` (0: not even one)."""
     if budget >= full_s:
         return int(budget // full_s) * limit
     if beta > 0 and budget >= alpha + beta:

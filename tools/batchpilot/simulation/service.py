@@ -28,7 +28,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from batchpilot.api.request_rows import RowMix
 from batchpilot.simulation.replica import Replica
+from batchpilot.simulation.sized import SizedReplica
 
 MAX_CV = 2.0
 """Beyond this a batch's time is not t(b) with noise but something else."""
@@ -48,6 +50,9 @@ class ServiceTruth:
     overhead_s: float = 0.0
     rows_per_request: int = 1
     cv: float = 0.0
+    row_mix: RowMix | None = None
+    """Requests of varied rows, drawn from this mix (`rows_per_request` then 1): its replicas
+    count in rows (`sized.SizedReplica`). None: every request brings `rows_per_request`."""
 
     def __post_init__(self) -> None:
         if self.alpha_s < 0 or self.beta_s < 0 or self.overhead_s < 0:
@@ -58,9 +63,21 @@ class ServiceTruth:
             raise ValueError("a request carries at least one row")
         if not 0 <= self.cv <= MAX_CV:
             raise ValueError(f"cv is the batch time's spread around t(b), 0 to {MAX_CV}")
+        if self.row_mix is not None and self.rows_per_request != 1:
+            raise ValueError("rows a request: one size (rows_per_request) or a mix, not both")
 
     def batch_seconds(self, rows: float) -> float:
         return self.alpha_s + self.beta_s * rows
+
+    @property
+    def mean_rows(self) -> float:
+        """The mean rows a request brings."""
+        return self.row_mix.mean if self.row_mix is not None else float(self.rows_per_request)
+
+    def replica_limit(self, max_batch: int) -> int:
+        """What a replica's batch limit counts for a limit of `max_batch` rows: rows where they
+        vary (`SizedReplica`), else the whole requests they hold."""
+        return max_batch if self.row_mix is not None else self.requests_per_batch(max_batch)
 
     def requests_per_batch(self, max_batch: int) -> int:
         """Whole requests a batch limit of `max_batch` rows holds (a larger request runs alone)."""
@@ -71,11 +88,22 @@ class ServiceTruth:
         """Device time one more request adds to a batch: β for each of its rows."""
         return self.beta_s * self.rows_per_request
 
-    def replica(self, *, max_batch: int, delay_s: float, **options: Any) -> Replica:
+    def replica(self, *, max_batch: int, delay_s: float, **options: Any) -> Replica | SizedReplica:
         """A replica of this service, counting in requests: its batch limit is the requests
         `max_batch` rows hold (`requests_per_batch`, as the cluster sets it again when the limit
-        changes), a request costs `request_beta_s`. `seed`: its batch times' draws, where
-        they vary."""
+        changes), a request costs `request_beta_s`. Where the rows vary, counting in rows
+        (`SizedReplica`; a `burst` option in rows too). `seed`: its batch times' draws, where
+        they vary, and its requests' rows."""
+        if self.row_mix is not None:
+            return SizedReplica(
+                alpha_s=self.alpha_s,
+                beta_s=self.beta_s,
+                mix=self.row_mix,
+                max_batch=max_batch,
+                delay_s=delay_s,
+                cv=self.cv,
+                **options,
+            )
         return Replica(
             alpha_s=self.alpha_s,
             beta_s=self.request_beta_s,
@@ -86,7 +114,10 @@ class ServiceTruth:
         )
 
     def capacity(self, max_batch: int) -> float:
-        """Requests per second one replica serves with full batches of `max_batch` rows."""
+        """Requests per second one replica serves with full batches of `max_batch` rows (where
+        the rows vary, batches the batcher fills to the limit)."""
+        if self.row_mix is not None:
+            return max_batch / self.row_mix.mean / (self.alpha_s + self.beta_s * max_batch)
         n = self.requests_per_batch(max_batch)
         return n / (self.alpha_s + self.request_beta_s * n)
 
@@ -96,6 +127,8 @@ class ServiceTruth:
             text += f", +{self.overhead_s * 1e3:.3g} ms outside the device"
         if self.rows_per_request > 1:
             text += f", {self.rows_per_request} rows a request"
+        if self.row_mix is not None:
+            text += f", {self.row_mix.describe()}"
         if self.cv:
             text += f", batch times ±{self.cv:.0%} (cv)"
         return text
