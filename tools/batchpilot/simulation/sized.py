@@ -13,7 +13,7 @@ batcher and admission (`batchpilot.runtime.batching`) rule for rule in rows, one
   limit or the oldest has waited `delay_s`, never before the device is free nor before `since`;
   it takes requests oldest first while their rows fit (the first always: one over the limit
   runs alone), then fills the room the first that did not fit leaves with the requests behind
-  it that fit, oldest first (`FILL_SCAN` of them);
+  it that fit, oldest first (`sizes.take`, as `sizes.serve` forms batches);
 - with a deadline, a request is refused at arrival (`predicted_late`) when the device's busy
   time left, plus full batches of the limit for the rows queued ahead and its own, is later than
   its deadline — or, with a burst size, in time in batches of the burst size with the oldest
@@ -36,7 +36,7 @@ import numpy as np
 
 from batchpilot.api.request_rows import RowMix
 from batchpilot.simulation.replica import Served, Variation, rows_within
-from batchpilot.simulation.sizes import FILL_SCAN
+from batchpilot.simulation.sizes import take
 
 
 class SizedReplica:
@@ -194,20 +194,10 @@ class SizedReplica:
             ):
                 room = queue[0][0] + deadline - dispatch - alpha
                 most = min(reach, max(limit, int(room / beta) if beta > 0 else reach))
-        batch: list[tuple[float, int]] = []
-        rows = 0
-        while queue and (not batch or rows + queue[0][1] <= most):
-            item = queue.popleft()
-            batch.append(item)
-            rows += item[1]
-        i, end = 1, min(len(queue), 1 + FILL_SCAN)
-        while i < end and rows < most:
-            if rows + queue[i][1] <= most:
-                batch.append(queue[i])
-                rows += queue[i][1]
-                del queue[i]
-                end -= 1
-            else:
-                i += 1
+        batch, rows = take(queue, _rows_of, most)
         self._queued_rows -= rows
         return batch
+
+
+def _rows_of(request: tuple[float, int]) -> int:
+    return request[1]

@@ -23,8 +23,8 @@ Pure: numpy and arithmetic.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -36,6 +36,31 @@ FILL_SCAN = 64
 
 FloatArray = np.ndarray[Any, np.dtype[np.float64]]
 IntArray = np.ndarray[Any, np.dtype[np.int64]]
+T = TypeVar("T")
+
+
+def take(
+    waiting: deque[T], rows_of: Callable[[T], int], most: int, scan: int = FILL_SCAN
+) -> tuple[list[T], int]:
+    """The batch the runtime's batcher forms from `waiting` (oldest first; taken out of it), and
+    its rows: requests oldest first while their rows fit `most` (the first always), then the
+    room the first that did not fit leaves filled with the requests behind it that fit, oldest
+    first, looking at `scan` of them."""
+    batch: list[T] = []
+    rows = 0
+    while waiting and (not batch or rows + rows_of(waiting[0]) <= most):
+        batch.append(waiting.popleft())
+        rows += rows_of(batch[-1])
+    i, end = 1, min(len(waiting), 1 + scan)
+    while i < end and rows < most:
+        if rows + rows_of(waiting[i]) <= most:
+            batch.append(waiting[i])
+            rows += rows_of(waiting[i])
+            del waiting[i]
+            end -= 1
+        else:
+            i += 1
+    return batch, rows
 
 
 def draw(mix: RowMix, n: int, rng: np.random.Generator) -> IntArray:
@@ -121,20 +146,7 @@ def serve(
             arrived += 1
         # The batch: oldest first while their rows fit (the first one always), then the room
         # left filled from behind the first that did not fit.
-        batch: list[int] = []
-        rows = 0
-        while waiting and (not batch or rows + sizes[waiting[0]] <= max_batch):
-            batch.append(waiting.popleft())
-            rows += sizes[batch[-1]]
-        i, end = 1, min(len(waiting), 1 + fill_scan)
-        while i < end and rows < max_batch:
-            if rows + sizes[waiting[i]] <= max_batch:
-                batch.append(waiting[i])
-                rows += sizes[waiting[i]]
-                del waiting[i]
-                end -= 1
-            else:
-                i += 1
+        batch, rows = take(waiting, sizes.__getitem__, max_batch, fill_scan)
         waiting_rows -= rows
         free = dispatch + alpha_s + beta_s * rows
         for j in batch:

@@ -566,11 +566,18 @@ class BatchQueue:
             rows += item.rows
             due = min(due, deadline)
         if taken and group and rows < max_rows:
-            self._fill(group, taken, max_rows - rows, due, now=now)
+            self._fill(group, taken, rows, max_rows, due, now=now)
         return tuple(taken)
 
     def _fill(
-        self, group: deque[Pending], taken: list[Pending], room: int, due: float, *, now: float
+        self,
+        group: deque[Pending],
+        taken: list[Pending],
+        rows: int,
+        max_rows: int,
+        due: float,
+        *,
+        now: float,
     ) -> None:
         """Fill the room a batch leaves when the next request does not fit in it (or would make
         it late): with the requests behind that one that fit and keep the batch in time, oldest
@@ -578,12 +585,11 @@ class BatchQueue:
         leave about half a large request's rows of every full batch empty; the request that did
         not fit is still the oldest waiting, and heads the next batch."""
         timing = self._predictor.timing if self._predictor is not None else None
-        rows = sum(item.rows for item in taken)
         i, end = 1, min(len(group), 1 + FILL_SCAN)
-        while i < end and room > 0:
+        while i < end and rows < max_rows:
             item = group[i]
             deadline = math.inf if item.deadline is None else item.deadline
-            fits = item.rows <= room and not item.future.done() and now < deadline
+            fits = rows + item.rows <= max_rows and not item.future.done() and now < deadline
             if fits and timing is not None and deadline < math.inf and not item.probe:
                 with_it = timing.seconds(rows + item.rows)
                 fits = with_it is None or now + with_it <= min(due, deadline)
@@ -595,7 +601,6 @@ class BatchQueue:
             self._dequeued(item, group)
             taken.append(item)
             rows += item.rows
-            room -= item.rows
             due = min(due, deadline)
 
     def _expire(self, item: Pending, group: deque[Pending], reason: str) -> None:
