@@ -60,6 +60,8 @@ class SizedReplica:
     ) -> None:
         if capacity < 1 or max_batch < 1:
             raise ValueError("capacity and max_batch must be at least 1")
+        if cv < 0:
+            raise ValueError("the compute time's coefficient of variation must not be negative")
         self.alpha_s = alpha_s
         self.beta_s = beta_s
         self.max_batch = max_batch
