@@ -18,7 +18,7 @@ from batchpilot.operator.autopilot.answers import (
     covered_span,
     observation_from,
 )
-from batchpilot.operator.autopilot.observation import Observation
+from batchpilot.operator.autopilot.observation import Observation, PodCompute
 
 
 def answer(value: float) -> list[dict[str, Any]]:
@@ -116,3 +116,28 @@ def test_the_memory_a_device_ran_out_of_is_read_as_rows() -> None:
         ).memory_rows
         is None
     )
+
+
+def test_each_replicas_batches_are_read_by_its_pod() -> None:
+    def by_pod(**values: float) -> list[dict[str, Any]]:
+        return [
+            {"metric": {"namespace": "a", "isvc": "one", "pod": pod}, "value": [0, str(v)]}
+            for pod, v in values.items()
+        ]
+
+    raw: Raw = {
+        "reporting": answer(3),
+        "qps": answer(10.0),
+        # batches, rows and seconds a second: pod c ran no batch; pod d's rows are missing
+        "pod_batches": by_pod(a=10.0, b=5.0, c=0.0, d=1.0),
+        "pod_rows": by_pod(a=40.0, b=40.0, c=0.0),
+        "pod_seconds": by_pod(a=0.12, b=0.1, c=0.0, d=0.01),
+    }
+    seen = observation_from(
+        raw, window_s=60, recent_s=30, seasonality=None, ready_replicas=3, at=0.0
+    )
+    assert seen.pods == (
+        PodCompute("a", mean_batch=4.0, mean_seconds=pytest.approx(0.012), batches=600.0),  # type: ignore[arg-type]
+        PodCompute("b", mean_batch=8.0, mean_seconds=pytest.approx(0.02), batches=300.0),  # type: ignore[arg-type]
+    )
+    assert observed(None, None).pods == ()

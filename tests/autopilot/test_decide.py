@@ -26,7 +26,7 @@ from batchpilot.operator.autopilot.learn import (
     reaction_horizon,
     saturated_load,
 )
-from batchpilot.operator.autopilot.observation import ComputePoint, Observation
+from batchpilot.operator.autopilot.observation import ComputePoint, Observation, PodCompute
 from batchpilot.operator.autopilot.pacing import pace, verified
 from batchpilot.operator.autopilot.policy import LOAD_HEADROOM, Decision, InForce, Policy
 from batchpilot.operator.autopilot.service_model import LatencyFit, predict
@@ -336,6 +336,43 @@ class TestRequestsOfVariedSizes:
 
     def test_a_window_without_it_keeps_the_one_known_and_a_restart_too(self) -> None:
         kept_and_persisted("request_rows_cv", "rows_cv", "rowsCv", 1.2, (-0.1, 11.0, "nan"), 0.0)
+
+
+class TestASlowReplica:
+    """One replica's batches take twice its peers': the decision names its pod for replacement
+    once it stays so, remembers that through the resource, and never twice in a row."""
+
+    @staticmethod
+    def window(at: float, slow: str = "r-2") -> Observation:
+        pods = tuple(
+            PodCompute(name, 4.0, MODEL.batch_seconds(4) * (2 if name == slow else 1), 900)
+            for name in ("r-0", "r-1", "r-2", "r-3")
+        )
+        return replace(measured(600), at=at, ready_replicas=4, pods=pods)
+
+    def test_it_is_replaced_and_remembered(self) -> None:
+        current, state = InForce(4, 8, 0.005), State(fit=MODEL, overhead_s=0.01)
+        first, state = decide(self.window(0), POLICY, current, state, now=0)
+        assert first.replace == ()
+        assert "pod r-2's batches take 2.0× its peers'" in first.reason
+        state = State.from_dict(state.to_dict())  # through status.autopilot
+        second, state = decide(self.window(30), POLICY, current, state, now=30)
+        assert second.replace == ("r-2",)
+        assert "replacing pod r-2 (2.0× for 30 s)" in second.reason
+        state = State.from_dict(state.to_dict())
+        assert state.stragglers.replaced == (("r-2", 30.0),)
+        # Draining, it is still in the next windows: not replaced again, not anyone's peer.
+        third, _ = decide(self.window(45), POLICY, current, state, now=45)
+        assert third.replace == ()
+        assert "r-2" not in third.reason
+
+    def test_not_while_a_rollout_runs_two_templates(self) -> None:
+        policy = replace(POLICY, rolling=True)
+        current, state = InForce(4, 8, 0.005), State(fit=MODEL, overhead_s=0.01)
+        for now in (0, 30, 60):
+            decision, state = decide(self.window(now), policy, current, state, now=now)
+            assert decision.replace == ()
+            assert "peers" not in decision.reason
 
 
 class TestRequestsOfSeveralRows:

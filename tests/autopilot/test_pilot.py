@@ -10,11 +10,12 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from batchpilot.operator.autopilot.observation import ComputePoint, Observation
+from batchpilot.operator.autopilot.observation import ComputePoint, Observation, PodCompute
 from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
 from batchpilot.operator.autopilot.pod_metrics import PodScraper
 from batchpilot.operator.autopilot.prometheus import Scope
 from batchpilot.operator.autopilot.reporting import HEARTBEAT_S
+from batchpilot.operator.children.common import ISVC_LABEL
 from batchpilot.operator.children.deadline import default_deadline_ms
 from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT
 from batchpilot.operator.reconciler import Reconciler
@@ -247,6 +248,86 @@ class TestAuto:
         # The window opened at tick 0 and is covered 300 s later, at tick 20, restart or not.
         assert replicas == [3] * 20 + [1] * 4
         assert world.body["status"]["autopilot"]["fit"]["confident"] is True
+
+
+class TestASlowReplica:
+    """A replica whose batches take twice its peers': its pod is deleted, once it is read back as
+    this service's, with an Event that names its node."""
+
+    @staticmethod
+    def world(mode: str = "auto", *, owner: str = "resnet50") -> tuple[World, list[float]]:
+        clock = [T]
+
+        def uneven(scope: Scope, *, ready_replicas: int | None) -> Observation:
+            pods = (
+                PodCompute(f"resnet50-6c4f9-{name}", 1.0, seconds, 2000)
+                for name, seconds in (("a1", 0.006), ("b2", 0.006), ("c3", 0.012))
+            )
+            seen = overloaded(scope, ready_replicas=ready_replicas)
+            return replace(seen, at=clock[0], pods=tuple(pods))
+
+        world = World(mode, observe=uneven, seconds=lambda: clock[0])
+        deployment = world.kube.objects[("Deployment", "vision", "resnet50")]
+        deployment["spec"]["replicas"] = 3
+        deployment["status"] = {"readyReplicas": 3, "replicas": 3, "updatedReplicas": 3}
+        world.kube.put_object({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "resnet50-6c4f9-c3", "namespace": "vision",
+                         "labels": {ISVC_LABEL: owner}},
+            "spec": {"nodeName": "gpu-node-7"},
+        })  # fmt: skip
+        return world, clock
+
+    def test_its_pod_is_deleted_and_the_event_names_the_node(self) -> None:
+        world, clock = self.world()
+        world.tick()  # the fit, first
+        clock[0] += 15
+        world.tick()  # slow
+        assert ("Pod", "vision", "resnet50-6c4f9-c3") in world.kube.objects
+        clock[0] += 15
+        result = world.tick()  # slow still: replaced
+        assert ("Pod", "vision", "resnet50-6c4f9-c3") not in world.kube.objects
+        (event,) = [e for e in result.events if e.reason == "ReplacedSlowReplica"]
+        assert event.message == (
+            "deleted pod resnet50-6c4f9-c3 on node gpu-node-7: its batches ran slower than its "
+            "peers' (2.0× for 15 s); the ReplicaSet starts another"
+        )
+        assert result.decision is not None
+        assert "replacing pod resnet50-6c4f9-c3 (2.0× for 15 s)" in result.decision.reason
+        assert world.body["status"]["autopilot"]["stragglers"]["replaced"] == [
+            ["resnet50-6c4f9-c3", T + 30]
+        ]
+
+    def test_a_pod_of_another_service_is_never_deleted(self) -> None:
+        # Prometheus' pod label named a pod that is not this service's.
+        world, clock = self.world(owner="someone-else")
+        for _ in range(2):
+            world.tick()
+            clock[0] += 15
+        result = world.tick()
+        assert ("Pod", "vision", "resnet50-6c4f9-c3") in world.kube.objects
+        assert "ReplacedSlowReplica" not in [e.reason for e in result.events]
+
+    def test_in_mode_recommend_it_is_said_and_nothing_deleted(self) -> None:
+        world, clock = self.world("recommend")
+        for _ in range(2):
+            world.tick()
+            clock[0] += 15
+        decision = world.tick().decision
+        assert ("Pod", "vision", "resnet50-6c4f9-c3") in world.kube.objects
+        assert decision is not None
+        assert "replacing pod resnet50-6c4f9-c3" in decision.reason
+
+    def test_told_not_to_by_the_spec_it_only_says_so(self) -> None:
+        world, clock = self.world()
+        world.body["spec"]["scaling"]["replaceSlowReplicas"] = False
+        for _ in range(2):
+            world.tick()
+            clock[0] += 15
+        decision = world.tick().decision
+        assert ("Pod", "vision", "resnet50-6c4f9-c3") in world.kube.objects
+        assert decision is not None
+        assert "replaceSlowReplicas is false" in decision.reason
 
 
 class TestRecommend:

@@ -15,7 +15,7 @@ import asyncio
 import math
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,6 +29,8 @@ from batchpilot.operator.autopilot.prometheus import (
     Scope,
     http_query,
 )
+from batchpilot.operator.autopilot.service_model import fit
+from batchpilot.operator.autopilot.stragglers import MIN_BATCHES, slow_pods
 from batchpilot.runtime.loadgen import LoadConfig, RateSchedule, Retries, Target, run_load
 from batchpilot.sandbox.prometheus import PrometheusProcess, prometheus_process
 from tests.runtime_process import RuntimeProcess, Scrape, free_port, runtime_process
@@ -343,3 +345,72 @@ def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
             return lower + (upper - lower) * (rank - below) / (count - below)
         lower, below = upper, count
     raise AssertionError("the +Inf bucket holds every observation")
+
+
+def test_a_replica_slower_than_its_peers_reads_back_as_slow(
+    image_model: Path, tmp_path: Path
+) -> None:
+    # Three replicas of the service, each scraped with its pod's name (as a ServiceMonitor
+    # labels them): two at t(b) = 5 + 0.5·b ms, one whose batches take twice as long.
+    latencies = {
+        "resnet50-6c4f9-a1": "alpha_ms=5,beta_ms=0.5",
+        "resnet50-6c4f9-b2": "alpha_ms=5,beta_ms=0.5",
+        "resnet50-6c4f9-c3": "alpha_ms=10,beta_ms=1",
+    }
+    env = {"BATCHPILOT_ISVC_NAME": SCOPE.isvc, "BATCHPILOT_ISVC_NAMESPACE": SCOPE.namespace}
+    with ExitStack() as stack:
+        runtimes = {
+            pod: stack.enter_context(
+                runtime_process(
+                    image_model,
+                    "--engine",
+                    "simulated",
+                    "--simulated-latency",
+                    latency,
+                    "--max-batch-size",
+                    "8",
+                    "--max-queue-delay-ms",
+                    "2",
+                    log_dir=tmp_path,
+                    env=env,
+                )
+            )
+            for pod, latency in latencies.items()
+        }
+        prometheus = stack.enter_context(prometheus_process(tmp_path))
+        targets_set = time.time()
+        prometheus.set_targets(
+            [(f"127.0.0.1:{runtime.port}", {"pod": pod}) for pod, runtime in runtimes.items()]
+        )
+        wait_until(
+            lambda: len(prometheus.query("batchpilot_engine_info")) == len(runtimes),
+            timeout=20,
+            what="the first scrape of every replica",
+        )
+
+        async def load_all() -> list[int]:
+            reports = await asyncio.gather(
+                *(
+                    run_load(
+                        LoadConfig(
+                            target=Target(url=runtime.url, model="image"),
+                            duration_s=4.0,
+                            schedule=RateSchedule.constant(40),
+                        )
+                    )
+                    for runtime in runtimes.values()
+                )
+            )
+            return [report.succeeded for report in reports]
+
+        succeeded = asyncio.run(load_all())
+        scraped_through(prometheus, sum(succeeded))
+        whole = whole_run(prometheus, targets_set)
+    assert whole is not None
+    assert {p.pod for p in whole.pods} == set(latencies)
+    assert all(p.batches >= MIN_BATCHES for p in whole.pods)
+    model = fit(whole.compute, None)
+    assert model is not None
+    slow = slow_pods(whole.pods, model)
+    assert set(slow) == {"resnet50-6c4f9-c3"}
+    assert 1.6 <= slow["resnet50-6c4f9-c3"] <= 2.4

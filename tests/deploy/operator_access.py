@@ -29,7 +29,7 @@ import re
 import sys
 import urllib.parse
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,7 @@ import yaml
 
 from batchpilot.operator import handlers
 from batchpilot.operator import run as operator_run
-from batchpilot.operator.autopilot.observation import ComputePoint, Observation
+from batchpilot.operator.autopilot.observation import ComputePoint, Observation, PodCompute
 from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
 from batchpilot.operator.autopilot.pod_metrics import PodScraper
 from batchpilot.operator.autopilot.prometheus import Scope
@@ -354,6 +354,41 @@ def run_scenarios() -> RecordingKube:
             ),
         ),
     )
+
+    # Three replicas, one of them twice as slow as its peers for two minutes: its pod is read
+    # back and deleted.
+    kube.put_object({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"{name}-7d9f8-slow1", "namespace": namespace,
+                     "labels": {"batchpilot.io/inferenceservice": name}},
+        "spec": {"nodeName": "gpu-3"},
+    })  # fmt: skip
+    clock = [T]
+
+    def uneven(scope: Scope, *, ready_replicas: int | None) -> Observation:
+        served = overloaded(scope, ready_replicas=ready_replicas)
+        pods = (PodCompute(f"{name}-7d9f8-fast{i}", 1.0, 0.006, 3000) for i in range(2))
+        slow = PodCompute(f"{name}-7d9f8-slow1", 1.0, 0.012, 1500)
+        return replace(served, at=clock[0], pods=(*pods, slow))
+
+    kube.objects[("Deployment", namespace, name)]["status"] = {
+        "readyReplicas": 3,
+        "replicas": 3,
+        "updatedReplicas": 3,
+    }
+    kube.objects[("Deployment", namespace, name)]["spec"]["replicas"] = 3
+    replacing = Autopilot(
+        kube,
+        observe=uneven,
+        pods=kube,
+        push=lambda endpoint, *, token, document: None,
+        clock=lambda: NOW,
+        seconds=lambda: clock[0],
+    )
+    for _ in range(6):
+        body["status"] = {**body["status"], **replacing.tick(copy.deepcopy(body)).status}
+        clock[0] += 30
+    assert ("Pod", namespace, f"{name}-7d9f8-slow1") not in kube.objects
 
     # Leader election: create the Lease, renew it, release it.
     settings = OperatorSettings()

@@ -59,7 +59,8 @@ and checked against it by tests/deploy/test_rbac.py:
   (the NetworkPolicy among them), deletes only the PodDisruptionBudget (none with one replica);
   the autopilot patches the Deployment's replicas and the batching ConfigMap, and reaches the
   ready pods through the operator's watch-fed cache (kopf lists and watches the runtime pods,
-  selected by label);
+  selected by label); it reads and deletes the pod of a replica slower than its peers, for its
+  ReplicaSet to start another;
 - Events (kopf.event) on the InferenceService.
 */}}
 {{- define "batchpilot.namespacedRules" -}}
@@ -92,7 +93,7 @@ and checked against it by tests/deploy/test_rbac.py:
   verbs: ["get", "list", "watch", "create", "update", "delete"]
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch"]
+  verbs: ["get", "list", "watch", "delete"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]

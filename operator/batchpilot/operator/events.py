@@ -24,6 +24,10 @@ ROLLING_IN_PLACE = "RollingInPlace"
 """A rollout's surge pod found no room (no GPU free) for `rollout_in_place_after_seconds`: the
 rollout replaces one replica at a time instead (`rollout.IN_PLACE`)."""
 
+REPLACED_SLOW_REPLICA = "ReplacedSlowReplica"
+"""A replica's batches ran slower than its peers' for a while: its pod was deleted for the
+ReplicaSet to start another (`autopilot.stragglers`). The message names the pod and its node."""
+
 EXPOSURE_NOT_APPLIED = "ExposureNotApplied"
 """The cluster does not serve a kind spec.exposure needs (no Gateway API): the rest is applied."""
 EXPOSURE_REFUSED = "ExposureRefused"

@@ -285,6 +285,9 @@ class ScalingSpec(SpecModel):
     max_replicas: int = Field(default=8, ge=1, le=1000)
     max_batch_size: int = Field(default=64, ge=1, le=4096)
     scale_down_delay_seconds: int = Field(default=300, ge=0, le=86_400)
+    replace_slow_replicas: bool = True
+    """Delete the pod of a replica slower than its peers (`autopilot.stragglers`); false: say
+    so in the decision's reason only."""
 
     @model_validator(mode="after")
     def _ordered(self) -> ScalingSpec:

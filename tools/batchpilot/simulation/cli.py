@@ -26,7 +26,7 @@ from typing import cast
 from batchpilot.operator.autopilot.prometheus import Seasonality
 from batchpilot.simulation import generate
 from batchpilot.simulation.clients import Retries
-from batchpilot.simulation.cluster import ClusterConfig, NodeLoss
+from batchpilot.simulation.cluster import ClusterConfig, NodeLoss, Slowdown
 from batchpilot.simulation.report import DEFAULT_OBJECTIVE, SimulationResult, table
 from batchpilot.simulation.scenario import POLICIES, PolicyName, Scenario, simulate
 from batchpilot.simulation.service import ServiceTruth
@@ -66,6 +66,13 @@ def _node_loss(text: str) -> tuple[float, int]:
     if loss[0] < 0 or loss[1] < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: need AT_S >= 0 and COUNT >= 1")
     return loss
+
+
+def _slowdown(text: str) -> Slowdown:
+    try:
+        return Slowdown.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _retries(text: str) -> Retries:
@@ -246,6 +253,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "autopilot reads too (300, Kubernetes' default; the operator renders 30)",
     )
     cluster.add_argument(
+        "--slowdown",
+        type=_slowdown,
+        action="append",
+        default=[],
+        metavar="AT_S:FACTOR[:DURATION_S[:COUNT]]",
+        help="batches take FACTOR times as long from AT_S seconds in, for DURATION_S (to the "
+        "end): on every replica, new ones too (a heavier input mix, a fleet-wide thermal limit), "
+        "or on the COUNT oldest ready ones (a GPU that throttles; a replica that replaces one is "
+        "normal). Repeat for more",
+    )
+    cluster.add_argument(
+        "--keep-slow-replicas",
+        action="store_true",
+        help="the autopilot does not replace replicas slower than their peers "
+        "(scaling.replaceSlowReplicas: false)",
+    )
+    cluster.add_argument(
         "--retries",
         type=_retries,
         default=None,
@@ -302,6 +326,7 @@ def scenario_of(args: argparse.Namespace) -> Scenario:
         reactive_margin=args.reactive_margin,
         objective=args.objective_percent / 100,
         objective_window_s=args.objective_window_s,
+        replace_slow=not args.keep_slow_replicas,
         cluster=ClusterConfig(
             interval_s=args.interval_s,
             window_s=args.window_s,
@@ -328,6 +353,7 @@ def scenario_of(args: argparse.Namespace) -> Scenario:
                 NodeLoss(at, count, notice_s=args.node_notice_s, eviction_s=args.eviction_s)
                 for at, count in args.lose_node
             ),
+            slowdowns=tuple(args.slowdown),
         ),
     )
 

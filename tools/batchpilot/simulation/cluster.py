@@ -18,6 +18,8 @@ replicas it wants and with which batch settings; then the interval's traffic is 
   (a ReplicaSet deletes them first: starting ones, and dark ones once NotReady, see below), then
   the oldest ready ones;
 - batch settings reach every replica immediately (the operator PUTs them to each ready pod);
+- a pod the controller replaces (a replica slower than its peers) takes no traffic from then
+  on and drains, and the ReplicaSet creates another at once, which pays the cold start;
 - a node may die under some replicas (`ClusterConfig.node_losses`), and Kubernetes finds out as
   it does: at `NodeLoss.at_s` the oldest ready replicas go dark (what they held queued fails,
   Prometheus scrapes them no more); for `notice_s` (the node controller's
@@ -27,7 +29,13 @@ replicas it wants and with which batch settings; then the interval's traffic is 
   deleted pods); `eviction_s` later (the taints' tolerationSeconds) they are deleted and the
   ReplicaSet at once creates a replacement for each, which pays the cold start like any new
   pod of the run. A dark replica a scale-down deletes is gone at once, without a drain. The
-  batch a dark replica was running is counted as answered.
+  batch a dark replica was running is counted as answered;
+- replicas may slow down (`ClusterConfig.slowdowns`): from `Slowdown.at_s`, for
+  `duration_s`, their batches take `factor` times as long — every replica's, new ones too (a
+  heavier input mix, a shared GPU, a thermal limit across the fleet), or `count` ready
+  ones' (a GPU that throttles, a node with a noisy neighbour: a replica that replaces one of
+  them is normal again). Each runtime's admission predicts with its own pace, as the runtime's
+  learns its batch times within seconds.
 
 The Deployment exists before t = 0, idle, and Prometheus has scraped it for a window: the first
 windows see the trace's traffic start, as an autopilot would. `ready_replicas` in an observation
@@ -35,8 +43,8 @@ is the Deployment's ready count at the decision; the replicas whose series Prome
 (ready ones, draining ones, and gone ones until their series go stale) are the telemetry's.
 
 An interval is cut wherever who serves changes: a replica becomes ready, a node dies, its loss
-is noticed, its pods are evicted. Loops are bounded by the number of intervals and, inside an
-interval, by its cuts and replicas.
+is noticed, its pods are evicted, a slowdown begins or ends. Loops are bounded by the number of
+intervals and, inside an interval, by its cuts and replicas.
 """
 
 from __future__ import annotations
@@ -107,6 +115,50 @@ class NodeLoss:
 
 
 @dataclass(frozen=True, slots=True)
+class Slowdown:
+    """Batches that take `factor` times as long from `at_s` for `duration_s`: on every replica,
+    those started meanwhile too (`count` None), or on the `count` oldest ready ones."""
+
+    at_s: float
+    factor: float
+    duration_s: float = math.inf
+    count: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.at_s < 0 or self.duration_s <= 0 or (self.count is not None and self.count < 1):
+            raise ValueError("a slowdown needs a time >= 0, a duration > 0 and >= 1 replica")
+        if not (math.isfinite(self.factor) and self.factor > 0):
+            raise ValueError("a slowdown's factor is a positive number (2: twice as long)")
+
+    @property
+    def until_s(self) -> float:
+        return self.at_s + self.duration_s
+
+    @classmethod
+    def parse(cls, text: str) -> Slowdown:
+        """`AT_S:FACTOR[:DURATION_S[:COUNT]]`: `600:1.5` every replica 1.5× slower from 600 s
+        on; `600:2:900:1` one replica twice as slow for 900 s."""
+        parts = text.split(":")
+        if not 2 <= len(parts) <= 4:
+            raise ValueError(f"{text!r} is not AT_S:FACTOR[:DURATION_S[:COUNT]]")
+        try:
+            at, factor = float(parts[0]), float(parts[1])
+            duration = float(parts[2]) if len(parts) > 2 and parts[2] else math.inf
+            count = int(parts[3]) if len(parts) > 3 else None
+        except ValueError:
+            raise ValueError(f"{text!r} is not AT_S:FACTOR[:DURATION_S[:COUNT]]") from None
+        return cls(at, factor, duration, count)
+
+    def describe(self) -> dict[str, float | int | None]:
+        return {
+            "atS": self.at_s,
+            "factor": self.factor,
+            "durationS": self.duration_s if math.isfinite(self.duration_s) else None,
+            "count": self.count,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterConfig:
     interval_s: float = 15.0
     """The autopilot's control interval (the operator's `autopilot_interval_seconds`)."""
@@ -141,6 +193,8 @@ class ClusterConfig:
     seed: int = 0
     node_losses: tuple[NodeLoss, ...] = ()
     """Nodes that die during the run (none by default)."""
+    slowdowns: tuple[Slowdown, ...] = ()
+    """Replicas whose batches slow down during the run (none by default)."""
     retries: Retries | None = None
     """Clients send what is refused again (`clients`); None: a refused request is dropped."""
     clump: float = 1.0
@@ -193,6 +247,8 @@ class Pod:
     """When it stopped costing: removal while starting, or the end of its drain."""
     lost: NodeLoss | None = None
     """The loss of its node: it serves nothing from `lost.at_s` on."""
+    pace: float = 1.0
+    """Its batches take this many times t(b) (`Slowdown`)."""
 
     def is_ready(self, t: float) -> bool:
         """Ready as Kubernetes sees it: started, and its node's loss not yet noticed."""
@@ -221,9 +277,18 @@ class _Fleet:
     delay_s: float = 0.0
     losses: list[NodeLoss] = field(init=False, default_factory=list)
     """Node losses still to come, soonest first."""
+    pace: float = 1.0
+    """The fleet-wide slowdowns' factor in force: new replicas start at it."""
+    slowing: list[tuple[float, bool, Slowdown]] = field(init=False, default_factory=list)
+    """Slowdowns' beginnings and ends still to come, soonest first: (when, begins, which)."""
+    slowed: dict[int, list[Pod]] = field(init=False, default_factory=dict)
+    """The replicas each slowdown of some replicas slowed (by its place in the config)."""
 
     def __post_init__(self) -> None:
         self.losses = sorted(self.config.node_losses, key=lambda loss: loss.at_s)
+        moments = [(s.at_s, True, s) for s in self.config.slowdowns]
+        moments += [(s.until_s, False, s) for s in self.config.slowdowns if s.until_s < math.inf]
+        self.slowing = sorted(moments, key=lambda m: (m[0], m[1]))
 
     def active(self) -> list[Pod]:
         """Pods that are wanted (starting, ready, or dark and not yet deleted), oldest first."""
@@ -244,6 +309,7 @@ class _Fleet:
         moments = [p.ready_at for p in self.active() if t < p.ready_at < end]
         for loss in self.config.node_losses:
             moments += [m for m in (loss.at_s, loss.noticed_s, loss.evicted_s) if t < m < end]
+        moments += [m for m, _, _ in self.slowing if t < m < end]
         return min(moments, default=end)
 
     def advance(self, t: float, *, cold_start: bool) -> None:
@@ -262,6 +328,33 @@ class _Fleet:
                 pod.removed_at = at
                 self.retire(pod, at)
                 self._create(at, cold_start=cold_start)
+        while self.slowing and self.slowing[0][0] <= t:
+            at, begins, slowdown = self.slowing.pop(0)
+            self._slow(slowdown, at, begins=begins)
+
+    def _slow(self, slowdown: Slowdown, at: float, *, begins: bool) -> None:
+        """A slowdown begins or ends at `at`: its replicas' batches change pace."""
+        factor = slowdown.factor if begins else 1.0 / slowdown.factor
+        key = self.config.slowdowns.index(slowdown)
+        if slowdown.count is None:
+            self.pace *= factor
+            pods = [p for p in self.pods if p.gone_at is None]
+        elif begins:
+            ready = [p for p in self.ready(at) if p.lost is None]
+            pods = self.slowed[key] = ready[: slowdown.count]
+        else:
+            pods = [p for p in self.slowed.pop(key, []) if p.gone_at is None]
+        for pod in pods:
+            pod.pace *= factor
+            self._paced(pod)
+
+    def paces(self) -> dict[int, float]:
+        """Each slowed pod's pace."""
+        return {p.index: p.pace for p in self.pods if p.pace != 1.0}
+
+    def _paced(self, pod: Pod) -> None:
+        pod.replica.alpha_s = self.truth.alpha_s * pod.pace
+        pod.replica.beta_s = self.truth.replica_beta_s * pod.pace
 
     def retire(self, pod: Pod, at: float) -> None:
         """It stops costing, and Prometheus stops scraping it."""
@@ -284,6 +377,8 @@ class _Fleet:
                 pod.limit = command.batch_size
                 pod.replica.max_batch = self.truth.replica_limit(command.batch_size)
                 pod.replica.delay_s = command.max_queue_delay_s
+        for name in command.replace:
+            self._replace(name, now, cold_start=cold_start)
         active = self.active()
         for _ in range(command.replicas - len(active)):
             self._create(now, cold_start=cold_start, scraped_since=scraped_since)
@@ -296,6 +391,18 @@ class _Fleet:
                 pod.removed_at = now
                 if pod.ready_at > now or pod.lost is not None or pod.replica.idle_at(now):
                     self.retire(pod, now)
+
+    def _replace(self, name: str, now: float, *, cold_start: bool) -> None:
+        """Pod `name` is deleted: it takes no more traffic and drains, and the ReplicaSet at
+        once creates another (at the fleet's pace: a slowdown of some replicas stays with
+        them)."""
+        pod = next((p for p in self.active() if str(p.index) == name), None)
+        if pod is None:
+            return
+        pod.removed_at = now
+        if pod.ready_at > now or pod.lost is not None or pod.replica.idle_at(now):
+            self.retire(pod, now)
+        self._create(now, cold_start=cold_start)
 
     def _create(self, now: float, *, cold_start: bool, scraped_since: float | None = None) -> None:
         """A new pod with the settings in force, scraped once ready (or from `scraped_since`)."""
@@ -315,7 +422,10 @@ class _Fleet:
             limit=self.batch_size,
             requested_at=now,
             ready_at=now + (self.config.cold_start_s if cold_start else 0.0),
+            pace=self.pace,
         )
+        if pod.pace != 1.0:
+            self._paced(pod)
         self.pods.append(pod)
         since = pod.ready_at if scraped_since is None else scraped_since
         largest = max(self.batch_size, self.burst_rows or 0)
@@ -408,7 +518,8 @@ def simulate_cluster(
         # Every pass serves up to the next cut; each cut is a pod's readiness or a loss' moment
         # (and, while clients retry, at most a retry step after the last).
         lo = start
-        for _ in range(len(fleet.pods) + 4 * len(config.node_losses) + 2 + steps):
+        cuts = len(fleet.pods) + 4 * len(config.node_losses) + 2 * len(config.slowdowns)
+        for _ in range(cuts + 2 + steps):
             if lo >= end:
                 break
             hi = min(fleet.next_change(lo, end), lo + step)
@@ -437,6 +548,7 @@ def simulate_cluster(
             if p.lost is None
         ],
         truth=truth,
+        paces=fleet.paces(),
     )
     telemetry.close(count + 1)
     records = _records(fleet, telemetry, trace, ticks, interval)
@@ -475,6 +587,11 @@ def simulate_cluster(
             "seasonalPeriodS": None if config.seasonality is None else config.seasonality.period_s,
             "seed": config.seed,
             "nodeLosses": [loss.describe() for loss in config.node_losses],
+            **(
+                {"slowdowns": [slow.describe() for slow in config.slowdowns]}
+                if config.slowdowns
+                else {}
+            ),
             **({} if config.retries is None else {"retries": config.retries.describe()}),
             **({} if config.clump == 1 else {"clump": config.clump}),
         },
@@ -540,7 +657,7 @@ def _serve(
             served.append((pod.index, pod.replica.serve([], since=lo, until=hi)))
             if pod.replica.idle_at(hi):
                 fleet.retire(pod, max(lo, pod.replica.free_at))
-    telemetry.record(served, truth=fleet.truth)
+    telemetry.record(served, truth=fleet.truth, paces=fleet.paces())
     if retrying is not None:
         refused = [*unreached, *(r.shed_at for _, r in served), *(r.refused_at for _, r in served)]
         if refused:

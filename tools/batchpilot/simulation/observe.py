@@ -45,14 +45,19 @@ it has no lateness to expire them for (see `replica`).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from batchpilot.api.arrivals import DISPERSION_SLOT_S, DISPERSION_SPAN_S, RECENT_ARRIVALS_S
-from batchpilot.operator.autopilot.observation import ComputePoint, Observation, PastPeriod
+from batchpilot.operator.autopilot.observation import (
+    ComputePoint,
+    Observation,
+    PastPeriod,
+    PodCompute,
+)
 from batchpilot.operator.autopilot.prometheus import Seasonality
 from batchpilot.runtime.metrics import LATENCY_BUCKETS
 from batchpilot.simulation.replica import FloatArray, IntArray, Served
@@ -419,10 +424,18 @@ class Telemetry:
             np.concatenate([rows, rows]), columns, np.concatenate([found, np.ones_like(found)])
         )
 
-    def record(self, served: Sequence[tuple[int, Served]], *, truth: ServiceTruth) -> None:
+    def record(
+        self,
+        served: Sequence[tuple[int, Served]],
+        *,
+        truth: ServiceTruth,
+        paces: Mapping[int, float] | None = None,
+    ) -> None:
         """Count the batches (and their requests) that replicas ran, by when they finished, and
         the requests they refused, by when they arrived. `served`: (pod, what it did), its
-        batch sizes in requests of `truth.rows_per_request` rows each."""
+        batch sizes in requests of `truth.rows_per_request` rows each. `paces`: each pod's
+        batch times as a multiple of t(b), where not 1 (a slowdown): a runtime's batch-time
+        spread is around its own times."""
         latencies: list[FloatArray] = []
         slots: list[IntArray] = []
         for pod, result in served:
@@ -442,7 +455,8 @@ class Telemetry:
             seconds = result.seconds
             ended = dispatched + seconds
             batch_slot = self._slot(ended)
-            deviation = seconds / (truth.alpha_s + truth.beta_s * rows) - 1.0
+            pace = 1.0 if paces is None else paces.get(pod, 1.0)
+            deviation = seconds / ((truth.alpha_s + truth.beta_s * rows) * pace) - 1.0
             pow2 = _pow2_slot(rows)
             np.add.at(self.busy_s, batch_slot, seconds)
             self._add(self.batches, batch_slot, pow2)
@@ -627,7 +641,8 @@ class Telemetry:
         window = self.window_s
         # A target gone longer ago than a window (and its staleness markers) shows in nothing.
         forgotten = now - max(window, self.recent_window_s, 3 * self.scrape_interval_s)
-        targets = [t for t in self.targets.values() if t.origin < now and t.stop > forgotten]
+        kept = {pod: t for pod, t in self.targets.items() if t.origin < now and t.stop > forgotten}
+        targets = list(kept.values())
         reporting = sum(1 for t in targets if t.present(now))
         rates = sum_rate(targets, now, window, slice(0, Column.COUNT))
         recent = sum_irate(
@@ -655,6 +670,27 @@ class Telemetry:
             if batches[i] > 0 and math.isfinite(rows[i]) and math.isfinite(compute[i])
         )
         counted = reporting > 0  # no replica reports: the request rates are missing too
+        pods, recent_pods = [], []
+        for pod, target in kept.items():
+            # sum by (pod) over the batch buckets: NaN where the target has no two samples
+            ran, rows_run, took = (
+                float(np.nansum(target.increase(now, window, cols)))
+                for cols in (Column.BATCHES, Column.ROWS, Column.COMPUTE)
+            )
+            if ran > 0:
+                pods.append(PodCompute(str(pod), rows_run / ran, took / ran, ran))
+            if not target.present(now):
+                continue  # `irate(…) and series`: a replica gone has no fresh rate
+            per_s, rows_s, took_s = (
+                float(np.nansum(target.last_rate(now, self.recent_window_s, cols)))
+                for cols in (Column.BATCHES, Column.ROWS, Column.COMPUTE)
+            )
+            if per_s > 0:
+                recent_pods.append(
+                    PodCompute(
+                        str(pod), rows_s / per_s, took_s / per_s, per_s * self.scrape_interval_s
+                    )
+                )
         fast = _number(recent[0]) if counted else None
         # the runtime's gauge, as the last scrape of each replica read it
         readings = [
@@ -698,6 +734,8 @@ class Telemetry:
             recent_qps=fast,
             recent_window_s=None if fast is None else self.scrape_interval_s,
             now_qps=gauge if counted and any(math.isfinite(r) for r in readings) else None,
+            pods=tuple(pods),
+            recent_pods=tuple(recent_pods),
         )
 
 

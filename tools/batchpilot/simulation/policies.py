@@ -46,6 +46,8 @@ class Command:
     batch_size: int
     max_queue_delay_s: float
     reason: str = ""
+    replace: tuple[str, ...] = ()
+    """Pods to delete for the ReplicaSet to start afresh (by their index in the run)."""
 
 
 class Controller(Protocol):
@@ -87,7 +89,11 @@ class AutopilotController:
         self.status = merge_patch(self.status, clearing(state.to_dict(), self.status))
         self.state = State.from_dict(self.status)
         return Command(
-            decision.replicas, decision.batch_size, decision.max_queue_delay_s, decision.reason
+            decision.replicas,
+            decision.batch_size,
+            decision.max_queue_delay_s,
+            decision.reason,
+            replace=decision.replace,
         )
 
 

@@ -68,6 +68,8 @@ class Scenario:
     """`sla.objectivePercent` / 100: the share of time the SLA must hold."""
     objective_window_s: float = 3600.0
     """`sla.window`: the objective's rolling window."""
+    replace_slow: bool = True
+    """`scaling.replaceSlowReplicas`: the autopilot replaces replicas slower than their peers."""
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def __post_init__(self) -> None:
@@ -92,6 +94,7 @@ class Scenario:
             max_queue_delay_s=self.max_queue_delay_s,
             objective=Objective(self.objective, self.objective_window_s),
             evicted_after_s=self.cluster.eviction_s,
+            replace_slow=self.replace_slow,
         )
 
     @property

@@ -88,6 +88,12 @@ class ServiceTruth:
         """Device time one more request adds to a batch: β for each of its rows."""
         return self.beta_s * self.rows_per_request
 
+    @property
+    def replica_beta_s(self) -> float:
+        """β as a replica of this service counts it: per row where the rows vary, else per
+        request."""
+        return self.beta_s if self.row_mix is not None else self.request_beta_s
+
     def replica(self, *, max_batch: int, delay_s: float, **options: Any) -> Replica | SizedReplica:
         """A replica of this service, counting in requests: its batch limit is the requests
         `max_batch` rows hold (`requests_per_batch`, as the cluster sets it again when the limit

@@ -1,11 +1,14 @@
 """Acting on a decision, in mode `auto`: replicas on the Deployment, batch settings in the
-ConfigMap and at every ready pod.
+ConfigMap and at every ready pod, and pods of slow replicas deleted.
 
 - replicas: patch the Deployment's `spec.replicas` (the field reconcile leaves to the autopilot);
 - batch settings: write them into the batching ConfigMap (what new pods start with, and what
   running pods re-read within a minute) and PUT them to every ready pod's admin endpoint, so
   they take effect within seconds. A pod that cannot be told is reported, not fatal: the
-  ConfigMap reaches it anyway.
+  ConfigMap reaches it anyway;
+- slow replicas (`stragglers`): delete the pod, once it is read back as this service's (the
+  name came from a Prometheus label) and not already going; the ReplicaSet starts another. The
+  Event names its node: slowness that comes back there points at the node.
 
 Its edges are small interfaces: `Kube` for the Deployment, ConfigMap and Secret, `Pods` for the
 ready pods' endpoints, `PushBatching` for the PUT.
@@ -22,7 +25,7 @@ from batchpilot.operator.children.common import ISVC_LABEL, Owner
 from batchpilot.operator.children.configmap import batching_document, from_spec
 from batchpilot.operator.children.secret import token_in
 from batchpilot.operator.events import Event
-from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT, SECRET
+from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT, POD, SECRET
 from batchpilot.operator.kube import Kube, KubeError
 
 log = logging.getLogger(__name__)
@@ -57,6 +60,24 @@ class Actuator:
     ) -> list[Event]:
         """Apply the decision, and the default deadline (which follows the SLA and the latency
         learned outside the batcher, whatever the decision)."""
+        said = [self._replace(owner, pod, decision.reason) for pod in decision.replace]
+        return [e for e in said if e is not None] + self._apply(
+            owner,
+            current,
+            decision,
+            deadline_ms=deadline_ms,
+            in_force_deadline_ms=in_force_deadline_ms,
+        )
+
+    def _apply(
+        self,
+        owner: Owner,
+        current: InForce,
+        decision: Decision,
+        *,
+        deadline_ms: float,
+        in_force_deadline_ms: float | None,
+    ) -> list[Event]:
         if decision.replicas != current.replicas:
             self._kube.patch(
                 DEPLOYMENT, owner.namespace, owner.name, {"spec": {"replicas": decision.replicas}}
@@ -77,6 +98,33 @@ class Actuator:
             )
             return self._push_to_pods(owner, document)
         return []
+
+    def _replace(self, owner: Owner, name: str, reason: str) -> Event | None:
+        """Delete the pod `name` if it is one of this service's and not already going."""
+        try:
+            pod = self._kube.get(POD, owner.namespace, name)
+            if pod is None:
+                return None  # gone already: the ReplicaSet has its replacement
+            meta = pod.get("metadata", {})
+            if (meta.get("labels") or {}).get(ISVC_LABEL) != owner.name:
+                log.warning("not replacing pod %s/%s: not %s's", owner.namespace, name, owner.name)
+                return None
+            if meta.get("deletionTimestamp"):
+                return None
+            self._kube.delete(POD, owner.namespace, name)
+        except KubeError as exc:
+            log.warning("replacing pod %s/%s failed: %s", owner.namespace, name, exc)
+            return Event("Warning", events.APPLY_FAILED, f"deleting slow pod {name} failed: {exc}")
+        node = pod.get("spec", {}).get("nodeName") or "none"
+        # The decision's words for it: "pod NAME (1.9× for 30 s)".
+        _, found, rest = reason.partition(f"pod {name} (")
+        how = f" ({rest.split(')', 1)[0]})" if found else ""
+        return Event(
+            "Normal",
+            events.REPLACED_SLOW_REPLICA,
+            f"deleted pod {name} on node {node}: its batches ran slower than its peers'{how}; "
+            "the ReplicaSet starts another",
+        )
 
     def _push_to_pods(self, owner: Owner, document: str) -> list[Event]:
         token = admin_token(self._kube, owner)

@@ -19,7 +19,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from batchpilot.operator.autopilot.observation import ComputePoint, Observation, PastPeriod
+from batchpilot.operator.autopilot.observation import (
+    ComputePoint,
+    Observation,
+    PastPeriod,
+    PodCompute,
+)
 from batchpilot.operator.autopilot.promql import Seasonality, UtilizationSource
 
 EXTRAPOLATED = 1.1
@@ -118,6 +123,8 @@ def observation_from(
         for bucket, rate in sorted(batches.items(), key=lambda kv: int(kv[0]))
         if rate > 0 and bucket in rows and bucket in seconds
     )
+    # two scrapes fit the recent range: their distance is about half of it
+    recent_span = None if recent_s is None else recent_s / 2
     timed = _by_label(raw.get("startup", []), "rows")
     startup = tuple(
         ComputePoint(mean_batch=float(rows), mean_seconds=timed[rows], batches=0.0)
@@ -150,10 +157,30 @@ def observation_from(
         withdrawn_qps=withdrawn,
         recent_qps=recent,
         # two scrapes fit the range: their distance is about half of it
-        recent_window_s=None if recent is None or recent_s is None else recent_s / 2,
+        recent_window_s=None if recent is None else recent_span,
         now_qps=now,
         level_qps=number("level"),
         past=_past(raw, seasonality),
+        pods=_pods(raw, "pod_", window_s),
+        recent_pods=() if recent_span is None else _pods(raw, "recent_pod_", recent_span),
+    )
+
+
+def _pods(raw: Raw, prefix: str, span_s: float) -> tuple[PodCompute, ...]:
+    """Each replica's batches, rows and compute seconds a second (the signals `prefix` +
+    batches, rows, seconds) as its batches over `span_s`, by pod."""
+    batches = _by_label(raw.get(f"{prefix}batches", []), "pod")
+    rows = _by_label(raw.get(f"{prefix}rows", []), "pod")
+    seconds = _by_label(raw.get(f"{prefix}seconds", []), "pod")
+    return tuple(
+        PodCompute(
+            pod=pod,
+            mean_batch=rows[pod] / rate,
+            mean_seconds=seconds[pod] / rate,
+            batches=rate * span_s,
+        )
+        for pod, rate in sorted(batches.items())
+        if pod and rate > 0 and pod in rows and pod in seconds
     )
 
 

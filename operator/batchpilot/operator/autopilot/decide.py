@@ -30,6 +30,7 @@ Steps, each small and named:
    stand in for lost replicas: ones that were ready and are away (a node that died: its pods
    are replaced only once evicted, minutes later) are asked for again beside the plan's — at
    once over the SLA, else once away longer than a restart or the eviction takes (`lost`);
+   replace a replica whose batches run slower than its peers' (`stragglers`);
 5. pace replicas: cold start, scale-down stabilization, hysteresis, bounds (`pacing.pace`);
 6. explain: action, reason and the condition inputs.
 
@@ -87,6 +88,8 @@ from batchpilot.operator.autopilot.policy import (
 from batchpilot.operator.autopilot.season import seasonal_forecast
 from batchpilot.operator.autopilot.service_model import LatencyFit
 from batchpilot.operator.autopilot.state import State
+from batchpilot.operator.autopilot.stragglers import hand_over
+from batchpilot.operator.autopilot.stragglers import judge as judge_pods
 
 STALE_WINDOWS = 3
 """An observation older than this many windows is stale."""
@@ -152,8 +155,23 @@ def decide(
         now, True if idle else sla_met, covers_s=covers
     )
 
+    # A replica slower than its peers is replaced, not compensated with more replicas; and its
+    # batches, in the window's until it is gone, teach the fit nothing of the service.
+    stragglers = judge_pods(
+        observation.pods,
+        state.fit,
+        state.stragglers,
+        recent=observation.recent_pods,
+        now=now,
+        cold_start_s=cold_start_of(state),
+        window_s=observation.window_s,
+        comparable=not policy.rolling,
+        act=policy.replace_slow,
+    )
+    taught = replace(observation, compute=()) if stragglers.taints else observation
+
     # 3. Learn: the fit; the latency outside the batcher; the cold start; the load now.
-    learned = learn(observation, policy, current, state, now)
+    learned = learn(taught, policy, current, state, now)
     model, overhead, settled = learned.state.fit, learned.state.overhead_s, learned.settled
     outside = min(overhead or 0.0, sla)
     # Headroom applies to the part of P99 the knobs move: the latency outside the batcher stays.
@@ -311,6 +329,26 @@ def decide(
         want_replicas += away
         why += f"; {stood_in(learned_state.lost, away, now=now)}"
 
+    if stragglers.note:
+        why += f"; {stragglers.note}"
+    handover = hand_over(
+        stragglers.replace,
+        stragglers.state,
+        # the replicas the load needs now, without the plan's headroom or margin for a rise
+        needed=(
+            offered / capacity_per_replica
+            if capacity_per_replica and not idle
+            else float(want_replicas)
+        ),
+        ready=ready,
+        in_force=current.replicas,
+        now=now,
+        cold_start_s=cold_start_of(learned_state),
+    )
+    if handover.note:
+        why += f"; {handover.note}"
+    want_replicas += handover.extra
+
     # 6. Pace the replicas. A window refusing requests marks its recommendation (its load may
     # count retries); one refusing none, of the replicas in force, shows what they stood for.
     unserved = observation.unserved_share
@@ -379,10 +417,11 @@ def decide(
         pending_since=pending_since(
             learned_state.pending_since, asked=replicas, current=current.replicas, now=now
         ),
+        stragglers=handover.state,
     )
 
     # 8. Explain.
-    return explain(
+    decision = explain(
         observation,
         policy,
         current,
@@ -396,7 +435,8 @@ def decide(
         predicted=predicted,
         capacity=capacity_per_replica,
         retuned=retuned,
-    ), new_state
+    )
+    return replace(decision, replace=handover.delete), new_state
 
 
 CLUMP_REPLANS = 4

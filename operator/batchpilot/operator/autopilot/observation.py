@@ -15,6 +15,16 @@ class ComputePoint:
 
 
 @dataclass(frozen=True, slots=True)
+class PodCompute:
+    """One replica's batches over the window: how many, their mean rows and mean time."""
+
+    pod: str
+    mean_batch: float
+    mean_seconds: float
+    batches: float
+
+
+@dataclass(frozen=True, slots=True)
 class PastPeriod:
     """The arrival rates one period (or a whole number of periods) ago."""
 
@@ -117,6 +127,14 @@ class Observation:
     does not move it). None where seasonality is off."""
     past: tuple[PastPeriod, ...] = ()
     """The same time one, two, … periods ago (a day by default), all of them or none."""
+    pods: tuple[PodCompute, ...] = ()
+    """Each replica's batches over the window, by its pod (the `pod` label Prometheus puts on
+    its series): how a replica's pace compares with its peers' (`stragglers`). Empty where the
+    series carry no pod label, or no replica ran a batch."""
+    recent_pods: tuple[PodCompute, ...] = ()
+    """The same between each replica's last two scrapes (`recent_window_s`): a replica that
+    slowed down a scrape ago reads so here, where the window's mean still averages it with the
+    minute before. Empty where it cannot be measured."""
 
     @property
     def offered_qps(self) -> float | None:

@@ -49,7 +49,7 @@ from batchpilot.operator.children.node_loss import eviction_s
 from batchpilot.operator.events import Event
 from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT
 from batchpilot.operator.kube import Kube
-from batchpilot.operator.rollout import rolling_in_place
+from batchpilot.operator.rollout import rolling_in_place, rollout_under_way
 from batchpilot.operator.spec import InferenceServiceSpec
 
 
@@ -72,6 +72,7 @@ def policy_of(spec: InferenceServiceSpec) -> Policy:
         max_replicas=spec.scaling.max_replicas,
         max_batch_size=spec.scaling.max_batch_size,
         scale_down_delay_s=spec.scaling.scale_down_delay_seconds,
+        replace_slow=spec.scaling.replace_slow_replicas,
         max_queue_delay_s=spec.batching.max_queue_delay_ms / 1e3,
         # Rounded: 99.9 / 100 is 0.9990000000000001 in binary floating point.
         objective=Objective(round(spec.sla.objective_percent / 100, 12), spec.sla.window_s),
@@ -184,6 +185,7 @@ class Autopilot:
             policy_of(spec),
             evicted_after_s=eviction_s(template.get("tolerations")),
             replaced_in_place=rolling_in_place(deployment),
+            rolling=rollout_under_way(deployment),
         )
         decision, new_state = decide(observation, policy, current, state, seconds)
         if self._scrape is not None:
@@ -202,7 +204,9 @@ class Autopilot:
             outside_s=new_state.overhead_s,
             in_force_ms=in_force_deadline,
         )
-        if acting and (decision.changes(current) or deadline != in_force_deadline):
+        if acting and (
+            decision.changes(current) or deadline != in_force_deadline or decision.replace
+        ):
             apply = functools.partial(
                 self._actuator.apply,
                 owner,

@@ -62,6 +62,12 @@ class Policy:
     replaced_in_place: int = 0
     """Replicas a rollout in place has down at once while it is under way (the Deployment's
     maxUnavailable, `rollout.rolling_in_place`): not ready by design, so no loss."""
+    replace_slow: bool = True
+    """Replace replicas slower than their peers (`spec.scaling.replaceSlowReplicas`); False:
+    only say so."""
+    rolling: bool = False
+    """A rollout is under way: the replicas run different templates (a new model version, a
+    variant), whose batch times may differ by design — none is slow for it (`stragglers`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +96,9 @@ class Decision:
     capacity_rps: float | None = None
     """Requests per second one replica carries inside the target at the chosen batch limit."""
     notes: tuple[str, ...] = field(default=())
+    replace: tuple[str, ...] = field(default=())
+    """Pods to delete for the ReplicaSet to start afresh: replicas slower than their peers
+    (`stragglers`)."""
 
     def changes(self, current: InForce) -> bool:
         return (self.replicas, self.batch_size, self.max_queue_delay_s) != (

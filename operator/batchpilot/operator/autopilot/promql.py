@@ -116,10 +116,19 @@ def queries(
     # while Prometheus was down), so each is kept to the series sampled in the range and not
     # marked stale.
     gauge = "batchpilot_recent_arrivals_per_second"
+
+    def per_pod_irate(metric: str) -> str:
+        """Each replica's rate between its last two scrapes (a replica gone: none)."""
+        series = f"{metric}{{{sel}}}"
+        return agg("sum", f"irate({series}[{recent_s}s]) and {series}", "pod")
+
     recent = (
         {}
         if recent_s is None
         else {
+            "recent_pod_batches": per_pod_irate("batchpilot_batches_total"),
+            "recent_pod_rows": per_pod_irate("batchpilot_batch_rows_total"),
+            "recent_pod_seconds": per_pod_irate("batchpilot_batch_compute_seconds_total"),
             "recent": agg("sum", f"irate({arrivals}[{recent_s}s]) and {arrivals}"),
             "now": agg(
                 "sum",
@@ -196,6 +205,10 @@ def queries(
             "compute_seconds": rate("batchpilot_batch_compute_seconds_total", "", "batch_bucket"),
             "compute_rows": rate("batchpilot_batch_rows_total", "", "batch_bucket"),
             "compute_batches": rate("batchpilot_batches_total", "", "batch_bucket"),
+            # Each replica's batches, by its pod: its pace against its peers' (`stragglers`).
+            "pod_batches": rate("batchpilot_batches_total", "", "pod"),
+            "pod_rows": rate("batchpilot_batch_rows_total", "", "pod"),
+            "pod_seconds": rate("batchpilot_batch_compute_seconds_total", "", "pod"),
             # The replicas scraped now: sampled in the window and not marked stale (see `recent`).
             "reporting": agg(
                 "count",

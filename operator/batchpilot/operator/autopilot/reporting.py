@@ -322,7 +322,7 @@ def clearing(new: dict[str, Any], old: Any) -> dict[str, Any]:
     for key, value in old.items():
         if key not in new and value is not None:
             merged[key] = None
-        elif isinstance(new[key], dict):
+        elif key in new and isinstance(new[key], dict):
             merged[key] = clearing(new[key], value)
     return merged
 

@@ -19,6 +19,7 @@ from batchpilot.operator.autopilot.headroom import RateHistory
 from batchpilot.operator.autopilot.lost import Loss
 from batchpilot.operator.autopilot.service_model import MAX_BATCH_CV, MAX_ROWS_CV, LatencyFit
 from batchpilot.operator.autopilot.slo import SloLedger
+from batchpilot.operator.autopilot.stragglers import Stragglers
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +58,8 @@ class State:
     """How long new replicas took to become ready, learned; None until measured."""
     pending_since: float | None = None
     """When the replicas still starting were asked for."""
+    stragglers: Stragglers = field(default_factory=Stragglers)
+    """Replicas found slower than their peers, and those replaced for it (see `stragglers`)."""
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -98,6 +101,8 @@ class State:
             doc["rate"] = [round(self.rate[0], 3), round(self.rate[1], 3)]
         if self.batch_first_at is not None:
             doc["batchFirstAt"] = round(self.batch_first_at, 3)
+        if stragglers := self.stragglers.to_dict():
+            doc["stragglers"] = stragglers
         return doc
 
     @classmethod
@@ -152,6 +157,7 @@ class State:
                 history=RateHistory.from_dict(doc.get("history")),
                 cold_start_s=_number(doc.get("coldStartS")),
                 pending_since=_number(doc.get("pendingSince")),
+                stragglers=Stragglers.from_dict(doc.get("stragglers")),
             )
         except (KeyError, IndexError, TypeError, ValueError):
             return cls()
