@@ -1,7 +1,7 @@
 """The autopilot when replicas slow down: one GPU that throttles, two, or the whole fleet.
 
     .venv/bin/python bench/slow_replica.py --seed 4242 [--physics textbook,fixed,mid,big]
-        [--kinds realistic,step] [--factor 2] [--procs 2] [--json out.json]
+        [--kinds realistic,step] [--factor 2] [--cv 0.5] [--clump 4] [--procs 2] [--json out.json]
 
 A replica whose batches take `--factor` times as long as its peers' (from a third of the trace
 on, to its end: a GPU stays slow until someone acts) gets its share of a Service's requests all
@@ -15,6 +15,10 @@ of 15 s intervals inside the SLA and the GPU-seconds over a run without any slow
 - `fleet`: every replica, new ones too, slows by the same factor (a heavier input mix, a
   fleet-wide thermal limit): none is slower than its peers, nothing to replace; the fit learns
   the slower t(b) and the plan follows.
+
+`--cv V`: every batch's time varies around t(b) by V (`ServiceTruth.cv`), `--clump M`: requests
+arrive in clumps of mean size M — noise that must not read as a slow replica (`none` replaces
+nothing).
 """
 
 from __future__ import annotations
@@ -36,9 +40,11 @@ from slo_matrix import OBJECTIVE
 CASES = ("none", "one", "one-kept", "two", "two-kept", "fleet")
 
 
-def run(job: tuple[str, str, int, str, float]) -> tuple[str, str, str, float, float, int]:
+def run(
+    job: tuple[str, str, int, str, float, float, float],
+) -> tuple[str, str, str, float, float, int]:
     """(physics, kind, case, attainment, GPU-seconds, replacements) of one simulation."""
-    name, kind, seed, case, factor = job
+    name, kind, seed, case, factor, cv, clump = job
     physics = PHYSICS[name]
     trace = Trace.from_points(generate(kind, seed), name=f"{kind}-{seed}", duration_s=None)
     at = round(trace.duration_s / 3)
@@ -50,12 +56,12 @@ def run(job: tuple[str, str, int, str, float]) -> tuple[str, str, str, float, fl
     }[case.removesuffix("-kept")]
     scenario = Scenario(
         trace=trace,
-        service=ServiceTruth.parse(physics.service),
+        service=ServiceTruth.parse(physics.service + (f",cv={cv}" if cv else "")),
         sla_s=physics.sla_s,
         objective=OBJECTIVE[kind],
         max_replicas=physics.max_replicas,
         replace_slow=not case.endswith("-kept"),
-        cluster=ClusterConfig(cold_start_s=physics.cold_start_s, slowdowns=slowdowns),
+        cluster=ClusterConfig(cold_start_s=physics.cold_start_s, slowdowns=slowdowns, clump=clump),
     )
     result = simulate(scenario, "autopilot")
     replaced = sum(1 for r in result.intervals if "replacing pod" in r.reason)
@@ -69,6 +75,8 @@ def main() -> int:
     parser.add_argument("--physics", default="textbook,fixed,mid,big")
     parser.add_argument("--kinds", default="realistic,step")
     parser.add_argument("--factor", type=float, default=2.0, help="how many times as long")
+    parser.add_argument("--cv", type=float, default=0.0, help="batch times' spread (0: exact)")
+    parser.add_argument("--clump", type=float, default=1.0, help="mean clump size (1: Poisson)")
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -77,11 +85,20 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown: {', '.join(unknown)}")
     began = time.perf_counter()
-    jobs = [(n, k, args.seed, c, args.factor) for n in names for k in kinds for c in CASES]
+    jobs = [
+        (n, k, args.seed, c, args.factor, args.cv, args.clump)
+        for n in names
+        for k in kinds
+        for c in CASES
+    ]
     with Pool(args.procs) as pool:
         results = pool.map(run, jobs)
     table = {(n, k, c): (a, g, r) for n, k, c, a, g, r in results}
-    print(f"slowdown ×{args.factor:g} from a third of each trace on; intervals inside the SLA")
+    noise = (f", batch times ±{args.cv:.0%}" if args.cv else "") + (
+        f", clumps of {args.clump:g}" if args.clump != 1 else ""
+    )
+    print(f"slowdown ×{args.factor:g} from a third of each trace on{noise}")
+    print("intervals inside the SLA")
     print("(GPU-seconds over `none`) [decisions that replaced pods]\n")
     header = "  ".join(f"{c:>23}" for c in CASES)
     print(f"{'physics':<10} {'trace':<16} {'objective':>9}  {header}")

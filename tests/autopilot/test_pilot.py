@@ -259,12 +259,12 @@ class TestASlowReplica:
         clock = [T]
 
         def uneven(scope: Scope, *, ready_replicas: int | None) -> Observation:
-            pods = (
+            pods = [
                 PodCompute(f"resnet50-6c4f9-{name}", 1.0, seconds, 2000)
                 for name, seconds in (("a1", 0.006), ("b2", 0.006), ("c3", 0.012))
-            )
+            ]
             seen = overloaded(scope, ready_replicas=ready_replicas)
-            return replace(seen, at=clock[0], pods=tuple(pods))
+            return replace(seen, at=clock[0], pods=tuple(pods), recent_pods=tuple(pods))
 
         world = World(mode, observe=uneven, seconds=lambda: clock[0])
         deployment = world.kube.objects[("Deployment", "vision", "resnet50")]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from batchpilot.operator.autopilot.observation import PodCompute
@@ -42,7 +44,9 @@ def judged(
     now: float = 1000.0,
     **options: object,
 ) -> Verdict:
+    """The verdict on `pods`, read alike over the window and between the last two scrapes."""
     remembered = state or Stragglers()
+    options.setdefault("recent", pods)
     return judge(pods, FIT, remembered, now=now, cold_start_s=30.0, window_s=60.0, **options)  # type: ignore[arg-type]
 
 
@@ -65,7 +69,7 @@ class TestSlow:
         assert slow_pods([pod(f"p{i}", pace=1.6) for i in range(5)], FIT) == {}
 
     def test_a_little_slower_is_not_slow(self) -> None:
-        assert slow_pods(fleet(("p1", 1.3)), FIT) == {}
+        assert slow_pods(fleet(("p1", 1.2)), FIT) == {}
 
     def test_one_replica_has_no_peer(self) -> None:
         assert slow_pods(fleet(("p0", 3.0), size=1), FIT) == {}
@@ -104,6 +108,21 @@ class TestJudge:
         assert then.replace == ("p2",)
         assert then.note == "replacing pod p2 (2.0× for 15 s): batches slower than their peers'"
         assert then.state == Stragglers(replaced=(("p2", 1000 + SLOW_FOR_S),))
+
+    def test_read_over_the_window_alone_it_is_confirmed_a_window_later(self) -> None:
+        # Too few batches between two scrapes: the windows a decision apart overlap.
+        first = judged(fleet(("p2", 2.0)), recent=())
+        assert "(replaced if it stays so for 60 s)" in first.note
+        assert judged(fleet(("p2", 2.0)), first.state, now=1045, recent=()).replace == ()
+        assert judged(fleet(("p2", 2.0)), first.state, now=1060, recent=()).replace == ("p2",)
+
+    def test_among_many_the_chance_excess_of_the_slowest_is_not_slowness(self) -> None:
+        # 200 replicas of 40 batches a window, batch times ±50 %: by chance alone the largest
+        # mean is about 1.23× the others'; a replica 1.35× slower is not told from it.
+        varied = replace(FIT, batch_cv=0.5)
+        many = [pod(f"p{i}", batches=40) for i in range(199)] + [pod("x", pace=1.35, batches=40)]
+        assert slow_pods(many, varied) == {}
+        assert slow_pods(many[-4:], varied) == pytest.approx({"x": 1.35})  # of four, it is
 
     def test_one_that_recovers_is_forgotten(self) -> None:
         first = judged(fleet(("p2", 2.0)))

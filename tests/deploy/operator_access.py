@@ -367,9 +367,9 @@ def run_scenarios() -> RecordingKube:
 
     def uneven(scope: Scope, *, ready_replicas: int | None) -> Observation:
         served = overloaded(scope, ready_replicas=ready_replicas)
-        pods = (PodCompute(f"{name}-7d9f8-fast{i}", 1.0, 0.006, 3000) for i in range(2))
+        pods = [PodCompute(f"{name}-7d9f8-fast{i}", 1.0, 0.006, 3000) for i in range(2)]
         slow = PodCompute(f"{name}-7d9f8-slow1", 1.0, 0.012, 1500)
-        return replace(served, at=clock[0], pods=(*pods, slow))
+        return replace(served, at=clock[0], pods=(*pods, slow), recent_pods=(*pods, slow))
 
     kube.objects[("Deployment", namespace, name)]["status"] = {
         "readyReplicas": 3,

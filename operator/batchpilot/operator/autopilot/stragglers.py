@@ -7,25 +7,29 @@ the capacity: it queues, refuses what it cannot finish in time, and its requests
 P99. The fleet's sums barely show it (one replica of eight at half speed is 6 % of the capacity),
 and replicas added help only as far as they cut that replica's share: to bring a replica at half
 speed inside the SLA the fleet must nearly double. Measured in the simulator (`batchpilot
-simulate --slowdown 1200:2:1200:1`, bench/README.md "A slow replica"), an autopilot without this
-module missed the SLA for the whole 20 minutes the replica was slow.
+simulate --slowdown 300:2::1 --keep-slow-replicas`, bench/README.md "A replica slower than its
+peers"), an autopilot that could only add replicas kept a replica at half speed on a fixed-cost
+service outside the SLA for as long as it stayed slow.
 
 So each decision compares every replica's batch times with its peers'. Its pace is its mean
 batch time over what the fit t(b) predicts for its mean batch (a replica that ran larger batches
 is not slower for it), read between its last two scrapes where enough replicas ran enough batches
 there (`Observation.recent_pods`: a replica that slowed a scrape ago reads twice as slow at the
 next decision, where the window's mean takes half of it to read half as slow), else over the
-window; a replica whose pace is `SLOW` times the normal one, at two decisions in a row
-(`SLOW_FOR_S`), is replaced: the pilot deletes its pod, and the ReplicaSet starts another at once,
-which the scheduler places where a GPU is free — not on the one the old pod holds while it
-drains. Until the new one is ready the replica is away, and the decision's stand-ins for lost
-replicas (`lost`) cover it as for any replica lost.
+window; a replica whose pace is `SLOW` times the normal one (and beyond the chance excess its
+batches' spread allows, `NOISE`), at two decisions in a row (`SLOW_FOR_S`; a window apart where
+read over the window), is replaced. The pilot deletes its pod and the ReplicaSet starts another
+at once, which the scheduler places where a GPU is free — not on the one the old pod holds
+while it drains — at once where the other replicas carry the load without it, else once a
+replica asked in its place is ready (`hand_over`). Its batches, while it reads slow and until
+they have left the window, are kept from the fit t(b) (`Verdict.taints`): steeper than any other
+replica's, they taught a slope that ruled out the batch limits that carry the load.
 
 What keeps it from doing harm:
 - a pace needs peers: at least `MIN_PODS` replicas that each ran `MIN_BATCHES` batches, and
   the slow ones at most half of them, measured against the lower median of their paces (of two,
   the faster: slowness is what breaks, speed is not);
-- one replacement at a time (of a quarter of the replicas at most): none within
+- one replacement at a time (of a quarter of the replicas at most, `AT_ONCE_SHARE`): none within
   `REPLACE_GAP_S` of the last, nor before the previous one's replacements can have started and
   been measured (a cold start and a window);
 - at most `MAX_PER_HOUR`: slowness that follows the pods (a node that hosts their replacements
@@ -48,7 +52,7 @@ from typing import Any
 from batchpilot.operator.autopilot.observation import PodCompute
 from batchpilot.operator.autopilot.service_model import LatencyFit
 
-SLOW = 1.5
+SLOW = 1.3
 """A replica whose batches take this many times its peers' (their lower median pace) is slow. Batch
 times of one model on one kind of GPU agree within a few per cent; the batch-time variation
 the model plans for (`LatencyFit.batch_cv`) is per batch and averages out over a window's."""
@@ -60,13 +64,16 @@ SLOW_FOR_S = 15.0
 """How long a replica must have been slow, decision after decision, before it is replaced: two
 decisions in a row at the default interval. Read between the last two scrapes, their views do
 not overlap: a replica stalled once (one batch that waited seconds on a page-fault storm, a
-checkpoint) reads slow at one of them, and is not replaced. Each minute a slow replica keeps
+checkpoint) reads slow at one of them, and is not replaced. Read over the window (too few
+batches between two scrapes), a window's length. Each minute a slow replica keeps
 serving costs its share of the requests' SLA: at a 99 % objective over an hour, the error budget
 is 36 s."""
-NOISE = 3.0
-"""Standard errors of a replica's mean batch time that its excess must pass too: with few
-batches in the window and batch times that vary (`LatencyFit.batch_cv`), a mean 1.5× its
-peers' can be chance (cv 2 over 20 batches: ± 45 %)."""
+NOISE = 2.0
+"""Standard errors of a replica's mean batch time that its excess must pass too, beyond the
+largest of n replicas' chance excesses (√(2·ln n) more: the largest of 200 replicas' means is
+2.9 standard errors above theirs by chance alone): with few batches and batch times that vary
+(`LatencyFit.batch_cv`), a mean 1.3× its peers' can be chance (cv 1 over 40 batches: 16 % a
+standard error; of 200 replicas at cv 0.5, without the n, a few were "slow" every hour)."""
 MIN_CV = 0.1
 """The batch-time variation the noise bound assumes at the least (a fit that measured none)."""
 REPLACE_GAP_S = 120.0
@@ -152,11 +159,11 @@ def slow_pods(
     # that throttles, a node whose neighbour takes its bus, make a replica slower, never faster.
     normal = statistics.median_low(measured.values())
     batches = {p.pod: p.batches for p in pods}
-    cv = max(model.batch_cv, MIN_CV)
+    spread = max(model.batch_cv, MIN_CV) * (NOISE + math.sqrt(2 * math.log(len(measured))))
     slow = {
         pod: pace / normal
         for pod, pace in measured.items()
-        if pace >= normal * max(SLOW, 1 + NOISE * cv / math.sqrt(batches[pod]))
+        if pace >= normal * max(SLOW, 1 + spread / math.sqrt(batches[pod]))
     }
     return slow if 2 * len(slow) <= len(measured) else {}
 
@@ -167,12 +174,13 @@ def slow_now(
     model: LatencyFit,
     *,
     gone: Collection[str] = (),
-) -> dict[str, float]:
-    """`slow_pods` of the freshest view that can tell: between the last two scrapes where
-    `MIN_PODS` replicas ran enough batches there, else over the window."""
+) -> tuple[dict[str, float], bool]:
+    """`slow_pods` of the freshest view that can tell — between the last two scrapes where
+    `MIN_PODS` replicas ran enough batches there, else over the window — and whether it was
+    the window's (whose readings a decision apart overlap: they confirm nothing)."""
     if len(paces([p for p in recent if p.pod not in gone], model)) >= MIN_PODS:
-        return slow_pods(recent, model, gone=gone)
-    return slow_pods(window, model, gone=gone)
+        return slow_pods(recent, model, gone=gone), False
+    return slow_pods(window, model, gone=gone), True
 
 
 def judge(
@@ -193,14 +201,16 @@ def judge(
     replaced = tuple((pod, at) for pod, at in state.replaced if now - at < HOUR_S)
     if model is None or not comparable:
         return Verdict((), "", Stragglers(replaced=replaced, waiting=state.waiting))
-    slow = slow_now(pods, recent, model, gone={pod for pod, _ in replaced})
+    slow, overlapping = slow_now(pods, recent, model, gone={pod for pod, _ in replaced})
+    # Read over the window, two readings confirm each other only a window apart.
+    confirm_s = window_s if overlapping else SLOW_FOR_S
     since = dict(state.slow)
     kept = tuple((pod, since.get(pod, now)) for pod in sorted(slow))
     remembered = Stragglers(slow=kept, replaced=replaced, waiting=state.waiting)
     draining = bool(state.waiting) or any(now - at < window_s for _, at in replaced)
     if not slow:
         return Verdict((), "", remembered, taints=draining)
-    ripe = [pod for pod, at in kept if now - at >= SLOW_FOR_S]
+    ripe = [pod for pod, at in kept if now - at >= confirm_s]
     last = max((at for _, at in replaced), default=None)
     gap = max(REPLACE_GAP_S, cold_start_s + window_s)
     slowest = max(slow, key=lambda pod: slow[pod])
@@ -209,7 +219,7 @@ def judge(
         note = f"{words} (replaceSlowReplicas is false: not replaced)"
         return Verdict((), note, remembered, taints=True)
     if not ripe:
-        note = f"{words} (replaced if it stays so for {SLOW_FOR_S:.0f} s)"
+        note = f"{words} (replaced if it stays so for {confirm_s:.0f} s)"
         return Verdict((), note, remembered, taints=True)
     chosen = max(ripe, key=lambda pod: slow[pod])
     words = f"pod {chosen}'s batches take {slow[chosen]:.1f}× its peers'"
