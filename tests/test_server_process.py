@@ -720,6 +720,33 @@ class TestSimulatedEngine:
             compute = scrape.value("batchpilot_batch_duration_seconds_sum")
             assert 0.027 <= compute < 0.5, compute
 
+    async def test_sigusr1_throttles_the_device_and_the_server_keeps_serving(
+        self, image_model: Path, tmp_path: Path
+    ) -> None:
+        # The pretend device's fault (the sandbox's --throttle-pod): t(1) = 40 ms, then 80 ms.
+        with runtime_process(
+            image_model,
+            "--engine",
+            "simulated",
+            "--simulated-latency",
+            "alpha_ms=39,beta_ms=1",
+            "--max-batch-size",
+            "1",
+            log_dir=tmp_path,
+        ) as server:
+
+            async def one_batch() -> float:
+                """The compute time of one more batch of 1, as the server counts it."""
+                before = Scrape(server).value("batchpilot_batch_duration_seconds_sum")
+                async with aiohttp.ClientSession() as session:
+                    await post(session, server, "/v2/models/image/infer", image_request())
+                return Scrape(server).value("batchpilot_batch_duration_seconds_sum") - before
+
+            assert 0.039 <= await one_batch() < 0.07
+            server.process.send_signal(signal.SIGUSR1)
+            assert 0.079 <= await one_batch() < 0.14
+            assert send(server, "GET", "/v2/health/ready").status == 200
+
     def test_times_the_largest_batch_limit_allowed_at_start_up(
         self, image_model: Path, tmp_path: Path
     ) -> None:

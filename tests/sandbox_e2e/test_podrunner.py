@@ -755,3 +755,54 @@ def test_a_pod_whose_liveness_probe_fails_is_killed_and_restarted(tmp_path: Path
             wait_until(lambda: ready_replicas(rest) == 1, timeout=60, what="ready again")
             assert replica.process is not None
             assert replica.process.pid != frozen
+
+
+def test_a_pod_deleted_through_the_api_is_stopped_and_replaced(tmp_path: Path) -> None:
+    """`kubectl delete pod`, or the autopilot replacing a slow replica: its process is stopped
+    as its kubelet stops it, and the ReplicaSet makes another."""
+    with LocalKubernetesAPI(crds=[ROOT / "crds"]).threaded() as api:
+        rest = seeded(api.url)
+        rest.call(DEPLOYMENTS, "POST", deployment(2))
+        with running(api.url, tmp_path, start_delay_s=0.1, poll_s=0.1) as runner:
+            wait_until(lambda: ready_replicas(rest) == 2, timeout=60, what="readyReplicas 2")
+            victim = sorted(runner.replicas.values(), key=lambda r: r.created_at)[0]
+            assert victim.process is not None
+            pid = victim.process.pid
+            rest.call(f"/api/v1/namespaces/{NS}/pods/{victim.name}", "DELETE")
+            wait_until(lambda: not alive(pid), timeout=30, what="its process stopped")
+            wait_until(
+                lambda: ready_replicas(rest) == 2 and victim.name not in runner.replicas,
+                timeout=60,
+                what="a replacement ready",
+            )
+            listed = rest.call(f"/api/v1/namespaces/{NS}/pods")["items"]
+            pods = {p["metadata"]["name"] for p in listed}
+            assert victim.name not in pods
+            assert len(pods) == 2
+            assert [what for _, what in runner.node_events] == [
+                f"pod {victim.name}: deleted through the API"
+            ]
+
+
+def test_a_throttled_pod_is_the_oldest_ready_one_and_keeps_serving(tmp_path: Path) -> None:
+    """The sandbox's --throttle-pod: the oldest ready pod's runtime gets SIGUSR1 (its simulated
+    device throttles, tests/test_server_process.py) and serves on; a pod throttles once."""
+    with LocalKubernetesAPI(crds=[ROOT / "crds"]).threaded() as api:
+        rest = seeded(api.url)
+        rest.call(DEPLOYMENTS, "POST", deployment(2))
+        with running(api.url, tmp_path, start_delay_s=0.1, poll_s=0.1) as runner:
+            wait_until(lambda: ready_replicas(rest) == 2, timeout=60, what="readyReplicas 2")
+            oldest, newer = sorted(runner.replicas.values(), key=lambda r: r.created_at)
+            assert runner.throttle(NS, "m") == oldest.name
+            assert runner.throttle(NS, "m") == newer.name
+            assert runner.throttle(NS, "m") is None  # both throttle already
+            assert runner.throttle(NS, "other") is None
+            for replica in (oldest, newer):
+                url = f"http://127.0.0.1:{replica.port}/v2/health/ready"
+                with urllib.request.urlopen(url, timeout=5) as reply:
+                    assert reply.status == 200
+            assert [what for _, what in runner.node_events] == [
+                f"pod {oldest.name}: its device throttles (batches 2× t(b))",
+                f"pod {newer.name}: its device throttles (batches 2× t(b))",
+            ]
+    assert not [pid for pid in runner.started_pids if alive(pid)]

@@ -6,7 +6,8 @@ server stops taking new requests (503 with Connection: close, readiness fails), 
 request already queued, keeps its port open a short linger longer so that no client finds its
 connection reset or refused, and exits 0 within the grace period; a second signal forces the exit.
 The parts come from `assembly` (which the sandbox's pod host shares); this module binds the
-listeners, runs them behind one `DrainingServer`, and reports the tally at exit.
+listeners, runs them behind one `DrainingServer`, and reports the tally at exit. With the
+simulated engine, SIGUSR1 throttles the pretend device (`SimulatedEngine.throttle`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import logging
 import math
 import os
 import resource
+import signal
 import socket
 import sys
 
@@ -35,6 +37,7 @@ from batchpilot.runtime.http_protocol import (
 from batchpilot.runtime.metrics import RuntimeMetrics
 from batchpilot.runtime.outcomes import RequestOutcome
 from batchpilot.runtime.settings import RuntimeSettings
+from batchpilot.runtime.simulated import SimulatedEngine
 
 log = logging.getLogger("batchpilot.runtime")
 
@@ -62,6 +65,10 @@ def serve(settings: RuntimeSettings) -> int:
         settings.host,
         ", ".join(f"{name} {port}" for name, port in ports.items()),
     )
+    engine = parts.model_server.engine
+    if isinstance(engine, SimulatedEngine):
+        # The pretend device's fault: it throttles (the sandbox's --throttle-pod).
+        signal.signal(signal.SIGUSR1, lambda *_: engine.throttle())
     connections = OpenConnections()
     parts.model_server.metrics.track_connections(connections.__len__, lambda: connections.retired)
     closing = CloseWhenDraining(

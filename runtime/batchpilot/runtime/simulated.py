@@ -83,6 +83,10 @@ class LatencyModel:
         )
 
 
+THROTTLED_PACE = 2.0
+"""A throttled pretend device's batches take twice their time."""
+
+
 class SimulatedEngine:
     def __init__(
         self, signature: ModelSignature, latency: LatencyModel, *, instances: int = 1
@@ -93,6 +97,8 @@ class SimulatedEngine:
         self._latency = latency
         self._device = asyncio.Lock()
         """The one simulated device: a batch holds it for t(b); asyncio.Lock is FIFO."""
+        self._pace = 1.0
+        """Every batch takes this many times t(b): more than 1 once the device throttles."""
         sigma = math.sqrt(math.log1p(latency.cv * latency.cv))
         self._variation = (np.random.default_rng(), sigma) if latency.cv > 0 else None
         """Where batch times vary: the generator of their log-normal factors, and its σ."""
@@ -131,6 +137,14 @@ class SimulatedEngine:
     def latency(self) -> LatencyModel:
         return self._latency
 
+    def throttle(self, factor: float = THROTTLED_PACE) -> None:
+        """The pretend device throttles from now on, as a GPU at its power or thermal limit
+        does: every batch takes `factor` times t(b). `runtime serve` calls it on SIGUSR1 (the
+        sandbox's `--throttle-pod`: a replica slower than its peers)."""
+        if not (math.isfinite(factor) and factor > 0):
+            raise ValueError(f"a throttled device's pace is a positive factor, not {factor}")
+        self._pace = factor
+
     async def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
         return (await self.run_timed(inputs)).outputs
 
@@ -143,7 +157,7 @@ class SimulatedEngine:
             raise RuntimeError(
                 f"CUDA out of memory (simulated): a batch of {rows} rows, memory for {memory}"
             )
-        seconds = self._latency.seconds(rows)
+        seconds = self._latency.seconds(rows) * self._pace
         if self._variation is not None:
             rng, sigma = self._variation
             seconds *= float(rng.lognormal(-sigma * sigma / 2, sigma))

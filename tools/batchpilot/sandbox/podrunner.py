@@ -135,6 +135,8 @@ class Replica:
     """How long its spec tolerates an unreachable node (None: it names no toleration)."""
     unreachable: Unreachable | None = None
     """Set when its node is lost: it answers nothing, and no kubelet looks after it."""
+    throttled: bool = False
+    """Its device throttles (`PodRunner.throttle`)."""
     gpus: GpuRequest | None = None
     """The GPUs its container asks for (None: none)."""
     bound: bool = True
@@ -330,6 +332,7 @@ class PodRunner:
 
     def _sync(self) -> None:
         self.passes += 1
+        self._deleted_through_the_api()
         listing = self.api.call(
             "/apis/apps/v1/deployments?" + urllib.parse.urlencode({"labelSelector": SELECTOR})
         )
@@ -352,6 +355,58 @@ class PodRunner:
         self._schedule(time.monotonic())
         self._reap()
         self._publish(deployments)
+
+    def _deleted_through_the_api(self) -> None:
+        """Pods deleted by someone else (`kubectl delete pod`, the autopilot replacing a slow
+        replica) are stopped as their kubelet stops them — preStop pause, SIGTERM, drain —
+        and the Deployment's next convergence replaces them. One list a pass, as the runner
+        lists the ConfigMaps and Secrets."""
+        listing = self.api.call(
+            "/api/v1/pods?" + urllib.parse.urlencode({"labelSelector": SELECTOR})
+        )
+        alive: set[Key] = set()
+        going: set[Key] = set()
+        for pod in (listing or {}).get("items", []):
+            meta = pod["metadata"]
+            key = (meta["namespace"], meta["name"])
+            (going if meta.get("deletionTimestamp") else alive).add(key)
+        now = time.monotonic()
+        for replica in list(self.replicas.values()):
+            key = (replica.namespace, replica.name)
+            if key not in alive:
+                self._remove(replica, delete_pod=key in going)
+                self.node_events.append((now, f"pod {replica.name}: deleted through the API"))
+
+    # -- a throttled pod ------------------------------------------------------------------
+    def throttle(self, namespace: str, deployment: str) -> str | None:
+        """The Deployment's oldest ready process pod's device throttles from now on, as a GPU
+        at its power or thermal limit does: its runtime gets SIGUSR1, on which the simulated
+        engine's batches take twice their time (`SimulatedEngine.throttle`). Returns the pod's
+        name; None where no process pod is ready that is not throttled already (a hosted pod is
+        not throttled)."""
+        with self._lock:
+            candidates = sorted(
+                (
+                    r
+                    for r in self.replicas.values()
+                    if (r.namespace, r.deployment) == (namespace, deployment)
+                    and r.ready
+                    and r.process is not None
+                    and r.unreachable is None
+                    and not r.throttled
+                ),
+                key=lambda r: r.created_at,
+            )
+            if not candidates:
+                return None
+            replica = candidates[0]
+            assert replica.process is not None
+            replica.process.send_signal(signal.SIGUSR1)
+            replica.throttled = True
+            self.node_events.append(
+                (time.monotonic(), f"pod {replica.name}: its device throttles (batches 2× t(b))")
+            )
+            return replica.name
 
     def _list(self, kind: str) -> dict[Key, Mapping[str, Any]]:
         items = (self.api.call(f"/api/v1/{kind}") or {}).get("items", [])

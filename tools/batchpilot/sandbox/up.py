@@ -115,6 +115,9 @@ class SandboxOptions:
     """Serve simulated pods from one pod host process instead of a process each."""
     lose_node: NodeLoss | None = None
     """A node to lose under load, with some of the service's ready pods on it."""
+    throttle_at_s: float | None = None
+    """Into the load, the device of the service's oldest ready pod throttles
+    (`PodRunner.throttle`): a replica slower than its peers, which the autopilot replaces."""
     service_balance: Balance = "request"
     """How the Service proxy balances: per request (a mesh) or per connection (kube-proxy)."""
     node_gpus: int | None = None
@@ -409,6 +412,7 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
             load_json = workdir / "loadgen.json"
             load_offset = time.monotonic() - t0
             node_loss = options.lose_node
+            throttle_at = options.throttle_at_s
             loadgen = processes.start(
                 [sys.executable, "-m", "batchpilot.runtime.cli", "loadgen",
                  "--url", proxy_url, "--model", model_name,
@@ -439,6 +443,10 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
                     if not lost:
                         say(f"{now - t0:>4.0f}s  !! node lost with no ready pod of the service")
                     node_loss = None
+                if throttle_at is not None and now - t0 - load_offset >= throttle_at:
+                    if runner.throttle(namespace, name) is None:
+                        say(f"{now - t0:>4.0f}s  !! no ready process pod to throttle")
+                    throttle_at = None
                 outage = options.prometheus_outage
                 into_load = now - t0 - load_offset
                 if outage is not None and prometheus_down is None and into_load >= outage.at_s:
@@ -735,6 +743,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "cut off by the pod host)",
     )
     a(
+        "--throttle-pod",
+        type=float,
+        metavar="AT_S",
+        help="AT_S seconds into the load, the device of the service's oldest ready pod "
+        "throttles, as a GPU at its power or thermal limit does: the simulated engine's "
+        "batches take twice their time, until the pod goes — a replica slower than its peers, "
+        "which the autopilot replaces (process pods of the simulated engine, not --pod-host)",
+    )
+    a(
         "--prometheus-outage",
         metavar="AT_S:FOR_S",
         help="AT_S seconds into the load, stop Prometheus, and start it again FOR_S later (on "
@@ -852,6 +869,7 @@ def main(args: argparse.Namespace) -> int:
         scale_down_delay_s=args.scale_down_delay_s,
         pod_host=args.pod_host,
         lose_node=node_loss,
+        throttle_at_s=args.throttle_pod,
         service_balance=args.service_balance,
         node_gpus=args.node_gpus,
         prometheus_outage=outage,
