@@ -3,11 +3,10 @@
 A service of the simulated engine runs three replicas (its minimum) under an even load the
 three carry with room to spare. Then the device of one of them throttles (`--throttle-pod`: its
 runtime gets SIGUSR1), as a GPU at its power or thermal limit does: its batches take twice as
-long as its peers'. Prometheus scrapes each pod under its own name;
-the autopilot must find that pod slower than its peers, name it in its reason, and delete it
-through the API; the pod runner, as its kubelet, stops it, and the ReplicaSet makes another; the
-service is back to three ready replicas, none of them the throttled one. Then nothing the
-sandbox started may still run.
+long as its peers'. Prometheus scrapes each pod under its own name; the autopilot must find
+that pod slower than its peers, name it in its reason, and delete it through the API; the pod
+runner, as its kubelet, stops it, and the ReplicaSet makes another; every replica of the service
+is ready again, none of them the throttled one. Then nothing the sandbox started may still run.
 """
 
 from __future__ import annotations
@@ -60,10 +59,12 @@ def test_the_autopilot_replaces_a_throttled_replica(tmp_path: Path, mlp_model: P
     assert named, log
     assert "its peers'" in named[0]["reason"], log
 
-    # Three ready again, the throttled pod not among them.
+    # Every replica ready again (three, or four where the feedback added one while the slow
+    # replica's requests were late), the throttled pod not among them.
     after = [s for s in result.samples if s.t_s > deleted_at]
-    assert any((s.desired, s.ready) == (3, 3) for s in after), log
-    assert result.status.get("readyReplicas") == 3, log
+    assert any(s.ready == s.desired >= 3 for s in after), log
+    status = result.status
+    assert status.get("readyReplicas") == status.get("replicas"), log
 
     assert result.started_pids
     assert processes_mentioning(str(tmp_path)) == []
