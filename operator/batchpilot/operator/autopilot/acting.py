@@ -60,24 +60,8 @@ class Actuator:
     ) -> list[Event]:
         """Apply the decision, and the default deadline (which follows the SLA and the latency
         learned outside the batcher, whatever the decision)."""
-        said = [self._replace(owner, pod, decision.reason) for pod in decision.replace]
-        return [e for e in said if e is not None] + self._apply(
-            owner,
-            current,
-            decision,
-            deadline_ms=deadline_ms,
-            in_force_deadline_ms=in_force_deadline_ms,
-        )
-
-    def _apply(
-        self,
-        owner: Owner,
-        current: InForce,
-        decision: Decision,
-        *,
-        deadline_ms: float,
-        in_force_deadline_ms: float | None,
-    ) -> list[Event]:
+        replaced = [self._replace(owner, pod, decision.reason) for pod in decision.replace]
+        said = [event for event in replaced if event is not None]
         if decision.replicas != current.replicas:
             self._kube.patch(
                 DEPLOYMENT, owner.namespace, owner.name, {"spec": {"replicas": decision.replicas}}
@@ -96,8 +80,8 @@ class Actuator:
                 owner.configmap_name,
                 {"data": {"batching.json": document}},
             )
-            return self._push_to_pods(owner, document)
-        return []
+            return said + self._push_to_pods(owner, document)
+        return said
 
     def _replace(self, owner: Owner, name: str, reason: str) -> Event | None:
         """Delete the pod `name` if it is one of this service's and not already going."""
