@@ -109,6 +109,17 @@ class Column:
     COUNT = TIMED + 1
 
 
+BATCH_COLUMNS = slice(Column.BATCHES.start, Column.COMPUTE.stop)
+"""The batch counters side by side: batches, rows and compute seconds, each by bucket."""
+
+
+def _batch_sums(values: FloatArray) -> tuple[float, float, float]:
+    """Batches, rows and compute seconds over every bucket, from a target's `BATCH_COLUMNS`
+    (`sum by (pod)`: a bucket without two samples counts nothing)."""
+    batches, rows, seconds = np.nansum(values.reshape(3, POW2_SLOTS), axis=1)
+    return float(batches), float(rows), float(seconds)
+
+
 def _lazy_columns() -> np.ndarray[Any, np.dtype[np.bool_]]:
     lazy = np.zeros(Column.COUNT, dtype=np.bool_)
     for cols in (Column.BATCHES, Column.ROWS, Column.COMPUTE):
@@ -673,17 +684,13 @@ class Telemetry:
         pods, recent_pods = [], []
         for pod, target in kept.items():
             # sum by (pod) over the batch buckets: NaN where the target has no two samples
-            ran, rows_run, took = (
-                float(np.nansum(target.increase(now, window, cols)))
-                for cols in (Column.BATCHES, Column.ROWS, Column.COMPUTE)
-            )
+            ran, rows_run, took = _batch_sums(target.increase(now, window, BATCH_COLUMNS))
             if ran > 0:
                 pods.append(PodCompute(str(pod), rows_run / ran, took / ran, ran))
             if not target.present(now):
                 continue  # `irate(…) and series`: a replica gone has no fresh rate
-            per_s, rows_s, took_s = (
-                float(np.nansum(target.last_rate(now, self.recent_window_s, cols)))
-                for cols in (Column.BATCHES, Column.ROWS, Column.COMPUTE)
+            per_s, rows_s, took_s = _batch_sums(
+                target.last_rate(now, self.recent_window_s, BATCH_COLUMNS)
             )
             if per_s > 0:
                 recent_pods.append(
