@@ -12,12 +12,19 @@ pod (every 15 s by default), and the operator with its autopilot on — all on t
   traffic), the queries Prometheus answered per interval (the fleet round asks a constant
   number), and whether every part is still up.
 
+`--failover` runs two operators with leader election (as the chart does) and, after the steady
+window, kills the leader (SIGKILL: a node lost, an OOM kill) and measures the take-over: when the
+standby holds the Lease, when its first autopilot round starts and ends and how many services it
+ticked, when every service has been ticked again (from the standby's log), and the API writes the
+new leader makes while it takes over, by resource.
+
 Prometheus evaluates the autopilot's recording rules (`recorded.rule_group`, as the chart's
 PrometheusRule installs them) and the round reads them; `--no-rules` leaves them out, so the
 round asks the raw grouped queries.
 
     .venv/bin/python bench/sandbox_fleet.py [--count 2000] [--window-s 60] [--scrape-s 15]
-        [--autopilot-s 15] [--runner-poll-s 2] [--no-rules] [--json OUT] [--workdir DIR]
+        [--autopilot-s 15] [--runner-poll-s 2] [--no-rules] [--failover] [--json OUT]
+        [--workdir DIR]
 
 The aim (the control plane at fleet scale): 2,000 InferenceServices held on one 2-core machine,
 every pod Ready and scraped, and the autopilot deciding for every service every interval.
@@ -26,9 +33,12 @@ every pod Ready and scraped, and the autopilot deciding for every service every 
 from __future__ import annotations
 
 import argparse
+import collections
+import datetime
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -57,6 +67,10 @@ ROUND_LINE = re.compile(
 )
 WINDOW_S = 60
 """The operator's metrics window (its default): the recording rules are written for it."""
+LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+LEASE = "/apis/coordination.k8s.io/v1/namespaces/default/leases/batchpilot-operator"
+OPERATORS = ("operator-a", "operator-b")
+"""The pods' names (POD_NAME) with `--failover`: each one's identity in the Lease."""
 QUERY_COUNTER = re.compile(
     rb'^prometheus_http_requests_total\{[^}]*handler="/api/v1/query(_range)?"[^}]*\} (\S+)$', re.M
 )
@@ -125,12 +139,16 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> 
             "BATCHPILOT_OPERATOR_METRICS_WINDOW_SECONDS": str(WINDOW_S),
             "BATCHPILOT_OPERATOR_RECONCILE_INTERVAL_SECONDS": "120",
         }
-        with (workdir / "operator.log").open("wb") as operator_log:
-            operator = subprocess.Popen(
-                [sys.executable, "-m", "batchpilot.runtime.cli", "operator", "run",
-                 "--kubeconfig", str(kubeconfig)],
-                env=env, stdout=operator_log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+        names = OPERATORS if args.failover else ("operator",)
+        operators: dict[str, subprocess.Popen[bytes]] = {}
+        for name in names:
+            with (workdir / f"{name}.log").open("wb") as operator_log:
+                operators[name] = subprocess.Popen(
+                    [sys.executable, "-m", "batchpilot.runtime.cli", "operator", "run",
+                     "--kubeconfig", str(kubeconfig),
+                     "--leader-elect" if args.failover else "--no-leader-elect"],
+                    env={**env, "POD_NAME": name}, stdout=operator_log, stderr=subprocess.STDOUT,
+                )  # fmt: skip
         runner.run_in_thread()
         try:
             started = time.monotonic()
@@ -140,7 +158,9 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> 
             log(f"{count} InferenceServices created in {created_s:.1f} s")
 
             def all_ready() -> bool:
-                if operator.poll() is not None or host.process.poll() is not None:
+                if any(p.poll() is not None for p in operators.values()) or (
+                    host.process.poll() is not None
+                ):
                     raise RuntimeError(f"a part exited; see {workdir}")
                 ready = sum(r.ready for r in list(runner.replicas.values()))
                 return ready >= count
@@ -157,6 +177,9 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> 
             scraped_s = time.monotonic() - started
             log(f"Prometheus scrapes every pod after {scraped_s:.1f} s")
 
+            leader = holder(api.url) if args.failover else names[0]
+            operator = operators[leader]
+            operator_log_path = workdir / f"{leader}.log"
             parts = {
                 "operator": operator.pid,
                 "pod host": host.process.pid,
@@ -166,7 +189,7 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> 
             cpu_before = {name: cpu_seconds(pid) for name, pid in parts.items()}
             queries_before = queries_answered(prom.url)
             status_mark = api.writes.total
-            log_mark = (workdir / "operator.log").stat().st_size
+            log_mark = operator_log_path.stat().st_size
             window_start = time.monotonic()
             time.sleep(window_s)
             elapsed = time.monotonic() - window_start
@@ -177,7 +200,7 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> 
                 for record in api.writes.since(status_mark)
                 if record.resource == "inferenceservices" and record.subresource == "status"
             )
-            with (workdir / "operator.log").open("rb") as text:
+            with operator_log_path.open("rb") as text:
                 text.seek(log_mark)
                 lines = text.read().decode(errors="replace").splitlines()
             round_lines = [line for line in lines if "autopilot round" in line]
@@ -188,7 +211,7 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> 
             ready_now = sum(r.ready for r in list(runner.replicas.values()))
             up = prom.query("count(up == 1)")
             intervals = elapsed / args.autopilot_s
-            return {
+            result = {
                 "inference_services": count,
                 "scrape_interval_s": args.scrape_s,
                 "autopilot_interval_s": args.autopilot_s,
@@ -224,14 +247,103 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> 
                 "scraped_pods_at_end": int(float(up[0]["value"][1])) if up else 0,
                 "runner_errors": runner.errors[-5:],
             }
+            if args.failover:
+                result["failover"] = take_over(
+                    api, operators, leader, workdir, count=count, log=log
+                )
+            return result
         finally:
             runner.stop()
-            operator.terminate()
-            try:
-                operator.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                operator.kill()
-                operator.wait()
+            for process in operators.values():
+                process.terminate()
+            for process in operators.values():
+                try:
+                    process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+
+
+def holder(api_url: str) -> str:
+    """Who holds the operators' Lease ("" when nobody does, or there is none yet)."""
+    try:
+        lease = request(api_url + LEASE)
+    except OSError:
+        return ""
+    return str((lease.get("spec") or {}).get("holderIdentity") or "")
+
+
+def logged_at(line: str) -> float | None:
+    """The wall-clock time (epoch seconds) a log line of the operator's carries."""
+    found = LOG_TIME.match(line)
+    if found is None:
+        return None
+    stamp = datetime.datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S,%f")
+    return stamp.timestamp()
+
+
+def take_over(
+    api: LocalKubernetesAPI,
+    operators: dict[str, subprocess.Popen[bytes]],
+    leader: str,
+    workdir: Path,
+    *,
+    count: int,
+    log: Callable[[str], None],
+    timeout_s: float = 600,
+) -> dict[str, Any]:
+    """Kill the leader; measure until the standby has ticked every service (or `timeout_s`)."""
+    standby = next(name for name in operators if name != leader)
+    standby_log = workdir / f"{standby}.log"
+    mark = standby_log.stat().st_size
+    write_mark = api.writes.total
+    killed = time.time()
+    operators[leader].send_signal(signal.SIGKILL)
+    operators[leader].wait()
+    log(f"killed the leader {leader}")
+    wait_for(lambda: holder(api.url) == standby, timeout_s=120, what="a new leader", every=0.1)
+    leading_s = time.time() - killed
+    log(f"{standby} holds the Lease {leading_s:.1f} s after")
+    rounds: list[tuple[float, tuple[str, ...]]] = []
+
+    def every_service_ticked() -> bool:
+        if operators[standby].poll() is not None:
+            raise RuntimeError(f"{standby} exited; see {standby_log}")
+        with standby_log.open("rb") as text:
+            text.seek(mark)
+            lines = text.read().decode(errors="replace").splitlines()
+        rounds[:] = [
+            (at, found.groups())
+            for line in lines
+            if "autopilot round" in line
+            and (found := ROUND_LINE.search(line))
+            and (at := logged_at(line)) is not None
+        ]
+        return any(int(groups[1]) >= count for _, groups in rounds)
+
+    wait_for(every_service_ticked, timeout_s=timeout_s, what="every service ticked", every=0.5)
+    ticked_at, first_full = next((at, g) for at, g in rounds if int(g[1]) >= count)
+    first_at, first = rounds[0]
+    writes = collections.Counter(
+        record.resource + (f"/{record.subresource}" if record.subresource else "")
+        for record in api.writes.since(write_mark)
+        if record.resource != "leases.coordination.k8s.io"
+    )
+    result = {
+        "lease_taken_s": round(leading_s, 2),
+        "first_round_ended_s": round(first_at - killed, 2),
+        "first_round_took_s": float(first[5]),
+        "first_round_services": int(first[0]),
+        "first_round_ticked": int(first[1]),
+        "every_service_ticked_s": round(ticked_at - killed, 2),
+        "rounds_until_then": len(rounds[: rounds.index((ticked_at, first_full)) + 1]),
+        "ticks_failed_until_then": sum(
+            int(g[2]) for _, g in rounds[: rounds.index((ticked_at, first_full)) + 1]
+        ),
+        "writes_until_then": dict(writes.most_common()),
+    }
+    log(f"take-over: {json.dumps(result)}")
+    return result
 
 
 def main() -> int:
@@ -246,6 +358,12 @@ def main() -> int:
         dest="rules",
         action="store_false",
         help="no recording rules in Prometheus: the round asks the raw grouped queries",
+    )
+    parser.add_argument(
+        "--failover",
+        action="store_true",
+        help="two operators with leader election; after the window, kill the leader and "
+        "measure the take-over",
     )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(

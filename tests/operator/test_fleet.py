@@ -127,6 +127,42 @@ async def test_the_loop_runs_a_round_per_interval_over_the_piloted_index(
     )  # one line a round, for whoever sizes the operator: a WARNING when it outgrows the interval
 
 
+async def test_the_first_round_waits_for_the_fleet_to_be_known_and_no_longer() -> None:
+    """The loop starts before kopf has listed anything; a leader that just took over must not
+    find an empty index and leave the fleet a whole interval without a decision."""
+    seen: list[list[tuple[str, str]]] = []
+    ran = asyncio.Event()
+
+    class Recording:
+        def run_round(self, services: list[tuple[str, str]]) -> RoundReport:
+            seen.append(list(services))
+            ran.set()
+            return RoundReport(len(services), len(services), 0, reading="raw")
+
+    index: dict[tuple[str, str], Any] = {}
+    listed = asyncio.Event()
+    asked = asyncio.Event()
+
+    def known() -> bool:
+        asked.set()
+        return listed.is_set()
+
+    hour = 3600.0  # an interval no test waits out
+    loop = asyncio.create_task(
+        handlers.fleet_loop(Recording(), index, hour, known=known)  # type: ignore[arg-type]
+    )
+    try:
+        await asyncio.wait_for(asked.wait(), timeout=10)
+        assert seen == []  # nothing listed yet: no round, so no interval's wait begins
+        index[(NS, "a")] = True  # kopf's initial list, then its first handler
+        index[(NS, "b")] = True
+        listed.set()
+        await asyncio.wait_for(ran.wait(), timeout=10)
+    finally:
+        loop.cancel()
+    assert seen == [[(NS, "a"), (NS, "b")]]
+
+
 def test_the_round_gives_each_service_its_own_answers() -> None:
     asked: list[Scope] = []
 

@@ -11,6 +11,7 @@ import base64
 import json
 import os
 import signal
+import socket
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -806,3 +807,50 @@ def test_a_throttled_pod_is_the_oldest_ready_one_and_keeps_serving(tmp_path: Pat
                 f"pod {newer.name}: its device throttles (batches 2× t(b))",
             ]
     assert not [pid for pid in runner.started_pids if alive(pid)]
+
+
+def test_hosted_pods_start_side_by_side_and_one_whose_port_was_taken_is_replaced(
+    tmp_path: Path,
+) -> None:
+    """The pod host starts pods as a node's kubelet does, side by side: each pass hands new pods
+    to it and goes on while they start up (their start-up timing takes a simulated device's
+    time). A port taken by another socket between the runner letting it go and the pod binding
+    it (pods share one address here) would fail every restart: the pod is replaced, as one
+    evicted, and its ReplicaSet's next pod gets ports of its own."""
+    with (
+        LocalKubernetesAPI(crds=[ROOT / "crds"]).threaded() as api,
+        pod_host_process(tmp_path / "host") as host,
+    ):
+        rest = seeded(api.url)
+        rest.call(DEPLOYMENTS, "POST", deployment(3))
+        with running(
+            api.url, tmp_path, start_delay_s=1.0, poll_s=0.1, pod_host=host.client
+        ) as runner:
+            wait_until(lambda: len(runner.replicas) == 3, timeout=30, what="three pods made")
+            with runner._lock:  # between passes: the pod waits for its start, its ports held
+                victim = sorted(runner.replicas.values(), key=lambda r: r.name)[0]
+                assert not victim.started
+                for sock in victim.held:
+                    sock.close()
+                thief = socket.socket()
+                thief.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                thief.bind(("127.0.0.1", victim.port))
+                thief.listen()
+            try:
+                wait_until(
+                    lambda: ready_replicas(rest) == 3 and victim.name not in runner.replicas,
+                    timeout=60,
+                    what="three ready, the pod whose port was taken replaced",
+                )
+            finally:
+                thief.close()
+            assert f"pod {victim.name}: its ports are taken; replaced" in [
+                what for _, what in runner.node_events
+            ]
+            pods = {
+                p["metadata"]["name"] for p in rest.call(f"/api/v1/namespaces/{NS}/pods")["items"]
+            }
+            assert victim.name not in pods
+            assert len(pods) == 3
+            assert sorted(host.client.pods()) == sorted(pods)
+            assert runner.errors == []

@@ -213,16 +213,29 @@ def _prometheus_said(report: RoundReport) -> str:
     return f"answered from {source} in {report.observed_s:.2f} s"
 
 
+FLEET_KNOWN_POLL_S = 0.25
+"""How often the fleet's loop looks whether kopf has listed the fleet yet, before its first round."""
+
+
 async def fleet_loop(
     fleet: FleetPilot,
     services: kopf.Index[Any, Any],
     interval: float,
     context: Callable[[], contextvars.Context | None] = lambda: None,
+    known: Callable[[], bool] = lambda: True,
 ) -> None:
     """One round per interval, for as long as the operator runs (cancelled at cleanup). A round
     longer than the interval delays the next, never overlaps it. `context`: the one to run
-    rounds in (None: the loop's own)."""
+    rounds in (None: the loop's own).
+
+    The first round waits until `known()` — kopf has listed the fleet — and no longer: it is
+    looked at every `FLEET_KNOWN_POLL_S`. The loop starts with the operator, before kopf's first
+    lists; a round then would find no service and wait a whole interval, and a leader that takes
+    over (its predecessor died, or rolled) would leave every service without a decision for that
+    interval on top of the Lease's expiry."""
     loop = asyncio.get_running_loop()
+    while not known():
+        await asyncio.sleep(FLEET_KNOWN_POLL_S)
     while True:
         started = loop.time()
         keys = list(services)  # a snapshot, taken in kopf's loop that updates it
@@ -264,6 +277,9 @@ async def start_autopilot(memo: kopf.Memo, **kwargs: Any) -> None:
             kwargs["piloted"],
             _SETTINGS.autopilot_interval_seconds,
             context=lambda: memo.contexts.get("handler"),
+            # The first handler has run: kopf runs none before every index has had its
+            # initial list, so the `piloted` index holds the whole fleet.
+            known=lambda: "handler" in memo.contexts,
         )
     )
 

@@ -292,6 +292,12 @@ class PodHost:
             log.debug("pod %s: --grpc-port ignored: hosted pods serve HTTP only", name)
             settings = settings.model_copy(update={"grpc_port": None})
         cannot = f"model {settings.model_path} cannot be served: "
+        # Its ports first: the runner let them go just before asking, and a port left free
+        # while other pods load may go to someone else's connection.
+        try:
+            listeners = bind_listeners(settings)
+        except OSError as exc:
+            raise PodRefused(cannot + str(exc)) from None
         async with self._loading:  # one at a time, off the loop: pods already served keep serving
             try:
                 parts = await asyncio.to_thread(
@@ -301,12 +307,12 @@ class PodHost:
                     poll_files=False,
                     registry=PodRegistry(self._process_metrics),
                 )
-            except CannotServe as exc:
-                raise PodRefused(cannot + str(exc)) from None
-        try:
-            listeners = bind_listeners(settings)
-        except OSError as exc:
-            raise PodRefused(cannot + str(exc)) from None
+            except BaseException as exc:
+                for sock in listeners.values():
+                    sock.close()
+                if isinstance(exc, CannotServe):
+                    raise PodRefused(cannot + str(exc)) from None
+                raise
         ports = {listener: s.getsockname()[1] for listener, s in listeners.items()}
         try:
             platform = parts.platform_apps(ports)

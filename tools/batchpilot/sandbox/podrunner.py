@@ -44,6 +44,7 @@ import time
 import urllib.error
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -96,6 +97,12 @@ Key = tuple[str, str]
 """(namespace, name)"""
 
 
+HOST_STARTS_AT_ONCE = 16
+"""Hosted pods the runner has the pod host start at once."""
+PORT_TAKEN = "[Errno 98]"
+"""What a runtime that cannot bind its port says as it exits (EADDRINUSE)."""
+
+
 @dataclass
 class Replica:
     """One pod: its object name, what runs it, its state."""
@@ -119,6 +126,9 @@ class Replica:
     process: subprocess.Popen[bytes] | None = None
     hosted_in_pass: int | None = None
     """The pass in which the pod host took this pod (None: not hosted, or not started)."""
+    hosting: Future[None] | None = None
+    """The pod host starting it (its PUT in flight: a pod's start-up takes as long as its
+    runtime's does, the batches it times included), until a pass sees the answer."""
     ready: bool = False
     restarts: int = 0
     waiting: dict[str, str] | None = None
@@ -157,7 +167,9 @@ class Replica:
 
     @property
     def started(self) -> bool:
-        return self.process is not None or self.hosted_in_pass is not None
+        return (
+            self.process is not None or self.hosted_in_pass is not None or self.hosting is not None
+        )
 
     @property
     def endpoint(self) -> str:
@@ -243,6 +255,15 @@ class PodRunner:
         it: (monotonic time, what), in order."""
         self._refused: set[str] = set()
         """Errors said once (a Deployment's strategy the runner cannot follow)."""
+        self._host_starts = (
+            None
+            if pod_host is None
+            else ThreadPoolExecutor(HOST_STARTS_AT_ONCE, thread_name_prefix="podhost-start")
+        )
+        """Hosted pods start side by side, as a node's kubelet starts its pods: one at a time,
+        each pass would wait out every new pod's start-up."""
+        self._starting: dict[str, Future[None]] = {}
+        """Hosted pods removed while the host was still starting them: drained once started."""
 
     # -- lifecycle -------------------------------------------------------------------------
     def run_in_thread(self) -> None:
@@ -266,8 +287,14 @@ class PodRunner:
         for replica in self.replicas.values():
             if replica.unreachable is not None and replica.process is not None:
                 replica.process.kill()  # frozen: a SIGTERM would wait for a SIGCONT
+        if self._host_starts is not None:
+            self._host_starts.shutdown(wait=True, cancel_futures=True)
         if self.pod_host is not None:
-            hosted = [r.name for r in self.replicas.values() if r.hosted_in_pass is not None]
+            hosted = [
+                r.name
+                for r in self.replicas.values()
+                if r.hosted_in_pass is not None or r.hosting is not None
+            ]
             for name in hosted + [name for name, _ in self.leaving_host]:
                 with contextlib.suppress(Exception):
                     self.pod_host.delete(name)
@@ -594,6 +621,8 @@ class PodRunner:
             if now >= replica.start_at:
                 self._start(replica, now)
             return
+        if replica.hosting is not None and not self._host_started(replica, now):
+            return
         if self._exited(replica):
             # Crashed: CrashLoopBackOff, briefly; the same pod restarts its container.
             self._crashed(replica, now)
@@ -667,18 +696,17 @@ class PodRunner:
             directory=replica.directory,
         )
         env = container_env(container, replica)
-        release(replica.held)
-        replica.held = []
-        if self.pod_host is not None and hostable(command):
-            try:
-                self.pod_host.put(replica.name, args=serve_flags(command), env=env)
-            except HostRefused as exc:  # what makes a runtime exit at start: a crash loop
-                with (replica.directory / "runtime.log").open("a") as log:
-                    log.write(f"{exc}\n")
-                self._crashed(replica, now)
-                return
-            replica.hosted_in_pass = self.passes
+        held, replica.held = replica.held, []
+        if self.pod_host is not None and self._host_starts is not None and hostable(command):
+            host = self.pod_host
+
+            def put() -> None:
+                release(held)  # its ports, the moment the host binds them
+                host.put(replica.name, args=serve_flags(command), env=env)
+
+            replica.hosting = self._host_starts.submit(put)
         else:
+            release(held)
             with (replica.directory / "runtime.log").open("ab") as log:
                 replica.process = subprocess.Popen(
                     command,
@@ -691,6 +719,24 @@ class PodRunner:
         replica.waiting = None
         self._report_pod(replica, phase="Running")
 
+    def _host_started(self, replica: Replica, now: float) -> bool:
+        """Whether the pod host has started the pod (its PUT answered): from this pass on it is
+        hosted. One it refused crashed, as a runtime that exits at start does."""
+        assert replica.hosting is not None
+        if not replica.hosting.done():
+            return False
+        failed = replica.hosting.exception()
+        replica.hosting = None
+        if failed is None:
+            replica.hosted_in_pass = self.passes  # this pass's listing may predate it
+            return True
+        if not isinstance(failed, HostRefused):  # what makes a runtime exit at start
+            self.errors.append(f"pod host: starting {replica.name}: {failed!r}")
+        with (replica.directory / "runtime.log").open("a") as log:
+            log.write(f"{failed}\n")
+        self._crashed(replica, now)
+        return False
+
     def _exited(self, replica: Replica) -> bool:
         if replica.process is not None:
             return replica.process.poll() is not None
@@ -700,18 +746,24 @@ class PodRunner:
 
     def _crashed(self, replica: Replica, now: float) -> None:
         exit_code = replica.process.returncode if replica.process is not None else 1
+        message = log_tail(replica.directory / "runtime.log")
+        if PORT_TAKEN in message and not self._stop.is_set():
+            # One of its ports went to another socket between the runner letting it go and the
+            # runtime binding it (pods share the loopback address here, where each has an IP of
+            # its own on a cluster): every restart would fail the same way. Gone, as a pod
+            # evicted from its node is: its ReplicaSet makes another, on new ports.
+            self.node_events.append((now, f"pod {replica.name}: its ports are taken; replaced"))
+            self._remove(replica, delete_pod=True)
+            return
         replica.held = hold_ports(replica.ports)  # no other pod gets them meanwhile
         replica.ready = False
         replica.restarts += 1
         replica.process = None
         replica.hosted_in_pass = None
+        replica.hosting = None
         back_off = min(10.0, 1.0 * replica.restarts)
         replica.start_at = now + back_off
-        replica.last_exit = {
-            "exitCode": exit_code,
-            "reason": "Error",
-            "message": log_tail(replica.directory / "runtime.log"),
-        }
+        replica.last_exit = {"exitCode": exit_code, "reason": "Error", "message": message}
         replica.waiting = {
             "reason": "CrashLoopBackOff",
             "message": f"back-off {back_off:g}s restarting failed container=runtime "
@@ -739,7 +791,9 @@ class PodRunner:
         term_at = now + replica.pre_stop_s
         if replica.process is not None and replica.process.poll() is None:
             self.terminating.append((replica.process, term_at, now + replica.grace_s))
-        if replica.hosted_in_pass is not None:
+        if replica.hosting is not None:
+            self._starting[replica.name] = replica.hosting
+        if replica.hosted_in_pass is not None or replica.hosting is not None:
             self.leaving_host.append((replica.name, term_at))
         if delete_pod:
             with contextlib.suppress(urllib.error.HTTPError):
@@ -762,9 +816,11 @@ class PodRunner:
         self.terminating = still
         leaving = []
         for name, drain_at in self.leaving_host:
-            if drain_at > now:
-                leaving.append((name, drain_at))
+            starting = self._starting.get(name)
+            if drain_at > now or (starting is not None and not starting.done()):
+                leaving.append((name, drain_at))  # a pod the host is starting goes once started
             elif self.pod_host is not None:
+                self._starting.pop(name, None)
                 self.pod_host.delete(name)  # the host drains it as SIGTERM would
         self.leaving_host = leaving
 

@@ -52,6 +52,7 @@ from batchpilot.sandbox.nodes import (
     NodeLoss,
     parse_node_loss,
 )
+from batchpilot.sandbox.operators import OperatorPod, Operators, lease_holder
 from batchpilot.sandbox.podrunner import API, Endpoints, PodRunner
 from batchpilot.sandbox.processes import stop_processes
 from batchpilot.sandbox.prometheus import PrometheusProcess, free_port, prometheus_process
@@ -118,6 +119,9 @@ class SandboxOptions:
     throttle_at_s: float | None = None
     """Into the load, the device of the service's oldest ready pod throttles
     (`PodRunner.throttle`): a replica slower than its peers, which the autopilot replaces."""
+    kill_leader_at_s: float | None = None
+    """Run the chart's two operators with leader election, and this far into the load SIGKILL
+    the one that leads (`Operators.kill_leader`); None: one operator, no election."""
     service_balance: Balance = "request"
     """How the Service proxy balances: per request (a mesh) or per connection (kube-proxy)."""
     node_gpus: int | None = None
@@ -152,6 +156,9 @@ class SandboxResult:
     node_events: list[tuple[float, str]] = field(default_factory=list)
     """What befell pods on the node — lost with it, waiting for a GPU on it, bound to it:
     (seconds since the start, what), as printed."""
+    operator_events: list[tuple[float, str]] = field(default_factory=list)
+    """What befell the operators with `--kill-leader`: the leader killed, the standby holding
+    the Lease, the killed one started again (seconds since the start, what), as printed."""
     prometheus_down: tuple[float, float | None] | None = None
     """Seconds since the start at which Prometheus was stopped and started again (None: still
     down at the end of the load), with `--prometheus-outage`."""
@@ -245,8 +252,8 @@ def _check(watched: dict[str, subprocess.Popen[bytes]], runner: PodRunner, workd
     """Fail loudly, with the log's tail, when a part of the sandbox has died."""
     for what, process in watched.items():
         if process.poll() is not None:
-            logs = {"operator": "operator.log", "pod host": "podhost/podhost.log"}
-            log = workdir / logs.get(what, "service.log")
+            logs = {"pod host": "podhost/podhost.log", "service proxy": "service.log"}
+            log = workdir / logs.get(what, f"{what}.log")
             raise RuntimeError(f"the {what} exited ({process.returncode}):\n{_tail(log)}")
     for replica in list(runner.replicas.values()):
         if replica.restarts >= 3:
@@ -312,6 +319,7 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
     plot_path: Path | None = None
     errors: list[str] = []
     node_events: list[tuple[float, str]] = []
+    operator_events: list[tuple[float, str]] = []
     served_by_pod: dict[str, list[tuple[float, float]]] = {}
     operator_samples: dict[str, float] = {}
     prometheus_down: tuple[float, float | None] | None = None
@@ -336,32 +344,49 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
                  "--balance", options.service_balance],
                 log=workdir / "service.log",
             )  # fmt: skip
-            operator_metrics = f"127.0.0.1:{free_port()}"
-            operator_process = processes.start(
-                [sys.executable, "-m", "batchpilot.runtime.cli", "operator", "run",
-                 "--kubeconfig", str(kubeconfig), "--metrics-address", "127.0.0.1"],
-                log=workdir / "operator.log",
-                env={
-                    # Scraped beside the pods, as the chart's PodMonitor has it scraped.
-                    "BATCHPILOT_OPERATOR_METRICS_PORT": operator_metrics.rsplit(":", 1)[1],
-                    "BATCHPILOT_OPERATOR_PROMETHEUS_URL": prometheus.url,
-                    "BATCHPILOT_OPERATOR_AUTOPILOT_INTERVAL_SECONDS": str(
-                        options.autopilot_interval_s
-                    ),
-                    "BATCHPILOT_OPERATOR_METRICS_WINDOW_SECONDS": str(options.metrics_window_s),
-                    "BATCHPILOT_OPERATOR_RECENT_WINDOW_SECONDS": str(options.recent_window_s),
-                    "BATCHPILOT_OPERATOR_RECONCILE_INTERVAL_SECONDS": "5",
-                    "BATCHPILOT_OPERATOR_PRE_STOP_SLEEP_SECONDS": "0",
-                    "BATCHPILOT_OPERATOR_DRAIN_GRACE_SECONDS": "5",
-                },
-            )  # fmt: skip
+            elected = options.kill_leader_at_s is not None
+
+            def start_operator(pod: OperatorPod) -> subprocess.Popen[bytes]:
+                return processes.start(
+                    [sys.executable, "-m", "batchpilot.runtime.cli", "operator", "run",
+                     "--kubeconfig", str(kubeconfig), "--metrics-address", "127.0.0.1",
+                     "--leader-elect" if elected else "--no-leader-elect"],
+                    log=workdir / pod.log,
+                    env={
+                        "POD_NAME": pod.name,  # its identity in the Lease
+                        # Scraped beside the pods, as the chart's PodMonitor has it scraped.
+                        "BATCHPILOT_OPERATOR_METRICS_PORT": pod.metrics.rsplit(":", 1)[1],
+                        "BATCHPILOT_OPERATOR_PROMETHEUS_URL": prometheus.url,
+                        "BATCHPILOT_OPERATOR_AUTOPILOT_INTERVAL_SECONDS": str(
+                            options.autopilot_interval_s
+                        ),
+                        "BATCHPILOT_OPERATOR_METRICS_WINDOW_SECONDS": str(
+                            options.metrics_window_s
+                        ),
+                        "BATCHPILOT_OPERATOR_RECENT_WINDOW_SECONDS": str(options.recent_window_s),
+                        "BATCHPILOT_OPERATOR_RECONCILE_INTERVAL_SECONDS": "5",
+                        "BATCHPILOT_OPERATOR_PRE_STOP_SLEEP_SECONDS": "0",
+                        "BATCHPILOT_OPERATOR_DRAIN_GRACE_SECONDS": "5",
+                    },
+                )  # fmt: skip
+
+            operators = Operators.of(
+                start_operator,
+                metrics=lambda: f"127.0.0.1:{free_port()}",
+                holder=lease_holder(API(api.url).call),
+                elected=elected,
+                restart_delay_s=options.start_delay_s,
+            )
+            operators.start()
 
             def publish(endpoints: Endpoints) -> None:
                 ready = list(endpoints.ready.get((namespace, name), []))
                 tmp = endpoints_file.with_suffix(".tmp")
                 tmp.write_text(json.dumps(ready))
                 tmp.replace(endpoints_file)
-                prometheus.set_targets([*endpoints.scrape, (operator_metrics, OPERATOR_TARGET)])
+                prometheus.set_targets(
+                    [*endpoints.scrape, *((m, OPERATOR_TARGET) for m in operators.metrics_targets)]
+                )
 
             host = (
                 stack.enter_context(pod_host_process(workdir / "podhost"))
@@ -385,7 +410,8 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
             say(f"  kubectl --kubeconfig {kubeconfig} describe inferenceservice {name}")
             say(f"  kubectl --kubeconfig {kubeconfig} get deploy,pods,configmaps")
             say(f"prometheus:      {prometheus.url}")
-            say(f"operator:        http://{operator_metrics}/metrics  (log: operator.log)")
+            for pod in operators.pods:
+                say(f"{pod.name + ':':<16} http://{pod.metrics}/metrics  (log: {pod.log})")
             say(
                 f"service (proxy): {proxy_url}  (round-robin over ready runtime processes, "
                 f"per {options.service_balance})"
@@ -400,11 +426,11 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
             rest.call(isvc_path, "POST", service)
             say(f"applied InferenceService {namespace}/{name}; waiting for a ready replica")
             deadline = time.monotonic() + 90
-            watched = {"operator": operator_process, "service proxy": proxy_process}
+            watched = {"service proxy": proxy_process}
             if host is not None:
                 watched["pod host"] = host.process
             while not json.loads(endpoints_file.read_text() or "[]"):
-                _check(watched, runner, workdir)
+                _check({**operators.running(), **watched}, runner, workdir)
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"no ready replica within 90 s (logs in {workdir})")
                 time.sleep(0.25)
@@ -413,6 +439,7 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
             load_offset = time.monotonic() - t0
             node_loss = options.lose_node
             throttle_at = options.throttle_at_s
+            kill_leader_at = options.kill_leader_at_s
             loadgen = processes.start(
                 [sys.executable, "-m", "batchpilot.runtime.cli", "loadgen",
                  "--url", proxy_url, "--model", model_name,
@@ -430,8 +457,15 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
             hard_stop = time.monotonic() + options.duration_s + options.request_timeout_s + 30
             while loadgen.poll() is None and time.monotonic() < hard_stop:
                 time.sleep(1.0)
-                _check(watched, runner, workdir)
                 now = time.monotonic()
+                if kill_leader_at is not None and now - t0 - load_offset >= kill_leader_at:
+                    if operators.kill_leader() is None:
+                        say(f"{now - t0:>4.0f}s  !! no operator leads: none killed")
+                    kill_leader_at = None
+                for at, what in operators.poll():
+                    operator_events.append((round(at - t0, 1), what))
+                    say(f"{at - t0:>4.0f}s  !! {what}")
+                _check({**operators.running(), **watched}, runner, workdir)
                 if node_loss is not None and now - t0 - load_offset >= node_loss.at_s:
                     lost = runner.lose_node(
                         namespace,
@@ -527,6 +561,7 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
         plot=plot_path,
         errors=errors,
         node_events=node_events,
+        operator_events=operator_events,
         prometheus_down=prometheus_down,
         served_by_pod=served_by_pod,
         operator_metrics=operator_samples,
@@ -538,6 +573,7 @@ def run_sandbox(options: SandboxOptions, out: Callable[[str], None] = print) -> 
             "samples": [asdict(s) for s in samples],
             "decisions": decisions,
             "node_events": node_events,
+            "operator_events": operator_events,
             "prometheus_down": prometheus_down,
             "served_by_pod": served_by_pod,
             "operator_metrics": operator_samples,
@@ -752,6 +788,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "which the autopilot replaces (process pods of the simulated engine, not --pod-host)",
     )
     a(
+        "--kill-leader",
+        type=float,
+        metavar="AT_S",
+        help="run two operators with leader election, as the chart does, and AT_S seconds into "
+        "the load SIGKILL the one that leads (an OOM kill, its node lost): the standby takes the "
+        "Lease once it expires (15 s) and carries on; the killed one starts again as the standby",
+    )
+    a(
         "--prometheus-outage",
         metavar="AT_S:FOR_S",
         help="AT_S seconds into the load, stop Prometheus, and start it again FOR_S later (on "
@@ -870,6 +914,7 @@ def main(args: argparse.Namespace) -> int:
         pod_host=args.pod_host,
         lose_node=node_loss,
         throttle_at_s=args.throttle_pod,
+        kill_leader_at_s=args.kill_leader,
         service_balance=args.service_balance,
         node_gpus=args.node_gpus,
         prometheus_outage=outage,

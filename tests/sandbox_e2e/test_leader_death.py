@@ -1,0 +1,95 @@
+"""The sandbox end to end: the operator that leads dies, and its load rises while nobody leads.
+
+Two operators run with leader election, as the chart runs them (`--kill-leader`). A service of
+the simulated engine carries a light load on one replica; then the leader is killed with
+SIGKILL (an OOM kill, its node lost), so it neither releases the Lease nor finishes what it was
+doing, and a few seconds later the load more than quadruples. Nobody decides until the Lease
+expires: the runtime carries what it can and refuses the rest. The standby must then take the
+Lease, within the lease duration and a retry period, and its autopilot must decide at once —
+within a few of its intervals, not a round later — carry on from the memory in
+`status.autopilot` and add the replicas the load needs; the killed operator, started again as
+the kubelet would, must wait as the standby and never decide. At the end the service is back
+inside its SLA, and nothing the sandbox started still runs.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.sandbox_e2e.mlp_sandbox import mlp_service, run_mlp_sandbox, timeline
+from tests.sandbox_e2e.test_demo import processes_mentioning
+from tests.sandbox_e2e.test_slow_replica import event_at
+
+pytestmark = pytest.mark.slow
+
+KILL_AT_S = 12.0
+"""Into the load: the autopilot has a window of metrics and the one replica by then."""
+STEP_AT_S = KILL_AT_S + 4
+LEASE_S = 15.0
+"""The Lease's duration (the operator's default, the chart's): how long the standby waits."""
+RETRY_S = 2.0
+AUTOPILOT_INTERVAL_S = 2.0
+"""The sandbox's."""
+
+
+@pytest.mark.timeout(180)
+def test_the_standby_takes_over_and_scales_for_the_rise(tmp_path: Path, mlp_model: Path) -> None:
+    started = time.monotonic()
+    # t(b) = 100 + 10·b ms at batch ≤ 4: a replica carries ~21 rps inside the SLA's headroom,
+    # so 10 rps need one and 45 rps three.
+    result, lines = run_mlp_sandbox(
+        tmp_path,
+        mlp_model,
+        mlp_service("leaderless", scaling={"minReplicas": 1, "maxReplicas": 5, "maxBatchSize": 4}),
+        scenario=f"0:10,{STEP_AT_S:g}:45",
+        duration_s=KILL_AT_S + 60,
+        kill_leader_at_s=KILL_AT_S,
+    )
+    events = "\n".join(f"{t:6.1f}s !! {what}" for t, what in result.operator_events)
+    log = "\n".join(lines) + f"\n\n{events}\n{timeline(result)}"
+    assert result.load, log
+
+    killed_at, said = event_at(result.operator_events, "killed (SIGKILL)")
+    killed = said.split()[2]
+    led_at, said = event_at(result.operator_events, "holds the Lease")
+    leader = said.split()[0]
+    assert leader != killed, log
+    # The Lease expires a lease duration after the last renewal the killed leader made (at most
+    # a retry period before its death), and the standby tries once a retry period (+ the
+    # sandbox's one-second look).
+    assert LEASE_S - RETRY_S <= led_at - killed_at <= LEASE_S + RETRY_S + 2, log
+    restarted_at, _ = event_at(result.operator_events, f"{killed} started again, as a standby")
+    assert restarted_at < led_at, log
+
+    # Nobody decides while nobody leads (a decision the sandbox saw a second late aside) ...
+    decided = [float(d["t_s"]) for d in result.decisions]
+    assert not [t for t in decided if killed_at + 1.5 < t < led_at], log
+    # ... and the new leader at once: its first round within a few intervals of taking the
+    # Lease (kopf's start, the fleet's initial lists, one round), not an interval later.
+    rises = [
+        d
+        for d in result.decisions
+        if float(d["t_s"]) > led_at and d["to"]["replicas"] > d["from"]["replicas"]
+    ]
+    assert rises, log
+    assert float(rises[0]["t_s"]) - led_at <= 3 * AUTOPILOT_INTERVAL_S + 2, log
+    assert max(d["to"]["replicas"] for d in rises) >= 3, log
+
+    # Back inside the SLA with every replica ready; the restarted operator waits, never leads.
+    assert result.final_p99_ms is not None and result.final_p99_ms <= 500, log
+    status = result.status
+    assert status.get("readyReplicas") == status.get("replicas") >= 3, log
+    standby_log = (tmp_path / f"{killed}.log").read_text(errors="replace")
+    candidacies = standby_log.count(f"lease batchpilot-operator: {killed} is a candidate")
+    assert candidacies == 2, standby_log[-3000:]
+    assert standby_log.count(f"leading as {killed}") == 1, standby_log[-3000:]
+
+    assert result.started_pids
+    assert processes_mentioning(str(tmp_path)) == []
+    print(
+        f"killed {killed} at {killed_at:.1f} s, {leader} led at {led_at:.1f} s, "
+        f"first rise decided at {rises[0]['t_s']} s; test {time.monotonic() - started:.0f} s"
+    )
