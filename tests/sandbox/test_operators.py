@@ -69,7 +69,8 @@ def test_the_leader_is_killed_and_started_again_as_the_standby(
     clock.now += 0.1
     assert pair.poll() == [(103.0, "operator-b started again, as a standby")]
     assert list(pair.running()) == ["operator-a", "operator-b"]
-    assert len(started) == 3 and started[2].poll() is None
+    assert len(started) == 3
+    assert started[2].poll() is None
 
     clock.now += 13.5
     holder[0] = "operator-a"

@@ -31,7 +31,7 @@ from typing import Any, cast
 
 import kopf
 
-from batchpilot.operator import relists, telemetry
+from batchpilot.operator import kopf_gate, relists, telemetry
 from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
 from batchpilot.operator.autopilot.pod_metrics import PodScraper
 from batchpilot.operator.autopilot.prometheus import FleetObserver, Seasonality, http_query
@@ -58,6 +58,7 @@ from batchpilot.operator.spec import GROUP, PLURAL, VERSION
 log = logging.getLogger(__name__)
 ANNOTATION_PREFIX = "batchpilot.io"
 _SETTINGS = OperatorSettings()
+kopf_gate.install()  # kopf's start-up gate, linear in the objects it lists (kopf_gate.py)
 
 
 class ApiRetries:
@@ -214,7 +215,7 @@ def _prometheus_said(report: RoundReport) -> str:
 
 
 FLEET_KNOWN_POLL_S = 0.25
-"""How often the fleet's loop looks whether kopf has listed the fleet yet, before its first round."""
+"""How often the fleet's loop looks whether kopf has listed the fleet, before its first round."""
 
 
 async def fleet_loop(
@@ -234,7 +235,9 @@ async def fleet_loop(
     over (its predecessor died, or rolled) would leave every service without a decision for that
     interval on top of the Lease's expiry."""
     loop = asyncio.get_running_loop()
-    while not known():
+    while True:  # `known` is set from kopf's handler threads: looked at, not awaited
+        if known():
+            break
         await asyncio.sleep(FLEET_KNOWN_POLL_S)
     while True:
         started = loop.time()
