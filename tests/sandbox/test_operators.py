@@ -65,10 +65,12 @@ def test_the_leader_is_killed_and_started_again_as_the_standby(
     assert pair.kill_leader() is None  # the Lease still names the dead one: nobody to kill
 
     clock.now += 2.9
-    assert pair.poll() == []
+    assert pair.poll() == [(100.0, "operator leader operator-b killed (SIGKILL)")]
     clock.now += 0.1
-    assert pair.poll() == [(103.0, "operator-b started again, as a standby")]
-    assert list(pair.running()) == ["operator-a", "operator-b"]
+    # The Deployment's replacement pod: a name of its own, so not the Lease's holder.
+    assert pair.poll() == [(103.0, "operator-c started in place of operator-b, as a standby")]
+    assert list(pair.running()) == ["operator-a", "operator-c"]
+    assert [pod.metrics for pod in pair.pods] == ["127.0.0.1:9000", "127.0.0.1:9001"]
     assert len(started) == 3
     assert started[2].poll() is None
 
@@ -80,7 +82,7 @@ def test_the_leader_is_killed_and_started_again_as_the_standby(
     assert pair.poll() == []  # said once
     assert [what for _, what in pair.events] == [
         "operator leader operator-b killed (SIGKILL)",
-        "operator-b started again, as a standby",
+        "operator-c started in place of operator-b, as a standby",
         "operator-a holds the Lease, 16.5 s after operator-b was killed",
     ]
 
@@ -101,6 +103,13 @@ def test_one_operator_without_election(started: list[subprocess.Popen[bytes]]) -
     assert [pod.name for pod in single.pods] == ["operator"]
     assert single.pods[0].log == "operator.log"
     assert single.leader() == "operator"
+    assert single.kill_leader() == "operator"
+    clock.now += 3.0
+    assert [what for _, what in single.poll()] == [
+        "operator leader operator killed (SIGKILL)",
+        "operator started again",
+    ]
+    assert list(single.running()) == ["operator"]
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@ doing, and a few seconds later the load more than quadruples. Nobody decides unt
 expires: the runtime carries what it can and refuses the rest. The standby must then take the
 Lease, within the lease duration and a retry period, and its autopilot must decide at once —
 within a few of its intervals, not a round later — carry on from the memory in
-`status.autopilot` and add the replicas the load needs; the killed operator, started again as
-the kubelet would, must wait as the standby and never decide. At the end the service is back
+`status.autopilot` and add the replicas the load needs; the killed operator's replacement pod
+must wait as the standby and never decide. At the end the service is back
 inside its SLA, and nothing the sandbox started still runs.
 """
 
@@ -61,18 +61,20 @@ def test_the_standby_takes_over_and_scales_for_the_rise(tmp_path: Path, mlp_mode
     # a retry period before its death), and the standby tries once a retry period (+ the
     # sandbox's one-second look).
     assert LEASE_S - RETRY_S <= led_at - killed_at <= LEASE_S + RETRY_S + 2, log
-    restarted_at, _ = event_at(result.operator_events, f"{killed} started again, as a standby")
-    assert restarted_at < led_at, log
+    replaced_at, said = event_at(result.operator_events, f"started in place of {killed}")
+    replacement = said.split()[0]
+    assert replaced_at < led_at, log  # a new pod, a new identity: it does not take the Lease
 
     # Nobody decides while nobody leads (a decision the sandbox saw a second late aside) ...
     decided = [float(d["t_s"]) for d in result.decisions]
     assert not [t for t in decided if killed_at + 1.5 < t < led_at], log
     # ... and the new leader at once: its first round within a few intervals of taking the
-    # Lease (kopf's start, the fleet's initial lists, one round), not an interval later.
+    # Lease (kopf's start, the fleet's initial lists, one round), not an interval later. (The
+    # sandbox notes the take-over and the decision in the same look: the same second.)
     rises = [
         d
         for d in result.decisions
-        if float(d["t_s"]) > led_at and d["to"]["replicas"] > d["from"]["replicas"]
+        if float(d["t_s"]) >= led_at and d["to"]["replicas"] > d["from"]["replicas"]
     ]
     assert rises, log
     assert float(rises[0]["t_s"]) - led_at <= 3 * AUTOPILOT_INTERVAL_S + 2, log
@@ -83,10 +85,9 @@ def test_the_standby_takes_over_and_scales_for_the_rise(tmp_path: Path, mlp_mode
     assert result.final_p99_ms <= 500, log
     status = result.status
     assert status.get("readyReplicas") == status.get("replicas") >= 3, log
-    standby_log = (tmp_path / f"{killed}.log").read_text(errors="replace")
-    candidacies = standby_log.count(f"lease batchpilot-operator: {killed} is a candidate")
-    assert candidacies == 2, standby_log[-3000:]
-    assert standby_log.count(f"leading as {killed}") == 1, standby_log[-3000:]
+    standby_log = (tmp_path / f"{replacement}.log").read_text(errors="replace")
+    assert f"lease batchpilot-operator: {replacement} is a candidate" in standby_log, standby_log
+    assert "leading as" not in standby_log, standby_log
 
     assert result.started_pids
     assert processes_mentioning(str(tmp_path)) == []

@@ -3,10 +3,12 @@ be killed.
 
 The chart runs two operator pods; the one holding the Lease reconciles and drives the autopilot,
 the other waits (README, High availability). `sandbox up --kill-leader AT_S` plays the leader's
-pod dying as a node lost or an OOM kill ends it: SIGKILL, so it neither releases the Lease nor
-finishes what it was doing. The standby takes the Lease once it has expired (its duration, 15 s by
-default) and carries on from what `status.autopilot` remembers; the killed one is started again
-`restart_delay_s` later, as the kubelet restarts a container, and waits as the new standby.
+pod lost with its node: SIGKILL, so it neither releases the Lease nor finishes what it was doing.
+The standby takes the Lease once it has expired (its duration, 15 s by default) and carries on
+from what `status.autopilot` remembers; `restart_delay_s` later the Deployment's replacement pod
+starts, under a name of its own (`operator-c`, …), and waits as the new standby. (A container
+restarted in the same pod — an OOM kill — keeps the pod's name, and so its identity in the Lease:
+it takes the Lease back at once, as client-go's rules have it, and the standby never leads.)
 
 Which one leads is read from the Lease (`holder`), as `kubectl get lease` shows it.
 """
@@ -53,9 +55,11 @@ class Operators:
     restart_delay_s: float = 3.0
     clock: Callable[[], float] = time.monotonic
     events: list[tuple[float, str]] = field(default_factory=list)
-    """(clock time, what) — a kill, a take-over, a restart — as the sandbox prints them."""
+    """(clock time, what) — a kill, a take-over, a replacement — as the sandbox prints them."""
+    _told: int = 0
     _leader: str = ""
     _killed_leader: tuple[str, float] | None = None
+    _made: int = 0
 
     @classmethod
     def of(
@@ -118,15 +122,23 @@ class Operators:
         return name
 
     def poll(self) -> list[tuple[float, str]]:
-        """Restart a killed pod once its delay is over, and note a new leader; the new events."""
-        before = len(self.events)
+        """Replace a killed pod once its delay is over, and note a new leader; the events not
+        told before (the kill's included)."""
         now = self.clock()
-        for pod in self.pods:
-            if pod.killed_at is not None and now - pod.killed_at >= self.restart_delay_s:
+        for index, pod in enumerate(self.pods):
+            if pod.killed_at is None or now - pod.killed_at < self.restart_delay_s:
+                continue
+            if not self.elected:
                 pod.process = self.start_process(pod)
                 pod.killed_at = None
-                what = "a standby" if self.elected else "the operator"
-                self.events.append((now, f"{pod.name} started again, as {what}"))
+                self.events.append((now, f"{pod.name} started again"))
+                continue
+            replacement = OperatorPod(self._new_name(), pod.metrics)
+            replacement.process = self.start_process(replacement)
+            self.pods[index] = replacement
+            self.events.append(
+                (now, f"{replacement.name} started in place of {pod.name}, as a standby")
+            )
         if self.elected and self._killed_leader is not None:
             leader = self.holder()
             killed, at = self._killed_leader
@@ -136,7 +148,13 @@ class Operators:
                 self.events.append(
                     (now, f"{leader} holds the Lease, {now - at:.1f} s after {killed} was killed")
                 )
-        return self.events[before:]
+        told, self._told = self._told, len(self.events)
+        return self.events[told:]
+
+    def _new_name(self) -> str:
+        """A replacement pod's name: the next letter after the pods' own."""
+        self._made += 1
+        return f"operator-{chr(ord('a') + len(NAMES) - 1 + self._made)}"
 
 
 def lease_holder(read: Callable[[str], object]) -> Callable[[], str]:

@@ -158,7 +158,7 @@ class SandboxResult:
     (seconds since the start, what), as printed."""
     operator_events: list[tuple[float, str]] = field(default_factory=list)
     """What befell the operators with `--kill-leader`: the leader killed, the standby holding
-    the Lease, the killed one started again (seconds since the start, what), as printed."""
+    the Lease, the killed one's replacement started (seconds since the start, what), as printed."""
     prometheus_down: tuple[float, float | None] | None = None
     """Seconds since the start at which Prometheus was stopped and started again (None: still
     down at the end of the load), with `--prometheus-outage`."""
@@ -793,7 +793,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="AT_S",
         help="run two operators with leader election, as the chart does, and AT_S seconds into "
         "the load SIGKILL the one that leads (an OOM kill, its node lost): the standby takes the "
-        "Lease once it expires (15 s) and carries on; the killed one starts again as the standby",
+        "Lease once it expires (15 s) and carries on; the killed pod's replacement waits as the "
+        "standby",
     )
     a(
         "--prometheus-outage",
