@@ -163,6 +163,18 @@ async def test_the_first_round_waits_for_the_fleet_to_be_known_and_no_longer() -
     assert seen == [[(NS, "a"), (NS, "b")]]
 
 
+async def test_the_autopilot_turned_off_for_the_fleet_starts_no_loop(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(
+        handlers, "_SETTINGS", handlers._SETTINGS.model_copy(update={"autopilot_enabled": False})
+    )
+    memo = kopf.Memo()
+    await handlers.start_autopilot(memo, piloted={(NS, "a"): True})
+    assert "fleet_task" not in memo
+    assert "the autopilot is off" in caplog.text
+
+
 def test_the_round_gives_each_service_its_own_answers() -> None:
     asked: list[Scope] = []
 

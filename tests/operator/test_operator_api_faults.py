@@ -63,7 +63,7 @@ class Cluster:
         kubeconfig = proxy.write_kubeconfig(tmp / "kubeconfig")
         env = {
             **os.environ,
-            "BATCHPILOT_OPERATOR_AUTOPILOT_INTERVAL_SECONDS": "3600",
+            "BATCHPILOT_OPERATOR_AUTOPILOT_ENABLED": "false",  # the reconciles alone
             "BATCHPILOT_OPERATOR_METRICS_PORT": str(self.metrics_port),
         }
         with self.log_path.open("wb") as log:

@@ -25,6 +25,7 @@ import pytest
 import yaml
 from kopf.testing import KopfRunner
 
+from batchpilot.operator import handlers
 from batchpilot.operator.autopilot.pilot import learned_outside_s
 from batchpilot.operator.kinds import INFERENCESERVICE
 from batchpilot.operator.passes import Passes
@@ -263,8 +264,15 @@ class TestRunning:
 
 class TestStarting:
     def test_an_operator_that_starts_on_existing_children_creates_nothing(
-        self, cluster: Cluster, timer_passes: TimerPasses, tmp_path: Path
+        self,
+        cluster: Cluster,
+        timer_passes: TimerPasses,
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
     ) -> None:
+        # The reconciles alone: the autopilot's first round writes its own part of the status.
+        off = handlers._SETTINGS.model_copy(update={"autopilot_enabled": False})
+        monkeypatch.setattr(handlers, "_SETTINGS", off)
         # The InferenceService and its children as an earlier operator left them (the same
         # pass, through the plain client).
         body = cluster.request(ISVCS, "POST", example())

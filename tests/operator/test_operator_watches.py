@@ -82,7 +82,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         env = {
             **os.environ,
             "BATCHPILOT_OPERATOR_RECONCILE_INTERVAL_SECONDS": "3600",
-            "BATCHPILOT_OPERATOR_AUTOPILOT_INTERVAL_SECONDS": "3600",
+            "BATCHPILOT_OPERATOR_AUTOPILOT_ENABLED": "false",  # the reconciles alone
         }
         cluster = Cluster(api, tmp / "operator.log")
         with cluster.log_path.open("wb") as log:

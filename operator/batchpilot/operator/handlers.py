@@ -273,7 +273,14 @@ async def fleet_loop(
 
 @kopf.on.startup()
 async def start_autopilot(memo: kopf.Memo, **kwargs: Any) -> None:
-    """The fleet's loop, over the `piloted` index (kopf hands indices to every handler)."""
+    """The fleet's loop, over the `piloted` index (kopf hands indices to every handler); none
+    where the autopilot is turned off for the fleet."""
+    if not _SETTINGS.autopilot_enabled:
+        log.warning(
+            "the autopilot is off (BATCHPILOT_OPERATOR_AUTOPILOT_ENABLED=false): InferenceServices "
+            "are reconciled, none is piloted; replicas and batch settings stay where they are"
+        )
+        return
     memo.fleet_task = asyncio.create_task(
         fleet_loop(
             memo.fleet,

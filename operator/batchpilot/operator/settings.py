@@ -82,6 +82,10 @@ class OperatorSettings(BaseSettings):
     """Labels of the operator's pods (the chart's, installed as release `batchpilot`): with
     `operator_namespace`, who the NetworkPolicies let reach the runtime's admin port."""
     namespaces: list[str] = Field(default_factory=list, description="empty: all namespaces")
+    autopilot_enabled: bool = True
+    """False: no InferenceService is piloted, whatever its mode — the children are reconciled,
+    replicas and batch settings stay where they are. The fleet's switch for an incident or an
+    upgrade of the operator; a service's own is `spec.scaling.mode`."""
     autopilot_interval_seconds: float = Field(default=15, gt=0)
     autopilot_workers: int = Field(default=8, ge=1, le=64)
     """How many services' ticks run at once in each of the autopilot's rounds (their API writes
