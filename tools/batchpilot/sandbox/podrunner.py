@@ -730,7 +730,7 @@ class PodRunner:
         if failed is None:
             replica.hosted_in_pass = self.passes  # this pass's listing may predate it
             return True
-        if not isinstance(failed, HostRefused):  # what makes a runtime exit at start
+        if not isinstance(failed, HostRefused):  # not the pod's fault: the host did not answer
             self.errors.append(f"pod host: starting {replica.name}: {failed!r}")
         with (replica.directory / "runtime.log").open("a") as log:
             log.write(f"{failed}\n")
