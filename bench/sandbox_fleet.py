@@ -53,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 from batchpilot.operator.autopilot import recorded  # noqa: E402
 from batchpilot.sandbox import LocalKubernetesAPI  # noqa: E402
 from batchpilot.sandbox.hosting import pod_host_process  # noqa: E402
+from batchpilot.sandbox.operators import NAMES, lease_holder  # noqa: E402
 from batchpilot.sandbox.podrunner import Endpoints, PodRunner  # noqa: E402
 from batchpilot.sandbox.prometheus import prometheus_process  # noqa: E402
 from fleet_autopilot import cpu_seconds  # noqa: E402
@@ -68,9 +69,6 @@ ROUND_LINE = re.compile(
 WINDOW_S = 60
 """The operator's metrics window (its default): the recording rules are written for it."""
 LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
-LEASE = "/apis/coordination.k8s.io/v1/namespaces/default/leases/batchpilot-operator"
-OPERATORS = ("operator-a", "operator-b")
-"""The pods' names (POD_NAME) with `--failover`: each one's identity in the Lease."""
 QUERY_COUNTER = re.compile(
     rb'^prometheus_http_requests_total\{[^}]*handler="/api/v1/query(_range)?"[^}]*\} (\S+)$', re.M
 )
@@ -139,7 +137,7 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> 
             "BATCHPILOT_OPERATOR_METRICS_WINDOW_SECONDS": str(WINDOW_S),
             "BATCHPILOT_OPERATOR_RECONCILE_INTERVAL_SECONDS": "120",
         }
-        names = OPERATORS if args.failover else ("operator",)
+        names = NAMES if args.failover else ("operator",)
         operators: dict[str, subprocess.Popen[bytes]] = {}
         for name in names:
             with (workdir / f"{name}.log").open("wb") as operator_log:
@@ -266,11 +264,7 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> 
 
 def holder(api_url: str) -> str:
     """Who holds the operators' Lease ("" when nobody does, or there is none yet)."""
-    try:
-        lease = request(api_url + LEASE)
-    except OSError:
-        return ""
-    return str((lease.get("spec") or {}).get("holderIdentity") or "")
+    return lease_holder(lambda path: request(api_url + path))()
 
 
 def logged_at(line: str) -> float | None:
@@ -322,7 +316,9 @@ def take_over(
         return any(int(groups[1]) >= count for _, groups in rounds)
 
     wait_for(every_service_ticked, timeout_s=timeout_s, what="every service ticked", every=0.5)
-    ticked_at, first_full = next((at, g) for at, g in rounds if int(g[1]) >= count)
+    full = next(i for i, (_, g) in enumerate(rounds) if int(g[1]) >= count)
+    until = rounds[: full + 1]  # the rounds until every service was ticked
+    ticked_at = rounds[full][0]
     first_at, first = rounds[0]
     writes = collections.Counter(
         record.resource + (f"/{record.subresource}" if record.subresource else "")
@@ -336,10 +332,8 @@ def take_over(
         "first_round_services": int(first[0]),
         "first_round_ticked": int(first[1]),
         "every_service_ticked_s": round(ticked_at - killed, 2),
-        "rounds_until_then": len(rounds[: rounds.index((ticked_at, first_full)) + 1]),
-        "ticks_failed_until_then": sum(
-            int(g[2]) for _, g in rounds[: rounds.index((ticked_at, first_full)) + 1]
-        ),
+        "rounds_until_then": len(until),
+        "ticks_failed_until_then": sum(int(g[2]) for _, g in until),
         "writes_until_then": dict(writes.most_common()),
     }
     log(f"take-over: {json.dumps(result)}")
