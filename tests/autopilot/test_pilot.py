@@ -278,6 +278,14 @@ class TestASlowReplica:
         })  # fmt: skip
         return world, clock
 
+    @staticmethod
+    def third_tick(world: World, clock: list[float]) -> Any:
+        """The fit, slow, slow still: the tick at which a slow replica is replaced."""
+        for _ in range(2):
+            world.tick()
+            clock[0] += 15
+        return world.tick()
+
     def test_its_pod_is_deleted_and_the_event_names_the_node(self) -> None:
         world, clock = self.world()
         world.tick()  # the fit, first
@@ -301,19 +309,13 @@ class TestASlowReplica:
     def test_a_pod_of_another_service_is_never_deleted(self) -> None:
         # Prometheus' pod label named a pod that is not this service's.
         world, clock = self.world(owner="someone-else")
-        for _ in range(2):
-            world.tick()
-            clock[0] += 15
-        result = world.tick()
+        result = self.third_tick(world, clock)
         assert ("Pod", "vision", "resnet50-6c4f9-c3") in world.kube.objects
         assert "ReplacedSlowReplica" not in [e.reason for e in result.events]
 
     def test_in_mode_recommend_it_is_said_and_nothing_deleted(self) -> None:
         world, clock = self.world("recommend")
-        for _ in range(2):
-            world.tick()
-            clock[0] += 15
-        decision = world.tick().decision
+        decision = self.third_tick(world, clock).decision
         assert ("Pod", "vision", "resnet50-6c4f9-c3") in world.kube.objects
         assert decision is not None
         assert "replacing pod resnet50-6c4f9-c3" in decision.reason
@@ -321,10 +323,7 @@ class TestASlowReplica:
     def test_told_not_to_by_the_spec_it_only_says_so(self) -> None:
         world, clock = self.world()
         world.body["spec"]["scaling"]["replaceSlowReplicas"] = False
-        for _ in range(2):
-            world.tick()
-            clock[0] += 15
-        decision = world.tick().decision
+        decision = self.third_tick(world, clock).decision
         assert ("Pod", "vision", "resnet50-6c4f9-c3") in world.kube.objects
         assert decision is not None
         assert "replaceSlowReplicas is false" in decision.reason
