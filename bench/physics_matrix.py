@@ -97,6 +97,17 @@ def run(
     return name, kind, policy, summary.interval_attainment, summary.gpu_seconds
 
 
+def chosen(
+    parser: argparse.ArgumentParser, physics: str, kinds: str
+) -> tuple[list[str], list[str]]:
+    """The physics and trace kinds named (comma-separated); the parser's error on an unknown one."""
+    names, kind_names = physics.split(","), kinds.split(",")
+    unknown = [n for n in names if n not in PHYSICS] + [k for k in kind_names if k not in OBJECTIVE]
+    if unknown:
+        parser.error(f"unknown: {', '.join(unknown)}")
+    return names, kind_names
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=5353)
@@ -110,10 +121,7 @@ def main() -> int:
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    names, kinds = args.physics.split(","), args.kinds.split(",")
-    unknown = [n for n in names if n not in PHYSICS] + [k for k in kinds if k not in OBJECTIVE]
-    if unknown:
-        parser.error(f"unknown: {', '.join(unknown)}")
+    names, kinds = chosen(parser, args.physics, args.kinds)
     began = time.perf_counter()
     try:
         Retries.parse(args.retries)

@@ -34,7 +34,7 @@ from batchpilot.simulation import Scenario, Trace, simulate
 from batchpilot.simulation.cluster import ClusterConfig, Slowdown
 from batchpilot.simulation.generate import generate
 from batchpilot.simulation.service import ServiceTruth
-from physics_matrix import PHYSICS
+from physics_matrix import PHYSICS, chosen
 from slo_matrix import OBJECTIVE
 
 CASES = ("none", "one", "one-kept", "two", "two-kept", "fleet")
@@ -80,10 +80,7 @@ def main() -> int:
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    names, kinds = args.physics.split(","), args.kinds.split(",")
-    unknown = [n for n in names if n not in PHYSICS] + [k for k in kinds if k not in OBJECTIVE]
-    if unknown:
-        parser.error(f"unknown: {', '.join(unknown)}")
+    names, kinds = chosen(parser, args.physics, args.kinds)
     began = time.perf_counter()
     jobs = [
         (n, k, args.seed, c, args.factor, args.cv, args.clump)
