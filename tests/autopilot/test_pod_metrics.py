@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import math
 import re
 import threading
@@ -16,13 +17,21 @@ import pytest
 
 from batchpilot.api.samples import Sample, read_samples, samples_doc
 from batchpilot.operator.autopilot.observation import Observation
-from batchpilot.operator.autopilot.pod_metrics import MAX_BASELINE_S, PodScraper
+from batchpilot.operator.autopilot.pod_metrics import (
+    FIRST_WINDOW_S,
+    MAX_BASELINE_S,
+    PodScraper,
+    first_window_s,
+)
 from batchpilot.operator.autopilot.scraped import Read, answers, histogram_quantile
 from batchpilot.operator.children.common import Owner
-from batchpilot.operator.kinds import DEPLOYMENT
+from batchpilot.operator.fleet import FleetPilot
+from batchpilot.operator.kinds import DEPLOYMENT, INFERENCESERVICE
+from batchpilot.operator.passes import Passes
 from batchpilot.operator.spec import InferenceServiceSpec
 from batchpilot.runtime.loadgen import LoadConfig, RateSchedule, Target, run_load
 from tests.autopilot.test_pilot import T, World
+from tests.operator.test_handlers import Blind
 from tests.runtime_process import runtime_process
 
 BOUNDS = ("0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1.0", "+Inf")
@@ -299,6 +308,33 @@ class TestPodScraper:
         fleet.advance(15)
         assert scraper(owner(), ready_replicas=1, at=T + 76) is not None
 
+    def test_a_prime_reads_a_service_with_no_read_kept_and_starts_its_window(self) -> None:
+        fleet = Fleet("10.0.0.1:8082", "10.0.0.2:8082")
+        scraper = PodScraper(fleet.pods, fetch=fleet.fetch, clock=lambda: fleet.clock)
+        assert scraper.prime("vision", "resnet50")
+        assert not scraper.prime("vision", "resnet50")  # kept: the next call's window starts
+        fleet.rps = 40.0
+        fleet.advance(5)
+        seen = scraper(owner(), ready_replicas=2, at=T + 5)
+        assert seen is not None
+        assert (seen.window_s, seen.reporting_replicas) == (5, 2)
+        assert seen.qps == pytest.approx(80.0)
+        # A read kept by the call is a window's start too; one older than a minute is not.
+        assert not scraper.prime("vision", "resnet50")
+        fleet.advance(MAX_BASELINE_S + 1)
+        assert scraper.prime("vision", "resnet50")
+
+    def test_a_prime_that_reads_no_pod_says_so(self) -> None:
+        fleet = Fleet("10.0.0.1:8082")
+        fleet.silent = {"10.0.0.1:8082"}
+        scraper = PodScraper(fleet.pods, fetch=fleet.fetch, clock=lambda: fleet.clock)
+        assert not scraper.prime("vision", "resnet50")
+        assert not PodScraper(Pods(), fetch=fleet.fetch).prime("vision", "resnet50")
+
+    def test_the_first_window_is_a_third_of_a_short_interval(self) -> None:
+        assert first_window_s(15) == FIRST_WINDOW_S == 5
+        assert first_window_s(2) == pytest.approx(2 / 3)
+
 
 def blind(scope: Any, *, ready_replicas: int | None) -> None:
     return None  # Prometheus does not answer
@@ -375,6 +411,69 @@ class TestTheAutopilotWithoutPrometheus:
         assert held.action == "hold"
         assert "pods' own" not in held.reason
         assert self.next_tick(world, fleet).decision.replicas > 1
+
+
+class TestAnOutagesFirstRound:
+    """The fleet's round that finds Prometheus away reads the pods before the ticks, and waits
+    the first window: its ticks decide on the pods' metrics, not only keep a read for the next
+    round, an interval later."""
+
+    def setup(self, first_s: float, mode: str = "auto") -> tuple[World, Fleet, FleetPilot]:
+        fleet = Fleet("10.0.0.7:8082")
+        scrape = PodScraper(fleet.pods, fetch=fleet.fetch, clock=lambda: fleet.clock)
+        world = World(mode, observe=blind, seconds=lambda: T + fleet.clock, scrape=scrape)
+        world.body["spec"]["scaling"]["maxBatchSize"] = 1
+        world.kube.put_object(copy.deepcopy(world.body))
+        self.slept: list[float] = []
+
+        def sleep(seconds: float) -> None:
+            self.slept.append(seconds)
+            fleet.advance(seconds)
+
+        pilot = FleetPilot(
+            Passes(world.kube),
+            world.autopilot,
+            Blind(),
+            post=lambda body, events: None,
+            workers=2,
+            first_window_s=first_s,
+            clock=lambda: fleet.clock,
+            sleep=sleep,
+        )
+        fleet.rps, fleet.shed_rps, fleet.busy, fleet.slow = 300.0, 100.0, 1.0, True
+        return world, fleet, pilot
+
+    def replicas(self, world: World) -> int:
+        return int(world.kube.of(DEPLOYMENT, "vision", "resnet50")["spec"]["replicas"])
+
+    def reason(self, world: World) -> str:
+        status = world.kube.of(INFERENCESERVICE, "vision", "resnet50")["status"]
+        return str(status["lastDecision"]["reason"])
+
+    def test_the_first_round_adds_replicas_on_a_window_it_waited_for(self) -> None:
+        world, fleet, pilot = self.setup(FIRST_WINDOW_S)
+        report = pilot.run_round([("vision", "resnet50")])
+        assert (report.reading, report.primed, report.ticked) == (None, 1, 1)
+        assert self.slept == [FIRST_WINDOW_S]
+        assert self.replicas(world) > 1
+        assert "from the pods' own metrics over the last 5 s" in self.reason(world)
+        # The next round's window starts at this round's read: nothing to read ahead, no wait.
+        fleet.advance(15)
+        report = pilot.run_round([("vision", "resnet50")])
+        assert (report.primed, self.slept) == (0, [FIRST_WINDOW_S])
+
+    def test_without_a_first_window_the_first_round_only_reads(self) -> None:
+        world, fleet, pilot = self.setup(0.0)
+        assert pilot.run_round([("vision", "resnet50")]).primed == 0
+        assert (self.slept, self.replicas(world)) == ([], 1)
+        fleet.advance(15)
+        pilot.run_round([("vision", "resnet50")])
+        assert self.replicas(world) > 1
+
+    def test_a_service_in_recommend_mode_is_not_read_ahead(self) -> None:
+        _, _, pilot = self.setup(FIRST_WINDOW_S, mode="recommend")
+        assert pilot.run_round([("vision", "resnet50")]).primed == 0
+        assert self.slept == []
 
 
 @pytest.mark.slow

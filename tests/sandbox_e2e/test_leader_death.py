@@ -10,6 +10,10 @@ within a few of its intervals, not a round later — carry on from the memory in
 `status.autopilot` and add the replicas the load needs; the killed operator's replacement pod
 must wait as the standby and never decide. At the end the service is back
 inside its SLA, and nothing the sandbox started still runs.
+
+The same death while Prometheus is away: the new leader has no answer from it and no read of the
+pods from before; its first round reads the pods, waits its first window, and adds the replicas
+from them — and removes none until Prometheus is back.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from batchpilot.sandbox.up import PrometheusOutage
 from tests.sandbox_e2e.mlp_sandbox import mlp_service, run_mlp_sandbox, timeline
 from tests.sandbox_e2e.test_demo import processes_mentioning
 from tests.sandbox_e2e.test_slow_replica import event_at
@@ -33,6 +38,10 @@ LEASE_S = 15.0
 RETRY_S = 2.0
 AUTOPILOT_INTERVAL_S = 2.0
 """The sandbox's."""
+FROM_PODS = "Prometheus did not answer; from the pods' own metrics"
+BLIND_INTERVAL_S = 8.0
+"""The autopilot's interval where the leader dies while Prometheus is away: long enough that a
+first round which only read the pods would put the rise a whole interval after it."""
 
 
 @pytest.mark.timeout(180)
@@ -94,4 +103,57 @@ def test_the_standby_takes_over_and_scales_for_the_rise(tmp_path: Path, mlp_mode
     print(
         f"killed {killed} at {killed_at:.1f} s, {leader} led at {led_at:.1f} s, "
         f"first rise decided at {rises[0]['t_s']} s; test {time.monotonic() - started:.0f} s"
+    )
+
+
+@pytest.mark.timeout(180)
+def test_a_standby_that_takes_over_while_prometheus_is_away_scales_from_the_pods(
+    tmp_path: Path, mlp_model: Path
+) -> None:
+    down_at_s, down_for_s = KILL_AT_S - 4, 50.0  # away from before the death to after the take-over
+    result, lines = run_mlp_sandbox(
+        tmp_path,
+        mlp_model,
+        mlp_service("blindlead", scaling={"minReplicas": 1, "maxReplicas": 5, "maxBatchSize": 4}),
+        scenario=f"0:10,{STEP_AT_S:g}:45",
+        arrivals="uniform",
+        duration_s=KILL_AT_S + 60,
+        kill_leader_at_s=KILL_AT_S,
+        prometheus_outage=PrometheusOutage(down_at_s, down_for_s),
+        autopilot_interval_s=BLIND_INTERVAL_S,
+    )
+    events = "\n".join(f"{t:6.1f}s !! {what}" for t, what in result.operator_events)
+    log = "\n".join(lines) + f"\n\n{events}\n{timeline(result)}"
+    assert result.load, log
+    assert result.prometheus_down is not None, log
+    down, up = result.prometheus_down
+    assert up is not None, log
+    killed_at, _ = event_at(result.operator_events, "killed (SIGKILL)")
+    led_at, _ = event_at(result.operator_events, "holds the Lease")
+    assert down < killed_at < led_at < up, log
+
+    # The new leader's first rise, from the pods, within an interval of taking the Lease: its
+    # first round (kopf's start and lists, a second here) reads the pods, waits a first window
+    # (a third of the interval) and decides; it does not wait an interval for a second read.
+    rises = [
+        d
+        for d in result.decisions
+        if float(d["t_s"]) >= led_at and d["to"]["replicas"] > d["from"]["replicas"]
+    ]
+    assert rises, log
+    assert rises[0]["reason"].startswith(FROM_PODS), log
+    assert float(rises[0]["t_s"]) - led_at < BLIND_INTERVAL_S, log
+    # Nothing removed while Prometheus is away, and the rise's replicas ready before it is back.
+    during = [d for d in result.decisions if down < float(d["t_s"]) <= up]
+    assert all(d["to"]["replicas"] >= d["from"]["replicas"] for d in during), log
+    assert max(d["to"]["replicas"] for d in during) >= 3, log
+    last = [s for s in result.samples if up - 5 <= s.t_s <= up]
+    assert last, log
+    assert all(s.ready >= 3 for s in last), log
+    assert result.final_p99_ms is not None, log
+    assert result.final_p99_ms <= 500, log
+    assert processes_mentioning(str(tmp_path)) == []
+    print(
+        f"Prometheus down {down:.1f}–{up:.1f} s, leader killed at {killed_at:.1f} s, the standby "
+        f"led at {led_at:.1f} s and added replicas from the pods at {rises[0]['t_s']} s"
     )

@@ -11,12 +11,19 @@ retried next interval while the others go on.
 
 Which services: those in `auto` or `recommend` mode (`autopiloted`), from kopf's watch-fed
 index — no list call per round.
+
+A round Prometheus did not answer reads the pods first (`Autopilot.prime`: each service in auto
+mode with no read of its pods yet) and waits `first_window_s` before the ticks, which then read
+the pods again: the first round of an outage — or of an operator that starts, or takes the lead,
+during one — adds the replicas a rising load needs from the pods' own metrics, where it would
+otherwise only take the reads its next round's window starts from.
 """
 
 from __future__ import annotations
 
 import contextvars
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -54,6 +61,8 @@ class RoundReport:
     answer, and every service held."""
     observed_s: float = 0.0
     """How long Prometheus took to answer the round (the rest of the round is the ticks)."""
+    primed: int = 0
+    """Services whose pods were read ahead of their ticks, Prometheus away (`first_window_s`)."""
 
     @property
     def prometheus_answered(self) -> bool:
@@ -71,11 +80,17 @@ class FleetPilot:
         *,
         post: Callable[[dict[str, Any], list[Event]], None],
         workers: int = 8,
+        first_window_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._passes = passes
         self._pilot = pilot
         self._observer = observer
         self._post = post
+        self._first_window_s = first_window_s
+        self._clock = clock
+        self._sleep = sleep
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="autopilot")
 
     def run_round(self, services: Iterable[tuple[str, str]]) -> RoundReport:
@@ -84,6 +99,7 @@ class FleetPilot:
         if not keys:
             return RoundReport(0, 0, 0, reading=None)
         answers = self._observer.round()
+        primed = self._prime(keys) if answers.answers is None else 0
         # Each tick in the caller's context (kopf's: its Events need it), copied per tick.
         futures = [
             self._pool.submit(contextvars.copy_context().run, self._tick, ns, name, answers)
@@ -97,7 +113,27 @@ class FleetPilot:
             failed=sum(1 for ok in outcomes if not ok),
             reading=answers.reading if answers.answers is not None else None,
             observed_s=answers.took_s,
+            primed=primed,
         )
+
+    def _prime(self, keys: list[tuple[str, str]]) -> int:
+        """Prometheus did not answer: read the pods of each service that has no read of them,
+        then let `first_window_s` pass from the first read, so that the ticks' reads close a
+        window. How many services were read."""
+        if self._first_window_s <= 0:
+            return 0
+        started = self._clock()
+        primed = sum(self._pool.map(self._prime_one, keys))
+        if primed:
+            self._sleep(max(0.0, started + self._first_window_s - self._clock()))
+        return primed
+
+    def _prime_one(self, key: tuple[str, str]) -> bool:
+        try:
+            return self._pilot.prime(*key)
+        except Exception:  # a read gone wrong costs that service its window, not the round
+            log.exception("reading the pods of %s/%s failed", *key)
+            return False
 
     def _tick(self, namespace: str, name: str, answers: FleetRound) -> bool:
         def tick(body: dict[str, Any]) -> TickResult:

@@ -33,7 +33,7 @@ import kopf
 
 from batchpilot.operator import kopf_gate, relists, telemetry
 from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
-from batchpilot.operator.autopilot.pod_metrics import PodScraper
+from batchpilot.operator.autopilot.pod_metrics import PodScraper, first_window_s
 from batchpilot.operator.autopilot.prometheus import FleetObserver, Seasonality, http_query
 from batchpilot.operator.autopilot.push import (
     AccessPusher,
@@ -192,6 +192,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         observer,
         post=_post,
         workers=_SETTINGS.autopilot_workers,
+        first_window_s=first_window_s(_SETTINGS.autopilot_interval_seconds),
     )
 
 
@@ -209,7 +210,9 @@ async def piloted(
 
 def _prometheus_said(report: RoundReport) -> str:
     if report.reading is None:
-        return "unreachable (all held)"
+        if report.primed:
+            return f"unreachable (pods read first, for a first window: {report.primed} services)"
+        return "unreachable (held, or decided on the pods' own metrics)"
     source = {"recorded": "its recording rules", "raw": "raw queries"}[report.reading]
     return f"answered from {source} in {report.observed_s:.2f} s"
 

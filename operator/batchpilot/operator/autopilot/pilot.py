@@ -47,7 +47,7 @@ from batchpilot.operator.children.configmap import batching_in
 from batchpilot.operator.children.deadline import default_deadline_ms
 from batchpilot.operator.children.node_loss import eviction_s
 from batchpilot.operator.events import Event
-from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT
+from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT, INFERENCESERVICE
 from batchpilot.operator.kube import Kube
 from batchpilot.operator.rollout import rolling_in_place, rollout_under_way
 from batchpilot.operator.spec import InferenceServiceSpec
@@ -279,6 +279,18 @@ class Autopilot:
             f"{seen.window_s:.0f} s (only more replicas on them): {decision.reason}"
         )
         return replace(decision, reason=reason, metrics_available=False), new_state
+
+    def prime(self, namespace: str, name: str) -> bool:
+        """Read the pods of a service the autopilot acts on (mode auto) that has no read of them
+        to start a window, ahead of its tick in a round Prometheus did not answer (see
+        `pod_metrics.PodScraper.prime`); whether it read any. False without the pods' fallback."""
+        if self._scrape is None:
+            return False
+        body = self._kube.get(INFERENCESERVICE, namespace, name)
+        scaling = ((body or {}).get("spec") or {}).get("scaling") or {}
+        if body is None or (scaling.get("mode") or "auto") != "auto":
+            return False
+        return self._scrape.prime(namespace, name)
 
     def _applied(
         self, key: tuple[str, str], uid: str, replicas: int, apply: Callable[[], list[Event]]

@@ -4,10 +4,14 @@ answer: an `Observation` from the samples of each ready pod at this tick and at 
 
 The pods are read only at the ticks whose Prometheus observation is missing, so a Prometheus
 that works costs no pod a request; the first such tick keeps the reads it takes, and the next
-(one interval later) has its window. Reads older than `MAX_BASELINE_S` are not a window's start:
-a Prometheus that came back and went again starts afresh. One pod that does not answer within
-`TIMEOUT_S` is left out of the window (its load is not in the rates, and `reporting_replicas`
-says so); a service's pods are read at once. What is remembered is per operator process.
+(one interval later) has its window. Where the whole round found Prometheus away (an outage
+begins, or an operator starts or takes the lead during one), the fleet's round `prime`s every
+service first and lets `FIRST_WINDOW_S` pass before its ticks, so they decide on a window of
+those seconds instead of holding one interval more. Reads older than `MAX_BASELINE_S` are not a
+window's start: a Prometheus that came back and went again starts afresh. One pod that does not
+answer within `TIMEOUT_S` is left out of the window (its load is not in the rates, and
+`reporting_replicas` says so); a service's pods are read at once. What is remembered is per
+operator process.
 """
 
 from __future__ import annotations
@@ -35,6 +39,19 @@ MAX_AT_ONCE = 16
 """Pods of one service read at the same time."""
 MAX_BASELINE_S = 60.0
 """Reads older than this start no window: four default intervals."""
+FIRST_WINDOW_S = 5.0
+"""The window of an outage's first round, between the reads `prime` takes and the ticks' (the
+round waits for it; at most a third of the interval, see `first_window_s`). Long enough to hold
+batches and the tail of a latency histogram at a few requests a second — the runtime's own
+recent-rate gauge is over as many seconds — and short against the default interval, which the
+round would otherwise lose."""
+
+
+def first_window_s(interval_s: float) -> float:
+    """The first blind round's window for rounds `interval_s` apart: `FIRST_WINDOW_S`, or a
+    third of the interval where that is shorter, so the round stays well inside it."""
+    return min(FIRST_WINDOW_S, interval_s / 3)
+
 
 Fetch = Callable[[str], list[Sample]]
 """The samples of the pod whose admin endpoint is `IP:PORT`; raises where it does not answer."""
@@ -66,20 +83,9 @@ class PodScraper:
         self, owner: Owner, *, ready_replicas: int | None, at: float
     ) -> Observation | None:
         key = (owner.namespace, owner.name)
-        try:
-            endpoints = self._pods.ready_pod_endpoints(owner.namespace, {ISVC_LABEL: owner.name})
-        except KubeError as exc:
-            log.warning("listing pods of %s/%s failed: %s", owner.namespace, owner.name, exc)
+        reads = self._read_service(*key)
+        if reads is None:
             return None
-        reads: dict[str, Read] = {}
-        if endpoints:
-            # At once: pods that hang cost the tick one timeout, not one each.
-            with ThreadPoolExecutor(min(len(endpoints), MAX_AT_ONCE)) as pool:
-                for endpoint, read in zip(endpoints, pool.map(self._read, endpoints), strict=True):
-                    if isinstance(read, Read):
-                        reads[endpoint] = read
-                    else:  # one pod's silence costs the window its load, no more
-                        log.info("metrics of %s (%s/%s) not read: %s", endpoint, *key, read)
         with self._lock:
             before = self._reads.get(key, {})
             self._reads[key] = reads
@@ -97,6 +103,44 @@ class PodScraper:
             ready_replicas=ready_replicas,
             at=at,
         )
+
+    def prime(self, namespace: str, name: str) -> bool:
+        """Read the service's pods now, to start the window of its next call, where no read of
+        them can start one (none kept, or all older than `MAX_BASELINE_S`). Whether it read a
+        pod: False where a read was kept already, or none of its pods answered."""
+        key = (namespace, name)
+        now = self._clock()
+        with self._lock:
+            kept = self._reads.get(key, {})
+        if any(now - read.at <= MAX_BASELINE_S for read in kept.values()):
+            return False
+        reads = self._read_service(namespace, name)
+        if not reads:
+            return False
+        with self._lock:
+            self._reads[key] = reads
+        return True
+
+    def _read_service(self, namespace: str, name: str) -> dict[str, Read] | None:
+        """Each ready pod's read, by endpoint, of those that answered; None where the pods
+        could not be listed."""
+        try:
+            endpoints = self._pods.ready_pod_endpoints(namespace, {ISVC_LABEL: name})
+        except KubeError as exc:
+            log.warning("listing pods of %s/%s failed: %s", namespace, name, exc)
+            return None
+        reads: dict[str, Read] = {}
+        if endpoints:
+            # At once: pods that hang cost the tick one timeout, not one each.
+            with ThreadPoolExecutor(min(len(endpoints), MAX_AT_ONCE)) as pool:
+                for endpoint, read in zip(endpoints, pool.map(self._read, endpoints), strict=True):
+                    if isinstance(read, Read):
+                        reads[endpoint] = read
+                    else:  # one pod's silence costs the window its load, no more
+                        log.info(
+                            "metrics of %s (%s/%s) not read: %s", endpoint, namespace, name, read
+                        )
+        return reads
 
     def _read(self, endpoint: str) -> Read | Exception:
         try:
