@@ -1,8 +1,17 @@
-"""What the autopilot sees of a service over one window. Missing is None, never zero."""
+"""What the autopilot sees of a service over one window. Missing is None, never zero.
+
+A reading no signal can have — NaN (Prometheus' answer for a quantile or a ratio over nothing),
+an infinity, a negative rate, count or time — is missing too: an `Observation` holds None in
+its place, and its per-bucket and per-pod points leave such points out, whoever built it (the
+Prometheus reader, the pods' reads, a simulator, a test). A decision is then a hold, never one
+taken on a number that cannot be; and no such number reaches the status, whose JSON cannot carry
+it.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +145,18 @@ class Observation:
     slowed down a scrape ago reads so here, where the window's mean still averages it with the
     minute before. Empty where it cannot be measured."""
 
+    def __post_init__(self) -> None:
+        for spec in fields(self):
+            value = getattr(self, spec.name)
+            if spec.name in _REQUIRED or value is None:
+                continue
+            if isinstance(value, tuple):
+                kept = tuple(point for point in value if _possible(point))
+                if len(kept) != len(value):
+                    object.__setattr__(self, spec.name, kept)
+            elif isinstance(value, int | float) and not _sane(value):
+                object.__setattr__(self, spec.name, None)
+
     @property
     def offered_qps(self) -> float | None:
         """The load the service was asked to carry: measured at arrival where the runtime counts
@@ -179,3 +200,22 @@ class Observation:
         if self.ready_replicas is None:
             absent.append("ready replicas")
         return absent
+
+
+_REQUIRED = frozenset({"at", "window_s"})
+"""The fields that are never missing: when the window was read, and how long it is."""
+
+
+def _sane(value: float) -> bool:
+    """Whether a signal's reading can be: finite and not negative (rates, times, counts, shares
+    are none of them below zero)."""
+    return math.isfinite(value) and value >= 0
+
+
+def _possible(point: object) -> bool:
+    """Whether each number of a per-bucket, per-pod or past-period point can be."""
+    return all(
+        _sane(getattr(point, spec.name))
+        for spec in fields(point)  # type: ignore[arg-type]
+        if isinstance(getattr(point, spec.name), int | float)
+    )

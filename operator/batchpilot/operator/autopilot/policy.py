@@ -69,6 +69,14 @@ class Policy:
     """A rollout is under way: the replicas run different templates (a new model version, a
     variant), whose batch times may differ by design — none is slow for it (`stragglers`)."""
 
+    def __post_init__(self) -> None:
+        # One replica at least, as the CRD's minReplicas: the autopilot has no scale to zero,
+        # and no prediction for a load carried by none.
+        if self.min_replicas < 1:
+            object.__setattr__(self, "min_replicas", 1)
+        if self.max_replicas < self.min_replicas:
+            object.__setattr__(self, "max_replicas", self.min_replicas)
+
 
 @dataclass(frozen=True, slots=True)
 class InForce:
