@@ -131,6 +131,24 @@ BAD_REQUESTS: list[tuple[str, BadRequest, int, tuple[str, ...]]] = [
     ),
     ("wrong-datatype", json_body(with_input("f32", datatype="FP64")), 400, ("must be FP32",)),
     (
+        "shape-beyond-any-body",
+        json_body(with_input("f32", shape=[10**18] * 3)),
+        400,
+        ("input 'f32'.shape declares more than", "elements"),
+    ),
+    (
+        "shape-beyond-any-body-async",
+        BadRequest(body=orjson.dumps(with_input("f32", shape=[10**18] * 3)), path=f"{INFER}/async"),
+        400,
+        ("declares more than",),
+    ),
+    (
+        "shape-of-33-dimensions",
+        json_body(with_input("f32", shape=[1] * 33)),
+        400,
+        ("33 dimensions", "32 at most"),
+    ),
+    (
         "unsupported-datatype-bytes",
         json_body(with_input("f32", datatype="BYTES", data=["a", "b", "c", "d"])),
         400,
@@ -412,6 +430,23 @@ BAD_REQUESTS: list[tuple[str, BadRequest, int, tuple[str, ...]]] = [
         header_length(b"\xb2"),
         400,
         ("is not a number",),
+    ),
+    (
+        # int() refuses past 4,300 digits
+        "header-length-of-5000-digits",
+        header_length("9" * 5000),
+        400,
+        ("Inference-Header-Content-Length has 5000 digits",),
+    ),
+    (
+        "header-length-of-5000-digits-async",
+        BadRequest(
+            body=orjson.dumps(good_doc()),
+            headers={"Inference-Header-Content-Length": "9" * 5000},
+            path=f"{INFER}/async",
+        ),
+        400,
+        ("5000 digits",),
     ),
     # --- the body's encoding
     (

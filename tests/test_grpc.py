@@ -1051,6 +1051,24 @@ class TestCodec:
         assert response.raw_output_contents == [raw]
         assert response.id == "7"
 
+    @pytest.mark.parametrize(
+        ("shape", "said"),
+        [
+            ([10**18] * 250, "250 dimensions"),  # its product: more digits than Python prints
+            ([2**62] * 3, "declares more than"),
+        ],
+    )
+    @pytest.mark.parametrize("raw", [False, True])
+    def test_a_shape_beyond_any_message_is_refused_before_its_product(
+        self, shape: list[int], said: str, raw: bool
+    ) -> None:
+        message = ours.ModelInferRequest(model_name="m")
+        message.inputs.add(name="x", datatype="FP32", shape=shape)
+        if raw:
+            message.raw_input_contents.append(b"")
+        with pytest.raises(InvalidRequest, match=said):
+            decode_infer_request(message)
+
     def test_the_earlier_of_deadline_and_timeout_parameter_wins(self) -> None:
         message = ours.ModelInferRequest(model_name="m")
         message.inputs.add(name="x", datatype="INT64", shape=[1]).contents.int64_contents.append(1)

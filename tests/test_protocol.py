@@ -13,7 +13,14 @@ from batchpilot.runtime.errors import InvalidRequest
 from batchpilot.runtime.protocol.client_codec import decode_response, encode_request
 from batchpilot.runtime.protocol.model_config import TRITON_DATATYPES, model_config
 from batchpilot.runtime.protocol.server_codec import decode_request, encode_response
-from batchpilot.runtime.protocol.tensors import DATATYPES, Tensor, datatype_of
+from batchpilot.runtime.protocol.tensors import (
+    DATATYPES,
+    MAX_ELEMENTS,
+    Tensor,
+    datatype_of,
+    element_count,
+    split_bytes,
+)
 
 
 def sample(datatype: str, shape: tuple[int, ...] = (2, 3)) -> np.ndarray[Any, Any]:
@@ -323,3 +330,24 @@ class TestModelConfig:
             {"name": "m", "kind": "KIND_GPU", "count": 2, "gpus": [0]}
         ]
         assert set(TRITON_DATATYPES) == {*DATATYPES, "BYTES"}
+
+
+class TestShapesAndElements:
+    def test_a_shape_counts_its_elements_up_to_what_a_body_could_hold(self) -> None:
+        assert element_count((2, 3, 4), "x") == 24
+        assert element_count((), "x") == 1
+        assert element_count((0, 10**18, 10**18), "x") == 0
+        assert element_count((MAX_ELEMENTS,), "x") == MAX_ELEMENTS
+        with pytest.raises(InvalidRequest, match="declares more than"):
+            element_count((MAX_ELEMENTS, 2), "x")
+        with pytest.raises(InvalidRequest, match=r"x\.shape has 33 dimensions"):
+            element_count((1,) * 33, "x")
+
+    def test_bytes_beyond_the_shape_are_refused_without_splitting_the_rest(self) -> None:
+        one = (1).to_bytes(4, "little") + b"a"
+        assert split_bytes(memoryview(one * 2), 2, "x") == [b"a", b"a"]
+        # The rest here is no valid element at all: refused for being there, not for its form.
+        with pytest.raises(InvalidRequest, match="the binary data holds more"):
+            split_bytes(memoryview(one * 2 + b"\xff"), 2, "x")
+        with pytest.raises(InvalidRequest, match="holds 1"):
+            split_bytes(memoryview(one), 2, "x")

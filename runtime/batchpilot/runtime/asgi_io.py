@@ -63,9 +63,16 @@ def parse_header_length(value: str | None) -> int | None:
     # refuses: only ASCII decimal digits make a length.
     text = value.strip()
     if not (text.isascii() and text.isdecimal()):
-        raise InvalidRequest(f"Inference-Header-Content-Length {value!r} is not a number")
+        raise InvalidRequest(f"Inference-Header-Content-Length {value!r:.40} is not a number")
+    if len(text) > MAX_LENGTH_DIGITS:  # int() refuses past 4,300 digits; no body is that long
+        raise InvalidRequest(
+            f"Inference-Header-Content-Length has {len(text)} digits: longer than any body"
+        )
     return int(text)
 
+
+MAX_LENGTH_DIGITS = 18
+"""Digits a byte count may have: 10^18 bytes is beyond any body."""
 
 _CONTENT_LENGTH = b"content-length"
 _CONTENT_ENCODING = b"content-encoding"

@@ -189,6 +189,12 @@ def add_async_routes(
         except ClientDisconnect:
             metrics.request_finished(RequestOutcome.CANCELLED)
             return Response(status_code=CLIENT_CLOSED_REQUEST)
+        except Exception:
+            # A bug, not the client's fault: one JSON answer as the synchronous route gives,
+            # counted as an error.
+            log.exception("async infer submit failed unexpectedly")
+            metrics.request_finished(RequestOutcome.ERROR, time.perf_counter() - started)
+            return json_response({"error": "internal server error; see the server log"}, status=500)
         retry = is_retry_raw(request.scope["headers"])
         job.work = asyncio.get_running_loop().create_task(
             run_job(job, parsed, started, retry=retry), name=f"async-job-{job.id}"

@@ -10,7 +10,6 @@ as `raw_output_contents`, which is what Triton does and what its client reads fa
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -24,8 +23,10 @@ from batchpilot.runtime.protocol.tensors import (
     DATATYPES,
     SUPPORTED_DATATYPES,
     Tensor,
+    check_dims,
     check_integer_range,
     decode_raw_tensor,
+    element_count,
     encode_raw_tensor,
 )
 
@@ -83,6 +84,7 @@ def decode_infer_request(
                 f"{where}: datatype {datatype!r} is not supported; use one of "
                 + ", ".join(SUPPORTED_DATATYPES)
             )
+        check_dims(tensor.shape, where)
         shape = tuple(tensor.shape)
         if any(d < 0 for d in shape):
             raise InvalidRequest(
@@ -138,7 +140,7 @@ def _from_contents(
     contents: pb.InferTensorContents, datatype: str, shape: tuple[int, ...], where: str
 ) -> np.ndarray[Any, Any]:
     """An input's elements from the typed field of its datatype."""
-    count = math.prod(shape)
+    count = element_count(shape, where)
     field = CONTENTS_FIELD.get(datatype)
     if field is None:
         raise InvalidRequest(

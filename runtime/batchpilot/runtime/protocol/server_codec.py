@@ -9,7 +9,6 @@ a person can act on.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,8 +24,10 @@ from batchpilot.runtime.protocol.tensors import (
     Tensor,
     bytes_as_json,
     check_bool_bytes,
+    check_dims,
     check_integer_range,
     datatype_of,
+    element_count,
     encode_bytes,
     json_bytes,
     nesting_mismatch,
@@ -69,11 +70,12 @@ def _shape_of(raw: Any, where: str) -> tuple[int, ...]:
     # A plain loop: on every request, where a generator under all()/any() costs more than
     # the checks.
     if not isinstance(raw, list):
-        raise InvalidRequest(f"{where}.shape must be a list of integers, got {raw!r}")
+        raise InvalidRequest(f"{where}.shape must be a list of integers, got {raw!r:.80}")
+    check_dims(raw, where)
     negative = False
     for d in raw:
         if not isinstance(d, int) or isinstance(d, bool):
-            raise InvalidRequest(f"{where}.shape must be a list of integers, got {raw!r}")
+            raise InvalidRequest(f"{where}.shape must be a list of integers, got {raw!r:.80}")
         if d < 0:
             negative = True
     if negative:
@@ -141,7 +143,7 @@ def decode_request(body: bytes, *, header_length: int | None = None) -> InferReq
                 + ", ".join(SUPPORTED_DATATYPES)
             )
         shape = _shape_of(raw.get("shape"), where)
-        count = math.prod(shape)
+        count = element_count(shape, where)
         in_params = _as_params(raw.get("parameters"), f"{where}.parameters")
         size = in_params.get("binary_data_size")
         if size is not None:

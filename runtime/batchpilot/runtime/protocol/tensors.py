@@ -13,7 +13,6 @@ its v1 protocol, not to v2, so it is not accepted: send bytes that are not UTF-8
 
 from __future__ import annotations
 
-import math
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -49,6 +48,40 @@ BYTES: Final = "BYTES"
 SUPPORTED_DATATYPES: Final = (*DATATYPES, BYTES)
 
 _LENGTH = struct.Struct("<I")
+
+MAX_DIMS: Final = 32
+"""Dimensions a tensor may have: numpy's own limit before numpy 2 (64 since). No model input
+has nearly as many, and a shape of thousands would cost the product of its dimensions time."""
+MAX_ELEMENTS: Final = 1 << 40
+"""Elements beyond any body's room (each takes a byte at least): a shape that declares more is
+refused before its product is taken whole — the product of a few hundred dimensions of 10^18
+has more digits than Python will print in the error that would refuse it."""
+
+
+def check_dims(shape: Sequence[Any], where: str) -> None:
+    """Raises InvalidRequest where `shape` has more than `MAX_DIMS` dimensions."""
+    if len(shape) > MAX_DIMS:
+        raise InvalidRequest(
+            f"{where}.shape has {len(shape)} dimensions; a tensor may have {MAX_DIMS} at most"
+        )
+
+
+def element_count(shape: Sequence[int], where: str) -> int:
+    """The elements `shape` (non-negative integers) declares; raises InvalidRequest where it has
+    more dimensions than `MAX_DIMS` or declares more than `MAX_ELEMENTS`."""
+    check_dims(shape, where)
+    if 0 in shape:
+        return 0
+    count = 1
+    for dimension in shape:
+        count *= dimension
+        if count > MAX_ELEMENTS:
+            raise InvalidRequest(
+                f"{where}.shape declares more than {MAX_ELEMENTS} elements, more than any "
+                "request can carry"
+            )
+    return count
+
 
 _DATATYPE_OF_KIND: Final = {dt.str.lstrip("<|="): name for name, dt in DATATYPES.items()}
 
@@ -95,6 +128,10 @@ def split_bytes(blob: memoryview, count: int, where: str) -> list[bytes]:
             )
         elements.append(bytes(blob[offset : offset + length]))
         offset += length
+        if len(elements) == count and offset < end:  # no need to split the rest to know
+            raise InvalidRequest(
+                f"{where}: shape needs {count} BYTES elements, the binary data holds more"
+            )
     if len(elements) != count:
         raise InvalidRequest(
             f"{where}: shape needs {count} BYTES elements, the binary data holds {len(elements)}"
@@ -232,7 +269,7 @@ def decode_raw_tensor(
     ``raw_input_contents`` lay them out: little-endian elements in row-major order, or for BYTES
     each element as a 4-byte little-endian length and its bytes. Fixed-size data is viewed in
     place, not copied. Raises InvalidRequest when the bytes do not fit the shape."""
-    count = math.prod(shape)
+    count = element_count(shape, where)
     if datatype == BYTES:
         return reshaped(object_array(split_bytes(memoryview(raw), count, where)), shape, where)
     dtype = DATATYPES.get(datatype)
