@@ -487,6 +487,25 @@ BAD_REQUESTS: list[tuple[str, BadRequest, int, tuple[str, ...]]] = [
         ("the body is not whole gzip data: it ends early",),
     ),
     (
+        "gzip-then-bytes-that-are-no-member",
+        BadRequest(
+            body=gzip.compress(orjson.dumps(good_doc())) + b"trailing",
+            headers={"Content-Encoding": "gzip"},
+        ),
+        400,
+        ("the body has bytes after its gzip data ends",),
+    ),
+    (
+        # two members, each within the limit, together past it
+        "gzip-members-that-inflate-past-the-limit",
+        BadRequest(
+            body=gzip.compress(b" " * 4000) + gzip.compress(orjson.dumps(good_doc())),
+            headers={"Content-Encoding": "gzip"},
+        ),
+        413,
+        ("the body decodes from gzip to more than the limit of 4096 bytes",),
+    ),
+    (
         # 4 KiB of zeros and more, sent as a few dozen bytes: decoded no further than the limit
         "gzip-that-inflates-past-the-limit",
         BadRequest(
@@ -621,6 +640,8 @@ class TestBadRequestsGetTheirStatusAndAReason:
         [
             ("gzip", gzip.compress),
             ("x-gzip", gzip.compress),
+            # several members, as concatenated gzip files or a parallel compressor make them
+            ("gzip", lambda data: gzip.compress(data[:10]) + gzip.compress(data[10:])),
             ("deflate", zlib.compress),
             ("Deflate", lambda data: zlib.compress(data)[2:-4]),  # raw deflate, as some send it
         ],

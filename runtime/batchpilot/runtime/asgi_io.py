@@ -74,6 +74,9 @@ def parse_header_length(value: str | None) -> int | None:
 MAX_LENGTH_DIGITS = 18
 """Digits a byte count may have: 10^18 bytes is beyond any body."""
 
+_GZIP_MAGIC = b"\x1f\x8b"
+"""How every gzip member begins (RFC 1952 2.3.1)."""
+
 _CONTENT_LENGTH = b"content-length"
 _CONTENT_ENCODING = b"content-encoding"
 _HEADER_LENGTH = HEADER_LENGTH.encode()
@@ -122,30 +125,40 @@ def decode_body(body: bytes, coding: str | None, limit: int) -> bytes:
     """`body` decoded from `coding`, refused (413) where it decodes to more than `limit` bytes —
     decoded no further than that, so a small body that inflates without end costs no memory —
     and (400) where it is not whole, valid data of that coding. A deflate body is zlib-wrapped
-    (RFC 9110); raw deflate, as some clients send it, is read too."""
+    (RFC 9110); raw deflate, as some clients send it, is read too. A gzip body may be several
+    members one after another (RFC 1952 2.2: what concatenating gzip files, or a parallel
+    compressor, makes): each is decoded in turn, within the one limit."""
     if coding is None:
         return body
     wbits = _DECODERS[coding]
-    try:
+    parts: list[bytes] = []
+    size = 0
+    rest = body
+    while True:
         try:
-            decoder = zlib.decompressobj(wbits)
-            decoded = decoder.decompress(body, limit + 1)
-        except zlib.error:
-            if coding != "deflate":
-                raise
-            decoder = zlib.decompressobj(-zlib.MAX_WBITS)
-            decoded = decoder.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise InvalidRequest(f"the body is not valid {coding} data ({exc})") from None
-    if len(decoded) > limit or decoder.unconsumed_tail:
-        raise RequestTooLarge(
-            f"the body decodes from {coding} to more than the limit of {limit} bytes"
-        )
-    if not decoder.eof:
-        raise InvalidRequest(f"the body is not whole {coding} data: it ends early")
-    if decoder.unused_data:
-        raise InvalidRequest(f"the body has bytes after its {coding} data ends")
-    return decoded
+            try:
+                decoder = zlib.decompressobj(wbits)
+                decoded = decoder.decompress(rest, limit - size + 1)
+            except zlib.error:
+                if coding != "deflate":
+                    raise
+                decoder = zlib.decompressobj(-zlib.MAX_WBITS)
+                decoded = decoder.decompress(rest, limit - size + 1)
+        except zlib.error as exc:
+            raise InvalidRequest(f"the body is not valid {coding} data ({exc})") from None
+        size += len(decoded)
+        parts.append(decoded)
+        if size > limit or decoder.unconsumed_tail:
+            raise RequestTooLarge(
+                f"the body decodes from {coding} to more than the limit of {limit} bytes"
+            )
+        if not decoder.eof:
+            raise InvalidRequest(f"the body is not whole {coding} data: it ends early")
+        rest = decoder.unused_data
+        if not rest:
+            return b"".join(parts) if len(parts) > 1 else parts[0]
+        if wbits != _DECODERS["gzip"] or not rest.startswith(_GZIP_MAGIC):
+            raise InvalidRequest(f"the body has bytes after its {coding} data ends")
 
 
 async def send_answer(send: Send, content: bytes, header_length: int | None) -> None:
