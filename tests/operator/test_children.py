@@ -30,6 +30,9 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 K8S_VERSIONS = ["1.28", "1.33"]
 
 
+GPU = "nvidia.com/gpu"
+
+
 def owner_of(path: Path) -> Owner:
     doc = yaml.safe_load(path.read_text())
     return Owner(
@@ -70,6 +73,47 @@ class TestDeployment:
         pod = deployment["spec"]["template"]["spec"]
         assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
         assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+
+    @pytest.mark.parametrize(
+        ("device", "resources", "want"),
+        [
+            ("gpu", None, {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {GPU: "1"}}),
+            # Limits alone are the requests too (Kubernetes copies them): no default request
+            # above a smaller limit, which the API server would refuse.
+            (
+                "cpu",
+                {"limits": {"cpu": "500m", "memory": "512Mi"}},
+                {"limits": {"cpu": "500m", "memory": "512Mi"}},
+            ),
+            ("cpu", {"limits": {"cpu": 2}}, {"requests": {"memory": "1Gi"}, "limits": {"cpu": 2}}),
+            # The GPUs the spec asks for, request and limit alike (an extended resource's must
+            # be equal).
+            (
+                "gpu",
+                {"requests": {GPU: 2}},
+                {"requests": {GPU: 2, "cpu": "1", "memory": "1Gi"}, "limits": {GPU: 2}},
+            ),
+            (
+                "gpu",
+                {"limits": {GPU: 8}, "requests": {"cpu": "4"}},
+                {"requests": {"cpu": "4", "memory": "1Gi"}, "limits": {GPU: 8}},
+            ),
+        ],
+    )
+    def test_the_runtime_asks_for_what_the_spec_does_and_defaults_only_the_rest(
+        self, device: str, resources: dict[str, Any] | None, want: dict[str, Any]
+    ) -> None:
+        runtime: dict[str, Any] = {"device": device}
+        if resources is not None:
+            runtime["resources"] = resources
+        spec = {"model": {"uri": "pvc://models/m.onnx"}, "sla": {"latencyP99Ms": 100}}
+        owner = Owner(
+            name="m", namespace="ns", uid="u",
+            spec=InferenceServiceSpec.model_validate({**spec, "runtime": runtime}),
+        )  # fmt: skip
+        deployment = build_deployment(owner, OperatorSettings(), replicas=1)
+        assert deployment["spec"]["template"]["spec"]["containers"][0]["resources"] == want
+        kubernetes_validate.validate(deployment, K8S_VERSIONS[-1], strict=True)
 
     def test_cpu_replicas_get_no_gpu(self) -> None:
         deployment = build_deployment(
@@ -167,6 +211,37 @@ class TestServingPath:
         args = template["spec"]["containers"][0]["args"]
         assert args[args.index("--model") + 1] == "/models/model.onnx"
         assert args[args.index("--variant") + 1] == "int8"
+
+    @pytest.mark.parametrize(
+        ("uri", "variant", "fetched"),
+        [
+            # A presigned URL: its signature is the model file's, fetched as written.
+            (
+                "https://h.example/m/resnet50.onnx?X-Amz-Signature=abc#x",
+                "original",
+                "https://h.example/m/resnet50.onnx?X-Amz-Signature=abc#x",
+            ),
+            (
+                "https://h.example/m/resnet50.onnx?sig=1",
+                "fp16",
+                "https://h.example/m/resnet50.fp16.onnx",
+            ),
+            # A file not named .onnx: the original is the URI itself.
+            ("https://h.example/models/resnet50", "original", "https://h.example/models/resnet50"),
+            (
+                "https://h.example/models/resnet50",
+                "int8",
+                "https://h.example/models/resnet50.int8.onnx",
+            ),
+        ],
+    )
+    def test_an_https_model_is_fetched_from_its_own_uri_and_variants_beside_it(
+        self, uri: str, variant: str, fetched: str
+    ) -> None:
+        owner = owner_of(ROOT / "examples" / "resnet50-gpu.yaml")
+        template = pod_of(with_spec(owner, model={"uri": uri, "variant": variant}))
+        (fetch,) = template["spec"]["initContainers"]
+        assert fetch["args"][2] == fetched
 
     def test_an_s3_model_with_a_pipeline_fetches_its_whole_folder(self) -> None:
         owner = owner_of(ROOT / "examples" / "orientation-cpu.yaml")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, field_validator, model_validator
 
@@ -90,12 +90,19 @@ class ModelSource(SpecModel):
 
     @property
     def file_name(self) -> str:
-        """The last part of the URI: the model file's name."""
-        return self.uri.rstrip("/").rsplit("/", 1)[-1]
+        """The last part of the URI's path: the model file's name. A query or a fragment (a
+        presigned URL's signature) is no part of it."""
+        return urlsplit(self.uri).path.rstrip("/").rsplit("/", 1)[-1]
 
     def sibling_uri(self, name: str) -> str:
-        """The URI of a file named `name` in the model's folder (labels, tokenizer, variants)."""
-        return self.uri.rstrip("/").removesuffix(self.file_name) + name
+        """The URI of a file named `name` in the model's folder (labels, tokenizer, variants):
+        the folder's path and `name`, without the model's query or fragment (a presigned URL's
+        signature is the model file's alone); for the model's own name, its URI as written."""
+        if name == self.file_name:
+            return self.uri
+        parts = urlsplit(self.uri)
+        folder = parts.path.rstrip("/").removesuffix(self.file_name)
+        return urlunsplit((parts.scheme, parts.netloc, folder + name, "", ""))
 
     def variant_file_name(self, stem: str) -> str:
         """The file name of the served variant for a model file with this stem."""

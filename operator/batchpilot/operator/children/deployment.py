@@ -101,10 +101,12 @@ def _model_volumes(
         }
     elif source.scheme in ("http", "https"):
         stem = source.file_name.removesuffix(".onnx")
-        pairs = [
-            source.sibling_uri(source.variant_file_name(stem)),
-            f"{MODEL_DIR}/{source.variant_file_name('model')}",
-        ]
+        served = (  # the original: the URI as written, whatever its file is called
+            source.uri
+            if source.variant == "original"
+            else source.sibling_uri(source.variant_file_name(stem))
+        )
+        pairs = [served, f"{MODEL_DIR}/{source.variant_file_name('model')}"]
         for name in extra:
             pairs += [source.sibling_uri(name), f"{MODEL_DIR}/{name}"]
         fetcher = {
@@ -265,6 +267,33 @@ def _placement(owner: Owner, settings: OperatorSettings) -> dict[str, Any]:
     return fields
 
 
+DEFAULT_REQUESTS = {"cpu": "1", "memory": "1Gi"}
+"""What the runtime container asks for where the spec names neither a request nor a limit."""
+
+
+def _resources(spec: dict[str, Any], *, gpu: str | None) -> dict[str, Any]:
+    """The runtime container's resources: the spec's, with `DEFAULT_REQUESTS` for what it sets
+    neither a request nor a limit of — a limit alone is the request too, as Kubernetes makes it
+    (a default request above a smaller limit would be refused) — and on a GPU, `gpu` (the
+    extended resource's name) as the spec asks for it (its limit, else its request), one where
+    it does not; an extended resource's request must equal its limit."""
+    requests, limits = dict(spec.get("requests") or {}), dict(spec.get("limits") or {})
+    for name, default in DEFAULT_REQUESTS.items():
+        if name not in requests and name not in limits:
+            requests[name] = default
+    if gpu is not None:
+        count = limits.get(gpu, requests.get(gpu, "1"))
+        limits[gpu] = count
+        if gpu in requests:
+            requests[gpu] = count
+    found: dict[str, Any] = {"requests": requests} if requests else {}
+    if limits:
+        found["limits"] = limits
+    if spec.get("claims"):
+        found["claims"] = spec["claims"]
+    return found
+
+
 def build_deployment(
     owner: Owner, settings: OperatorSettings, *, replicas: int, in_place: bool = False
 ) -> dict[str, Any]:
@@ -276,14 +305,10 @@ def build_deployment(
     model_path, volumes, mounts, init_containers = _model_volumes(owner, settings, image)
     key_volumes, key_mounts = api_keys_volume(owner)
 
-    resources: dict[str, Any] = {
-        key: value
-        for key, value in (runtime.resources.dump() if runtime.resources else {}).items()
-        if value
-    }
-    resources.setdefault("requests", {"cpu": "1", "memory": "1Gi"})
-    if gpu:
-        resources.setdefault("limits", {})[settings.gpu_resource] = "1"
+    resources = _resources(
+        runtime.resources.dump() if runtime.resources else {},
+        gpu=settings.gpu_resource if gpu else None,
+    )
 
     env = [
         {"name": "BATCHPILOT_ISVC_NAME", "value": owner.name},
