@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from batchpilot.operator.children.common import ISVC_LABEL
 from batchpilot.operator.children.configmap import batching_document
 from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT, NETWORK_POLICY, PDB, SECRET, SERVICE
 from batchpilot.operator.kube import ready_pod_endpoints
+from batchpilot.operator.plan import quantity
 from batchpilot.operator.reconciler import Reconciler
 from batchpilot.operator.rollout import IN_PLACE, SURGE
 from batchpilot.operator.settings import OperatorSettings
@@ -278,6 +280,45 @@ class TestDoNothing:
         assert writes == []
         assert outcome.status == {}
         assert outcome.events == []
+
+    def test_what_the_api_server_normalizes_is_not_drift(self) -> None:
+        """Quantities kept in canonical form and empty values dropped, as the API server stores
+        them: a spec written otherwise must not rewrite the Deployment every pass."""
+        runtime = {
+            "device": "gpu",
+            "resources": {"requests": {"cpu": 2, "memory": "1024Mi"}, "limits": {"cpu": "2.5"}},
+            "env": [{"name": "FOO", "value": ""}],
+            "tolerations": [{"key": "k", "operator": "Exists", "effect": ""}],
+        }
+        cluster = Cluster(isvc(runtime=runtime))
+        cluster.reconcile()
+        pod = cluster.kube.objects[("Deployment", NS, "resnet50")]["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        container["resources"]["requests"].update(cpu="2", memory="1Gi")
+        container["resources"]["limits"]["cpu"] = "2500m"
+        for var in container["env"]:
+            if var.get("value") == "":
+                del var["value"]
+        for toleration in pod["tolerations"]:
+            if toleration.get("effect") == "":
+                del toleration["effect"]
+        assert cluster.writes_of(cluster.reconcile) == []
+        container["resources"]["limits"]["cpu"] = "3"  # a value changed is drift still
+        assert cluster.writes_of(cluster.reconcile) == [("replace", "Deployment", "resnet50")]
+
+    @pytest.mark.parametrize(
+        ("text", "value"),
+        [
+            (2, "2"), ("500m", "0.5"), ("0.5", "0.5"), ("1Gi", str(2**30)), ("1024Mi", str(2**30)),
+            ("1e3", "1000"), ("1k", "1000"), ("2.5E-3", "0.0025"), (".5", "0.5"),
+        ],
+    )  # fmt: skip
+    def test_a_quantity_is_read_as_kubernetes_reads_it(self, text: int | str, value: str) -> None:
+        assert quantity(text) == Decimal(value)
+
+    @pytest.mark.parametrize("text", ["", "1.5 Gi", "2GB", "ten", True, None, 1.5])
+    def test_what_is_no_quantity_is_none(self, text: object) -> None:
+        assert quantity(text) is None
 
     def test_server_assigned_fields_are_not_drift(self) -> None:
         cluster = Cluster(isvc())

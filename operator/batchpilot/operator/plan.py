@@ -14,7 +14,9 @@ Who owns what:
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from batchpilot.operator.children.common import Owner, owned_by
@@ -176,15 +178,23 @@ def desired_children(
     }
 
 
-def contains(actual: Any, desired: Any) -> bool:
-    """Whether `actual` has every field of `desired` with the same value.
+def contains(actual: Any, desired: Any, *, quantities: bool = False) -> bool:
+    """Whether `actual` has every field of `desired` with the same value, as the API server
+    stores it.
 
     Fields only in `actual` are what the API server defaulted or assigned; they do not count as
-    drift. Lists must have the same length, and match item by item.
+    drift. Nor does an empty value `desired` has (`""`, `[]`, `{}`) that `actual` lacks: the API
+    server drops those (an env var's empty value, a toleration's empty effect). Lists must have
+    the same length, and match item by item. Resource quantities (under `requests` and
+    `limits`) are compared by value: the API server keeps them in canonical form (`2` as "2",
+    "0.5" as "500m", "1024Mi" as "1Gi"), and a spec written otherwise is no drift.
     """
     if isinstance(desired, dict):
         return isinstance(actual, dict) and all(
-            key in actual and contains(actual[key], value) for key, value in desired.items()
+            contains(actual[key], value, quantities=quantities or key in _QUANTITY_MAPS)
+            if key in actual
+            else value in _EMPTY
+            for key, value in desired.items()
         )
     if isinstance(desired, list):
         return (
@@ -192,7 +202,38 @@ def contains(actual: Any, desired: Any) -> bool:
             and len(actual) == len(desired)
             and all(contains(a, d) for a, d in zip(actual, desired, strict=True))
         )
+    if quantities and actual != desired:
+        value = quantity(desired)
+        return value is not None and value == quantity(actual)
     return bool(actual == desired)
+
+
+_EMPTY: tuple[Any, ...] = ("", [], {})
+_QUANTITY_MAPS = frozenset({"requests", "limits"})
+_QUANTITY = re.compile(
+    r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
+)
+_SUFFIXES = {
+    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
+    "k": Decimal("1e3"), "M": Decimal("1e6"), "G": Decimal("1e9"), "T": Decimal("1e12"),
+    "P": Decimal("1e15"), "E": Decimal("1e18"),
+    "Ki": Decimal(2**10), "Mi": Decimal(2**20), "Gi": Decimal(2**30), "Ti": Decimal(2**40),
+    "Pi": Decimal(2**50), "Ei": Decimal(2**60),
+}  # fmt: skip
+
+
+def quantity(value: Any) -> Decimal | None:
+    """A Kubernetes resource quantity's value (`2`, "500m", "1Gi", "1e3"); None where `value`
+    is not one."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        return None
+    found = _QUANTITY.match(str(value).strip())
+    if found is None:
+        return None
+    number, suffix = Decimal(found[1]), found[2] or ""
+    if suffix[:1] in ("e", "E"):
+        return number.scaleb(int(suffix[1:]))
+    return number * _SUFFIXES[suffix]
 
 
 _BODY_FIELDS = ("spec", "data", "type")
