@@ -606,6 +606,10 @@ BAD_EXPOSURES = [
     ({"gateway": {"name": "edge", "hostnames": ["m.example.com:443"]}}, "a hostname is a DNS"),
     ({"ingress": {"host": "https://m.example.com"}}, "a hostname is a DNS"),
     ({"ingress": {"host": "m.example.com", "path": "v2"}}, "ingress.path is an absolute path"),
+    *(
+        ({"ingress": {"host": "m.example.com", "path": path}}, "ingress.path is an absolute path")
+        for path in ("//", "/v2//models", "/a/../x", "/v2/.", "/v2/..", "/./")
+    ),
     ({"ingress": {"host": "m.example.com", "className": "Nginx"}}, "ingress.className names"),
     (
         {"ingress": {"host": "m.example.com", "tlsSecretName": "tls_secret"}},

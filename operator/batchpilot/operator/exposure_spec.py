@@ -19,7 +19,12 @@ HOSTNAME_PATTERN = r"^([*][.])?[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-
 """RFC 1123 host names, optionally a wildcard's `*.` first, as the Gateway API and Ingress take
 them. Written without backslashes so that the CRD's CEL rules carry the same text."""
 NOT_AN_ADDRESS_PATTERN = r"^[0-9.]+$"
-PATH_PATTERN = r"^/[-A-Za-z0-9._~/]*$"
+PATH_SEGMENT = (
+    r"[-A-Za-z0-9_~][-A-Za-z0-9._~]*|[.][-A-Za-z0-9_~][-A-Za-z0-9._~]*|[.][.][-A-Za-z0-9._~]+"
+)
+"""A path segment an Ingress's Prefix path may have: not '.' or '..' (kube-apiserver refuses
+them, and '//')."""
+PATH_PATTERN = r"^/((" + PATH_SEGMENT + r")(/|$))*$"
 
 EXPOSURE_ONE_MESSAGE = (
     "exposure takes exactly one of gateway (a Gateway API HTTPRoute and GRPCRoute) or ingress "
@@ -59,8 +64,8 @@ TLS_SECRET_MESSAGE = (
     "lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
 )
 PATH_MESSAGE = (
-    "ingress.path is an absolute path: '/' then letters, digits, '-', '.', '_', '~' and '/' "
-    "(e.g. / or /v2/models/resnet50)"
+    "ingress.path is an absolute path: '/' then segments of letters, digits, '-', '.', '_' and "
+    "'~', one '/' between them and none of them '.' or '..' (e.g. / or /v2/models/resnet50)"
 )
 MAX_HOSTNAMES = 16
 """The Gateway API's limit on a route's hostnames."""
