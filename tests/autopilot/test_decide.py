@@ -432,8 +432,10 @@ class TestRequestsOfSeveralRows:
             assert fit.rows_per_request == 1.0
 
     def test_feedback_doubles_from_the_rows_a_request_brings(self) -> None:
-        # batch limit 1 with 4-row requests: each runs alone, 2 would change nothing
-        without_a_fit = replace(seen(at=0, qps=100, p99_ms=300, ready=1, batch=4.0), compute=())
+        # batch limit 1 with 4-row requests: each runs alone, 2 would change nothing. Neither
+        # batch times nor a busy share: no fit to plan with.
+        window = seen(at=0, qps=100, p99_ms=300, ready=1, batch=4.0, utilization=None)
+        without_a_fit = replace(window, compute=())
         obs = replace(without_a_fit, rows_per_request=4.0)
         decision, _ = decide(obs, POLICY, InForce(1, 1, 0.005), State(), now=0)
         assert "feedback: doubling the batch limit" in decision.reason

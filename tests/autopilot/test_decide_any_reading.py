@@ -145,3 +145,19 @@ def test_a_policy_below_one_replica_keeps_one() -> None:
         scale_down_delay_s=0, max_queue_delay_s=0.005,
     )  # fmt: skip
     assert (policy.min_replicas, policy.max_replicas) == (1, 1)
+
+
+def test_a_window_without_a_ready_count_is_read_with_the_replicas_in_force() -> None:
+    """A caller that counts no ready replicas (the operator always has the Deployment's) gets a
+    decision on the replicas in force, not a hold for ever."""
+    policy = Policy(
+        sla_p99_s=0.1, min_utilization=0.5, min_replicas=1, max_replicas=8, max_batch_size=8,
+        scale_down_delay_s=0, max_queue_delay_s=0.005,
+    )  # fmt: skip
+    overloaded = Observation(
+        at=0, window_s=60, p99_s=0.5, p95_s=0.4, qps=200.0, rejected_qps=100.0,
+        queue_p99_s=0.45, utilization=1.0, mean_batch=8.0,
+    )  # fmt: skip
+    decision, _ = decide(overloaded, policy, InForce(2, 8, 0.005), State(), 0.0)
+    assert decision.metrics_available, decision.reason
+    assert decision.replicas > 2, decision.reason

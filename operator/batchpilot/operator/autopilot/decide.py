@@ -128,6 +128,10 @@ def decide(
     if now - observation.at > STALE_WINDOWS * observation.window_s:
         age = now - observation.at
         return _hold(current, blind, f"holding: metrics are {age:.0f} s old", available=False)
+    if observation.ready_replicas is None:
+        # A caller that counts no ready replicas (the operator always has the Deployment's):
+        # those in force, as a steady service has them.
+        observation = replace(observation, ready_replicas=current.replicas)
     if missing := observation.missing():
         return _hold(
             current,

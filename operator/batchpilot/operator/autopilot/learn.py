@@ -16,11 +16,12 @@ from dataclasses import dataclass, replace
 
 from batchpilot.api.arrivals import RECENT_ARRIVALS_S
 from batchpilot.operator.autopilot.lost import track
-from batchpilot.operator.autopilot.observation import Observation
+from batchpilot.operator.autopilot.observation import ComputePoint, Observation
 from batchpilot.operator.autopilot.policy import InForce, Policy
 from batchpilot.operator.autopilot.service_model import (
     MAX_BATCH_CV,
     MAX_ROWS_CV,
+    MIN_BATCHES,
     VARIED_ROWS_CV,
     LatencyFit,
     fit,
@@ -87,6 +88,8 @@ ROWS_CV_STEP = 0.1
 ONE_ROW = 1.01
 """Rows per request below this are one row: the rest is the edges of the window (a batch is
 counted when it runs, its requests when they are answered)."""
+ANCHOR_SPREAD = 1.5
+"""Batch sizes this far apart give a slope (`service_model.fit` asks the same of one window)."""
 DEFAULT_INTERVAL_S = 15.0
 """The decision interval assumed at the first decision, before one has been measured."""
 
@@ -126,7 +129,10 @@ def learn(
     if prior is None or not prior.confident:
         # Before traffic has run two batch sizes, the slope the replicas timed at start-up.
         prior = startup_fit(observation.startup) or prior
-    model = fit(observation.compute, prior)
+    points, anchor = anchored(observation.compute or busy_compute(observation), state)
+    model = fit(points, prior)
+    if model is not None and model.confident:
+        anchor = None
     if model is not None:
         known = state.fit or LatencyFit(alpha_s=0.0, beta_s=0.0, confident=False)
         model = replace(
@@ -198,6 +204,7 @@ def learn(
             lost=loss,
             cold_start_s=cold_start,
             pending_since=pending,
+            anchor=anchor,
         ),
         settled=settled,
         interval=interval,
@@ -345,3 +352,60 @@ def reaction_horizon(state: State, *, interval: float) -> float:
     """How long a rise goes uncarried: until the metrics show it (a scrape, then the next
     decision: about two intervals, the scrape interval being about one), plus the cold start."""
     return 2 * (interval or DEFAULT_INTERVAL_S) + cold_start_of(state)
+
+
+def anchored(
+    points: tuple[ComputePoint, ...], state: State
+) -> tuple[tuple[ComputePoint, ...], ComputePoint | None]:
+    """The window's batch times with the anchor where that gives the fit its slope, and the
+    anchor to keep. A slope needs two batch sizes; a window whose batches ran one size (a
+    steady load; a window read from the busy share, `busy_compute`, is always one) leaves the
+    fit rough, and a rough fit never gives replicas back. So while the fit is rough the window's
+    one size is kept (the anchor), and a later window at a size `ANCHOR_SPREAD` times apart
+    joins it: two sizes, a slope, a confident fit. A window of several sizes needs none."""
+    usable = [p for p in points if p.batches >= MIN_BATCHES and p.mean_seconds > 0]
+    if not usable:
+        return points, state.anchor
+    sizes = [p.mean_batch for p in usable]
+    if max(sizes) >= ANCHOR_SPREAD * min(sizes):
+        return points, None  # a slope of its own
+    weight = sum(p.batches for p in usable)
+    here = ComputePoint(
+        mean_batch=sum(p.batches * p.mean_batch for p in usable) / weight,
+        mean_seconds=sum(p.batches * p.mean_seconds for p in usable) / weight,
+        batches=weight,
+    )
+    kept = state.anchor
+    if kept is None or (state.fit is not None and state.fit.confident):
+        return points, here
+    apart = max(here.mean_batch, kept.mean_batch) / min(here.mean_batch, kept.mean_batch)
+    if apart >= ANCHOR_SPREAD:
+        return (*points, kept), here
+    # One size again: the anchor follows it, the newest window's weight beside the kept one's.
+    merged = here.batches + kept.batches
+    return points, ComputePoint(
+        mean_batch=(here.batches * here.mean_batch + kept.batches * kept.mean_batch) / merged,
+        mean_seconds=(here.batches * here.mean_seconds + kept.batches * kept.mean_seconds) / merged,
+        batches=merged,
+    )
+
+
+def busy_compute(observation: Observation) -> tuple[ComputePoint, ...]:
+    """Where the window has no batch times by batch size (`compute`: a runtime or an exporter
+    that does not count them), one point read from the device's busy share instead: replicas
+    busy `utilization` of the time each, running `batches` batches a second between them, spend
+    utilization × replicas / batches seconds on a batch of the window's mean size. Exact for a
+    busy-seconds counter (a batch's device time); a utilization sampled from the device (NVML)
+    reads the same where the device idles between batches. Empty where any of it is missing."""
+    busy, served, batch = observation.utilization, observation.qps, observation.mean_batch
+    replicas = observation.reporting_replicas or observation.ready_replicas
+    if not (busy and served and batch and replicas) or batch < 1:
+        return ()
+    batches = served * (observation.rows_per_request or 1.0) / batch  # a second, every replica
+    return (
+        ComputePoint(
+            mean_batch=batch,
+            mean_seconds=min(busy, 1.0) * replicas / batches,
+            batches=batches * observation.window_s,
+        ),
+    )

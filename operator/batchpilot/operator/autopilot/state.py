@@ -17,6 +17,7 @@ from typing import Any
 
 from batchpilot.operator.autopilot.headroom import RateHistory
 from batchpilot.operator.autopilot.lost import Loss
+from batchpilot.operator.autopilot.observation import ComputePoint
 from batchpilot.operator.autopilot.service_model import MAX_BATCH_CV, MAX_ROWS_CV, LatencyFit
 from batchpilot.operator.autopilot.slo import SloLedger
 from batchpilot.operator.autopilot.stragglers import Stragglers
@@ -60,6 +61,9 @@ class State:
     """When the replicas still starting were asked for."""
     stragglers: Stragglers = field(default_factory=Stragglers)
     """Replicas found slower than their peers, and those replaced for it (see `stragglers`)."""
+    anchor: ComputePoint | None = None
+    """While the fit is rough: the one batch size its windows ran, and its time (see
+    `learn.anchored`); a later window at another size gives the slope with it."""
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -103,6 +107,12 @@ class State:
             doc["batchFirstAt"] = round(self.batch_first_at, 3)
         if stragglers := self.stragglers.to_dict():
             doc["stragglers"] = stragglers
+        if self.anchor is not None:
+            doc["anchor"] = {
+                "batch": round(self.anchor.mean_batch, 3),
+                "ms": round(self.anchor.mean_seconds * 1e3, 4),
+                "batches": round(self.anchor.batches, 1),
+            }
         return doc
 
     @classmethod
@@ -158,9 +168,19 @@ class State:
                 cold_start_s=_number(doc.get("coldStartS")),
                 pending_since=_number(doc.get("pendingSince")),
                 stragglers=Stragglers.from_dict(doc.get("stragglers")),
+                anchor=_anchor(doc.get("anchor")),
             )
         except (KeyError, IndexError, TypeError, ValueError):
             return cls()
+
+
+def _anchor(value: Any) -> ComputePoint | None:
+    """A persisted anchor; None where absent or not a batch time one could have measured."""
+    if not isinstance(value, dict):
+        return None
+    point = ComputePoint(float(value["batch"]), float(value["ms"]) / 1e3, float(value["batches"]))
+    usable = all(math.isfinite(v) and v > 0 for v in (point.mean_batch, point.mean_seconds))
+    return point if usable and point.mean_batch >= 1 else None
 
 
 def _number(value: Any) -> float | None:
