@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/physics_matrix.py --seed 5353 [--physics textbook,fixed,mid,big]
         [--kinds ramp,step] [--retries attempts=3,delay_s=1] [--clump 4] [--cv 0.2]
-        [--rows 1:9,16:1 [--blind-rows]] [--procs 2] [--json out.json]
+        [--rows 1:9,16:1 [--blind-rows]] [--basic-signals] [--procs 2] [--json out.json]
 
 `slo_matrix.py` runs every baseline on one physics at a time; this runs the autopilot, the
 reactive bound (knows the present rate and the true capacity, pays the cold start) and the
@@ -22,7 +22,8 @@ every request's rows drawn from the mix (`ServiceTruth.row_mix`: replicas that c
 batch filled from behind a request that does not fit), the trace's rates over the mix's mean
 rows so that the rows a second are the one-row physics'; `--blind-rows`: the replicas do not
 export the rows' spread (`ClusterConfig.rows_spread`), as runtimes before it, and the autopilot
-plans by the mean rows alone.
+plans by the mean rows alone. `--basic-signals`: every policy sees only P99, the rates, the busy
+share, the mean batch and the ready replicas (`ClusterConfig.basic_signals`).
 """
 
 from __future__ import annotations
@@ -67,10 +68,10 @@ POLICIES = ("autopilot", "reactive", "oracle")
 
 
 def run(
-    job: tuple[str, str, int, str, str, float, float, str, bool],
+    job: tuple[str, str, int, str, str, float, float, str, bool, bool],
 ) -> tuple[str, str, str, float, float]:
     """(physics, kind, policy, attainment, GPU-seconds) of one simulation."""
-    name, kind, seed, policy, retries, clump, cv, rows, blind_rows = job
+    name, kind, seed, policy, retries, clump, cv, rows, blind_rows, basic_signals = job
     physics = PHYSICS[name]
     mix = RowMix.parse(rows) if rows else None
     per_request = 1.0 / mix.mean if mix is not None else 1.0
@@ -91,6 +92,7 @@ def run(
             retries=Retries.parse(retries) if retries else None,
             clump=clump,
             rows_spread=not blind_rows,
+            basic_signals=basic_signals,
         ),
     )
     summary = simulate(scenario, policy).summary
@@ -118,6 +120,9 @@ def main() -> int:
     parser.add_argument("--cv", type=float, default=0.0, help="batch times' spread (0: exact)")
     parser.add_argument("--rows", default="", help="rows a request from a mix: 1:9,16:1")
     parser.add_argument("--blind-rows", action="store_true", help="the rows' spread unexported")
+    parser.add_argument(
+        "--basic-signals", action="store_true", help="the policies see the basic signals only"
+    )
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -130,7 +135,18 @@ def main() -> int:
     except ValueError as exc:
         parser.error(str(exc))
     jobs = [
-        (n, k, args.seed, p, args.retries, args.clump, args.cv, args.rows, args.blind_rows)
+        (
+            n,
+            k,
+            args.seed,
+            p,
+            args.retries,
+            args.clump,
+            args.cv,
+            args.rows,
+            args.blind_rows,
+            args.basic_signals,
+        )
         for n in names
         for k in kinds
         for p in POLICIES

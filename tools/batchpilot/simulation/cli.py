@@ -288,6 +288,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="requests arrive in clumps of this mean size, a clump's at once (a client's "
         "fan-out, a gateway's bursts): geometric sizes, the trace's rate. Default 1: Poisson",
     )
+    cluster.add_argument(
+        "--basic-signals",
+        action="store_true",
+        help="the policies see only P99, P95, the served and refused rates, the queue's P99, the "
+        "busy share, the mean batch and the ready replicas (a runtime without batchpilot's own "
+        "series: batch times by size, arrivals, the recent rate, the start-up timing)",
+    )
     cluster.add_argument("--seed", type=int, default=0)
     cluster.add_argument(
         "--duration-s", type=float, default=None, help="override the trace's length"
@@ -349,6 +356,7 @@ def scenario_of(args: argparse.Namespace) -> Scenario:
             seed=args.seed,
             retries=args.retries,
             clump=args.clump,
+            basic_signals=args.basic_signals,
             node_losses=tuple(
                 NodeLoss(at, count, notice_s=args.node_notice_s, eviction_s=args.eviction_s)
                 for at, count in args.lose_node

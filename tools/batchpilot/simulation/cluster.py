@@ -57,7 +57,7 @@ from typing import Any, Literal
 import numpy as np
 
 from batchpilot.api.batching import STARTUP_TIMING_MAX_ROWS
-from batchpilot.operator.autopilot.observation import ComputePoint
+from batchpilot.operator.autopilot.observation import ComputePoint, Observation
 from batchpilot.operator.autopilot.policy import InForce
 from batchpilot.operator.autopilot.prometheus import Seasonality
 from batchpilot.operator.children.deadline import default_deadline_ms
@@ -204,6 +204,11 @@ class ClusterConfig:
     """Where the service's requests bring varied rows (`ServiceTruth.row_mix`): whether the
     replicas export their spread (`batchpilot_arrival_rows_squared_total`) — runtimes before it
     did not, and the autopilot planned by the mean rows alone."""
+    basic_signals: bool = False
+    """Hand the policies only the basic signals — P99, P95, the served and refused rates, the
+    queue's P99, the busy share, the mean batch and the ready replicas — as a runtime or an
+    exporter without batchpilot's own series (batch times by size, arrivals, the recent rate,
+    the start-up timing) would have them."""
 
     def __post_init__(self) -> None:
         if self.scrape_interval_s < 0 or self.recent_window_s <= 0 or self.window_s <= 0:
@@ -509,6 +514,8 @@ def simulate_cluster(
                     recent_qps=trace.rate_at(start - 1e-9),
                     recent_window_s=config.window_s,
                 )
+            if config.basic_signals:
+                observation = basic(observation)
             observed_p99 = observation.p99_s
             current = InForce(len(fleet.active()), fleet.batch_size, fleet.delay_s)
             command = controller.decide(observation, current, now=start, interval=k)
@@ -707,3 +714,19 @@ def _records(
             )
         )
     return records
+
+
+def basic(observation: Observation) -> Observation:
+    """`observation` with only the basic signals (`ClusterConfig.basic_signals`)."""
+    return Observation(
+        at=observation.at,
+        window_s=observation.window_s,
+        p99_s=observation.p99_s,
+        p95_s=observation.p95_s,
+        qps=observation.qps,
+        rejected_qps=observation.rejected_qps,
+        queue_p99_s=observation.queue_p99_s,
+        utilization=observation.utilization,
+        mean_batch=observation.mean_batch,
+        ready_replicas=observation.ready_replicas,
+    )

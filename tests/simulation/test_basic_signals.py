@@ -1,0 +1,44 @@
+"""The autopilot on the basic signals alone (`ClusterConfig.basic_signals`): P99, the rates, the
+busy share, the mean batch and the ready replicas, as a runtime without batchpilot's own series
+reports them. It learns the fit from the busy share across windows (`learn.busy_compute`,
+`learn.anchored`) and plans with it, rather than only following P99."""
+
+from __future__ import annotations
+
+from batchpilot.simulation import TEXTBOOK, ClusterConfig, Scenario, Trace, simulate
+from batchpilot.simulation.cluster import basic, simulate_cluster
+from tests.simulation.test_simulate import Watcher
+
+
+def test_the_policies_are_shown_the_basic_signals_only() -> None:
+    watching = Watcher(1, 8, 0.005)
+    simulate_cluster(
+        Trace.constant(100, 120), TEXTBOOK, watching, sla_s=0.1,
+        config=ClusterConfig(basic_signals=True),
+    )  # fmt: skip
+    later = watching.seen[2:]
+    assert later
+    for seen in later:
+        assert seen == basic(seen)
+        assert (seen.compute, seen.startup) == ((), ())
+        assert (seen.arrival_qps, seen.recent_qps) == (None, None)
+        assert seen.utilization is not None
+        assert seen.mean_batch is not None
+        assert seen.ready_replicas == 1
+
+
+def test_the_autopilot_plans_with_a_fit_it_learned_from_the_busy_share() -> None:
+    """A load that steps from 100 to 600 requests/s and back: the step runs batches of another
+    size, the fit turns confident, and the decisions after it are the model's."""
+    points = [(0.0, 100.0), (600.0, 600.0), (1200.0, 100.0)]
+    trace = Trace.from_points(points, name="steps", duration_s=1800.0)
+    scenario = Scenario(
+        trace=trace, service=TEXTBOOK, sla_s=0.1,
+        cluster=ClusterConfig(basic_signals=True),
+    )  # fmt: skip
+    result = simulate(scenario, "autopilot")
+    reasons = [interval.reason for interval in result.intervals]
+    late = reasons[len(reasons) // 2 :]
+    assert any("model t(b)" in reason for reason in late), late[-1]
+    assert not any("(rough)" in reason for reason in late), late[-1]
+    assert result.summary.interval_attainment >= 0.95
