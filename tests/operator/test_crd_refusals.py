@@ -50,6 +50,24 @@ def test_dns_labels_up_to_63_characters_are_names(name: str) -> None:
             {"tolerations": [{"key": "a", "operator": "Maybe"}]},
             'tolerations[0].operator: Unsupported value: "Maybe"',
         ),
+        (
+            {"tolerations": [{"operator": "Equal", "value": "x"}]},
+            "a toleration without a key tolerates every taint: it needs operator Exists",
+        ),
+        (
+            {"tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]},
+            "a toleration with operator Exists takes no value",
+        ),
+        (
+            {"tolerations": [{"key": "k", "effect": "NoSchedule", "tolerationSeconds": 30}]},
+            "tolerationSeconds is for effect NoExecute only",
+        ),
+        ({"env": [{"name": "THREADS", "value": 4}]}, "spec.runtime.env[0].value: Invalid value"),
+        (
+            {"env": [{"name": "A", "value": "1", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}]},
+            "an env var takes value or valueFrom, not both",
+        ),
+        ({"image": " ghcr.io/x:1"}, "spec.runtime.image in body should match"),
     ],
 )
 def test_pod_settings_the_cluster_would_refuse_are_refused(
@@ -157,3 +175,16 @@ def test_a_simulated_variation_out_of_bounds_is_refused(cv: float) -> None:
     latency = {"alphaMs": 20, "betaMs": 5, "cv": cv}
     message = refusal({"runtime": {"engine": "simulated", "simulatedLatency": latency}})
     assert "spec.runtime.simulatedLatency.cv in body should be" in message
+
+
+@pytest.mark.parametrize(
+    "toleration",
+    [
+        {"operator": "Exists"},  # every taint
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "k", "value": "v"},  # Equal, the default
+        {"key": "k", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30},
+    ],
+)
+def test_tolerations_kubernetes_takes_are_taken(toleration: dict[str, Any]) -> None:
+    accepted({"runtime": {"tolerations": [toleration]}})
