@@ -16,7 +16,7 @@ import kopf
 import pytest
 from pydantic import ValidationError
 
-from batchpilot.api.access import AccessDocument, QuotaDocument
+from batchpilot.api.access import MIN_RATE_RPS, AccessDocument, QuotaDocument
 from batchpilot.operator import handlers
 from batchpilot.operator.autopilot.pilot import learned_outside_s
 from batchpilot.operator.autopilot.push import AccessPusher, PushDocument, push_access
@@ -153,6 +153,16 @@ class TestTheDocumentAndTheStatus:
         assert one["text"].endswith(
             "in total 400 requests/s for the service, 400 per replica across 1 replica "
             "(burst 400, 400 per replica)"
+        )
+
+    def test_the_status_says_where_the_smallest_share_raised_the_limit(self) -> None:
+        tiny = {"requestsPerSecond": MIN_RATE_RPS, "burst": 1}
+        status = auth_status(owner(default=None, perKey=None, total=tiny), serving_replicas=1000)
+        assert status is not None
+        assert status["text"].endswith(
+            f"in total {MIN_RATE_RPS:g} requests/s for the service, {MIN_RATE_RPS:g} per replica "
+            f"across 1000 replicas (burst 1, 1 per replica); {MIN_RATE_RPS * 1000:g} requests/s "
+            f"in all: a replica's share is {MIN_RATE_RPS:g} at the least"
         )
 
     def test_replica_scope_says_per_replica(self) -> None:

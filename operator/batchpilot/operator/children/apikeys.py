@@ -20,7 +20,7 @@ import json
 import math
 from typing import Any, NamedTuple
 
-from batchpilot.api.access import AccessDocument, KeyQuotaDocument, QuotaDocument
+from batchpilot.api.access import MIN_RATE_RPS, AccessDocument, KeyQuotaDocument, QuotaDocument
 from batchpilot.operator.access_spec import QuotaSpec
 from batchpilot.operator.children.common import ACCESS_FILE, BATCHING_DIR, Owner
 from batchpilot.operator.children.keys_secret import checked_problem
@@ -126,10 +126,17 @@ def _describe(quota: QuotaDocument, *, scope: str, replicas: int) -> str:
         return f"{rate:g} requests/s, burst {burst}"
     part = share(quota, replicas)
     across = f"across {replicas} replica{'s' if replicas != 1 else ''}"
-    return (
+    said = (
         f"{rate:g} requests/s for the service, {part['requestsPerSecond']:g} per replica "
         f"{across} (burst {burst}, {part['burst']} per replica)"
     )
+    allowed = part["requestsPerSecond"] * replicas
+    if allowed > rate * (1 + 1e-6):  # the smallest share a replica takes raised it
+        said += (
+            f"; {allowed:g} requests/s in all: a replica's share is {MIN_RATE_RPS:g} at the "
+            "least"
+        )
+    return said
 
 
 def auth_status(owner: Owner, *, serving_replicas: int = 1) -> dict[str, Any] | None:
