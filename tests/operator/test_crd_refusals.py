@@ -188,3 +188,20 @@ def test_a_simulated_variation_out_of_bounds_is_refused(cv: float) -> None:
 )
 def test_tolerations_kubernetes_takes_are_taken(toleration: dict[str, Any]) -> None:
     accepted({"runtime": {"tolerations": [toleration]}})
+
+
+def test_a_misspelt_field_of_a_toleration_or_an_env_var_is_refused_at_apply() -> None:
+    """kubectl validates strictly: refused, with the field's name. Kept instead, the Deployment's
+    own schema would drop it later, and spec and Deployment would stay apart for ever (a rewrite
+    every pass)."""
+    runtime = {
+        "tolerations": [{"key": "k", "operator": "Exists", "efect": "NoSchedule"}],
+        "env": [{"name": "A", "valeu": "1"}, {"name": "B", "valueFrom": {"fieldRef": {}}}],
+    }
+    with pytest.raises(errors.ApiError) as caught:
+        create_isvc(crd_store(NS), NS, {"runtime": runtime})
+    assert caught.value.code == 400  # the API server's answer to strict decoding
+    message = caught.value.message
+    assert 'unknown field "spec.runtime.tolerations[0].efect"' in message
+    assert 'unknown field "spec.runtime.env[0].valeu"' in message
+    assert "valueFrom" not in message  # core/v1 EnvVarSource, taken as written
