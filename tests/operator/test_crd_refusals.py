@@ -205,3 +205,21 @@ def test_a_misspelt_field_of_a_toleration_or_an_env_var_is_refused_at_apply() ->
     assert 'unknown field "spec.runtime.tolerations[0].efect"' in message
     assert 'unknown field "spec.runtime.env[0].valeu"' in message
     assert "valueFrom" not in message  # core/v1 EnvVarSource, taken as written
+
+
+@pytest.mark.parametrize("labels", ["../../etc/labels.txt", "a/../../b", ".."])
+def test_a_pipeline_file_outside_the_models_folder_is_refused(labels: str) -> None:
+    pipeline = {
+        "preprocess": {"image": {"input": "data"}},
+        "postprocess": {"softmax": {}, "topK": {"k": 5, "labels": labels}},
+    }
+    assert "no '..' in it" in refusal({"pipeline": pipeline})
+
+
+@pytest.mark.parametrize("labels", ["labels.txt", "imagenet..labels.txt", "/opt/labels.txt"])
+def test_a_pipeline_file_beside_the_model_or_in_the_image_is_taken(labels: str) -> None:
+    pipeline = {
+        "preprocess": {"image": {"input": "data"}},
+        "postprocess": {"softmax": {}, "topK": {"k": 5, "labels": labels}},
+    }
+    accepted({"pipeline": pipeline})
