@@ -21,6 +21,7 @@ from batchpilot.operator.autopilot.policy import InForce, Policy
 from batchpilot.operator.autopilot.service_model import (
     MAX_BATCH_CV,
     MAX_ROWS_CV,
+    MIN_BATCH_SECONDS,
     MIN_BATCHES,
     VARIED_ROWS_CV,
     LatencyFit,
@@ -129,7 +130,9 @@ def learn(
     if prior is None or not prior.confident:
         # Before traffic has run two batch sizes, the slope the replicas timed at start-up.
         prior = startup_fit(observation.startup) or prior
-    points, anchor = anchored(observation.compute or busy_compute(observation), state)
+    # The busy share describes the replicas ready now only where they served the whole window.
+    measured = observation.compute or (busy_compute(observation) if settled else ())
+    points, anchor = anchored(measured, state)
     model = fit(points, prior)
     if model is not None and model.confident:
         anchor = None
@@ -363,7 +366,7 @@ def anchored(
     fit rough, and a rough fit never gives replicas back. So while the fit is rough the window's
     one size is kept (the anchor), and a later window at a size `ANCHOR_SPREAD` times apart
     joins it: two sizes, a slope, a confident fit. A window of several sizes needs none."""
-    usable = [p for p in points if p.batches >= MIN_BATCHES and p.mean_seconds > 0]
+    usable = [p for p in points if p.batches >= MIN_BATCHES and p.mean_seconds >= MIN_BATCH_SECONDS]
     if not usable:
         return points, state.anchor
     sizes = [p.mean_batch for p in usable]

@@ -72,6 +72,9 @@ Z99 = 2.33
 """Normal 99th percentile: a Poisson batch of mean b exceeds b + 2.33·√b 1 % of the time."""
 MIN_BATCHES = 20
 """Buckets with fewer batches in the window are too noisy to fit."""
+MIN_BATCH_SECONDS = 1e-6
+"""A batch time below this is no measurement of one (no device runs a batch in less than a
+microsecond; the status keeps milliseconds to four places): its bucket is left out of the fit."""
 WHOLE_SLACK = 0.1
 """Whole requests and rows are counted to a tenth: a mean measured a little above a whole
 number of rows (3.01 where every request carries 3) must not lose a request from every batch."""
@@ -157,7 +160,7 @@ def fit(points: Sequence[ComputePoint], prior: LatencyFit | None) -> LatencyFit 
     rise with it one window at a time, and the autopilot would creep towards the operating
     point the window had already measured.
     """
-    usable = [p for p in points if p.batches >= MIN_BATCHES and p.mean_seconds > 0]
+    usable = [p for p in points if p.batches >= MIN_BATCHES and p.mean_seconds >= MIN_BATCH_SECONDS]
     if not usable:
         return prior
     weight = sum(p.batches for p in usable)
