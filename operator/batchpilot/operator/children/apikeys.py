@@ -133,8 +133,7 @@ def _describe(quota: QuotaDocument, *, scope: str, replicas: int) -> str:
     allowed = part["requestsPerSecond"] * replicas
     if allowed > rate * (1 + 1e-6):  # the smallest share a replica takes raised it
         said += (
-            f"; {allowed:g} requests/s in all: a replica's share is {MIN_RATE_RPS:g} at the "
-            "least"
+            f"; {allowed:g} requests/s in all: a replica's share is {MIN_RATE_RPS:g} at the least"
         )
     return said
 
