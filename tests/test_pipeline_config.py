@@ -321,3 +321,19 @@ class TestTextAndNmsFit:
         (got,) = pipeline.postprocess({"boxes": boxes, "scores": scores}, ["boxes"], geometry)
         np.testing.assert_array_equal(got.data, want)
         assert got.data.dtype == np.float32
+
+
+@pytest.mark.parametrize(
+    "postprocess",
+    [
+        {"topK": {"labels": "../../etc/labels.txt"}},
+        {"nms": {"boxes": "b", "scores": "s", "labels": "a/../b"}},
+    ],
+)
+def test_a_file_with_a_parent_segment_is_refused(postprocess: dict[str, Any]) -> None:
+    doc = {"preprocess": {"image": {}}, "postprocess": postprocess}
+    with pytest.raises(ValidationError, match=r"no '\.\.' in it"):
+        PipelineConfig.model_validate(doc)
+    tokenizer = {"preprocess": {"text": {"tokenizer": ".."}}, "postprocess": {"topK": {}}}
+    with pytest.raises(ValidationError, match=r"no '\.\.' in it"):
+        PipelineConfig.model_validate(tokenizer)

@@ -12,6 +12,7 @@ model (input names, class counts) or the files it names happen when the runtime 
 
 from __future__ import annotations
 
+import re
 from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -88,11 +89,28 @@ class ImagePreprocess(_Spec):
         return tuple(f.upper() for f in formats)
 
 
+PARENT_SEGMENT = re.compile(r"(^|/)[.][.](/|$)")
+"""A '..' segment: a file named so would be fetched outside the models' folder."""
+
+
+def beside_the_model(name: str | None) -> str | None:
+    """A file the pipeline reads: beside the model, or an absolute path in the image; never one
+    with a '..' segment (the CRD refuses it too)."""
+    if name is not None and PARENT_SEGMENT.search(name):
+        raise ValueError(
+            f"{name!r}: a file beside the model or an absolute path in the image; no '..' in it"
+        )
+    return name
+
+
 class TextPreprocess(_Spec):
     """UTF-8 text → token ids (and masks) from a Hugging Face `tokenizer.json`."""
 
     input: str = Field(default="text", description="name of the BYTES input clients send")
-    tokenizer: str = Field(description="tokenizer.json, relative to the model's directory")
+    tokenizer: str = Field(
+        max_length=1024, description="tokenizer.json, relative to the model's directory"
+    )
+
     max_length: int = Field(default=128, gt=0, le=65536, description="tokens per row, padded")
     truncate: bool = Field(
         default=True, description="cut longer texts to maxLength; false: refuse them (400)"
@@ -115,6 +133,11 @@ class TextPreprocess(_Spec):
         if len(set(names)) != len(names):
             raise ValueError(f"inputIds, attentionMask and tokenTypeIds must differ, got {names}")
         return self
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer_beside_the_model(cls, value: str | None) -> str | None:
+        return beside_the_model(value)
 
 
 class Preprocess(_Spec):
@@ -140,8 +163,13 @@ class TopK(_Spec):
     )
     k: int = Field(default=5, gt=0, le=1000)
     labels: str | None = Field(
-        default=None, description="text file, one label per line, in class order"
+        default=None, max_length=1024, description="text file, one label per line, in class order"
     )
+
+    @field_validator("labels")
+    @classmethod
+    def _labels_beside_the_model(cls, value: str | None) -> str | None:
+        return beside_the_model(value)
 
 
 class Nms(_Spec):
@@ -153,7 +181,9 @@ class Nms(_Spec):
     iou_threshold: float = Field(default=0.5, ge=0, le=1)
     score_threshold: float = Field(default=0.3, ge=0)
     max_detections: int = Field(default=100, gt=0, le=10_000)
-    labels: str | None = Field(default=None, description="text file, one label per line")
+    labels: str | None = Field(
+        default=None, max_length=1024, description="text file, one label per line"
+    )
     box_coordinates: Literal["model", "original"] = Field(
         default="original",
         description="original: boxes mapped back through the image preprocess onto each "
@@ -165,6 +195,11 @@ class Nms(_Spec):
         if self.boxes == self.scores:
             raise ValueError("nms boxes and scores must be different outputs")
         return self
+
+    @field_validator("labels")
+    @classmethod
+    def _labels_beside_the_model(cls, value: str | None) -> str | None:
+        return beside_the_model(value)
 
 
 class Postprocess(_Spec):

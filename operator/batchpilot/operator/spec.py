@@ -188,7 +188,7 @@ class RuntimeSpec(SpecModel):
     instances: int = Field(default=1, ge=1, le=16)
     accelerator: Literal["default", "tensorrt"] = "default"
     async_inference: AsyncInferenceSpec = AsyncInferenceSpec()
-    image: str | None = Field(default=None, max_length=1024)
+    image: str | None = Field(default=None, max_length=1024, pattern=r"^[^\s]+$")
     resources: Resources | None = None
     node_selector: dict[str, str] | None = None
     tolerations: list[dict[str, Any]] | None = None
