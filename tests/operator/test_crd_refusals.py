@@ -223,3 +223,26 @@ def test_a_pipeline_file_beside_the_model_or_in_the_image_is_taken(labels: str) 
         "postprocess": {"softmax": {}, "topK": {"k": 5, "labels": labels}},
     }
     accepted({"pipeline": pipeline})
+
+
+@pytest.mark.parametrize(
+    ("selector", "message"),
+    [
+        ({"gpu type": "a100"}, "a nodeSelector key is a label key"),
+        ({"gpu": "A100 80GB"}, "a nodeSelector value is a label value"),
+        ({"gpu": "a" * 64}, "spec.runtime.nodeSelector.gpu: Too long"),
+    ],
+)
+def test_a_node_selector_no_node_could_carry_is_refused(
+    selector: dict[str, str], message: str
+) -> None:
+    assert message in refusal({"runtime": {"nodeSelector": selector}})
+    with pytest.raises(ValidationError):
+        InferenceServiceSpec.model_validate(
+            {"model": {"uri": "file:///m.onnx"}, "sla": {"latencyP99Ms": 100},
+             "runtime": {"nodeSelector": selector}}
+        )  # fmt: skip
+
+
+def test_a_node_selector_of_label_keys_and_values_is_taken() -> None:
+    accepted({"runtime": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}}})

@@ -190,7 +190,7 @@ class RuntimeSpec(SpecModel):
     async_inference: AsyncInferenceSpec = AsyncInferenceSpec()
     image: str | None = Field(default=None, max_length=1024, pattern=r"^[^\s]+$")
     resources: Resources | None = None
-    node_selector: dict[str, str] | None = None
+    node_selector: dict[str, str] | None = Field(default=None, max_length=32)
     tolerations: list[dict[str, Any]] | None = None
     env: list[dict[str, Any]] | None = None
     # Where and how the pods run: core/v1 PodSpec fields passed through as written.
@@ -216,7 +216,7 @@ class RuntimeSpec(SpecModel):
     def _service_account(cls, value: str | None) -> str | None:
         return _object_name(value, "serviceAccountName", "ServiceAccount in this namespace")
 
-    @field_validator("pod_labels")
+    @field_validator("pod_labels", "node_selector")
     @classmethod
     def _labels(cls, values: dict[str, str] | None) -> dict[str, str] | None:
         return _metadata_map(values, label_values=True)
