@@ -246,3 +246,20 @@ def test_a_node_selector_no_node_could_carry_is_refused(
 
 def test_a_node_selector_of_label_keys_and_values_is_taken() -> None:
     accepted({"runtime": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}}})
+
+
+@pytest.mark.parametrize(
+    ("constraint", "message"),
+    [
+        ({"topologyKey": "my zone"}, "topologyKey is a node label key"),
+        (
+            {"topologyKey": "topology.kubernetes.io/zone", "minDomains": 2},
+            "minDomains is for whenUnsatisfiable DoNotSchedule only",
+        ),
+    ],
+)
+def test_a_spread_the_scheduler_would_refuse_is_refused(
+    constraint: dict[str, Any], message: str
+) -> None:
+    spread = {"maxSkew": 1, "whenUnsatisfiable": "ScheduleAnyway", **constraint}
+    assert message in refusal({"runtime": {"topologySpreadConstraints": [spread]}})
