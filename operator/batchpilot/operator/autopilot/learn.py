@@ -21,13 +21,12 @@ from batchpilot.operator.autopilot.policy import InForce, Policy
 from batchpilot.operator.autopilot.service_model import (
     MAX_BATCH_CV,
     MAX_ROWS_CV,
-    MIN_BATCH_SECONDS,
-    MIN_BATCHES,
     VARIED_ROWS_CV,
     LatencyFit,
     fit,
     predict,
     startup_fit,
+    usable_points,
 )
 from batchpilot.operator.autopilot.state import State
 
@@ -366,18 +365,13 @@ def anchored(
     fit rough, and a rough fit never gives replicas back. So while the fit is rough the window's
     one size is kept (the anchor), and a later window at a size `ANCHOR_SPREAD` times apart
     joins it: two sizes, a slope, a confident fit. A window of several sizes needs none."""
-    usable = [p for p in points if p.batches >= MIN_BATCHES and p.mean_seconds >= MIN_BATCH_SECONDS]
+    usable = usable_points(points)
     if not usable:
         return points, state.anchor
     sizes = [p.mean_batch for p in usable]
     if max(sizes) >= ANCHOR_SPREAD * min(sizes):
         return points, None  # a slope of its own
-    weight = sum(p.batches for p in usable)
-    here = ComputePoint(
-        mean_batch=sum(p.batches * p.mean_batch for p in usable) / weight,
-        mean_seconds=sum(p.batches * p.mean_seconds for p in usable) / weight,
-        batches=weight,
-    )
+    here = _pooled(usable)
     kept = state.anchor
     if kept is None or (state.fit is not None and state.fit.confident):
         return points, here
@@ -385,11 +379,16 @@ def anchored(
     if apart >= ANCHOR_SPREAD:
         return (*points, kept), here
     # One size again: the anchor follows it, the newest window's weight beside the kept one's.
-    merged = here.batches + kept.batches
-    return points, ComputePoint(
-        mean_batch=(here.batches * here.mean_batch + kept.batches * kept.mean_batch) / merged,
-        mean_seconds=(here.batches * here.mean_seconds + kept.batches * kept.mean_seconds) / merged,
-        batches=merged,
+    return points, _pooled([here, kept])
+
+
+def _pooled(points: list[ComputePoint]) -> ComputePoint:
+    """Points of about one batch size as one: their batches' mean size and time."""
+    weight = sum(p.batches for p in points)
+    return ComputePoint(
+        mean_batch=sum(p.batches * p.mean_batch for p in points) / weight,
+        mean_seconds=sum(p.batches * p.mean_seconds for p in points) / weight,
+        batches=weight,
     )
 
 

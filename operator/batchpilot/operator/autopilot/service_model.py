@@ -146,6 +146,12 @@ class LatencyFit:
         return requests / (self.alpha_s + beta * requests)
 
 
+def usable_points(points: Sequence[ComputePoint]) -> list[ComputePoint]:
+    """The points a fit may use: buckets of `MIN_BATCHES` batches or more, whose batch time is a
+    measurement (`MIN_BATCH_SECONDS`)."""
+    return [p for p in points if p.batches >= MIN_BATCHES and p.mean_seconds >= MIN_BATCH_SECONDS]
+
+
 def fit(points: Sequence[ComputePoint], prior: LatencyFit | None) -> LatencyFit | None:
     """α and β from this window's compute points, smoothed with the previous fit.
 
@@ -160,7 +166,7 @@ def fit(points: Sequence[ComputePoint], prior: LatencyFit | None) -> LatencyFit 
     rise with it one window at a time, and the autopilot would creep towards the operating
     point the window had already measured.
     """
-    usable = [p for p in points if p.batches >= MIN_BATCHES and p.mean_seconds >= MIN_BATCH_SECONDS]
+    usable = usable_points(points)
     if not usable:
         return prior
     weight = sum(p.batches for p in usable)
