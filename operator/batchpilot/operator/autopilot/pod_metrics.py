@@ -57,6 +57,11 @@ Fetch = Callable[[str], list[Sample]]
 """The samples of the pod whose admin endpoint is `IP:PORT`; raises where it does not answer."""
 
 
+def _starts_a_window(read: Read, now: float) -> bool:
+    """Whether a kept read is recent enough to start the window of a read now."""
+    return now - read.at <= MAX_BASELINE_S
+
+
 def fetch_samples(endpoint: str, *, timeout_s: float = TIMEOUT_S) -> list[Sample]:
     with urllib.request.urlopen(f"http://{endpoint}/admin/metrics", timeout=timeout_s) as answer:
         return read_samples(json.loads(answer.read()))
@@ -90,7 +95,7 @@ class PodScraper:
             before = self._reads.get(key, {})
             self._reads[key] = reads
         now = self._clock()
-        before = {pod: read for pod, read in before.items() if now - read.at <= MAX_BASELINE_S}
+        before = {pod: read for pod, read in before.items() if _starts_a_window(read, now)}
         found = answers(before, reads)
         if found is None:
             return None
@@ -112,7 +117,7 @@ class PodScraper:
         now = self._clock()
         with self._lock:
             kept = self._reads.get(key, {})
-        if any(now - read.at <= MAX_BASELINE_S for read in kept.values()):
+        if any(_starts_a_window(read, now) for read in kept.values()):
             return False
         reads = self._read_service(namespace, name)
         if not reads:
