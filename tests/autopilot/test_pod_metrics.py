@@ -9,6 +9,7 @@ import math
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,21 +18,26 @@ import pytest
 
 from batchpilot.api.samples import Sample, read_samples, samples_doc
 from batchpilot.operator.autopilot.observation import Observation
+from batchpilot.operator.autopilot.pilot import learned_outside_s
 from batchpilot.operator.autopilot.pod_metrics import (
     FIRST_WINDOW_S,
     MAX_BASELINE_S,
     PodScraper,
     first_window_s,
 )
+from batchpilot.operator.autopilot.prometheus import FleetRound
 from batchpilot.operator.autopilot.scraped import Read, answers, histogram_quantile
 from batchpilot.operator.children.common import Owner
 from batchpilot.operator.fleet import FleetPilot
 from batchpilot.operator.kinds import DEPLOYMENT, INFERENCESERVICE
 from batchpilot.operator.passes import Passes
+from batchpilot.operator.reconciler import Reconciler
+from batchpilot.operator.settings import OperatorSettings
 from batchpilot.operator.spec import InferenceServiceSpec
 from batchpilot.runtime.loadgen import LoadConfig, RateSchedule, Target, run_load
 from tests.autopilot.test_pilot import T, World
 from tests.operator.test_handlers import Blind
+from tests.operator.test_reconciler import isvc
 from tests.runtime_process import runtime_process
 
 BOUNDS = ("0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1.0", "+Inf")
@@ -420,7 +426,9 @@ class TestAnOutagesFirstRound:
 
     def setup(self, first_s: float, mode: str = "auto") -> tuple[World, Fleet, FleetPilot]:
         fleet = Fleet("10.0.0.7:8082")
-        scrape = PodScraper(fleet.pods, fetch=fleet.fetch, clock=lambda: fleet.clock)
+        scrape = PodScraper(
+            fleet.pods, fetch=lambda pod: fleet.fetch(pod), clock=lambda: fleet.clock
+        )
         world = World(mode, observe=blind, seconds=lambda: T + fleet.clock, scrape=scrape)
         world.body["spec"]["scaling"]["maxBatchSize"] = 1
         world.kube.put_object(copy.deepcopy(world.body))
@@ -474,6 +482,96 @@ class TestAnOutagesFirstRound:
         _, _, pilot = self.setup(FIRST_WINDOW_S, mode="recommend")
         assert pilot.run_round([("vision", "resnet50")]).primed == 0
         assert self.slept == []
+
+
+class TestARoundWithoutOneServicesSeries(TestAnOutagesFirstRound):
+    """Prometheus answers, but not for this service (its pods no longer scraped): its pods are
+    read first and it ticks after the first window; the services Prometheus answered for tick
+    at once, before the wait."""
+
+    def setup(self, first_s: float, mode: str = "auto") -> tuple[World, Fleet, FleetPilot]:
+        world, fleet, pilot = super().setup(first_s, mode)
+        other = isvc(scaling={"mode": mode})
+        other["metadata"] |= {"name": "bert", "uid": "uid-bert"}
+        Reconciler(world.kube, OperatorSettings(), learned_outside_s=learned_outside_s).reconcile(
+            copy.deepcopy(other)
+        )
+        world.kube.put_object(other)
+        world.kube.of(DEPLOYMENT, "vision", "bert")["status"] = {"readyReplicas": 1}
+        self.order: list[str] = []
+        self.fleet = fleet
+        pilot._observer = self.answering({("vision", "bert")})
+        self.reads = 0
+        fetch = fleet.fetch
+
+        def counted(endpoint: str) -> list[Sample]:
+            self.reads += 1
+            return fetch(endpoint)
+
+        fleet.fetch = counted  # type: ignore[method-assign]
+        ticks = pilot._tick
+
+        answered = threading.Event()
+
+        def tick(namespace: str, name: str, answers: FleetRound) -> bool:
+            self.order.append(name)
+            done = ticks(namespace, name, answers)
+            if name == "bert":
+                answered.set()
+            return done
+
+        pilot._tick = tick  # type: ignore[method-assign]
+        sleep = pilot._sleep
+
+        def sleeping(seconds: float) -> None:
+            # The service Prometheus answered for ticks while the round waits (or never would).
+            self.order.append("sleep" if answered.wait(timeout=10) else "sleep, bert waiting")
+            sleep(seconds)
+
+        pilot._sleep = sleeping
+        return world, fleet, pilot
+
+    def test_the_first_round_adds_replicas_on_a_window_it_waited_for(self) -> None:
+        world, _, pilot = self.setup(FIRST_WINDOW_S)
+        report = pilot.run_round([("vision", "bert"), ("vision", "resnet50")])
+        assert (report.reading, report.primed, report.ticked) == ("recorded", 1, 2)
+        assert self.slept == [FIRST_WINDOW_S]
+        assert self.order == ["bert", "sleep", "resnet50"]
+        assert self.replicas(world) > 1
+        said = "no request rate, P99 latency in Prometheus; never scaling on missing metrics; "
+        assert said + "from the pods' own metrics over the last 5 s" in self.reason(world)
+
+    def test_a_round_with_every_services_series_reads_no_pod(self) -> None:
+        _, _, pilot = self.setup(FIRST_WINDOW_S)
+        pilot._observer = self.answering({("vision", "bert"), ("vision", "resnet50")})
+        report = pilot.run_round([("vision", "bert"), ("vision", "resnet50")])
+        assert (report.primed, self.slept, self.reads) == (0, [], 0)
+
+    def answering(self, answered: set[tuple[str, str]]) -> Answering:
+        return Answering(answered, at=lambda: T + self.fleet.clock)
+
+    def test_without_a_first_window_the_first_round_only_reads(self) -> None:
+        super().test_without_a_first_window_the_first_round_only_reads()
+        assert "sleep" not in self.order
+
+
+class Answering:
+    """A Prometheus that answers for the `answered` services alone: one request a second at
+    5 ms P99 each, the others' series missing."""
+
+    def __init__(self, answered: set[tuple[str, str]], *, at: Callable[[], float]) -> None:
+        self.answered = answered
+        self.at = at
+
+    def round(self, at: float | None = None) -> FleetRound:
+        now = self.at()
+
+        def one(value: float) -> list[dict[str, Any]]:
+            return [{"metric": {}, "value": [now, str(value)]}]
+
+        raw = {"reporting": one(1), "qps": one(1.0), "p99": one(0.005), "arrivals": one(1.0)}
+        answers = {key: dict(raw) for key in self.answered}
+        return FleetRound(now, answers, 60, None, None, reading="recorded")
 
 
 @pytest.mark.slow

@@ -127,6 +127,32 @@ async def test_the_loop_runs_a_round_per_interval_over_the_piloted_index(
     )  # one line a round, for whoever sizes the operator: a WARNING when it outgrows the interval
 
 
+@pytest.mark.parametrize(
+    ("report", "said"),
+    [
+        (
+            RoundReport(3, 3, 0, reading="raw", observed_s=0.5),
+            "answered from raw queries in 0.50 s",
+        ),
+        (
+            RoundReport(3, 3, 0, reading="recorded", observed_s=0.5, primed=2),
+            "answered from its recording rules in 0.50 s "
+            "(without the series of 2 services: their pods read first)",
+        ),
+        (
+            RoundReport(3, 3, 0, reading=None),
+            "unreachable (held, or decided on the pods' own metrics)",
+        ),
+        (
+            RoundReport(3, 3, 0, reading=None, primed=3),
+            "unreachable (pods read first, for a first window: 3 services)",
+        ),
+    ],
+)
+def test_the_round_line_says_where_the_signals_came_from(report: RoundReport, said: str) -> None:
+    assert handlers._prometheus_said(report) == said
+
+
 async def test_the_first_round_waits_for_the_fleet_to_be_known_and_no_longer() -> None:
     """The loop starts before kopf has listed anything; a leader that just took over must not
     find an empty index and leave the fleet a whole interval without a decision."""

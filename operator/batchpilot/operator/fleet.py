@@ -12,11 +12,13 @@ retried next interval while the others go on.
 Which services: those in `auto` or `recommend` mode (`autopiloted`), from kopf's watch-fed
 index — no list call per round.
 
-A round Prometheus did not answer reads the pods first (`Autopilot.prime`: each service in auto
-mode with no read of its pods yet) and waits `first_window_s` before the ticks, which then read
-the pods again: the first round of an outage — or of an operator that starts, or takes the lead,
-during one — adds the replicas a rising load needs from the pods' own metrics, where it would
-otherwise only take the reads its next round's window starts from.
+Where the round lacks a service's signals — Prometheus did not answer, or answered without that
+service's series — it reads the service's pods first (`Autopilot.prime`: each service in auto
+mode with no read of its pods yet), ticks the others, and ticks those `first_window_s` after the
+first read, reading the pods again: the first round of an outage — or of an operator that starts,
+or takes the lead, during one, or of a service whose pods Prometheus stopped scraping — adds the
+replicas a rising load needs from the pods' own metrics, where it would otherwise only take the
+reads its next round's window starts from.
 """
 
 from __future__ import annotations
@@ -25,12 +27,12 @@ import contextvars
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from batchpilot.operator.autopilot.pilot import Autopilot, TickResult
-from batchpilot.operator.autopilot.prometheus import FleetRound, Reading
+from batchpilot.operator.autopilot.prometheus import FleetRound, Reading, Scope
 from batchpilot.operator.events import Event
 from batchpilot.operator.kube import KubeError
 from batchpilot.operator.passes import Passes
@@ -62,7 +64,8 @@ class RoundReport:
     observed_s: float = 0.0
     """How long Prometheus took to answer the round (the rest of the round is the ticks)."""
     primed: int = 0
-    """Services whose pods were read ahead of their ticks, Prometheus away (`first_window_s`)."""
+    """Services whose pods were read ahead of their ticks, their signals missing from the round
+    (`first_window_s`)."""
 
     @property
     def prometheus_answered(self) -> bool:
@@ -99,12 +102,18 @@ class FleetPilot:
         if not keys:
             return RoundReport(0, 0, 0, reading=None)
         answers = self._observer.round()
-        primed = self._prime(keys) if answers.answers is None else 0
-        # Each tick in the caller's context (kopf's: its Events need it), copied per tick.
-        futures = [
-            self._pool.submit(contextvars.copy_context().run, self._tick, ns, name, answers)
-            for ns, name in keys
-        ]
+        lacking = (
+            keys if answers.answers is None else [key for key in keys if answers.lacks(Scope(*key))]
+        )
+        started = self._clock()
+        primed = self._prime(lacking)
+        # The services Prometheus answered for tick at once; those whose pods were read wait
+        # for the first window from the first read.
+        waits = set(lacking) if primed else set()
+        futures = [self._submit(key, answers) for key in keys if key not in waits]
+        if primed:
+            self._sleep(max(0.0, started + self._first_window_s - self._clock()))
+        futures += [self._submit(key, answers) for key in keys if key in waits]
         outcomes = [future.result() for future in futures]
         self._pilot.forget(keys)  # what waits for services gone from the round goes too
         return RoundReport(
@@ -116,17 +125,20 @@ class FleetPilot:
             primed=primed,
         )
 
+    def _submit(self, key: tuple[str, str], answers: FleetRound) -> Future[bool]:
+        # Each tick in the caller's context (kopf's: its Events need it), copied per tick.
+        namespace, name = key
+        return self._pool.submit(
+            contextvars.copy_context().run, self._tick, namespace, name, answers
+        )
+
     def _prime(self, keys: list[tuple[str, str]]) -> int:
-        """Prometheus did not answer: read the pods of each service that has no read of them,
-        then let `first_window_s` pass from the first read, so that the ticks' reads close a
-        window. How many services were read."""
-        if self._first_window_s <= 0:
+        """Read the pods of each of `keys` (services whose signals this round lacks) that has no
+        read of them, for their ticks' reads `first_window_s` later to close a window. How many
+        services were read."""
+        if self._first_window_s <= 0 or not keys:
             return 0
-        started = self._clock()
-        primed = sum(self._pool.map(self._prime_one, keys))
-        if primed:
-            self._sleep(max(0.0, started + self._first_window_s - self._clock()))
-        return primed
+        return sum(self._pool.map(self._prime_one, keys))
 
     def _prime_one(self, key: tuple[str, str]) -> bool:
         try:

@@ -214,7 +214,10 @@ def _prometheus_said(report: RoundReport) -> str:
             return f"unreachable (pods read first, for a first window: {report.primed} services)"
         return "unreachable (held, or decided on the pods' own metrics)"
     source = {"recorded": "its recording rules", "raw": "raw queries"}[report.reading]
-    return f"answered from {source} in {report.observed_s:.2f} s"
+    said = f"answered from {source} in {report.observed_s:.2f} s"
+    if report.primed:
+        said += f" (without the series of {report.primed} services: their pods read first)"
+    return said
 
 
 FLEET_KNOWN_POLL_S = 0.25

@@ -4,11 +4,12 @@ answer: an `Observation` from the samples of each ready pod at this tick and at 
 
 The pods are read only at the ticks whose Prometheus observation is missing, so a Prometheus
 that works costs no pod a request; the first such tick keeps the reads it takes, and the next
-(one interval later) has its window. Where the whole round found Prometheus away (an outage
-begins, or an operator starts or takes the lead during one), the fleet's round `prime`s every
-service first and lets `FIRST_WINDOW_S` pass before its ticks, so they decide on a window of
-those seconds instead of holding one interval more. Reads older than `MAX_BASELINE_S` are not a
-window's start: a Prometheus that came back and went again starts afresh. One pod that does not
+(one interval later) has its window. Where the round lacks a service's signals (an outage
+begins, an operator starts or takes the lead during one, Prometheus stops scraping a service's
+pods), the fleet's round `prime`s that service first and lets `FIRST_WINDOW_S` pass before
+its tick, so it decides on a window of those seconds instead of holding one interval more.
+Reads older than `MAX_BASELINE_S` are not a window's start: a Prometheus that came back and went
+again starts afresh. One pod that does not
 answer within `TIMEOUT_S` is left out of the window (its load is not in the rates, and
 `reporting_replicas` says so); a service's pods are read at once. What is remembered is per
 operator process.

@@ -135,8 +135,21 @@ class FleetRound:
         service absent from every answer has every signal missing: its decision holds."""
         if self.answers is None:
             return None
+        return self._observation(self.answers, scope, ready_replicas)
+
+    def lacks(self, scope: Scope) -> bool:
+        """Whether the service's tick will miss a signal the decision needs from this round
+        (every service's does where Prometheus did not answer), and so fall back on its pods."""
+        if self.answers is None:
+            return True
+        # The tick counts the ready replicas from the Deployment: not a signal this round lacks.
+        return bool(self._observation(self.answers, scope, 0).missing())
+
+    def _observation(
+        self, answers: dict[tuple[str, str], Raw], scope: Scope, ready_replicas: int | None
+    ) -> Observation:
         return observation_from(
-            self.answers.get((scope.namespace, scope.isvc), {}),
+            answers.get((scope.namespace, scope.isvc), {}),
             window_s=self.window_s,
             recent_s=self.recent_s,
             seasonality=self.seasonality,
