@@ -75,6 +75,9 @@ class Round:
     def observe(self, scope: Scope, *, ready_replicas: int | None) -> Observation:
         return (overloaded if self.load == "overloaded" else trickle)(self.at, ready_replicas)
 
+    def lacks(self, scope: Scope) -> bool:
+        return False  # every signal, every round
+
 
 class Prometheus:
     def __init__(self) -> None:
