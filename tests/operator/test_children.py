@@ -98,14 +98,35 @@ class TestDeployment:
                 {"limits": {GPU: 8}, "requests": {"cpu": "4"}},
                 {"requests": {"cpu": "4", "memory": "1Gi"}, "limits": {GPU: 8}},
             ),
+            # Any extended resource asked for as a request alone gets it as its limit too.
+            (
+                "cpu",
+                {"requests": {"example.com/fpga": 1}},
+                {"requests": {"example.com/fpga": 1, "cpu": "1", "memory": "1Gi"},
+                 "limits": {"example.com/fpga": 1}},
+            ),
+            # A device claimed through DRA is the GPU: no device plugin's GPU beside it.
+            (
+                "gpu",
+                {"claims": [{"name": "gpu"}]},
+                {"requests": {"cpu": "1", "memory": "1Gi"}, "claims": [{"name": "gpu"}]},
+            ),
+            (
+                "gpu",
+                {"claims": [{"name": "gpu"}], "limits": {GPU: 1}},
+                {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {GPU: 1},
+                 "claims": [{"name": "gpu"}]},
+            ),
         ],
-    )
+    )  # fmt: skip
     def test_the_runtime_asks_for_what_the_spec_does_and_defaults_only_the_rest(
         self, device: str, resources: dict[str, Any] | None, want: dict[str, Any]
     ) -> None:
         runtime: dict[str, Any] = {"device": device}
         if resources is not None:
             runtime["resources"] = resources
+        if resources and resources.get("claims"):
+            runtime["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]
         spec = {"model": {"uri": "pvc://models/m.onnx"}, "sla": {"latencyP99Ms": 100}}
         owner = Owner(
             name="m", namespace="ns", uid="u",
@@ -113,6 +134,26 @@ class TestDeployment:
         )  # fmt: skip
         deployment = build_deployment(owner, OperatorSettings(), replicas=1)
         assert deployment["spec"]["template"]["spec"]["containers"][0]["resources"] == want
+        kubernetes_validate.validate(deployment, K8S_VERSIONS[-1], strict=True)
+
+    def test_the_pods_claim_what_the_spec_claims(self) -> None:
+        claims = [
+            {"name": "gpu", "resourceClaimTemplateName": "single-gpu"},
+            {"name": "shared", "resourceClaimName": "rdma-pool"},
+        ]
+        spec = {
+            "model": {"uri": "pvc://models/m.onnx"},
+            "sla": {"latencyP99Ms": 100},
+            "runtime": {"resourceClaims": claims, "resources": {"claims": [{"name": "gpu"}]}},
+        }
+        owner = Owner(
+            name="m", namespace="ns", uid="u", spec=InferenceServiceSpec.model_validate(spec)
+        )
+        deployment = build_deployment(owner, OperatorSettings(), replicas=1)
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["resourceClaims"] == claims
+        assert pod["containers"][0]["resources"]["claims"] == [{"name": "gpu"}]
+        assert GPU not in str(pod["containers"][0]["resources"])
         kubernetes_validate.validate(deployment, K8S_VERSIONS[-1], strict=True)
 
     def test_cpu_replicas_get_no_gpu(self) -> None:

@@ -263,3 +263,102 @@ def test_a_spread_the_scheduler_would_refuse_is_refused(
 ) -> None:
     spread = {"maxSkew": 1, "whenUnsatisfiable": "ScheduleAnyway", **constraint}
     assert message in refusal({"runtime": {"topologySpreadConstraints": [spread]}})
+
+
+RESOURCE_NAMES = "a container resource is cpu, memory, ephemeral-storage, hugepages-SIZE"
+CLAIM_SOURCES = "names either resourceClaimTemplateName (a claim per pod) or resourceClaimName"
+
+
+@pytest.mark.parametrize(
+    ("runtime", "message"),
+    [
+        ({"resources": {"limits": {"gpu": 1}}}, RESOURCE_NAMES),
+        ({"resources": {"requests": {"CPU": "1"}}}, RESOURCE_NAMES),
+        ({"resources": {"limits": {"example.kubernetes.io/x": 1}}}, RESOURCE_NAMES),
+        ({"resources": {"limits": {"nvidia.com/": 1}}}, RESOURCE_NAMES),
+        (
+            {"resources": {"requests": {"nvidia.com/gpu": 1}, "limits": {"nvidia.com/gpu": 2}}},
+            "its request must equal its limit",
+        ),
+        ({"resources": {"claims": [{"name": "gpu"}]}}, "the pod's claims its container uses"),
+        (
+            {
+                "resources": {"claims": [{"name": "gpu"}]},
+                "resourceClaims": [{"name": "nic", "resourceClaimTemplateName": "nic"}],
+            },
+            "the pod's claims its container uses",
+        ),
+        (
+            {
+                "resources": {"claims": [{"name": "gpu"}, {"name": "gpu"}]},
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+            },
+            "each resources.claims entry (name and request) is named once",
+        ),
+        ({"resourceClaims": [{"name": "gpu"}]}, CLAIM_SOURCES),
+        (
+            {
+                "resourceClaims": [
+                    {"name": "gpu", "resourceClaimName": "a", "resourceClaimTemplateName": "b"}
+                ]
+            },
+            CLAIM_SOURCES,
+        ),
+        (
+            {
+                "resourceClaims": [
+                    {"name": "gpu", "resourceClaimName": "a"},
+                    {"name": "gpu", "resourceClaimName": "b"},
+                ]
+            },
+            "each runtime.resourceClaims name is used once",
+        ),
+        (
+            {"resourceClaims": [{"name": "GPU", "resourceClaimName": "a"}]},
+            "spec.runtime.resourceClaims[0].name in body should match",
+        ),
+        (
+            {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "Single_GPU"}]},
+            "resourceClaimTemplateName in body should match",
+        ),
+    ],
+)
+def test_resources_and_claims_the_cluster_would_refuse_are_refused(
+    runtime: dict[str, Any], message: str
+) -> None:
+    """The CRD says it at apply time; the operator's model says the same where a spec reaches
+    it some other way. Before, these were taken and the Deployment refused on every pass."""
+    assert message in refusal({"runtime": runtime})
+    with pytest.raises(ValidationError):
+        InferenceServiceSpec.model_validate(
+            {"model": {"uri": "file:///m.onnx"}, "sla": {"latencyP99Ms": 100}, "runtime": runtime}
+        )
+
+
+@pytest.mark.parametrize(
+    "runtime",
+    [
+        {
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}],
+            "resources": {"claims": [{"name": "gpu"}]},
+        },
+        {
+            "resourceClaims": [
+                {"name": "gpu", "resourceClaimTemplateName": "gpu.example.com"},
+                {"name": "shared", "resourceClaimName": "rdma-pool"},
+            ],
+            "resources": {"claims": [{"name": "gpu", "request": "big"}, {"name": "shared"}]},
+        },
+        {
+            "resources": {
+                "limits": {"hugepages-2Mi": "1Gi", "amd.com/gpu": 1, "ephemeral-storage": "4Gi"}
+            }
+        },
+        {"resources": {"requests": {"nvidia.com/gpu": 2}, "limits": {"nvidia.com/gpu": "2"}}},
+    ],
+)
+def test_resources_and_claims_kubernetes_takes_are_taken(runtime: dict[str, Any]) -> None:
+    accepted({"runtime": runtime})
+    InferenceServiceSpec.model_validate(
+        {"model": {"uri": "file:///m.onnx"}, "sla": {"latencyP99Ms": 100}, "runtime": runtime}
+    )

@@ -116,6 +116,8 @@ class TestCRDAndModelsAgree:
             "self.minReplicas <= self.maxReplicas",
             "self.min < self.max",
             "self.accelerator != 'tensorrt' || self.device == 'gpu'",
+            "!has(self.resources) || !has(self.resources.claims) || self.resources.claims.all(c, "
+            "has(self.resourceClaims) && self.resourceClaims.exists(p, p.name == c.name))",
             "self < 100.0",
             "!has(self.format) || self.format == 'onnx' || !has(self.variant) || "
             "self.variant != 'int8'",
@@ -126,6 +128,7 @@ class TestCRDAndModelsAgree:
             ({"sla": {"latencyP99Ms": 9, "gpuUtilization": {"min": 90, "max": 80}}}, "min must"),
             ({"scaling": {"maxBatchSize": 4}, "batching": {"batchSize": 8}}, "batchSize must"),
             ({"runtime": {"device": "cpu", "accelerator": "tensorrt"}}, "tensorrt needs"),
+            ({"runtime": {"resources": {"claims": [{"name": "gpu"}]}}}, "claims its container"),
             ({"sla": {"latencyP99Ms": 9, "objectivePercent": 100}}, "objectivePercent must be"),
             ({"sla": {"latencyP99Ms": 9, "window": "29d"}}, "window must be between"),
             (

@@ -17,6 +17,7 @@ from pydantic import Field, field_validator, model_validator
 
 from batchpilot.api.pipeline import PipelineConfig
 from batchpilot.operator.access_spec import (
+    LABEL_KEY_MAX,
     SECRET_NAME_PATTERN,
     AccessSpec,
     AuthSpec,
@@ -159,26 +160,106 @@ QUANTITY_PATTERN = (
 """A resource quantity as Kubernetes writes one (500m, 2, 8Gi, 1e9), none negative."""
 
 
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+"""A DNS label: a Service's or a claim's name."""
+STANDARD_RESOURCE = re.compile(
+    r"^(cpu|memory|ephemeral-storage|hugepages-[0-9]+([KMGTPE]i|[kMGTPE])?)$"
+)
+"""The resources a container asks for by their bare names."""
+EXTENDED_RESOURCE = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+"""An extended resource: a device plugin's, named with its domain (nvidia.com/gpu)."""
+RESOURCE_NAME_MESSAGE = (
+    "a container resource is cpu, memory, ephemeral-storage, hugepages-SIZE, or an extended "
+    "resource named with its domain (e.g. nvidia.com/gpu, amd.com/gpu; not under kubernetes.io)"
+)
+
+
+def is_extended(resource: str) -> bool:
+    """Whether `resource` is an extended resource (Kubernetes never overcommits one)."""
+    return "/" in resource
+
+
+def _resource_name(name: str) -> str:
+    extended = (
+        len(name) <= LABEL_KEY_MAX
+        and "kubernetes.io/" not in name
+        and not name.startswith("requests.")
+        and EXTENDED_RESOURCE.fullmatch(name) is not None
+    )
+    if not extended and STANDARD_RESOURCE.fullmatch(name) is None:
+        raise ValueError(f"{name!r}: {RESOURCE_NAME_MESSAGE}")
+    return name
+
+
 class ResourceClaim(SpecModel):
-    name: str = Field(min_length=1)
-    request: str | None = None
+    """A container's use of one of the pod's claims (core/v1 ResourceClaim)."""
+
+    name: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)
+    request: str | None = Field(
+        default=None, min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN
+    )
+
+
+class PodResourceClaim(SpecModel):
+    """A device the pod claims through dynamic resource allocation (core/v1 PodResourceClaim):
+    from a template, a claim per pod; by name, one claim every pod shares."""
+
+    name: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)
+    resource_claim_name: str | None = Field(
+        default=None, min_length=1, max_length=253, pattern=SECRET_NAME_PATTERN
+    )
+    resource_claim_template_name: str | None = Field(
+        default=None, min_length=1, max_length=253, pattern=SECRET_NAME_PATTERN
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PodResourceClaim:
+        if (self.resource_claim_name is None) == (self.resource_claim_template_name is None):
+            raise ValueError(
+                "a resourceClaims entry names either resourceClaimTemplateName (a claim per "
+                "pod) or resourceClaimName (a claim every pod shares), not both and not neither"
+            )
+        return self
 
 
 class Resources(SpecModel):
     """core/v1 ResourceRequirements."""
 
-    limits: dict[str, int | str] | None = None
-    requests: dict[str, int | str] | None = None
-    claims: list[ResourceClaim] | None = None
+    limits: dict[str, int | str] | None = Field(default=None, max_length=32)
+    requests: dict[str, int | str] | None = Field(default=None, max_length=32)
+    claims: list[ResourceClaim] | None = Field(default=None, max_length=8)
 
     @field_validator("limits", "requests")
     @classmethod
     def _quantities(cls, values: dict[str, int | str] | None) -> dict[str, int | str] | None:
         for name, value in (values or {}).items():
+            _resource_name(name)
             negative = isinstance(value, int) and value < 0
             if negative or (isinstance(value, str) and not re.fullmatch(QUANTITY_PATTERN, value)):
                 raise ValueError(f"{name}: {value!r} is not a quantity (500m, 2, 8Gi)")
         return values
+
+    @field_validator("claims")
+    @classmethod
+    def _claims_once(cls, claims: list[ResourceClaim] | None) -> list[ResourceClaim] | None:
+        uses = [(claim.name, claim.request) for claim in claims or []]
+        if len(set(uses)) != len(uses):
+            raise ValueError("each resources.claims entry (name and request) is named once")
+        return claims
+
+    @model_validator(mode="after")
+    def _not_overcommitted(self) -> Resources:
+        for name, request in (self.requests or {}).items():
+            limit = (self.limits or {}).get(name)
+            if is_extended(name) and limit is not None and str(limit) != str(request):
+                raise ValueError(
+                    "an extended resource (a name with a domain, e.g. nvidia.com/gpu) is never "
+                    "overcommitted: where both are set, its request must equal its limit"
+                )
+        return self
 
 
 class RuntimeSpec(SpecModel):
@@ -190,6 +271,7 @@ class RuntimeSpec(SpecModel):
     async_inference: AsyncInferenceSpec = AsyncInferenceSpec()
     image: str | None = Field(default=None, max_length=1024, pattern=r"^[^\s]+$")
     resources: Resources | None = None
+    resource_claims: list[PodResourceClaim] | None = Field(default=None, max_length=8)
     node_selector: dict[str, str] | None = Field(default=None, max_length=32)
     tolerations: list[dict[str, Any]] | None = None
     env: list[dict[str, Any]] | None = None
@@ -230,6 +312,29 @@ class RuntimeSpec(SpecModel):
     def _tensorrt_on_gpu(self) -> RuntimeSpec:
         if self.accelerator == "tensorrt" and self.device != "gpu":
             raise ValueError("runtime.accelerator tensorrt needs runtime.device gpu")
+        return self
+
+    @field_validator("resource_claims")
+    @classmethod
+    def _claim_names_once(
+        cls, claims: list[PodResourceClaim] | None
+    ) -> list[PodResourceClaim] | None:
+        names = [claim.name for claim in claims or []]
+        if len(set(names)) != len(names):
+            raise ValueError("each runtime.resourceClaims name is used once")
+        return claims
+
+    @model_validator(mode="after")
+    def _claims_of_the_pod(self) -> RuntimeSpec:
+        pods = {claim.name for claim in self.resource_claims or []}
+        used = self.resources.claims if self.resources is not None else None
+        if any(claim.name not in pods for claim in used or []):
+            raise ValueError(
+                "each runtime.resources.claims[].name must be the name of one of "
+                "runtime.resourceClaims, the pod's claims its container uses (e.g. "
+                "resourceClaims: [{name: gpu, resourceClaimTemplateName: single-gpu}] and "
+                "resources.claims: [{name: gpu}])"
+            )
         return self
 
 
@@ -349,4 +454,4 @@ class Condition(SpecModel):
     last_transition_time: str
 
 
-DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_LABEL = re.compile(DNS_LABEL_PATTERN)

@@ -33,6 +33,7 @@ from batchpilot.operator.children.configmap import pipeline_hash
 from batchpilot.operator.children.node_loss import with_node_loss
 from batchpilot.operator.rollout import IN_PLACE, SURGE
 from batchpilot.operator.settings import OperatorSettings
+from batchpilot.operator.spec import is_extended
 
 MODEL_DIR = "/models"
 PIPELINE_HASH_ANNOTATION = "batchpilot.io/pipeline-sha256"
@@ -275,17 +276,19 @@ def _resources(spec: dict[str, Any], *, gpu: str | None) -> dict[str, Any]:
     """The runtime container's resources: the spec's, with `DEFAULT_REQUESTS` for what it sets
     neither a request nor a limit of — a limit alone is the request too, as Kubernetes makes it
     (a default request above a smaller limit would be refused) — and on a GPU, `gpu` (the
-    extended resource's name) as the spec asks for it (its limit, else its request), one where
-    it does not; an extended resource's request must equal its limit."""
+    extended resource's name) as the spec asks for it, one where it names neither `gpu` nor a
+    claim (a device claimed through dynamic resource allocation is the GPU). An extended
+    resource is never overcommitted: one asked for as a request alone gets it as its limit, which
+    Kubernetes requires."""
     requests, limits = dict(spec.get("requests") or {}), dict(spec.get("limits") or {})
     for name, default in DEFAULT_REQUESTS.items():
         if name not in requests and name not in limits:
             requests[name] = default
-    if gpu is not None:
-        count = limits.get(gpu, requests.get(gpu, "1"))
-        limits[gpu] = count
-        if gpu in requests:
-            requests[gpu] = count
+    if gpu is not None and gpu not in requests and gpu not in limits and not spec.get("claims"):
+        limits[gpu] = "1"
+    for name, count in requests.items():
+        if is_extended(name):
+            limits.setdefault(name, count)
     found: dict[str, Any] = {"requests": requests} if requests else {}
     if limits:
         found["limits"] = limits
@@ -375,6 +378,8 @@ def build_deployment(
     }
     if init_containers:
         pod_spec["initContainers"] = init_containers
+    if runtime.resource_claims:
+        pod_spec["resourceClaims"] = [claim.dump() for claim in runtime.resource_claims]
     node_selector = runtime.node_selector
     if node_selector is None and gpu:
         node_selector = settings.gpu_node_selector
