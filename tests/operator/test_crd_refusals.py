@@ -207,6 +207,108 @@ def test_a_misspelt_field_of_a_toleration_or_an_env_var_is_refused_at_apply() ->
     assert "valueFrom" not in message  # core/v1 EnvVarSource, taken as written
 
 
+GPU_NODES = {
+    "nodeSelectorTerms": [
+        {
+            "matchExpressions": [
+                {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100"]}
+            ]
+        }
+    ]
+}
+APART = {
+    "weight": 100,
+    "podAffinityTerm": {
+        "topologyKey": "kubernetes.io/hostname",
+        "labelSelector": {"matchLabels": {"app": "resnet50"}},
+        "matchLabelKeys": ["pod-template-hash"],
+    },
+}
+
+
+def test_the_affinity_and_the_spreads_kubernetes_takes_are_taken() -> None:
+    accepted(
+        {
+            "runtime": {
+                "affinity": {
+                    "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": GPU_NODES},
+                    "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [APART]},
+                },
+                "topologySpreadConstraints": [
+                    {
+                        "maxSkew": 1,
+                        "topologyKey": "topology.kubernetes.io/zone",
+                        "whenUnsatisfiable": "DoNotSchedule",
+                        "minDomains": 2,
+                        "nodeTaintsPolicy": "Honor",
+                        "matchLabelKeys": ["pod-template-hash"],
+                    }
+                ],
+            }
+        }
+    )
+
+
+def test_a_misspelt_field_of_the_affinity_or_a_spread_is_refused_at_apply() -> None:
+    """Kept before (the schema preserved unknown fields): the Deployment's schema dropped it,
+    the pods ran without the rule the person wrote, and the spec never matched the Deployment
+    — a rewrite and an Event on every pass."""
+    runtime = {
+        "affinity": {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoringDuringExecution": GPU_NODES},
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {**APART, "podAffinityTerm": {**APART["podAffinityTerm"], "topologyKy": "x"}}
+                ]
+            },
+        },
+        "topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": "k", "whenUnsatisfiable": "DoNotSchedule", "minDomain": 2}
+        ],
+    }
+    with pytest.raises(errors.ApiError) as caught:
+        create_isvc(crd_store(NS), NS, {"runtime": runtime})
+    message = caught.value.message
+    assert (
+        'unknown field "spec.runtime.affinity.nodeAffinity.'
+        'requiredDuringSchedulingIgnoringDuringExecution"'
+    ) in message
+    assert "podAffinityTerm.topologyKy" in message
+    assert 'unknown field "spec.runtime.topologySpreadConstraints[0].minDomain"' in message
+
+
+@pytest.mark.parametrize(
+    ("affinity", "message"),
+    [
+        (
+            {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}},
+            "nodeSelectorTerms: Required value",
+        ),
+        (
+            {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchExpressions": [{"key": "a", "operator": "Is"}]}
+                        ]
+                    }
+                }
+            },
+            'operator: Unsupported value: "Is"',
+        ),
+        (
+            {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                {**APART, "weight": 1000}]}},
+            "weight: Invalid value: 1000",
+        ),
+    ],
+)  # fmt: skip
+def test_an_affinity_the_cluster_would_refuse_is_refused(
+    affinity: dict[str, Any], message: str
+) -> None:
+    assert message in refusal({"runtime": {"affinity": affinity}})
+
+
 @pytest.mark.parametrize("labels", ["../../etc/labels.txt", "a/../../b", ".."])
 def test_a_pipeline_file_outside_the_models_folder_is_refused(labels: str) -> None:
     pipeline = {

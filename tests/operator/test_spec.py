@@ -56,6 +56,8 @@ def compare(
     model = resolve(model, defs)
     if crd.get("x-kubernetes-preserve-unknown-fields") or "additionalProperties" in crd:
         return problems  # free-form maps: the model only types them loosely
+    if model.get("additionalProperties") is True and "properties" not in model:
+        return problems  # a core/v1 object passed through as written: the CRD types it alone
     crd_type = crd.get("type")
     model_type = model.get("type")
     if crd_type == "number":
