@@ -464,3 +464,14 @@ def test_resources_and_claims_kubernetes_takes_are_taken(runtime: dict[str, Any]
     InferenceServiceSpec.model_validate(
         {"model": {"uri": "file:///m.onnx"}, "sla": {"latencyP99Ms": 100}, "runtime": runtime}
     )
+
+
+def test_pod_annotations_past_what_a_pod_may_carry_are_refused() -> None:
+    big = {f"example.com/a{i}": "x" * 16_000 for i in range(16)}  # 256,000 characters
+    runtime = {"podAnnotations": big}
+    assert "podAnnotations must total at most 240 KiB" in refusal({"runtime": runtime})
+    with pytest.raises(ValidationError, match="podAnnotations must total at most 240 KiB"):
+        InferenceServiceSpec.model_validate(
+            {"model": {"uri": "file:///m.onnx"}, "sla": {"latencyP99Ms": 100}, "runtime": runtime}
+        )
+    accepted({"runtime": {"podAnnotations": dict(list(big.items())[:15])}})  # 240,000

@@ -262,6 +262,11 @@ class Resources(SpecModel):
         return self
 
 
+POD_ANNOTATIONS_MAX = 240 * 1024
+"""Characters of the spec's pod annotations, keys and values: Kubernetes' 256 KiB for all of a
+pod's, less room for the operator's own."""
+
+
 class RuntimeSpec(SpecModel):
     device: Literal["gpu", "cpu"] = "gpu"
     engine: Literal["onnx", "simulated"] = "onnx"
@@ -306,6 +311,11 @@ class RuntimeSpec(SpecModel):
     @field_validator("pod_annotations")
     @classmethod
     def _annotations(cls, values: dict[str, str] | None) -> dict[str, str] | None:
+        if sum(len(k) + len(v) for k, v in (values or {}).items()) > POD_ANNOTATIONS_MAX:
+            raise ValueError(
+                "podAnnotations must total at most 240 KiB, keys and values: Kubernetes holds "
+                "a pod's annotations to 256 KiB, and the operator adds its own"
+            )
         return _metadata_map(values, label_values=False)
 
     @model_validator(mode="after")
