@@ -331,7 +331,11 @@ INVALID = [
         {"sla": {"latencyP99Ms": 100, "objectivePercent": 40}},
         "spec.sla.objectivePercent in body should be greater than or equal to 50",
     ),
-    ("window-in-weeks", {"sla": {"latencyP99Ms": 100, "window": "1w"}}, "spec.sla.window in body"),
+    (
+        "window-in-weeks",
+        {"sla": {"latencyP99Ms": 100, "window": "1w"}},
+        "sla.window is a whole number and one unit - s, m, h or d",
+    ),
     (
         "window-of-29-days",
         {"sla": {"latencyP99Ms": 100, "window": "29d"}},

@@ -47,11 +47,25 @@ TORCH_ACCELERATOR_MESSAGE = (
 )
 
 
+MODEL_URI = re.compile(
+    r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/.+|file:///.+|https?://[^/\s]+/\S+|s3://[^/\s]+/\S+)$"
+)
+MODEL_URI_MESSAGE = (
+    "model.uri is pvc://CLAIM/PATH, file:///PATH, https://HOST/PATH, http://HOST/PATH or "
+    "s3://BUCKET/KEY, without spaces (e.g. pvc://models/resnet50/model.onnx or "
+    "s3://models/resnet50.onnx)"
+)
+
+
+def _matching(value: str, pattern: re.Pattern[str], message: str) -> str:
+    """`value` where `pattern` matches it all; else the CRD's words for what it should be."""
+    if pattern.fullmatch(value) is None:
+        raise ValueError(message)
+    return value
+
+
 class ModelSource(SpecModel):
-    uri: str = Field(
-        max_length=2048,
-        pattern=r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/.+|file:///.+|https?://[^/\s]+/\S+|s3://[^/\s]+/\S+)$",
-    )
+    uri: str = Field(max_length=2048)
     name: str | None = Field(default=None, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     variant: Literal["original", "fp16", "int8"] = "original"
     """Which file the runtime serves: the original, or a variant made by `batchpilot optimize`
@@ -61,6 +75,11 @@ class ModelSource(SpecModel):
     """What the file is, and so which engine serves it: onnx (onnxruntime, or the simulated
     engine), torchscript or torch-export (the torch engine, `--engine torch`, in the operator's
     torch runtime image unless `runtime.image` names one)."""
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, value: str) -> str:
+        return _matching(value, MODEL_URI, MODEL_URI_MESSAGE)
 
     @model_validator(mode="after")
     def _int8_is_onnx(self) -> ModelSource:
@@ -239,7 +258,10 @@ class Resources(SpecModel):
             _resource_name(name)
             negative = isinstance(value, int) and value < 0
             if negative or (isinstance(value, str) and not re.fullmatch(QUANTITY_PATTERN, value)):
-                raise ValueError(f"{name}: {value!r} is not a quantity (500m, 2, 8Gi)")
+                raise ValueError(
+                    f"{name}: {value!r}: a resource quantity is a number with an optional unit, "
+                    "none negative (e.g. 500m, 2, 1.5, 8Gi, 512Mi, 1e9)"
+                )
         return values
 
     @field_validator("claims")
@@ -262,6 +284,11 @@ class Resources(SpecModel):
         return self
 
 
+IMAGE = re.compile(r"^[^\s]+$")
+IMAGE_MESSAGE = (
+    "runtime.image is an image reference without spaces "
+    "(e.g. ghcr.io/acme/batchpilot-runtime:0.1.0)"
+)
 POD_ANNOTATIONS_MAX = 240 * 1024
 """Characters of the spec's pod annotations, keys and values: Kubernetes' 256 KiB for all of a
 pod's, less room for the operator's own."""
@@ -274,7 +301,7 @@ class RuntimeSpec(SpecModel):
     instances: int = Field(default=1, ge=1, le=16)
     accelerator: Literal["default", "tensorrt"] = "default"
     async_inference: AsyncInferenceSpec = AsyncInferenceSpec()
-    image: str | None = Field(default=None, max_length=1024, pattern=r"^[^\s]+$")
+    image: str | None = Field(default=None, max_length=1024)
     resources: Resources | None = None
     resource_claims: list[PodResourceClaim] | None = Field(default=None, max_length=8)
     node_selector: dict[str, str] | None = Field(default=None, max_length=32)
@@ -292,6 +319,11 @@ class RuntimeSpec(SpecModel):
     """Under the operator's own labels, which win (the Deployment selects on them)."""
     pod_annotations: dict[str, str] | None = Field(default=None, max_length=32)
     """Under the operator's own annotations (scrape settings, the pipeline hash), which win."""
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, value: str | None) -> str | None:
+        return value if value is None else _matching(value, IMAGE, IMAGE_MESSAGE)
 
     @field_validator("priority_class_name")
     @classmethod
@@ -376,7 +408,7 @@ class SLASpec(SpecModel):
     gpu_utilization: UtilizationBand = UtilizationBand()
     objective_percent: float = Field(default=99, ge=50, le=100)
     """How often the SLA must hold: the share of the window whose P99 is inside it (the SLO)."""
-    window: str = Field(default="1h", max_length=8, pattern=WINDOW_PATTERN)
+    window: str = Field(default="1h", max_length=8)
     """The rolling window the objective is kept over, and its error budget spent in."""
 
     @field_validator("objective_percent")
@@ -392,6 +424,10 @@ class SLASpec(SpecModel):
     @field_validator("window")
     @classmethod
     def _window_in_range(cls, value: str) -> str:
+        if re.fullmatch(WINDOW_PATTERN, value) is None:
+            raise ValueError(
+                "sla.window is a whole number and one unit - s, m, h or d (30m, 1h, 6h, 7d)"
+            )
         if not WINDOW_MIN_S <= window_seconds(value) <= WINDOW_MAX_S:
             raise ValueError("sla.window must be between 5m and 28d")
         return value
