@@ -20,6 +20,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from tests.onnx_models import mlp
 from tests.runtime_process import RuntimeProcess, Scrape, outcomes, runtime_process, send
 from tests.waiting import wait_until
 
@@ -339,3 +340,41 @@ def test_requests_beyond_the_connection_limit_get_503_and_a_closed_connection(
             timeout=10,
             what="a request served under the limit",
         )
+
+
+def test_a_client_that_never_reads_its_answers_is_cut_off(tmp_path: Path) -> None:
+    """Pipelined requests whose answers the client never reads: the server writes until the
+    socket's buffers fill, and then reads no more requests (it answers them in order) — no read
+    timer runs. Without a write timeout the connection, and the request being answered, stayed
+    in flight for as long as the client kept it open."""
+    wide = mlp(tmp_path / "wide.onnx", features=1, hidden=4, classes=4096)
+    rows = 200  # answers of ~8 MB each: past the kernel's socket buffers (4 MB at most)
+    body = orjson.dumps(
+        {"inputs": [{"name": "x", "datatype": "FP32", "shape": [rows, 1], "data": [1.0] * rows}]}
+    )
+    with runtime_process(
+        wide,
+        "--engine", "simulated", "--simulated-latency", "alpha_ms=1,beta_ms=0",
+        "--max-batch-size", "256",
+        "--write-timeout-s", "1",
+        log_dir=tmp_path,
+    ) as server:  # fmt: skip
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: the window
+        sock.settimeout(10)
+        sock.connect(("127.0.0.1", server.port))
+        with sock:
+            sock.sendall((post_head(len(body), "/v2/models/wide/infer") + body) * 3)
+            wait_until(
+                lambda: "it read nothing of an answer for 1 s" in server.log(),
+                timeout=20,
+                what="the connection that reads nothing to be closed",
+            )
+            scrape = Scrape(server)
+            assert scrape.value("batchpilot_inflight_requests") == 0
+            assert scrape.value("batchpilot_open_connections") == 1  # the scrape's own
+            # What the kernel held when the server gave up still arrives, and then the end.
+            received = receive_all(sock, timeout_s=10)
+        assert received.ended in ("eof", "reset")
+        assert len(received.answers) < 3  # the later answers were never written
+        assert send(server, "GET", "/v2/health/ready").status == 200

@@ -15,6 +15,11 @@ connection, and only where the defaults leave a gap:
 - a request's body may pause at most `body_timeout_s` between bytes: else 408 and the
   connection closes (a body trickling in slowly is served; one that stopped holds a
   connection, and with the connection cap every connection can be held so);
+- an answer may wait at most `write_timeout_s` for its client to read a byte of it (the
+  socket's buffers full: the transport paused writing): else the connection is aborted. A client
+  that sends requests and never reads the answers (pipelined, so the server reads no more of
+  them while it writes) would otherwise hold the connection, and the request it is answering,
+  in flight for ever — no read timer runs while an answer is being written;
 - a request on a connection beyond `max_connections` gets 503 + `Retry-After` and the
   connection closes;
 - a request answered before its body was read (a 413 by its Content-Length, a refused key, an
@@ -41,6 +46,7 @@ connection, and only where the defaults leave a gap:
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import random
 from collections import Counter
@@ -54,6 +60,8 @@ from uvicorn.protocols.http.httptools_impl import (
     HttpToolsProtocol,
     RequestResponseCycle,
 )
+
+log = logging.getLogger(__name__)
 
 LINGER_S = 1.0
 """How long a connection closed under a client still sending is drained before it is closed
@@ -79,6 +87,8 @@ class ConnectionLimits:
     body_timeout_s: float
     keep_alive_timeout_s: float
     max_connections: int | None
+    write_timeout_s: float | None = None
+    """None: an answer may wait for ever for its client to read it."""
     """None: no limit."""
     max_connection_age_s: float | None = None
     """None: a connection may live for ever."""
@@ -149,6 +159,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         """When the body in progress last brought a byte (loop time)."""
         self._probe_timer: asyncio.TimerHandle | None = None
         self._linger_timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
+        self.write_timed_out = False
+        """Whether the connection was aborted for a client that did not read its answer."""
         self._discarding = False
         self._half_closed = False
         self._keep_alive_after_body = True
@@ -181,10 +194,41 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.open_connections is not None:
             self.open_connections.discard(self)
-        for timer in (self._header_timer, self._body_timer, self._probe_timer, self._linger_timer):
+        timers = (
+            self._header_timer,
+            self._body_timer,
+            self._probe_timer,
+            self._linger_timer,
+            self._write_timer,
+        )
+        for timer in timers:
             if timer is not None:
                 timer.cancel()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        timeout = self.limits.write_timeout_s
+        if timeout is not None and self._write_timer is None:
+            self._write_timer = self.loop.call_later(timeout, self._write_timed_out)
+
+    def resume_writing(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+        super().resume_writing()
+
+    def _write_timed_out(self) -> None:
+        """The client read nothing of an answer for `write_timeout_s`: abort (a close would
+        wait for the buffered answer to be written, which is what never happens)."""
+        self._write_timer = None
+        self.write_timed_out = True
+        log.info(
+            "closing the connection of %s: it read nothing of an answer for %.0f s",
+            "{}:{}".format(*self.client) if self.client else "a client",
+            self.limits.write_timeout_s,
+        )
+        self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         if self._discarding or self._refusal_after is not None:

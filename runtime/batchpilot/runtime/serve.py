@@ -141,6 +141,7 @@ def connection_limits(settings: RuntimeSettings) -> ConnectionLimits:
         max_header_bytes=settings.max_header_bytes,
         header_timeout_s=settings.header_timeout_s,
         body_timeout_s=settings.body_timeout_s,
+        write_timeout_s=settings.write_timeout_s,
         keep_alive_timeout_s=settings.keep_alive_timeout_s,
         max_connections=settings.max_connections or None,
         max_connection_age_s=settings.max_connection_age_s or None,
@@ -328,6 +329,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         help="longest pause between bytes of an HTTP request's body: more is answered 408 and "
         "the connection closed (default 30; BATCHPILOT_BODY_TIMEOUT_S)",
+    )
+    a(
+        "--write-timeout-s",
+        type=float,
+        help="longest an HTTP answer may wait for its client to read any of it (the socket's "
+        "buffers full): more closes the connection (default 30; BATCHPILOT_WRITE_TIMEOUT_S)",
     )
     a(
         "--keep-alive-timeout-s",

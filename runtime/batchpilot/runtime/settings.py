@@ -125,6 +125,13 @@ class RuntimeSettings(BaseSettings):
         le=3600,
         description="longest pause between bytes of a request's body; more: 408",
     )
+    write_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="longest an answer may wait for its client to read any of it; more: the "
+        "connection is closed",
+    )
     keep_alive_timeout_s: float = Field(
         default=30.0,
         gt=0,
