@@ -324,13 +324,21 @@ def test_requests_beyond_the_connection_limit_get_503_and_a_closed_connection(
         idle = [connect(server) for _ in range(3)]
         try:
             with connect(server) as sock:
-                sock.sendall(GET_LIVE + b"\r\n")
+                sock.sendall(b"GET /v2 HTTP/1.1\r\nHost: x\r\n\r\n")
                 received = receive_all(sock, timeout_s=5)
             assert received.ended == "eof"
             [(status, headers)] = received.answers
             assert status == 503
             assert headers["retry-after"] == "1"
             assert headers["connection"] == "close"
+            # The kubelet's probes are answered whatever the count: a flood of connections
+            # must not fail liveness (a restart) or readiness (every endpoint gone at once).
+            for probe in (GET_LIVE, b"GET /v2/health/ready?verbose=1 HTTP/1.1\r\nHost: x\r\n"):
+                with connect(server) as sock:
+                    sock.sendall(probe + b"\r\n")
+                    sock.shutdown(socket.SHUT_WR)
+                    received = receive_all(sock, timeout_s=5)
+                assert [status for status, _ in received.answers] == [200]
         finally:
             for sock in idle:
                 sock.close()

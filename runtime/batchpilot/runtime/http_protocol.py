@@ -21,7 +21,8 @@ connection, and only where the defaults leave a gap:
   them while it writes) would otherwise hold the connection, and the request it is answering,
   in flight for ever — no read timer runs while an answer is being written;
 - a request on a connection beyond `max_connections` gets 503 + `Retry-After` and the
-  connection closes;
+  connection closes — but a health check (`PROBE_PATHS`) is answered: a flood of connections
+  would otherwise fail the kubelet's probes, and restart the pod or take it out of the Service;
 - a request answered before its body was read (a 413 by its Content-Length, a refused key, an
   unknown model) is the connection's last: the answer says `Connection: close`, and the server
   half-closes and discards what the client still sends for at most `LINGER_S`, rather than
@@ -75,6 +76,9 @@ the second, 2 ms on — a request cancelled while it waits for a batch leaves th
 the device runs it: a client that hedges cancels one send of each pair, and each found late is
 computed for nobody; one farther away at the third or the fourth, 50 ms on. Farther still, it
 is found gone only when its answer is written."""
+
+PROBE_PATHS = frozenset({b"/v2/health/live", b"/v2/health/ready"})
+"""Health checks, answered whatever the connection count."""
 
 _PROBE = b"HTTP/1.1 100 Continue\r\n\r\n"
 """An interim answer every HTTP/1.1 client must accept and skip (RFC 9110 §15.2)."""
@@ -366,7 +370,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             if size > self.limits.max_header_bytes:
                 raise self._headers_too_large()
         limit = self.limits.max_connections
-        if limit is not None and len(self.connections) > limit:
+        if limit is not None and len(self.connections) > limit and not self._probe_path():
             raise _Refusal(
                 503,
                 f"the server has {limit} connections open, its limit: retry on a new one",
@@ -395,6 +399,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._keep_alive_after_body = keep_alive
         cycle.keep_alive = False
         cycle.transport = self._gentle
+
+    def _probe_path(self) -> bool:
+        """Whether the request is a health check (the kubelet's probes): answered past the
+        connection cap, which would otherwise fail them and restart, or unready, the pod."""
+        return self.url.split(b"?", 1)[0] in PROBE_PATHS
 
     def on_message_complete(self) -> None:
         if self._ignored_upgrade is not None:
