@@ -669,9 +669,18 @@ class TestOneRequestCannotHoldTheDevice:
             assert "4000 rows would take 4.02 s alone" in message
             assert "at most 480 rows a request fit" in message
             s.queue.check_servable(480, timeout_s=0.5005)  # 500 ms: it fits
-            # within the ceiling, a deadline too short is admission's to refuse, for now (503)
-            s.queue.check_servable(8, timeout_s=0.001)
+            # within the ceiling, a deadline the fastest batch meets is admission's to refuse,
+            # for now (503) ...
+            s.queue.check_servable(8, timeout_s=0.025)
             s.queue.check_servable(4000, timeout_s=None)  # no deadline: no bound
+            # ... but one shorter than any batch the server has run, for good (400): every
+            # replica would refuse it, and a 503 would read as load to add replicas for
+            with pytest.raises(TooLargeForDeadline) as too_short:
+                s.queue.check_servable(1, timeout_s=0.001)
+            assert str(too_short.value).startswith(
+                "the request's 1 ms deadline is shorter than any batch this server has run (the "
+                "fastest took 21 ms)"
+            )
 
     async def test_without_deadline_admission_nothing_is_refused_for_its_size(self) -> None:
         async with Served(deadline=False) as s:

@@ -490,6 +490,8 @@ class TestAsyncOverHttp:
             "--no-early-start",
             "--max-batch-size",
             "64",
+            "--queue-capacity",
+            "1",
             log_dir=tmp_path,
         ) as server:
             job_id = submit(server, json_body(rows(1, 0))).json()["id"]
@@ -513,14 +515,21 @@ class TestAsyncOverHttp:
             assert fetch(server, job_id, wait_s=0.05).status == 202  # not done in 50 ms
             assert fetch(server, job_id, wait_s=10).status == 200
 
-            # a job that fails keeps its error: here its own 0.5 ms deadline, shorter than a
-            # batch (1 ms, just measured), so it is refused at admission
+            # a deadline shorter than any batch (1 ms, just measured) is refused at submission,
+            # for good, as infer refuses it
             late = orjson.loads(json_body(rows(1, 0)))
             late["parameters"] = {"timeout": 500}  # microseconds, as Triton's clients send
-            job_id = submit(server, orjson.dumps(late)).json()["id"]
+            refused = submit(server, orjson.dumps(late))
+            assert refused.status == 400, refused.body
+            assert "shorter than any batch this server has run" in refused.json()["error"]
+            # a job that fails keeps its error: here the queue's one place is taken by a job
+            # waiting for its batch to fill, so the next is refused at admission
+            waiting = submit(server, json_body(rows(1, 1))).json()["id"]
+            job_id = submit(server, json_body(rows(1, 2))).json()["id"]
             failed = fetch(server, job_id, wait_s=10)
             assert failed.status == 503, failed.body
-            assert "deadline" in failed.json()["error"]
+            assert "queue" in failed.json()["error"]
+            assert fetch(server, waiting, wait_s=10).status == 200
 
     def test_sigterm_finishes_queued_async_jobs(self, mlp_model: Path, tmp_path: Path) -> None:
         # Two instances: the drain must wait for both workers, and lose nothing.

@@ -81,6 +81,7 @@ class BatchTiming:
         self._err2 = 0.0
         self._err_w = 0.0
         self._fit: Fit | None = None
+        self._quickest_s: float | None = None
 
     @property
     def fit(self) -> Fit | None:
@@ -96,6 +97,11 @@ class BatchTiming:
             return None
         return self._fit.spread
 
+    @property
+    def quickest_s(self) -> float | None:
+        """The fastest batch of any size measured; None before any."""
+        return self._quickest_s
+
     def observe(self, rows: int, seconds: float, *, fresh: bool = False) -> None:
         """Add one measured batch of `rows` rows that took `seconds`. A `fresh` measurement (a
         probe after a stall, see `Predictor.must_probe`) moves the size's mean halfway to it:
@@ -109,6 +115,8 @@ class BatchTiming:
             error = seconds / predicted - 1.0
             self._err2 = self._err2 * keep + error * error
             self._err_w = self._err_w * keep + 1.0
+        if self._quickest_s is None or seconds < self._quickest_s:
+            self._quickest_s = seconds
         stat = self._sizes.get(rows)
         if stat is None:
             stat = self._sizes[rows] = _SizeStat(mean_s=seconds, count=0, best_s=seconds)

@@ -19,8 +19,9 @@ class InvalidRequest(InferenceError):
 
 class TooLargeForDeadline(InvalidRequest):
     """The request has more rows than the server could serve within its deadline even alone, on
-    an idle device, at the fastest the device has been measured (400): retrying cannot help,
-    fewer rows a request or a longer deadline can."""
+    an idle device, at the fastest the device has been measured, or a deadline shorter than any
+    batch the server has run (400): retrying cannot help, fewer rows a request or a longer
+    deadline can."""
 
 
 class UnsupportedEncoding(InvalidRequest):

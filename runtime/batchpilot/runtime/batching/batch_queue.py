@@ -253,16 +253,26 @@ class BatchQueue:
         return population is not None and population.everyone_here(self._outstanding, now)
 
     def check_servable(self, rows: int, *, timeout_s: float | None) -> None:
-        """Refuse for good (`TooLargeForDeadline`) a request of more rows than the largest batch
-        the server forms (`BatchSettings.ceiling`) that admission would predict after
-        `timeout_s` even alone on an idle device at the fastest it has been measured
-        (`Predictor.fastest_s`): it would be refused on every replica, now and after any retry,
-        so it is no load to shed with 503 but a request to change. A request within the ceiling
-        is one the batches are for: a deadline too short for it is admission's to refuse, for
-        now (`put`). Only with a predictor (deadline admission)."""
+        """Refuse for good (`TooLargeForDeadline`) a request that no replica could serve in
+        time, now or after any retry — no load to shed with 503 (which reads as a reason to add
+        replicas) but a request to change:
+        - one whose `timeout_s` is shorter than any batch the server has run (the fastest it
+          measured, of any size);
+        - one of more rows than the largest batch the server forms (`BatchSettings.ceiling`)
+          that admission would predict after `timeout_s` even alone on an idle device at the
+          fastest it has been measured (`Predictor.fastest_s`).
+        Within the ceiling, a deadline that the fastest batch meets but the device does not now
+        is admission's to refuse, for now (`put`). Only with a predictor (deadline admission)."""
         predictor = self._predictor
         if predictor is None or timeout_s is None:
             return
+        quickest = predictor.timing.quickest_s
+        if quickest is not None and timeout_s < quickest:
+            raise TooLargeForDeadline(
+                f"the request's {_duration(timeout_s)} deadline is shorter than any batch this "
+                f"server has run (the fastest took {_duration(quickest)}): it cannot be served in "
+                f"time however idle the server is; send a longer timeout"
+            )
         ceiling = self._settings().ceiling
         if rows <= ceiling:
             return
