@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from batchpilot.runtime.access import AccessGate
 from batchpilot.runtime.access.files import AccessWatcher
 from batchpilot.runtime.async_jobs import JobStore
+from batchpilot.runtime.body_decoding import BodyDecoder
 from batchpilot.runtime.errors import InferenceError
 from batchpilot.runtime.http_protocol import OpenConnections
 from batchpilot.runtime.infer_dispatch import RuntimeApp
@@ -101,12 +102,14 @@ def create_app(
     app.add_exception_handler(HTTPException, _handle_routing_error)
 
     # Route order is match order (and the OpenAPI document's order).
-    add_v2_routes(app, server, max_body_bytes=config.max_body_bytes, access=access)
+    decoder = BodyDecoder(max_body_bytes=config.max_body_bytes)
+    add_v2_routes(app, server, max_body_bytes=config.max_body_bytes, decoder=decoder, access=access)
     add_async_routes(
         app,
         server,
         jobs=jobs,
         max_body_bytes=config.max_body_bytes,
+        decoder=decoder,
         access=access,
         relay=relay,
     )

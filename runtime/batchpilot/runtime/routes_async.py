@@ -35,7 +35,6 @@ from starlette.routing import Route
 from batchpilot.runtime.access import AccessGate
 from batchpilot.runtime.asgi_io import (
     body_coding,
-    decode_body,
     read_body,
     request_header_length,
 )
@@ -47,10 +46,11 @@ from batchpilot.runtime.async_jobs import (
     JobStore,
 )
 from batchpilot.runtime.attempts import is_retry_raw
+from batchpilot.runtime.body_decoding import BodyDecoder
 from batchpilot.runtime.errors import EngineFailure, InferenceError, InvalidRequest, ShuttingDown
 from batchpilot.runtime.job_relay import FORWARDED_HEADER, Gone, JobRelay, NotAnswering
 from batchpilot.runtime.outcomes import RequestOutcome, status_of
-from batchpilot.runtime.protocol.server_codec import InferRequest, decode_request
+from batchpilot.runtime.protocol.server_codec import InferRequest
 from batchpilot.runtime.responses import (
     CLIENT_CLOSED_REQUEST,
     EncodedResult,
@@ -88,6 +88,7 @@ def add_async_routes(
     *,
     jobs: JobStore[EncodedResult],
     max_body_bytes: int,
+    decoder: BodyDecoder,
     access: AccessGate | None = None,
     relay: JobRelay | None = None,
 ) -> None:
@@ -179,8 +180,8 @@ def add_async_routes(
             if not server.ready:
                 raise ShuttingDown()
             coding = body_coding(request.scope["headers"])
-            body = decode_body(await read_body(request, max_body_bytes), coding, max_body_bytes)
-            parsed = decode_request(body, header_length=request_header_length(request))
+            body = await read_body(request, max_body_bytes)
+            parsed = await decoder.decode(body, coding, request_header_length(request))
             server.validate(parsed)  # a bad request fails now, not when its job runs
             job = jobs.submit(owner=owner, owners=1 if access is None else access.callers())
         except InferenceError as exc:

@@ -28,17 +28,16 @@ from batchpilot.runtime.access import AccessGate
 from batchpilot.runtime.asgi_io import (
     body_coding,
     body_headers,
-    decode_body,
     parse_header_length,
     receive_body,
     send_answer,
     until_disconnected,
 )
 from batchpilot.runtime.attempts import is_retry_raw
+from batchpilot.runtime.body_decoding import BodyDecoder
 from batchpilot.runtime.errors import InferenceError
 from batchpilot.runtime.infer_dispatch import RuntimeApp
 from batchpilot.runtime.outcomes import RequestOutcome, status_of
-from batchpilot.runtime.protocol.server_codec import decode_request
 from batchpilot.runtime.responses import (
     CLIENT_CLOSED_REQUEST,
     EncodedResult,
@@ -83,10 +82,12 @@ def add_v2_routes(
     server: ModelServer,
     *,
     max_body_bytes: int,
+    decoder: BodyDecoder,
     access: AccessGate | None = None,
 ) -> None:
-    """The v2 metadata, health and sync infer routes; also sets `app.infer_endpoint`. With
-    `access`, infer and model metadata need an allowed API key, and infer is within quota."""
+    """The v2 metadata, health and sync infer routes; also sets `app.infer_endpoint`. Bodies go
+    through `decoder`. With `access`, infer and model metadata need an allowed API key, and
+    infer is within quota."""
     metrics = server.metrics
     signature = server.signature
     model_name = signature.name
@@ -206,8 +207,7 @@ def add_v2_routes(
             coding = body_coding(scope["headers"])
             content_length, header_length_text = body_headers(scope)
             body = await receive_body(content_length, receive, max_body_bytes)
-            body = decode_body(body, coding, max_body_bytes)
-            parsed = decode_request(body, header_length=parse_header_length(header_length_text))
+            parsed = await decoder.decode(body, coding, parse_header_length(header_length_text))
             handler = asyncio.current_task()
             assert handler is not None
             watcher = asyncio.get_running_loop().create_task(until_disconnected(receive, handler))

@@ -1,0 +1,119 @@
+"""Large request bodies are decoded off the event loop, one at a time, and a queue of them is
+bounded: the loop keeps answering (health checks, other requests) while a body of tens of
+megabytes of JSON numbers is turned into arrays, and a flood of such bodies is refused with 503
+rather than held in memory while their deadlines pass."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import threading
+
+import numpy as np
+import orjson
+import pytest
+
+from batchpilot.runtime.body_decoding import LARGE_JSON_BYTES, WAITING_MAX, BodyDecoder
+from batchpilot.runtime.errors import Overloaded, RequestTooLarge
+from batchpilot.runtime.protocol.server_codec import InferRequest
+
+
+def body_of(values: int) -> bytes:
+    data = [1.25] * values
+    return orjson.dumps(
+        {"inputs": [{"name": "x", "datatype": "FP32", "shape": [values // 4, 4], "data": data}]}
+    )
+
+
+async def test_a_large_body_is_decoded_while_the_loop_goes_on() -> None:
+    body = body_of(2_000_000)  # 12 MiB of JSON
+    assert len(body) > LARGE_JSON_BYTES
+    decoder = BodyDecoder(max_body_bytes=1 << 30)
+    decoding = asyncio.Event()
+    ticks_during = 0
+
+    async def ticker() -> None:
+        nonlocal ticks_during
+        while True:
+            await asyncio.sleep(0)
+            if decoding.is_set():
+                ticks_during += 1
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    decoding.set()
+    request = await decoder.decode(body, None, None)
+    decoding.clear()
+    task.cancel()
+    decoder.close()
+    assert request.inputs[0].data.shape == (500_000, 4)
+    # Inline, the loop would not have run the ticker once until the decode was over.
+    assert ticks_during > 0
+
+
+async def test_a_compressed_body_is_inflated_off_the_loop_within_the_limit() -> None:
+    decoder = BodyDecoder(max_body_bytes=64 << 10)
+    small = body_of(8)
+    request = await decoder.decode(gzip.compress(small), "gzip", None)
+    assert request.inputs[0].data.shape == (2, 4)
+    # a few kilobytes that inflate past the limit: refused as before, from the thread
+    with pytest.raises(RequestTooLarge, match="decodes from gzip to more than the limit"):
+        await decoder.decode(gzip.compress(body_of(100_000)), "gzip", None)
+    decoder.close()
+
+
+async def test_large_bodies_beyond_those_waiting_are_refused_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    release = threading.Event()
+    decoded = body_of(8)
+    decode = BodyDecoder._decode
+
+    def held(self: BodyDecoder, *args: object) -> InferRequest:
+        release.wait(timeout=10)
+        return decode(self, decoded, None, None)
+
+    monkeypatch.setattr(BodyDecoder, "_decode", held)
+    decoder = BodyDecoder(max_body_bytes=1 << 30)
+    large = b" " * (LARGE_JSON_BYTES + 1)
+    waiting = [asyncio.create_task(decoder.decode(large, None, None)) for _ in range(WAITING_MAX)]
+    await asyncio.sleep(0)
+    with pytest.raises(Overloaded, match=f"decoding {WAITING_MAX} large request bodies") as full:
+        await decoder.decode(large, None, None)
+    assert full.value.reason == "queue_full"
+    # a small body is not kept waiting behind them
+    assert (await decoder.decode(decoded, None, None)).inputs[0].data.shape == (2, 4)
+    release.set()
+    assert len(await asyncio.gather(*waiting)) == WAITING_MAX
+    # the queue empty again, a large body is taken
+    assert await decoder.decode(large, None, None)
+    decoder.close()
+
+
+async def test_binary_tensor_data_behind_a_small_json_header_is_decoded_in_place(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the header's length, not the body's, says how much JSON there is to parse
+    def thread(*args: object) -> InferRequest:
+        raise AssertionError("decoded in the thread")
+
+    monkeypatch.setattr(BodyDecoder, "_decode", thread)
+    rows = 200_000  # 3.2 MB of FP32
+    header = orjson.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "datatype": "FP32",
+                    "shape": [rows, 4],
+                    "parameters": {"binary_data_size": rows * 16},
+                }
+            ]
+        }
+    )
+    body = header + np.ones((rows, 4), np.float32).tobytes()
+    assert len(body) > LARGE_JSON_BYTES
+    decoder = BodyDecoder(max_body_bytes=1 << 30)
+    request = await decoder.decode(body, None, len(header))
+    assert request.inputs[0].data.shape == (rows, 4)
+    decoder.close()
