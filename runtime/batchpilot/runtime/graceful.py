@@ -1,4 +1,5 @@
-"""A uvicorn server that shuts down without resetting a connection: the drain on SIGTERM.
+"""A uvicorn server that shuts down without resetting a connection it accepted: the drain on
+SIGTERM.
 
 Kubernetes sends SIGTERM and, at the same time, starts taking the pod out of the Service's
 endpoints — which takes seconds to reach every client. uvicorn's own shutdown would close idle
@@ -54,10 +55,12 @@ async def hold_unfetched(
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn, but the first SIGTERM/SIGINT starts a drain that resets no connection: the
-    queue closes at once (new requests get 503, readiness fails), gRPC sends GOAWAY, every HTTP
-    answer from then on says `Connection: close`, and the sockets close only once the queue is
-    served and a linger has passed. The process exits 0 after a clean drain instead of
+    """uvicorn, but the first SIGTERM/SIGINT starts a drain that resets no connection it
+    accepted: the queue closes at once (new requests get 503, readiness fails), gRPC sends
+    GOAWAY, every HTTP answer from then on says `Connection: close`, and the sockets close only
+    once the queue is served and a linger has passed. (Connections still arriving when the
+    listener closes are the kernel's to refuse, with a reset; behind a Service none arrive by
+    then.) The process exits 0 after a clean drain instead of
     re-raising the signal; a second signal forces the exit."""
 
     def __init__(
