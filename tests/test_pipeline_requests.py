@@ -136,22 +136,22 @@ def test_the_arrival_metrics_add_up_as_the_readme_defines_them(server: RuntimePr
     assert images(server, [b"not an image"]).status == 400  # refused by the preprocess
     assert images(server, [png(), b""]).status == 400
     assert images(server, [png()] * (MAX_ROWS + 1)).status == 413
-    # a deadline of 1 µs passes while the image is preprocessed
-    expired = images(server, [png()], timeout_us=1)
-    assert expired.status == 504, expired.body
-    assert "deadline passed while its inputs were preprocessed" in expired.json()["error"]
+    # a deadline of 1 µs, shorter than any batch the server has run: refused for good, before
+    # anything is preprocessed (one that passes while preprocessing: test_pipeline_deadline)
+    too_short = images(server, [png()], timeout_us=1)
+    assert too_short.status == 400, too_short.body
+    assert "shorter than any batch this server has run" in too_short.json()["error"]
     after = arrival_counts(server)
     grew = {name: after[name] - before[name] for name in after}
     # an invalid request is no arrival, as on a server without a pipeline
-    assert grew["invalid"] == 3
-    assert grew["arrivals"] == 2
+    assert grew["invalid"] == 4
+    assert grew["arrivals"] == 1
     # arrivals = admitted + predicted_late + queue_full + draining
     assert grew["arrivals"] == (
         grew["admitted"] + grew["predicted_late"] + grew["queue_full"] + grew["draining"]
     )
-    # the expired request was admitted (taken on, its time spent on it), then expired: 504
-    assert grew["admitted"] == grew["success"] + grew["expired"] == 2
-    assert grew["expired"] == grew["timeout"] == 1
+    assert grew["admitted"] == grew["success"] == 1
+    assert grew["expired"] == grew["timeout"] == 0
     assert after["arrivals"] == (
         after["admitted"] + after["predicted_late"] + after["queue_full"] + after["draining"]
     )
