@@ -676,7 +676,11 @@ class TestOneRequestCannotHoldTheDevice:
             # ... but one shorter than any batch the server has run, for good (400): every
             # replica would refuse it, and a 503 would read as load to add replicas for
             with pytest.raises(TooLargeForDeadline) as too_short:
-                s.queue.check_servable(1, timeout_s=0.001)
+                s.queue.check_servable(1, timeout_s=0.001, declared_s=0.001)
+            # what is left of an RPC's deadline is no declaration: a call that waited under
+            # load is load (admission refuses it for now), not a request to change
+            s.queue.check_servable(1, timeout_s=0.001)
+            s.queue.check_servable(1, timeout_s=0.001, declared_s=1.0)
             assert str(too_short.value).startswith(
                 "the request's 1 ms deadline is shorter than any batch this server has run (the "
                 "fastest took 21 ms)"

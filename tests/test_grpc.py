@@ -853,6 +853,26 @@ class TestLoad:
         assert list(first.result(timeout=10).outputs[0].shape) == [1, 16]
         assert Scrape(deadline_server).value("batchpilot_shed_total", reason="predicted_late") == 1
 
+    def test_an_rpc_deadline_shorter_than_a_batch_is_load_a_timeout_parameter_is_not(
+        self, deadline_server: RuntimeProcess, channel_to: Any
+    ) -> None:
+        """What is left of an RPC's deadline is spent in part waiting to be taken up (under a
+        burst, most of it): refused for now or expired, and counted as load. A `timeout`
+        parameter shorter than any batch the server has run (1 s) is the client's to change:
+        refused for good, an invalid request."""
+        stub = channel_to(deadline_server)
+        request = raw_request("mlp", {"x": mlp_rows(1)}, {"x": "FP32"})
+        error = rpc_error(stub.ModelInfer, request, timeout=0.3)
+        assert error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+        assert outcomes(Scrape(deadline_server))["invalid"] == 0
+        request.parameters["timeout"].int64_param = 300_000
+        error = rpc_error(stub.ModelInfer, request, timeout=10)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "shorter than any batch this server has run" in error.details()
+        counts = outcomes(Scrape(deadline_server))
+        assert counts["invalid"] == 1
+        assert counts["rejected"] + counts["timeout"] == 1
+
     def test_cancelled_rpc_leaves_the_queue(
         self, slow_server: RuntimeProcess, channel_to: Any
     ) -> None:

@@ -464,7 +464,11 @@ class ModelServer:
             )
         if self.pipeline is not None and self.pipeline.row_bytes:
             self._check_preprocessed_size(rows, self.pipeline.row_bytes)
-        self._queue.check_servable(rows, timeout_s=request.timeout_s or self._batching.deadline_s)
+        self._queue.check_servable(
+            rows,
+            timeout_s=request.timeout_s or self._batching.deadline_s,
+            declared_s=request.declared_timeout_s,
+        )
         return rows
 
     def _check_preprocessed_size(self, rows: int, row_bytes: int) -> None:

@@ -252,12 +252,15 @@ class BatchQueue:
         population = self._population
         return population is not None and population.everyone_here(self._outstanding, now)
 
-    def check_servable(self, rows: int, *, timeout_s: float | None) -> None:
+    def check_servable(
+        self, rows: int, *, timeout_s: float | None, declared_s: float | None = None
+    ) -> None:
         """Refuse for good (`TooLargeForDeadline`) a request that no replica could serve in
         time, now or after any retry — no load to shed with 503 (which reads as a reason to add
         replicas) but a request to change:
-        - one whose `timeout_s` is shorter than any batch the server has run (the fastest it
-          measured, of any size);
+        - one whose `declared_s` (the timeout its client wrote, not what is left of an RPC's
+          deadline, which a call spends waiting to be taken up under load: that is load) is
+          shorter than any batch the server has run (the fastest it measured, of any size);
         - one of more rows than the largest batch the server forms (`BatchSettings.ceiling`)
           that admission would predict after `timeout_s` even alone on an idle device at the
           fastest it has been measured (`Predictor.fastest_s`).
@@ -267,9 +270,9 @@ class BatchQueue:
         if predictor is None or timeout_s is None:
             return
         quickest = predictor.timing.quickest_s
-        if quickest is not None and timeout_s < quickest:
+        if quickest is not None and declared_s is not None and declared_s < quickest:
             raise TooLargeForDeadline(
-                f"the request's {_duration(timeout_s)} deadline is shorter than any batch this "
+                f"the request's {_duration(declared_s)} deadline is shorter than any batch this "
                 f"server has run (the fastest took {_duration(quickest)}): it cannot be served in "
                 f"time however idle the server is; send a longer timeout"
             )

@@ -56,7 +56,7 @@ def decode_infer_request(
 ) -> InferRequest:
     """The data plane's request for a ModelInfer message; `deadline_s` is the time the RPC has
     left, which bounds the request's timeout. Raises InvalidRequest with the reason."""
-    timeout_s = _timeout_s(message)
+    declared_s = timeout_s = _timeout_s(message)
     if deadline_s is not None:
         deadline_s = max(deadline_s, _MIN_TIMEOUT_S)
         timeout_s = deadline_s if timeout_s is None else min(timeout_s, deadline_s)
@@ -118,6 +118,7 @@ def decode_infer_request(
         binary_outputs=frozenset(),
         binary_default=False,
         timeout_s=timeout_s,
+        declared_timeout_s=declared_s,
     )
 
 

@@ -50,6 +50,10 @@ class InferRequest:
     """Whether outputs not named in the request are returned as binary data."""
     timeout_s: float | None
     """Deadline relative to arrival (Triton's ``timeout`` parameter, in microseconds)."""
+    declared_timeout_s: float | None = None
+    """The ``timeout`` parameter as the client wrote it, before an RPC's deadline, which elapses
+    while the call waits to be taken up, bounded it into `timeout_s`: what the request would be
+    given on any replica (`BatchQueue.check_servable`)."""
 
 
 def _as_bool(value: Any, where: str) -> bool:
@@ -220,6 +224,7 @@ def decode_request(body: bytes, *, header_length: int | None = None) -> InferReq
         binary_outputs=frozenset(binary_outputs),
         binary_default=binary_default,
         timeout_s=timeout_s,
+        declared_timeout_s=timeout_s,
     )
 
 
