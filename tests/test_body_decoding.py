@@ -78,7 +78,7 @@ async def test_large_bodies_beyond_those_waiting_are_refused_at_once(
     large = b" " * (LARGE_JSON_BYTES + 1)
     waiting = [asyncio.create_task(decoder.decode(large, None, None)) for _ in range(WAITING_MAX)]
     await asyncio.sleep(0)
-    with pytest.raises(Overloaded, match=f"decoding {WAITING_MAX} large request bodies") as full:
+    with pytest.raises(Overloaded, match=f"decoding {WAITING_MAX} large requests") as full:
         await decoder.decode(large, None, None)
     assert full.value.reason == "queue_full"
     # a small body is not kept waiting behind them

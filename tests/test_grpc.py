@@ -32,6 +32,7 @@ from tritonclient.utils import InferenceServerException
 from batchpilot.runtime.errors import InvalidRequest
 from batchpilot.runtime.grpc_api import grpc_predict_v2_pb2 as ours
 from batchpilot.runtime.grpc_api.codec import decode_infer_request, encode_infer_response
+from batchpilot.runtime.grpc_api.service import _costly
 from tests.onnx_models import MULTI_IO_INPUTS, multi_io_expected, random_multi_io
 from tests.runtime_process import (
     RuntimeProcess,
@@ -873,6 +874,19 @@ class TestLoad:
         assert counts["invalid"] == 1
         assert counts["rejected"] + counts["timeout"] == 1
 
+    def test_a_datatype_the_model_does_not_take_is_refused_before_its_data_is_read(
+        self, deadline_server: RuntimeProcess, channel_to: Any
+    ) -> None:
+        """2 million empty BYTES elements (8 MB) for the FP32 input: splitting them would hold
+        the event loop for seconds before validation said the datatype is wrong."""
+        stub = channel_to(deadline_server)
+        request = pb.ModelInferRequest(model_name="mlp")
+        request.inputs.add(name="x", datatype="BYTES", shape=[31_250, 64])
+        request.raw_input_contents.append(bytes(4 * 2_000_000))
+        error = rpc_error(stub.ModelInfer, request, timeout=30)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error.details() == "input 'x' must be FP32, the request sent BYTES"
+
     def test_cancelled_rpc_leaves_the_queue(
         self, slow_server: RuntimeProcess, channel_to: Any
     ) -> None:
@@ -1109,3 +1123,30 @@ class TestCodec:
         message.inputs[0].ClearField("contents")
         with pytest.raises(InvalidRequest, match=r"input 'x' has no data"):
             decode_infer_request(message)
+
+
+class TestWhatIsDecodedOffTheLoop:
+    """A large message whose data is costly to turn into arrays goes to the decode thread; raw
+    numeric data, read in place, never waits behind it."""
+
+    @staticmethod
+    def message(datatype: str, *, raw: bool, elements: int) -> Any:
+        request = pb.ModelInferRequest(model_name="m")
+        tensor = request.inputs.add(name="x", datatype=datatype, shape=[elements])
+        if raw:
+            request.raw_input_contents.append(bytes(4 * elements))
+        else:
+            tensor.contents.fp32_contents.extend([0.5] * elements)
+        return request
+
+    @pytest.mark.parametrize(
+        ("datatype", "raw", "elements", "costly"),
+        [
+            ("FP32", True, 1_000_000, False),  # 4 MB, read in place
+            ("FP32", False, 1_000_000, True),  # 4 MB of typed contents, copied from a list
+            ("BYTES", True, 1_000_000, True),  # a million elements split one by one
+            ("FP32", False, 1_000, False),  # small
+        ],
+    )
+    def test_which(self, datatype: str, raw: bool, elements: int, costly: bool) -> None:
+        assert _costly(self.message(datatype, raw=raw, elements=elements)) is costly

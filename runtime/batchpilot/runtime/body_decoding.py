@@ -12,13 +12,18 @@ such body's parse — up to a few hundred megabytes of Python objects for the la
 at once. Beyond `WAITING_MAX` large bodies waiting for the decoder, the next is refused at once
 with 503 (`Overloaded`, "queue_full"): load, which more replicas serve, rather than a queue of
 bodies that holds their memory while their deadlines pass. Binary tensor data is not JSON: a body
-of it with a small JSON header is decoded in place, as every small body is.
+of it with a small JSON header is decoded in place, as every small body is. gRPC's messages come
+parsed, but their data is still to be turned into arrays (BYTES elements split one by one, typed
+contents copied from lists): its service runs a large message's through a `DecodeThread` too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from batchpilot.runtime.asgi_io import decode_body
 from batchpilot.runtime.errors import Overloaded
@@ -31,6 +36,33 @@ a thread and back costs a burst of small requests."""
 WAITING_MAX = 8
 """Large bodies that may wait for the decoder; the next is refused (503)."""
 
+T = TypeVar("T")
+
+
+class DecodeThread:
+    """`await thread.run(decode)`: `decode()` in one worker thread, behind the others waiting
+    for it — at most `WAITING_MAX`, the next refused at once (`Overloaded`)."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="decode")
+        self._waiting = 0
+
+    async def run(self, decode: Callable[[], T]) -> T:
+        if self._waiting >= WAITING_MAX:
+            raise Overloaded(
+                f"the server is decoding {self._waiting} large requests already; retry shortly "
+                f"or elsewhere (binary tensor data decodes without this wait)",
+                reason="queue_full",
+            )
+        self._waiting += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, decode)
+        finally:
+            self._waiting -= 1
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
 
 class BodyDecoder:
     """`await decoder.decode(body, coding, header_length)`: the request in `body`, as
@@ -38,8 +70,7 @@ class BodyDecoder:
 
     def __init__(self, *, max_body_bytes: int) -> None:
         self._limit = max_body_bytes
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="decode")
-        self._waiting = 0
+        self._thread = DecodeThread()
 
     async def decode(
         self, body: bytes, coding: str | None, header_length: int | None
@@ -47,21 +78,10 @@ class BodyDecoder:
         json_bytes = len(body) if header_length is None else header_length
         if coding is None and json_bytes <= LARGE_JSON_BYTES:
             return decode_request(body, header_length=header_length)
-        if self._waiting >= WAITING_MAX:
-            raise Overloaded(
-                f"the server is decoding {self._waiting} large request bodies already; retry "
-                f"shortly or elsewhere (binary tensor data decodes without this wait)",
-                reason="queue_full",
-            )
-        self._waiting += 1
-        try:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._pool, self._decode, body, coding, header_length)
-        finally:
-            self._waiting -= 1
+        return await self._thread.run(functools.partial(self._decode, body, coding, header_length))
 
     def _decode(self, body: bytes, coding: str | None, header_length: int | None) -> InferRequest:
         return decode_request(decode_body(body, coding, self._limit), header_length=header_length)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._thread.close()

@@ -19,6 +19,15 @@ def _shape_text(shape: tuple[int, ...]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
+def check_datatype(spec: TensorSpec, datatype: str) -> None:
+    """Refuse an input of `datatype` where the model's `spec` wants another: before its data
+    is decoded, where the transport can tell (a gRPC message's inputs name their datatypes)."""
+    if datatype != spec.datatype:
+        raise InvalidRequest(
+            f"input '{spec.name}' must be {spec.datatype}, the request sent {datatype}"
+        )
+
+
 def validate_inputs(signature: ModelSignature, request: InferRequest) -> int:
     """Check a request against the model; returns its number of rows (batch dimension)."""
     inputs = request.inputs
@@ -30,10 +39,7 @@ def validate_inputs(signature: ModelSignature, request: InferRequest) -> int:
     rows: int | None = None
     for tensor, spec in zip(inputs, specs, strict=True):
         assert spec is not None
-        if tensor.datatype != spec.datatype:
-            raise InvalidRequest(
-                f"input '{tensor.name}' must be {spec.datatype}, the request sent {tensor.datatype}"
-            )
+        check_datatype(spec, tensor.datatype)
         shape = tensor.data.shape
         want = spec.shape
         if not _shape_fits(shape, want):

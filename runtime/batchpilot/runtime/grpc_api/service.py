@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -40,6 +41,7 @@ from google.protobuf import json_format
 
 from batchpilot.runtime.access import AccessGate
 from batchpilot.runtime.attempts import is_retry
+from batchpilot.runtime.body_decoding import LARGE_JSON_BYTES, DecodeThread
 from batchpilot.runtime.errors import (
     DeadlineExceeded,
     EngineFailure,
@@ -58,6 +60,7 @@ from batchpilot.runtime.grpc_api import grpc_predict_v2_pb2_grpc as pb_grpc
 from batchpilot.runtime.grpc_api.codec import decode_infer_request, encode_infer_response
 from batchpilot.runtime.outcomes import RequestOutcome, status_of
 from batchpilot.runtime.server import EXTENSIONS, ModelServer, server_version
+from batchpilot.runtime.validation import check_datatype
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +82,11 @@ GRPC_STATUS: dict[type[InferenceError], grpc.StatusCode] = {
 
 INTERNAL_MESSAGE = "internal server error; see the server log"
 
+LARGE_MESSAGE_BYTES = LARGE_JSON_BYTES
+"""A ModelInfer message larger than this whose data is costly to read (`_costly`) is decoded off
+the event loop (`body_decoding`): splitting millions of BYTES elements, or copying typed
+contents, took seconds on it, and health checks with them."""
+
 DEADLINE_MARGIN_S = 0.01
 """A request's timeout ends this long before its RPC's deadline, so the server answers
 DEADLINE_EXCEEDED itself rather than racing the client, which cancels the RPC at that deadline; a
@@ -87,6 +95,15 @@ timeout."""
 
 STREAM_IN_FLIGHT = 256
 """Requests of one ModelStreamInfer stream served at once; reading the stream waits beyond."""
+
+
+def _costly(request: pb.ModelInferRequest) -> bool:
+    """Whether turning the message's data into arrays takes long enough for the event loop to
+    feel: over `LARGE_MESSAGE_BYTES` of typed contents (copied from lists) or of BYTES elements
+    (split one by one). Raw numeric data is read in place, however large."""
+    if request.ByteSize() <= LARGE_MESSAGE_BYTES:
+        return False
+    return not request.raw_input_contents or any(t.datatype == "BYTES" for t in request.inputs)
 
 
 def grpc_status(error: InferenceError) -> grpc.StatusCode:
@@ -142,6 +159,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self._kept = keeps_connections
         self._metrics = server.metrics
         self._version = server_version()
+        self._decoding = DecodeThread()
         self.last_request_at = -math.inf
         """When an inference request last came (`time.monotonic()`): a drain waits for quiet."""
 
@@ -322,10 +340,18 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         try:
             self._server.check_model(request.model_name, request.model_version)
             remaining = context.time_remaining()
-            parsed = decode_infer_request(
+            decode = functools.partial(
+                decode_infer_request,
                 request,
                 deadline_s=None if remaining is None else remaining - DEADLINE_MARGIN_S,
             )
+            if _costly(request):
+                for tensor in request.inputs:  # before the data is read, which takes seconds
+                    if (spec := self._server.signature.input(tensor.name)) is not None:
+                        check_datatype(spec, tensor.datatype)
+                parsed = await self._decoding.run(decode)
+            else:
+                parsed = decode()
             retry = is_retry(context.invocation_metadata() or ())
             outputs = await self._server.infer(parsed, retry=retry, kept=self._kept)
             signature = self._server.signature
