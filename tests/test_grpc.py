@@ -32,7 +32,7 @@ from tritonclient.utils import InferenceServerException
 from batchpilot.runtime.errors import InvalidRequest
 from batchpilot.runtime.grpc_api import grpc_predict_v2_pb2 as ours
 from batchpilot.runtime.grpc_api.codec import decode_infer_request, encode_infer_response
-from batchpilot.runtime.grpc_api.service import _costly
+from batchpilot.runtime.grpc_api.service import STREAM_IN_FLIGHT, _costly
 from tests.onnx_models import MULTI_IO_INPUTS, multi_io_expected, random_multi_io
 from tests.runtime_process import (
     RuntimeProcess,
@@ -763,6 +763,31 @@ class TestStream:
             assert len(answers) == 16
             batches = metric(server, "batchpilot_batch_size_count")
             assert batches <= 4, batches
+
+    def test_a_stream_whose_responses_are_not_read_holds_a_bounded_number_of_them(
+        self, multi_server: RuntimeProcess, channel_to: Any
+    ) -> None:
+        """Before, answers waited in an unbounded queue and the server read on: 10,000 requests
+        with 60 kB ids grew it by 580 MB. Now it reads no further than `STREAM_IN_FLIGHT`
+        answers the stream has not taken (and the few megabytes gRPC's flow control holds), and
+        loses none of them once the client reads."""
+        sent = 1_000
+
+        def requests() -> Iterator[Any]:
+            for n in range(sent):  # answered at once, with an error that echoes the 60 kB id
+                yield pb.ModelInferRequest(model_name="nope", id=f"{n:05d}" + "x" * 60_000)
+
+        before = outcomes(Scrape(multi_server))["invalid"]
+        stream = channel_to(multi_server).ModelStreamInfer(requests(), timeout=60)
+
+        def taken() -> float:
+            return outcomes(Scrape(multi_server))["invalid"] - before
+
+        wait_until(lambda: taken() >= STREAM_IN_FLIGHT, timeout=20, what="the stream's room")
+        time.sleep(1.0)  # long enough to take every one of them, as it did (10,000 in 2 s)
+        assert taken() < sent / 2
+        answers = [answer.infer_response.id[:5] for answer in stream]
+        assert answers == [f"{n:05d}" for n in range(sent)]
 
 
 def _one_computing(server: RuntimeProcess, stub: Any) -> tuple[Any, Any]:

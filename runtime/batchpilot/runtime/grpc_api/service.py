@@ -263,10 +263,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Context
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Triton's streaming inference: every request read from the stream is served at once
-        (up to `STREAM_IN_FLIGHT` of them; reading waits for room beyond), through the same
-        batcher as the others, and answered on the stream as it finishes. A request's error is
-        its response's `error_message` ("UNAVAILABLE: …", the status its own RPC would have
-        got) and the stream goes on; a caller without an allowed key is refused the stream."""
+        (up to `STREAM_IN_FLIGHT` of them served or answered and not yet taken by the stream —
+        reading waits for room beyond, so a client that never reads its responses holds no
+        more than that many of them in the server), through the same batcher as the others,
+        and answered on the stream as it finishes. A request's error is its response's
+        `error_message` ("UNAVAILABLE: …", the status its own RPC would have got) and the stream
+        goes on; a caller without an allowed key is refused the stream."""
         key = _key_metadata(context)
         if self._access is not None:
             try:
@@ -278,10 +280,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         running: set[asyncio.Task[None]] = set()
 
         async def serve(request: pb.ModelInferRequest) -> None:
-            try:
-                answers.put_nowait(await self._stream_answer(request, key, context))
-            finally:
-                room.release()
+            # Its room is given back once the stream has taken its answer (below).
+            answers.put_nowait(await self._stream_answer(request, key, context))
 
         async def read() -> None:
             try:
@@ -298,7 +298,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         reader = asyncio.get_running_loop().create_task(read())
         try:
             while (answer := await answers.get()) is not None:
-                yield answer
+                yield answer  # back when gRPC takes the next: its flow control let this one go
+                room.release()
             await reader  # what ended the reading, if it failed
         finally:
             reader.cancel()
