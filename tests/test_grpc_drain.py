@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import re
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -29,7 +32,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from batchpilot.runtime.assembly import grpc_connection_age_s
 from batchpilot.runtime.settings import RuntimeSettings
 from batchpilot.sandbox.kubeproxy import ConnectionBalancer
-from tests.runtime_process import RuntimeProcess
+from tests.runtime_process import RuntimeProcess, runtime_process
 from tests.test_connection_age import serve_pair
 from tests.test_grpc import mlp_rows, raw_request
 from tests.waiting import wait_until
@@ -150,3 +153,37 @@ def test_grpc_connections_live_at_most_half_the_drains_grace(
         grpc_port=8081,
     )
     assert grpc_connection_age_s(settings) == expected
+
+
+def test_a_stream_kept_busy_through_the_drain_ends_within_the_grace(
+    mlp_model: Path, tmp_path: Path
+) -> None:
+    """A client that keeps sending on one stream keeps the drain serving until half the grace,
+    and the gRPC server's stop then had the whole grace again: 16 s for a 12 s grace, past the
+    pod's termination period (its SIGKILL). Its stop now has what is left of the grace."""
+    grace_s = 6.0
+    with runtime_process(
+        mlp_model, "--engine", "simulated", "--drain-grace-s", str(grace_s),
+        grpc=True, log_dir=tmp_path,
+    ) as server:  # fmt: skip
+        sending = threading.Event()
+        sending.set()
+
+        def requests() -> Iterator[Any]:
+            while sending.is_set():
+                yield raw_request("mlp", {"x": mlp_rows(1)}, {"x": "FP32"})
+                time.sleep(0.025)  # 40 a second
+
+        with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+            stream = pb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(requests())
+            answers = iter(stream)
+            next(answers)  # the stream is up and served
+            signalled = time.monotonic()
+            server.process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(grpc.RpcError):
+                for _ in answers:
+                    pass
+            sending.clear()
+            assert server.process.wait(timeout=30) == 0
+        # the drain's own steps after gRPC stops take a moment beyond the grace
+        assert time.monotonic() - signalled < grace_s + 1.5

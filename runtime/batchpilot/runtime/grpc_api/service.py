@@ -421,6 +421,8 @@ class GrpcEndpoint:
         self._server: grpc.aio.Server | None = None
         self._servicer: InferenceService | None = None
         self._stopping: asyncio.Future[None] | None = None
+        self._grace_ends_at: float | None = None
+        """When a drain's grace ends (`time.monotonic`), once one has begun."""
         self.port: int | None = None
         """The bound port, once started (differs from the configured one when that is 0)."""
 
@@ -463,10 +465,11 @@ class GrpcEndpoint:
         there are while their age retires them, until none has come for `QUIET_S` (counted from
         the last one: a server idle at the call stops at once) or, at the latest, their age and
         that after the call, within half the grace; then `stop`."""
+        started = time.monotonic()
+        self._grace_ends_at = started + self._config.grace_s
         age_s = self._config.max_connection_age_s
         if age_s is not None and self._servicer is not None:
             servicer = self._servicer
-            started = time.monotonic()
             until = started + min(age_s * AGE_JITTER + QUIET_S, self._config.grace_s / 2)
             while True:  # until quiet (no request for QUIET_S), or until `until`
                 now = time.monotonic()
@@ -485,12 +488,17 @@ class GrpcEndpoint:
 
     async def stop(self) -> None:
         """Refuse new RPCs (GOAWAY: clients take new ones elsewhere) and wait for accepted
-        ones, at most the grace period. A drain calls it, the lifespan again at shutdown: a
-        later call waits for the first one's stop."""
+        ones, at most what is left of the grace period — a drain's counts from its signal, so
+        the RPCs it served meanwhile (a stream kept busy) do not stretch it past the grace. A
+        drain calls it, the lifespan again at shutdown: a later call waits for the first one's
+        stop."""
         if self._server is None:
             return
         if self._stopping is None:
-            self._stopping = asyncio.ensure_future(self._server.stop(self._config.grace_s))
+            grace_s = self._config.grace_s
+            if self._grace_ends_at is not None:
+                grace_s = max(0.0, self._grace_ends_at - time.monotonic())
+            self._stopping = asyncio.ensure_future(self._server.stop(grace_s))
         await asyncio.shield(self._stopping)
 
 
