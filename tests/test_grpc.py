@@ -789,6 +789,40 @@ class TestStream:
         answers = [answer.infer_response.id[:5] for answer in stream]
         assert answers == [f"{n:05d}" for n in range(sent)]
 
+    def test_bytes_that_are_no_request_are_invalid_and_the_stream_goes_on(
+        self, multi_server: RuntimeProcess
+    ) -> None:
+        """gRPC's own deserializer failed the call UNKNOWN, logged a traceback each time, and on
+        a stream took the whole stream down with the requests it had taken (counted as
+        withdrawn by their client)."""
+        garbage = b"\x0a\xff\xff\xff\xff\x0f"  # a string field whose length runs past the end
+        good = raw_request("mlp", {"x": mlp_rows(1)}, {"x": "FP32"})
+        good.model_name = "multi"  # the MLP's input for the multi model: refused at once, in-band
+        before = outcomes(Scrape(multi_server))
+        with grpc.insecure_channel(f"127.0.0.1:{multi_server.grpc_port}") as channel:
+            method = "/inference.GRPCInferenceService/"
+            unary = channel.unary_unary(method + "ModelInfer")
+            with pytest.raises(grpc.RpcError) as caught:
+                unary(garbage, timeout=10)
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert caught.value.details().startswith(
+                "the message is not a ModelInferRequest: Error parsing message"
+            )
+            stream = channel.stream_stream(method + "ModelStreamInfer")
+            messages = [good.SerializeToString()] * 3 + [garbage] + [good.SerializeToString()] * 3
+            answers = [
+                pb.ModelStreamInferResponse.FromString(raw)
+                for raw in stream(iter(messages), timeout=20)
+            ]
+        assert len(answers) == 7
+        refused = [a.error_message for a in answers if "not a ModelInferRequest" in a.error_message]
+        assert len(refused) == 1
+        assert refused[0].startswith("INVALID_ARGUMENT: the message is not a ModelInferRequest")
+        after = outcomes(Scrape(multi_server))
+        assert after["invalid"] - before["invalid"] == 8  # the garbage twice, the 6 by name
+        assert after["cancelled"] == before["cancelled"]
+        assert "Traceback" not in multi_server.log()
+
 
 def _one_computing(server: RuntimeProcess, stub: Any) -> tuple[Any, Any]:
     """One request sent and in a batch (a second on the device); the request and its future."""

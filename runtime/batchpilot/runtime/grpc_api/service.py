@@ -38,6 +38,7 @@ from typing import Any, NoReturn
 
 import grpc
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 
 from batchpilot.runtime.access import AccessGate
 from batchpilot.runtime.attempts import is_retry
@@ -104,6 +105,56 @@ def _costly(request: pb.ModelInferRequest) -> bool:
     if request.ByteSize() <= LARGE_MESSAGE_BYTES:
         return False
     return not request.raw_input_contents or any(t.datatype == "BYTES" for t in request.inputs)
+
+
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """A message gRPC received for an inference RPC that is no ModelInferRequest: answered
+    INVALID_ARGUMENT (in-band on a stream, which goes on), where gRPC's own deserializer fails
+    the RPC UNKNOWN — the whole stream with the requests it had taken — and logs a traceback."""
+
+    reason: str
+
+
+def _tolerant(message: bytes) -> pb.ModelInferRequest | Undecodable:
+    try:
+        return pb.ModelInferRequest.FromString(message)
+    except DecodeError as exc:
+        return Undecodable(str(exc))
+
+
+SERVICE = "inference.GRPCInferenceService"
+
+
+class _Handlers:
+    """Takes the method handlers the generated code registers, instead of a server."""
+
+    handlers: dict[str, Any]
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        self.handlers = dict(handlers)
+
+
+def _add_servicer(servicer: InferenceService, server: grpc.aio.Server) -> None:
+    """The generated registration, with `_tolerant` reading the inference RPCs' messages."""
+    taken = _Handlers()
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, taken)  # type: ignore[arg-type]
+    handlers = taken.handlers
+    handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
+        servicer.ModelInfer,
+        request_deserializer=_tolerant,
+        response_serializer=pb.ModelInferResponse.SerializeToString,
+    )
+    handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+        servicer.ModelStreamInfer,
+        request_deserializer=_tolerant,
+        response_serializer=pb.ModelStreamInferResponse.SerializeToString,
+    )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)  # type: ignore[attr-defined]
 
 
 def grpc_status(error: InferenceError) -> grpc.StatusCode:
@@ -234,7 +285,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return json_format.ParseDict(self._server.statistics(), pb.ModelStatisticsResponse())
 
     async def ModelInfer(  # noqa: N802
-        self, request: pb.ModelInferRequest, context: Context
+        self, request: pb.ModelInferRequest | Undecodable, context: Context
     ) -> pb.ModelInferResponse:
         if self._access is not None:
             try:
@@ -260,7 +311,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             raise
 
     async def ModelStreamInfer(  # noqa: N802
-        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Context
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest | Undecodable], context: Context
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Triton's streaming inference: every request read from the stream is served at once
         (up to `STREAM_IN_FLIGHT` of them served or answered and not yet taken by the stream —
@@ -279,7 +330,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         room = asyncio.Semaphore(STREAM_IN_FLIGHT)
         running: set[asyncio.Task[None]] = set()
 
-        async def serve(request: pb.ModelInferRequest) -> None:
+        async def serve(request: pb.ModelInferRequest | Undecodable) -> None:
             # Its room is given back once the stream has taken its answer (below).
             answers.put_nowait(await self._stream_answer(request, key, context))
 
@@ -307,7 +358,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 task.cancel()
 
     async def _stream_answer(
-        self, request: pb.ModelInferRequest, key: list[tuple[str, str]], context: Context
+        self,
+        request: pb.ModelInferRequest | Undecodable,
+        key: list[tuple[str, str]],
+        context: Context,
     ) -> pb.ModelStreamInferResponse:
         """One streamed request's response: its outputs, or its error in words."""
         try:
@@ -321,6 +375,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         except asyncio.CancelledError:
             self._metrics.request_finished(RequestOutcome.CANCELLED)
             raise
+        if isinstance(request, Undecodable):
+            return pb.ModelStreamInferResponse(error_message=message)
         return pb.ModelStreamInferResponse(
             error_message=message,
             infer_response=pb.ModelInferResponse(
@@ -329,7 +385,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         )
 
     async def _answer(
-        self, request: pb.ModelInferRequest, context: Context
+        self, request: pb.ModelInferRequest | Undecodable, context: Context
     ) -> pb.ModelInferResponse:
         """`request`'s response, counted in the request metrics as it ends. Raises the
         `InferenceError` it failed with, `_Internal` for anything else (a bug: logged and counted
@@ -339,6 +395,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self.last_request_at = time.monotonic()
         metrics.inflight.inc()
         try:
+            if isinstance(request, Undecodable):
+                raise InvalidRequest(f"the message is not a ModelInferRequest: {request.reason}")
             self._server.check_model(request.model_name, request.model_version)
             remaining = context.time_remaining()
             decode = functools.partial(
@@ -442,7 +500,7 @@ class GrpcEndpoint:
         self._servicer = InferenceService(
             self._model_server, access=self._access, keeps_connections=self.keeps_connections
         )
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(self._servicer, server)
+        _add_servicer(self._servicer, server)
         address = _address(self._config.host, self._config.port)
         try:
             self.port = server.add_insecure_port(address)
