@@ -95,7 +95,8 @@ cancellation that arrives within twice this of the deadline is the deadline, and
 timeout."""
 
 STREAM_IN_FLIGHT = 256
-"""Requests of one ModelStreamInfer stream served at once; reading the stream waits beyond."""
+"""Requests of one ModelStreamInfer stream served, or answered and not yet sent, at once; reading
+the stream waits beyond."""
 
 
 def _costly(request: pb.ModelInferRequest) -> bool:
