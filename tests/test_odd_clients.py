@@ -23,7 +23,8 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.runtime_process import RuntimeProcess, runtime_process, send
+from tests.runtime_process import RuntimeProcess, Scrape, outcomes, runtime_process, send
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -199,6 +200,23 @@ class TestRequestsThatAreNotHttp:
         assert len(answers) == 1, answers
         assert_refused(answers[0], 400, f"the request is not valid HTTP/1.1: {reason}")
         assert ended == "eof"
+
+    def test_a_body_refused_for_its_framing_counts_as_invalid_not_cancelled(
+        self, server: RuntimeProcess
+    ) -> None:
+        # the app, waiting for the body, sees only the connection close: before, it counted a
+        # request its client had withdrawn, which the autopilot reads as load
+        before = outcomes(Scrape(server))
+        answers, _ = exchange(
+            server, post(chunked(BODY, sizes=(b"zz", b"1")), headers=CHUNKED, length=-1)
+        )
+        assert [answer.status for answer in answers] == [400]
+        wait_until(
+            lambda: outcomes(Scrape(server))["invalid"] == before["invalid"] + 1,
+            timeout=10,
+            what="the refused request to be counted",
+        )
+        assert outcomes(Scrape(server))["cancelled"] == before["cancelled"]
 
     @pytest.mark.parametrize(("request_", "reason"), NOT_HTTP)
     def test_behind_a_pipelined_request_wait_for_its_answer(

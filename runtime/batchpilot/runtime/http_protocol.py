@@ -62,6 +62,8 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
+from batchpilot.runtime.outcomes import REFUSED_MID_BODY
+
 log = logging.getLogger(__name__)
 
 LINGER_S = 1.0
@@ -494,6 +496,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if own is not None and own.response_started:
             self.close_gently()  # it has its answer, or part of it: nothing more can be said
             return
+        if own is not None and refusal.status == 400:
+            own.scope[REFUSED_MID_BODY] = True  # type: ignore[literal-required]
         if self._answers_ahead(own):
             self._refusal_after = refusal
             for timer in (self._header_timer, self._body_timer):

@@ -10,6 +10,7 @@ lookup, no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -39,6 +40,18 @@ class RequestOutcome(StrEnum):
     TIMEOUT = "timeout"
     CANCELLED = "cancelled"  # the client went away
     ERROR = "error"
+
+
+REFUSED_MID_BODY = "batchpilot.refused_mid_body"
+"""The ASGI scope's key for a request the HTTP layer refused while its body came (400: framing
+that is not HTTP/1.1, a chunk size that is not one): the app, which sees the connection close,
+counts it invalid, not cancelled by its client (`disconnected`)."""
+
+
+def disconnected(scope: Mapping[str, object]) -> RequestOutcome:
+    """How a request whose body never came whole ended: refused for its framing (`invalid`),
+    or its client gone, or stalled past the body timeout (`cancelled`)."""
+    return RequestOutcome.INVALID if scope.get(REFUSED_MID_BODY) else RequestOutcome.CANCELLED
 
 
 ERROR_STATUS: dict[type[InferenceError], tuple[int, RequestOutcome]] = {

@@ -49,7 +49,7 @@ from batchpilot.runtime.attempts import is_retry_raw
 from batchpilot.runtime.body_decoding import BodyDecoder
 from batchpilot.runtime.errors import EngineFailure, InferenceError, InvalidRequest, ShuttingDown
 from batchpilot.runtime.job_relay import FORWARDED_HEADER, Gone, JobRelay, NotAnswering
-from batchpilot.runtime.outcomes import RequestOutcome, status_of
+from batchpilot.runtime.outcomes import RequestOutcome, disconnected, status_of
 from batchpilot.runtime.protocol.server_codec import InferRequest
 from batchpilot.runtime.responses import (
     CLIENT_CLOSED_REQUEST,
@@ -188,7 +188,7 @@ def add_async_routes(
             metrics.request_finished(status_of(exc)[1], time.perf_counter() - started)
             return error_response(exc)
         except ClientDisconnect:
-            metrics.request_finished(RequestOutcome.CANCELLED)
+            metrics.request_finished(disconnected(request.scope))
             return Response(status_code=CLIENT_CLOSED_REQUEST)
         except Exception:
             # A bug, not the client's fault: one JSON answer as the synchronous route gives,

@@ -37,7 +37,7 @@ from batchpilot.runtime.attempts import is_retry_raw
 from batchpilot.runtime.body_decoding import BodyDecoder
 from batchpilot.runtime.errors import InferenceError
 from batchpilot.runtime.infer_dispatch import RuntimeApp
-from batchpilot.runtime.outcomes import RequestOutcome, status_of
+from batchpilot.runtime.outcomes import RequestOutcome, disconnected, status_of
 from batchpilot.runtime.responses import (
     CLIENT_CLOSED_REQUEST,
     EncodedResult,
@@ -224,8 +224,8 @@ def add_v2_routes(
         except InferenceError as exc:
             metrics.request_finished(status_of(exc)[1], time.perf_counter() - started)
             failure = error_response(exc)
-        except ClientDisconnect:  # the client went away while sending the body
-            metrics.request_finished(RequestOutcome.CANCELLED)
+        except ClientDisconnect:  # the client went away while sending the body, or was refused
+            metrics.request_finished(disconnected(scope))
             failure = Response(status_code=CLIENT_CLOSED_REQUEST)
         except Exception:
             # A bug, not the client's fault: still one JSON answer, and counted as an error so
