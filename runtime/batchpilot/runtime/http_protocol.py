@@ -254,10 +254,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             return
         except httptools.HttpParserError as exc:
             self.logger.warning("Invalid HTTP request received: %s", exc)
-            self._refuse(
-                _Refusal(400, f"the request is not valid HTTP/1.1: {exc}"),
-                own=self._cycle_reading(),
-            )
+            own = self._cycle_reading()
+            if own is not None:  # its body's framing: the app counts it invalid, not withdrawn
+                own.scope[REFUSED_MID_BODY] = True  # type: ignore[literal-required]
+            self._refuse(_Refusal(400, f"the request is not valid HTTP/1.1: {exc}"), own=own)
             return
         except httptools.HttpParserUpgrade:
             if self._should_upgrade():
@@ -496,8 +496,6 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if own is not None and own.response_started:
             self.close_gently()  # it has its answer, or part of it: nothing more can be said
             return
-        if own is not None and refusal.status == 400:
-            own.scope[REFUSED_MID_BODY] = True  # type: ignore[literal-required]
         if self._answers_ahead(own):
             self._refusal_after = refusal
             for timer in (self._header_timer, self._body_timer):

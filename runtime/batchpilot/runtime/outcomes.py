@@ -50,7 +50,8 @@ counts it invalid, not cancelled by its client (`disconnected`)."""
 
 def disconnected(scope: Mapping[str, object]) -> RequestOutcome:
     """How a request whose body never came whole ended: refused for its framing (`invalid`),
-    or its client gone, or stalled past the body timeout (`cancelled`)."""
+    or its client gone — a body cut short by a close, which a half-close looks like — or
+    stalled past the body timeout (`cancelled`)."""
     return RequestOutcome.INVALID if scope.get(REFUSED_MID_BODY) else RequestOutcome.CANCELLED
 
 
