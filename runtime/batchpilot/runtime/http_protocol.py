@@ -166,8 +166,6 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._probe_timer: asyncio.TimerHandle | None = None
         self._linger_timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
-        self.write_timed_out = False
-        """Whether the connection was aborted for a client that did not read its answer."""
         self._discarding = False
         self._half_closed = False
         self._keep_alive_after_body = True
@@ -228,7 +226,6 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         """The client read nothing of an answer for `write_timeout_s`: abort (a close would
         wait for the buffered answer to be written, which is what never happens)."""
         self._write_timer = None
-        self.write_timed_out = True
         log.info(
             "closing the connection of %s: it read nothing of an answer for %.0f s",
             "{}:{}".format(*self.client) if self.client else "a client",
