@@ -188,6 +188,16 @@ NOT_HTTP = [
     pytest.param(
         get("http://a:99999/v2/health/live"), "invalid url", id="url-uvicorn-cannot-parse"
     ),
+    pytest.param(
+        b"GET /v2/health/live HTTP/1.1\r\n\r\n",
+        "it must name its Host once (RFC 9112 §3.2), this one names 0",
+        id="no-host",
+    ),
+    pytest.param(
+        b"GET /v2/health/live HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+        "it must name its Host once (RFC 9112 §3.2), this one names 2",
+        id="two-hosts",
+    ),
 ]
 
 
@@ -265,6 +275,11 @@ class TestPipelining:
         assert_served(answers[0])
         assert answers[0].headers["connection"] == "close"
         assert ended == "eof"
+
+    def test_http_1_0_needs_no_host(self, server: RuntimeProcess) -> None:
+        """Only HTTP/1.1 must name its Host: an old health checker's 1.0 request is served."""
+        answers, _ = exchange(server, b"GET /v2/health/live HTTP/1.0\r\n\r\n")
+        assert [a.status for a in answers] == [200], answers
 
 
 class TestBodies:

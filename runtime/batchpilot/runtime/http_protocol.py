@@ -31,6 +31,8 @@ connection, and only where the defaults leave a gap:
   EOF means "done sending", not "gone" (see `eof_received`);
 - a request that is not valid HTTP/1.1 gets 400 with the parser's reason, in JSON as every other
   error (uvicorn answers in plain text only "Invalid HTTP request received", and closes at once);
+  so does an HTTP/1.1 request without a Host header or with two (RFC 9112 §3.2 asks a server to
+  refuse both: two Hosts are how a request smuggled past a proxy names another one);
 - each refusal above waits for the answers to the requests pipelined before it on the
   connection: written at once, it would be read as the answer to the first of them, and its
   close would lose the rest (see `_refuse`);
@@ -368,6 +370,14 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
             if size > self.limits.max_header_bytes:
                 raise self._headers_too_large()
+        if self.parser.get_http_version() == "1.1":
+            hosts = sum(name == b"host" for name, _ in self.headers)
+            if hosts != 1:
+                raise _Refusal(
+                    400,
+                    "the request is not valid HTTP/1.1: it must name its Host once "
+                    f"(RFC 9112 §3.2), this one names {hosts}",
+                )
         limit = self.limits.max_connections
         if limit is not None and len(self.connections) > limit and not self._probe_path():
             raise _Refusal(
