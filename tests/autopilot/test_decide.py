@@ -17,6 +17,7 @@ from batchpilot.operator.autopilot.capacity import (
     replica_capacity,
 )
 from batchpilot.operator.autopilot.decide import decide, pending_since
+from batchpilot.operator.autopilot.headroom import RateHistory
 from batchpilot.operator.autopilot.learn import (
     DEFAULT_COLD_START_S,
     DEFAULT_INTERVAL_S,
@@ -26,12 +27,13 @@ from batchpilot.operator.autopilot.learn import (
     reaction_horizon,
     saturated_load,
 )
+from batchpilot.operator.autopilot.lost import Loss
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation, PodCompute
 from batchpilot.operator.autopilot.pacing import pace, verified
 from batchpilot.operator.autopilot.policy import LOAD_HEADROOM, Decision, InForce, Policy
 from batchpilot.operator.autopilot.service_model import LatencyFit, predict
-from batchpilot.operator.autopilot.slo import Objective
-from batchpilot.operator.autopilot.state import State
+from batchpilot.operator.autopilot.slo import Objective, SloLedger
+from batchpilot.operator.autopilot.state import CLOCK_SKEW_S, State
 from batchpilot.operator.children.configmap import batching_document, batching_in
 
 TICK = 15.0
@@ -951,8 +953,58 @@ def test_state_survives_a_round_trip_through_the_resource() -> None:
         refusing=((10.0, 470.0),),
     )
     assert State.from_dict(state.to_dict()) == state
+    assert State.from_dict(state.to_dict(), now=30.0) == state
     assert State.from_dict({"fit": {"alphaMs": "x"}}) == State()
     assert State.from_dict(None) == State()
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        {"overheadMs": "NaN"},
+        {"overheadMs": float("inf")},
+        {"changedAt": "nan"},
+        {"rate": [30.0, "inf"]},
+        {"coldStartS": float("nan")},
+        {"recommendations": [[10.0, 2], ["nan", 4]]},
+        {"recommendations": [[10.0, -3]]},
+        {"ready": -1},
+    ],
+    ids=lambda edit: f"{next(iter(edit))}={next(iter(edit.values()))}",
+)
+def test_a_status_edited_to_numbers_no_decision_made_starts_afresh(edit: dict[str, Any]) -> None:
+    """A NaN overhead was planned with (a replica carrying 0 rps: maxReplicas) and written back
+    on every tick; an API server stores no NaN, but a status edited by hand may hold one, or a
+    string `float` reads as one."""
+    doc = {**State(fit=MODEL, overhead_s=0.01, changed_at=5.0).to_dict(), **edit}
+    assert State.from_dict(doc, now=30.0) == State()
+
+
+def test_times_written_ahead_of_the_clock_are_forgotten_beyond_the_skew() -> None:
+    """A recommendation dated in the future held its replicas through every scale-down window
+    until then; one a little ahead (another operator pod's clock) is kept."""
+    ahead = 30.0 + CLOCK_SKEW_S
+    state = State(
+        fit=MODEL,
+        recommendations=((10.0, 1), (ahead, 2), (9_999_999_999.0, 4)),
+        refusing=((9_999_999_999.0, 400.0),),
+        changed_at=9_999_999_999.0,
+        pending_since=ahead + 1,
+        rate=(9_999_999_999.0, 30.0),
+        batch_first_at=ahead,
+        lost=Loss(2, 9_999_999_999.0),
+    )
+    read = State.from_dict(state.to_dict(), now=30.0)
+    assert read == State(fit=MODEL, recommendations=((10.0, 1), (ahead, 2)), batch_first_at=ahead)
+
+
+def test_a_history_or_ledger_edited_to_numbers_no_decision_made_is_forgotten() -> None:
+    history = {"last": 3, "rps": [10.0, float("nan")]}
+    assert RateHistory.from_dict(history) == RateHistory()
+    ledger = SloLedger().record(0.0, True, covers_s=60).record(15.0, False, covers_s=60).to_dict()
+    tier = ledger["fine"]
+    ledger["fine"] = {**tier, "badS": [float("inf")] * len(tier["badS"])}
+    assert SloLedger.from_dict(ledger) == SloLedger()
 
 
 def test_batch_candidates() -> None:

@@ -340,6 +340,18 @@ class TestRecommend:
         assert [e.reason for e in result.events] == ["AutopilotRecommends"]
         assert world.body["status"]["lastDecision"]["action"].startswith("recommend-")
 
+    def test_a_recommendation_is_said_once_not_every_tick(self) -> None:
+        """Nothing acts on it, so the settings in force differ from it on every tick: one
+        Event per tick was 240 an hour for a recommendation that never changed."""
+        world = World(mode="recommend")
+        first = world.tick()
+        said = world.body["status"]["lastDecision"]
+        again = world.tick()
+        assert [e.reason for e in first.events] == ["AutopilotRecommends"]
+        assert again.events == []
+        assert world.body["status"]["lastDecision"] == said
+        assert world.body["status"]["recommendation"]["batchSize"] > 1
+
 
 class TestBlind:
     def test_no_prometheus_holds_and_says_so_once(self) -> None:

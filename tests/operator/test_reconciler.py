@@ -456,12 +456,24 @@ class TestAutopilotOwnership:
         assert cluster.kube.of(DEPLOYMENT, NS, "resnet50")["spec"]["replicas"] == 4  # maxReplicas
 
     @pytest.mark.parametrize("mode", ["off", "recommend"])
-    def test_outside_auto_mode_the_spec_decides(self, mode: str) -> None:
+    def test_outside_auto_mode_the_spec_decides_the_batch_and_others_the_replicas(
+        self, mode: str
+    ) -> None:
+        """Scaled by someone else (a person acting on a recommendation, an HPA): kept within
+        the spec's bounds, where it was put back to `minReplicas` on every pass."""
         cluster = Cluster(isvc(scaling={"mode": mode, "minReplicas": 2}, batching={"batchSize": 4}))
         cluster.reconcile()
+        assert cluster.kube.of(DEPLOYMENT, NS, "resnet50")["spec"]["replicas"] == 2
         cluster.kube.objects[("Deployment", NS, "resnet50")]["spec"]["replicas"] = 3
         cluster.reconcile()
-        assert cluster.kube.of(DEPLOYMENT, NS, "resnet50")["spec"]["replicas"] == 2
+        assert cluster.kube.of(DEPLOYMENT, NS, "resnet50")["spec"]["replicas"] == 3
+        cluster.kube.objects[("Deployment", NS, "resnet50")]["spec"]["replicas"] = 40
+        cluster.reconcile()
+        assert cluster.kube.of(DEPLOYMENT, NS, "resnet50")["spec"]["replicas"] == 4  # maxReplicas
+        cluster.kube.objects[("ConfigMap", NS, "resnet50-batching")]["data"]["batching.json"] = (
+            batching_document(batch_size=8, max_queue_delay_ms=4, deadline_ms=100, sla_ms=100)
+        )
+        cluster.reconcile()
         assert cluster.body["status"]["batchSize"] == 4
 
     def test_the_disruption_budget_follows_the_replica_count(self) -> None:

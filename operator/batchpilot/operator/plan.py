@@ -5,8 +5,10 @@ Who owns what:
 - the spec and the operator's settings own every child field, and drift is put back;
 - the autopilot owns the Deployment's `spec.replicas` and the batching ConfigMap's values while
   `scaling.mode` is `auto`: reconcile keeps the values in force (clamped into the spec's bounds)
-  and only the autopilot moves them. In `recommend` and `off` the spec decides: `minReplicas`
-  replicas and `batching` as written;
+  and only the autopilot moves them. In `recommend` and `off` the spec decides the batching as
+  written, and the replica count is whoever else scales it (a person acting on a
+  recommendation, an HPA): kept as found, clamped into the spec's bounds, `minReplicas` at
+  creation;
 - the admin token is generated once and kept;
 - an object of a child's name that this InferenceService does not control is never touched.
 """
@@ -122,12 +124,11 @@ def owned_values(
     mine = {
         kind: obj for kind, obj in observed.items() if obj is not None and owned_by(obj, owner.uid)
     }
-    if scaling.mode == "auto":
-        deployment = mine.get(DEPLOYMENT)
-        if deployment is not None:
-            current = deployment.get("spec", {}).get("replicas")
-            if isinstance(current, int):
-                replicas = _clamp(current, scaling.min_replicas, scaling.max_replicas)
+    deployment = mine.get(DEPLOYMENT)
+    if deployment is not None:
+        current = deployment.get("spec", {}).get("replicas")
+        if isinstance(current, int):
+            replicas = _clamp(current, scaling.min_replicas, scaling.max_replicas)
     configmap = mine.get(CONFIGMAP)
     recorded = batching_in(configmap) if configmap is not None else None
     if scaling.mode == "auto" and recorded is not None:

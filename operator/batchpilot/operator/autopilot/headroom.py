@@ -99,6 +99,8 @@ class RateHistory:
             return cls()
         try:
             rates = tuple(float(r) for r in doc["rps"])
+            if not all(math.isfinite(r) and (r >= 0 or r == UNSEEN) for r in rates):
+                return cls()  # a status edited by hand: no rate it could have measured
             return cls(int(doc["last"]), rates[-BUCKETS:])
         except (KeyError, TypeError, ValueError):
             return cls()

@@ -178,7 +178,7 @@ class Autopilot:
         observation = (observe or self._observe)(
             Scope(owner.namespace, owner.name), ready_replicas=ready
         )
-        state = State.from_dict(status.get("autopilot"))
+        state = State.from_dict(status.get("autopilot"), now=seconds)
         # The pods' own tolerations say when Kubernetes replaces one whose node was lost.
         template = deployment.get("spec", {}).get("template", {}).get("spec", {})
         policy = replace(

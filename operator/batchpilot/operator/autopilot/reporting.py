@@ -107,7 +107,15 @@ def report_tick(
     if not decision.metrics_available and (was_available or {}).get("status") != "False":
         events.append(Event("Warning", HOLDING, decision.reason))
 
-    if decision.changes(current):
+    # Recommending, the settings in force stay as they are, so the decision differs from them
+    # on every tick: an Event (and a lastDecision) only when the recommendation itself changes,
+    # not one per tick (240 an hour at a 15 s interval).
+    said = status.get("recommendation") or {}
+    recommended_anew = acting or (said.get("replicas"), said.get("batchSize")) != (
+        decision.replicas,
+        decision.batch_size,
+    )
+    if decision.changes(current) and recommended_anew:
         reason = DECIDED if acting else RECOMMENDED
         verb = "" if acting else "recommends: "
         events.append(Event("Normal", reason, f"{verb}{decision.reason}"))

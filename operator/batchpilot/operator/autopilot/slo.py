@@ -133,7 +133,8 @@ class Tier:
         judged = tuple(float(v) for v in doc["judgedS"])
         bad = tuple(float(v) for v in doc["badS"])
         width = float(doc["widthS"])
-        if len(judged) != len(bad) or len(judged) > BUCKETS or not width > 0:
+        finite = all(math.isfinite(v) and v >= 0 for v in (*judged, *bad)) and math.isfinite(width)
+        if len(judged) != len(bad) or len(judged) > BUCKETS or not width > 0 or not finite:
             raise ValueError("not a ledger tier")
         return cls(width, int(doc["last"]), judged, bad)
 
@@ -251,7 +252,7 @@ class SloLedger:
                 Objective(float(doc["target"]), float(doc["windowS"])),
                 fine=None if doc.get("fine") is None else Tier.from_dict(doc["fine"]),
                 coarse=None if doc.get("coarse") is None else Tier.from_dict(doc["coarse"]),
-                last_at=None if last is None else float(last),
+                last_at=None if last is None or not math.isfinite(float(last)) else float(last),
             )
         except (KeyError, TypeError, ValueError):
             return cls()

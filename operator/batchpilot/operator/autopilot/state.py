@@ -116,10 +116,20 @@ class State:
         return doc
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any] | None) -> State:
-        """Read persisted state; anything unreadable starts fresh rather than failing."""
+    def from_dict(cls, doc: dict[str, Any] | None, *, now: float | None = None) -> State:
+        """Read persisted state; anything unreadable starts fresh rather than failing. A number
+        that is not finite is unreadable (a status edited by hand: a NaN overhead would plan
+        every replica at 0 rps, and be written back on every tick). With `now`, a time later
+        than it by more than `CLOCK_SKEW_S` is forgotten: a recommendation dated in the future
+        would hold its replicas through every scale-down window until then."""
         if not isinstance(doc, dict):
             return cls()
+        late = math.inf if now is None else now + CLOCK_SKEW_S
+
+        def at(value: Any) -> float | None:
+            """A persisted time: None where absent or later than `late`."""
+            return None if value is None or (t := _real(value)) > late else t
+
         try:
             raw_fit = doc.get("fit")
             model = (
@@ -137,36 +147,45 @@ class State:
             )
             if model is not None and not _physical(model):
                 model = None  # a fit no batch time comes from: learn it again
-            recs = tuple((float(t), int(r)) for t, r in doc.get("recommendations", []))
-            refusing = tuple((float(t), float(q)) for t, q in doc.get("refusing", []))
+            recs = tuple(
+                (t, _count(r))
+                for t, r in ((_real(t), r) for t, r in doc.get("recommendations", []))
+                if t <= late
+            )
+            refusing = tuple(
+                (t, _real(q))
+                for t, q in ((_real(t), q) for t, q in doc.get("refusing", []))
+                if t <= late
+            )
             overhead = doc.get("overheadMs")
-            changed = doc.get("changedAt")
             ready = doc.get("ready")
             raw_rate = doc.get("rate")
-            rate = (float(raw_rate[0]), float(raw_rate[1])) if raw_rate is not None else None
-            batch_first = doc.get("batchFirstAt")
+            rate_at = at(raw_rate[0]) if raw_rate is not None else None
+            rate = None if raw_rate is None or rate_at is None else (rate_at, _real(raw_rate[1]))
             replicas = doc.get("replicas")
             raw_lost = doc.get("lost")
+            lost_since = at(raw_lost["since"]) if isinstance(raw_lost, dict) else None
             lost = (
-                Loss(int(raw_lost["count"]), float(raw_lost["since"]))
-                if isinstance(raw_lost, dict)
+                Loss(_count(raw_lost["count"]), lost_since)
+                if isinstance(raw_lost, dict) and lost_since is not None
                 else Loss()
             )
+            cold_start = doc.get("coldStartS")
             return cls(
                 fit=model,
-                overhead_s=None if overhead is None else float(overhead) / 1e3,
+                overhead_s=None if overhead is None else _real(overhead) / 1e3,
                 recommendations=recs,
                 refusing=refusing,
-                changed_at=None if changed is None else float(changed),
-                ready=None if ready is None else int(ready),
-                replicas=None if replicas is None else int(replicas),
+                changed_at=at(doc.get("changedAt")),
+                ready=None if ready is None else _count(ready),
+                replicas=None if replicas is None else _count(replicas),
                 lost=lost,
                 rate=rate,
-                batch_first_at=None if batch_first is None else float(batch_first),
+                batch_first_at=at(doc.get("batchFirstAt")),
                 slo=SloLedger.from_dict(doc.get("slo")),
                 history=RateHistory.from_dict(doc.get("history")),
-                cold_start_s=_number(doc.get("coldStartS")),
-                pending_since=_number(doc.get("pendingSince")),
+                cold_start_s=None if cold_start is None else _real(cold_start),
+                pending_since=at(doc.get("pendingSince")),
                 stragglers=Stragglers.from_dict(doc.get("stragglers")),
                 anchor=_anchor(doc.get("anchor")),
             )
@@ -183,8 +202,25 @@ def _anchor(value: Any) -> ComputePoint | None:
     return point if usable and point.mean_batch >= 1 else None
 
 
-def _number(value: Any) -> float | None:
-    return None if value is None else float(value)
+CLOCK_SKEW_S = 60.0
+"""How far a persisted time may lie ahead of this operator's clock and still be taken: the
+status may have been written by another operator pod (a previous leader) whose clock ran ahead."""
+
+
+def _real(value: Any) -> float:
+    """A persisted number; ValueError where it is not finite (`float` reads "NaN" and "inf")."""
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{value!r} is not a finite number")
+    return number
+
+
+def _count(value: Any) -> int:
+    """A persisted count of replicas; ValueError where it is negative."""
+    count = int(value)
+    if count < 0:
+        raise ValueError(f"{value!r} is not a count")
+    return count
 
 
 def _rows(value: Any) -> float:
