@@ -77,7 +77,9 @@ class TestTheAutopilot:
         planned = clumped_run(8.0)
         monkeypatch.setattr(learn, "dispersion", lambda observation, known: 1.0)
         unplanned = clumped_run(8.0)
-        # (0.95 against 0.55 at this writing: the misses left are the start-up's, one replica
-        # at batch 1, and a scale-down or two to the margin.)
+        # (0.96 against 0.83 at this writing: the misses left are the start-up's, one replica
+        # at batch 1, and a scale-down or two to the margin. Unmeasured, the clumps' refusals
+        # recur and the guard's ceiling holds the replicas they need — 0.55 before it — but
+        # only after they have cost the misses that showed it.)
         assert planned >= 0.9
-        assert planned >= unplanned + 0.3
+        assert planned >= unplanned + 0.1

@@ -66,7 +66,7 @@ class TestEveryKind:
     def test_the_duration_is_honoured(self, name: str) -> None:
         assert generate.generate(name, 3, duration_s=4800)[-1][0] == 4800
 
-    @pytest.mark.parametrize("name", ["onoff", "flash", "ramp", "realistic", "steps6"])
+    @pytest.mark.parametrize("name", ["onoff", "flash", "ramp", "realistic", "steps6", "pulses"])
     def test_rates_scale_with_the_base(self, name: str) -> None:
         # Same seed, same draws: half the base gives half the rates (to the 0.1 rps rounding).
         full = generate.generate(name, 3, base_rps=200)
@@ -198,6 +198,22 @@ class TestSteps6:
         assert 0.20 * 3600 <= t_up <= 0.35 * 3600
         assert 0.30 * 3600 <= t_down - t_up <= 0.40 * 3600
         assert all(0.98 * 150 <= r <= 1.02 * 6 * 150 for _, r in rows)
+
+
+class TestPulses:
+    @pytest.mark.parametrize("seed", SEEDS)
+    def test_a_second_long_pulse_every_15_s(self, seed: int) -> None:
+        rows = generate.pulses(seed)
+        starts = [t for (_, a), (t, b) in itertools.pairwise(rows) if b > 2 * a]
+        assert starts[0] < 15
+        assert all(b - a == 15 for a, b in itertools.pairwise(starts))
+        assert len(starts) == 120  # one in every 15 s of the half hour
+        highs = [r for _, r in rows if r > 1000]
+        lows = [r for _, r in rows if r <= 1000]
+        assert all(0.98 * 1650 <= r <= 1.02 * 1650 for r in highs)
+        assert all(0.98 * 550 <= r <= 1.02 * 550 for r in lows)
+        widths = {t1 - t0 for (t0, r0), (t1, _) in itertools.pairwise(rows) if r0 > 1000}
+        assert widths == {1.0}
 
 
 class TestDaily:

@@ -367,6 +367,30 @@ def steps6(
     return out.done()
 
 
+def pulses(
+    seed: int,
+    *,
+    duration_s: float = 1800.0,
+    base_rps: float = 550.0,
+    amplitude: float = 3.0,
+    period_s: float = 15.0,
+    width_s: float = 1.0,
+) -> Rows:
+    """Pulses of `amplitude` times `base_rps`, `width_s` long, every `period_s` (the seed picks
+    their phase, and 2 % noise on each level): load whose spikes recur within every metrics
+    window yet show in no rate averaged over seconds. The defaults, on the textbook's service,
+    put one pulse in every 15 s interval at 4.5 times what a replica carries."""
+    rng = np.random.default_rng(seed)
+    out = _Rows(duration_s)
+    t = float(rng.uniform(0, period_s))
+    out.add(0.0, _noisy(rng, base_rps, 0.02))
+    while t < out.end:
+        out.add(round(t, 3), _noisy(rng, base_rps * amplitude, 0.02))
+        out.add(round(min(t + width_s, out.end), 3), _noisy(rng, base_rps, 0.02))
+        t += period_s
+    return out.done()
+
+
 DAILY_JOB_PHASE = 0.30
 """The scheduled job starts this far into each day (± `DAILY_JOB_JITTER_S`)."""
 DAILY_JOB_JITTER_S = 120
@@ -461,6 +485,7 @@ KINDS: dict[str, Kind] = {
     "realistic": Kind(realistic, 4, "a production-like day, AR(1) noise on the log-rate"),
     "steps6": Kind(steps6, 5, "one step up, and later one down"),
     "daily": Kind(daily, 6, "compressed days alike: a scheduled job at the same time each day"),
+    "pulses": Kind(pulses, 7, "second-long pulses of 3x recurring every 15 s"),
 }
 
 

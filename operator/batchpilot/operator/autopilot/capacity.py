@@ -47,6 +47,12 @@ BATCH_STICKINESS = 0.97
 """Batch limits with at least this fraction of the best limit's capacity count as equally good."""
 BATCH_STICKINESS_GAIN = 1 / BATCH_STICKINESS - 1
 """A larger batch limit must carry this much more to be worth its latency (≈ 3 %)."""
+RETUNE_GAIN = 0.1
+"""While absorbing, a limit other than the one in force must carry this much more to replace it.
+Each retune leaves the window unsettled for a window and an interval (no learning, no guard), and
+the capacities of neighbouring limits differ by less than the noise of the arrivals' measured
+clumping moves them: a limit retuned on every tick (4 → 6 → 4 as the clumping read 1.5× then
+1.3× Poisson's) kept the guard from ever judging the window, at 0 % of intervals inside the SLA."""
 
 
 def batch_candidates(max_batch: int) -> list[int]:
@@ -194,12 +200,21 @@ def replica_capacity(
     return best
 
 
-def burst_batch(model: LatencyFit, policy: Policy, *, delay_s: float, overhead_s: float) -> int:
+def burst_batch(
+    model: LatencyFit,
+    policy: Policy,
+    *,
+    delay_s: float,
+    overhead_s: float,
+    in_force: int | None = None,
+) -> int:
     """The batch limit with the most capacity inside the SLA itself (not the planning target):
     what a replica carries at most while others start. Limits whose full batches alone would
-    break the SLA are left out, as in the plan."""
+    break the SLA are left out, as in the plan. `in_force` stays unless the best carries
+    `RETUNE_GAIN` more."""
     candidates = limits(model, policy.max_batch_size)
     best, most = candidates[0], -1.0
+    kept = -1.0
     for batch in candidates:
         too_long = overhead_s + 2 * model.batch_seconds(batch) > policy.sla_p99_s
         if batch > candidates[0] and too_long:
@@ -211,8 +226,12 @@ def burst_batch(model: LatencyFit, policy: Policy, *, delay_s: float, overhead_s
             overhead_s=overhead_s,
             target_s=policy.sla_p99_s,
         )
+        if batch == in_force:
+            kept = capacity
         if capacity > most * (1 + BATCH_STICKINESS_GAIN):
             best, most = batch, capacity
+    if in_force is not None and kept * (1 + RETUNE_GAIN) >= most:
+        return in_force
     return best
 
 

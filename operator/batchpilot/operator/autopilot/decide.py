@@ -57,8 +57,9 @@ from batchpilot.operator.autopilot.capacity import (
     burst_batch,
     plan_capacity,
 )
+from batchpilot.operator.autopilot.ceiling import found_ceiling, kept_ceiling
 from batchpilot.operator.autopilot.explain import explain, judge, near_the_edge
-from batchpilot.operator.autopilot.feedback import feedback_only, overruled
+from batchpilot.operator.autopilot.feedback import feedback_only, misses_persist, overruled
 from batchpilot.operator.autopilot.headroom import (
     Headroom,
     affordable,
@@ -215,6 +216,9 @@ def decide(
     )
     headroom = with_season(headroom, observation, present=rate, absorbed=absorbs)
     learned_state = replace(learned.state, slo=slo, history=history, rate=(now, offered))
+    ceiling = kept_ceiling(
+        state.ceiling, sla_met=sla_met, settled=settled, offered=offered, ready=ready, now=now
+    )
 
     def kept_in(plan: CapacityPlan) -> str:
         """Where the plan keeps its headroom, in the words of the reason."""
@@ -288,10 +292,14 @@ def decide(
             want_replicas=want_replicas,
             want_batch=want_batch,
             predicted=predicted,
+            persistent=misses_persist(
+                slo, now, changed_at=learned_state.changed_at, window_s=observation.window_s
+            ),
         )
         if overrule is not None:
             want_replicas, why = overrule
             want_batch = current.batch_size
+            ceiling = found_ceiling(ceiling, offered=offered, serving=serving.replicas, now=now)
         elif not model.confident:
             if want_replicas > current.replicas:
                 want_replicas, want_batch, predicted, first = batch_first(
@@ -318,6 +326,15 @@ def decide(
                 want_replicas = current.replicas
                 notes.append("not scaling down on a rough model")
         why += headroom.note
+        if ceiling is not None and not idle:
+            floor = min(policy.max_replicas, ceiling.replicas_for(headroom.rate))
+            if floor > want_replicas:
+                want_replicas = floor
+                why += (
+                    f"; at least {floor}: the SLA was missed at "
+                    f"{ceiling.rps_per_replica:.0f} rps a replica {now - ceiling.at:.0f} s ago, "
+                    "where the model said it was carried"
+                )
     why += trend
     away = stand_ins(
         learned_state.lost,
@@ -398,7 +415,13 @@ def decide(
         # 7. Absorb: until the new replicas take traffic, the ready ones carry it all; and over
         # the SLA, capacity is not given back. The batch limit moves in seconds and costs
         # nothing: the one with the most capacity inside the SLA itself.
-        absorbing = burst_batch(model, policy, delay_s=delay_s, overhead_s=overhead or 0.0)
+        absorbing = burst_batch(
+            model,
+            policy,
+            delay_s=delay_s,
+            overhead_s=overhead or 0.0,
+            in_force=current.batch_size,
+        )
         if absorbing != want_batch:
             why += f"; batch ≤ {absorbing} (the most a replica carries inside the SLA) while " + (
                 f"{replicas - ready} of {replicas} replicas start"
@@ -422,6 +445,7 @@ def decide(
             learned_state.pending_since, asked=replicas, current=current.replicas, now=now
         ),
         stragglers=handover.state,
+        ceiling=ceiling,
     )
 
     # 8. Explain.

@@ -4,7 +4,9 @@ Two cases. Without a model yet (no batch has been measured), a step on observed 
 batch limit first (fast, cheap), then replicas (`feedback_only`). With a model, the guard: when a
 window of the present is over the SLA, or refuses more than `SHED_FEEDBACK` of its requests, and
 the plan adds no capacity, the model is wrong somewhere — observed latency wins, and replicas are
-added (`overruled`).
+added (`overruled`). What the guard found is remembered as a ceiling on the load a replica is
+planned to carry (`ceiling`): the model that was wrong about N replicas would otherwise plan N
+again at the next quiet scale-down, and miss again.
 
 Pure: values in, replicas and a reason out.
 """
@@ -14,9 +16,11 @@ from __future__ import annotations
 import math
 
 from batchpilot.operator.autopilot.capacity import adds_capacity
+from batchpilot.operator.autopilot.explain import SHED_TOLERANCE
 from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.autopilot.policy import InForce, Policy, format_ms
 from batchpilot.operator.autopilot.service_model import LatencyFit
+from batchpilot.operator.autopilot.slo import THROUGHOUT, SloLedger
 
 FEEDBACK_STEP = 0.25
 """On feedback, add this fraction of the replicas (at least one)."""
@@ -24,7 +28,16 @@ SHED_FEEDBACK = 0.05
 """Refusals beyond this share, while the model says the replicas in force carry the offered
 load, are evidence against the model and add replicas (as a P99 over the SLA does). Between
 `explain.SHED_TOLERANCE` and this, a burst within the window is the likelier cause: the SLA is
-reported missed, and the plan (which already counts every arrival) decides."""
+reported missed, and the plan (which already counts every arrival) decides — unless the misses
+recur (`misses_persist`): a burst passes, and misses that come back, or last two windows, are
+load the model does not see (spikes of a second, recurring within every window, which no rate
+averaged over seconds shows, refused 4–5 % of each window for as long as they came)."""
+PERSISTENT_WINDOWS = 2.0
+"""`misses_persist` judges over the verdicts since the settings in force settled, at least this
+many metrics windows of them: a burst makes the windows that overlap it miss, about one window's
+worth of verdicts in one run; misses throughout twice that, or in two runs, are no one burst."""
+PERSISTENT_LOOKBACK_WINDOWS = 10.0
+"""…and at most this many: older misses say little of the traffic now."""
 
 
 def overruled(
@@ -37,6 +50,7 @@ def overruled(
     want_replicas: int,
     want_batch: int,
     predicted: float | None,
+    persistent: bool = False,
 ) -> tuple[int, str] | None:
     """The guard: the replicas to ask for, and why, when the window (one that describes the
     settings in force, all replicas ready) is over the SLA or sheds more than `SHED_FEEDBACK`
@@ -44,7 +58,9 @@ def overruled(
     batch limit — less than the guard's step (the model that predicted the settings in force
     fine is wrong about them: a plan from it adding a replica is no answer either, and more load
     must not get fewer replicas than a little less would); None: the plan stands. A plan that
-    raises the batch limit stands: batches measured at it correct the model within a window."""
+    raises the batch limit stands: batches measured at it correct the model within a window.
+    `persistent`: the SLA was missed more than once since the settings settled (see
+    `PERSISTENT_WINDOWS`), so refusals beyond `explain.SHED_TOLERANCE` count as well."""
     assert observation.ready_replicas is not None
     p99, sla = observation.p99_s, policy.sla_p99_s
     unserved = observation.unserved_share
@@ -53,8 +69,9 @@ def overruled(
     short = want_batch <= current.batch_size and adds_capacity(
         model, planned, replicas, current.batch_size
     )
+    refused = unserved > (SHED_TOLERANCE if persistent else SHED_FEEDBACK)
     if not (
-        ((p99 is not None and p99 > sla) or unserved > SHED_FEEDBACK)
+        ((p99 is not None and p99 > sla) or refused)
         and settled
         and observation.ready_replicas >= current.replicas
         and (short or not adds_capacity(model, current, want_replicas, want_batch))
@@ -64,6 +81,7 @@ def overruled(
         "P99 over the SLA"
         if p99 is not None and p99 > sla
         else f"{unserved:.0%} of the requests refused or expired"
+        + (", a miss that recurs," if unserved <= SHED_FEEDBACK else "")
     )
     why = (
         f"{what} although the model predicts {format_ms(predicted)}; "
@@ -102,3 +120,16 @@ def feedback_only(
     ):
         return current.replicas - 1, current.batch_size, "feedback: device under-used with headroom"
     return current.replicas, current.batch_size, "feedback: within the SLA"
+
+
+def misses_persist(
+    slo: SloLedger, now: float, *, changed_at: float | None, window_s: float
+) -> bool:
+    """Whether the SLA was missed more than once (`SloLedger.misses_recur`) in the verdicts of
+    windows that describe the settings in force — from a window after they last changed, at
+    most `PERSISTENT_LOOKBACK_WINDOWS`, at least `PERSISTENT_WINDOWS` of them."""
+    longest = PERSISTENT_LOOKBACK_WINDOWS * window_s
+    since = longest if changed_at is None else now - changed_at - window_s
+    lookback = min(longest, since)
+    judged = PERSISTENT_WINDOWS * window_s
+    return lookback >= judged and slo.misses_recur(now, lookback, judged_s=THROUGHOUT * judged)

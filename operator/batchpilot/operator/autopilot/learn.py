@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, replace
 
 from batchpilot.api.arrivals import RECENT_ARRIVALS_S
+from batchpilot.operator.autopilot.explain import SHED_TOLERANCE
 from batchpilot.operator.autopilot.lost import track
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation
 from batchpilot.operator.autopilot.policy import InForce, Policy
@@ -67,9 +68,10 @@ last 3 s of a 60 s window says too little of its rate to be multiplied by more."
 LEARN_BELOW_UNSERVED = 0.05
 """Learn from windows that refused at most this share of their requests. Refusals at arrival
 keep the admitted requests' P99 inside the SLA, so a window that refused a few per cent to do so
-has its tail trimmed and reads the overhead short, never long — and must teach it: a service
-whose windows all refuse a little (one that started overloaded, say) would otherwise plan with
-no overhead, for too few replicas, and never leave the miss. Where many were refused, P99 is the
+has its tail trimmed and reads the overhead short — and must teach it: a service whose windows
+all refuse a little (one that started overloaded, say) would otherwise plan with no overhead, for
+too few replicas, and never leave the miss. It teaches no rise beyond `explain.SHED_TOLERANCE`,
+though: there P99 is pinned near the deadline (see `learn`). Where many were refused, P99 is the
 deadline's, and says nothing of the overhead."""
 CLUMPED = 1.2
 """A dispersion below this is Poisson's 1: the measurement's noise, and the rate's own change
@@ -173,9 +175,15 @@ def learn(
             residual = min(policy.sla_p99_s, max(0.0, p99 - expected.p99_s))
             if overhead is None:
                 overhead = residual
-            else:
-                weight = OVERHEAD_FALL if residual < overhead else OVERHEAD_RISE
-                overhead = weight * residual + (1 - weight) * overhead
+            elif residual < overhead:
+                overhead = OVERHEAD_FALL * residual + (1 - OVERHEAD_FALL) * overhead
+            elif observation.unserved_share <= SHED_TOLERANCE:
+                # A window that refused more than the SLA tolerates teaches no rise: admission
+                # let in what it predicted would finish by the deadline, so its P99 sits near
+                # the deadline whatever the overhead — spikes of load within it read as time
+                # outside the batcher (40 → 53 ms where 40 were measured), the plan shrank its
+                # batch and its replicas' capacity for it, and the miss stayed.
+                overhead = OVERHEAD_RISE * residual + (1 - OVERHEAD_RISE) * overhead
     loss = track(
         state.lost,
         ready=ready,

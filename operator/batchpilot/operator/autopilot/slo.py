@@ -35,6 +35,8 @@ FAST_LOOKBACK_FLOOR_S = 300.0
 SLOW_LOOKBACK_FLOOR_S = 1800.0
 SHORT_LOOKBACK_FLOOR_S = 60.0
 FINE_BUCKET_FLOOR_S = 15.0
+THROUGHOUT = 0.9
+"""`misses_recur`: the share of a lookback judged, and of that judged bad for "throughout"."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +122,18 @@ class Tier:
                 bad += b
         return judged, bad
 
+    def runs(self, now: float, lookback_s: float) -> int:
+        """Separate runs of buckets mostly judged bad among those wholly inside the lookback."""
+        first = math.ceil((now - lookback_s) / self.width_s)
+        runs, before = 0, False
+        for offset, (j, b) in enumerate(zip(self.judged, self.bad, strict=True)):
+            if self.last - (len(self.judged) - 1 - offset) < first:
+                continue
+            missed = j > 0 and b >= j / 2
+            runs += missed and not before
+            before = missed
+        return runs
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "widthS": self.width_s,
@@ -192,6 +206,18 @@ class SloLedger:
             coarse=coarse.add(now, seconds, not verdict),
             last_at=now,
         )
+
+    def misses_recur(self, now: float, lookback_s: float, *, judged_s: float) -> bool:
+        """Whether the verdicts of the last `lookback_s`, at least `judged_s` of them, say the
+        SLA was missed more than once — outside it throughout (at least `THROUGHOUT` of the
+        time), or in two or more separate runs of the ledger's buckets. One burst is one run,
+        however many windows overlapping it missed; one flash crowd is an event, two are a
+        pattern."""
+        fine, _ = self._tiers()
+        judged, bad = fine.sums(now, lookback_s)
+        if judged < max(judged_s, 2 * fine.width_s) or bad <= 0:
+            return False
+        return bad >= THROUGHOUT * judged or fine.runs(now, lookback_s) >= 2
 
     def burn_rate(self, now: float, lookback_s: float) -> float | None:
         fine, coarse = self._tiers()

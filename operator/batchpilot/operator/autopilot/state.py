@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from batchpilot.operator.autopilot.ceiling import Ceiling
 from batchpilot.operator.autopilot.headroom import RateHistory
 from batchpilot.operator.autopilot.lost import Loss
 from batchpilot.operator.autopilot.observation import ComputePoint
@@ -64,6 +65,8 @@ class State:
     anchor: ComputePoint | None = None
     """While the fit is rough: the one batch size its windows ran, and its time (see
     `learn.anchored`); a later window at another size gives the slope with it."""
+    ceiling: Ceiling | None = None
+    """The load per replica at which the guard found the SLA missed (see `ceiling`)."""
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -107,6 +110,8 @@ class State:
             doc["batchFirstAt"] = round(self.batch_first_at, 3)
         if stragglers := self.stragglers.to_dict():
             doc["stragglers"] = stragglers
+        if self.ceiling is not None:
+            doc["ceiling"] = [round(self.ceiling.at, 3), round(self.ceiling.rps_per_replica, 3)]
         if self.anchor is not None:
             doc["anchor"] = {
                 "batch": round(self.anchor.mean_batch, 3),
@@ -171,6 +176,15 @@ class State:
                 else Loss()
             )
             cold_start = doc.get("coldStartS")
+            raw_ceiling = doc.get("ceiling")
+            ceiling_at = at(raw_ceiling[0]) if raw_ceiling is not None else None
+            ceiling = (
+                None
+                if raw_ceiling is None or ceiling_at is None
+                else Ceiling(ceiling_at, _real(raw_ceiling[1]))
+            )
+            if ceiling is not None and not ceiling.rps_per_replica > 0:
+                ceiling = None
             return cls(
                 fit=model,
                 overhead_s=None if overhead is None else _real(overhead) / 1e3,
@@ -188,6 +202,7 @@ class State:
                 pending_since=at(doc.get("pendingSince")),
                 stragglers=Stragglers.from_dict(doc.get("stragglers")),
                 anchor=_anchor(doc.get("anchor")),
+                ceiling=ceiling,
             )
         except (KeyError, IndexError, TypeError, ValueError):
             return cls()

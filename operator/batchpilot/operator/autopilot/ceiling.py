@@ -1,0 +1,71 @@
+"""The ceiling: what the feedback guard found, remembered.
+
+When the guard (`feedback.overruled`) adds replicas because the window missed the SLA where the
+model said the replicas in force carried the load, the model is wrong about this traffic — most
+often load it does not see: spikes of a second that recur within every window, which no rate
+averaged over seconds shows. Left alone, the plan would ask for the same replicas again at the
+next quiet scale-down, and the service would miss again until the guard found it again: out and
+in the SLA every few minutes. So the load per replica at which the SLA was missed becomes a
+ceiling that plans keep below, for as long as the traffic can be expected to keep its shape.
+
+Pure: values in, values out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+CEILING_MEMORY_S = 3600.0
+"""How long a ceiling found by the guard stands (unless found again, or disproved): the guard's
+evidence is the load the model does not see, which lasts as long as the traffic keeps its shape;
+an hour is the objective's usual window, and the rate history's span."""
+CEILING_MARGIN = 0.95
+"""Plans keep a replica's load this far below the load at which the SLA was missed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ceiling:
+    """The load per replica at which the guard found the SLA missed (the model said it was
+    carried), and when. Plans keep below it; a window inside the SLA at that load or more per
+    replica disproves it."""
+
+    at: float
+    rps_per_replica: float
+
+    def stands(self, now: float) -> bool:
+        return now - self.at < CEILING_MEMORY_S
+
+    def replicas_for(self, rate: float) -> int:
+        return math.ceil(rate / (self.rps_per_replica * CEILING_MARGIN))
+
+
+def found_ceiling(
+    ceiling: Ceiling | None, *, offered: float, serving: int, now: float
+) -> Ceiling | None:
+    """The ceiling after the guard overruled the plan with `serving` replicas at `offered` rps:
+    the lower of the one standing and this one."""
+    if offered <= 0 or serving <= 0:
+        return ceiling
+    found = Ceiling(now, offered / serving)
+    if ceiling is not None and ceiling.stands(now):
+        return Ceiling(now, min(ceiling.rps_per_replica, found.rps_per_replica))
+    return found
+
+
+def kept_ceiling(
+    ceiling: Ceiling | None,
+    *,
+    sla_met: bool | None,
+    settled: bool,
+    offered: float,
+    ready: int,
+    now: float,
+) -> Ceiling | None:
+    """The ceiling still standing: None once its time is out, or once a settled window inside
+    the SLA carried as much per replica (the traffic no longer has what the guard saw)."""
+    if ceiling is None or not ceiling.stands(now):
+        return None
+    if sla_met and settled and ready > 0 and offered / ready >= ceiling.rps_per_replica:
+        return None
+    return ceiling
