@@ -80,7 +80,7 @@ class TestTheGuardOnMissesThatRecur:
                 break
         assert added_at is not None, "the guard never judged the misses"
         assert added_at <= 6 * TICK  # two 30 s windows of misses, and no more
-        assert state.ceiling == Ceiling(added_at, CARRIED / 2)
+        assert state.ceiling == Ceiling(added_at, 2, CARRIED / 2)
         # Three replicas carry it inside the SLA. The plan (from the model) says two would, but
         # the scale-down window passes and they stay: the ceiling keeps a replica under 125 rps.
         current = InForce(3, 8, 0.005)
@@ -89,10 +89,19 @@ class TestTheGuardOnMissesThatRecur:
             window = replace(refusing(now, share=0.0, ready=3, p99_ms=40))
             decision, state = decide(window, POLICY, current, state, now)
             assert decision.replicas == 3, decision.reason
-        assert "at least 3: the SLA was missed at 125 rps a replica" in decision.reason
+        assert "at least 3: 2 replicas missed the SLA at 125 rps each" in decision.reason
+
+    def test_a_ceiling_binds_plans_of_as_few_replicas_as_missed(self) -> None:
+        ceiling = Ceiling(0.0, 2, 125.0)
+        assert ceiling.floor(250.0, planned=2) == 3  # 2 missed at 125 rps each
+        assert ceiling.floor(100.0, planned=1) == 1  # 100 rps on one: below the ceiling
+        # A plan for more replicas than missed: clumps and noise split between them, the miss
+        # at two says nothing of eight (one at a single noisy replica held a ramp at 2.4× the
+        # GPU-seconds it needed).
+        assert ceiling.floor(1000.0, planned=4) == 4
 
     def test_a_ceiling_goes_with_its_time_or_a_window_that_disproves_it(self) -> None:
-        ceiling = Ceiling(0.0, 125.0)
+        ceiling = Ceiling(0.0, 2, 125.0)
         kept = {"sla_met": True, "settled": True, "offered": 250.0, "now": 60.0}
         assert kept_ceiling(ceiling, ready=3, **kept) == ceiling  # 83 rps a replica: no proof
         assert kept_ceiling(ceiling, ready=2, **kept) is None  # 125 rps a replica, inside
@@ -100,9 +109,16 @@ class TestTheGuardOnMissesThatRecur:
         assert kept_ceiling(ceiling, ready=3, **{**kept, "now": CEILING_MEMORY_S}) is None
 
     def test_a_ceiling_survives_the_status_and_a_nonsense_one_does_not(self) -> None:
-        state = State(fit=MODEL, ceiling=Ceiling(30.0, 125.0))
+        state = State(fit=MODEL, ceiling=Ceiling(30.0, 2, 125.0))
         assert State.from_dict(state.to_dict(), now=60.0) == state
-        for wrong in ([30.0, 0], [30.0, "nan"], [1e12, 125.0]):
+        good = {"at": 30.0, "replicas": 2, "rpsPerReplica": 125.0}
+        for wrong in (
+            {**good, "rpsPerReplica": 0},
+            {**good, "rpsPerReplica": "nan"},
+            {**good, "replicas": 0},
+            {**good, "at": 1e12},
+            [30.0, 125.0],
+        ):
             doc = {**state.to_dict(), "ceiling": wrong}
             assert State.from_dict(doc, now=60.0).ceiling is None
 

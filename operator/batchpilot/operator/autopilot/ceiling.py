@@ -26,31 +26,33 @@ CEILING_MARGIN = 0.95
 
 @dataclass(frozen=True, slots=True)
 class Ceiling:
-    """The load per replica at which the guard found the SLA missed (the model said it was
-    carried), and when. Plans keep below it; a window inside the SLA at that load or more per
-    replica disproves it."""
+    """The load per replica at which the guard found the SLA missed with `replicas` serving (the
+    model said they carried it), and when. Plans of as many replicas or fewer keep each below
+    it; a window inside the SLA at that load or more per replica, on as few, disproves it."""
 
     at: float
+    replicas: int
     rps_per_replica: float
 
     def stands(self, now: float) -> bool:
         return now - self.at < CEILING_MEMORY_S
 
-    def replicas_for(self, rate: float) -> int:
-        return math.ceil(rate / (self.rps_per_replica * CEILING_MARGIN))
+    def floor(self, rate: float, planned: int) -> int:
+        """The replicas for `rate` where the plan asks for `planned`: enough to keep each below
+        the ceiling, where the plan would run as many replicas as missed or fewer. A plan for
+        more is left alone: more replicas split the load's clumps and each one's noise between
+        them, and the miss says nothing of them (a miss at one replica is no ceiling for eight)."""
+        if planned > self.replicas:
+            return planned
+        return max(planned, math.ceil(rate / (self.rps_per_replica * CEILING_MARGIN)))
 
 
-def found_ceiling(
-    ceiling: Ceiling | None, *, offered: float, serving: int, now: float
-) -> Ceiling | None:
-    """The ceiling after the guard overruled the plan with `serving` replicas at `offered` rps:
-    the lower of the one standing and this one."""
+def found_ceiling(offered: float, *, serving: int, now: float) -> Ceiling | None:
+    """The ceiling the guard found overruling the plan with `serving` replicas at `offered` rps
+    (it replaces any standing: the latest evidence)."""
     if offered <= 0 or serving <= 0:
-        return ceiling
-    found = Ceiling(now, offered / serving)
-    if ceiling is not None and ceiling.stands(now):
-        return Ceiling(now, min(ceiling.rps_per_replica, found.rps_per_replica))
-    return found
+        return None
+    return Ceiling(now, serving, offered / serving)
 
 
 def kept_ceiling(
@@ -63,9 +65,15 @@ def kept_ceiling(
     now: float,
 ) -> Ceiling | None:
     """The ceiling still standing: None once its time is out, or once a settled window inside
-    the SLA carried as much per replica (the traffic no longer has what the guard saw)."""
+    the SLA carried as much per replica on as few replicas (the traffic no longer has what the
+    guard saw)."""
     if ceiling is None or not ceiling.stands(now):
         return None
-    if sla_met and settled and ready > 0 and offered / ready >= ceiling.rps_per_replica:
+    if (
+        sla_met
+        and settled
+        and 0 < ready <= ceiling.replicas
+        and offered / ready >= ceiling.rps_per_replica
+    ):
         return None
     return ceiling

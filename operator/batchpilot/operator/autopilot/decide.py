@@ -299,7 +299,7 @@ def decide(
         if overrule is not None:
             want_replicas, why = overrule
             want_batch = current.batch_size
-            ceiling = found_ceiling(ceiling, offered=offered, serving=serving.replicas, now=now)
+            ceiling = found_ceiling(offered, serving=serving.replicas, now=now) or ceiling
         elif not model.confident:
             if want_replicas > current.replicas:
                 want_replicas, want_batch, predicted, first = batch_first(
@@ -327,13 +327,13 @@ def decide(
                 notes.append("not scaling down on a rough model")
         why += headroom.note
         if ceiling is not None and not idle:
-            floor = min(policy.max_replicas, ceiling.replicas_for(headroom.rate))
+            floor = min(policy.max_replicas, ceiling.floor(headroom.rate, want_replicas))
             if floor > want_replicas:
                 want_replicas = floor
                 why += (
-                    f"; at least {floor}: the SLA was missed at "
-                    f"{ceiling.rps_per_replica:.0f} rps a replica {now - ceiling.at:.0f} s ago, "
-                    "where the model said it was carried"
+                    f"; at least {floor}: {ceiling.replicas} replicas missed the SLA at "
+                    f"{ceiling.rps_per_replica:.0f} rps each {now - ceiling.at:.0f} s ago, "
+                    "where the model said they carried it"
                 )
     why += trend
     away = stand_ins(

@@ -111,7 +111,11 @@ class State:
         if stragglers := self.stragglers.to_dict():
             doc["stragglers"] = stragglers
         if self.ceiling is not None:
-            doc["ceiling"] = [round(self.ceiling.at, 3), round(self.ceiling.rps_per_replica, 3)]
+            doc["ceiling"] = {
+                "at": round(self.ceiling.at, 3),
+                "replicas": self.ceiling.replicas,
+                "rpsPerReplica": round(self.ceiling.rps_per_replica, 3),
+            }
         if self.anchor is not None:
             doc["anchor"] = {
                 "batch": round(self.anchor.mean_batch, 3),
@@ -177,13 +181,17 @@ class State:
             )
             cold_start = doc.get("coldStartS")
             raw_ceiling = doc.get("ceiling")
-            ceiling_at = at(raw_ceiling[0]) if raw_ceiling is not None else None
+            ceiling_at = at(raw_ceiling["at"]) if isinstance(raw_ceiling, dict) else None
             ceiling = (
                 None
-                if raw_ceiling is None or ceiling_at is None
-                else Ceiling(ceiling_at, _real(raw_ceiling[1]))
+                if not isinstance(raw_ceiling, dict) or ceiling_at is None
+                else Ceiling(
+                    ceiling_at,
+                    _count(raw_ceiling["replicas"]),
+                    _real(raw_ceiling["rpsPerReplica"]),
+                )
             )
-            if ceiling is not None and not ceiling.rps_per_replica > 0:
+            if ceiling is not None and not (ceiling.rps_per_replica > 0 and ceiling.replicas):
                 ceiling = None
             return cls(
                 fit=model,
