@@ -947,6 +947,7 @@ def test_state_survives_a_round_trip_through_the_resource() -> None:
         overhead_s=0.0125,
         recommendations=((10.0, 2), (25.0, 1)),
         changed_at=30.0,
+        ready_changed_at=25.0,
         ready=2,
         rate=(30.0, 412.5),
         batch_first_at=28.0,

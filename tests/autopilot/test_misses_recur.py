@@ -8,8 +8,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from batchpilot.operator.autopilot.capacity import RETUNE_GAIN, burst_batch, sla_capacity
-from batchpilot.operator.autopilot.ceiling import CEILING_MEMORY_S, Ceiling, kept_ceiling
+from batchpilot.operator.autopilot.ceiling import (
+    CEILING_MEMORY_S,
+    Ceiling,
+    found_ceiling,
+    kept_ceiling,
+)
 from batchpilot.operator.autopilot.decide import decide
+from batchpilot.operator.autopilot.feedback import misses_persist
 from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.autopilot.policy import InForce
 from batchpilot.operator.autopilot.slo import Objective, SloLedger
@@ -35,26 +41,53 @@ def ledger(verdicts: str, *, every_s: float = TICK) -> SloLedger:
 
 
 class TestMissesRecur:
+    @staticmethod
+    def persist(book: SloLedger, now: float, since: float | None = None) -> bool:
+        return misses_persist(book, now, changed_at=since, window_s=60)
+
     def test_one_run_of_misses_is_a_burst(self) -> None:
         book = ledger("....xxxx.........")
-        assert not book.misses_recur(16 * TICK, 16 * TICK, judged_s=120)
+        assert book.misses(16 * TICK, 16 * TICK).runs == 1
+        assert not self.persist(book, 16 * TICK)
 
     def test_two_runs_are_a_pattern(self) -> None:
         book = ledger("....xxxx....xxxx..")
-        assert book.misses_recur(17 * TICK, 17 * TICK, judged_s=120)
+        assert book.misses(17 * TICK, 17 * TICK).runs == 2
+        assert self.persist(book, 17 * TICK)
 
     def test_misses_throughout_are_one_run_that_persists(self) -> None:
-        book = ledger("xxxxxxxxxx")
-        assert book.misses_recur(9 * TICK, 8 * TICK, judged_s=108)
+        assert self.persist(ledger("xxxxxxxxxx"), 9 * TICK)
 
     def test_too_few_verdicts_say_nothing(self) -> None:
-        book = ledger("xx")
-        assert not book.misses_recur(TICK, 8 * TICK, judged_s=108)
+        assert not self.persist(ledger("xx"), TICK)
 
     def test_only_the_lookback_counts(self) -> None:
-        # a run long ago and one now: within the last two minutes, one run
+        # a run long ago and one now: since the replicas changed (two minutes of verdicts), one
         book = ledger("xxxx.............xxxx....")
-        assert not book.misses_recur(24 * TICK, 8 * TICK, judged_s=108)
+        assert not self.persist(book, 24 * TICK, since=24 * TICK - 180)
+        assert self.persist(book, 24 * TICK)
+
+
+class TestMissesPersist:
+    """Judged over the windows since the replica count last changed, whatever the batch limit
+    did meanwhile."""
+
+    def test_misses_most_of_three_windows_persist(self) -> None:
+        # Pulses inside every window, every fourth verdict inside: the ledger's 30 s buckets
+        # merge them into one run, and they are no 90 % — yet they are no burst either.
+        book = ledger("xxx." * 6)
+        seen = book.misses(23 * TICK, 12 * TICK)
+        assert seen.runs == 1
+        assert 0.6 < seen.share < 0.9
+        assert misses_persist(book, 23 * TICK, changed_at=None, window_s=60)
+
+    def test_one_burst_does_not(self) -> None:
+        book = ledger("........xxxxx...........")
+        assert not misses_persist(book, 23 * TICK, changed_at=None, window_s=60)
+
+    def test_only_since_the_replicas_changed(self) -> None:
+        book = ledger("xxx." * 6)
+        assert not misses_persist(book, 23 * TICK, changed_at=20 * TICK, window_s=60)
 
 
 class TestTheGuardOnMissesThatRecur:
@@ -99,6 +132,25 @@ class TestTheGuardOnMissesThatRecur:
         # at two says nothing of eight (one at a single noisy replica held a ramp at 2.4× the
         # GPU-seconds it needed).
         assert ceiling.floor(1000.0, planned=4) == 4
+
+    def test_a_ceiling_asks_for_no_more_than_the_guard_did(self) -> None:
+        # one replica missed at 0.4 rps (a window of a request or two): 3 rps would want eight
+        assert Ceiling(0.0, 1, 0.4).floor(3.0, planned=1) == 2
+        assert Ceiling(0.0, 8, 100.0).floor(2000.0, planned=8) == 10
+
+    def test_a_window_of_few_requests_finds_no_ceiling(self) -> None:
+        assert found_ceiling(2, serving=1, window_s=60, now=0) is None  # 120 requests
+        assert found_ceiling(250, serving=2, window_s=60, now=0) == Ceiling(0, 2, 125.0)
+
+    def test_a_few_requests_refused_are_no_evidence(self) -> None:
+        """Traffic resuming inside the window: 0.5 rps, "6% refused" is a request in flight."""
+        resumed = replace(seen(at=0, qps=0.47, p99_ms=60, ready=1, batch=1), arrival_qps=0.5)
+        decision, state = decide(resumed, POLICY, InForce(1, 16, 0.005), State(fit=MODEL), 0)
+        assert decision.replicas == 1, decision.reason
+        assert state.ceiling is None
+        busy = replace(seen(at=0, qps=235, p99_ms=60, ready=2, batch=8), arrival_qps=250)
+        decision, _ = decide(busy, POLICY, InForce(2, 8, 0.005), State(fit=MODEL), 0)
+        assert decision.replicas == 3, decision.reason  # 15 of 250 a second: evidence
 
     def test_a_ceiling_goes_with_its_time_or_a_window_that_disproves_it(self) -> None:
         ceiling = Ceiling(0.0, 2, 125.0)

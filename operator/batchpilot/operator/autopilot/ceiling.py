@@ -22,6 +22,14 @@ evidence is the load the model does not see, which lasts as long as the traffic 
 an hour is the objective's usual window, and the rate history's span."""
 CEILING_MARGIN = 0.95
 """Plans keep a replica's load this far below the load at which the SLA was missed."""
+FEEDBACK_STEP = 0.25
+"""On feedback the guard adds this fraction of the replicas (at least one); a ceiling asks for no
+more than the replicas that missed and one such step: what the guard found, kept, never more (a
+ceiling read from a window of a few requests asked for eight replicas where one carried 3 rps)."""
+EVIDENCE_REQUESTS = 1000
+"""A window of fewer offered requests finds no ceiling (the guard still acts on it): its share
+refused is a handful of requests, which a spike at its edge leaves in flight (at 2 rps, 7 of 120
+read "6% refused" and held a second replica for the hour), where 1 % of a thousand is ten."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,13 +52,20 @@ class Ceiling:
         them, and the miss says nothing of them (a miss at one replica is no ceiling for eight)."""
         if planned > self.replicas:
             return planned
-        return max(planned, math.ceil(rate / (self.rps_per_replica * CEILING_MARGIN)))
+        kept = math.ceil(rate / (self.rps_per_replica * CEILING_MARGIN))
+        return max(planned, min(kept, step_up(self.replicas)))
 
 
-def found_ceiling(offered: float, *, serving: int, now: float) -> Ceiling | None:
+def step_up(replicas: int) -> int:
+    """The replicas the guard asks for where `replicas` missed."""
+    return replicas + max(1, math.ceil(FEEDBACK_STEP * replicas))
+
+
+def found_ceiling(offered: float, *, serving: int, window_s: float, now: float) -> Ceiling | None:
     """The ceiling the guard found overruling the plan with `serving` replicas at `offered` rps
-    (it replaces any standing: the latest evidence)."""
-    if offered <= 0 or serving <= 0:
+    over a window of `window_s` (it replaces any standing: the latest evidence); None where the
+    window held fewer than `EVIDENCE_REQUESTS`."""
+    if serving <= 0 or offered * window_s < EVIDENCE_REQUESTS:
         return None
     return Ceiling(now, serving, offered / serving)
 

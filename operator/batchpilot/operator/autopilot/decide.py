@@ -293,13 +293,19 @@ def decide(
             want_batch=want_batch,
             predicted=predicted,
             persistent=misses_persist(
-                slo, now, changed_at=learned_state.changed_at, window_s=observation.window_s
+                slo, now, changed_at=learned_state.ready_changed_at, window_s=observation.window_s
             ),
         )
         if overrule is not None:
             want_replicas, why = overrule
             want_batch = current.batch_size
-            ceiling = found_ceiling(offered, serving=serving.replicas, now=now) or ceiling
+            found = found_ceiling(
+                offered,
+                serving=serving.replicas,
+                window_s=observation.covered_s or observation.window_s,
+                now=now,
+            )
+            ceiling = found or ceiling
         elif not model.confident:
             if want_replicas > current.replicas:
                 want_replicas, want_batch, predicted, first = batch_first(

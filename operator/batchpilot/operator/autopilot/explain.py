@@ -16,12 +16,32 @@ at arrival, expired): a refused request is a request not answered within the SLA
 runtime's admission keeps the P99 of the admitted ones inside it however many it refuses."""
 
 
+MIN_UNSERVED_REQUESTS = 5
+"""Unserved requests are evidence only where the window went without at least this many: the
+share of a few is a request or two in flight at the window's edges, or a counter's extrapolation
+(at 2–3 rps every other window read "1% unserved" with none refused, and a window where traffic
+resumed "6%")."""
+
+
+def unserved_beyond(observation: Observation, share: float) -> bool:
+    """Whether more than `share` of the window's offered requests went unserved, and at least
+    `MIN_UNSERVED_REQUESTS` of them."""
+    unserved = observation.unserved_share
+    window_s = observation.covered_s or observation.window_s
+    return (
+        unserved > share
+        and unserved * (observation.offered_qps or 0.0) * window_s >= MIN_UNSERVED_REQUESTS
+    )
+
+
 def judge(observation: Observation, policy: Policy) -> bool | None:
     """Whether the window was inside the SLA: P99 under it and at most `SHED_TOLERANCE` of the
-    offered requests unserved; None when unknown (no traffic, no latency)."""
+    offered requests unserved (`unserved_beyond`); None when unknown (no traffic, no latency)."""
     if observation.idle or observation.p99_s is None:
         return None
-    return observation.p99_s <= policy.sla_p99_s and observation.unserved_share <= SHED_TOLERANCE
+    return observation.p99_s <= policy.sla_p99_s and not unserved_beyond(
+        observation, SHED_TOLERANCE
+    )
 
 
 EDGE = 0.9

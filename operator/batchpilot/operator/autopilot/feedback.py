@@ -16,14 +16,13 @@ from __future__ import annotations
 import math
 
 from batchpilot.operator.autopilot.capacity import adds_capacity
-from batchpilot.operator.autopilot.explain import SHED_TOLERANCE
+from batchpilot.operator.autopilot.ceiling import step_up
+from batchpilot.operator.autopilot.explain import SHED_TOLERANCE, unserved_beyond
 from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.autopilot.policy import InForce, Policy, format_ms
 from batchpilot.operator.autopilot.service_model import LatencyFit
-from batchpilot.operator.autopilot.slo import THROUGHOUT, SloLedger
+from batchpilot.operator.autopilot.slo import SloLedger
 
-FEEDBACK_STEP = 0.25
-"""On feedback, add this fraction of the replicas (at least one)."""
 SHED_FEEDBACK = 0.05
 """Refusals beyond this share, while the model says the replicas in force carry the offered
 load, are evidence against the model and add replicas (as a P99 over the SLA does). Between
@@ -38,6 +37,14 @@ many metrics windows of them: a burst makes the windows that overlap it miss, ab
 worth of verdicts in one run; misses throughout twice that, or in two runs, are no one burst."""
 PERSISTENT_LOOKBACK_WINDOWS = 10.0
 """…and at most this many: older misses say little of the traffic now."""
+THROUGHOUT = 0.9
+"""`misses_persist`: the share of a lookback that must be judged, and judged bad for
+"throughout"."""
+MOSTLY_WINDOWS = 3.0
+MOSTLY = 0.6
+"""Or: outside the SLA more than this share of the time over at least `MOSTLY_WINDOWS` windows.
+One burst makes about a window and its own length of misses: under 60 % of three windows for
+any burst shorter than 48 s."""
 
 
 def overruled(
@@ -59,22 +66,31 @@ def overruled(
     fine is wrong about them: a plan from it adding a replica is no answer either, and more load
     must not get fewer replicas than a little less would); None: the plan stands. A plan that
     raises the batch limit stands: batches measured at it correct the model within a window.
-    `persistent`: the SLA was missed more than once since the settings settled (see
-    `PERSISTENT_WINDOWS`), so refusals beyond `explain.SHED_TOLERANCE` count as well."""
+    `persistent`: the SLA was missed more than once since the replicas settled (see
+    `PERSISTENT_WINDOWS`), so refusals beyond `explain.SHED_TOLERANCE` count as well, and a plan
+    that only raises the batch limit stands no more."""
     assert observation.ready_replicas is not None
     p99, sla = observation.p99_s, policy.sla_p99_s
     unserved = observation.unserved_share
-    replicas = current.replicas + max(1, math.ceil(FEEDBACK_STEP * current.replicas))
+    replicas = step_up(current.replicas)
     planned = InForce(want_replicas, want_batch, current.max_queue_delay_s)
     short = want_batch <= current.batch_size and adds_capacity(
         model, planned, replicas, current.batch_size
     )
-    refused = unserved > (SHED_TOLERANCE if persistent else SHED_FEEDBACK)
+    refused = unserved_beyond(observation, SHED_TOLERANCE if persistent else SHED_FEEDBACK)
     if not (
         ((p99 is not None and p99 > sla) or refused)
-        and settled
+        # (misses that recur since the replicas settled need no settled batch limit: the limit
+        # retuned over the SLA and back, window after window, kept the guard from ever judging)
+        and (settled or persistent)
         and observation.ready_replicas >= current.replicas
-        and (short or not adds_capacity(model, current, want_replicas, want_batch))
+        and (
+            short
+            or not adds_capacity(model, current, want_replicas, want_batch)
+            # Misses that recur at these replicas whatever the batch limit: the plan that
+            # raises it once more (and lowers it once inside again) is no answer either.
+            or (persistent and want_replicas <= current.replicas)
+        )
     ):
         return None
     what = (
@@ -125,11 +141,26 @@ def feedback_only(
 def misses_persist(
     slo: SloLedger, now: float, *, changed_at: float | None, window_s: float
 ) -> bool:
-    """Whether the SLA was missed more than once (`SloLedger.misses_recur`) in the verdicts of
-    windows that describe the settings in force — from a window after they last changed, at
-    most `PERSISTENT_LOOKBACK_WINDOWS`, at least `PERSISTENT_WINDOWS` of them."""
+    """Whether the SLA was missed more than once in the verdicts of windows that describe the
+    replicas in force — from a window after their count last changed (`changed_at`), at most
+    `PERSISTENT_LOOKBACK_WINDOWS`, at least `PERSISTENT_WINDOWS` of them: misses in two or more
+    separate runs (one burst is one run, however many windows overlapping it missed; one flash
+    crowd is an event, two are a pattern), throughout (`THROUGHOUT` of the time), or most of
+    the time (`MOSTLY`) over `MOSTLY_WINDOWS` — the ledger's buckets merge misses a verdict apart
+    into one run. Batch retunes do not restart it: a limit raised over the SLA and lowered once
+    inside again, window after window, is the very pattern of misses that recur (and restarting
+    on it hid them)."""
     longest = PERSISTENT_LOOKBACK_WINDOWS * window_s
     since = longest if changed_at is None else now - changed_at - window_s
     lookback = min(longest, since)
-    judged = PERSISTENT_WINDOWS * window_s
-    return lookback >= judged and slo.misses_recur(now, lookback, judged_s=THROUGHOUT * judged)
+    if lookback < PERSISTENT_WINDOWS * window_s:
+        return False
+    seen = slo.misses(now, lookback)
+    if seen.judged_s < THROUGHOUT * PERSISTENT_WINDOWS * window_s or seen.share <= 0:
+        return False
+    longer = MOSTLY_WINDOWS * window_s
+    return (
+        seen.runs >= 2
+        or seen.share >= THROUGHOUT
+        or (seen.judged_s >= THROUGHOUT * longer and seen.share >= MOSTLY)
+    )

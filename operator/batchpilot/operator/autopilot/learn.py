@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, replace
 
 from batchpilot.api.arrivals import RECENT_ARRIVALS_S
-from batchpilot.operator.autopilot.explain import SHED_TOLERANCE
+from batchpilot.operator.autopilot.explain import SHED_TOLERANCE, unserved_beyond
 from batchpilot.operator.autopilot.lost import track
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation
 from batchpilot.operator.autopilot.policy import InForce, Policy
@@ -120,9 +120,9 @@ def learn(
     before (`lost.track`)."""
     assert observation.ready_replicas is not None
     ready = observation.ready_replicas
-    changed_at = state.changed_at
+    changed_at, ready_changed_at = state.changed_at, state.ready_changed_at
     if state.ready is not None and ready != state.ready:
-        changed_at = now
+        changed_at = ready_changed_at = now
     # The window describes the settings in force once it starts after the change, and after the
     # backlog of the old settings has drained: allow one decision interval for that.
     interval = now - state.rate[0] if state.rate is not None else 0.0
@@ -177,7 +177,7 @@ def learn(
                 overhead = residual
             elif residual < overhead:
                 overhead = OVERHEAD_FALL * residual + (1 - OVERHEAD_FALL) * overhead
-            elif observation.unserved_share <= SHED_TOLERANCE:
+            elif not unserved_beyond(observation, SHED_TOLERANCE):
                 # A window that refused more than the SLA tolerates teaches no rise: admission
                 # let in what it predicted would finish by the deadline, so its P99 sits near
                 # the deadline whatever the overhead — spikes of load within it read as time
@@ -209,6 +209,7 @@ def learn(
             fit=model,
             overhead_s=overhead,
             changed_at=changed_at,
+            ready_changed_at=ready_changed_at,
             ready=ready,
             replicas=current.replicas,
             lost=loss,

@@ -35,8 +35,6 @@ FAST_LOOKBACK_FLOOR_S = 300.0
 SLOW_LOOKBACK_FLOOR_S = 1800.0
 SHORT_LOOKBACK_FLOOR_S = 60.0
 FINE_BUCKET_FLOOR_S = 15.0
-THROUGHOUT = 0.9
-"""`misses_recur`: the share of a lookback judged, and of that judged bad for "throughout"."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +152,16 @@ class Tier:
 
 
 @dataclass(frozen=True, slots=True)
+class Misses:
+    """The verdicts of a lookback: how much of it was judged, the share of that outside the SLA,
+    and in how many separate runs of the ledger's buckets (mostly outside) the misses came."""
+
+    judged_s: float
+    share: float
+    runs: int
+
+
+@dataclass(frozen=True, slots=True)
 class SloReport:
     """What the status shows of the objective at one moment."""
 
@@ -207,17 +215,11 @@ class SloLedger:
             last_at=now,
         )
 
-    def misses_recur(self, now: float, lookback_s: float, *, judged_s: float) -> bool:
-        """Whether the verdicts of the last `lookback_s`, at least `judged_s` of them, say the
-        SLA was missed more than once — outside it throughout (at least `THROUGHOUT` of the
-        time), or in two or more separate runs of the ledger's buckets. One burst is one run,
-        however many windows overlapping it missed; one flash crowd is an event, two are a
-        pattern."""
+    def misses(self, now: float, lookback_s: float) -> Misses:
+        """What the verdicts of the last `lookback_s` say of misses (see `Misses`)."""
         fine, _ = self._tiers()
         judged, bad = fine.sums(now, lookback_s)
-        if judged < max(judged_s, 2 * fine.width_s) or bad <= 0:
-            return False
-        return bad >= THROUGHOUT * judged or fine.runs(now, lookback_s) >= 2
+        return Misses(judged, bad / judged if judged > 0 else 0.0, fine.runs(now, lookback_s))
 
     def burn_rate(self, now: float, lookback_s: float) -> float | None:
         fine, coarse = self._tiers()

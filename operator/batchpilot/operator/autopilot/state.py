@@ -40,6 +40,9 @@ class State:
     changed_at: float | None = None
     """When the capacity in force last changed (batch settings, ready replicas): the metrics
     window describes the present only a window later."""
+    ready_changed_at: float | None = None
+    """When the ready replicas last changed (`changed_at` also moves with every batch retune):
+    whether misses recur is judged over the windows since (see `feedback.misses_persist`)."""
     ready: int | None = None
     """Ready replicas at the previous decision."""
     replicas: int | None = None
@@ -98,6 +101,8 @@ class State:
             doc["overheadMs"] = round(self.overhead_s * 1e3, 4)
         if self.changed_at is not None:
             doc["changedAt"] = round(self.changed_at, 3)
+        if self.ready_changed_at is not None:
+            doc["readyChangedAt"] = round(self.ready_changed_at, 3)
         if self.ready is not None:
             doc["ready"] = self.ready
         if self.replicas is not None:
@@ -199,6 +204,7 @@ class State:
                 recommendations=recs,
                 refusing=refusing,
                 changed_at=at(doc.get("changedAt")),
+                ready_changed_at=at(doc.get("readyChangedAt")),
                 ready=None if ready is None else _count(ready),
                 replicas=None if replicas is None else _count(replicas),
                 lost=lost,
