@@ -32,7 +32,7 @@ recur (`misses_persist`): a burst passes, and misses that come back, or last two
 load the model does not see (spikes of a second, recurring within every window, which no rate
 averaged over seconds shows, refused 4–5 % of each window for as long as they came)."""
 PERSISTENT_WINDOWS = 2.0
-"""`misses_persist` judges over the verdicts since the settings in force settled, at least this
+"""`misses_persist` judges over the verdicts since the replica count last changed, at least this
 many metrics windows of them: a burst makes the windows that overlap it miss, about one window's
 worth of verdicts in one run; misses throughout twice that, or in two runs, are no one burst."""
 PERSISTENT_LOOKBACK_WINDOWS = 10.0
