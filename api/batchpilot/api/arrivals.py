@@ -28,6 +28,15 @@ RETRY_ATTEMPT = "retry"
 NOT_RETRIED = f'{ATTEMPT_LABEL}!="{RETRY_ATTEMPT}"'
 """The PromQL matcher of the arrivals that are demand: every series not marked a retry."""
 
+SECOND_SQUARES_SLOT_S = 1.0
+"""The runtime counts its arrivals per second of its clock and sums their squares over the
+seconds that ended (`batchpilot_arrival_second_squares_total`). Over a window, that sum over the
+arrivals' count is the rate a request met in its second, on average, plus the clumping's noise:
+where the rate swings within the window (a square wave of seconds, pulses), requests crowd into
+its busy seconds and meet more than the window's mean rate — what the queue of a replica answers
+to, and what a rate averaged over a minute hides. A second is far longer than a batch and than
+the clumps the dispersion reads (below), and far shorter than a window."""
+
 DISPERSION_SLOT_S = 0.01
 """The runtime counts its arrivals in slots this long to see how they clump: about a batch's
 time, so requests that come together (a client's fan-out, a gateway's burst) share a slot."""

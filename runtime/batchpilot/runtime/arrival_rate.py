@@ -12,6 +12,9 @@ of a slot's count over its mean is 1 for Poisson arrivals and grows with the req
 together (a client's fan-out, a gateway that forwards in bursts), which queue behind each other
 where Poisson arrivals of the same rate would not (`batchpilot.api.arrivals`).
 
+`ArrivalSeconds` counts them per second and sums the squares of the seconds that ended: the
+rate the arrivals met, as opposed to the window's mean (`batchpilot.api.arrivals`).
+
 Pure: the clock is an argument.
 """
 
@@ -21,7 +24,12 @@ import math
 import time
 from collections.abc import Callable, Iterator
 
-from batchpilot.api.arrivals import DISPERSION_SLOT_S, DISPERSION_SPAN_S, RECENT_ARRIVALS_S
+from batchpilot.api.arrivals import (
+    DISPERSION_SLOT_S,
+    DISPERSION_SPAN_S,
+    RECENT_ARRIVALS_S,
+    SECOND_SQUARES_SLOT_S,
+)
 
 
 class _Slots:
@@ -120,3 +128,43 @@ class ArrivalDispersion:
             return 1.0
         mean = total / seen
         return (squares / seen - mean * mean) / mean
+
+
+class ArrivalSeconds:
+    """The sum over the slots (seconds) that have ended of the arrivals in each, squared, and
+    the time those slots span: counters. One integer add per arrival; the slot that is running
+    joins once it has ended."""
+
+    def __init__(
+        self,
+        *,
+        slot_s: float = SECOND_SQUARES_SLOT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if slot_s <= 0:
+            raise ValueError(f"need slot_s > 0, got {slot_s}")
+        self._slot_s = slot_s
+        self._clock = clock
+        self._slot = self._first = int(clock() / slot_s)
+        self._count = 0
+        self._squares = 0
+
+    def _roll(self) -> None:
+        slot = int(self._clock() / self._slot_s)
+        if slot != self._slot:
+            self._squares += self._count * self._count
+            self._slot, self._count = slot, 0
+
+    def arrived(self) -> None:
+        self._roll()
+        self._count += 1
+
+    def squares(self) -> int:
+        """Σ over the ended slots of their arrivals squared."""
+        self._roll()
+        return self._squares
+
+    def seconds(self) -> float:
+        """The seconds the ended slots span, since the start: the time `squares` counts."""
+        self._roll()
+        return (self._slot - self._first) * self._slot_s

@@ -57,6 +57,11 @@ environment), so one PromQL selector finds a service's replicas. What each metri
   for the rest — the demand the autopilot sizes for. `batchpilot_arrival_dispersion` (gauge):
   how every arrival of the last 10 s clumped, the variance over the mean of their counts per
   10 ms (`ArrivalDispersion`): 1 for Poisson arrivals, more where requests come together.
+  `batchpilot_arrival_second_squares_total` (counter): the same arrivals counted per second,
+  each second's count squared once it has ended, summed (`ArrivalSeconds`): over the arrivals'
+  count, the rate a request met in its second — more than the window's mean where the load
+  swings within the window; `batchpilot_arrival_counted_seconds_total` (counter), the seconds
+  it has counted: summed over the replicas, their rate is the replicas the window had.
   `batchpilot_arrival_rows_total`, `batchpilot_arrival_rows_squared_total` (counters): the
   rows those arrivals brought, and the sum of each one's rows squared — with the arrivals'
   count, the mean and the spread of a request's rows (every attempt): requests of varied sizes
@@ -117,8 +122,9 @@ from batchpilot.api.arrivals import (
     FIRST_ATTEMPT,
     RECENT_ARRIVALS_S,
     RETRY_ATTEMPT,
+    SECOND_SQUARES_SLOT_S,
 )
-from batchpilot.runtime.arrival_rate import ArrivalDispersion, RecentArrivals
+from batchpilot.runtime.arrival_rate import ArrivalDispersion, ArrivalSeconds, RecentArrivals
 from batchpilot.runtime.device import Nvml
 from batchpilot.runtime.engine import EngineInfo
 from batchpilot.runtime.inference_stats import InferenceStatistics
@@ -198,6 +204,8 @@ class _LiveValues(Collector):
     def __init__(self, labels: dict[str, str]) -> None:
         self._labels = labels
         self.busy_seconds: Callable[[], float] = lambda: 0.0
+        self.second_squares: Callable[[], float] = lambda: 0.0
+        self.counted_seconds: Callable[[], float] = lambda: 0.0
         self.batch_time_cv: Callable[[], float | None] = lambda: None
         self.async_jobs: Callable[[], Mapping[str, int]] = dict
         self.async_expired: Callable[[], int] = lambda: 0
@@ -213,6 +221,21 @@ class _LiveValues(Collector):
             labels=names,
         )
         busy.add_metric(values, self.busy_seconds())
+        squares = CounterMetricFamily(
+            "batchpilot_arrival_second_squares",
+            f"Sum over the seconds that ended of the valid requests that arrived in each (every "
+            f"attempt), squared: over arrivals_total, the rate a request met in its "
+            f"{SECOND_SQUARES_SLOT_S:g} s, on average, plus 1 for Poisson noise",
+            labels=names,
+        )
+        squares.add_metric(values, self.second_squares())
+        counted = CounterMetricFamily(
+            "batchpilot_arrival_counted_seconds",
+            "Seconds whose arrivals arrival_second_squares_total has counted: with "
+            "arrivals_total, a replica's mean rate over the same seconds",
+            labels=names,
+        )
+        counted.add_metric(values, self.counted_seconds())
         cv = GaugeMetricFamily(
             "batchpilot_batch_time_cv",
             "How much a batch's compute time varies around the server's own t(b): the root "
@@ -234,7 +257,7 @@ class _LiveValues(Collector):
             labels=names,
         )
         expired.add_metric(values, self.async_expired())
-        yield from (busy, cv, jobs, expired)
+        yield from (busy, squares, counted, cv, jobs, expired)
         if self.open_connections is None:
             return  # (a server whose connections are not kept: the sandbox's pod host)
         connections = GaugeMetricFamily(
@@ -420,6 +443,9 @@ class RuntimeMetrics:
         """The same requests and batches as Triton's statistics extension counts them."""
         self._live = _LiveValues(labels)
         r.register(self._live)
+        self._seconds = ArrivalSeconds()
+        self._live.second_squares = self._seconds.squares
+        self._live.counted_seconds = self._seconds.seconds
         Gauge(
             "batchpilot_engine_instances",
             "Model instances configured: batches that may run at once",
@@ -554,6 +580,7 @@ class RuntimeMetrics:
         self._arrival_rows_squared.inc(rows * rows)
         self._recent_arrivals[attempt].arrived()
         self._dispersion.arrived()
+        self._seconds.arrived()
 
     def arrival_cancelled(self, age_s: float, *, deadline_s: float | None) -> None:
         """An arrival its client cancelled `age_s` after it arrived (its outcome, `cancelled`,

@@ -51,7 +51,12 @@ from typing import Any
 
 import numpy as np
 
-from batchpilot.api.arrivals import DISPERSION_SLOT_S, DISPERSION_SPAN_S, RECENT_ARRIVALS_S
+from batchpilot.api.arrivals import (
+    DISPERSION_SLOT_S,
+    DISPERSION_SPAN_S,
+    RECENT_ARRIVALS_S,
+    SECOND_SQUARES_SLOT_S,
+)
 from batchpilot.operator.autopilot.observation import (
     ComputePoint,
     Observation,
@@ -106,7 +111,14 @@ class Column:
     t(b), less 1)², summed at its end; with TIMED, the root of their mean over the window."""
     TIMED = VARIATION + 1
     """The batches VARIATION sums."""
-    COUNT = TIMED + 1
+    SECOND_SQUARES = TIMED + 1
+    """batchpilot_arrival_second_squares_total: each second's arrivals (every attempt), squared,
+    added once the arrivals have moved past it, as the runtime adds it when its next second
+    begins."""
+    COUNTED = SECOND_SQUARES + 1
+    """batchpilot_arrival_counted_seconds_total: one at the end of every second the replica is
+    there (its scrapes end with it, so the rows after never count)."""
+    COUNT = COUNTED + 1
 
 
 BATCH_COLUMNS = slice(Column.BATCHES.start, Column.COMPUTE.stop)
@@ -259,6 +271,10 @@ class Telemetry:
         """The exact view's `DISPERSION` and `BLOCKS`, by interval."""
         self.variation = np.zeros((slots, 2), dtype=np.float64)
         """The exact view's `VARIATION` and `TIMED`, by interval."""
+        self.second_squares = np.zeros(slots, dtype=np.float64)
+        """The exact view's `SECOND_SQUARES`, by interval."""
+        self._seconds: dict[int, tuple[int, int]] = {}
+        """Per pod, the second being counted: (second number, arrivals)."""
         self._blocks: dict[int, list[float]] = {}
         """Per pod, the block being counted: [block number, arrivals, sum of squared slot
         counts]."""
@@ -309,6 +325,9 @@ class Telemetry:
             lazy=self._lazy,
         )
         target.export(_bucket_columns(batch_limit), since)
+        first = math.floor(since / SECOND_SQUARES_SLOT_S) + 1
+        ends = np.arange(first, self._horizon / SECOND_SQUARES_SLOT_S + 2) * SECOND_SQUARES_SLOT_S
+        target.add(target.rows(ends), np.full(ends.shape[0], Column.COUNTED), np.ones_like(ends))
 
     def batch_limit(self, pod: int, limit: int, *, at: float) -> None:
         """Scraped: `pod`'s batch limit is `limit` from `at` on."""
@@ -384,10 +403,13 @@ class Telemetry:
                 _count(self.retried, self._slot(retried))
             else:
                 target.count(retried, Column.RETRIED)
-        if retried is None or not retried.shape[0]:
-            self._record_slots(pod, target, times)
-        else:
-            self._record_slots(pod, target, np.sort(np.concatenate([times, retried])))
+        every = (
+            times
+            if retried is None or not retried.shape[0]
+            else np.sort(np.concatenate([times, retried]))
+        )
+        self._record_slots(pod, target, every)
+        self._record_seconds(pod, target, every)
         if times.shape[0] == 0:
             return
         if target is None:
@@ -395,6 +417,32 @@ class Telemetry:
         else:
             target.count(times, Column.ARRIVALS)
             target.count_recent(times, Column.RECENT, RECENT_ARRIVALS_S)
+
+    def _record_seconds(self, pod: int, target: Target | None, times: FloatArray) -> None:
+        """Every arrival at `times` (sorted, after the pod's earlier ones) in its second; a
+        second's count squared is added at its end once the arrivals have moved past it."""
+        if times.shape[0] == 0:
+            return
+        seconds, counts = np.unique(
+            np.floor(times / SECOND_SQUARES_SLOT_S).astype(np.int64), return_counts=True
+        )
+        counts = counts.astype(np.int64)
+        open_second = self._seconds.get(pod)
+        if open_second is not None and open_second[0] == int(seconds[0]):
+            counts[0] += open_second[1]
+        elif open_second is not None:
+            seconds = np.concatenate([[open_second[0]], seconds])
+            counts = np.concatenate([[open_second[1]], counts])
+        self._seconds[pod] = (int(seconds[-1]), int(counts[-1]))
+        if seconds.shape[0] < 2:
+            return
+        ends = (seconds[:-1] + 1).astype(np.float64) * SECOND_SQUARES_SLOT_S
+        squares = (counts[:-1] ** 2).astype(np.float64)
+        if target is None:
+            np.add.at(self.second_squares, self._slot(ends), squares)
+            return
+        rows = target.rows(ends)
+        target.add(rows, np.full(rows.shape[0], Column.SECOND_SQUARES), squares)
 
     def _record_slots(self, pod: int, target: Target | None, times: FloatArray) -> None:
         """Every arrival at `times` (sorted) in its slot and `DISPERSION_SPAN_S` block; a block
@@ -641,6 +689,8 @@ class Telemetry:
             arrival_qps=float(self.arrived[lo:k].sum()) / seconds,
             retried_qps=float(self.retried[lo:k].sum()) / seconds,
             arrival_dispersion=_dispersion([self.dispersion[lo:k].sum(axis=0)]),
+            arrival_second_squares=float(self.second_squares[lo:k].sum()) / seconds,
+            arrival_counted_seconds=float(reporting),
             batch_time_cv=_variation(self.variation[lo:k].sum(axis=0)),
             request_rows_cv=self.rows_cv if reporting else None,
             recent_qps=float(self.arrived[k - recent : k].sum()) / (recent * self.interval_s),
@@ -737,6 +787,8 @@ class Telemetry:
             batch_time_cv=(
                 _variation(rates[Column.VARIATION : Column.TIMED + 1]) if counted else None
             ),
+            arrival_second_squares=_number(rates[Column.SECOND_SQUARES]) if counted else None,
+            arrival_counted_seconds=_number(rates[Column.COUNTED]) if counted else None,
             request_rows_cv=self.rows_cv if counted else None,
             recent_qps=fast,
             recent_window_s=None if fast is None else self.scrape_interval_s,

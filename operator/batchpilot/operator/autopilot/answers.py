@@ -142,6 +142,8 @@ def observation_from(
         utilization=rate("utilization") if utilization == "busy" else number("utilization"),
         mean_batch=number("mean_batch"),
         arrival_dispersion=number("dispersion"),
+        arrival_second_squares=rate("second_squares"),
+        arrival_counted_seconds=rate("counted_seconds"),
         batch_time_cv=number("batch_cv"),
         request_rows_cv=number("rows_cv"),
         rows_per_request=number("rows_per_request"),

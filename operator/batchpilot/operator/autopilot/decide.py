@@ -190,6 +190,13 @@ def decide(
             f"; rising: {observation.unserved_share:.0%} refused with the devices busy "
             f"{observation.utilization:.0%} of the window, about {saturated:.0f} rps since"
         )
+    if model is not None and offered * model.unevenness > rate:
+        # The window's mean hides its busy seconds: plan for the rate its requests met there.
+        rate = offered * model.unevenness
+        trend = (
+            f"; uneven: its requests met {rate:.0f} rps in their second, "
+            f"{model.unevenness:.2f}× the window's {offered:.0f}"
+        )
     # Measurements only: an extrapolated rate in the history would raise the peak it caps by.
     history = state.history.add(now, max(offered, observation.recent_qps or 0.0))
     horizon = reaction_horizon(learned.state, interval=learned.interval)

@@ -22,6 +22,7 @@ from batchpilot.operator.autopilot.policy import InForce, Policy
 from batchpilot.operator.autopilot.service_model import (
     MAX_BATCH_CV,
     MAX_ROWS_CV,
+    MAX_UNEVENNESS,
     VARIED_ROWS_CV,
     LatencyFit,
     fit,
@@ -79,6 +80,15 @@ over the runtime's 10 s, stay under it."""
 DISPERSION_STEP = 1.1
 """The model's dispersion moves in steps of 10 %."""
 MAX_DISPERSION = 1000.0
+EVEN = 1.2
+"""An unevenness below this is none: at 5 requests a second a replica, Poisson arrivals over a
+minute read 1.14 at most once in a thousand windows, and at more, less (`unevenness`)."""
+UNEVEN_MIN_RATE = 5.0
+"""Below this many requests a second a replica, a window's unevenness is its count's noise
+(at 1 a second it reads 1.5 once in a hundred windows): the last known stands. A replica's
+capacity is rarely that low."""
+UNEVENNESS_STEP = 1.1
+"""The model's unevenness moves in steps of 10 %, as the dispersion does."""
 STEADY_CV = 0.05
 """Batch times that vary less than this around t(b) are taken as steady: the P99 they add is a
 few per cent of a batch's time, and a fit's own error on a device that keeps time reads about
@@ -145,6 +155,7 @@ def learn(
             dispersion=dispersion(observation, known.dispersion),
             batch_cv=batch_cv(observation, known.batch_cv),
             rows_cv=rows_cv(observation, known.rows_cv),
+            unevenness=unevenness(observation, known.unevenness),
         )
     overhead = state.overhead_s
     if overhead is None and observation.outside_s is not None:
@@ -164,9 +175,12 @@ def learn(
         # Only windows with P99 inside the SLA teach the overhead: one over it is the guard's
         # business. One that refused a few per cent to keep it there teaches it too (see
         # `LEARN_BELOW_UNSERVED`).
+        # At the rate the requests met: a window whose P99 comes from its busy seconds read as
+        # time outside the batcher (40 → 70 ms over a square wave of 10 s at 10× and 1×), and
+        # the plan shrank its batch for it.
         expected = predict(
             model,
-            rate=observation.offered_qps or 0.0,
+            rate=(observation.offered_qps or 0.0) * model.unevenness,
             replicas=max(1, ready),
             max_batch=current.batch_size,
             delay_s=current.max_queue_delay_s,
@@ -231,6 +245,35 @@ def dispersion(observation: Observation, known: float) -> float:
     if measured is None or not math.isfinite(measured):
         return known
     return _on_grid(measured)
+
+
+def unevenness(observation: Observation, known: float) -> float:
+    """How many times a replica's mean rate its requests met in their second, for the model:
+    the window's, else (not counted, or too few arrivals to tell) the last known.
+
+    Each replica counts its arrivals a second and sums their squares over the seconds (Σn²).
+    For arrivals at λ a second that clump by D (the dispersion; 1 for Poisson), E[n²] = λ² + λD,
+    so Σn²/Σn − D is Σλ²/Σλ: the rate a request met in its second, on average — the mean rate
+    where it held over the window, more where the arrivals crowded into its busy seconds (a
+    square wave of 10 s at 10× and 1× its low rate: 1.67 times the mean). Against a replica's
+    mean over the same seconds (the arrivals over the seconds counted: replicas that came or
+    went inside the window count for their part) that is the factor; below `EVEN` it is 1,
+    above, on the model's steps of `UNEVENNESS_STEP`. A replica busier than its peers
+    (connections kept on it) reads as unevenness too: its requests do meet that rate."""
+    squares = observation.arrival_second_squares
+    counted = observation.arrival_counted_seconds
+    arrived = (observation.arrival_qps or 0.0) + (observation.retried_qps or 0.0)
+    if squares is None or counted is None or not (counted > 0 and arrived > 0):
+        return known
+    mean = arrived / counted  # a replica's, a second
+    if not (math.isfinite(squares) and math.isfinite(mean)) or mean < UNEVEN_MIN_RATE:
+        return known
+    noise = max(1.0, observation.arrival_dispersion or 1.0)
+    factor = (squares / arrived - noise) / mean
+    if not math.isfinite(factor) or factor < EVEN:
+        return 1.0
+    steps = round(math.log(min(factor, MAX_UNEVENNESS)) / math.log(UNEVENNESS_STEP))
+    return round(UNEVENNESS_STEP**steps, 4)
 
 
 def batch_cv(observation: Observation, known: float) -> float:

@@ -102,6 +102,15 @@ class Observation:
     """How the arrivals clumped over the window, the replicas' mean: the variance of their
     count per 10 ms over its mean (`batchpilot_arrival_dispersion`), 1 for Poisson arrivals.
     None from runtimes that do not measure it."""
+    arrival_second_squares: float | None = None
+    """Per second of the window, the sum over each replica's seconds of the arrivals in it (every
+    attempt), squared (`batchpilot_arrival_second_squares_total`): over the arrivals' rate, the
+    rate a request met in its second on its replica, plus the noise of the count (see
+    `learn.unevenness`). None from runtimes that do not count it."""
+    arrival_counted_seconds: float | None = None
+    """Per second of the window, the seconds the replicas counted those squares over
+    (`batchpilot_arrival_counted_seconds_total`), summed: the replicas the window had, on
+    average, each for the part of it it was there."""
     batch_time_cv: float | None = None
     """How much a batch's time varied around t(b) over the window, the replicas' mean: the root
     mean square of each runtime's measured over predicted, less 1 (`batchpilot_batch_time_cv`).

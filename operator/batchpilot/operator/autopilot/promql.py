@@ -178,6 +178,10 @@ def queries(
             "utilization": util,
             # How the arrivals clumped: each replica's gauge over the window, their mean.
             "dispersion": agg("avg", f"avg_over_time(batchpilot_arrival_dispersion{{{sel}}}[{w}])"),
+            # How the arrivals crowded into busy seconds: with every arrival, the rate a request
+            # met in its second (`batchpilot.api.arrivals.SECOND_SQUARES_SLOT_S`).
+            "second_squares": rate("batchpilot_arrival_second_squares_total"),
+            "counted_seconds": rate("batchpilot_arrival_counted_seconds_total"),
             # How batch times vary around t(b): each replica's gauge over the window, their mean.
             "batch_cv": agg("avg", f"avg_over_time(batchpilot_batch_time_cv{{{sel}}}[{w}])"),
             "mean_batch": (

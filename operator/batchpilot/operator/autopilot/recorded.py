@@ -47,6 +47,8 @@ RECORDED = (
     "withdrawn",
     "utilization",
     "dispersion",
+    "second_squares",
+    "counted_seconds",
     "batch_cv",
     "rows_cv",
     "mean_batch",

@@ -86,6 +86,8 @@ others' size is a cv of about 10)."""
 MAX_BATCH_CV = 2.0
 """Batch times that vary more than this around t(b) are no longer t(b) with noise (a device
 that stalls): the model takes this."""
+MAX_UNEVENNESS = 10.0
+"""The most times the window's mean rate the model takes requests to meet in their second."""
 SMOOTHING = 0.5
 """Weight of a new fit against the previous one (a rough previous one is replaced: see `fit`)."""
 
@@ -114,6 +116,11 @@ class LatencyFit:
     variation (measured, see `Observation.request_rows_cv`); 0 where every request brings the
     same rows. A request of r rows is r rows arriving at once: the rows clump, and the queue's
     randomness grows as the arrivals' dispersion does, by the squared cv (`predict`)."""
+    unevenness: float = 1.0
+    """How many times the window's mean rate a request met in its second (measured, see
+    `learn.unevenness`): 1 where the rate holds over the window, more where it swings within it
+    (a square wave of seconds, pulses) and most requests come in its busy seconds. The model
+    predicts at a rate; the decision asks it about the rate the requests meet."""
 
     def batch_seconds(self, batch: float) -> float:
         return self.alpha_s + self.beta_s * batch

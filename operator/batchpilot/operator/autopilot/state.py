@@ -19,7 +19,12 @@ from batchpilot.operator.autopilot.ceiling import Ceiling
 from batchpilot.operator.autopilot.headroom import RateHistory
 from batchpilot.operator.autopilot.lost import Loss
 from batchpilot.operator.autopilot.observation import ComputePoint
-from batchpilot.operator.autopilot.service_model import MAX_BATCH_CV, MAX_ROWS_CV, LatencyFit
+from batchpilot.operator.autopilot.service_model import (
+    MAX_BATCH_CV,
+    MAX_ROWS_CV,
+    MAX_UNEVENNESS,
+    LatencyFit,
+)
 from batchpilot.operator.autopilot.slo import SloLedger
 from batchpilot.operator.autopilot.stragglers import Stragglers
 
@@ -97,6 +102,8 @@ class State:
                 doc["fit"]["batchCv"] = round(self.fit.batch_cv, 4)
             if self.fit.rows_cv:
                 doc["fit"]["rowsCv"] = round(self.fit.rows_cv, 4)
+            if self.fit.unevenness != 1.0:
+                doc["fit"]["unevenness"] = round(self.fit.unevenness, 4)
         if self.overhead_s is not None:
             doc["overheadMs"] = round(self.overhead_s * 1e3, 4)
         if self.changed_at is not None:
@@ -155,6 +162,7 @@ class State:
                     dispersion=_at_least_one(raw_fit.get("dispersion")),
                     batch_cv=_cv(raw_fit.get("batchCv")),
                     rows_cv=_rows_cv(raw_fit.get("rowsCv")),
+                    unevenness=_unevenness(raw_fit.get("unevenness")),
                 )
                 if isinstance(raw_fit, dict)
                 else None
@@ -262,6 +270,12 @@ def _at_least_one(value: Any) -> float:
     """A persisted dispersion: 1 (Poisson) where absent or out of bounds."""
     dispersion = 1.0 if value is None else float(value)
     return dispersion if math.isfinite(dispersion) and dispersion >= 1.0 else 1.0
+
+
+def _unevenness(value: Any) -> float:
+    """A persisted unevenness: 1 (an even rate) where absent or out of bounds."""
+    factor = 1.0 if value is None else float(value)
+    return factor if math.isfinite(factor) and 1.0 <= factor <= MAX_UNEVENNESS else 1.0
 
 
 def _cv(value: Any) -> float:
