@@ -1,12 +1,12 @@
-"""The arrival rate of the last seconds, and how its arrivals clump: what the gauges read at a
-scrape, on a fake clock."""
+"""The arrival rate of the last seconds, how its arrivals clump, and the rate they met in their
+second: what the gauges and counters read at a scrape, on a fake clock."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from batchpilot.runtime.arrival_rate import ArrivalDispersion, RecentArrivals
+from batchpilot.runtime.arrival_rate import ArrivalDispersion, ArrivalSeconds, RecentArrivals
 
 
 class Clock:
@@ -109,3 +109,58 @@ class TestArrivalDispersion:
             clock.now += 0.01
             dispersion.arrived()
         assert dispersion.dispersion() == pytest.approx(0.0, abs=0.01)
+
+
+class TestArrivalSeconds:
+    def test_each_ended_second_adds_its_count_squared(self) -> None:
+        clock = Clock()  # 1000.0: a second begins
+        seconds = ArrivalSeconds(clock=clock)
+        for count in (3, 0, 5):
+            for _ in range(count):
+                seconds.arrived()
+            clock.now += 1.0
+        assert seconds.squares() == 3 * 3 + 0 + 5 * 5
+        assert seconds.seconds() == 3.0
+
+    def test_the_running_second_joins_once_it_has_ended(self) -> None:
+        clock = Clock()
+        seconds = ArrivalSeconds(clock=clock)
+        for _ in range(4):
+            seconds.arrived()
+        clock.now += 0.5
+        assert (seconds.squares(), seconds.seconds()) == (0, 0.0)
+        clock.now += 0.5
+        assert (seconds.squares(), seconds.seconds()) == (16, 1.0)
+
+    def test_idle_seconds_count_as_seconds_and_add_nothing(self) -> None:
+        clock = Clock()
+        seconds = ArrivalSeconds(clock=clock)
+        seconds.arrived()
+        clock.now += 10.0
+        seconds.arrived()
+        clock.now += 1.0
+        assert seconds.squares() == 2
+        assert seconds.seconds() == 11.0
+
+    @pytest.mark.parametrize(("busy", "quiet", "factor"), [(100, 100, 1.0), (200, 20, 1.67)])
+    def test_over_the_arrivals_the_rate_they_met(
+        self, busy: int, quiet: int, factor: float
+    ) -> None:
+        # Half the seconds at `busy` arrivals, half at `quiet`, Poisson within each: the
+        # squares over the count, less Poisson's 1, is Σλ²/Σλ; over the mean, the unevenness.
+        clock = Clock()
+        seconds = ArrivalSeconds(clock=clock)
+        rng = np.random.default_rng(5)
+        arrived = 0
+        for second in range(600):
+            count = int(rng.poisson(busy if second % 20 < 10 else quiet))
+            for _ in range(count):
+                seconds.arrived()
+            arrived += count
+            clock.now += 1.0
+        met = seconds.squares() / arrived - 1
+        assert met / (arrived / seconds.seconds()) == pytest.approx(factor, rel=0.02)
+
+    def test_a_slot_must_be_positive(self) -> None:
+        with pytest.raises(ValueError, match="slot_s > 0"):
+            ArrivalSeconds(slot_s=0)

@@ -68,3 +68,41 @@ def test_a_runtime_measures_how_its_arrivals_clump(
     # the client's loop, when it stalls, sends what fell due in a bunch: Poisson reads up to
     # about 1.4 then).
     assert low <= dispersion <= high
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("schedule", "low", "high"), [("0:120", 0.7, 1.25), (None, 1.25, 2.0)])
+def test_a_runtime_counts_the_rate_its_arrivals_met_in_their_second(
+    mlp_model: Path, tmp_path: Path, schedule: str | None, low: float, high: float
+) -> None:
+    """`batchpilot_arrival_second_squares_total` over the arrivals, less Poisson's 1: the rate a
+    request met in its second; against the mean over the seconds counted, 1 for a steady rate
+    and 1.67 for one that swings between 200 and 20 a second, two seconds each (less, as the
+    runtime's seconds straddle the swings, and the idle edges of the scrapes count)."""
+    swings = ",".join(f"{t}:{200 if t % 4 == 0 else 20}" for t in range(0, 8, 2))
+    with runtime_process(mlp_model, *SIMULATED, log_dir=tmp_path) as server:
+        start = Scrape(server)
+        asyncio.run(
+            run_load(
+                LoadConfig(
+                    target=Target(url=server.url, model="mlp", timeout_s=5.0),
+                    schedule=RateSchedule.parse(schedule or swings),
+                    duration_s=8.0,
+                    max_send_lag_ms=50.0,
+                )
+            )
+        )
+        end = Scrape(server)
+
+    def grew(name: str) -> float:
+        return end.value(name) - start.value(name)
+
+    squares = grew("batchpilot_arrival_second_squares_total")
+    counted = grew("batchpilot_arrival_counted_seconds_total")
+    arrived = sum(
+        end.value("batchpilot_arrivals_total", attempt=a)
+        - start.value("batchpilot_arrivals_total", attempt=a)
+        for a in ("first", "retry")
+    )
+    assert 7 <= counted <= 10
+    assert low <= (squares / arrived - 1) / (arrived / counted) <= high

@@ -272,6 +272,96 @@ class TestClumpedArrivals:
         )
 
 
+class TestUnevenLoad:
+    """Load that swings within the window (a square wave of seconds): most of its requests come
+    in its busy seconds and meet more than the window's mean rate; the model keeps how much
+    more, and the plan sizes for the rate they meet."""
+
+    @staticmethod
+    def window(
+        qps: float, factor: float | None, *, replicas: float = 2.0, clumps: float = 1.0
+    ) -> Observation:
+        """Arrivals at `qps` over `replicas` whose requests met `factor` times a replica's
+        mean in their second: Σn²/Σn is the rate met plus the clumps' dispersion."""
+        squares = None if factor is None else qps * (factor * qps / replicas + clumps)
+        return measured(
+            qps,
+            arrival_second_squares=squares,
+            arrival_counted_seconds=replicas,
+            arrival_dispersion=clumps,
+        )
+
+    def test_the_rate_met_is_planned_for_and_said(self) -> None:
+        policy = replace(POLICY, max_replicas=20)
+        current, fitted = InForce(2, 8, 0.005), State(fit=MODEL, overhead_s=0.01)
+        even, _ = decide(self.window(1200, 1.0), policy, current, fitted, now=0)
+        uneven, state = decide(self.window(1200, 1.67), policy, current, fitted, now=0)
+        assert uneven.replicas > even.replicas
+        assert state.fit is not None
+        assert state.fit.unevenness == pytest.approx(1.1**5, rel=1e-3)  # 1.67, to a 10 % step
+        assert "uneven: its requests met 1933 rps in their second, 1.61× the window's 1200" in (
+            uneven.reason
+        )
+        assert "uneven" not in even.reason
+
+    @pytest.mark.parametrize(
+        ("factor", "modelled"), [(0.7, 1.0), (1.0, 1.0), (1.19, 1.0), (1.3, 1.331), (40, 9.8497)]
+    )
+    def test_near_even_is_even_and_a_wild_one_is_capped(
+        self, factor: float, modelled: float
+    ) -> None:
+        _, state = decide(self.window(300, factor), POLICY, InForce(2, 8, 0.005), State(), 0)
+        assert state.fit is not None
+        assert state.fit.unevenness == modelled
+
+    def test_clumps_are_the_dispersions_not_unevenness(self) -> None:
+        # Clumps of requests raise every second's count variance by the dispersion: taken off.
+        _, state = decide(
+            self.window(300, 1.0, clumps=8.0), POLICY, InForce(2, 8, 0.005), State(), 0
+        )
+        assert state.fit is not None
+        assert state.fit.unevenness == 1.0
+
+    def test_a_replica_that_came_inside_the_window_counts_for_its_part(self) -> None:
+        # 1.5 replicas on average over the window: a replica's mean is the rate over 1.5.
+        window = self.window(300, 1.0, replicas=1.5)
+        _, state = decide(window, POLICY, InForce(2, 8, 0.005), State(), 0)
+        assert state.fit is not None
+        assert state.fit.unevenness == 1.0
+
+    def test_a_few_arrivals_a_second_say_nothing(self) -> None:
+        # 4 a second a replica: a minute of Poisson arrivals reads 1.5 now and then.
+        known = State(fit=replace(MODEL, unevenness=1.331))
+        _, state = decide(self.window(8, 3.0), POLICY, InForce(2, 8, 0.005), known, 0)
+        assert state.fit is not None
+        assert state.fit.unevenness == 1.331
+
+    def test_the_overhead_is_learned_at_the_rate_met(self) -> None:
+        # A window inside the SLA whose P99 is what the model predicts at the rate its requests
+        # met, plus the 40 ms outside the batcher: it teaches 40 ms, not what the busy seconds
+        # added to the window's mean rate's prediction.
+        met = 400 * 1.61
+        expected = predict(MODEL, rate=met, replicas=2, max_batch=8, delay_s=0.005).p99_s
+        window = replace(self.window(400, 1.61), p99_s=expected + 0.040, outside_s=0.04)
+        seeded = State(fit=MODEL, overhead_s=0.04)
+        _, state = decide(window, POLICY, InForce(2, 8, 0.005), seeded, now=0)
+        assert state.overhead_s == pytest.approx(0.04, abs=1e-4)
+        at_the_mean = replace(window, arrival_second_squares=None)
+        _, blind = decide(at_the_mean, POLICY, InForce(2, 8, 0.005), seeded, now=0)
+        assert blind.overhead_s is not None
+        assert blind.overhead_s > 0.041
+
+    def test_a_window_without_it_keeps_the_one_known_and_a_restart_too(self) -> None:
+        kept_and_persisted(
+            "arrival_second_squares",
+            "unevenness",
+            "unevenness",
+            1.6105,
+            (0.5, -1, "nan", 11),
+            1.0,
+        )
+
+
 class TestBatchTimesThatVary:
     """A device whose batches vary around t(b) (contention, a descheduled launch thread): the
     window's variation goes into the model, which plans more capacity for the same rate."""

@@ -152,6 +152,24 @@ class TestTwoReads:
         raw, _ = answers(before, {"a": read(10.0, 3.0), "b": read(10.0, 5.0)}) or ({}, 0)
         assert float(raw["dispersion"][0]["value"][1]) == pytest.approx(4.0)
 
+    def test_the_seconds_squares_and_the_seconds_counted_are_summed_rates(self) -> None:
+        own = {"model": "resnet50", "isvc": "resnet50", "namespace": "vision"}
+
+        def read(at: float, squares: float, seconds: float) -> Read:
+            sums = (
+                ("batchpilot_arrival_second_squares_total", own, squares),
+                ("batchpilot_arrival_counted_seconds_total", own, seconds),
+            )
+            return Read(at, (*counters(served=0), *sums))
+
+        before = {"a": read(0.0, 0, 100), "b": read(0.0, 500, 40)}
+        raw, _ = answers(before, {"a": read(10.0, 1_000, 110), "b": read(10.0, 3_500, 50)}) or (
+            {},
+            0,
+        )
+        assert float(raw["second_squares"][0]["value"][1]) == pytest.approx(400.0)
+        assert float(raw["counted_seconds"][0]["value"][1]) == pytest.approx(2.0)
+
     def test_how_batch_times_vary_is_the_pods_mean_gauge(self) -> None:
         own = {"model": "resnet50", "isvc": "resnet50", "namespace": "vision"}
 

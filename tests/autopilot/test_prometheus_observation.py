@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from batchpilot.api.request_rows import RowMix
+from batchpilot.operator.autopilot.learn import unevenness
 from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.autopilot.prometheus import (
     PrometheusObserver,
@@ -141,6 +142,10 @@ def test_rate_and_latency_read_back_agree_with_the_load_generator(
     # sends in small bunches when its loop stalls, 1.4 seen), far below clumps (2m − 1)
     assert observation.arrival_dispersion is not None
     assert 0.6 <= observation.arrival_dispersion <= 2.5
+    # every arrival counted by its second too: one replica all along, at an even rate
+    assert observation.arrival_counted_seconds == pytest.approx(1.0, rel=0.1)
+    assert observation.arrival_second_squares is not None
+    assert unevenness(observation, known=0.0) == 1.0
     # the rows a request brought, and how much they varied, as the runtime counted them
     assert observation.rows_per_request == pytest.approx(MIX.mean, rel=0.15)
     assert observation.request_rows_cv == pytest.approx(MIX.cv, rel=0.2)

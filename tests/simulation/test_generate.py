@@ -66,7 +66,9 @@ class TestEveryKind:
     def test_the_duration_is_honoured(self, name: str) -> None:
         assert generate.generate(name, 3, duration_s=4800)[-1][0] == 4800
 
-    @pytest.mark.parametrize("name", ["onoff", "flash", "ramp", "realistic", "steps6", "pulses"])
+    @pytest.mark.parametrize(
+        "name", ["onoff", "flash", "ramp", "realistic", "steps6", "pulses", "square"]
+    )
     def test_rates_scale_with_the_base(self, name: str) -> None:
         # Same seed, same draws: half the base gives half the rates (to the 0.1 rps rounding).
         full = generate.generate(name, 3, base_rps=200)
@@ -214,6 +216,24 @@ class TestPulses:
         assert all(0.98 * 550 <= r <= 1.02 * 550 for r in lows)
         widths = {t1 - t0 for (t0, r0), (t1, _) in itertools.pairwise(rows) if r0 > 1000}
         assert widths == {1.0}
+
+
+class TestSquare:
+    @pytest.mark.parametrize("seed", SEEDS)
+    def test_ten_times_for_half_of_every_20_s(self, seed: int) -> None:
+        rows = generate.square(seed)
+        starts = [t for (_, a), (t, b) in itertools.pairwise(rows) if b > 2 * a]
+        assert starts[0] < 20
+        assert all(b - a == 20 for a, b in itertools.pairwise(starts))
+        assert len(starts) == 90
+        assert all(0.98 * 2200 <= r <= 1.02 * 2200 for _, r in rows if r > 1000)
+        assert all(0.98 * 220 <= r <= 1.02 * 220 for _, r in rows if r <= 1000)
+        widths = {t1 - t0 for (t0, r0), (t1, _) in itertools.pairwise(rows[:-1]) if r0 > 1000}
+        assert widths == {10.0}
+
+    def test_the_busy_part_fits_the_period(self) -> None:
+        with pytest.raises(ValueError, match="shorter than the period"):
+            generate.square(1, width_s=20.0)
 
 
 class TestDaily:

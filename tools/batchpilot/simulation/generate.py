@@ -391,6 +391,33 @@ def pulses(
     return out.done()
 
 
+def square(
+    seed: int,
+    *,
+    duration_s: float = 1800.0,
+    base_rps: float = 220.0,
+    amplitude: float = 10.0,
+    period_s: float = 20.0,
+    width_s: float = 10.0,
+) -> Rows:
+    """A square wave: `amplitude` times `base_rps` for `width_s` of every `period_s`, `base_rps`
+    the rest (the seed picks the phase, and 2 % noise on each level). Its minute's mean is about
+    the middle of the two, which carries neither: nine requests in ten come in the busy half,
+    at nearly twice the mean. The defaults, on the textbook's service, need six replicas in the
+    busy half and one in the quiet one."""
+    if not 0 < width_s < period_s:
+        raise ValueError("square: the busy part is shorter than the period")
+    rng = np.random.default_rng(seed)
+    out = _Rows(duration_s)
+    t = float(rng.uniform(0, period_s))
+    out.add(0.0, _noisy(rng, base_rps, 0.02))
+    while t < out.end:
+        out.add(round(t, 3), _noisy(rng, base_rps * amplitude, 0.02))
+        out.add(round(min(t + width_s, out.end), 3), _noisy(rng, base_rps, 0.02))
+        t += period_s
+    return out.done()
+
+
 DAILY_JOB_PHASE = 0.30
 """The scheduled job starts this far into each day (± `DAILY_JOB_JITTER_S`)."""
 DAILY_JOB_JITTER_S = 120
@@ -486,6 +513,7 @@ KINDS: dict[str, Kind] = {
     "steps6": Kind(steps6, 5, "one step up, and later one down"),
     "daily": Kind(daily, 6, "compressed days alike: a scheduled job at the same time each day"),
     "pulses": Kind(pulses, 7, "second-long pulses of 3x recurring every 15 s"),
+    "square": Kind(square, 8, "a square wave: 10x for 10 s of every 20 s"),
 }
 
 
