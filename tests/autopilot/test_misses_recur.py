@@ -20,6 +20,7 @@ from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.autopilot.policy import InForce
 from batchpilot.operator.autopilot.slo import Objective, SloLedger
 from batchpilot.operator.autopilot.state import State
+from batchpilot.operator.autopilot.stragglers import Stragglers
 from tests.autopilot.test_decide import MODEL, POLICY, TICK, seen
 
 # 250 rps at two replicas of batch 8: the model says they carry it with room (P99 ~25 ms).
@@ -159,6 +160,24 @@ class TestTheGuardOnMissesThatRecur:
         assert kept_ceiling(ceiling, ready=2, **kept) is None  # 125 rps a replica, inside
         assert kept_ceiling(ceiling, ready=2, **{**kept, "sla_met": False}) == ceiling
         assert kept_ceiling(ceiling, ready=3, **{**kept, "now": CEILING_MEMORY_S}) is None
+
+    def test_a_ceiling_goes_with_a_straggler_replaced_after_it(self) -> None:
+        # The miss may have been a slow replica's: once one is replaced, its evidence is gone
+        # (a throttled device held a second replica at 200 rps for the hour after its miss).
+        ceiling = Ceiling(100.0, 2, 125.0)
+        kept = {"sla_met": True, "settled": True, "offered": 250.0, "ready": 3, "now": 400.0}
+        assert kept_ceiling(ceiling, **kept, replaced_since=lambda at: 300.0 > at) is None
+        assert kept_ceiling(ceiling, **kept, replaced_since=lambda at: 50.0 > at) == ceiling
+        # and in the decision, from the stragglers' memory
+        state = State(
+            fit=MODEL, ceiling=ceiling, stragglers=Stragglers(replaced=(("pod-a", 300.0),))
+        )
+        window = replace(seen(at=400.0, qps=250, p99_ms=40, ready=3, batch=8), arrival_qps=250)
+        _, after = decide(window, POLICY, InForce(3, 8, 0.005), state, 400.0)
+        assert after.ceiling is None
+        before = replace(state, stragglers=Stragglers(replaced=(("pod-a", 50.0),)))
+        _, kept_state = decide(window, POLICY, InForce(3, 8, 0.005), before, 400.0)
+        assert kept_state.ceiling == ceiling
 
     def test_a_ceiling_survives_the_status_and_a_nonsense_one_does_not(self) -> None:
         state = State(fit=MODEL, ceiling=Ceiling(30.0, 2, 125.0))

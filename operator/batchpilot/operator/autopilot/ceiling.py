@@ -14,6 +14,7 @@ Pure: values in, values out.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 CEILING_MEMORY_S = 3600.0
@@ -78,11 +79,17 @@ def kept_ceiling(
     offered: float,
     ready: int,
     now: float,
+    replaced_since: Callable[[float], bool] = lambda _: False,
 ) -> Ceiling | None:
-    """The ceiling still standing: None once its time is out, or once a settled window inside
+    """The ceiling still standing: None once its time is out; once a settled window inside
     the SLA carried as much per replica on as few replicas (the traffic no longer has what the
-    guard saw)."""
+    guard saw); or once a slow replica was replaced since it was found (`replaced_since`): the
+    miss may have been the straggler's, which no longer serves. (A fit that runs faster again is
+    no such sign: a throttle that recurs every few minutes on every replica shows as one, and
+    lifting the ceiling then brought the misses back.)"""
     if ceiling is None or not ceiling.stands(now):
+        return None
+    if replaced_since(ceiling.at):
         return None
     if (
         sla_met

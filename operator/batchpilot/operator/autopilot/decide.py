@@ -224,7 +224,13 @@ def decide(
     headroom = with_season(headroom, observation, present=rate, absorbed=absorbs)
     learned_state = replace(learned.state, slo=slo, history=history, rate=(now, offered))
     ceiling = kept_ceiling(
-        state.ceiling, sla_met=sla_met, settled=settled, offered=offered, ready=ready, now=now
+        state.ceiling,
+        sla_met=sla_met,
+        settled=settled,
+        offered=offered,
+        ready=ready,
+        now=now,
+        replaced_since=lambda at: any(t > at for _, t in stragglers.state.replaced),
     )
 
     def kept_in(plan: CapacityPlan) -> str:
