@@ -14,6 +14,7 @@ from batchpilot.runtime.batching import BatchSettings
 from batchpilot.runtime.errors import InvalidRequest
 from batchpilot.runtime.live_settings import ConfigFileWatcher, batching_doc, parse_batching
 from batchpilot.runtime.metrics import RuntimeMetrics
+from batchpilot.runtime.outcomes import RequestOutcome
 from batchpilot.runtime.server import ModelServer
 from batchpilot.runtime.simulated import LatencyModel, SimulatedEngine
 from tests import onnx_models
@@ -184,6 +185,30 @@ class TestServiceLevelGauges:
         exposed = generate_latest(server.metrics.registry).decode()
         assert "batchpilot_sla_seconds{" not in exposed
         assert "batchpilot_slo_objective_ratio{" not in exposed
+
+    def test_requests_over_the_sla_are_counted_once_it_is_given(self, tmp_path: Path) -> None:
+        """`batchpilot_requests_over_sla_total`: the requests timed slower than the SLA in force,
+        absent until an SLA is given (a 0 would read as every request inside it)."""
+        metrics = self.server(tmp_path).metrics
+        metrics.request_finished(RequestOutcome.SUCCESS, 0.5)
+        assert (
+            "batchpilot_requests_over_sla_total{" not in generate_latest(metrics.registry).decode()
+        )
+        metrics.settings_changed(max_batch_size=4, max_queue_delay_s=0.005, sla_s=0.1)
+        for outcome, seconds in (
+            (RequestOutcome.SUCCESS, 0.099),
+            (RequestOutcome.SUCCESS, 0.1),  # at the SLA is inside it
+            (RequestOutcome.SUCCESS, 0.101),
+            (RequestOutcome.TIMEOUT, 0.2),
+            (RequestOutcome.REJECTED, 0.3),  # refused: not timed, not counted here
+        ):
+            metrics.request_finished(outcome, seconds)
+        over = metrics.registry.get_sample_value("batchpilot_requests_over_sla_total", self.LABELS)
+        assert over == 2
+        timed = metrics.registry.get_sample_value(
+            "batchpilot_request_duration_seconds_count", self.LABELS
+        )
+        assert timed == 5  # the one before the SLA, and four since
 
     def test_the_mounted_document_sets_them(self, tmp_path: Path) -> None:
         server = self.server(tmp_path)

@@ -17,6 +17,7 @@ from batchpilot.operator.autopilot.capacity import (
     replica_capacity,
 )
 from batchpilot.operator.autopilot.decide import decide, pending_since
+from batchpilot.operator.autopilot.explain import p99_over
 from batchpilot.operator.autopilot.headroom import RateHistory
 from batchpilot.operator.autopilot.learn import (
     DEFAULT_COLD_START_S,
@@ -270,6 +271,44 @@ class TestClumpedArrivals:
         kept_and_persisted(
             "arrival_dispersion", "dispersion", "dispersion", 3.1384, (0.2, -1, "nan"), 1.0
         )
+
+
+class TestP99WithinABucketOfTheSla:
+    """The runtime's latency buckets are 15 % apart: within one of the SLA the histogram's P99,
+    interpolated inside the bucket, cannot tell which side of the SLA the true one is (a narrow
+    tail at 52 ms reads 57 against a 55 ms SLA); the share of requests the runtime counted
+    slower than the SLA can."""
+
+    @staticmethod
+    def window(p99_ms: float, late_share: float | None) -> Observation:
+        return replace(
+            seen(at=0, qps=250, p99_ms=p99_ms, ready=3, batch=2),
+            arrival_qps=250,
+            late_share=late_share,
+        )
+
+    def test_within_a_bucket_the_requests_over_it_decide(self) -> None:
+        assert not p99_over(self.window(56.6, 0.002), 0.055)
+        assert p99_over(self.window(56.6, 0.02), 0.055)
+        assert p99_over(self.window(56.6, None), 0.055)  # not counted: the reading
+        assert p99_over(self.window(53.0, 0.02), 0.055)  # reads inside, counted over
+
+    def test_beyond_a_bucket_the_reading_decides(self) -> None:
+        # more than a bucket from the SLA the true P99 is on the reading's side (a runtime that
+        # counts against an SLA since changed is overruled there)
+        assert p99_over(self.window(70.0, 0.0), 0.055)
+        assert not p99_over(self.window(45.0, 0.5), 0.055)
+
+    def test_the_guard_adds_nothing_on_a_reading_the_histogram_made(self) -> None:
+        policy = replace(POLICY, sla_p99_s=0.055, max_replicas=8)
+        current, state = InForce(3, 2, 0.005), State(fit=MODEL, overhead_s=0.035)
+        read, _ = decide(self.window(56.6, None), policy, current, state, now=0)
+        assert read.replicas > 3
+        assert "P99 over the SLA although the model predicts" in read.reason
+        counted, after = decide(self.window(56.6, 0.002), policy, current, state, now=0)
+        assert counted.replicas == 3, counted.reason
+        assert counted.sla_met is True
+        assert after.ceiling is None
 
 
 class TestUnevenLoad:

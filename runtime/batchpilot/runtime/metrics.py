@@ -72,6 +72,10 @@ environment), so one PromQL selector finds a service's replicas. What each metri
   larger for `server.MEMORY_RETRY_S` (ten minutes; then the series goes and the limit set is
   tried again), and the batch limit and burst size in force
   (`batchpilot_batching_max_batch_size`, `…_burst_batch_size`) say so.
+- `batchpilot_requests_over_sla_total` (counter, from the first SLA given on): the requests timed
+  that took longer than the SLA in force — over their count, the share P99 <= SLA allows to be
+  1 %, exactly, where the latency histogram's buckets (15 % apart) only say which bucket P99 is
+  in, and read a narrow tail's P99 up to a bucket high.
 - `batchpilot_sla_seconds`, `batchpilot_slo_objective_ratio` (gauges): the service's P99 SLA and
   objective (0.99: the SLA holds 99 % of the time), as the operator's batching document gives
   them; absent until it does. Prometheus judges the service against them (the chart's
@@ -496,6 +500,16 @@ class RuntimeMetrics:
             names,
             registry=r,
         )
+        self._over_sla_family = Counter(
+            "batchpilot_requests_over_sla",
+            "Requests timed (request_duration_seconds) that took longer than the SLA in force "
+            "(batchpilot_sla_seconds): over their count, exactly the share P99 <= SLA allows to "
+            "be 1 %, where the histogram's buckets, 15 % apart, say only which bucket P99 is in",
+            names,
+            registry=r,
+        )
+        self._over_sla: Counter | None = None
+        """The family's child, from the first SLA given on."""
         self._objective = Gauge(
             "batchpilot_slo_objective_ratio",
             "The share of time the SLA must hold (spec.sla.objectivePercent / 100)",
@@ -563,6 +577,9 @@ class RuntimeMetrics:
         if duration_s is not None:
             if outcome in _TIMED_OUTCOMES:
                 self.request_duration.observe(duration_s)
+                sla_s = self._sla_s
+                if sla_s is not None and duration_s > sla_s and self._over_sla is not None:
+                    self._over_sla.inc()
             elif outcome is RequestOutcome.REJECTED:
                 self.refusal_duration.observe(duration_s)
 
@@ -628,6 +645,8 @@ class RuntimeMetrics:
         self.max_queue_delay.set(max_queue_delay_s)
         self.deadline.set(deadline_s or 0.0)
         self._sla_s = sla_s
+        if sla_s is not None and self._over_sla is None:
+            self._over_sla = self._over_sla_family.labels(**self._labels)
         for gauge, value in ((self._sla, sla_s), (self._objective, objective)):
             if value is None:
                 gauge.clear()

@@ -118,7 +118,9 @@ class Column:
     COUNTED = SECOND_SQUARES + 1
     """batchpilot_arrival_counted_seconds_total: one at the end of every second the replica is
     there (its scrapes end with it, so the rows after never count)."""
-    COUNT = COUNTED + 1
+    LATE = COUNTED + 1
+    """batchpilot_requests_over_sla_total: requests answered later than the SLA."""
+    COUNT = LATE + 1
 
 
 BATCH_COLUMNS = slice(Column.BATCHES.start, Column.COMPUTE.stop)
@@ -271,6 +273,8 @@ class Telemetry:
         """The exact view's `DISPERSION` and `BLOCKS`, by interval."""
         self.variation = np.zeros((slots, 2), dtype=np.float64)
         """The exact view's `VARIATION` and `TIMED`, by interval."""
+        self.late = np.zeros(slots, dtype=np.int64)
+        """The exact view's `LATE`, by interval."""
         self.second_squares = np.zeros(slots, dtype=np.float64)
         """The exact view's `SECOND_SQUARES`, by interval."""
         self._seconds: dict[int, tuple[int, int]] = {}
@@ -526,7 +530,9 @@ class Telemetry:
             latency = np.repeat(ended, sizes) - result.arrivals + self.overhead_s
             latency_bucket = np.searchsorted(self.bounds, latency, side="left")
             wait_bucket = np.searchsorted(self.bounds, waits, side="left")
+            late = latency > self.sla_s
             if target is None:
+                _count(self.late, slot, late)
                 self._add(self.latency, slot, latency_bucket)
                 self._add(self.queue_wait, slot, wait_bucket)
                 np.add.at(self.variation[:, 0], batch_slot, deviation * deviation)
@@ -541,6 +547,7 @@ class Telemetry:
                     pow2,
                     latency_bucket,
                     wait_bucket,
+                    late,
                 )
             latencies.append(latency)
             slots.append(slot)
@@ -567,6 +574,7 @@ class Telemetry:
         pow2: IntArray,
         latency_bucket: IntArray,
         wait_bucket: IntArray,
+        late: np.ndarray[Any, np.dtype[np.bool_]],
     ) -> None:
         """Add one call's batches to a target's series: requests when their batch ends, busy
         seconds as they pass (a scrape during a batch sees the part run so far; a batch longer
@@ -581,14 +589,13 @@ class Telemetry:
         )
         request_row = np.repeat(ended_row, sizes)
         batch = np.ones(sizes.shape[0])
-        rows = np.concatenate(
-            [request_row, request_row, request_row, started_row, ended_row] + [ended_row] * 7
-        )
+        rows = np.concatenate([request_row] * 4 + [started_row, ended_row] + [ended_row] * 7)
         cols = np.concatenate(
             [
                 Column.LATENCY.start + latency_bucket,
                 Column.QUEUE_WAIT.start + wait_bucket,
                 np.full(request_row.shape[0], Column.OUTSIDE),
+                np.full(request_row.shape[0], Column.LATE),
                 np.full(sizes.shape[0], Column.BUSY),
                 np.full(sizes.shape[0], Column.BUSY),
                 np.full(sizes.shape[0], Column.SIZE_SUM),
@@ -604,6 +611,7 @@ class Telemetry:
             [
                 np.ones(2 * request_row.shape[0]),
                 np.full(request_row.shape[0], self.overhead_s),
+                late.astype(np.float64),
                 first_part,
                 seconds - first_part,
                 rows_run,
@@ -676,6 +684,7 @@ class Telemetry:
             qps=completed / seconds,
             rejected_qps=float(self.rejected[lo:k].sum()) / seconds,
             queue_p99_s=_quantile(0.99, bounds, waits),
+            late_share=float(self.late[lo:k].sum()) / completed if completed else None,
             utilization=(
                 float(self.busy_s[lo:k].sum()) / seconds / reporting if reporting else None
             ),
@@ -757,6 +766,7 @@ class Telemetry:
         ]
         gauge = sum(r for r in readings if math.isfinite(r)) / RECENT_ARRIVALS_S
         served = _number(rates[Column.LATENCY.stop - 1]) if counted else None
+        late = _number(rates[Column.LATE])
         outside = _number(rates[Column.OUTSIDE])
         return Observation(
             at=now,
@@ -766,6 +776,7 @@ class Telemetry:
             qps=served,
             rejected_qps=_number(rates[Column.REJECTED]) if counted else None,
             queue_p99_s=_quantile(0.99, bounds, buckets(Column.QUEUE_WAIT)),
+            late_share=None if late is None or not served else late / served,
             utilization=busy if counted else None,
             mean_batch=(size_sum / size_count if size_sum is not None and size_count else None),
             rows_per_request=(size_sum / served if size_sum is not None and served else None),

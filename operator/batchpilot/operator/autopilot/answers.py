@@ -139,6 +139,7 @@ def observation_from(
         qps=qps,
         rejected_qps=rejected,
         queue_p99_s=number("queue_p99"),
+        late_share=number("late_share"),
         utilization=rate("utilization") if utilization == "busy" else number("utilization"),
         mean_batch=number("mean_batch"),
         arrival_dispersion=number("dispersion"),

@@ -17,7 +17,7 @@ import math
 
 from batchpilot.operator.autopilot.capacity import adds_capacity
 from batchpilot.operator.autopilot.ceiling import step_up
-from batchpilot.operator.autopilot.explain import SHED_TOLERANCE, unserved_beyond
+from batchpilot.operator.autopilot.explain import SHED_TOLERANCE, p99_over, unserved_beyond
 from batchpilot.operator.autopilot.observation import Observation
 from batchpilot.operator.autopilot.policy import InForce, Policy, format_ms
 from batchpilot.operator.autopilot.service_model import LatencyFit
@@ -70,7 +70,7 @@ def overruled(
     `PERSISTENT_WINDOWS`), so refusals beyond `explain.SHED_TOLERANCE` count as well, and a plan
     that only raises the batch limit stands no more."""
     assert observation.ready_replicas is not None
-    p99, sla = observation.p99_s, policy.sla_p99_s
+    sla = policy.sla_p99_s
     unserved = observation.unserved_share
     replicas = step_up(current.replicas)
     planned = InForce(want_replicas, want_batch, current.max_queue_delay_s)
@@ -78,8 +78,9 @@ def overruled(
         model, planned, replicas, current.batch_size
     )
     refused = unserved_beyond(observation, SHED_TOLERANCE if persistent else SHED_FEEDBACK)
+    over = p99_over(observation, sla)
     if not (
-        ((p99 is not None and p99 > sla) or refused)
+        (over or refused)
         # (misses that recur since the replicas settled need no settled batch limit: the limit
         # retuned over the SLA and back, window after window, kept the guard from ever judging)
         and (settled or persistent)
@@ -95,7 +96,7 @@ def overruled(
         return None
     what = (
         "P99 over the SLA"
-        if p99 is not None and p99 > sla
+        if over
         else f"{unserved:.0%} of the requests refused or expired"
         + (", a miss that recurs," if unserved <= SHED_FEEDBACK else "")
     )
@@ -114,7 +115,7 @@ def feedback_only(
     below a request's rows is doubled from the rows a request brings."""
     p99 = observation.p99_s
     sla = policy.sla_p99_s
-    if p99 is not None and p99 > sla:
+    if p99 is not None and p99_over(observation, sla):
         if current.batch_size < policy.max_batch_size:
             runs = max(current.batch_size, round(observation.rows_per_request or 1.0))
             batch = min(policy.max_batch_size, runs * 2)

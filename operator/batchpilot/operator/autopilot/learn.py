@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, replace
 
 from batchpilot.api.arrivals import RECENT_ARRIVALS_S
-from batchpilot.operator.autopilot.explain import SHED_TOLERANCE, unserved_beyond
+from batchpilot.operator.autopilot.explain import SHED_TOLERANCE, p99_over, unserved_beyond
 from batchpilot.operator.autopilot.lost import track
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation
 from batchpilot.operator.autopilot.policy import InForce, Policy
@@ -168,7 +168,7 @@ def learn(
     if (
         model is not None
         and p99 is not None
-        and p99 <= policy.sla_p99_s
+        and not p99_over(observation, policy.sla_p99_s)
         and observation.unserved_share <= LEARN_BELOW_UNSERVED
         and settled
     ):
@@ -186,6 +186,9 @@ def learn(
             delay_s=current.max_queue_delay_s,
         )
         if expected.load < LEARN_BELOW_LOAD:
+            # (Inside the SLA by the requests counted over it, a reading above it is the
+            # histogram's: no more than the SLA.)
+            p99 = min(p99, policy.sla_p99_s)
             residual = min(policy.sla_p99_s, max(0.0, p99 - expected.p99_s))
             if overhead is None:
                 overhead = residual

@@ -66,6 +66,12 @@ class Observation:
     utilization: float | None
     """Device busy fraction per replica, 0-1 (busy-seconds rate, NVML or DCGM)."""
     mean_batch: float | None
+    late_share: float | None = None
+    """The share of the requests timed that took longer than the SLA, as the runtime counted
+    them against the SLA it was given (`batchpilot_requests_over_sla_total`): P99 is over the
+    SLA exactly where more than 1 % were. The histogram's P99 interpolates inside buckets 15 %
+    apart, and reads a narrow tail's P99 up to a bucket high. None where no replica counts it
+    (an older runtime; one not yet given the SLA)."""
     compute: tuple[ComputePoint, ...] = ()
     rows_per_request: float | None = None
     """Rows the batches ran per request answered: 1 where every request carries one row (an

@@ -170,6 +170,16 @@ def queries(
             "p95": quantile(0.95, "batchpilot_request_duration_seconds"),
             "queue_p99": quantile(0.99, "batchpilot_queue_wait_seconds"),
             "qps": served,
+            # The share of the requests timed that took longer than the SLA, as the replicas that
+            # count it (those that know the SLA) counted: P99 over the SLA is more than 1 %.
+            "late_share": (
+                f"{rate('batchpilot_requests_over_sla_total')} / "
+                + agg(
+                    "sum",
+                    f"rate(batchpilot_request_duration_seconds_count{{{sel}}}[{w}]) and "
+                    f"rate(batchpilot_requests_over_sla_total{{{sel}}}[{w}])",
+                )
+            ),
             "rejected": rate("batchpilot_requests_total", ',outcome="rejected"'),
             "arrivals": rate("batchpilot_arrivals_total", f",{NOT_RETRIED}"),
             "retried": rate("batchpilot_arrivals_total", f',{ATTEMPT_LABEL}="{RETRY_ATTEMPT}"'),

@@ -41,6 +41,7 @@ RECORDED = (
     "p95",
     "queue_p99",
     "qps",
+    "late_share",
     "rejected",
     "arrivals",
     "retried",
