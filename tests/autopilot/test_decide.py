@@ -16,6 +16,7 @@ from batchpilot.operator.autopilot.capacity import (
     limits,
     replica_capacity,
 )
+from batchpilot.operator.autopilot.ceiling import Ceiling
 from batchpilot.operator.autopilot.decide import decide, pending_since
 from batchpilot.operator.autopilot.explain import p99_over
 from batchpilot.operator.autopilot.headroom import RateHistory
@@ -309,6 +310,55 @@ class TestP99WithinABucketOfTheSla:
         assert counted.replicas == 3, counted.reason
         assert counted.sla_met is True
         assert after.ceiling is None
+
+
+class TestAnSlaBelowWhatARequestTakesAlone:
+    """An SLA below the time outside the batcher and a request's own batch: no replica meets it,
+    and every replica bought for it served nothing (maxReplicas, window after window). The plan
+    keeps P99 within `FLOOR_MARGIN` of that floor instead, and says so; the verdict stays the
+    SLA's."""
+
+    POLICY = replace(POLICY, sla_p99_s=0.042, max_replicas=8)
+
+    @staticmethod
+    def window(p99_ms: float, ready: int = 3) -> Observation:
+        return replace(
+            seen(at=0, qps=300, p99_ms=p99_ms, ready=ready, batch=2),
+            arrival_qps=300,
+            late_share=1.0,  # every request over the 42 ms
+        )
+
+    def test_the_plan_is_for_the_floor_and_says_so(self) -> None:
+        # 40 ms outside the batcher and a 1-row batch of 6 ms: 46 ms at the least
+        state = State(fit=MODEL, overhead_s=0.040)
+        decision, after = decide(self.window(50.0), self.POLICY, InForce(3, 2, 0.005), state, 0)
+        assert decision.replicas < self.POLICY.max_replicas
+        assert decision.sla_met is False
+        assert "the SLA is below what a request takes alone: 46 ms, 40 ms of it outside" in (
+            decision.reason
+        )
+        assert "raise the SLA or cut the time outside the batcher" in decision.reason
+        assert "feedback" not in decision.reason
+        assert after.ceiling is None
+
+    def test_no_guard_and_no_ceiling_buys_replicas_for_it(self) -> None:
+        # P99 over the SLA in every window, and a ceiling from before the floor was known: the
+        # replicas stay what the floor's plan needs
+        state = State(fit=MODEL, overhead_s=0.040, ceiling=Ceiling(0.0, 3, 100.0))
+        current = InForce(3, 2, 0.005)
+        for tick in range(1, 30):
+            now = tick * TICK
+            decision, state = decide(
+                replace(self.window(52.0), at=now), self.POLICY, current, state, now
+            )
+            current = InForce(decision.replicas, decision.batch_size, 0.005)
+            assert decision.replicas <= 3, decision.reason
+
+    def test_a_reachable_sla_is_planned_as_ever(self) -> None:
+        reachable = replace(self.POLICY, sla_p99_s=0.060)
+        state = State(fit=MODEL, overhead_s=0.040)
+        decision, _ = decide(self.window(50.0), reachable, InForce(3, 2, 0.005), state, 0)
+        assert "below what a request takes alone" not in decision.reason
 
 
 class TestUnevenLoad:

@@ -92,6 +92,10 @@ from batchpilot.operator.autopilot.state import State
 from batchpilot.operator.autopilot.stragglers import hand_over
 from batchpilot.operator.autopilot.stragglers import judge as judge_pods
 
+FLOOR_MARGIN = 1.5
+"""Where the SLA is below what a request takes alone (the time outside the batcher and a batch of
+its rows), the plan keeps P99 within this of that floor instead: the replicas and batches that
+carry the load near its best latency, not every replica maxReplicas allows for nothing."""
 STALE_WINDOWS = 3
 """An observation older than this many windows is stale."""
 
@@ -181,6 +185,18 @@ def decide(
     outside = min(overhead or 0.0, sla)
     # Headroom applies to the part of P99 the knobs move: the latency outside the batcher stays.
     target, near = p99_bounds(sla, outside)
+    # A request alone spends the time outside the batcher and its own batch's: an SLA below that
+    # no replica meets, and every replica bought for it serves nothing (maxReplicas, window after
+    # window). Plan, and steer, for a P99 within `FLOOR_MARGIN` of that floor instead, and say so;
+    # the verdict and the objective's books stay the SLA's.
+    floor = None if model is None else outside + model.batch_seconds(model.request_rows())
+    planning, steered, steering = policy, sla_met, observation
+    if floor is not None and floor > sla:
+        planning = replace(policy, sla_p99_s=floor * FLOOR_MARGIN)
+        target, near = p99_bounds(planning.sla_p99_s, outside)
+        # (The runtime counts the requests over its SLA, not this one: the reading judges.)
+        steering = replace(observation, late_share=None)
+        steered = judge(steering, planning)
     rate, trend = present_load(observation, state, now, settled=settled)
     saturated = saturated_load(observation, settled=settled)
     if rate > offered and saturated is not None and saturated > rate:
@@ -225,7 +241,7 @@ def decide(
     learned_state = replace(learned.state, slo=slo, history=history, rate=(now, offered))
     ceiling = kept_ceiling(
         state.ceiling,
-        sla_met=sla_met,
+        sla_met=steered,
         settled=settled,
         offered=offered,
         ready=ready,
@@ -256,7 +272,7 @@ def decide(
             return plan_capacity(
                 planned,
                 rate=headroom.rate,
-                policy=policy,
+                policy=planning,
                 delay_s=delay_s,
                 overhead_s=overhead or 0.0,
                 target_s=target,
@@ -290,15 +306,23 @@ def decide(
             f"{chosen.capacity:.0f} rps at batch ≤ {chosen.batch_size} {kept_in(chosen)}, "
             f"so {chosen.replicas} for {headroom.rate:.0f} rps (P99 {format_ms(predicted)})"
         )
-        if not chosen.feasible:
+        if planning is not policy:
+            notes.append(
+                f"the SLA is below what a request takes alone: {format_ms(floor)}, "
+                f"{format_ms(outside)} of it outside the batcher; planning for P99 within "
+                f"{FLOOR_MARGIN - 1:.0%} of that — raise the SLA or cut the time outside the "
+                f"batcher"
+            )
+        elif not chosen.feasible:
             notes.append("no configuration within maxReplicas is predicted to meet the SLA")
         # 5. Guard: over the SLA in a window of the present, and the plan adds no capacity →
         # trust the observation. Replicas lost serve nothing: the guard weighs the rest, as the
         # plan does.
         serving = replace(current, replicas=current.replicas - learned.state.lost.count)
+        # (Below the floor no replica helps: the guard steers by the plan's SLA too.)
         overrule = overruled(
-            observation,
-            policy,
+            steering,
+            planning,
             serving,
             model,
             settled=settled,
@@ -327,7 +351,7 @@ def decide(
                     current=current,
                     state=state,
                     rate=headroom.rate,
-                    policy=policy,
+                    policy=planning,
                     delay_s=delay_s,
                     overhead_s=overhead or 0.0,
                     target_s=target,
@@ -335,7 +359,7 @@ def decide(
                     interval=learned.interval or DEFAULT_INTERVAL_S,
                     # the fast signal's span: the last two scrapes, about one scrape interval
                     scrape_s=observation.recent_window_s or 0.0,
-                    sla_met=sla_met,
+                    sla_met=steered,
                 )
                 why += f"; {first}"
                 trying_the_batch = want_replicas == current.replicas
@@ -345,7 +369,7 @@ def decide(
                 want_replicas = current.replicas
                 notes.append("not scaling down on a rough model")
         why += headroom.note
-        if ceiling is not None and not idle:
+        if ceiling is not None and not idle and planning is policy:
             floor = min(policy.max_replicas, ceiling.floor(headroom.rate, want_replicas))
             if floor > want_replicas:
                 want_replicas = floor
@@ -361,7 +385,7 @@ def decide(
         cold_start_s=cold_start_of(learned_state),
         now=now,
         evicted_after_s=policy.evicted_after_s,
-        missed=sla_met is False,
+        missed=steered is False,
     )
     if away and not idle:
         # Lost replicas (a node that died) are counted in force but serve nothing: ask for as
@@ -399,8 +423,8 @@ def decide(
         scraped=observation.reporting_replicas,
         covered_s=observation.covered_s,
         window_s=observation.window_s,
-        sla_met=sla_met,
-        policy=policy,
+        sla_met=steered,
+        policy=planning,
         state=learned_state,
         now=now,
         model=model,
@@ -411,7 +435,7 @@ def decide(
         served_while_refusing=observation.qps if unserved > REFUSING_SHARE else None,
         clean_offered=(
             offered
-            if unserved <= CLEAN_SHARE and sla_met and settled and ready >= current.replicas
+            if unserved <= CLEAN_SHARE and steered and settled and ready >= current.replicas
             else None
         ),
     )
@@ -429,7 +453,7 @@ def decide(
         model is not None
         and not idle
         and not trying_the_batch
-        and (replicas > ready or sla_met is False)
+        and (replicas > ready or steered is False)
     ):
         # 7. Absorb: until the new replicas take traffic, the ready ones carry it all; and over
         # the SLA, capacity is not given back. The batch limit moves in seconds and costs
@@ -448,7 +472,7 @@ def decide(
                 else "over the SLA"
             )
             want_batch = absorbing
-    elif sla_met and current.batch_size > want_batch and near_the_edge(observation, policy):
+    elif steered and current.batch_size > want_batch and near_the_edge(observation, planning):
         # Back inside the SLA only just (P99 near it, or some requests still refused): the
         # verdict flickers from window to window, and each flip would push new settings to every
         # pod. A larger batch limit in force stays until the window is clearly inside.
