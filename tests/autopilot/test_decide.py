@@ -338,6 +338,7 @@ class TestAnSlaBelowWhatARequestTakesAlone:
             decision.reason
         )
         assert "raise the SLA or cut the time outside the batcher" in decision.reason
+        assert decision.below_floor is not None  # ScalingLimited: SLABelowLatencyFloor
         assert "feedback" not in decision.reason
         assert after.ceiling is None
 
@@ -359,6 +360,7 @@ class TestAnSlaBelowWhatARequestTakesAlone:
         state = State(fit=MODEL, overhead_s=0.040)
         decision, _ = decide(self.window(50.0), reachable, InForce(3, 2, 0.005), state, 0)
         assert "below what a request takes alone" not in decision.reason
+        assert decision.below_floor is None
 
 
 class TestUnevenLoad:

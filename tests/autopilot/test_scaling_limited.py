@@ -4,6 +4,7 @@ autopilot asked for cannot come up, as the reconciler's Ready condition says."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -196,6 +197,30 @@ class TestNotALimit:
         }
         condition, _ = tick(status, decision(4), in_force=4, ready=0)
         assert condition["reason"] == "WithinLimits"
+
+
+class TestAnSlaBelowTheLatencyFloor:
+    FLOOR = (
+        "the SLA is below what a request takes alone: 44 ms, 40 ms of it outside the batcher; "
+        "planning for P99 within 50% of that — raise the SLA or cut the time outside the batcher"
+    )
+
+    def test_it_is_a_limit_with_what_to_change(self) -> None:
+        status = ready_status(ready=2, desired=2, trouble=None)
+        below = replace(decision(2), sla_met=False, below_floor=self.FLOOR)
+        condition, events = tick(status, below, in_force=2, ready=2)
+        assert (condition["status"], condition["reason"]) == ("True", "SLABelowLatencyFloor")
+        assert condition["message"] == self.FLOOR
+        assert limited_events(events) == [("Warning", self.FLOOR)]
+
+    def test_replicas_that_cannot_come_up_are_said_after_it(self) -> None:
+        status = ready_status(ready=1, desired=3, trouble=TROUBLES[1])
+        below = replace(decision(3), sla_met=False, below_floor=self.FLOOR)
+        condition, _ = tick(status, below, in_force=3, ready=1)
+        assert condition["reason"] == "SLABelowLatencyFloor"
+        assert condition["message"] == f"{self.FLOOR}; 1 of 3 replicas ready: " + (
+            TROUBLES[1].message
+        )
 
 
 class TestAtMaxReplicas:

@@ -191,12 +191,18 @@ def decide(
     # the verdict and the objective's books stay the SLA's.
     floor = None if model is None else outside + model.batch_seconds(model.request_rows())
     planning, steered, steering = policy, sla_met, observation
+    below_floor: str | None = None
     if floor is not None and floor > sla:
         planning = replace(policy, sla_p99_s=floor * FLOOR_MARGIN)
         target, near = p99_bounds(planning.sla_p99_s, outside)
         # (The runtime counts the requests over its SLA, not this one: the reading judges.)
         steering = replace(observation, late_share=None)
         steered = judge(steering, planning)
+        below_floor = (
+            f"the SLA is below what a request takes alone: {format_ms(floor)}, "
+            f"{format_ms(outside)} of it outside the batcher; planning for P99 within "
+            f"{FLOOR_MARGIN - 1:.0%} of that — raise the SLA or cut the time outside the batcher"
+        )
     rate, trend = present_load(observation, state, now, settled=settled)
     saturated = saturated_load(observation, settled=settled)
     if rate > offered and saturated is not None and saturated > rate:
@@ -306,13 +312,8 @@ def decide(
             f"{chosen.capacity:.0f} rps at batch ≤ {chosen.batch_size} {kept_in(chosen)}, "
             f"so {chosen.replicas} for {headroom.rate:.0f} rps (P99 {format_ms(predicted)})"
         )
-        if planning is not policy:
-            notes.append(
-                f"the SLA is below what a request takes alone: {format_ms(floor)}, "
-                f"{format_ms(outside)} of it outside the batcher; planning for P99 within "
-                f"{FLOOR_MARGIN - 1:.0%} of that — raise the SLA or cut the time outside the "
-                f"batcher"
-            )
+        if below_floor is not None:
+            notes.append(below_floor)
         elif not chosen.feasible:
             notes.append("no configuration within maxReplicas is predicted to meet the SLA")
         # 5. Guard: over the SLA in a window of the present, and the plan adds no capacity →
@@ -506,6 +507,7 @@ def decide(
         predicted=predicted,
         capacity=capacity_per_replica,
         retuned=retuned,
+        below_floor=below_floor,
     )
     return replace(decision, replace=handover.delete), new_state
 

@@ -100,6 +100,7 @@ def explain(
     predicted: float | None,
     capacity: float | None,
     retuned: bool,
+    below_floor: str | None = None,
 ) -> Decision:
     """The decision with its action, reason and condition inputs."""
     sla, p99 = policy.sla_p99_s, observation.p99_s
@@ -164,6 +165,7 @@ def explain(
         metrics_available=True,
         sla_met=sla_met,
         scaling_limited=limited,
+        below_floor=below_floor,
         predicted_p99_s=predicted,
         capacity_rps=capacity,
         notes=tuple(notes),

@@ -100,6 +100,8 @@ class Decision:
     """None when unknown (no metrics, or no traffic)."""
     scaling_limited: str | None = None
     """Why the autopilot cannot do what the SLA needs (at maxReplicas), for the condition."""
+    below_floor: str | None = None
+    """Why no replica can meet the SLA (a request alone takes longer), for the condition."""
     predicted_p99_s: float | None = None
     capacity_rps: float | None = None
     """Requests per second one replica carries inside the target at the chosen batch limit."""

@@ -144,6 +144,7 @@ def report_tick(
 
 AT_MAX_REPLICAS = "AtMaxReplicas"
 REPLICAS_UNAVAILABLE = "ReplicasUnavailable"
+BELOW_LATENCY_FLOOR = "SLABelowLatencyFloor"
 WITHIN_LIMITS = "WithinLimits"
 
 
@@ -156,7 +157,8 @@ def scaling_limited(
     acting: bool,
 ) -> tuple[conditions.Status, str, str]:
     """(status, reason, message) of the ScalingLimited condition: True at maxReplicas with the SLA
-    broken (the decision says so), or while replicas the autopilot asked for cannot come up —
+    broken (the decision says so), where the SLA is below what a request takes alone (no replica
+    meets it: the decision says so), or while replicas the autopilot asked for cannot come up —
     not created (a GPU quota), not scheduled (no free GPU), crashing, not pulled, a rollout past
     its deadline — as the reconciler's Ready condition in `status` names it (`rollout`).
 
@@ -176,6 +178,13 @@ def scaling_limited(
         if unavailable is not None:
             message = rollout.short(f"{message}; {unavailable}")
         return "True", AT_MAX_REPLICAS, message
+    if decision.below_floor:
+        # No replica count meets the SLA: what to change is the SLA or the time outside the
+        # batcher, whatever replicas are missing besides.
+        message = decision.below_floor
+        if unavailable is not None:
+            message = rollout.short(f"{message}; {unavailable}")
+        return "True", BELOW_LATENCY_FLOOR, message
     if unavailable is not None:
         verb = "asks for" if acting else "recommends"
         return (
