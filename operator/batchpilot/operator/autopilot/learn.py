@@ -155,7 +155,7 @@ def learn(
             dispersion=dispersion(observation, known.dispersion),
             batch_cv=batch_cv(observation, known.batch_cv),
             rows_cv=rows_cv(observation, known.rows_cv),
-            unevenness=unevenness(observation, known.unevenness),
+            unevenness=unevenness(observation, known.unevenness, settled=settled),
         )
     overhead = state.overhead_s
     if overhead is None and observation.outside_s is not None:
@@ -250,9 +250,10 @@ def dispersion(observation: Observation, known: float) -> float:
     return _on_grid(measured)
 
 
-def unevenness(observation: Observation, known: float) -> float:
+def unevenness(observation: Observation, known: float, *, settled: bool = True) -> float:
     """How many times a replica's mean rate its requests met in their second, for the model:
-    the window's, else (not counted, or too few arrivals to tell) the last known.
+    the window's where it describes the replicas in force (`settled`; else none: 1), and the
+    last known where it is not counted or has too few arrivals to tell.
 
     Each replica counts its arrivals a second and sums their squares over the seconds (Σn²).
     For arrivals at λ a second that clump by D (the dispersion; 1 for Poisson), E[n²] = λ² + λD,
@@ -262,7 +263,14 @@ def unevenness(observation: Observation, known: float) -> float:
     mean over the same seconds (the arrivals over the seconds counted: replicas that came or
     went inside the window count for their part) that is the factor; below `EVEN` it is 1,
     above, on the model's steps of `UNEVENNESS_STEP`. A replica busier than its peers
-    (connections kept on it) reads as unevenness too: its requests do meet that rate."""
+    (connections kept on it) reads as unevenness too: its requests do meet that rate. So do
+    replicas that came or went inside the window, which is why only a settled window counts:
+    19 of 23 replicas removed at a steady 150 rps left 4 serving 38 rps each where 23 had
+    served 6.5, and the window read 1.6 — the plan then asked for twice the replicas. (Kept
+    through such windows instead, the reading of a window where the traffic began held the
+    replicas of a step's first minutes through every scale-up after it.)"""
+    if not settled:
+        return 1.0
     squares = observation.arrival_second_squares
     counted = observation.arrival_counted_seconds
     arrived = (observation.arrival_qps or 0.0) + (observation.retried_qps or 0.0)
