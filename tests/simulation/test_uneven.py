@@ -49,7 +49,7 @@ def wave_run() -> float:
 class TestTheAutopilot:
     def test_it_plans_for_the_rate_the_requests_meet(self, monkeypatch: pytest.MonkeyPatch) -> None:
         planned = wave_run()
-        monkeypatch.setattr(learn, "unevenness", lambda observation, known: 1.0)
+        monkeypatch.setattr(learn, "unevenness", lambda observation, known, settled: 1.0)
         unplanned = wave_run()
         # Planned from the minute's mean, the replicas go down to what carries the mean, and
         # the busy halves miss until the guard adds them back; and the busy halves' P99, read as
