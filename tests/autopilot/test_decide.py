@@ -420,6 +420,14 @@ class TestUnevenLoad:
         assert state.fit is not None
         assert state.fit.unevenness == 1.0
 
+    def test_a_window_whose_replicas_changed_reads_none(self) -> None:
+        # Replicas that came or went inside the window change each one's rate: no unevenness of
+        # the load, and none is kept from before either (a start-up's would hold for good).
+        changed = State(fit=replace(MODEL, unevenness=1.331), changed_at=20.0, ready=2)
+        _, state = decide(self.window(300, 1.67), POLICY, InForce(2, 8, 0.005), changed, 30.0)
+        assert state.fit is not None
+        assert state.fit.unevenness == 1.0
+
     def test_a_few_arrivals_a_second_say_nothing(self) -> None:
         # 4 a second a replica: a minute of Poisson arrivals reads 1.5 now and then.
         known = State(fit=replace(MODEL, unevenness=1.331))
