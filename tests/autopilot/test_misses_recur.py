@@ -166,8 +166,8 @@ class TestTheGuardOnMissesThatRecur:
         # (a throttled device held a second replica at 200 rps for the hour after its miss).
         ceiling = Ceiling(100.0, 2, 125.0)
         kept = {"sla_met": True, "settled": True, "offered": 250.0, "ready": 3, "now": 400.0}
-        assert kept_ceiling(ceiling, **kept, replaced_since=lambda at: 300.0 > at) is None
-        assert kept_ceiling(ceiling, **kept, replaced_since=lambda at: 50.0 > at) == ceiling
+        assert kept_ceiling(ceiling, **kept, replaced_since=lambda at: at < 300.0) is None
+        assert kept_ceiling(ceiling, **kept, replaced_since=lambda at: at < 50.0) == ceiling
         # and in the decision, from the stragglers' memory
         state = State(
             fit=MODEL, ceiling=ceiling, stragglers=Stragglers(replaced=(("pod-a", 300.0),))
