@@ -53,7 +53,7 @@ class TestTheAutopilot:
         unplanned = wave_run()
         # Planned from the minute's mean, the replicas go down to what carries the mean, and
         # the busy halves miss until the guard adds them back; and the busy halves' P99, read as
-        # time outside the batcher, shrinks the batch. (At this writing 0.925 against 0.80: the
+        # time outside the batcher, shrinks the batch. (At this writing 0.925 against 0.78: the
         # misses left are the first wave's, before the replicas it asked for are ready.)
         assert planned >= 0.9
         assert planned >= unplanned + 0.08
