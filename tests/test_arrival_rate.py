@@ -142,6 +142,23 @@ class TestArrivalSeconds:
         assert seconds.squares() == 2
         assert seconds.seconds() == 11.0
 
+    def test_seconds_the_server_took_no_requests_are_not_counted(self) -> None:
+        # warming up, draining: no request is sent to it, and counted those seconds would read
+        # as a replica idle beside busy ones
+        clock, ready = Clock(), [False]
+        seconds = ArrivalSeconds(clock=clock, ready=lambda: ready[0])
+        clock.now += 30.0
+        assert seconds.seconds() == 0.0
+        ready[0] = True
+        for _ in range(5):
+            seconds.arrived()
+            clock.now += 1.0
+        assert seconds.seconds() == 5.0
+        ready[0] = False
+        clock.now += 10.0
+        assert seconds.seconds() == 5.0
+        assert seconds.squares() == 5
+
     @pytest.mark.parametrize(("busy", "quiet", "factor"), [(100, 100, 1.0), (200, 20, 1.67)])
     def test_over_the_arrivals_the_rate_they_met(
         self, busy: int, quiet: int, factor: float

@@ -132,27 +132,37 @@ class ArrivalDispersion:
 
 class ArrivalSeconds:
     """The sum over the slots (seconds) that have ended of the arrivals in each, squared, and
-    the time those slots span: counters. One integer add per arrival; the slot that is running
-    joins once it has ended."""
+    the time those slots span while the server took requests: counters. One integer add per
+    arrival; the slot that is running joins once it has ended.
+
+    `ready`: whether the server takes requests. Seconds it did not (warming up, draining, an
+    engine that fails) are not counted: no request was sent to it then, and counted they would
+    read as a replica idle beside busy ones — load that came unevenly. The slots since the last
+    arrival or read are counted by whether it is ready at the next (within a scrape interval)."""
 
     def __init__(
         self,
         *,
         slot_s: float = SECOND_SQUARES_SLOT_S,
         clock: Callable[[], float] = time.monotonic,
+        ready: Callable[[], bool] = lambda: True,
     ) -> None:
         if slot_s <= 0:
             raise ValueError(f"need slot_s > 0, got {slot_s}")
         self._slot_s = slot_s
         self._clock = clock
-        self._slot = self._first = int(clock() / slot_s)
+        self.ready = ready
+        self._slot = int(clock() / slot_s)
         self._count = 0
         self._squares = 0
+        self._counted = 0
 
     def _roll(self) -> None:
         slot = int(self._clock() / self._slot_s)
         if slot != self._slot:
             self._squares += self._count * self._count
+            if self.ready():
+                self._counted += slot - self._slot
             self._slot, self._count = slot, 0
 
     def arrived(self) -> None:
@@ -165,6 +175,6 @@ class ArrivalSeconds:
         return self._squares
 
     def seconds(self) -> float:
-        """The seconds the ended slots span, since the start: the time `squares` counts."""
+        """The seconds the ended slots span while the server was ready, since the start."""
         self._roll()
-        return (self._slot - self._first) * self._slot_s
+        return self._counted * self._slot_s

@@ -550,6 +550,10 @@ class RuntimeMetrics:
         """Where `batchpilot_batch_time_cv` is read from (the server's `BatchTiming`)."""
         self._live.batch_time_cv = cv
 
+    def track_readiness(self, ready: Callable[[], bool]) -> None:
+        """Whether the server takes requests: the arrivals' seconds count only while it does."""
+        self._seconds.ready = ready
+
     def track_busy_seconds(self, busy_seconds: Callable[[], float]) -> None:
         """Where `batchpilot_device_busy_seconds_total` is read from (the batcher's union)."""
         self._live.busy_seconds = busy_seconds

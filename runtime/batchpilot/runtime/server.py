@@ -161,6 +161,7 @@ class ModelServer:
             on_out_of_memory=self._out_of_memory,
         )
         metrics.track_busy_seconds(self._batcher.busy_seconds)
+        metrics.track_readiness(lambda: self.ready)
         metrics.track_batch_time_cv(lambda: self.predictor.timing.cv)
         metrics.track_engine_failing(lambda: self.engine_failure is not None)
         self._engine_checked_at = -math.inf
