@@ -61,7 +61,8 @@ environment), so one PromQL selector finds a service's replicas. What each metri
   each second's count squared once it has ended, summed (`ArrivalSeconds`): over the arrivals'
   count, the rate a request met in its second — more than the window's mean where the load
   swings within the window; `batchpilot_arrival_counted_seconds_total` (counter), the seconds
-  it has counted: summed over the replicas, their rate is the replicas the window had.
+  it has counted while the server took requests: summed over the replicas, their rate is the
+  replicas that served the window.
   `batchpilot_arrival_rows_total`, `batchpilot_arrival_rows_squared_total` (counters): the
   rows those arrivals brought, and the sum of each one's rows squared — with the arrivals'
   count, the mean and the spread of a request's rows (every attempt): requests of varied sizes
@@ -235,8 +236,8 @@ class _LiveValues(Collector):
         squares.add_metric(values, self.second_squares())
         counted = CounterMetricFamily(
             "batchpilot_arrival_counted_seconds",
-            "Seconds whose arrivals arrival_second_squares_total has counted: with "
-            "arrivals_total, a replica's mean rate over the same seconds",
+            "Seconds whose arrivals arrival_second_squares_total has counted, while the server "
+            "took requests: with arrivals_total, a replica's mean rate over the same seconds",
             labels=names,
         )
         counted.add_metric(values, self.counted_seconds())
