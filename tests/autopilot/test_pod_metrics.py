@@ -170,6 +170,23 @@ class TestTwoReads:
         assert float(raw["second_squares"][0]["value"][1]) == pytest.approx(400.0)
         assert float(raw["counted_seconds"][0]["value"][1]) == pytest.approx(2.0)
 
+    def test_the_share_over_the_sla_is_of_the_pods_that_count_it(self) -> None:
+        own = {"model": "resnet50", "isvc": "resnet50", "namespace": "vision"}
+        bounds = (0,) * (len(BOUNDS) - 1)
+
+        def read(at: float, timed: float, over: float | None) -> Read:
+            late = () if over is None else (("batchpilot_requests_over_sla_total", own, over),)
+            return Read(at, (*counters(served=timed, buckets=(*bounds, timed)), *late))
+
+        # a: 100 timed, 3 over the SLA; b: not yet given the SLA, 100 timed, in neither sum
+        before = {"a": read(0.0, 0, 0), "b": read(0.0, 0, None)}
+        after = {"a": read(10.0, 100, 3), "b": read(10.0, 100, None)}
+        raw, _ = answers(before, after) or ({}, 0)
+        assert float(raw["late_share"][0]["value"][1]) == pytest.approx(0.03)
+        none = {"b": read(10.0, 100, None)}
+        raw, _ = answers({"b": read(0.0, 0, None)}, none) or ({}, 0)
+        assert raw["late_share"] == []
+
     def test_how_batch_times_vary_is_the_pods_mean_gauge(self) -> None:
         own = {"model": "resnet50", "isvc": "resnet50", "namespace": "vision"}
 

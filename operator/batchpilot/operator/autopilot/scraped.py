@@ -49,17 +49,32 @@ def answers(before: Mapping[str, Read], after: Mapping[str, Read]) -> tuple[Raw,
         return None
     window_s = sum(after[p].at - before[p].at for p in pods) / len(pods)
 
+    def pod_rates(pod: str, name: str) -> list[tuple[Labels, float]]:
+        """Each of one pod's series' rate between its two reads."""
+        then, now = before[pod].values(name), after[pod].values(name)
+        seconds = after[pod].at - before[pod].at
+        found = []
+        for labels, value in now.items():
+            start = then.get(labels, 0.0)
+            increase = value - start if value >= start else value  # a reset counts from 0
+            found.append((labels, increase / seconds))
+        return found
+
     def rates(name: str) -> list[tuple[Labels, float]]:
         """Each series' rate between the two reads, over every pod read both times."""
-        found = []
+        return [found for pod in pods for found in pod_rates(pod, name)]
+
+    def late_share() -> float | None:
+        """The requests over the SLA over those timed, of the pods that count them (as
+        `promql.queries` reads it: a pod not yet given the SLA is in neither)."""
+        late = timed = 0.0
         for pod in pods:
-            then, now = before[pod].values(name), after[pod].values(name)
-            seconds = after[pod].at - before[pod].at
-            for labels, value in now.items():
-                start = then.get(labels, 0.0)
-                increase = value - start if value >= start else value  # a reset counts from 0
-                found.append((labels, increase / seconds))
-        return found
+            over = pod_rates(pod, "batchpilot_requests_over_sla_total")
+            if over:
+                late += sum(r for _, r in over)
+                counted = pod_rates(pod, "batchpilot_request_duration_seconds_count")
+                timed += sum(r for _, r in counted)
+        return late / timed if timed > 0 else None
 
     def total(name: str, **match: str) -> float | None:
         picked = [r for labels, r in rates(name) if _matches(labels, match)]
@@ -109,6 +124,7 @@ def answers(before: Mapping[str, Read], after: Mapping[str, Read]) -> tuple[Raw,
             histogram_quantile(0.99, by("batchpilot_queue_wait_seconds_bucket", "le"))
         ),
         "qps": _one(served),
+        "late_share": _one(late_share()),
         "rejected": _one(total("batchpilot_requests_total", outcome="rejected")),
         "arrivals": _one(sum(arrivals) if arrivals else None),
         "retried": _one(retried),
