@@ -380,6 +380,14 @@ def pulses(
     their phase, and 2 % noise on each level): load whose spikes recur within every metrics
     window yet show in no rate averaged over seconds. The defaults, on the textbook's service,
     put one pulse in every 15 s interval at 4.5 times what a replica carries."""
+    return _periodic(seed, duration_s, base_rps, amplitude, period_s, width_s)
+
+
+def _periodic(
+    seed: int, duration_s: float, base_rps: float, amplitude: float, period_s: float, width_s: float
+) -> Rows:
+    """`amplitude` times `base_rps` for `width_s` of every `period_s` from a phase the seed
+    draws, `base_rps` the rest, 2 % noise on each level."""
     rng = np.random.default_rng(seed)
     out = _Rows(duration_s)
     t = float(rng.uniform(0, period_s))
@@ -407,15 +415,7 @@ def square(
     busy half and one in the quiet one."""
     if not 0 < width_s < period_s:
         raise ValueError("square: the busy part is shorter than the period")
-    rng = np.random.default_rng(seed)
-    out = _Rows(duration_s)
-    t = float(rng.uniform(0, period_s))
-    out.add(0.0, _noisy(rng, base_rps, 0.02))
-    while t < out.end:
-        out.add(round(t, 3), _noisy(rng, base_rps * amplitude, 0.02))
-        out.add(round(min(t + width_s, out.end), 3), _noisy(rng, base_rps, 0.02))
-        t += period_s
-    return out.done()
+    return _periodic(seed, duration_s, base_rps, amplitude, period_s, width_s)
 
 
 DAILY_JOB_PHASE = 0.30
