@@ -189,17 +189,17 @@ def decide(
     # no replica meets, and every replica bought for it serves nothing (maxReplicas, window after
     # window). Plan, and steer, for a P99 within `FLOOR_MARGIN` of that floor instead, and say so;
     # the verdict and the objective's books stay the SLA's.
-    floor = None if model is None else outside + model.batch_seconds(model.request_rows())
+    alone = None if model is None else outside + model.batch_seconds(model.request_rows())
     planning, steered, steering = policy, sla_met, observation
     below_floor: str | None = None
-    if floor is not None and floor > sla:
-        planning = replace(policy, sla_p99_s=floor * FLOOR_MARGIN)
+    if alone is not None and alone > sla:
+        planning = replace(policy, sla_p99_s=alone * FLOOR_MARGIN)
         target, near = p99_bounds(planning.sla_p99_s, outside)
         # (The runtime counts the requests over its SLA, not this one: the reading judges.)
         steering = replace(observation, late_share=None)
         steered = judge(steering, planning)
         below_floor = (
-            f"the SLA is below what a request takes alone: {format_ms(floor)}, "
+            f"the SLA is below what a request takes alone: {format_ms(alone)}, "
             f"{format_ms(outside)} of it outside the batcher; planning for P99 within "
             f"{FLOOR_MARGIN - 1:.0%} of that — raise the SLA or cut the time outside the batcher"
         )
