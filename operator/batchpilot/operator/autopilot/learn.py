@@ -87,8 +87,6 @@ UNEVEN_MIN_RATE = 5.0
 """Below this many requests a second a replica, a window's unevenness is its count's noise
 (at 1 a second it reads 1.5 once in a hundred windows): the last known stands. A replica's
 capacity is rarely that low."""
-UNEVENNESS_STEP = 1.1
-"""The model's unevenness moves in steps of 10 %, as the dispersion does."""
 STEADY_CV = 0.05
 """Batch times that vary less than this around t(b) are taken as steady: the P99 they add is a
 few per cent of a batch's time, and a fit's own error on a device that keeps time reads about
@@ -260,9 +258,8 @@ def unevenness(observation: Observation, known: float, *, settled: bool = True) 
     so Σn²/Σn − D is Σλ²/Σλ: the rate a request met in its second, on average — the mean rate
     where it held over the window, more where the arrivals crowded into its busy seconds (a
     square wave of 10 s at 10× and 1× its low rate: 1.67 times the mean). Against a replica's
-    mean over the same seconds (the arrivals over the seconds counted: replicas that came or
-    went inside the window count for their part) that is the factor; below `EVEN` it is 1,
-    above, on the model's steps of `UNEVENNESS_STEP`. A replica busier than its peers
+    mean over the same seconds (the arrivals over the seconds counted) that is the factor; below
+    `EVEN` it is 1, above, on the dispersion's steps of 10 %. A replica busier than its peers
     (connections kept on it) reads as unevenness too: its requests do meet that rate. So do
     replicas that came or went inside the window, which is why only a settled window counts:
     19 of 23 replicas removed at a steady 150 rps left 4 serving 38 rps each where 23 had
@@ -281,10 +278,9 @@ def unevenness(observation: Observation, known: float, *, settled: bool = True) 
         return known
     noise = max(1.0, observation.arrival_dispersion or 1.0)
     factor = (squares / arrived - noise) / mean
-    if not math.isfinite(factor) or factor < EVEN:
+    if not math.isfinite(factor):
         return 1.0
-    steps = round(math.log(min(factor, MAX_UNEVENNESS)) / math.log(UNEVENNESS_STEP))
-    return round(UNEVENNESS_STEP**steps, 4)
+    return _on_grid(factor, least=EVEN, most=MAX_UNEVENNESS)
 
 
 def batch_cv(observation: Observation, known: float) -> float:
@@ -332,10 +328,12 @@ def split_dispersion(measured: float, over: int, replicas: int) -> float:
     return _on_grid(1.0 + (measured - 1.0) * over / max(1, replicas))
 
 
-def _on_grid(dispersion: float) -> float:
-    if dispersion < CLUMPED:
+def _on_grid(ratio: float, *, least: float = CLUMPED, most: float = MAX_DISPERSION) -> float:
+    """A ratio to Poisson's or an even rate's 1 on the model's steps of `DISPERSION_STEP`: 1
+    below `least`, at most `most`."""
+    if ratio < least:
         return 1.0
-    steps = round(math.log(min(dispersion, MAX_DISPERSION)) / math.log(DISPERSION_STEP))
+    steps = round(math.log(min(ratio, most)) / math.log(DISPERSION_STEP))
     return round(DISPERSION_STEP**steps, 4)
 
 
