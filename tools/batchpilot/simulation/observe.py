@@ -2,8 +2,9 @@
 
 The autopilot does not see latencies; it sees histograms and counters. The simulator counts
 every request into the runtime's own series — latency and queue-wait histograms in
-`LATENCY_BUCKETS` (15 % apart), requests by outcome, arrivals, device busy seconds, batch sizes,
-compute seconds, rows and batches per power-of-two batch bucket — and builds each `Observation`
+`LATENCY_BUCKETS` (15 % apart), requests by outcome and those over the SLA, arrivals and the
+squares of their counts per second, device busy seconds, batch sizes, compute seconds, rows and
+batches per power-of-two batch bucket — and builds each `Observation`
 from them with the PromQL of `autopilot.prometheus.queries`: `histogram_quantile` with
 Prometheus' linear interpolation for P99/P95, `sum(rate(...))` for the rates (served, refused,
 arrivals over the window and over the short recent window), utilization as the busy seconds'
