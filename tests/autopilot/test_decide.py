@@ -355,6 +355,16 @@ class TestAnSlaBelowWhatARequestTakesAlone:
             current = InForce(decision.replicas, decision.batch_size, 0.005)
             assert decision.replicas <= 3, decision.reason
 
+    def test_a_scale_up_absorbs_at_the_floors_batch_not_the_smallest(self) -> None:
+        # While new replicas start, the ready ones run the batch limit that carries the most
+        # inside the plan's SLA: under the real one every limit is too long, and batch 1 (the
+        # least a replica carries) was the answer.
+        state = State(fit=MODEL, overhead_s=0.040)
+        busy = replace(self.window(60.0), qps=900, arrival_qps=900)
+        decision, _ = decide(busy, self.POLICY, InForce(3, 8, 0.005), state, 0)
+        assert decision.replicas > 3
+        assert decision.batch_size > 1, decision.reason
+
     def test_a_reachable_sla_is_planned_as_ever(self) -> None:
         reachable = replace(self.POLICY, sla_p99_s=0.060)
         state = State(fit=MODEL, overhead_s=0.040)

@@ -195,6 +195,7 @@ def decide(
     if alone is not None and alone > sla:
         planning = replace(policy, sla_p99_s=alone * FLOOR_MARGIN)
         target, near = p99_bounds(planning.sla_p99_s, outside)
+        delay_s = stored_delay_s(min(policy.max_queue_delay_s, 0.1 * planning.sla_p99_s))
         # (The runtime counts the requests over its SLA, not this one: the reading judges.)
         steering = replace(observation, late_share=None)
         steered = judge(steering, planning)
@@ -233,7 +234,7 @@ def decide(
             delay_s=delay_s,
             overhead_s=overhead or 0.0,
             target_s=target,
-            sla_s=sla,
+            sla_s=planning.sla_p99_s,
         )
 
     headroom = plan_rate(
@@ -461,7 +462,7 @@ def decide(
         # nothing: the one with the most capacity inside the SLA itself.
         absorbing = burst_batch(
             model,
-            policy,
+            planning,
             delay_s=delay_s,
             overhead_s=overhead or 0.0,
             in_force=current.batch_size,
