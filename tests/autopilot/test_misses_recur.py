@@ -178,6 +178,18 @@ class TestTheGuardOnMissesThatRecur:
         before = replace(state, stragglers=Stragglers(replaced=(("pod-a", 50.0),)))
         _, kept_state = decide(window, POLICY, InForce(3, 8, 0.005), before, 400.0)
         assert kept_state.ceiling == ceiling
+        # chosen, but still serving until its stand-in is ready, or gone less than a window
+        # ago (its batches still in the window): the ceiling stays
+        waiting = Stragglers(replaced=(("pod-a", 300.0),), waiting=(("pod-a", 300.0),))
+        _, still = decide(
+            window, POLICY, InForce(3, 8, 0.005), replace(state, stragglers=waiting), 400.0
+        )
+        assert still.ceiling == ceiling
+        recent = Stragglers(replaced=(("pod-a", 390.0),))
+        _, fresh = decide(
+            window, POLICY, InForce(3, 8, 0.005), replace(state, stragglers=recent), 400.0
+        )
+        assert fresh.ceiling == ceiling
 
     def test_a_ceiling_survives_the_status_and_a_nonsense_one_does_not(self) -> None:
         state = State(fit=MODEL, ceiling=Ceiling(30.0, 2, 125.0))

@@ -246,6 +246,9 @@ def decide(
     )
     headroom = with_season(headroom, observation, present=rate, absorbed=absorbs)
     learned_state = replace(learned.state, slo=slo, history=history, rate=(now, offered))
+    # A straggler chosen for replacement may serve on until its stand-in is ready: the ceiling
+    # goes a window after it left, once the windows no longer hold its batches.
+    serving_still = {pod for pod, _ in stragglers.state.waiting}
     ceiling = kept_ceiling(
         state.ceiling,
         sla_met=steered,
@@ -253,7 +256,10 @@ def decide(
         offered=offered,
         ready=ready,
         now=now,
-        replaced_since=lambda at: any(t > at for _, t in stragglers.state.replaced),
+        replaced_since=lambda at: any(
+            at < t <= now - observation.window_s and pod not in serving_still
+            for pod, t in stragglers.state.replaced
+        ),
     )
 
     def kept_in(plan: CapacityPlan) -> str:
