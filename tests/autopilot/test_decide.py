@@ -430,13 +430,23 @@ class TestUnevenLoad:
         assert state.fit is not None
         assert state.fit.unevenness == 1.0
 
-    def test_a_window_whose_replicas_changed_reads_none(self) -> None:
-        # Replicas that came or went inside the window change each one's rate: no unevenness of
-        # the load, and none is kept from before either (a start-up's would hold for good).
+    def test_a_window_whose_replicas_changed_lowers_it_never_raises_it(self) -> None:
+        # Replicas that came or went inside the window change each one's rate: a reading above
+        # what is known is theirs (19 of 23 removed at a steady load read 1.6), one below still
+        # says the load came no more unevenly than that (kept, the reading of a window where the
+        # traffic began held a step's replicas through every scale-up after it).
         changed = State(fit=replace(MODEL, unevenness=1.331), changed_at=20.0, ready=2)
-        _, state = decide(self.window(300, 1.67), POLICY, InForce(2, 8, 0.005), changed, 30.0)
-        assert state.fit is not None
-        assert state.fit.unevenness == 1.0
+        current = InForce(2, 8, 0.005)
+        _, higher = decide(self.window(300, 1.67), POLICY, current, changed, 30.0)
+        _, lower = decide(self.window(300, 1.0), POLICY, current, changed, 30.0)
+        assert higher.fit is not None
+        assert lower.fit is not None
+        assert (higher.fit.unevenness, lower.fit.unevenness) == (1.331, 1.0)
+        # and without a change a reading stands as read, a scale-down delay of 0 included: the
+        # unevenness that sized the replicas is not forgotten in the window after they change
+        _, settled = decide(self.window(300, 1.67), POLICY, current, State(), 30.0)
+        assert settled.fit is not None
+        assert settled.fit.unevenness == 1.6105
 
     def test_a_few_arrivals_a_second_say_nothing(self) -> None:
         # 4 a second a replica: a minute of Poisson arrivals reads 1.5 now and then.

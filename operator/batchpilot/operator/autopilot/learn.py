@@ -266,16 +266,23 @@ def unevenness(observation: Observation, known: float, *, settled: bool = True) 
     served 6.5, and the window read 1.6 — the plan then asked for twice the replicas. (Kept
     through such windows instead, the reading of a window where the traffic began held the
     replicas of a step's first minutes through every scale-up after it.)"""
-    if not settled:
-        return 1.0
+    measured = _measured_unevenness(observation)
+    if measured is None:
+        return known
+    # (An unsettled window may lower what is known, never raise it.)
+    return measured if settled else min(known, measured)
+
+
+def _measured_unevenness(observation: Observation) -> float | None:
+    """The window's unevenness on the model's grid; None where it cannot tell."""
     squares = observation.arrival_second_squares
     counted = observation.arrival_counted_seconds
     arrived = (observation.arrival_qps or 0.0) + (observation.retried_qps or 0.0)
     if squares is None or counted is None or not (counted > 0 and arrived > 0):
-        return known
+        return None
     mean = arrived / counted  # a replica's, a second
     if not (math.isfinite(squares) and math.isfinite(mean)) or mean < UNEVEN_MIN_RATE:
-        return known
+        return None
     noise = max(1.0, observation.arrival_dispersion or 1.0)
     factor = (squares / arrived - noise) / mean
     if not math.isfinite(factor):
