@@ -286,6 +286,8 @@ class TestP99WithinABucketOfTheSla:
             seen(at=0, qps=250, p99_ms=p99_ms, ready=3, batch=2),
             arrival_qps=250,
             late_share=late_share,
+            counted_sla_min_s=0.055,
+            counted_sla_max_s=0.055,
         )
 
     def test_within_a_bucket_the_requests_over_it_decide(self) -> None:
@@ -293,6 +295,13 @@ class TestP99WithinABucketOfTheSla:
         assert p99_over(self.window(56.6, 0.02), 0.055)
         assert p99_over(self.window(56.6, None), 0.055)  # not counted: the reading
         assert p99_over(self.window(53.0, 0.02), 0.055)  # reads inside, counted over
+
+    def test_a_share_counted_against_another_sla_says_nothing(self) -> None:
+        # The spec's SLA went from 100 to 55 ms; the pods counted against 100 for part of the
+        # window: none was over that, which says nothing of 55.
+        changed = replace(self.window(60.0, 0.0), counted_sla_max_s=0.1)
+        assert p99_over(changed, 0.055)
+        assert p99_over(replace(changed, counted_sla_min_s=None, counted_sla_max_s=None), 0.055)
 
     def test_beyond_a_bucket_the_reading_decides(self) -> None:
         # more than a bucket from the SLA the true P99 is on the reading's side (a runtime that

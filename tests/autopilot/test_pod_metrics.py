@@ -176,13 +176,17 @@ class TestTwoReads:
 
         def read(at: float, timed: float, over: float | None) -> Read:
             late = () if over is None else (("batchpilot_requests_over_sla_total", own, over),)
-            return Read(at, (*counters(served=timed, buckets=(*bounds, timed)), *late))
+            sla = () if over is None else (("batchpilot_sla_seconds", own, 0.1),)
+            return Read(at, (*counters(served=timed, buckets=(*bounds, timed)), *late, *sla))
 
         # a: 100 timed, 3 over the SLA; b: not yet given the SLA, 100 timed, in neither sum
         before = {"a": read(0.0, 0, 0), "b": read(0.0, 0, None)}
         after = {"a": read(10.0, 100, 3), "b": read(10.0, 100, None)}
         raw, _ = answers(before, after) or ({}, 0)
         assert float(raw["late_share"][0]["value"][1]) == pytest.approx(0.03)
+        # and the SLA it was counted against, as the pods give it
+        assert float(raw["counted_sla_min"][0]["value"][1]) == 0.1
+        assert float(raw["counted_sla_max"][0]["value"][1]) == 0.1
         none = {"b": read(10.0, 100, None)}
         raw, _ = answers({"b": read(0.0, 0, None)}, none) or ({}, 0)
         assert raw["late_share"] == []

@@ -686,6 +686,8 @@ class Telemetry:
             rejected_qps=float(self.rejected[lo:k].sum()) / seconds,
             queue_p99_s=_quantile(0.99, bounds, waits),
             late_share=float(self.late[lo:k].sum()) / completed if completed else None,
+            counted_sla_min_s=self.sla_s if completed else None,
+            counted_sla_max_s=self.sla_s if completed else None,
             utilization=(
                 float(self.busy_s[lo:k].sum()) / seconds / reporting if reporting else None
             ),
@@ -778,6 +780,8 @@ class Telemetry:
             rejected_qps=_number(rates[Column.REJECTED]) if counted else None,
             queue_p99_s=_quantile(0.99, bounds, buckets(Column.QUEUE_WAIT)),
             late_share=None if late is None or not served else late / served,
+            counted_sla_min_s=self.sla_s if counted else None,
+            counted_sla_max_s=self.sla_s if counted else None,
             utilization=busy if counted else None,
             mean_batch=(size_sum / size_count if size_sum is not None and size_count else None),
             rows_per_request=(size_sum / served if size_sum is not None and served else None),

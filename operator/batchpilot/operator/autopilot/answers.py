@@ -140,6 +140,8 @@ def observation_from(
         rejected_qps=rejected,
         queue_p99_s=number("queue_p99"),
         late_share=number("late_share"),
+        counted_sla_min_s=number("counted_sla_min"),
+        counted_sla_max_s=number("counted_sla_max"),
         utilization=rate("utilization") if utilization == "busy" else number("utilization"),
         mean_batch=number("mean_batch"),
         arrival_dispersion=number("dispersion"),

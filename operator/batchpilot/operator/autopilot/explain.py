@@ -36,6 +36,9 @@ def unserved_beyond(observation: Observation, share: float) -> bool:
 
 LATE_SHARE = 0.01
 """P99 inside the SLA: at most this share of the requests slower than it."""
+SLA_MATCH_S = 0.0005
+"""The runtime counted against the policy's SLA where its own is within this (the batching
+document stores whole milliseconds)."""
 BUCKET_SPREAD = 1.15
 """The runtime's latency buckets are this far apart: the histogram's P99 lies in the bucket of
 the true one, so a reading more than a bucket from the SLA is on its side of it."""
@@ -47,12 +50,16 @@ def p99_over(observation: Observation, sla_s: float) -> bool:
     (a service at 52 ms, 40 of them outside the device, read 57 ms against a 55 ms SLA, and the
     guard added replicas that could not help, window after window). There the share of requests
     the runtime counted slower than the SLA decides, exactly: over it where more than
-    `LATE_SHARE` were (`Observation.late_share`); the reading, where none counts it."""
+    `LATE_SHARE` were (`Observation.late_share`) — where every replica counted against this SLA
+    all window (`Observation.counted_sla_min_s`, `…_max_s`: a spec whose SLA changed reaches
+    the pods seconds later, and the share then speaks of the old one); the reading, elsewhere."""
     p99 = observation.p99_s
     if p99 is None:
         return False
     late = observation.late_share
-    if late is None or not sla_s / BUCKET_SPREAD < p99 <= sla_s * BUCKET_SPREAD:
+    counted = (observation.counted_sla_min_s, observation.counted_sla_max_s)
+    against = all(s is not None and abs(s - sla_s) <= SLA_MATCH_S for s in counted)
+    if late is None or not against or not sla_s / BUCKET_SPREAD < p99 <= sla_s * BUCKET_SPREAD:
         return p99 > sla_s
     return late > LATE_SHARE
 

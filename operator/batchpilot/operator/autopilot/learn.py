@@ -261,11 +261,12 @@ def unevenness(observation: Observation, known: float, *, settled: bool = True) 
     mean over the same seconds (the arrivals over the seconds counted) that is the factor; below
     `EVEN` it is 1, above, on the dispersion's steps of 10 %. A replica busier than its peers
     (connections kept on it) reads as unevenness too: its requests do meet that rate. So do
-    replicas that came or went inside the window, which is why only a settled window counts:
-    19 of 23 replicas removed at a steady 150 rps left 4 serving 38 rps each where 23 had
-    served 6.5, and the window read 1.6 — the plan then asked for twice the replicas. (Kept
-    through such windows instead, the reading of a window where the traffic began held the
-    replicas of a step's first minutes through every scale-up after it.)"""
+    replicas that came or went inside the window, which is why a window that is not settled may
+    lower what is known but not raise it: 19 of 23 replicas removed at a steady 150 rps left 4
+    serving 38 rps each where 23 had served 6.5, and the window read 1.6 — the plan then asked
+    for twice the replicas. (Kept whatever such windows read, the reading of a window where the
+    traffic began held a step's replicas through every scale-up after it; read as none, every
+    window after a change planned for the mean, and the replicas swung.)"""
     measured = _measured_unevenness(observation)
     if measured is None:
         return known

@@ -72,6 +72,13 @@ class Observation:
     SLA exactly where more than 1 % were. The histogram's P99 interpolates inside buckets 15 %
     apart, and reads a narrow tail's P99 up to a bucket high. None where no replica counts it
     (an older runtime; one not yet given the SLA)."""
+    counted_sla_min_s: float | None = None
+    """The lowest SLA the replicas counted `late_share` against over the window
+    (`batchpilot_sla_seconds`); with `counted_sla_max_s`: the share speaks of the policy's SLA
+    only where both are it (a spec whose SLA changed reaches the pods seconds later). None where
+    not known."""
+    counted_sla_max_s: float | None = None
+    """The highest (see `counted_sla_min_s`)."""
     compute: tuple[ComputePoint, ...] = ()
     rows_per_request: float | None = None
     """Rows the batches ran per request answered: 1 where every request carries one row (an

@@ -170,6 +170,10 @@ def queries(
             "p95": quantile(0.95, "batchpilot_request_duration_seconds"),
             "queue_p99": quantile(0.99, "batchpilot_queue_wait_seconds"),
             "qps": served,
+            # The SLA the replicas counted the requests over it against, lowest and highest over
+            # the window: the late share speaks of the policy's SLA only where both are it.
+            "counted_sla_min": agg("min", f"min_over_time(batchpilot_sla_seconds{{{sel}}}[{w}])"),
+            "counted_sla_max": agg("max", f"max_over_time(batchpilot_sla_seconds{{{sel}}}[{w}])"),
             # The share of the requests timed that took longer than the SLA, as the replicas that
             # count it (those that know the SLA) counted: P99 over the SLA is more than 1 %.
             "late_share": (

@@ -42,6 +42,8 @@ RECORDED = (
     "queue_p99",
     "qps",
     "late_share",
+    "counted_sla_min",
+    "counted_sla_max",
     "rejected",
     "arrivals",
     "retried",

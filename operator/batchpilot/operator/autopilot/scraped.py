@@ -64,6 +64,9 @@ def answers(before: Mapping[str, Read], after: Mapping[str, Read]) -> tuple[Raw,
         """Each series' rate between the two reads, over every pod read both times."""
         return [found for pod in pods for found in pod_rates(pod, name)]
 
+    def sla_gauges() -> list[float]:
+        return [v for _, v in gauges("batchpilot_sla_seconds") if math.isfinite(v)]
+
     def late_share() -> float | None:
         """The requests over the SLA over those timed, of the pods that count them (as
         `promql.queries` reads it: a pod not yet given the SLA is in neither)."""
@@ -125,6 +128,8 @@ def answers(before: Mapping[str, Read], after: Mapping[str, Read]) -> tuple[Raw,
         ),
         "qps": _one(served),
         "late_share": _one(late_share()),
+        "counted_sla_min": _one(min(slas) if (slas := sla_gauges()) else None),
+        "counted_sla_max": _one(max(slas) if slas else None),
         "rejected": _one(total("batchpilot_requests_total", outcome="rejected")),
         "arrivals": _one(sum(arrivals) if arrivals else None),
         "retried": _one(retried),
