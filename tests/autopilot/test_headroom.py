@@ -13,6 +13,7 @@ from batchpilot.operator.autopilot.headroom import (
     affordable,
     episodes,
     plan_rate,
+    recurring,
 )
 from batchpilot.operator.autopilot.slo import Objective, SloReport
 
@@ -95,12 +96,25 @@ class TestPlanRate:
         )
         history = history_of(rates)
         span = len(history.rises(HORIZON)) * BUCKET_S
-        two_left = 2 * HORIZON / span
+        # the next of the ten goes beyond 2x with a chance of 3/11 (two of ten did, and it may
+        # be the highest yet): ten rises' worth at that chance
+        two_left = 10 * (3 / 11) * HORIZON / span
         plan = plan_rate(100, history, horizon_s=HORIZON, affordable=two_left * 1.01)
         assert plan.coverage == pytest.approx(2.0)
         assert plan.rate == pytest.approx(200)
         everything = plan_rate(100, history, horizon_s=HORIZON, affordable=0.0)
         assert everything.coverage == pytest.approx(6.0)  # the highest rise that recurred
+
+    def test_the_rises_seen_beyond_a_level_undercount_those_to_come(self) -> None:
+        # the same ten: a budget for just over two of them uncovered does not cover the chance
+        # that the next one is the highest yet
+        rates = on_off(8, quiet=6, burst=2, low=100, high=200) + on_off(
+            2, quiet=6, burst=2, low=100, high=600
+        )
+        history = history_of(rates)
+        span = len(history.rises(HORIZON)) * BUCKET_S
+        plan = plan_rate(100, history, horizon_s=HORIZON, affordable=2.01 * HORIZON / span)
+        assert plan.coverage == pytest.approx(6.0)
 
     def test_one_past_step_does_not_multiply_the_new_level(self) -> None:
         rates = [100.0] * 50 + [600.0] * 50
@@ -135,10 +149,26 @@ class TestRecurrence:
         plan = plan_rate(50, history_of(rates), horizon_s=HORIZON, affordable=0.0)
         assert plan.rate == pytest.approx(500)
 
-    def test_the_smaller_of_two_recurring_rises_is_what_recurs(self) -> None:
+    def test_a_rise_beyond_twice_every_other_is_an_event(self) -> None:
         rates = [50.0] * 30 + [500.0] * 8 + [50.0] * 30 + [200.0] * 8 + [50.0] * 10
         plan = plan_rate(50, history_of(rates), horizon_s=HORIZON, affordable=0.0)
-        assert plan.rate == pytest.approx(200)
+        assert plan.rate == pytest.approx(200)  # the smaller one is what recurred
+
+    def test_bursts_that_recur_at_varying_heights_are_planned_for_at_their_highest(
+        self,
+    ) -> None:
+        # on/off bursts of 300 and of 500: one pattern; covering 300 alone costs the next
+        # burst higher than it a cold start
+        rates = [50.0] * 30 + [500.0] * 8 + [50.0] * 30 + [300.0] * 8 + [50.0] * 10
+        plan = plan_rate(50, history_of(rates), horizon_s=HORIZON, affordable=0.0)
+        assert plan.rate == pytest.approx(500)
+        assert "reached 500 rps or more" in plan.note
+
+    def test_recurring_levels(self) -> None:
+        assert recurring([100, 200]) == 200  # within twice: both recur
+        assert recurring([100, 201]) == 100  # beyond: the second highest
+        assert recurring([100, 150, 1000]) == 150  # an event above a pattern
+        assert recurring([100, 120, 200, 390, 5000]) == 390  # the highest of the pattern
 
     def test_episodes_are_runs_of_rising_samples(self) -> None:
         # (rise, reach, rate): up from 10 to 30, back down to 10, up to 45

@@ -9,23 +9,28 @@ rising in it: runs of 30 s buckets from which the load rose by more than the gro
 within one horizon, each with its *reach* — the highest rate it attained.
 
 Then it weighs idle GPU-seconds against the error budget. Planning for a level L keeps enough
-replicas for L now, whatever the present rate; every episode that reached beyond L (less what
-the latency headroom absorbs) is expected to recur as often as it happened and to cost a horizon
-outside the SLA. The level chosen is the lowest whose uncovered episodes the budget can afford:
-their rate × the horizon ≤ the share of time the budget still allows outside the SLA (none while
-it burns faster than the objective allows or is spent; half the objective's share while
-untouched, the other half a reserve). A level counts only once it recurs — it is at most the
-second-highest reach: one step or one flash crowd in the hour is an event, two are a pattern
-worth paying idle replicas for. And only episodes that rose from about where the load is now
-count: on the way down from a peak, the rises that led up to it say nothing about the next
-minutes. Levels are rates, not ratios: what on/off traffic repeats is the
-burst's height, whatever the quiet before it.
+replicas for L now, whatever the present rate; the rises keep coming as often as they came, and
+each that reaches beyond L (less what the latency headroom absorbs) costs a horizon outside the
+SLA. How many will: of n episodes with k beyond L, the next one goes beyond it with a chance of
+(k + 1)/(n + 1) — ranked among those seen, the next is as likely to be the highest as any, so
+even the highest level seen leaves 1/(n + 1) of them uncovered (counting k/n said none would).
+The level chosen is the lowest whose uncovered rises the budget can afford: their rate × the
+horizon ≤ the share of time the budget still allows outside the SLA (none while it burns faster
+than the objective allows or is spent; half the objective's share while untouched, the other
+half a reserve). A level counts only once it recurs: bursts that come back at varying heights
+are one pattern, planned for up to the highest of them that another came within
+`RECURRING_SPREAD` of; one step or one flash crowd far beyond every other rise is an event, and
+the level stops at the second-highest reach. And only episodes that rose from about where the
+load is now count: on the way down from a peak, the rises that led up to it say nothing about
+the next minutes. Levels are rates, not ratios: what on/off traffic repeats is the burst's
+height, whatever the quiet before it.
 
 Pure: arithmetic on tuples.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,6 +51,9 @@ MIN_RISES = 10
 """Fewer rise samples than this (five minutes of history) are no basis for a pattern."""
 BUDGET_RESERVE = 0.5
 """The share of the error budget never planned to be spent (variance, the unforeseen)."""
+RECURRING_SPREAD = 2.0
+"""Reaches within this factor of one another are one pattern recurring at varying heights (the
+bursts of batch jobs differ in size); one beyond twice every other is an event of its own."""
 GROWTH_MARGIN = 1.05
 """Plan for at least 5 % more load than seen now: traffic moves between two decisions. A rise
 within the horizon beyond it starts an episode."""
@@ -136,6 +144,15 @@ def affordable(objective: Objective, report: SloReport) -> float:
     return max(0.0, min(1.0, remaining)) * objective.budget * (1 - BUDGET_RESERVE)
 
 
+def recurring(levels: list[float]) -> float:
+    """The highest of these (sorted, at least two) that recurs: the second highest, or the
+    highest where another reached within `RECURRING_SPREAD` of it."""
+    for lower, higher in reversed(list(itertools.pairwise(levels))):
+        if higher <= lower * RECURRING_SPREAD:
+            return max(levels[-2], higher)
+    return levels[-2]
+
+
 @dataclass(frozen=True, slots=True)
 class Headroom:
     rate: float
@@ -173,10 +190,11 @@ def plan_rate(
     if len(breaking) < 2:
         return Headroom(least, 1.0, "")
     per_second = 1.0 / (len(rises) * BUCKET_S)
-    level = breaking[-2]  # the highest level that recurred
-    for candidate in [least, *breaking[:-2]]:
-        uncovered = sum(1 for b in breaking if b > candidate)
-        if uncovered * per_second * horizon_s <= affordable:
+    level = recurring(breaking)
+    for candidate in [least, *(b for b in breaking if b < level)]:
+        # The chance the next rise goes beyond it, by its rank among those seen.
+        beyond = (sum(1 for b in breaking if b > candidate) + 1) / (len(breaking) + 1)
+        if len(breaking) * beyond * per_second * horizon_s <= affordable:
             level = candidate
             break
     if level <= least:
