@@ -1624,7 +1624,7 @@ class TestRecurringBursts:
             if tick >= 80 and not busy:
                 replicas_in_quiet.append(decision.replicas)
         assert min(replicas_in_quiet) >= 2
-        assert "times it rose in the last hour" in decision.reason
+        assert "times in the last hour within" in decision.reason
 
     def test_a_single_burst_is_let_go_after_the_delay(self) -> None:
         current, state = InForce(1, 8, 0.005), State(fit=MODEL)

@@ -18,9 +18,9 @@ The level chosen is the lowest whose uncovered rises the budget can afford: thei
 horizon ≤ the share of time the budget still allows outside the SLA (none while it burns faster
 than the objective allows or is spent; half the objective's share while untouched, the other
 half a reserve). A level counts only once it recurs: bursts that come back at varying heights
-are one pattern, planned for up to the highest of them that another came within
-`RECURRING_SPREAD` of; one step or one flash crowd far beyond every other rise is an event, and
-the level stops at the second-highest reach. And only episodes that rose from about where the
+are one pattern, planned for up to the highest reach where the one below came within
+`RECURRING_SPREAD` of it; one step or one flash crowd beyond that is an event, and the level
+stops at the second-highest reach. And only episodes that rose from about where the
 load is now count: on the way down from a peak, the rises that led up to it say nothing about
 the next minutes. Levels are rates, not ratios: what on/off traffic repeats is the burst's
 height, whatever the quiet before it.
@@ -30,7 +30,6 @@ Pure: arithmetic on tuples.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,7 +52,8 @@ BUDGET_RESERVE = 0.5
 """The share of the error budget never planned to be spent (variance, the unforeseen)."""
 RECURRING_SPREAD = 2.0
 """Reaches within this factor of one another are one pattern recurring at varying heights (the
-bursts of batch jobs differ in size); one beyond twice every other is an event of its own."""
+bursts of batch jobs differ in size); one beyond twice the one below it is an event of its
+own."""
 GROWTH_MARGIN = 1.05
 """Plan for at least 5 % more load than seen now: traffic moves between two decisions. A rise
 within the horizon beyond it starts an episode."""
@@ -144,15 +144,6 @@ def affordable(objective: Objective, report: SloReport) -> float:
     return max(0.0, min(1.0, remaining)) * objective.budget * (1 - BUDGET_RESERVE)
 
 
-def recurring(levels: list[float]) -> float:
-    """The highest of these (sorted, at least two) that recurs: the second highest, or the
-    highest where another reached within `RECURRING_SPREAD` of it."""
-    for lower, higher in reversed(list(itertools.pairwise(levels))):
-        if higher <= lower * RECURRING_SPREAD:
-            return max(levels[-2], higher)
-    return levels[-2]
-
-
 @dataclass(frozen=True, slots=True)
 class Headroom:
     rate: float
@@ -190,21 +181,25 @@ def plan_rate(
     if len(breaking) < 2:
         return Headroom(least, 1.0, "")
     per_second = 1.0 / (len(rises) * BUCKET_S)
-    level = recurring(breaking)
-    for candidate in [least, *(b for b in breaking if b < level)]:
+    # The highest level that recurred: the highest reach where the one below came within
+    # `RECURRING_SPREAD` of it (bursts of varying height), else the second-highest.
+    top = breaking[-1] if breaking[-1] <= breaking[-2] * RECURRING_SPREAD else breaking[-2]
+    level, short = top, 0.0
+    for candidate in [least, *(b for b in breaking if b < top)]:
         # The chance the next rise goes beyond it, by its rank among those seen.
         beyond = (sum(1 for b in breaking if b > candidate) + 1) / (len(breaking) + 1)
-        if len(breaking) * beyond * per_second * horizon_s <= affordable:
+        cost = len(breaking) * beyond * per_second * horizon_s
+        if cost <= affordable:
             level = candidate
             break
+        short = cost
     if level <= least:
         return Headroom(least, 1.0, "")
-    cost = len(breaking) * per_second * horizon_s
     note = (
-        f"; planning for {level:.0f} rps: the load reached {level * absorb:.0f} rps or more "
-        f"within {horizon_s:.0f} s (the time to notice and start a replica) "
-        f"{sum(1 for b in breaking if b >= level)} of {len(reaches)} times it rose in the last "
-        f"hour; uncovered, those rises would cost ~{cost:.1%} of the time outside the SLA, more "
-        f"than the error budget affords ({affordable:.2%})"
+        f"; planning for {level:.0f} rps: the load rose {len(reaches)} times in the last hour "
+        f"within {horizon_s:.0f} s (the time to notice and start a replica), "
+        f"{sum(1 for b in breaking if b >= level)} of them to {level * absorb:.0f} rps or more; "
+        f"planned for less, the rises to come would keep ~{short:.1%} of the time outside the "
+        f"SLA, more than the error budget affords ({affordable:.2%})"
     )
     return Headroom(level, level / max(present, 1e-9), note)
