@@ -6,6 +6,8 @@ the fit turns confident and the autopilot gives back replicas it no longer needs
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from batchpilot.operator.autopilot.decide import decide
@@ -57,6 +59,20 @@ class TestBusyCompute:
         assert point.mean_batch == 4.0
         assert point.mean_seconds == pytest.approx(0.04)
         assert point.batches == pytest.approx(25 * 60)
+
+    def test_a_batch_time_longer_than_p99_is_no_reading(self) -> None:
+        # 8 rows a request the window does not say: 100 requests/s in batches of 8 rows read as
+        # 12.5 batches/s, 80 ms each, where P99 is 50 ms — and no request waits less than its
+        # batch. (As a batch time, the fit is 8x too slow: a replica carrying a few requests a
+        # second, every replica maxReplicas allows.)
+        window = Observation(
+            at=0, window_s=60, p99_s=0.05, p95_s=None, qps=100.0, rejected_qps=0.0,
+            queue_p99_s=None, utilization=0.5, mean_batch=8.0, ready_replicas=2,
+        )  # fmt: skip
+        assert busy_compute(window) == ()
+        # Told the rows a request, the same window reads 100 batches/s of 10 ms.
+        (point,) = busy_compute(replace(window, rows_per_request=8.0))
+        assert point.mean_seconds == pytest.approx(0.01)
 
     @pytest.mark.parametrize("missing", ["utilization", "qps", "mean_batch", "ready_replicas"])
     def test_nothing_where_a_signal_is_missing(self, missing: str) -> None:

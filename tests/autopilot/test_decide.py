@@ -1168,6 +1168,7 @@ def test_state_survives_a_round_trip_through_the_resource() -> None:
         ready_changed_at=25.0,
         ready=2,
         rate=(30.0, 412.5),
+        estimates=((15.0, 400.0), (30.0, 450.0)),
         batch_first_at=28.0,
         refusing=((10.0, 470.0),),
     )
@@ -1184,6 +1185,7 @@ def test_state_survives_a_round_trip_through_the_resource() -> None:
         {"overheadMs": float("inf")},
         {"changedAt": "nan"},
         {"rate": [30.0, "inf"]},
+        {"estimates": [[15.0, "nan"]]},
         {"coldStartS": float("nan")},
         {"recommendations": [[10.0, 2], ["nan", 4]]},
         {"recommendations": [[10.0, -3]]},
@@ -1210,11 +1212,17 @@ def test_times_written_ahead_of_the_clock_are_forgotten_beyond_the_skew() -> Non
         changed_at=9_999_999_999.0,
         pending_since=ahead + 1,
         rate=(9_999_999_999.0, 30.0),
+        estimates=((9_999_999_999.0, 30.0), (15.0, 20.0)),
         batch_first_at=ahead,
         lost=Loss(2, 9_999_999_999.0),
     )
     read = State.from_dict(state.to_dict(), now=30.0)
-    assert read == State(fit=MODEL, recommendations=((10.0, 1), (ahead, 2)), batch_first_at=ahead)
+    assert read == State(
+        fit=MODEL,
+        recommendations=((10.0, 1), (ahead, 2)),
+        estimates=((15.0, 20.0),),
+        batch_first_at=ahead,
+    )
 
 
 def test_a_history_or_ledger_edited_to_numbers_no_decision_made_is_forgotten() -> None:

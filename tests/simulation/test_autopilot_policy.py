@@ -126,6 +126,20 @@ class TestTheTrend:
         assert "rising to 450 rps" in decision.reason
         assert decision.replicas == 2
 
+    def test_a_step_the_window_is_crossing_reads_its_height_not_more(self) -> None:
+        # 300 → 450 rps at 0 s; the 60 s window reads 337.5, 375, 412.5 at 15, 30, 45 s. Each
+        # tick the newest 15 s brought 450 where the dropped 15 s held 300 (estimated a window
+        # before): 300 + 37.5 · 60 / 15. The previous window's mean as the dropped interval's
+        # rate read 487.5 and 525 at 30 and 45 s.
+        current, state = InForce(2, 8, 0.005), State(fit=MODEL, overhead_s=0.040)
+        for at in (-60, -45, -30, -15, 0):
+            _, state = decide(seen(at=at, qps=300, p99_ms=70, ready=2), POLICY, current, state, at)
+        for at, window in ((15, 337.5), (30, 375.0), (45, 412.5)):
+            decision, state = decide(
+                seen(at=at, qps=window, p99_ms=70, ready=2), POLICY, current, state, at
+            )
+            assert "rising to 450 rps" in decision.reason
+
     def test_noise_is_not_a_trend(self) -> None:
         # 300 → 304 rps: Poisson noise of a 15 s shift is √(2 · 300 · 15) / 60 = 1.6 rps;
         # a 4 rps rise is within 3 of those (4.7).

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from batchpilot.simulation import TEXTBOOK, ClusterConfig, Scenario, Trace, simulate
 from batchpilot.simulation.cluster import basic, simulate_cluster
+from batchpilot.simulation.service import ServiceTruth
 from tests.simulation.test_simulate import Watcher
 
 
@@ -42,3 +43,19 @@ def test_the_autopilot_plans_with_a_fit_it_learned_from_the_busy_share() -> None
     assert any("model t(b)" in reason for reason in late), late[-1]
     assert not any("(rough)" in reason for reason in late), late[-1]
     assert result.summary.interval_attainment >= 0.95
+
+
+def test_requests_of_several_rows_the_signals_do_not_count_buy_no_idle_fleet() -> None:
+    """8 rows a request on a fixed-cost service, the rows a request not among the signals: the
+    busy share over the batches the rates imply read a batch 8x too slow, and the autopilot
+    ran maxReplicas at 3 % busy. Such a reading is refused (a batch cannot outlast P99)."""
+    points = [(0.0, 200.0), (300.0, 400.0)]
+    trace = Trace.from_points(points, name="steps", duration_s=900.0)
+    scenario = Scenario(
+        trace=trace, service=ServiceTruth.parse("alpha_ms=30,beta_ms=0.5,rows=8"), sla_s=0.1,
+        max_replicas=200, cluster=ClusterConfig(basic_signals=True),
+    )  # fmt: skip
+    result = simulate(scenario, "autopilot")
+    assert max(interval.replicas for interval in result.intervals) < 50
+    # P99 alone steers (the first minutes, a fit from one size, pay for it)
+    assert result.summary.interval_attainment >= 0.75

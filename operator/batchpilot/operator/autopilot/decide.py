@@ -98,6 +98,9 @@ its rows), the plan keeps P99 within this of that floor instead: the replicas an
 carry the load near its best latency, not every replica maxReplicas allows for nothing."""
 STALE_WINDOWS = 3
 """An observation older than this many windows is stale."""
+ESTIMATES_WINDOWS = 1.5
+"""The present rates estimated over this many windows are kept: the trend asks for the one a
+window ago (`learn.dropped_rate`)."""
 
 
 def _hold(
@@ -205,6 +208,14 @@ def decide(
             f"{FLOOR_MARGIN - 1:.0%} of that — raise the SLA or cut the time outside the batcher"
         )
     rate, trend = present_load(observation, state, now, settled=settled)
+    estimates = (
+        *(
+            (t, r)
+            for t, r in state.estimates
+            if now - ESTIMATES_WINDOWS * observation.window_s < t < now
+        ),
+        (now, rate),
+    )
     saturated = saturated_load(observation, settled=settled)
     if rate > offered and saturated is not None and saturated > rate:
         # Rising, and the window saturated: the traffic began inside it.
@@ -245,7 +256,9 @@ def decide(
         absorbed=absorbs,
     )
     headroom = with_season(headroom, observation, present=rate, absorbed=absorbs)
-    learned_state = replace(learned.state, slo=slo, history=history, rate=(now, offered))
+    learned_state = replace(
+        learned.state, slo=slo, history=history, rate=(now, offered), estimates=estimates
+    )
     # A straggler chosen for replacement may serve on until its stand-in is ready: the ceiling
     # goes a window after it left, once the windows no longer hold its batches.
     serving_still = {pod for pod, _ in stragglers.state.waiting}

@@ -369,7 +369,8 @@ def present_load(
     sizes a rise the counter shows, where it is higher and significant over its own span. (A
     spike of seconds the counter does not confirm is not a rise: no replica started for it
     would come in time.) Without the short window, a rising window's trend is extrapolated: the
-    window moved by one interval, so the newest interval carries the whole change."""
+    window moved by one interval, so the newest interval carries the whole change over the one
+    it dropped, whose rate the decision a window ago estimated (`dropped_rate`)."""
     offered = observation.offered_qps or 0.0
     recent, span = observation.recent_qps, observation.recent_window_s
     if recent is not None and span:
@@ -389,9 +390,23 @@ def present_load(
         if 0 < gap < observation.window_s:
             noise = math.sqrt(2 * max(before, 1.0) * gap) / observation.window_s
             if offered - before > TREND_SIGNIFICANCE * noise:
-                rate = before + (offered - before) * observation.window_s / gap
+                dropped = dropped_rate(state.estimates, now - observation.window_s, gap)
+                base = before if dropped is None else dropped
+                rate = max(offered, base + (offered - before) * observation.window_s / gap)
                 return rate, f", rising to {rate:.0f} rps"
     return offered, ""
+
+
+def dropped_rate(estimates: tuple[tuple[float, float], ...], at: float, gap: float) -> float | None:
+    """The rate estimated for the interval a window moved by `gap` dropped (the one that ended
+    about `at`), or None where no decision then estimated it.
+
+    The window's mean changes by what the newest interval brought less what the oldest took
+    away: the newest is the oldest's rate plus the change times the window over the gap. Taking
+    the previous window's mean for the oldest's rate (all one knows without these) reads a step
+    as up to twice its height by the time the window has crossed it."""
+    near = [(abs(t - at), rate) for t, rate in estimates if abs(t - at) <= gap / 2]
+    return min(near)[1] if near else None
 
 
 def saturated_load(observation: Observation, *, settled: bool) -> float | None:
@@ -473,10 +488,15 @@ def busy_compute(observation: Observation) -> tuple[ComputePoint, ...]:
     if not (busy and served and batch and replicas) or batch < 1:
         return ()
     batches = served * (observation.rows_per_request or 1.0) / batch  # a second, every replica
+    seconds = min(busy, 1.0) * replicas / batches
+    if observation.p99_s is not None and seconds > observation.p99_s:
+        # No request waits less than its batch's run: the batches a second are undercounted
+        # (requests that carry several rows, where the rows a request are not known), and the
+        # busy share says nothing of how long a batch takes. (Capped at P99 instead, a fit
+        # twice too slow kept 5-19x the replicas needed; P99 alone steers.)
+        return ()
     return (
         ComputePoint(
-            mean_batch=batch,
-            mean_seconds=min(busy, 1.0) * replicas / batches,
-            batches=batches * observation.window_s,
+            mean_batch=batch, mean_seconds=seconds, batches=batches * observation.window_s
         ),
     )

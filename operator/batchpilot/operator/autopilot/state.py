@@ -56,6 +56,9 @@ class State:
     """Replicas that were ready and are away, not deleted (see `lost`)."""
     rate: tuple[float, float] | None = None
     """(time, offered requests per second) at the previous decision, for the trend."""
+    estimates: tuple[tuple[float, float], ...] = ()
+    """(time, the present rate estimated then) of the decisions of the last window and one
+    interval more: where the interval a rising window drops stood, for the trend."""
     batch_first_at: float | None = None
     """When a rough model raised the batch limit and held the replicas it would have added: it
     does so once, then the window has measured the new batch sizes (see
@@ -118,6 +121,8 @@ class State:
             doc["lost"] = {"count": self.lost.count, "since": round(self.lost.since, 3)}
         if self.rate is not None:
             doc["rate"] = [round(self.rate[0], 3), round(self.rate[1], 3)]
+        if self.estimates:
+            doc["estimates"] = [[round(t, 3), round(r, 3)] for t, r in self.estimates]
         if self.batch_first_at is not None:
             doc["batchFirstAt"] = round(self.batch_first_at, 3)
         if stragglers := self.stragglers.to_dict():
@@ -179,6 +184,11 @@ class State:
                 for t, q in ((_real(t), q) for t, q in doc.get("refusing", []))
                 if t <= late
             )
+            estimates = tuple(
+                (t, r)
+                for t, r in ((_real(t), _real(r)) for t, r in doc.get("estimates", []))
+                if t <= late and r >= 0
+            )
             overhead = doc.get("overheadMs")
             ready = doc.get("ready")
             raw_rate = doc.get("rate")
@@ -217,6 +227,7 @@ class State:
                 replicas=None if replicas is None else _count(replicas),
                 lost=lost,
                 rate=rate,
+                estimates=estimates,
                 batch_first_at=at(doc.get("batchFirstAt")),
                 slo=SloLedger.from_dict(doc.get("slo")),
                 history=RateHistory.from_dict(doc.get("history")),
