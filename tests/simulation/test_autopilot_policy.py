@@ -7,11 +7,12 @@ The service is the textbook case's fit: t(b) = 1.517 + 2.248·b ms (capacity 266
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from batchpilot.operator.autopilot.decide import decide
+from batchpilot.operator.autopilot.decide import MAX_ESTIMATES, decide
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation
 from batchpilot.operator.autopilot.policy import InForce, Policy
 from batchpilot.operator.autopilot.service_model import LatencyFit, predict
@@ -139,6 +140,39 @@ class TestTheTrend:
                 seen(at=at, qps=window, p99_ms=70, ready=2), POLICY, current, state, at
             )
             assert "rising to 450 rps" in decision.reason
+
+    def test_a_burst_gone_is_not_read_into_a_small_rise(self) -> None:
+        # 3,000 rps until 0 s, 100 after, 200 from 60 s: the decisions a window before the rise
+        # saw the burst's windows (2,275, 1,550 rps) and estimated no newer rate (the window
+        # fell). The intervals the window drops at 75 and 90 s ran at 100: read as at most the
+        # previous window's mean, 100 and 125, not as the burst's windows (2,375 and 1,650).
+        current, state = InForce(8, 8, 0.005), State(fit=MODEL, overhead_s=0.040)
+        windows = [(-30, 3000.0), (-15, 3000.0), (0, 3000.0), (15, 2275.0), (30, 1550.0)]
+        windows += [(45, 825.0), (60, 100.0), (75, 125.0), (90, 150.0)]
+        read = []
+        for at, window in windows:
+            decision, state = decide(
+                seen(at=at, qps=window, p99_ms=60, ready=8), POLICY, current, state, at
+            )
+            read.append(decision.reason.partition("rising to ")[2].partition(" rps")[0])
+        assert read[-2:] == ["200", "225"]
+
+    def test_a_rise_while_the_window_is_unsettled_is_still_remembered(self) -> None:
+        # The replicas changed 30 s ago: the trend does not steer, but the newest interval's
+        # rate is what a window from now asks for.
+        state = State(fit=MODEL, overhead_s=0.040, changed_at=0.0, rate=(15.0, 300.0))
+        decision, state = decide(
+            seen(at=30, qps=337.5, p99_ms=70, ready=2), POLICY, InForce(2, 8, 0.005), state, 30
+        )
+        assert "rising" not in decision.reason
+        assert state.estimates[-1] == (30, pytest.approx(450.0))
+
+    def test_a_long_window_at_a_short_interval_keeps_a_bounded_memory(self) -> None:
+        current, state = InForce(1, 8, 0.005), State(fit=MODEL, overhead_s=0.040)
+        for at in range(200):
+            observation = replace(seen(at=at, qps=100, p99_ms=60), window_s=600)
+            _, state = decide(observation, POLICY, current, state, at)
+        assert len(state.estimates) == MAX_ESTIMATES
 
     def test_noise_is_not_a_trend(self) -> None:
         # 300 → 304 rps: Poisson noise of a 15 s shift is √(2 · 300 · 15) / 60 = 1.6 rps;

@@ -69,6 +69,7 @@ from batchpilot.operator.autopilot.learn import (
     DEFAULT_INTERVAL_S,
     cold_start_of,
     learn,
+    newest_rate,
     present_load,
     reaction_horizon,
     saturated_load,
@@ -99,8 +100,11 @@ carry the load near its best latency, not every replica maxReplicas allows for n
 STALE_WINDOWS = 3
 """An observation older than this many windows is stale."""
 ESTIMATES_WINDOWS = 1.5
-"""The present rates estimated over this many windows are kept: the trend asks for the one a
-window ago (`learn.dropped_rate`)."""
+"""The newest intervals' rates estimated over this many windows are kept: the trend asks for the
+one a window ago (`learn.newest_rate`)."""
+MAX_ESTIMATES = 32
+"""And at most this many (a long window read at a short interval falls back on the previous
+window's mean)."""
 
 
 def _hold(
@@ -208,14 +212,12 @@ def decide(
             f"{FLOOR_MARGIN - 1:.0%} of that — raise the SLA or cut the time outside the batcher"
         )
     rate, trend = present_load(observation, state, now, settled=settled)
-    estimates = (
-        *(
-            (t, r)
-            for t, r in state.estimates
-            if now - ESTIMATES_WINDOWS * observation.window_s < t < now
-        ),
-        (now, rate),
-    )
+    # What the newest interval ran at, for the trend a window from now (whether or not this
+    # window describes the settings in force: the arrivals do not depend on them).
+    newest = newest_rate(observation, state, now)
+    since = now - ESTIMATES_WINDOWS * observation.window_s
+    kept = [(t, r) for t, r in state.estimates if since < t < now][-(MAX_ESTIMATES - 1) :]
+    estimates = (*kept, (now, offered if newest is None else newest))
     saturated = saturated_load(observation, settled=settled)
     if rate > offered and saturated is not None and saturated > rate:
         # Rising, and the window saturated: the traffic began inside it.
