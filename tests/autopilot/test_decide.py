@@ -1345,7 +1345,7 @@ class TestTheRuntimesRateOfItsLastSeconds:
 
     def test_a_step_the_gauge_sees_whole_plans_for_the_new_rate(self) -> None:
         obs = self.window(recent=300, now=600)
-        assert present_load(obs, State(fit=MODEL), TICK, settled=True) == (
+        assert present_load(obs, None) == (
             600,
             "; rising: 600 rps over the last 5 s",
         )
@@ -1362,7 +1362,7 @@ class TestTheRuntimesRateOfItsLastSeconds:
         # the counter shows a rise to 190; the gauge's 192 against 175 would be 5.0 σ of
         # Poisson noise over 15 s, over its 5 s it is 2.9 σ: the counter's rate stands
         obs = self.window(recent=190, now=192)
-        assert present_load(obs, State(fit=MODEL), TICK, settled=True) == (
+        assert present_load(obs, None) == (
             190,
             "; rising: 190 rps over the last 15 s",
         )
@@ -1370,11 +1370,11 @@ class TestTheRuntimesRateOfItsLastSeconds:
     def test_a_spike_the_counter_does_not_confirm_is_no_rise(self) -> None:
         # seconds of 600 rps inside a quarter-minute of the usual: gone before a replica comes
         obs = self.window(recent=176, now=600)
-        assert present_load(obs, State(fit=MODEL), TICK, settled=True) == (175, "")
+        assert present_load(obs, None) == (175, "")
 
     def test_a_fall_in_it_waits_for_the_window(self) -> None:
         obs = self.window(recent=175, now=20)
-        assert present_load(obs, State(fit=MODEL), TICK, settled=True) == (175, "")
+        assert present_load(obs, None) == (175, "")
 
 
 class TestTrafficThatBeganInsideTheWindow:

@@ -211,10 +211,11 @@ def decide(
             f"{format_ms(outside)} of it outside the batcher; planning for P99 within "
             f"{FLOOR_MARGIN - 1:.0%} of that — raise the SLA or cut the time outside the batcher"
         )
-    rate, trend = present_load(observation, state, now, settled=settled)
-    # What the newest interval ran at, for the trend a window from now (whether or not this
-    # window describes the settings in force: the arrivals do not depend on them).
+    # What the newest interval ran at: the trend now where this window describes the settings
+    # in force, and the trend a window from now whether or not (the arrivals do not depend on
+    # them).
     newest = newest_rate(observation, state, now)
+    rate, trend = present_load(observation, newest if settled else None)
     since = now - ESTIMATES_WINDOWS * observation.window_s
     kept = [(t, r) for t, r in state.estimates if since < t < now][-(MAX_ESTIMATES - 1) :]
     estimates = (*kept, (now, offered if newest is None else newest))

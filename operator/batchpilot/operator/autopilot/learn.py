@@ -355,10 +355,10 @@ def rows_per_request(observation: Observation, known: float) -> float:
     return 1.0 if measured < ONE_ROW else measured
 
 
-def present_load(
-    observation: Observation, state: State, now: float, *, settled: bool
-) -> tuple[float, str]:
-    """The offered rate now, and a note when it is not the window's.
+def present_load(observation: Observation, newest: float | None) -> tuple[float, str]:
+    """The offered rate now, and a note when it is not the window's. `newest`: the rate of the
+    interval the window took in since the previous decision (`newest_rate`), where the window
+    describes the settings in force; None otherwise.
 
     The window's rate trails a sudden rise by half the window. The runtime's arrival counter
     over a short recent window shows it a few seconds in: taken when it is significantly above
@@ -384,9 +384,8 @@ def present_load(
         if gauge is not None and gauge > recent and rises(gauge, RECENT_ARRIVALS_S):
             recent, span = gauge, RECENT_ARRIVALS_S
         return recent, f"; rising: {recent:.0f} rps over the last {span:.0f} s"
-    rate = newest_rate(observation, state, now) if settled else None
-    if rate is not None and rate > offered:
-        return rate, f", rising to {rate:.0f} rps"
+    if newest is not None and newest > offered:
+        return newest, f", rising to {newest:.0f} rps"
     return offered, ""
 
 
