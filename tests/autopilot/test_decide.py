@@ -958,6 +958,23 @@ class TestARoughModelTriesTheBatchFirst:
         assert "t(b) = 30.00 + 0.50·b ms" in second.reason
         assert second.replicas == 1
 
+    def test_without_batch_timings_over_the_sla_the_guess_is_followed_at_once(self) -> None:
+        # The same window read from the busy share alone (no batch times by size): one replica
+        # busy all window long, 45 batches of 1 a second, so 22 ms a batch. A new batch limit
+        # would show only in the busy share of a window that began after it, 12 s from now
+        # (window and interval), and the trial would refuse a third of the requests meanwhile
+        # to measure nothing: the guess's replicas now, beside its batch limit.
+        basic = replace(self.window(0.0, 45.0, 25.0, 2000.0, []), mean_batch=1.0, utilization=1.0)
+        decision, _ = decide(basic, self.POLICY, InForce(1, 1, 0.002), State(), 0.0)
+        assert "(rough)" in decision.reason
+        assert "the windows time no batch sizes" in decision.reason
+        assert (decision.replicas, decision.batch_size) == (2, 4)
+        # Inside the SLA there is no hurry: the batch limit still goes first.
+        inside = replace(basic, p99_s=0.110, rejected_qps=0.0, qps=44.0)
+        decision, _ = decide(inside, self.POLICY, InForce(1, 1, 0.002), State(), 0.0)
+        assert "raising the batch limit first" in decision.reason
+        assert decision.replicas == 1
+
     def test_load_no_batch_can_carry_adds_replicas_at_once(self) -> None:
         # 1600 rps offered, 45 served at batch 1; the plan is for 1.05 × 1600 = 1680 rps. Even if
         # every batch took the measured 22 ms, batch 16 would carry at most 16 / 22 ms = 727 rps
@@ -1168,6 +1185,7 @@ def test_state_survives_a_round_trip_through_the_resource() -> None:
         ready_changed_at=25.0,
         ready=2,
         rate=(30.0, 412.5),
+        refused=35.0,
         estimates=((15.0, 400.0), (30.0, 450.0)),
         batch_first_at=28.0,
         refusing=((10.0, 470.0),),
@@ -1186,6 +1204,7 @@ def test_state_survives_a_round_trip_through_the_resource() -> None:
         {"changedAt": "nan"},
         {"rate": [30.0, "inf"]},
         {"estimates": [[15.0, "nan"]]},
+        {"refused": "nan"},
         {"coldStartS": float("nan")},
         {"recommendations": [[10.0, 2], ["nan", 4]]},
         {"recommendations": [[10.0, -3]]},
@@ -1212,6 +1231,7 @@ def test_times_written_ahead_of_the_clock_are_forgotten_beyond_the_skew() -> Non
         changed_at=9_999_999_999.0,
         pending_since=ahead + 1,
         rate=(9_999_999_999.0, 30.0),
+        refused=12.0,  # the rate's window's: forgotten with it
         estimates=((9_999_999_999.0, 30.0), (15.0, 20.0)),
         batch_first_at=ahead,
         lost=Loss(2, 9_999_999_999.0),
@@ -1420,6 +1440,27 @@ class TestTrafficThatBeganInsideTheWindow:
     def test_a_few_refusals_are_not_saturation(self) -> None:
         obs = self.window(served=240, arrived=250, busy=0.25, recent=600)  # 4 % refused
         assert saturated_load(obs, settled=True) is None
+
+    def test_a_rise_across_decisions_reads_the_load_since_under_a_new_batch_limit(self) -> None:
+        # Only the basic signals (no short window): the window's mean rose from 50 to 250 rps
+        # since the decision before, which raised the batch limit 15 s ago and saw nothing
+        # refused. The replica was ready all window long and the new limit refused too (150 rps
+        # unserved now, so at least 600 a second of the last 15 s), so the devices were flat out
+        # since the traffic began: the load since is 1,000 rps, where the trend (an unsettled
+        # window's) and the window's mean would plan for 250.
+        obs = self.window(served=100, arrived=250, busy=0.25, recent=None)
+        before = State(fit=MODEL, rate=(0.0, 50.0), refused=0.0, ready=1, changed_at=0.0)
+        decision, _ = decide(obs, POLICY, self.CURRENT, before, now=TICK)
+        assert "about 1000 rps since" in decision.reason
+        assert decision.replicas == 3
+        # The same window with nothing before it to show a rise: its own rate.
+        decision, _ = decide(obs, POLICY, self.CURRENT, replace(before, rate=None), now=TICK)
+        assert "rising" not in decision.reason
+        assert decision.replicas == 1
+        # Its refusals all there a decision ago: the old limit's, and the new one may carry the
+        # load with the devices idle part of the time — the busy share says nothing of it.
+        decision, _ = decide(obs, POLICY, self.CURRENT, replace(before, refused=150.0), TICK)
+        assert "about 1000 rps since" not in decision.reason
 
     def test_a_window_of_other_replicas_says_nothing_of_the_present(self) -> None:
         # A second replica became ready since the last decision: it was idle before, which is

@@ -298,6 +298,7 @@ def batch_first(
     interval: float,
     scrape_s: float,
     sla_met: bool | None,
+    timed: bool = True,
 ) -> tuple[int, int, float, str]:
     """Replicas and batch limit to ask for when a rough model's plan adds replicas, the P99
     predicted for them, and why.
@@ -322,7 +323,19 @@ def batch_first(
     cost α much larger than β (common on accelerators) would make batching carry many times the
     load — it is the optimistic reading's: if α dominates, that limit carries the load at once;
     if β does, a replica carries about what it did, and the next fit says so. Over the SLA the
-    interval is missed whichever limit is tried, so the one that could carry the most is."""
+    interval is missed whichever limit is tried, so the one that could carry the most is.
+
+    `timed`: the windows time batches by size (the runtime's compute series). Without that, a
+    new batch size shows only in the busy share of a window that began after the change, a
+    window and an interval later, and the trial is a wait that measures nothing: over the SLA
+    (requests refused or late while it waits) the plan is followed at once."""
+    if not timed and sla_met is False:
+        why = (
+            "the fit is a guess from one batch size, and the windows time no batch sizes (a new "
+            "limit shows in the busy share only a window after it changed): over the SLA, the "
+            "guess is followed now"
+        )
+        return chosen.replicas, chosen.batch_size, chosen.predicted_p99_s, why
     optimistic = _optimistic(model)
     best = plan_capacity(
         optimistic,

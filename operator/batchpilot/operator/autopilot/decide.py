@@ -72,8 +72,10 @@ from batchpilot.operator.autopilot.learn import (
     newest_rate,
     present_load,
     reaction_horizon,
+    refused_lately,
     saturated_load,
     split_dispersion,
+    unserved_qps,
 )
 from batchpilot.operator.autopilot.lost import stand_ins, stood_in
 from batchpilot.operator.autopilot.observation import Observation
@@ -219,9 +221,22 @@ def decide(
     since = now - ESTIMATES_WINDOWS * observation.window_s
     kept = [(t, r) for t, r in state.estimates if since < t < now][-(MAX_ESTIMATES - 1) :]
     estimates = (*kept, (now, offered if newest is None else newest))
-    saturated = saturated_load(observation, settled=settled)
-    if rate > offered and saturated is not None and saturated > rate:
-        # Rising, and the window saturated: the traffic began inside it.
+    # A batch limit changed inside the window: whether the limit in force refused too, where it
+    # was in force over the whole interval the window took in since the previous decision.
+    refused_since = settled or (
+        state.changed_at is not None
+        and state.rate is not None
+        and state.changed_at <= state.rate[0]
+        and refused_lately(observation, state, now)
+    )
+    saturated = saturated_load(
+        observation, settled=learned.replicas_settled, refused_since=refused_since
+    )
+    # Rising (the recent rate above the window's, or the window's mean significantly above the
+    # previous one's, whether or not the window describes the settings in force), and the window
+    # saturated: the traffic began inside it.
+    began = rate > offered or newest is not None
+    if began and saturated is not None and saturated > rate:
         rate = saturated
         trend = (
             f"; rising: {observation.unserved_share:.0%} refused with the devices busy "
@@ -260,7 +275,12 @@ def decide(
     )
     headroom = with_season(headroom, observation, present=rate, absorbed=absorbs)
     learned_state = replace(
-        learned.state, slo=slo, history=history, rate=(now, offered), estimates=estimates
+        learned.state,
+        slo=slo,
+        history=history,
+        rate=(now, offered),
+        refused=unserved_qps(observation),
+        estimates=estimates,
     )
     # A straggler chosen for replacement may serve on until its stand-in is ready: the ceiling
     # goes a window after it left, once the windows no longer hold its batches.
@@ -384,6 +404,7 @@ def decide(
                     # the fast signal's span: the last two scrapes, about one scrape interval
                     scrape_s=observation.recent_window_s or 0.0,
                     sla_met=steered,
+                    timed=bool(observation.compute),
                 )
                 why += f"; {first}"
                 trying_the_batch = want_replicas == current.replicas

@@ -110,6 +110,9 @@ class Learned:
     """The state with what was learned (fit, overhead, change, readiness, cold start)."""
     settled: bool
     """Whether the window describes the settings in force."""
+    replicas_settled: bool
+    """Whether the window describes the ready replicas (none came or went inside it); a batch
+    limit changed inside it may still be the old one's."""
     interval: float
     """Seconds since the previous decision (0 at the first)."""
 
@@ -135,6 +138,9 @@ def learn(
     # backlog of the old settings has drained: allow one decision interval for that.
     interval = now - state.rate[0] if state.rate is not None else 0.0
     settled = changed_at is None or now - changed_at >= observation.window_s + interval
+    replicas_settled = (
+        ready_changed_at is None or now - ready_changed_at >= observation.window_s + interval
+    )
     prior = state.fit
     if prior is None or not prior.confident:
         # Before traffic has run two batch sizes, the slope the replicas timed at start-up.
@@ -233,6 +239,7 @@ def learn(
             anchor=anchor,
         ),
         settled=settled,
+        replicas_settled=replicas_settled,
         interval=interval,
     )
 
@@ -416,7 +423,9 @@ def newest_rate(observation: Observation, state: State, now: float) -> float | N
     return base + (offered - before) * observation.window_s / gap
 
 
-def saturated_load(observation: Observation, *, settled: bool) -> float | None:
+def saturated_load(
+    observation: Observation, *, settled: bool, refused_since: bool = True
+) -> float | None:
     """The load now that a window whose traffic began inside it implies, or None.
 
     Traffic that began inside the window (a new service, a cut-over, a step up) is averaged with
@@ -425,14 +434,37 @@ def saturated_load(observation: Observation, *, settled: bool) -> float | None:
     devices flat out while the traffic was there, so the share of the window they were busy is
     the share it had the traffic: the offered rate over that share is the load since. Where the
     load was there all along, the devices were busy all along and this is the window's rate.
-    Only where the replicas and settings in force are the window's (`settled`): a replica that
-    became ready inside the window was idle before it, which is no silence of the traffic."""
+    Only where the replicas in force are the window's (`settled`): a replica that became ready
+    inside the window was idle before it, which is no silence of the traffic. Where the batch
+    limit changed inside the window, the devices stayed flat out after the change only if the
+    limit in force refused too (`refused_since`, see `refused_lately`): otherwise the refusals
+    may all be the old limit's, and the busy share since below 1 (a limit raised from 1 to 6 on
+    the textbook's service read 334 rps of 300)."""
     busy, offered = observation.utilization, observation.offered_qps
-    if not settled or not busy or not offered:
+    if not settled or not refused_since or not busy or not offered:
         return None
     if observation.unserved_share <= SATURATED_SHARE:
         return None
     return offered / max(busy, MIN_BUSY)
+
+
+def unserved_qps(observation: Observation) -> float:
+    """The window's requests a second not answered successfully (see `unserved_share`)."""
+    return (observation.offered_qps or 0.0) * observation.unserved_share
+
+
+def refused_lately(observation: Observation, state: State, now: float) -> bool:
+    """Whether the interval the window took in since the previous decision refused more than
+    `SATURATED_SHARE` of the window's rate: the window's unserved requests grew by more than
+    that since (the interval it dropped refused none of them, or some, so the newest refused at
+    least the growth)."""
+    if state.rate is None or state.refused is None:
+        return False
+    gap = now - state.rate[0]
+    if not 0 < gap < observation.window_s:
+        return False
+    grown = (unserved_qps(observation) - state.refused) * observation.window_s / gap
+    return grown > SATURATED_SHARE * (observation.offered_qps or 0.0)
 
 
 def cold_start_of(state: State) -> float:

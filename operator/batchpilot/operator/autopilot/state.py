@@ -56,6 +56,9 @@ class State:
     """Replicas that were ready and are away, not deleted (see `lost`)."""
     rate: tuple[float, float] | None = None
     """(time, offered requests per second) at the previous decision, for the trend."""
+    refused: float | None = None
+    """Requests per second the previous decision's window left unserved: whether the newest
+    interval of a window still refused (see `learn.refused_lately`)."""
     estimates: tuple[tuple[float, float], ...] = ()
     """(time, the present rate estimated then) of the decisions of the last window and one
     interval more: where the interval a rising window drops stood, for the trend."""
@@ -121,6 +124,8 @@ class State:
             doc["lost"] = {"count": self.lost.count, "since": round(self.lost.since, 3)}
         if self.rate is not None:
             doc["rate"] = [round(self.rate[0], 3), round(self.rate[1], 3)]
+        if self.refused is not None:
+            doc["refused"] = round(self.refused, 3)
         if self.estimates:
             doc["estimates"] = [[round(t, 3), round(r, 3)] for t, r in self.estimates]
         if self.batch_first_at is not None:
@@ -195,6 +200,8 @@ class State:
             rate_at = at(raw_rate[0]) if raw_rate is not None else None
             rate = None if raw_rate is None or rate_at is None else (rate_at, _real(raw_rate[1]))
             replicas = doc.get("replicas")
+            raw_refused = doc.get("refused")
+            refused = None if raw_refused is None else _real(raw_refused)
             raw_lost = doc.get("lost")
             lost_since = at(raw_lost["since"]) if isinstance(raw_lost, dict) else None
             lost = (
@@ -227,6 +234,8 @@ class State:
                 replicas=None if replicas is None else _count(replicas),
                 lost=lost,
                 rate=rate,
+                # (a window's, with the rate it is compared with: not without it, never below 0)
+                refused=None if refused is None or rate is None or refused < 0 else refused,
                 estimates=estimates,
                 batch_first_at=at(doc.get("batchFirstAt")),
                 slo=SloLedger.from_dict(doc.get("slo")),
