@@ -27,6 +27,7 @@ from batchpilot.operator.autopilot.learn import (
     MIN_BUSY,
     present_load,
     reaction_horizon,
+    refused_lately,
     saturated_load,
 )
 from batchpilot.operator.autopilot.lost import Loss
@@ -963,7 +964,7 @@ class TestARoughModelTriesTheBatchFirst:
         # busy all window long, 45 batches of 1 a second, so 22 ms a batch. A new batch limit
         # would show only in the busy share of a window that began after it, 12 s from now
         # (window and interval), and the trial would refuse a third of the requests meanwhile
-        # to measure nothing: the guess's replicas now, beside its batch limit.
+        # to measure nothing: the guess's replicas and batch limit now.
         basic = replace(self.window(0.0, 45.0, 25.0, 2000.0, []), mean_batch=1.0, utilization=1.0)
         decision, _ = decide(basic, self.POLICY, InForce(1, 1, 0.002), State(), 0.0)
         assert "(rough)" in decision.reason
@@ -994,15 +995,62 @@ class TestARoughModelTriesTheBatchFirst:
         assert "no batch limit lets 1 carry 1680 rps" in decisions[0].reason
         assert decisions[1].scaling_limited is not None
 
-    def test_a_rough_model_never_scales_down(self) -> None:
-        # Two replicas, 20 rps at batch 1 for longer than the scale-down delay: the rough fit
-        # (α = β = 11 ms) says one replica carries it, but a guess does not remove a device.
+    def test_a_rough_model_gives_back_only_what_its_slowest_reading_allows(self) -> None:
+        # Four replicas, 60 rps at batch 1 for longer than the scale-down delay. The guess
+        # (α = β = 11 ms) has a replica carry 45 rps at batch 4: 2 replicas. But from batch 1
+        # alone, batch 4 may take 88 ms (all per row) and a batch of 1 no less than the 22 ms
+        # measured: planned as if every batch up to 1 took 22 ms, at batch 1, three replicas
+        # carry it. So 4 → 3, at batch 1 (a larger limit would let a backlog run batches of
+        # unknown time: all per row, 4 take 88 ms), and no further.
         policy = replace(self.POLICY, scale_down_delay_s=10)
-        current, state = InForce(2, 1, 0.002), State()
+        current, state = InForce(4, 1, 0.002), State()
+        decisions = []
         for tick in range(10):
             observation = replace(
-                self.window(2.0 * tick, 20.0, 0.0, 40.0, [(1.0, 200)]), ready_replicas=2
+                self.window(2.0 * tick, 60.0, 0.0, 40.0, [(1.0, 200)]),
+                ready_replicas=current.replicas,
             )
+            decision, state = decide(observation, policy, current, state, 2.0 * tick)
+            current = InForce(decision.replicas, decision.batch_size, decision.max_queue_delay_s)
+            decisions.append(decision)
+        assert "so 2 for 63 rps" in decisions[-1].reason
+        assert min(d.replicas for d in decisions) == 3
+        down = next(d for d in decisions if d.replicas == 3)
+        assert down.batch_size == 1
+        assert decisions[-1].batch_size == 1
+        assert (
+            "a rough model gives back only what its slowest reading allows: if every batch up "
+            "to the 1.0 measured took its 22 ms, 3 would carry 63 rps at batch ≤ 1"
+        ) in down.reason
+        assert (
+            "not scaling down on a rough model: if every batch up to the 1.0 measured took its "
+            "22 ms, 3 would carry 63 rps at batch ≤ 1"
+        ) in decisions[-1].reason
+
+    def test_where_the_slowest_reading_needs_more_the_limit_in_force_stays(self) -> None:
+        # Three replicas at batch ≤ 4, 80 rps: the guess would give one back, the slowest
+        # reading would want a fourth (at batch ≤ 1). The replicas stay, and so does the limit:
+        # lowered to 1 it would carry less than it does.
+        policy = replace(self.POLICY, scale_down_delay_s=10)
+        current, state = InForce(3, 4, 0.002), State()
+        for tick in range(8):
+            observation = replace(
+                self.window(2.0 * tick, 80.0, 0.0, 40.0, [(1.0, 200)]), ready_replicas=3
+            )
+            decision, state = decide(observation, policy, current, state, 2.0 * tick)
+            current = InForce(decision.replicas, decision.batch_size, decision.max_queue_delay_s)
+            assert (decision.replicas, decision.batch_size) == (3, 4), tick
+        assert "so 2 for 84 rps" in decision.reason
+        assert "4 would carry 84 rps at batch ≤ 1" in decision.reason
+
+    def test_a_rough_model_without_its_measured_batch_never_scales_down(self) -> None:
+        # A rough fit with no window's batch size kept beside it (one read back from a status
+        # written before the anchor was): nothing says how slow a batch may be.
+        policy = replace(self.POLICY, scale_down_delay_s=10)
+        rough = LatencyFit(alpha_s=0.011, beta_s=0.011, confident=False)
+        current, state = InForce(2, 1, 0.002), State(fit=rough)
+        for tick in range(10):
+            observation = replace(self.window(2.0 * tick, 20.0, 0.0, 40.0, []), ready_replicas=2)
             decision, state = decide(observation, policy, current, state, 2.0 * tick)
             current = InForce(decision.replicas, decision.batch_size, decision.max_queue_delay_s)
             assert decision.replicas == 2, tick
@@ -1461,6 +1509,24 @@ class TestTrafficThatBeganInsideTheWindow:
         # load with the devices idle part of the time — the busy share says nothing of it.
         decision, _ = decide(obs, POLICY, self.CURRENT, replace(before, refused=150.0), TICK)
         assert "about 1000 rps since" not in decision.reason
+
+    def test_a_recent_rate_without_a_rise_overrules_the_mean(self) -> None:
+        # The window's mean rose since the decision before (90 → 242 rps, 41 % refused, the
+        # replica busy 35 %), but the rate between the last two scrapes is back at 90: a spike
+        # since gone, not traffic that began and goes on.
+        obs = self.window(served=142, arrived=242, busy=0.35, recent=90)
+        decision, _ = decide(obs, POLICY, self.CURRENT, State(fit=MODEL, rate=(0.0, 90.0)), TICK)
+        assert "rising" not in decision.reason
+        assert decision.replicas == 1
+
+    def test_a_decision_sooner_than_a_scrape_reads_a_scrape_of_growth(self) -> None:
+        # 3 s after the decision that raised the limit, the window's unserved requests grew by
+        # 2 a second: a scrape (15 s) of new samples, so the new limit refused some 8 a second
+        # of 250 — not saturated. Over the 3 s gap they would read 40, over the 5 % bar.
+        obs = self.window(served=100, arrived=250, busy=0.25, recent=None)
+        before = State(fit=MODEL, rate=(0.0, 245.0), refused=148.0, ready=1, changed_at=0.0)
+        assert not refused_lately(obs, before, 3.0)
+        assert refused_lately(obs, replace(before, refused=140.0), 3.0)  # 10 a second: 40 of 250
 
     def test_a_window_of_other_replicas_says_nothing_of_the_present(self) -> None:
         # A second replica became ready since the last decision: it was idle before, which is

@@ -26,7 +26,8 @@ Steps, each small and named:
    batch first on a rough model: when the plan adds replicas, the batch limit rises first and
    replicas wait (two intervals or two scrapes at most) for the windows to measure the new
    batch sizes, unless even the most optimistic reading of the guess needs more of them
-   (`capacity.batch_first`); a rough model never scales down;
+   (`capacity.batch_first`); a rough model scales down only as far as its slowest reading
+   allows (`capacity.rough_scale_down`);
    stand in for lost replicas: ones that were ready and are away (a node that died: its pods
    are replaced only once evicted, minutes later) are asked for again beside the plan's — at
    once over the SLA, else once away longer than a restart or the eviction takes (`lost`);
@@ -56,6 +57,7 @@ from batchpilot.operator.autopilot.capacity import (
     batch_first,
     burst_batch,
     plan_capacity,
+    rough_scale_down,
 )
 from batchpilot.operator.autopilot.ceiling import found_ceiling, kept_ceiling
 from batchpilot.operator.autopilot.explain import explain, judge, near_the_edge
@@ -232,10 +234,11 @@ def decide(
     saturated = saturated_load(
         observation, settled=learned.replicas_settled, refused_since=refused_since
     )
-    # Rising (the recent rate above the window's, or the window's mean significantly above the
-    # previous one's, whether or not the window describes the settings in force), and the window
-    # saturated: the traffic began inside it.
-    began = rate > offered or newest is not None
+    # Rising (the recent rate above the window's; without it, the window's mean significantly
+    # above the previous one's, whether or not the window describes the settings in force), and
+    # the window saturated: the traffic began inside it. (A recent rate that shows no rise
+    # overrules the mean: a spike since gone.)
+    began = rate > offered or (newest is not None and observation.recent_qps is None)
     if began and saturated is not None and saturated > rate:
         rate = saturated
         trend = (
@@ -307,6 +310,7 @@ def decide(
     # 4. Plan from the model; or, without one yet, from feedback alone.
     notes: list[str] = []
     trying_the_batch = False
+
     predicted: float | None = None
     capacity_per_replica: float | None = None
     if idle and (model is None or headroom.rate <= 0):
@@ -328,19 +332,24 @@ def decide(
                 prefer=current.batch_size,
             )
 
-        chosen = plan(model)
-        # Clumps split over the replicas: fewer replicas each see more of a clump. A plan for
-        # fewer replicas than measured it is made again with the dispersion they would see,
-        # until it holds (a plan for more keeps the measured one: a little more than needed).
-        measured_over = max(1, ready)
-        for _ in range(CLUMP_REPLANS):
-            if model.dispersion <= 1.0 or chosen.replicas >= measured_over:
-                break
-            seen = split_dispersion(model.dispersion, measured_over, chosen.replicas)
-            again = plan(replace(model, dispersion=seen))
-            if again.replicas <= chosen.replicas:
-                break
-            chosen = again
+        def clumped(plan_of: Callable[[LatencyFit], CapacityPlan]) -> CapacityPlan:
+            """Clumps split over the replicas: fewer replicas each see more of a clump. A plan
+            for fewer replicas than measured it is made again with the dispersion they would
+            see, until it holds (a plan for more keeps the measured one: a little more than
+            needed)."""
+            planned = plan_of(model)
+            measured_over = max(1, ready)
+            for _ in range(CLUMP_REPLANS):
+                if model.dispersion <= 1.0 or planned.replicas >= measured_over:
+                    break
+                seen = split_dispersion(model.dispersion, measured_over, planned.replicas)
+                again = plan_of(replace(model, dispersion=seen))
+                if again.replicas <= planned.replicas:
+                    break
+                planned = again
+            return planned
+
+        chosen = clumped(plan)
         want_replicas, want_batch = chosen.replicas, chosen.batch_size
         predicted = chosen.predicted_p99_s
         capacity_per_replica = chosen.capacity
@@ -411,8 +420,45 @@ def decide(
                 if trying_the_batch and learned_state.batch_first_at is None:
                     learned_state = replace(learned_state, batch_first_at=now)
             elif want_replicas < current.replicas:
-                want_replicas = current.replicas
-                notes.append("not scaling down on a rough model")
+                measured = learned_state.anchor
+                slowest = (
+                    None
+                    if measured is None
+                    else clumped(
+                        lambda planned: rough_scale_down(
+                            planned,
+                            measured,
+                            rate=headroom.rate,
+                            policy=planning,
+                            delay_s=delay_s,
+                            overhead_s=overhead or 0.0,
+                            target_s=target,
+                        )
+                    )
+                )
+                if measured is None or slowest is None or not slowest.feasible:
+                    want_replicas = current.replicas
+                    notes.append("not scaling down on a rough model")
+                else:
+                    # Planned for batches no larger than the one measured: a larger limit lets a
+                    # backlog run batches of unknown time (all per row, 4 take 4 times as long).
+                    slow = (
+                        f"if every batch up to the {measured.mean_batch:.1f} measured took its "
+                        f"{format_ms(measured.mean_seconds)}, {slowest.replicas} would carry "
+                        f"{headroom.rate:.0f} rps at batch ≤ {slowest.batch_size}"
+                    )
+                    if want_replicas < slowest.replicas <= current.replicas:
+                        # (Where it needs more than are in force, the limit in force carries
+                        # what it does; lowered, it would carry less.)
+                        want_batch = min(want_batch, slowest.batch_size)
+                    if slowest.replicas >= current.replicas:
+                        want_replicas = current.replicas
+                        notes.append(f"not scaling down on a rough model: {slow}")
+                    else:
+                        want_replicas = max(want_replicas, slowest.replicas)
+                        notes.append(
+                            f"a rough model gives back only what its slowest reading allows: {slow}"
+                        )
         why += headroom.note
         if ceiling is not None and not idle and planning is policy:
             floor = min(policy.max_replicas, ceiling.floor(headroom.rate, want_replicas))

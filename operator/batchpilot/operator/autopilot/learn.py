@@ -101,6 +101,10 @@ counted when it runs, its requests when they are answered)."""
 ANCHOR_SPREAD = 1.5
 """Batch sizes this far apart give a slope (`service_model.fit` asks the same of one window)."""
 DEFAULT_INTERVAL_S = 15.0
+DEFAULT_SCRAPE_S = 15.0
+"""Prometheus' scrape interval where the observation does not give it (the chart's, and
+Prometheus' usual): a window moves by whole scrapes, so one decision's gap shorter than that
+holds a scrape's worth of new samples, or none."""
 """The decision interval assumed at the first decision, before one has been measured."""
 
 
@@ -414,6 +418,7 @@ def newest_rate(observation: Observation, state: State, now: float) -> float | N
     gap = now - then  # not positive where the clock stepped back (NTP, a new leader's)
     if not 0 < gap < observation.window_s:
         return None
+    gap = max(gap, scrape_step(observation))
     noise = math.sqrt(2 * max(before, 1.0) * gap) / observation.window_s
     if offered - before <= TREND_SIGNIFICANCE * noise:
         return None
@@ -449,8 +454,16 @@ def saturated_load(
 
 
 def unserved_qps(observation: Observation) -> float:
-    """The window's requests a second not answered successfully (see `unserved_share`)."""
-    return (observation.offered_qps or 0.0) * observation.unserved_share
+    """The window's requests a second not answered successfully: offered, less answered, less
+    those their clients withdrew (no answer was owed)."""
+    offered = observation.offered_qps or 0.0
+    return max(0.0, offered - (observation.withdrawn_qps or 0.0) - (observation.qps or 0.0))
+
+
+def scrape_step(observation: Observation) -> float:
+    """How far the window moves at a scrape: the fast signal's span (the last two scrapes) where
+    there is one, else `DEFAULT_SCRAPE_S`."""
+    return observation.recent_window_s or DEFAULT_SCRAPE_S
 
 
 def refused_lately(observation: Observation, state: State, now: float) -> bool:
@@ -463,6 +476,7 @@ def refused_lately(observation: Observation, state: State, now: float) -> bool:
     gap = now - state.rate[0]
     if not 0 < gap < observation.window_s:
         return False
+    gap = max(gap, scrape_step(observation))
     grown = (unserved_qps(observation) - state.refused) * observation.window_s / gap
     return grown > SATURATED_SHARE * (observation.offered_qps or 0.0)
 
@@ -485,7 +499,8 @@ def anchored(
     """The window's batch times with the anchor where that gives the fit its slope, and the
     anchor to keep. A slope needs two batch sizes; a window whose batches ran one size (a
     steady load; a window read from the busy share, `busy_compute`, is always one) leaves the
-    fit rough, and a rough fit never gives replicas back. So while the fit is rough the window's
+    fit rough, and a rough fit gives replicas back only as far as its slowest reading allows
+    (`capacity.rough_scale_down`, from the anchor). So while the fit is rough the window's
     one size is kept (the anchor), and a later window at a size `ANCHOR_SPREAD` times apart
     joins it: two sizes, a slope, a confident fit. A window of several sizes needs none."""
     usable = usable_points(points)
