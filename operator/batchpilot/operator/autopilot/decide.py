@@ -310,7 +310,6 @@ def decide(
     # 4. Plan from the model; or, without one yet, from feedback alone.
     notes: list[str] = []
     trying_the_batch = False
-
     predicted: float | None = None
     capacity_per_replica: float | None = None
     if idle and (model is None or headroom.rate <= 0):
@@ -436,7 +435,7 @@ def decide(
                         )
                     )
                 )
-                if measured is None or slowest is None or not slowest.feasible:
+                if slowest is None or measured is None or not slowest.feasible:
                     want_replicas = current.replicas
                     notes.append("not scaling down on a rough model")
                 else:

@@ -101,11 +101,11 @@ counted when it runs, its requests when they are answered)."""
 ANCHOR_SPREAD = 1.5
 """Batch sizes this far apart give a slope (`service_model.fit` asks the same of one window)."""
 DEFAULT_INTERVAL_S = 15.0
+"""The decision interval assumed at the first decision, before one has been measured."""
 DEFAULT_SCRAPE_S = 15.0
 """Prometheus' scrape interval where the observation does not give it (the chart's, and
 Prometheus' usual): a window moves by whole scrapes, so one decision's gap shorter than that
 holds a scrape's worth of new samples, or none."""
-"""The decision interval assumed at the first decision, before one has been measured."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,11 +414,10 @@ def newest_rate(observation: Observation, state: State, now: float) -> float | N
     if state.rate is None:
         return None
     offered = observation.offered_qps or 0.0
-    then, before = state.rate
-    gap = now - then  # not positive where the clock stepped back (NTP, a new leader's)
-    if not 0 < gap < observation.window_s:
+    before = state.rate[1]
+    gap = window_step(observation, state, now)
+    if gap is None:
         return None
-    gap = max(gap, scrape_step(observation))
     noise = math.sqrt(2 * max(before, 1.0) * gap) / observation.window_s
     if offered - before <= TREND_SIGNIFICANCE * noise:
         return None
@@ -460,10 +459,17 @@ def unserved_qps(observation: Observation) -> float:
     return max(0.0, offered - (observation.withdrawn_qps or 0.0) - (observation.qps or 0.0))
 
 
-def scrape_step(observation: Observation) -> float:
-    """How far the window moves at a scrape: the fast signal's span (the last two scrapes) where
-    there is one, else `DEFAULT_SCRAPE_S`."""
-    return observation.recent_window_s or DEFAULT_SCRAPE_S
+def window_step(observation: Observation, state: State, now: float) -> float | None:
+    """How far the window moved since the previous decision: the time since it, and at least a
+    scrape (the fast signal's span, the last two scrapes, where there is one, else
+    `DEFAULT_SCRAPE_S`): a window moves by whole scrapes. None without a previous decision
+    inside the window (or where the clock stepped back: NTP, a new leader's)."""
+    if state.rate is None:
+        return None
+    gap = now - state.rate[0]
+    if not 0 < gap < observation.window_s:
+        return None
+    return max(gap, observation.recent_window_s or DEFAULT_SCRAPE_S)
 
 
 def refused_lately(observation: Observation, state: State, now: float) -> bool:
@@ -471,12 +477,9 @@ def refused_lately(observation: Observation, state: State, now: float) -> bool:
     `SATURATED_SHARE` of the window's rate: the window's unserved requests grew by more than
     that since (the interval it dropped refused none of them, or some, so the newest refused at
     least the growth)."""
-    if state.rate is None or state.refused is None:
+    gap = window_step(observation, state, now)
+    if gap is None or state.refused is None:
         return False
-    gap = now - state.rate[0]
-    if not 0 < gap < observation.window_s:
-        return False
-    gap = max(gap, scrape_step(observation))
     grown = (unserved_qps(observation) - state.refused) * observation.window_s / gap
     return grown > SATURATED_SHARE * (observation.offered_qps or 0.0)
 
