@@ -87,6 +87,11 @@ UNEVEN_MIN_RATE = 5.0
 """Below this many requests a second a replica, a window's unevenness is its count's noise
 (at 1 a second it reads 1.5 once in a hundred windows): the last known stands. A replica's
 capacity is rarely that low."""
+UNEVEN_MIN_WINDOW_S = 5.0
+"""A window shorter than this says nothing of unevenness: the runtime adds a second's square of
+arrivals when the second ends, so a window of a second or two may hold a busy second's square
+beside part of its arrivals (the pods' own metrics over 1 s, at a steady 45 rps, read 2.1-3.8x:
+the replicas a start-up asked for then carried a rise before it came). The last known stands."""
 STEADY_CV = 0.05
 """Batch times that vary less than this around t(b) are taken as steady: the P99 they add is a
 few per cent of a batch's time, and a fit's own error on a device that keeps time reads about
@@ -291,6 +296,8 @@ def _measured_unevenness(observation: Observation) -> float | None:
     counted = observation.arrival_counted_seconds
     arrived = (observation.arrival_qps or 0.0) + (observation.retried_qps or 0.0)
     if squares is None or counted is None or not (counted > 0 and arrived > 0):
+        return None
+    if observation.window_s < UNEVEN_MIN_WINDOW_S:
         return None
     mean = arrived / counted  # a replica's, a second
     if not (math.isfinite(squares) and math.isfinite(mean)) or mean < UNEVEN_MIN_RATE:
