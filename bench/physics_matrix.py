@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/physics_matrix.py --seed 5353 [--physics textbook,fixed,mid,big]
         [--kinds ramp,step] [--retries attempts=3,delay_s=1] [--clump 4] [--cv 0.2]
-        [--rows 1:9,16:1 [--blind-rows]] [--basic-signals] [--procs 2] [--json out.json]
+        [--rows 1:9,16:1 [--blind-rows]] [--basic-signals | --busy-signals] [--procs 2]
+        [--json out.json]
 
 `slo_matrix.py` runs every baseline on one physics at a time; this runs the autopilot, the
 reactive bound (knows the present rate and the true capacity, pays the cold start) and the
@@ -23,7 +24,8 @@ batch filled from behind a request that does not fit), the trace's rates over th
 rows so that the rows a second are the one-row physics'; `--blind-rows`: the replicas do not
 export the rows' spread (`ClusterConfig.rows_spread`), as runtimes before it, and the autopilot
 plans by the mean rows alone. `--basic-signals`: every policy sees only P99, the rates, the busy
-share, the mean batch and the ready replicas (`ClusterConfig.basic_signals`).
+share, the mean batch and the ready replicas (`ClusterConfig.basic_signals`); `--busy-signals`:
+the same without the mean batch (`ClusterConfig.busy_signals`).
 """
 
 from __future__ import annotations
@@ -68,10 +70,10 @@ POLICIES = ("autopilot", "reactive", "oracle")
 
 
 def run(
-    job: tuple[str, str, int, str, str, float, float, str, bool, bool],
+    job: tuple[str, str, int, str, str, float, float, str, bool, bool, bool],
 ) -> tuple[str, str, str, float, float]:
     """(physics, kind, policy, attainment, GPU-seconds) of one simulation."""
-    name, kind, seed, policy, retries, clump, cv, rows, blind_rows, basic_signals = job
+    name, kind, seed, policy, retries, clump, cv, rows, blind_rows, basic_signals, busy = job
     physics = PHYSICS[name]
     mix = RowMix.parse(rows) if rows else None
     per_request = 1.0 / mix.mean if mix is not None else 1.0
@@ -93,6 +95,7 @@ def run(
             clump=clump,
             rows_spread=not blind_rows,
             basic_signals=basic_signals,
+            busy_signals=busy,
         ),
     )
     summary = simulate(scenario, policy).summary
@@ -123,6 +126,9 @@ def main() -> int:
     parser.add_argument(
         "--basic-signals", action="store_true", help="the policies see the basic signals only"
     )
+    parser.add_argument(
+        "--busy-signals", action="store_true", help="the basic signals without the mean batch"
+    )
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -146,6 +152,7 @@ def main() -> int:
             args.rows,
             args.blind_rows,
             args.basic_signals,
+            args.busy_signals,
         )
         for n in names
         for k in kinds

@@ -295,6 +295,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "busy share, the mean batch and the ready replicas (a runtime without batchpilot's own "
         "series: batch times by size, arrivals, the recent rate, the start-up timing)",
     )
+    cluster.add_argument(
+        "--busy-signals",
+        action="store_true",
+        help="fewer still: the basic signals without the mean batch (an exporter of request "
+        "counts, latency and the device's utilization, nothing of its batches)",
+    )
     cluster.add_argument("--seed", type=int, default=0)
     cluster.add_argument(
         "--duration-s", type=float, default=None, help="override the trace's length"
@@ -357,6 +363,7 @@ def scenario_of(args: argparse.Namespace) -> Scenario:
             retries=args.retries,
             clump=args.clump,
             basic_signals=args.basic_signals,
+            busy_signals=args.busy_signals,
             node_losses=tuple(
                 NodeLoss(at, count, notice_s=args.node_notice_s, eviction_s=args.eviction_s)
                 for at, count in args.lose_node

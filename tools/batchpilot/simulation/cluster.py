@@ -209,6 +209,10 @@ class ClusterConfig:
     queue's P99, the busy share, the mean batch and the ready replicas — as a runtime or an
     exporter without batchpilot's own series (batch times by size, arrivals, the recent rate,
     the start-up timing) would have them."""
+    busy_signals: bool = False
+    """Fewer still: P99, P95, the served and refused rates, the queue's P99, the busy share and
+    the ready replicas, nothing of the batches (no mean batch) — an exporter that counts requests
+    and reads the device's utilization, and nothing more."""
 
     def __post_init__(self) -> None:
         if self.scrape_interval_s < 0 or self.recent_window_s <= 0 or self.window_s <= 0:
@@ -514,8 +518,8 @@ def simulate_cluster(
                     recent_qps=trace.rate_at(start - 1e-9),
                     recent_window_s=config.window_s,
                 )
-            if config.basic_signals:
-                observation = basic(observation)
+            if config.basic_signals or config.busy_signals:
+                observation = basic(observation, batches=not config.busy_signals)
             observed_p99 = observation.p99_s
             current = InForce(len(fleet.active()), fleet.batch_size, fleet.delay_s)
             command = controller.decide(observation, current, now=start, interval=k)
@@ -716,8 +720,9 @@ def _records(
     return records
 
 
-def basic(observation: Observation) -> Observation:
-    """`observation` with only the basic signals (`ClusterConfig.basic_signals`)."""
+def basic(observation: Observation, *, batches: bool = True) -> Observation:
+    """`observation` with only the basic signals (`ClusterConfig.basic_signals`); without the
+    mean batch where not `batches` (`ClusterConfig.busy_signals`)."""
     return Observation(
         at=observation.at,
         window_s=observation.window_s,
@@ -727,6 +732,6 @@ def basic(observation: Observation) -> Observation:
         rejected_qps=observation.rejected_qps,
         queue_p99_s=observation.queue_p99_s,
         utilization=observation.utilization,
-        mean_batch=observation.mean_batch,
+        mean_batch=observation.mean_batch if batches else None,
         ready_replicas=observation.ready_replicas,
     )

@@ -61,7 +61,12 @@ from batchpilot.operator.autopilot.capacity import (
 )
 from batchpilot.operator.autopilot.ceiling import found_ceiling, kept_ceiling
 from batchpilot.operator.autopilot.explain import explain, judge, near_the_edge
-from batchpilot.operator.autopilot.feedback import feedback_only, misses_persist, overruled
+from batchpilot.operator.autopilot.feedback import (
+    busy_plan,
+    feedback_only,
+    misses_persist,
+    overruled,
+)
 from batchpilot.operator.autopilot.headroom import (
     Headroom,
     affordable,
@@ -316,6 +321,21 @@ def decide(
         # An idle service whose traffic recurs keeps what the recurring rise needs (below).
         want_replicas, want_batch = policy.min_replicas, current.batch_size
         why = "no traffic"
+    elif model is None and (observation.utilization is not None or state.busy.cost_s):
+        # No batch sized or timed, but the devices' busy share: planned to a busy share.
+        want_replicas, want_batch, why, busy = busy_plan(
+            steering,
+            planning,
+            current,
+            state.busy,
+            rate=headroom.rate,
+            settled=settled,
+            rising=began,
+            comfortable_s=target,
+        )
+        why += headroom.note
+        learned_state = replace(learned_state, busy=busy)
+        capacity_per_replica = busy.capacity()
     elif model is None:
         want_replicas, want_batch, why = feedback_only(observation, policy, current)
     else:

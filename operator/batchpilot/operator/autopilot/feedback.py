@@ -1,7 +1,9 @@
 """Feedback: replicas and batch limits moved on observed latency and refusals, not on the model.
 
-Two cases. Without a model yet (no batch has been measured), a step on observed P99 alone: the
-batch limit first (fast, cheap), then replicas (`feedback_only`). With a model, the guard: when a
+Three cases. Without a model (no batch has been measured) but with the devices' busy share,
+replicas planned to a busy share learned from the windows (`busy_plan`, see `busy`). Without
+either, a step on observed P99 alone: the batch limit first (fast, cheap), then replicas
+(`feedback_only`). With a model, the guard: when a
 window of the present is over the SLA, or refuses more than `SHED_FEEDBACK` of its requests, and
 the plan adds no capacity, the model is wrong somewhere — observed latency wins, and replicas are
 added (`overruled`). What the guard found is remembered as a ceiling on the load a replica is
@@ -14,7 +16,9 @@ Pure: values in, replicas and a reason out.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
+from batchpilot.operator.autopilot.busy import GIVE_BACK, BusyShare, learned_target, measured_cost
 from batchpilot.operator.autopilot.capacity import adds_capacity
 from batchpilot.operator.autopilot.ceiling import step_up
 from batchpilot.operator.autopilot.explain import SHED_TOLERANCE, p99_over, unserved_beyond
@@ -165,3 +169,109 @@ def misses_persist(
         or seen.share >= THROUGHOUT
         or (seen.judged_s >= THROUGHOUT * longer and seen.share >= MOSTLY)
     )
+
+
+SATURATED = 0.85
+"""`busy_plan`: a window over the SLA with the devices busy at least this share of it missed for
+load: replicas, and a larger batch limit (a device that is never idle gains throughput only
+from larger batches). Below it, it missed for its batches' time: a smaller limit."""
+BATCH_BUDGET = 0.5
+"""`busy_plan` tries a larger batch limit where a batch of it would take at most this share of
+the SLA even at the present cost of a request (see `BusyShare.batch_allowed`): a request waits
+for at most the batch ahead of it and its own."""
+
+
+def busy_plan(
+    observation: Observation,
+    policy: Policy,
+    current: InForce,
+    known: BusyShare,
+    *,
+    rate: float,
+    settled: bool,
+    rising: bool,
+    comfortable_s: float,
+) -> tuple[int, int, str, BusyShare]:
+    """Replicas, batch limit, reason and what the busy share taught, where there is no model but
+    the devices' busy share (`busy`): replicas planned so that each is busy the learned target
+    share at `rate`. A window teaches only where it describes the settings in force (`settled`,
+    every replica ready). Over the SLA with the devices saturated, the target falls and the
+    batch limit doubles; over it with them not saturated, the limit halves (its batches ran too
+    long; `BusyShare.too_large`) — unless the load is `rising`: the window held the load before
+    and after a step, and its busy share is neither's. Comfortably inside it, the target creeps
+    up and the batch limit doubles where `BusyShare.batch_allowed`. Without a measured cost yet,
+    `feedback_only`'s step."""
+    ready = observation.ready_replicas or 0
+    busy = observation.utilization
+    sla = policy.sla_p99_s
+    over = p99_over(observation, sla) or unserved_beyond(observation, SHED_FEEDBACK)
+    learned, cost, batch, notes = known, None, current.batch_size, ""
+    if settled and ready >= current.replicas:
+        cost = measured_cost(
+            busy=busy,
+            served_qps=observation.qps,
+            replicas=observation.reporting_replicas or ready,
+            window_s=observation.covered_s or observation.window_s,
+        )
+    if cost is not None and busy is not None:
+        p99 = observation.p99_s
+        comfortable = (
+            p99 is not None
+            and p99 <= comfortable_s
+            and not unserved_beyond(observation, SHED_TOLERANCE)
+        )
+        saturated = busy >= SATURATED
+        learned = replace(
+            known,
+            cost_s=cost,
+            batch=current.batch_size,
+            target=learned_target(
+                known.target,
+                busy=busy,
+                over=over and saturated and not rising,
+                comfortable=comfortable,
+            ),
+        )
+        if over and not rising and not saturated and batch > 1:
+            batch = max(1, batch // 2)
+            learned = replace(
+                learned,
+                too_large=min(current.batch_size, known.too_large or current.batch_size),
+            )
+            notes = f"; over the SLA with the devices {busy:.0%} busy: batch {batch * 2}→{batch}"
+        elif over and saturated and batch < policy.max_batch_size:
+            batch = min(policy.max_batch_size, batch * 2)
+            notes = (
+                f"; over the SLA with the devices {busy:.0%} busy: "
+                f"batch {current.batch_size}→{batch}"
+            )
+        elif (
+            comfortable
+            and batch < policy.max_batch_size
+            and learned.batch_allowed(
+                min(policy.max_batch_size, batch * 2), budget_s=BATCH_BUDGET * sla
+            )
+        ):
+            batch = min(policy.max_batch_size, batch * 2)
+            notes = f"; comfortably inside the SLA: trying batch {current.batch_size}→{batch}"
+    want = learned.replicas_for(rate)
+    if want is None or learned.cost_s is None:
+        replicas, batch, why = feedback_only(observation, policy, current)
+        return replicas, batch, why, learned
+    if want < current.replicas and not learned.keeps(rate, want):
+        want = min(
+            current.replicas,
+            max(1, math.ceil(rate * learned.cost_s / (GIVE_BACK * learned.target) - 1e-9)),
+        )
+    measured = (
+        f"{busy:.0%} busy × {observation.reporting_replicas or ready} / {observation.qps:.0f} rps"
+        if cost is not None and busy is not None and observation.qps
+        else "an earlier window"
+    )
+    why = (
+        f"busy share (no batch sizes to model t(b) from): a request costs "
+        f"{format_ms(learned.cost_s)} of device time at batch ≤ {learned.batch} ({measured}); "
+        f"planned {learned.target:.0%} busy, {learned.capacity() or 0:.0f} rps a replica: "
+        f"{want} for {rate:.0f} rps{notes}"
+    )
+    return want, batch, why, learned

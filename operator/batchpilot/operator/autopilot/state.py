@@ -12,9 +12,10 @@ Pure: data and its dict round trip, no I/O.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from batchpilot.operator.autopilot.busy import MAX_TARGET, MIN_COST_S, MIN_TARGET, BusyShare
 from batchpilot.operator.autopilot.ceiling import Ceiling
 from batchpilot.operator.autopilot.headroom import RateHistory
 from batchpilot.operator.autopilot.lost import Loss
@@ -81,6 +82,9 @@ class State:
     `learn.anchored`); a later window at another size gives the slope with it."""
     ceiling: Ceiling | None = None
     """The load per replica at which the guard found the SLA missed (see `ceiling`)."""
+    busy: BusyShare = field(default_factory=BusyShare)
+    """Where no batch is sized or timed: a request's device time and the busy share a replica
+    is planned to (see `busy`)."""
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -138,6 +142,13 @@ class State:
                 "replicas": self.ceiling.replicas,
                 "rpsPerReplica": round(self.ceiling.rps_per_replica, 3),
             }
+        if self.busy != BusyShare():
+            doc["busy"] = {"target": round(self.busy.target, 4)}
+            if self.busy.cost_s is not None and self.busy.batch is not None:
+                doc["busy"]["costMs"] = round(self.busy.cost_s * 1e3, 4)
+                doc["busy"]["batch"] = self.busy.batch
+            if self.busy.too_large is not None:
+                doc["busy"]["tooLarge"] = self.busy.too_large
         if self.anchor is not None:
             doc["anchor"] = {
                 "batch": round(self.anchor.mean_batch, 3),
@@ -245,6 +256,7 @@ class State:
                 stragglers=Stragglers.from_dict(doc.get("stragglers")),
                 anchor=_anchor(doc.get("anchor")),
                 ceiling=ceiling,
+                busy=_busy(doc.get("busy")),
             )
         except (KeyError, IndexError, TypeError, ValueError):
             return cls()
@@ -257,6 +269,30 @@ def _anchor(value: Any) -> ComputePoint | None:
     point = ComputePoint(float(value["batch"]), float(value["ms"]) / 1e3, float(value["batches"]))
     usable = all(math.isfinite(v) and v > 0 for v in (point.mean_batch, point.mean_seconds))
     return point if usable and point.mean_batch >= 1 else None
+
+
+def _busy(value: Any) -> BusyShare:
+    """A persisted busy share; the default where absent or out of range (a target outside
+    [`MIN_TARGET`, `MAX_TARGET`], a cost that is not a positive time, a batch limit below 1)."""
+    # (an edited field costs what it holds, not the rest of the state)
+    try:
+        target = _real(value["target"])
+    except (KeyError, TypeError, ValueError):
+        return BusyShare()
+    if not MIN_TARGET <= target <= MAX_TARGET:
+        return BusyShare()
+    too_large = value.get("tooLarge")
+    kept = BusyShare(
+        target=target,
+        too_large=too_large if isinstance(too_large, int) and too_large > 1 else None,
+    )
+    try:
+        cost, batch = _real(value["costMs"]) / 1e3, int(value["batch"])
+    except (KeyError, TypeError, ValueError):
+        return kept
+    if cost < MIN_COST_S or batch < 1:
+        return kept
+    return replace(kept, cost_s=cost, batch=batch)
 
 
 CLOCK_SKEW_S = 60.0

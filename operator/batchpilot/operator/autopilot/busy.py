@@ -1,0 +1,128 @@
+"""The devices' busy share as a capacity reading, where no batch is sized or timed.
+
+An exporter that gives P99, the request rates, the devices' busy share and the ready replicas,
+and nothing of its batches (no rows or batches counted, no batch times by size), leaves t(b)
+unknown: there is no latency model (`learn.busy_compute` needs the mean batch; where requests
+carry rows that are not counted, it cannot tell a batch's time either). The busy share still
+says what a request costs: R replicas, each busy a share u of the window, that served Q
+requests a second spent c = u·R/Q device-seconds on each, at the batches the settings in force
+made. A load of L then needs L·c/U replicas for each to be busy no more than U.
+
+U, the busy share at which the SLA holds, is not known either, so it is learned from the windows
+(`learned_target`): a window over the SLA, or refusing, at busy share u puts U below u; a window
+comfortably inside it near U lets U creep up. c is measured at its window's load: where batches
+grow with the load (a cost per batch above the cost per row), more load costs less a request and
+the plan is on the safe side; where the time is all per row, it is exact.
+
+Pure: values in, values out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+DEFAULT_TARGET = 0.6
+"""The busy share a replica is planned to until the windows teach another (the Kubernetes
+HPA's examples plan GPUs to 50–70 %): low enough that a queue of batches stays short at the
+textbook's sizes, high enough not to double the fleet."""
+MIN_TARGET = 0.2
+"""Never planned below this: a window over the SLA at a lower busy share was not over for load
+(a burst within it, a batch limit too large for the SLA), and more replicas do not help."""
+MAX_TARGET = 0.9
+"""Never above this: the last tenth is the queue's (a replica busy 95 % of the time holds a
+queue that any second of more arrivals turns into a miss)."""
+BACKOFF = 0.85
+"""A window over the SLA at busy share u sets the target to at most u times this…"""
+STEP_DOWN = 0.8
+"""…but one window lowers it by at most this factor: a window over the SLA whose busy share is
+far below the target did not miss for load alone (traffic that began inside it, a burst), and a
+target collapsed on one such window planned five replicas for every one needed."""
+CREEP = 0.02
+"""A window comfortably inside the SLA with the replicas near the target raises it by this."""
+NEAR_TARGET = 0.8
+"""…where the replicas were busy at least this share of the target: a window at a third of it
+says nothing of how busy they may be."""
+GIVE_BACK = 0.9
+"""Replicas are given back only as far as the rest stay busy below this share of the target: a
+load that wobbles around a replica's worth does not add and remove it every window."""
+MIN_REQUESTS = 50
+"""A window's cost is read from at least this many served requests: a few requests' busy time is
+mostly the noise of their batches."""
+MIN_COST_S = 1e-6
+"""…and is at least a microsecond of device time a request: less is a busy share that rounds to
+nothing (a device reading 0.01 % busy under thousands of requests a second), not a cost."""
+
+
+@dataclass(frozen=True, slots=True)
+class BusyShare:
+    """What the busy share taught: the device time a request costs, at which batch limit, and
+    the busy share a replica is planned to."""
+
+    cost_s: float | None = None
+    """Device-seconds a served request cost, the newest window that describes the settings in
+    force; None until one has."""
+    batch: int | None = None
+    """The batch limit in force when it was measured."""
+    target: float = DEFAULT_TARGET
+    """The busy share a replica is planned to (see `learned_target`)."""
+    too_large: int | None = None
+    """The smallest batch limit at which a window missed the SLA with the devices not saturated:
+    its batches ran too long for it, and the limit is not raised to it again."""
+
+    def replicas_for(self, rate: float) -> int | None:
+        """Replicas that carry `rate` requests a second, each busy the target share; None
+        without a measured cost."""
+        if self.cost_s is None:
+            return None
+        return max(1, math.ceil(rate * self.cost_s / self.target - 1e-9))
+
+    def keeps(self, rate: float, replicas: int) -> bool:
+        """Whether `replicas` carry `rate` busy below `GIVE_BACK` of the target each: enough
+        room to give the others back."""
+        if self.cost_s is None or replicas < 1:
+            return False
+        return rate * self.cost_s / replicas <= GIVE_BACK * self.target
+
+    def batch_allowed(self, batch: int, *, budget_s: float) -> bool:
+        """Whether a batch limit of `batch` is worth a trial: below `too_large`, and its batch
+        no longer than `budget_s` even if every request in it cost what one costs now (a batch's
+        time per request only falls as it grows, so that bounds it)."""
+        if self.cost_s is None or (self.too_large is not None and batch >= self.too_large):
+            return False
+        return batch * self.cost_s <= budget_s
+
+    def capacity(self) -> float | None:
+        """Requests a second one replica carries at the target busy share."""
+        if not self.cost_s:
+            return None
+        return self.target / self.cost_s
+
+
+def measured_cost(
+    *, busy: float | None, served_qps: float | None, replicas: int | None, window_s: float
+) -> float | None:
+    """Device-seconds per served request: `replicas` busy `busy` of the window each, serving
+    `served_qps` between them. None where any is missing, nothing was busy, or too few requests
+    were served to say (`MIN_REQUESTS`)."""
+    if not (busy and served_qps and replicas) or busy <= 0 or served_qps <= 0:
+        return None
+    if served_qps * window_s < MIN_REQUESTS:
+        return None
+    cost = min(busy, 1.0) * replicas / served_qps
+    return cost if cost >= MIN_COST_S else None
+
+
+def learned_target(target: float, *, busy: float | None, over: bool, comfortable: bool) -> float:
+    """The busy share to plan to after a window that describes the settings in force: below
+    what the window ran at where it was `over` the SLA (P99, or refusals beyond what the guard
+    tolerates); a little above the present one where it was `comfortable` (inside the SLA with
+    the plan's headroom) with the replicas busy near the target; else unchanged."""
+    if busy is None:
+        return target
+    busy = min(busy, 1.0)
+    if over:
+        return max(MIN_TARGET, min(target, max(busy * BACKOFF, target * STEP_DOWN)))
+    if comfortable and busy >= NEAR_TARGET * target:
+        return min(MAX_TARGET, target + CREEP)
+    return target

@@ -1,0 +1,248 @@
+"""Replicas from the busy share where the windows say nothing of the batches (`busy`,
+`feedback.busy_plan`): an exporter of P99, the request rates, the device's utilization and the
+ready replicas, no mean batch and no batch times. A request's device time is read from the busy
+share, replicas are planned to a busy share learned from the windows, and the batch limit moves
+on what the windows show: larger where the devices are saturated and over the SLA, or
+comfortably inside it; smaller where they are over it with the devices not saturated."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from batchpilot.operator.autopilot.busy import (
+    DEFAULT_TARGET,
+    MAX_TARGET,
+    MIN_TARGET,
+    BusyShare,
+    learned_target,
+    measured_cost,
+)
+from batchpilot.operator.autopilot.decide import decide
+from batchpilot.operator.autopilot.observation import Observation
+from batchpilot.operator.autopilot.policy import InForce, Policy
+from batchpilot.operator.autopilot.service_model import LatencyFit, predict
+from batchpilot.operator.autopilot.state import State
+
+TRUTH = LatencyFit(alpha_s=0.002, beta_s=0.006, confident=True)
+"""The service: t(b) = 2 + 6·b ms, mostly per row."""
+POLICY = Policy(
+    sla_p99_s=0.1,
+    min_utilization=0.3,
+    min_replicas=1,
+    max_replicas=40,
+    max_batch_size=32,
+    scale_down_delay_s=60,
+    max_queue_delay_s=0.005,
+)
+
+
+def window(
+    *, at: float, qps: float, replicas: int, batch_limit: int, p99_s: float | None = None
+) -> Observation:
+    """A steady window of `qps` over `replicas` at `batch_limit` as an exporter without batch
+    counters has it: P99, the rates, the busy share and the ready replicas. (15 s long, as the
+    decisions' interval: a load that steps between two decisions fills the next window.)"""
+    state = predict(TRUTH, rate=qps, replicas=replicas, max_batch=batch_limit, delay_s=0.005)
+    served, busy, p99 = qps, state.utilization, state.p99_s
+    if state.load >= 1:
+        # Overloaded: full batches all the time, the rest refused, P99 at the deadline.
+        served = replicas * batch_limit / TRUTH.batch_seconds(batch_limit)
+        busy, p99 = 1.0, POLICY.sla_p99_s
+    return Observation(
+        at=at,
+        window_s=15,
+        p99_s=p99 if p99_s is None else p99_s,
+        p95_s=None,
+        qps=served,
+        rejected_qps=max(0.0, qps - served),
+        queue_p99_s=None,
+        utilization=busy,
+        mean_batch=None,
+        ready_replicas=replicas,
+    )
+
+
+class TestTheReadings:
+    def test_a_request_costs_the_busy_time_over_the_requests(self) -> None:
+        # 4 replicas half busy serving 200 requests/s: 2 device-seconds a second for 200.
+        assert measured_cost(busy=0.5, served_qps=200.0, replicas=4, window_s=60) == (
+            pytest.approx(0.01)
+        )
+        # (a busy share read above 1 is a saturated device: 1)
+        assert measured_cost(busy=1.2, served_qps=100.0, replicas=1, window_s=60) == (
+            pytest.approx(0.01)
+        )
+
+    @pytest.mark.parametrize(
+        ("busy", "served", "replicas"), [(None, 100.0, 1), (0.5, None, 1), (0.5, 100.0, None)]
+    )
+    def test_nothing_where_a_signal_is_missing(
+        self, busy: float | None, served: float | None, replicas: int | None
+    ) -> None:
+        assert measured_cost(busy=busy, served_qps=served, replicas=replicas, window_s=60) is None
+
+    def test_nothing_from_a_handful_of_requests(self) -> None:
+        # 0.5 requests/s over a minute: 30 requests, their batches' noise.
+        assert measured_cost(busy=0.01, served_qps=0.5, replicas=1, window_s=60) is None
+
+    def test_nothing_from_a_busy_share_that_rounds_to_nothing(self) -> None:
+        assert measured_cost(busy=1e-7, served_qps=1000.0, replicas=1, window_s=60) is None
+
+    def test_replicas_keep_each_at_the_target(self) -> None:
+        busy = BusyShare(cost_s=0.01, batch=4, target=0.5)
+        # 1000 requests/s × 10 ms = 10 device-seconds a second, at 50 % each: 20 replicas.
+        assert busy.replicas_for(1000.0) == 20
+        assert busy.capacity() == pytest.approx(50.0)
+        assert BusyShare().replicas_for(1000.0) is None
+
+    def test_replicas_go_back_only_where_the_rest_stay_below_the_target(self) -> None:
+        busy = BusyShare(cost_s=0.01, batch=4, target=0.5)
+        # 19 replicas carry 900 requests/s at 47 % each: above 90 % of the target.
+        assert not busy.keeps(900.0, 19)
+        assert busy.keeps(850.0, 19)
+
+    def test_a_larger_batch_is_tried_where_even_at_the_present_cost_it_fits(self) -> None:
+        busy = BusyShare(cost_s=0.008, batch=4, target=0.6)
+        assert busy.batch_allowed(4, budget_s=0.05)  # at most 32 ms
+        assert not busy.batch_allowed(8, budget_s=0.05)  # up to 64 ms
+        assert not replace(busy, too_large=4).batch_allowed(4, budget_s=0.05)
+
+
+class TestTheTarget:
+    def test_a_miss_puts_it_below_the_busy_share_it_missed_at(self) -> None:
+        assert learned_target(0.6, busy=0.62, over=True, comfortable=False) == pytest.approx(
+            0.62 * 0.85
+        )
+
+    def test_one_window_lowers_it_by_a_fifth_at_most(self) -> None:
+        # A window over the SLA at a fifth of the target missed for something else as well.
+        assert learned_target(0.6, busy=0.12, over=True, comfortable=False) == pytest.approx(0.48)
+        assert learned_target(MIN_TARGET, busy=0.01, over=True, comfortable=False) == MIN_TARGET
+
+    def test_a_miss_above_the_target_leaves_it(self) -> None:
+        # Busier than planned: the load outran the plan, not the target.
+        assert learned_target(0.6, busy=0.95, over=True, comfortable=False) == 0.6
+
+    def test_a_comfortable_window_near_it_raises_it_a_little(self) -> None:
+        assert learned_target(0.6, busy=0.55, over=False, comfortable=True) == pytest.approx(0.62)
+        assert learned_target(MAX_TARGET, busy=0.9, over=False, comfortable=True) == MAX_TARGET
+
+    def test_a_comfortable_window_far_below_it_says_nothing(self) -> None:
+        assert learned_target(0.6, busy=0.2, over=False, comfortable=True) == 0.6
+        assert learned_target(0.6, busy=None, over=True, comfortable=False) == 0.6
+
+
+class TestTheDecision:
+    def test_replicas_are_planned_from_the_busy_share(self) -> None:
+        # 2 replicas at batch ≤ 4 serving 150 requests/s: the window's cost a request, and at
+        # 400 requests/s the replicas that keep each busy the default share.
+        seen = window(at=15, qps=150, replicas=2, batch_limit=4)
+        decision, state = decide(seen, POLICY, InForce(2, 4, 0.005), State(), 15)
+        assert state.fit is None
+        assert seen.utilization is not None
+        assert state.busy.cost_s == pytest.approx(seen.utilization * 2 / 150)
+        assert state.busy.batch == 4
+        assert "busy share" in decision.reason
+        # (the planned rate is at least the present one)
+        assert decision.replicas >= (state.busy.replicas_for(150.0) or 0) > 0
+        more = window(at=30, qps=400, replicas=2, batch_limit=4, p99_s=0.04)
+        decision, state = decide(more, POLICY, InForce(2, 4, 0.005), state, 30)
+        assert state.busy.cost_s is not None
+        assert decision.replicas >= 400 * state.busy.cost_s / state.busy.target
+
+    def test_the_learned_share_survives_a_restart(self) -> None:
+        seen = window(at=15, qps=150, replicas=2, batch_limit=4)
+        _, state = decide(seen, POLICY, InForce(2, 4, 0.005), State(), 15)
+        again = State.from_dict(state.to_dict())
+        assert again.busy.cost_s == pytest.approx(state.busy.cost_s, rel=1e-3)
+        assert (again.busy.batch, again.busy.target) == (state.busy.batch, state.busy.target)
+
+    @pytest.mark.parametrize(
+        ("edited", "kept"),
+        [
+            ({"target": 0.7, "costMs": 4.0, "batch": 8, "tooLarge": 16},
+             BusyShare(cost_s=0.004, batch=8, target=0.7, too_large=16)),
+            ({"target": 0.7}, BusyShare(target=0.7)),
+            ({"target": 0.7, "costMs": -4.0, "batch": 8}, BusyShare(target=0.7)),
+            ({"target": 0.7, "costMs": "NaN", "batch": 8}, BusyShare(target=0.7)),
+            ({"target": 0.7, "costMs": 4.0, "batch": 8, "tooLarge": 0},
+             BusyShare(cost_s=0.004, batch=8, target=0.7)),
+            ({"target": 1.5, "costMs": 4.0, "batch": 8}, BusyShare()),
+            ({"costMs": 4.0, "batch": 8}, BusyShare()),
+            ("busy", BusyShare()),
+        ],
+    )  # fmt: skip
+    def test_an_edited_busy_share_costs_what_it_holds_and_no_more(
+        self, edited: object, kept: BusyShare
+    ) -> None:
+        state = State.from_dict({"busy": edited, "overheadMs": 12.0})
+        assert state.busy == kept
+        assert state.overhead_s == pytest.approx(0.012)
+
+    def test_a_saturated_window_over_the_sla_raises_the_batch_and_the_replicas(self) -> None:
+        saturated = Observation(
+            at=15, window_s=60, p99_s=0.14, p95_s=None, qps=100.0, rejected_qps=40.0,
+            queue_p99_s=None, utilization=0.98, mean_batch=None, ready_replicas=2,
+        )  # fmt: skip
+        decision, state = decide(saturated, POLICY, InForce(2, 2, 0.005), State(), 15)
+        assert decision.batch_size == 4
+        # 140 offered at 19.6 ms each, planned to at most 85 % of the 98 % it missed at
+        assert decision.replicas >= 140 * 0.0196 / (0.98 * 0.85)
+        assert state.busy.target == pytest.approx(min(DEFAULT_TARGET, 0.98 * 0.85))
+
+    def test_a_window_over_the_sla_with_idle_devices_halves_the_batch(self) -> None:
+        # Over the SLA at 30 % busy: its batches ran too long; no more replicas, a smaller
+        # limit, and that limit is not tried again.
+        slow = Observation(
+            at=15, window_s=60, p99_s=0.13, p95_s=None, qps=60.0, rejected_qps=0.0,
+            queue_p99_s=None, utilization=0.3, mean_batch=None, ready_replicas=2,
+        )  # fmt: skip
+        decision, state = decide(slow, POLICY, InForce(2, 16, 0.005), State(), 15)
+        assert decision.batch_size == 8
+        assert state.busy.too_large == 16
+        assert state.busy.target == DEFAULT_TARGET
+        assert decision.replicas == 2
+
+    def test_a_comfortable_window_tries_a_larger_batch_only_where_it_fits(self) -> None:
+        # 8 ms a request: a batch of 4 takes at most 32 ms, of 8 at most 64 ms (over half the
+        # SLA). From 2 the limit doubles; from 4 it stays.
+        calm = Observation(
+            at=15, window_s=60, p99_s=0.03, p95_s=None, qps=100.0, rejected_qps=0.0,
+            queue_p99_s=None, utilization=0.4, mean_batch=None, ready_replicas=2,
+        )  # fmt: skip
+        decision, _ = decide(calm, POLICY, InForce(2, 2, 0.005), State(), 15)
+        assert decision.batch_size == 4
+        decision, _ = decide(calm, POLICY, InForce(2, 4, 0.005), State(), 15)
+        assert decision.batch_size == 4
+
+    def test_without_a_busy_share_p99_alone_steers(self) -> None:
+        blind = Observation(
+            at=15, window_s=60, p99_s=0.13, p95_s=None, qps=60.0, rejected_qps=0.0,
+            queue_p99_s=None, utilization=None, mean_batch=None, ready_replicas=2,
+        )  # fmt: skip
+        decision, state = decide(blind, POLICY, InForce(2, 4, 0.005), State(), 15)
+        assert "feedback: doubling the batch limit" in decision.reason
+        assert state.busy == BusyShare()
+
+
+def test_a_rise_and_fall_seen_through_the_busy_share_alone() -> None:
+    """A load that rises sixfold and falls back: the replicas follow it up inside the SLA, and
+    go back down once it has fallen and the scale-down delay has passed."""
+    current, state, now = InForce(2, 4, 0.005), State(), 0.0
+    loads = [100.0] * 6 + [600.0] * 10 + [100.0] * 16
+    replicas, inside = [], []
+    for qps in loads:
+        now += 15
+        seen = window(at=now, qps=qps, replicas=current.replicas, batch_limit=current.batch_size)
+        decision, state = decide(seen, POLICY, current, state, now)
+        current = InForce(decision.replicas, decision.batch_size, decision.max_queue_delay_s)
+        replicas.append(current.replicas)
+        inside.append(decision.sla_met)
+    peak = max(replicas)
+    # 600 requests/s at about 8 ms each: 4.8 device-seconds a second
+    assert peak >= 6, replicas
+    assert peak <= 600 * 0.008 / MIN_TARGET, replicas
+    assert replicas[-1] < peak, replicas
+    assert all(inside[-10:]), inside
