@@ -49,6 +49,10 @@ load that wobbles around a replica's worth does not add and remove it every wind
 MIN_REQUESTS = 50
 """A window's cost is read from at least this many served requests: a few requests' busy time is
 mostly the noise of their batches."""
+TOO_LARGE_S = 3600.0
+"""How long a batch limit found too large stays so."""
+MAX_COST_S = 60.0
+"""No request costs more device time than this: a larger persisted cost is an edited status."""
 MIN_COST_S = 1e-6
 """…and is at least a microsecond of device time a request: less is a busy share that rounds to
 nothing (a device reading 0.01 % busy under thousands of requests a second), not a cost."""
@@ -67,8 +71,17 @@ class BusyShare:
     target: float = DEFAULT_TARGET
     """The busy share a replica is planned to (see `learned_target`)."""
     too_large: int | None = None
-    """The smallest batch limit at which a window missed the SLA with the devices not saturated:
-    its batches ran too long for it, and the limit is not raised to it again."""
+    """The batch limit at which a window last missed the SLA with the devices not saturated: its
+    batches may have run too long, and the limit is not raised to it again (for `TOO_LARGE_S`)."""
+    too_large_at: float | None = None
+    """When that window was read."""
+
+    def current(self, now: float) -> BusyShare:
+        """This, less a `too_large` older than `TOO_LARGE_S`: a miss an hour ago (a burst, a
+        slow node, an SLA since raised) bans no batch limit for good."""
+        if self.too_large_at is None or now - self.too_large_at <= TOO_LARGE_S:
+            return self
+        return BusyShare(cost_s=self.cost_s, batch=self.batch, target=self.target)
 
     def replicas_for(self, rate: float) -> int | None:
         """Replicas that carry `rate` requests a second, each busy the target share; None

@@ -321,8 +321,10 @@ def decide(
         # An idle service whose traffic recurs keeps what the recurring rise needs (below).
         want_replicas, want_batch = policy.min_replicas, current.batch_size
         why = "no traffic"
-    elif model is None and (observation.utilization is not None or state.busy.cost_s):
-        # No batch sized or timed, but the devices' busy share: planned to a busy share.
+    elif model is None and observation.utilization is not None:
+        # No batch sized or timed, but the devices' busy share: planned to a busy share. (A
+        # window without it gets P99's step below, whatever an earlier one taught: misses
+        # must move something.)
         want_replicas, want_batch, why, busy = busy_plan(
             steering,
             planning,
@@ -332,6 +334,7 @@ def decide(
             settled=settled,
             rising=began,
             comfortable_s=target,
+            now=now,
         )
         why += headroom.note
         learned_state = replace(learned_state, busy=busy)

@@ -172,13 +172,19 @@ def misses_persist(
 
 
 SATURATED = 0.85
-"""`busy_plan`: a window over the SLA with the devices busy at least this share of it missed for
-load: replicas, and a larger batch limit (a device that is never idle gains throughput only
-from larger batches). Below it, it missed for its batches' time: a smaller limit."""
+"""`busy_plan`: a window over the SLA with the devices busy at least this share of it is
+saturated: it missed for load, and a larger batch limit may carry more (a device that is never
+idle gains throughput only from larger batches). Below it, its batches may have run too long:
+a smaller limit."""
+UNSTEADY_REFUSED = 0.2
+"""A window that refused more than this share of its requests with the devices not saturated held
+traffic that began inside it (a device that refuses a fifth of its load is busy all the time
+that load lasts): its busy share is neither the load's before nor after, and it teaches nothing
+of the target."""
 BATCH_BUDGET = 0.5
-"""`busy_plan` tries a larger batch limit where a batch of it would take at most this share of
-the SLA even at the present cost of a request (see `BusyShare.batch_allowed`): a request waits
-for at most the batch ahead of it and its own."""
+"""`busy_plan` raises the batch limit only where a batch of the new limit would take at most this
+share of the SLA even at the present cost of a request (see `BusyShare.batch_allowed`): a request
+waits for at most the batch ahead of it and its own."""
 
 
 def busy_plan(
@@ -191,21 +197,24 @@ def busy_plan(
     settled: bool,
     rising: bool,
     comfortable_s: float,
+    now: float,
 ) -> tuple[int, int, str, BusyShare]:
     """Replicas, batch limit, reason and what the busy share taught, where there is no model but
     the devices' busy share (`busy`): replicas planned so that each is busy the learned target
     share at `rate`. A window teaches only where it describes the settings in force (`settled`,
-    every replica ready). Over the SLA with the devices saturated, the target falls and the
-    batch limit doubles; over it with them not saturated, the limit halves (its batches ran too
-    long; `BusyShare.too_large`) — unless the load is `rising`: the window held the load before
-    and after a step, and its busy share is neither's. Comfortably inside it, the target creeps
-    up and the batch limit doubles where `BusyShare.batch_allowed`. Without a measured cost yet,
-    `feedback_only`'s step."""
+    every replica ready). One over the SLA lowers the target below its busy share and adds at
+    least the guard's step of replicas — unless it was no steady load (`rising`: it held the load
+    before and after a step; or it refused much with the devices not saturated); with the devices
+    not saturated it also halves the batch limit (its batches may have run too long), and that
+    limit is not raised to again for `TOO_LARGE_S`. Over the SLA with them saturated, or
+    comfortably inside it, the batch limit doubles where `BusyShare.batch_allowed`. Without a
+    measured cost yet, `feedback_only`'s step."""
     ready = observation.ready_replicas or 0
     busy = observation.utilization
     sla = policy.sla_p99_s
     over = p99_over(observation, sla) or unserved_beyond(observation, SHED_FEEDBACK)
-    learned, cost, batch, notes = known, None, current.batch_size, ""
+    learned, cost, batch, notes = known.current(now), None, current.batch_size, ""
+    missed = False
     if settled and ready >= current.replicas:
         cost = measured_cost(
             busy=busy,
@@ -215,45 +224,40 @@ def busy_plan(
         )
     if cost is not None and busy is not None:
         p99 = observation.p99_s
+        saturated = busy >= SATURATED
+        steady = not rising and (saturated or observation.unserved_share <= UNSTEADY_REFUSED)
         comfortable = (
             p99 is not None
             and p99 <= comfortable_s
             and not unserved_beyond(observation, SHED_TOLERANCE)
         )
-        saturated = busy >= SATURATED
+        missed = over and steady
         learned = replace(
-            known,
+            learned,
             cost_s=cost,
             batch=current.batch_size,
-            target=learned_target(
-                known.target,
-                busy=busy,
-                over=over and saturated and not rising,
-                comfortable=comfortable,
-            ),
+            target=learned_target(learned.target, busy=busy, over=missed, comfortable=comfortable),
         )
-        if over and not rising and not saturated and batch > 1:
+        doubled = min(policy.max_batch_size, batch * 2)
+        if missed and not saturated and batch > 1:
             batch = max(1, batch // 2)
-            learned = replace(
-                learned,
-                too_large=min(current.batch_size, known.too_large or current.batch_size),
-            )
-            notes = f"; over the SLA with the devices {busy:.0%} busy: batch {batch * 2}→{batch}"
-        elif over and saturated and batch < policy.max_batch_size:
-            batch = min(policy.max_batch_size, batch * 2)
+            learned = replace(learned, too_large=current.batch_size, too_large_at=now)
             notes = (
                 f"; over the SLA with the devices {busy:.0%} busy: "
                 f"batch {current.batch_size}→{batch}"
             )
         elif (
-            comfortable
-            and batch < policy.max_batch_size
-            and learned.batch_allowed(
-                min(policy.max_batch_size, batch * 2), budget_s=BATCH_BUDGET * sla
-            )
+            ((over and saturated) or comfortable)
+            and doubled > batch
+            and learned.batch_allowed(doubled, budget_s=BATCH_BUDGET * sla)
         ):
-            batch = min(policy.max_batch_size, batch * 2)
-            notes = f"; comfortably inside the SLA: trying batch {current.batch_size}→{batch}"
+            batch = doubled
+            change = f"batch {current.batch_size}→{batch}"
+            notes = (
+                f"; over the SLA with the devices {busy:.0%} busy: {change}"
+                if over
+                else f"; comfortably inside the SLA: trying {change}"
+            )
     want = learned.replicas_for(rate)
     if want is None or learned.cost_s is None:
         replicas, batch, why = feedback_only(observation, policy, current)
@@ -263,6 +267,10 @@ def busy_plan(
             current.replicas,
             max(1, math.ceil(rate * learned.cost_s / (GIVE_BACK * learned.target) - 1e-9)),
         )
+    if missed and want < step_up(current.replicas):
+        # Over the SLA below the busy share planned to: the cost read is not all the miss.
+        want = step_up(current.replicas)
+        notes += f"; over the SLA at {busy:.0%} busy: adding {want - current.replicas} replicas"
     measured = (
         f"{busy:.0%} busy × {observation.reporting_replicas or ready} / {observation.qps:.0f} rps"
         if cost is not None and busy is not None and observation.qps

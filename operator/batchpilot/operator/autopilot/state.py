@@ -12,10 +12,17 @@ Pure: data and its dict round trip, no I/O.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from batchpilot.operator.autopilot.busy import MAX_TARGET, MIN_COST_S, MIN_TARGET, BusyShare
+from batchpilot.operator.autopilot.busy import (
+    MAX_COST_S,
+    MAX_TARGET,
+    MIN_COST_S,
+    MIN_TARGET,
+    BusyShare,
+)
 from batchpilot.operator.autopilot.ceiling import Ceiling
 from batchpilot.operator.autopilot.headroom import RateHistory
 from batchpilot.operator.autopilot.lost import Loss
@@ -147,8 +154,9 @@ class State:
             if self.busy.cost_s is not None and self.busy.batch is not None:
                 doc["busy"]["costMs"] = round(self.busy.cost_s * 1e3, 4)
                 doc["busy"]["batch"] = self.busy.batch
-            if self.busy.too_large is not None:
+            if self.busy.too_large is not None and self.busy.too_large_at is not None:
                 doc["busy"]["tooLarge"] = self.busy.too_large
+                doc["busy"]["tooLargeAt"] = round(self.busy.too_large_at, 3)
         if self.anchor is not None:
             doc["anchor"] = {
                 "batch": round(self.anchor.mean_batch, 3),
@@ -256,7 +264,7 @@ class State:
                 stragglers=Stragglers.from_dict(doc.get("stragglers")),
                 anchor=_anchor(doc.get("anchor")),
                 ceiling=ceiling,
-                busy=_busy(doc.get("busy")),
+                busy=_busy(doc.get("busy"), at),
             )
         except (KeyError, IndexError, TypeError, ValueError):
             return cls()
@@ -271,28 +279,45 @@ def _anchor(value: Any) -> ComputePoint | None:
     return point if usable and point.mean_batch >= 1 else None
 
 
-def _busy(value: Any) -> BusyShare:
-    """A persisted busy share; the default where absent or out of range (a target outside
-    [`MIN_TARGET`, `MAX_TARGET`], a cost that is not a positive time, a batch limit below 1)."""
-    # (an edited field costs what it holds, not the rest of the state)
+def _busy(value: Any, at: Callable[[Any], float | None]) -> BusyShare:
+    """A persisted busy share; what of it is out of range dropped: a target outside
+    [`MIN_TARGET`, `MAX_TARGET`] (the default share), a cost that is not a time a request could
+    take or a batch limit that is not a count (no cost), a batch limit found too large without
+    its time (not remembered). An edited field costs what it holds, not the rest of the state."""
+    if not isinstance(value, dict):
+        return BusyShare()
     try:
         target = _real(value["target"])
     except (KeyError, TypeError, ValueError):
         return BusyShare()
     if not MIN_TARGET <= target <= MAX_TARGET:
         return BusyShare()
+    kept = BusyShare(target=target)
     too_large = value.get("tooLarge")
-    kept = BusyShare(
-        target=target,
-        too_large=too_large if isinstance(too_large, int) and too_large > 1 else None,
-    )
     try:
-        cost, batch = _real(value["costMs"]) / 1e3, int(value["batch"])
+        too_large_at = at(value.get("tooLargeAt"))
+    except (TypeError, ValueError, OverflowError):
+        too_large_at = None
+    if (
+        isinstance(too_large, int)
+        and _batch(too_large)
+        and too_large > 1
+        and too_large_at is not None
+    ):
+        kept = replace(kept, too_large=too_large, too_large_at=too_large_at)
+    try:
+        cost = _real(value["costMs"]) / 1e3
     except (KeyError, TypeError, ValueError):
         return kept
-    if cost < MIN_COST_S or batch < 1:
+    batch = value.get("batch")
+    if not (MIN_COST_S <= cost <= MAX_COST_S and isinstance(batch, int) and _batch(batch)):
         return kept
     return replace(kept, cost_s=cost, batch=batch)
+
+
+def _batch(value: Any) -> bool:
+    """Whether a persisted batch limit is one: a whole number, at least 1, not a boolean."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 CLOCK_SKEW_S = 60.0
