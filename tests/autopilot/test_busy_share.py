@@ -99,9 +99,11 @@ class TestTheReadings:
 
     def test_replicas_go_back_only_where_the_rest_stay_below_the_target(self) -> None:
         busy = BusyShare(cost_s=0.01, batch=4, target=0.5)
-        # 19 replicas carry 900 requests/s at 47 % each: above 90 % of the target.
-        assert not busy.keeps(900.0, 19)
-        assert busy.keeps(850.0, 19)
+        # 900 requests/s at 10 ms each: 18 replicas at the target; given back from more, no
+        # fewer than 20 (each below 90 % of it), and at 850 requests/s no fewer than 19.
+        assert busy.replicas_for(900.0) == 18
+        assert busy.replicas_for(900.0, share=0.9) == 20
+        assert busy.replicas_for(850.0, share=0.9) == 19
 
     def test_a_larger_batch_is_tried_where_even_at_the_present_cost_it_fits(self) -> None:
         busy = BusyShare(cost_s=0.008, batch=4, target=0.6)

@@ -83,19 +83,12 @@ class BusyShare:
             return self
         return BusyShare(cost_s=self.cost_s, batch=self.batch, target=self.target)
 
-    def replicas_for(self, rate: float) -> int | None:
-        """Replicas that carry `rate` requests a second, each busy the target share; None
-        without a measured cost."""
+    def replicas_for(self, rate: float, *, share: float = 1.0) -> int | None:
+        """Replicas that carry `rate` requests a second, each busy `share` of the target share
+        (`GIVE_BACK` where replicas are given back); None without a measured cost."""
         if self.cost_s is None:
             return None
-        return max(1, math.ceil(rate * self.cost_s / self.target - 1e-9))
-
-    def keeps(self, rate: float, replicas: int) -> bool:
-        """Whether `replicas` carry `rate` busy below `GIVE_BACK` of the target each: enough
-        room to give the others back."""
-        if self.cost_s is None or replicas < 1:
-            return False
-        return rate * self.cost_s / replicas <= GIVE_BACK * self.target
+        return max(1, math.ceil(rate * self.cost_s / (share * self.target) - 1e-9))
 
     def batch_allowed(self, batch: int, *, budget_s: float) -> bool:
         """Whether a batch limit of `batch` is worth a trial: below `too_large`, and its batch

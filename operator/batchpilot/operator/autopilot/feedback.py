@@ -262,11 +262,9 @@ def busy_plan(
     if want is None or learned.cost_s is None:
         replicas, batch, why = feedback_only(observation, policy, current)
         return replicas, batch, why, learned
-    if want < current.replicas and not learned.keeps(rate, want):
-        want = min(
-            current.replicas,
-            max(1, math.ceil(rate * learned.cost_s / (GIVE_BACK * learned.target) - 1e-9)),
-        )
+    if want < current.replicas:
+        # Replicas go back only as far as the rest stay busy below `GIVE_BACK` of the target.
+        want = min(current.replicas, learned.replicas_for(rate, share=GIVE_BACK) or want)
     if missed and want < step_up(current.replicas):
         # Over the SLA below the busy share planned to: the cost read is not all the miss.
         want = step_up(current.replicas)
