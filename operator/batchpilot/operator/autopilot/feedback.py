@@ -266,7 +266,8 @@ def busy_plan(
         # Replicas go back only as far as the rest stay busy below `GIVE_BACK` of the target.
         want = min(current.replicas, learned.replicas_for(rate, share=GIVE_BACK) or want)
     if missed and want < step_up(current.replicas):
-        # Over the SLA below the busy share planned to: the cost read is not all the miss.
+        # A steady window missed at these replicas: whatever the cost read, at least the
+        # guard's step (a miss below the busy share planned to is not the load's alone).
         want = step_up(current.replicas)
         notes += f"; over the SLA at {busy:.0%} busy: adding {want - current.replicas} replicas"
     measured = (
