@@ -147,6 +147,21 @@ def test_the_cli_sets_the_cluster_it_simulates(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("flag", "basic", "busy"),
+    [([], False, False), (["--basic-signals"], True, False), (["--busy-signals"], False, True)],
+)
+def test_the_cli_chooses_the_signals_the_policies_see(
+    tmp_path: Path, flag: list[str], basic: bool, busy: bool
+) -> None:
+    trace = tmp_path / "flat.csv"
+    trace.write_text("t_seconds,rate_rps\n0,150\n300,150\n")
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    config = cli.scenario_of(parser.parse_args(["--trace", str(trace), *flag])).cluster
+    assert (config.basic_signals, config.busy_signals) == (basic, busy)
+
+
 def test_the_cli_plots(tmp_path: Path) -> None:
     trace = tmp_path / "flat.csv"
     trace.write_text("t_seconds,rate_rps\n0,150\n120,150\n")
