@@ -20,7 +20,7 @@ Pure: values in, values out.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 DEFAULT_TARGET = 0.6
 """The busy share a replica is planned to until the windows teach another (the Kubernetes
@@ -81,7 +81,7 @@ class BusyShare:
         slow node, an SLA since raised) bans no batch limit for good."""
         if self.too_large_at is None or now - self.too_large_at <= TOO_LARGE_S:
             return self
-        return BusyShare(cost_s=self.cost_s, batch=self.batch, target=self.target)
+        return replace(self, too_large=None, too_large_at=None)
 
     def replicas_for(self, rate: float, *, share: float = 1.0) -> int | None:
         """Replicas that carry `rate` requests a second, each busy `share` of the target share

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeGuard
 
 from batchpilot.operator.autopilot.busy import (
     MAX_COST_S,
@@ -298,24 +298,19 @@ def _busy(value: Any, at: Callable[[Any], float | None]) -> BusyShare:
         too_large_at = at(value.get("tooLargeAt"))
     except (TypeError, ValueError, OverflowError):
         too_large_at = None
-    if (
-        isinstance(too_large, int)
-        and _batch(too_large)
-        and too_large > 1
-        and too_large_at is not None
-    ):
+    if _batch(too_large) and too_large > 1 and too_large_at is not None:
         kept = replace(kept, too_large=too_large, too_large_at=too_large_at)
     try:
         cost = _real(value["costMs"]) / 1e3
     except (KeyError, TypeError, ValueError):
         return kept
     batch = value.get("batch")
-    if not (MIN_COST_S <= cost <= MAX_COST_S and isinstance(batch, int) and _batch(batch)):
+    if not (MIN_COST_S <= cost <= MAX_COST_S and _batch(batch)):
         return kept
     return replace(kept, cost_s=cost, batch=batch)
 
 
-def _batch(value: Any) -> bool:
+def _batch(value: Any) -> TypeGuard[int]:
     """Whether a persisted batch limit is one: a whole number, at least 1, not a boolean."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
