@@ -7,14 +7,19 @@ comfortably inside it; smaller where they are over it with the devices not satur
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
 
 from batchpilot.operator.autopilot.busy import (
     DEFAULT_TARGET,
+    MAX_ELASTIC_TARGET,
     MAX_TARGET,
     MIN_TARGET,
+    STRETCH,
+    STRETCH_MARGIN,
+    TOO_LARGE_S,
     BusyShare,
     learned_target,
     measured_cost,
@@ -136,6 +141,84 @@ class TestTheTarget:
         assert learned_target(0.6, busy=None, over=True, comfortable=False) == 0.6
 
 
+def reading(known: BusyShare, *, rps: float, busy: float, batch: int = 4) -> BusyShare:
+    """`known` after a window where a replica carried `rps` requests/s `busy` of the time."""
+    return known.read(cost_s=busy / rps, busy=busy, batch=batch, room=True)
+
+
+class TestTheElasticity:
+    def test_a_busy_share_in_proportion_to_the_load_reads_linear(self) -> None:
+        # 20 → 40 requests/s a replica, 30 → 60 % busy: all per row.
+        known = reading(reading(BusyShare(), rps=20, busy=0.3), rps=40, busy=0.6)
+        assert known.elasticity == pytest.approx(1.0)
+        assert known.anchor == pytest.approx((40.0, 0.6))
+
+    def test_a_busy_share_that_barely_grows_is_believed_halfway_each_pair(self) -> None:
+        # Twice the load, 60 → 66 % busy: e = ln 1.1 / ln 2 ≈ 0.14; from 1, halfway.
+        first = reading(reading(BusyShare(), rps=20, busy=0.6), rps=40, busy=0.66)
+        assert first.elasticity == pytest.approx((1 + math.log(1.1) / math.log(2)) / 2)
+        second = reading(first, rps=80, busy=0.726)
+        assert second.elasticity == pytest.approx((first.elasticity + 0.1375) / 2, rel=1e-2)
+        # …and one nearer to linear at once.
+        assert reading(second, rps=160, busy=1.0).elasticity > 0.4
+
+    def test_readings_closer_than_the_spread_keep_the_anchor(self) -> None:
+        known = reading(reading(BusyShare(), rps=20, busy=0.6), rps=24, busy=0.6)
+        assert known.elasticity == 1.0
+        assert known.anchor == pytest.approx((20.0, 0.6))
+        assert known.busy == 0.6
+        assert known.cost_s == pytest.approx(0.6 / 24)
+
+    def test_a_new_batch_limit_starts_a_new_anchor(self) -> None:
+        known = reading(reading(BusyShare(), rps=20, busy=0.6), rps=40, busy=0.6, batch=8)
+        assert known.elasticity == 1.0
+        assert known.anchor == pytest.approx((40.0, 0.6))
+
+    def test_a_linear_service_is_planned_from_the_cost_alone(self) -> None:
+        known = BusyShare(cost_s=0.01, batch=4, target=0.5, busy=0.3, room=True, elasticity=0.8)
+        assert known.carries() == pytest.approx(50.0)
+        assert known.replicas_for(1000.0) == 20
+
+    def test_a_service_whose_busy_share_barely_grows_is_stretched_a_step(self) -> None:
+        # 30 requests/s a replica at 80 % busy, e = 0.3, target 90 %: the busy share would
+        # reach the target at 30·1.125^(1/0.3) ≈ 44 requests/s (the linear plan: 33.75); a
+        # step is at most 4/3 of what a replica was seen carry.
+        known = BusyShare(cost_s=0.8 / 30, batch=4, target=0.9, busy=0.8, room=True, elasticity=0.3)
+        assert known.carries() == pytest.approx(30 * STRETCH)
+        assert known.replicas_for(400.0) == 10
+        assert replace(known, elasticity=1.0).replicas_for(400.0) == 12
+        # Near the target, the rest of the way: (0.9/0.85)^(1/0.3) ≈ 1.21.
+        near = replace(known, busy=0.85, cost_s=0.85 / 30)
+        assert near.carries() == pytest.approx(30 * (0.9 / 0.85) ** (1 / 0.3))
+
+    def test_no_stretch_without_room_or_above_the_target(self) -> None:
+        known = BusyShare(cost_s=0.8 / 30, batch=4, target=0.9, busy=0.8, room=True, elasticity=0.3)
+        linear = 0.9 / (0.8 / 30)
+        assert replace(known, room=False).carries() == pytest.approx(linear)
+        assert replace(known, busy=0.95, cost_s=0.95 / 30).carries() == pytest.approx(
+            0.9 / (0.95 / 30)
+        )
+
+    def test_a_stretch_stays_below_the_load_a_replica_missed_at(self) -> None:
+        known = BusyShare(
+            cost_s=0.8 / 30, batch=4, target=0.9, busy=0.8, room=True, elasticity=0.3,
+            ceiling_rps=45.0, ceiling_at=100.0,
+        )  # fmt: skip
+        # 0.8 · 45 = 36 requests/s a replica, though a step would allow 40…
+        assert known.carries() == pytest.approx(STRETCH_MARGIN * 45)
+        # …and never below the linear plan (a stretch only ever adds).
+        assert replace(known, ceiling_rps=10.0).carries() == pytest.approx(0.9 / (0.8 / 30))
+        assert known.current(100 + TOO_LARGE_S).ceiling_rps == 45.0
+        assert known.current(100 + TOO_LARGE_S + 1).ceiling_rps is None
+
+    def test_the_target_may_rise_higher_where_the_busy_share_barely_grows(self) -> None:
+        assert learned_target(
+            MAX_TARGET, busy=0.9, over=False, comfortable=True, highest=MAX_ELASTIC_TARGET
+        ) == pytest.approx(MAX_TARGET + 0.02)
+        # (a target raised so, once the busy share grows with the load again, falls back)
+        assert learned_target(0.96, busy=0.5, over=False, comfortable=False) == MAX_TARGET
+
+
 class TestTheDecision:
     def test_replicas_are_planned_from_the_busy_share(self) -> None:
         # 2 replicas at batch ≤ 4 serving 150 requests/s: the window's cost a request, and at
@@ -177,6 +260,20 @@ class TestTheDecision:
             ({"target": 0.7, "costMs": 4.0, "batch": 8, "tooLarge": 0, "tooLargeAt": 10.0},
              BusyShare(cost_s=0.004, batch=8, target=0.7)),
             ({"target": 0.7, "tooLarge": 16, "tooLargeAt": 1e400}, BusyShare(target=0.7)),
+            ({"target": 0.7, "costMs": 4.0, "batch": 8, "busyShare": 0.5, "room": True,
+              "elasticity": 0.3, "anchor": {"rps": 100.0, "busyShare": 0.4},
+              "ceilingRps": 150.0, "ceilingAt": 20.0},
+             BusyShare(cost_s=0.004, batch=8, target=0.7, busy=0.5, room=True, elasticity=0.3,
+                       anchor=(100.0, 0.4), ceiling_rps=150.0, ceiling_at=20.0)),
+            ({"target": 0.96, "busyShare": 0.5, "room": True, "elasticity": 1.5,
+              "anchor": {"rps": -1.0, "busyShare": 0.4}, "ceilingRps": 150.0},
+             BusyShare(target=0.96)),
+            ({"target": 0.7, "costMs": 4.0, "batch": 8, "busyShare": 1.2, "room": "yes",
+              "elasticity": "NaN", "anchor": [100.0, 0.4], "ceilingRps": 0.0,
+              "ceilingAt": 20.0},
+             BusyShare(cost_s=0.004, batch=8, target=0.7)),
+            ({"target": 0.7, "costMs": 4.0, "batch": 8, "busyShare": 0.5, "room": "yes"},
+             BusyShare(cost_s=0.004, batch=8, target=0.7, busy=0.5)),
             ({"target": 1.5, "costMs": 4.0, "batch": 8}, BusyShare()),
             ({"costMs": 4.0, "batch": 8}, BusyShare()),
             ("busy", BusyShare()),
@@ -188,6 +285,25 @@ class TestTheDecision:
         state = State.from_dict({"busy": edited, "overheadMs": 12.0}, now=100.0)
         assert state.busy == kept
         assert state.overhead_s == pytest.approx(0.012)
+
+    def test_what_the_readings_taught_survives_a_restart(self) -> None:
+        taught = State(
+            busy=BusyShare(
+                cost_s=0.004, batch=8, target=0.94, busy=0.5, room=True, elasticity=0.3,
+                anchor=(100.0, 0.4), ceiling_rps=150.0, ceiling_at=20.0,
+            )
+        )  # fmt: skip
+        assert State.from_dict(taught.to_dict(), now=100.0).busy == taught.busy
+
+    def test_a_steady_miss_sets_a_ceiling_under_the_load_a_replica_carried(self) -> None:
+        missed = Observation(
+            at=15, window_s=60, p99_s=0.14, p95_s=None, qps=300.0, rejected_qps=0.0,
+            queue_p99_s=None, utilization=0.6, mean_batch=None, ready_replicas=3,
+        )  # fmt: skip
+        _, state = decide(missed, POLICY, InForce(3, 4, 0.005), State(), 15)
+        assert state.busy.ceiling_rps == pytest.approx(100.0)
+        assert state.busy.ceiling_at == 15
+        assert not state.busy.room
 
     def test_a_saturated_window_over_the_sla_raises_the_batch_and_the_replicas(self) -> None:
         # 2 replicas 98 % busy serving 300 of 400 requests/s: 6.5 ms a request, so a batch of

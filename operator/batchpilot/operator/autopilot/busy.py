@@ -10,9 +10,19 @@ made. A load of L then needs L·c/U replicas for each to be busy no more than U.
 
 U, the busy share at which the SLA holds, is not known either, so it is learned from the windows
 (`learned_target`): a window over the SLA, or refusing, at busy share u puts U below u; a window
-comfortably inside it near U lets U creep up. c is measured at its window's load: where batches
-grow with the load (a cost per batch above the cost per row), more load costs less a request and
-the plan is on the safe side; where the time is all per row, it is exact.
+comfortably inside it near U lets U creep up. c is measured at its window's load: where the
+time is all per row, it is exact; where batches grow with the load (a cost per batch above the
+cost per row), more load costs less a request, and the plan is on the safe side — far on it
+where the cost is mostly a batch's: a replica running batches of one or two back to back reads
+busy at a few per cent of what it carries in batches of sixteen.
+
+How far, the windows say (`elasticity`): the busy share u of a replica carrying r requests a
+second grows as r^e — e = 1 where the time is all per row, e near 0 where batches grow with the
+load and their time barely does. Two windows at loads a replica at least `SPREAD` apart measure
+e; where it is below `LINEAR` and the window was comfortably inside the SLA, a replica is planned
+to the load at which u would reach the target, r·(U/u)^(1/e) — at most `STRETCH` times what it
+was seen to carry, so each step is checked by the next window before another is taken, and
+below a load a replica missed the SLA at (`ceiling_rps`).
 
 Pure: values in, values out.
 """
@@ -38,6 +48,10 @@ STEP_DOWN = 0.8
 """…but one window lowers it by at most this factor: a window over the SLA whose busy share is
 far below the target did not miss for load alone (traffic that began inside it, a burst), and a
 target collapsed on one such window planned five replicas for every one needed."""
+MAX_ELASTIC_TARGET = 0.98
+"""…unless the busy share barely grows with the load (an elasticity below `LINEAR`): there a
+replica busy 95 % of the time runs batches back to back that grow with what arrives, and its
+queue is no longer than a batch; P99 says where its edge is (a stretched plan's `ceiling_rps`)."""
 CREEP = 0.02
 """A window comfortably inside the SLA with the replicas near the target raises it by this."""
 NEAR_TARGET = 0.8
@@ -53,6 +67,22 @@ TOO_LARGE_S = 3600.0
 """How long a batch limit found too large stays so."""
 MAX_COST_S = 60.0
 """No request costs more device time than this: a larger persisted cost is an edited status."""
+LINEAR = 0.7
+"""An elasticity at or above this plans as 1: the busy share grows with the load nearly in
+proportion, and two windows' noise (a few per cent of each reading) moves a per-row service's
+reading this far from 1."""
+MIN_ELASTICITY = 0.1
+"""Below this, read as this: the extrapolation's exponent 1/e stays finite."""
+SPREAD = 1.25
+"""Two readings measure the elasticity where the load a replica carried differs at least this
+factor between them (ln 1.25 ≈ 0.22, several times a reading's noise)."""
+STRETCH = 4 / 3
+"""A plan stretched by the elasticity has a replica carry at most this times the load it was
+seen carry: a quarter fewer replicas a step, each checked by a window before the next."""
+STRETCH_MARGIN = 0.8
+"""A stretched plan keeps a replica's load below this share of the load at which a steady
+window missed the SLA (for `TOO_LARGE_S`): the busy share did not see that edge coming, so
+the margin is the plan's own."""
 MIN_COST_S = 1e-6
 """…and is at least a microsecond of device time a request: less is a busy share that rounds to
 nothing (a device reading 0.01 % busy under thousands of requests a second), not a cost."""
@@ -75,20 +105,78 @@ class BusyShare:
     batches may have run too long, and the limit is not raised to it again (for `TOO_LARGE_S`)."""
     too_large_at: float | None = None
     """When that window was read."""
+    busy: float | None = None
+    """The busy share `cost_s` was read at (with it, the load a replica carried: busy / cost)."""
+    room: bool = False
+    """Whether that window was steady and comfortably inside the SLA: a plan may stretch from it
+    (`carries`)."""
+    elasticity: float = 1.0
+    """e in u ∝ r^e, from two readings `SPREAD` apart (1 until they say otherwise)."""
+    anchor: tuple[float, float] | None = None
+    """The reading the next is measured against: (requests a second a replica carried, busy
+    share), at the batch limit `batch`."""
+    ceiling_rps: float | None = None
+    """The load a replica carried where a steady window last missed the SLA…"""
+    ceiling_at: float | None = None
+    """…and when: a stretched plan stays below it for `TOO_LARGE_S`."""
 
     def current(self, now: float) -> BusyShare:
-        """This, less a `too_large` older than `TOO_LARGE_S`: a miss an hour ago (a burst, a
-        slow node, an SLA since raised) bans no batch limit for good."""
-        if self.too_large_at is None or now - self.too_large_at <= TOO_LARGE_S:
-            return self
-        return replace(self, too_large=None, too_large_at=None)
+        """This, less a `too_large` or a ceiling older than `TOO_LARGE_S`: a miss an hour ago (a
+        burst, a slow node, an SLA since raised) bans no batch limit or load for good."""
+        known = self
+        if self.too_large_at is not None and now - self.too_large_at > TOO_LARGE_S:
+            known = replace(known, too_large=None, too_large_at=None)
+        if self.ceiling_at is not None and now - self.ceiling_at > TOO_LARGE_S:
+            known = replace(known, ceiling_rps=None, ceiling_at=None)
+        return known
+
+    def read(self, *, cost_s: float, busy: float, batch: int, room: bool) -> BusyShare:
+        """This with a window's reading: its cost, the busy share and batch limit it was read
+        at, whether it had `room`; and the elasticity, where the load a replica carried differs
+        at least `SPREAD` from the anchor's at the same batch limit (the reading becomes the
+        anchor). A reading nearer to linear is believed at once, one further from it halfway:
+        a stretch on one noisy pair of windows is a miss."""
+        busy = min(busy, 1.0)
+        rps = busy / cost_s
+        known = replace(self, cost_s=cost_s, busy=busy, batch=batch, room=room)
+        if self.anchor is None or self.batch != batch:
+            return replace(known, anchor=(rps, busy))
+        anchor_rps, anchor_busy = self.anchor
+        spread = math.log(rps / anchor_rps)
+        if abs(spread) < math.log(SPREAD):
+            return known
+        measured = min(1.0, max(0.0, math.log(busy / anchor_busy) / spread))
+        elasticity = measured if measured >= self.elasticity else (measured + self.elasticity) / 2
+        return replace(known, elasticity=elasticity, anchor=(rps, busy))
+
+    def carries(self, *, share: float = 1.0) -> float | None:
+        """Requests a second one replica carries busy `share` of the target share: the target
+        over the cost a request; stretched by the elasticity where it is below `LINEAR`, the
+        reading had room and was below that share (see the module's docstring). None without a
+        measured cost."""
+        if not self.cost_s:
+            return None
+        goal = share * self.target
+        linear = goal / self.cost_s
+        if not self.room or self.busy is None or self.elasticity >= LINEAR or self.busy >= goal:
+            return linear
+        seen = self.busy / self.cost_s
+        stretched = seen * min(
+            STRETCH, float((goal / self.busy) ** (1 / max(self.elasticity, MIN_ELASTICITY)))
+        )
+        if self.ceiling_rps is not None:
+            stretched = min(stretched, STRETCH_MARGIN * self.ceiling_rps)
+        return max(linear, stretched)
 
     def replicas_for(self, rate: float, *, share: float = 1.0) -> int | None:
         """Replicas that carry `rate` requests a second, each busy `share` of the target share
         (`GIVE_BACK` where replicas are given back); None without a measured cost."""
-        if self.cost_s is None:
+        carries = self.carries(share=share)
+        if carries is None or self.cost_s is None:
             return None
-        return max(1, math.ceil(rate * self.cost_s / (share * self.target) - 1e-9))
+        if carries == share * self.target / self.cost_s:
+            return max(1, math.ceil(rate * self.cost_s / (share * self.target) - 1e-9))
+        return max(1, math.ceil(rate / carries - 1e-9))
 
     def batch_allowed(self, batch: int, *, budget_s: float) -> bool:
         """Whether a batch limit of `batch` is worth a trial: below `too_large`, and its batch
@@ -100,9 +188,7 @@ class BusyShare:
 
     def capacity(self) -> float | None:
         """Requests a second one replica carries at the target busy share."""
-        if not self.cost_s:
-            return None
-        return self.target / self.cost_s
+        return self.carries()
 
 
 def measured_cost(
@@ -119,16 +205,26 @@ def measured_cost(
     return cost if cost >= MIN_COST_S else None
 
 
-def learned_target(target: float, *, busy: float | None, over: bool, comfortable: bool) -> float:
+def learned_target(
+    target: float,
+    *,
+    busy: float | None,
+    over: bool,
+    comfortable: bool,
+    highest: float = MAX_TARGET,
+) -> float:
     """The busy share to plan to after a window that describes the settings in force: below
     what the window ran at where it was `over` the SLA (P99, or refusals beyond what the guard
     tolerates); a little above the present one where it was `comfortable` (inside the SLA with
-    the plan's headroom) with the replicas busy near the target; else unchanged."""
+    the plan's headroom) with the replicas busy near the target; else unchanged. Never above
+    `highest` (`MAX_TARGET`, or `MAX_ELASTIC_TARGET` where the busy share barely grows with the
+    load)."""
+    target = min(target, highest)
     if busy is None:
         return target
     busy = min(busy, 1.0)
     if over:
         return max(MIN_TARGET, min(target, max(busy * BACKOFF, target * STEP_DOWN)))
     if comfortable and busy >= NEAR_TARGET * target:
-        return min(MAX_TARGET, target + CREEP)
+        return min(highest, target + CREEP)
     return target

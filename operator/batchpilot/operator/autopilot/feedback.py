@@ -18,7 +18,15 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from batchpilot.operator.autopilot.busy import GIVE_BACK, BusyShare, learned_target, measured_cost
+from batchpilot.operator.autopilot.busy import (
+    GIVE_BACK,
+    LINEAR,
+    MAX_ELASTIC_TARGET,
+    MAX_TARGET,
+    BusyShare,
+    learned_target,
+    measured_cost,
+)
 from batchpilot.operator.autopilot.capacity import adds_capacity
 from batchpilot.operator.autopilot.ceiling import step_up
 from batchpilot.operator.autopilot.explain import SHED_TOLERANCE, p99_over, unserved_beyond
@@ -232,12 +240,21 @@ def busy_plan(
             and not unserved_beyond(observation, SHED_TOLERANCE)
         )
         missed = over and steady
+        learned = learned.read(
+            cost_s=cost, busy=busy, batch=current.batch_size, room=comfortable and steady
+        )
         learned = replace(
             learned,
-            cost_s=cost,
-            batch=current.batch_size,
-            target=learned_target(learned.target, busy=busy, over=missed, comfortable=comfortable),
+            target=learned_target(
+                learned.target,
+                busy=busy,
+                over=missed,
+                comfortable=comfortable,
+                highest=MAX_TARGET if learned.elasticity >= LINEAR else MAX_ELASTIC_TARGET,
+            ),
         )
+        if missed:
+            learned = replace(learned, ceiling_rps=min(busy, 1.0) / cost, ceiling_at=now)
         doubled = min(policy.max_batch_size, batch * 2)
         if missed and not saturated and batch > 1:
             batch = max(1, batch // 2)
@@ -275,10 +292,17 @@ def busy_plan(
         if cost is not None and busy is not None and observation.qps
         else "an earlier window"
     )
+    carries = learned.capacity() or 0.0
+    stretched = (
+        f" (busy ∝ load^{learned.elasticity:.2f}: stretched from the {learned.busy:.0%} busy "
+        f"at {learned.busy / learned.cost_s:.0f} rps a replica)"
+        if learned.busy is not None and carries > learned.target / learned.cost_s * (1 + 1e-9)
+        else ""
+    )
     why = (
         f"busy share (no batch sizes to model t(b) from): a request costs "
         f"{format_ms(learned.cost_s)} of device time at batch ≤ {learned.batch} ({measured}); "
-        f"planned {learned.target:.0%} busy, {learned.capacity() or 0:.0f} rps a replica: "
+        f"planned {learned.target:.0%} busy, {carries:.0f} rps a replica{stretched}: "
         f"{want} for {rate:.0f} rps{notes}"
     )
     return want, batch, why, learned

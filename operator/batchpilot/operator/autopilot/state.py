@@ -18,7 +18,7 @@ from typing import Any, TypeGuard
 
 from batchpilot.operator.autopilot.busy import (
     MAX_COST_S,
-    MAX_TARGET,
+    MAX_ELASTIC_TARGET,
     MIN_COST_S,
     MIN_TARGET,
     BusyShare,
@@ -157,6 +157,7 @@ class State:
             if self.busy.too_large is not None and self.busy.too_large_at is not None:
                 doc["busy"]["tooLarge"] = self.busy.too_large
                 doc["busy"]["tooLargeAt"] = round(self.busy.too_large_at, 3)
+            doc["busy"].update(_busy_reading(self.busy))
         if self.anchor is not None:
             doc["anchor"] = {
                 "batch": round(self.anchor.mean_batch, 3),
@@ -281,16 +282,17 @@ def _anchor(value: Any) -> ComputePoint | None:
 
 def _busy(value: Any, at: Callable[[Any], float | None]) -> BusyShare:
     """A persisted busy share; what of it is out of range dropped: a target outside
-    [`MIN_TARGET`, `MAX_TARGET`] (the default share), a cost that is not a time a request could
-    take or a batch limit that is not a count (no cost), a batch limit found too large without
-    its time (not remembered). An edited field costs what it holds, not the rest of the state."""
+    [`MIN_TARGET`, `MAX_ELASTIC_TARGET`] (the default share), a cost that is not a time a request
+    could take or a batch limit that is not a count (no cost), a batch limit found too large
+    without its time (not remembered). An edited field costs what it holds, not the rest of the
+    state."""
     if not isinstance(value, dict):
         return BusyShare()
     try:
         target = _real(value["target"])
     except (KeyError, TypeError, ValueError):
         return BusyShare()
-    if not MIN_TARGET <= target <= MAX_TARGET:
+    if not MIN_TARGET <= target <= MAX_ELASTIC_TARGET:
         return BusyShare()
     kept = BusyShare(target=target)
     too_large = value.get("tooLarge")
@@ -303,11 +305,66 @@ def _busy(value: Any, at: Callable[[Any], float | None]) -> BusyShare:
     try:
         cost = _real(value["costMs"]) / 1e3
     except (KeyError, TypeError, ValueError):
-        return kept
+        return _busy_learned(kept, value, at)
     batch = value.get("batch")
     if not (MIN_COST_S <= cost <= MAX_COST_S and _batch(batch)):
+        return _busy_learned(kept, value, at)
+    return _busy_learned(replace(kept, cost_s=cost, batch=batch), value, at)
+
+
+def _busy_reading(busy: BusyShare) -> dict[str, Any]:
+    """The status fields of what the busy share's readings taught beyond the cost: the busy
+    share it was read at, whether it had room, the elasticity, its anchor and the ceiling."""
+    doc: dict[str, Any] = {}
+    if busy.busy is not None and busy.cost_s is not None:
+        doc["busyShare"] = round(busy.busy, 4)
+        if busy.room:
+            doc["room"] = True
+    if busy.elasticity != 1.0:
+        doc["elasticity"] = round(busy.elasticity, 4)
+    if busy.anchor is not None:
+        doc["anchor"] = {"rps": round(busy.anchor[0], 4), "busyShare": round(busy.anchor[1], 4)}
+    if busy.ceiling_rps is not None and busy.ceiling_at is not None:
+        doc["ceilingRps"] = round(busy.ceiling_rps, 4)
+        doc["ceilingAt"] = round(busy.ceiling_at, 3)
+    return doc
+
+
+def _busy_learned(
+    kept: BusyShare, value: dict[str, Any], at: Callable[[Any], float | None]
+) -> BusyShare:
+    """`_busy`'s second half: the reading's busy share, room, elasticity, anchor and ceiling,
+    each dropped alone where out of range (a busy share or elasticity outside [0, 1], a load
+    that is not a positive finite rate, a ceiling without its time)."""
+    try:
+        elasticity = _real(value.get("elasticity", 1.0))
+    except (TypeError, ValueError):
+        elasticity = 1.0
+    if 0.0 <= elasticity <= 1.0:
+        kept = replace(kept, elasticity=elasticity)
+    try:
+        anchor = value["anchor"]
+        rps, share = _real(anchor["rps"]), _real(anchor["busyShare"])
+    except (KeyError, TypeError, ValueError):
+        rps = share = 0.0
+    if rps > 0 and 0 < share <= 1:
+        kept = replace(kept, anchor=(rps, share))
+    try:
+        ceiling = _real(value["ceilingRps"])
+        ceiling_at = at(value.get("ceilingAt"))
+    except (KeyError, TypeError, ValueError, OverflowError):
+        ceiling, ceiling_at = 0.0, None
+    if ceiling > 0 and ceiling_at is not None:
+        kept = replace(kept, ceiling_rps=ceiling, ceiling_at=ceiling_at)
+    if kept.cost_s is None:
         return kept
-    return replace(kept, cost_s=cost, batch=batch)
+    try:
+        share = _real(value["busyShare"])
+    except (KeyError, TypeError, ValueError):
+        return kept
+    if 0 < share <= 1:
+        kept = replace(kept, busy=share, room=value.get("room") is True)
+    return kept
 
 
 def _batch(value: Any) -> TypeGuard[int]:
