@@ -431,6 +431,20 @@ class TestTheDecision:
         decision, _ = decide(calm, POLICY, InForce(2, 4, 0.005), State(), 15)
         assert decision.batch_size == 4
 
+    @pytest.mark.parametrize("utilization", [0.4, None])
+    def test_a_limit_above_what_the_device_has_memory_for_comes_down(
+        self, utilization: float | None
+    ) -> None:
+        # The runtime says a batch of more than 8 rows does not fit: the limit in force, 32,
+        # comes down to 8 on the busy share and on P99 alone.
+        calm = Observation(
+            at=15, window_s=60, p99_s=0.03, p95_s=None, qps=100.0, rejected_qps=0.0,
+            queue_p99_s=None, utilization=utilization, mean_batch=None, ready_replicas=2,
+            memory_rows=8,
+        )  # fmt: skip
+        decision, _ = decide(calm, POLICY, InForce(2, 32, 0.005), State(), 15)
+        assert decision.batch_size == 8
+
     def test_without_a_busy_share_p99_alone_steers(self) -> None:
         blind = Observation(
             at=15, window_s=60, p99_s=0.13, p95_s=None, qps=60.0, rejected_qps=0.0,

@@ -319,7 +319,8 @@ def decide(
     capacity_per_replica: float | None = None
     if idle and (model is None or headroom.rate <= 0):
         # An idle service whose traffic recurs keeps what the recurring rise needs (below).
-        want_replicas, want_batch = policy.min_replicas, current.batch_size
+        want_replicas = policy.min_replicas
+        want_batch = min(current.batch_size, policy.max_batch_size)
         why = "no traffic"
     elif model is None and observation.utilization is not None:
         # No batch sized or timed, but the devices' busy share: planned to a busy share. (A

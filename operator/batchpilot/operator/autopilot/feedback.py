@@ -124,7 +124,9 @@ def feedback_only(
 ) -> tuple[int, int, str]:
     """A step on observed P99 alone: batch first (fast, cheap), then replicas. The batch limit
     doubles what a batch runs: a request of more rows than the limit runs alone, so a limit
-    below a request's rows is doubled from the rows a request brings."""
+    below a request's rows is doubled from the rows a request brings. A limit in force above the
+    policy's maximum (lowered since: the spec edited, or the device's memory) comes down to it."""
+    held = min(current.batch_size, policy.max_batch_size)
     p99 = observation.p99_s
     sla = policy.sla_p99_s
     if p99 is not None and p99_over(observation, sla):
@@ -136,7 +138,7 @@ def feedback_only(
         replicas = min(policy.max_replicas, current.replicas + step)
         return (
             replicas,
-            current.batch_size,
+            held,
             f"feedback: adding {replicas - current.replicas} replicas",
         )
     utilization = observation.utilization
@@ -147,8 +149,8 @@ def feedback_only(
         and utilization < policy.min_utilization
         and current.replicas > policy.min_replicas
     ):
-        return current.replicas - 1, current.batch_size, "feedback: device under-used with headroom"
-    return current.replicas, current.batch_size, "feedback: within the SLA"
+        return current.replicas - 1, held, "feedback: device under-used with headroom"
+    return current.replicas, held, "feedback: within the SLA"
 
 
 def misses_persist(
@@ -221,7 +223,9 @@ def busy_plan(
     busy = observation.utilization
     sla = policy.sla_p99_s
     over = p99_over(observation, sla) or unserved_beyond(observation, SHED_FEEDBACK)
-    learned, cost, batch, notes = known.current(now), None, current.batch_size, ""
+    # (a limit in force above the policy's maximum, lowered since, comes down to it)
+    batch = min(current.batch_size, policy.max_batch_size)
+    learned, cost, notes = known.current(now), None, ""
     missed = False
     if settled and ready >= current.replicas:
         cost = measured_cost(
