@@ -17,6 +17,7 @@ from batchpilot.operator.autopilot.busy import (
     MAX_ELASTIC_TARGET,
     MAX_TARGET,
     MIN_TARGET,
+    PROVEN_MARGIN,
     STRETCH,
     STRETCH_MARGIN,
     TOO_LARGE_S,
@@ -211,6 +212,28 @@ class TestTheElasticity:
         assert known.current(100 + TOO_LARGE_S).ceiling_rps == 45.0
         assert known.current(100 + TOO_LARGE_S + 1).ceiling_rps is None
 
+    def test_a_replica_is_planned_to_most_of_what_it_was_proven_to_carry(self) -> None:
+        # Busy 90 % carrying 30 requests/s at the target: 30 a replica by the cost, but 120
+        # were carried comfortably inside the SLA at this batch limit: 96 a replica.
+        known = BusyShare(cost_s=0.03, batch=4, target=0.9, busy=0.9)
+        proven = known.proving(120.0, batch=4, now=10.0)
+        assert proven.carries() == pytest.approx(PROVEN_MARGIN * 120)
+        assert proven.replicas_for(960.0) == 10
+        assert "120 rps a replica carried comfortably inside the SLA" in proven.basis()
+        # Less seen later proves nothing new; within the margin it is seen again.
+        assert proven.proving(50.0, batch=4, now=20.0) == proven
+        assert proven.proving(100.0, batch=4, now=20.0).proven_at == 20.0
+        assert proven.proving(150.0, batch=4, now=20.0).proven_rps == 150.0
+        # A smaller batch limit in force than it was proven at: it does not stand…
+        assert replace(proven, batch=2).carries() == pytest.approx(30.0)
+        # …and what a smaller limit carries replaces it.
+        assert proven.proving(50.0, batch=2, now=20.0).proven_rps == 50.0
+        # An hour unseen, or a steady miss, and it is gone.
+        assert proven.current(10 + TOO_LARGE_S + 1).proven_rps is None
+        assert proven.current(10 + TOO_LARGE_S).proven_rps == 120.0
+        missed = proven.missed(80.0, now=30.0)
+        assert (missed.proven_rps, missed.ceiling_rps, missed.ceiling_at) == (None, 80.0, 30.0)
+
     def test_the_target_may_rise_higher_where_the_busy_share_barely_grows(self) -> None:
         assert learned_target(
             MAX_TARGET, busy=0.9, over=False, comfortable=True, highest=MAX_ELASTIC_TARGET
@@ -265,6 +288,14 @@ class TestTheDecision:
               "ceilingRps": 150.0, "ceilingAt": 20.0},
              BusyShare(cost_s=0.004, batch=8, target=0.7, busy=0.5, room=True, elasticity=0.3,
                        anchor=(100.0, 0.4), ceiling_rps=150.0, ceiling_at=20.0)),
+            ({"target": 0.7, "proven": {"rps": 120.0, "batch": 4, "at": 30.0}},
+             BusyShare(target=0.7, proven_rps=120.0, proven_batch=4, proven_at=30.0)),
+            ({"target": 0.7, "proven": {"rps": 120.0, "batch": 0, "at": 30.0}},
+             BusyShare(target=0.7)),
+            ({"target": 0.7, "proven": {"rps": "inf", "batch": 4, "at": 30.0}},
+             BusyShare(target=0.7)),
+            ({"target": 0.7, "proven": {"rps": 120.0, "batch": 4}}, BusyShare(target=0.7)),
+            ({"target": 0.7, "proven": [120.0, 4, 30.0]}, BusyShare(target=0.7)),
             ({"target": 0.96, "busyShare": 0.5, "room": True, "elasticity": 1.5,
               "anchor": {"rps": -1.0, "busyShare": 0.4}, "ceilingRps": 150.0},
              BusyShare(target=0.96)),
@@ -290,7 +321,8 @@ class TestTheDecision:
         taught = State(
             busy=BusyShare(
                 cost_s=0.004, batch=8, target=0.94, busy=0.5, room=True, elasticity=0.3,
-                anchor=(100.0, 0.4), ceiling_rps=150.0, ceiling_at=20.0,
+                anchor=(100.0, 0.4), ceiling_rps=150.0, ceiling_at=20.0, proven_rps=90.0,
+                proven_batch=4, proven_at=0.0,
             )
         )  # fmt: skip
         assert State.from_dict(taught.to_dict(), now=100.0).busy == taught.busy
@@ -304,6 +336,19 @@ class TestTheDecision:
         assert state.busy.ceiling_rps == pytest.approx(100.0)
         assert state.busy.ceiling_at == 15
         assert not state.busy.room
+
+    def test_a_steady_window_comfortably_inside_proves_what_a_replica_carried(self) -> None:
+        calm = Observation(
+            at=15, window_s=60, p99_s=0.03, p95_s=None, qps=300.0, rejected_qps=0.0,
+            queue_p99_s=None, utilization=0.6, mean_batch=None, ready_replicas=3,
+        )  # fmt: skip
+        _, state = decide(calm, POLICY, InForce(3, 4, 0.005), State(), 15)
+        assert (state.busy.proven_rps, state.busy.proven_batch) == (pytest.approx(100.0), 4)
+        assert state.busy.room
+        # Near the SLA, nothing is proven.
+        edge = replace(calm, p99_s=0.095)
+        _, state = decide(edge, POLICY, InForce(3, 4, 0.005), State(), 15)
+        assert state.busy.proven_rps is None
 
     def test_a_saturated_window_over_the_sla_raises_the_batch_and_the_replicas(self) -> None:
         # 2 replicas 98 % busy serving 300 of 400 requests/s: 6.5 ms a request, so a batch of

@@ -83,6 +83,9 @@ STRETCH_MARGIN = 0.8
 """A stretched plan keeps a replica's load below this share of the load at which a steady
 window missed the SLA (for `TOO_LARGE_S`): the busy share did not see that edge coming, so
 the margin is the plan's own."""
+PROVEN_MARGIN = 0.8
+"""A replica is planned to carry no more than this share of the most it was seen carry in a
+steady window comfortably inside the SLA (`proven_rps`)."""
 MIN_COST_S = 1e-6
 """…and is at least a microsecond of device time a request: less is a busy share that rounds to
 nothing (a device reading 0.01 % busy under thousands of requests a second), not a cost."""
@@ -119,6 +122,13 @@ class BusyShare:
     """The load a replica carried where a steady window last missed the SLA…"""
     ceiling_at: float | None = None
     """…and when: a stretched plan stays below it for `TOO_LARGE_S`."""
+    proven_rps: float | None = None
+    """The most a replica was seen carry in a steady window comfortably inside the SLA, since
+    the last miss…"""
+    proven_batch: int | None = None
+    """…at this batch limit…"""
+    proven_at: float | None = None
+    """…last seen so (within `PROVEN_MARGIN` of it) then: it stands for `TOO_LARGE_S`."""
 
     def current(self, now: float) -> BusyShare:
         """This, less a `too_large` or a ceiling older than `TOO_LARGE_S`: a miss an hour ago (a
@@ -128,7 +138,37 @@ class BusyShare:
             known = replace(known, too_large=None, too_large_at=None)
         if self.ceiling_at is not None and now - self.ceiling_at > TOO_LARGE_S:
             known = replace(known, ceiling_rps=None, ceiling_at=None)
+        if self.proven_at is not None and now - self.proven_at > TOO_LARGE_S:
+            known = replace(known, proven_rps=None, proven_batch=None, proven_at=None)
         return known
+
+    def proving(self, rps: float, *, batch: int, now: float) -> BusyShare:
+        """This after a steady window comfortably inside the SLA in which a replica carried
+        `rps` at the batch limit `batch`: the most proven, where it is more (or the limit it
+        was proven at is no longer in force), seen again where it is near it."""
+        if (
+            self.proven_rps is None
+            or self.proven_batch is None
+            or self.proven_batch > batch
+            or rps > self.proven_rps
+        ):
+            return replace(self, proven_rps=rps, proven_batch=batch, proven_at=now)
+        if rps >= PROVEN_MARGIN * self.proven_rps:
+            return replace(self, proven_at=now)
+        return self
+
+    def missed(self, rps: float, *, now: float) -> BusyShare:
+        """This after a steady window that missed the SLA with a replica carrying `rps`: that
+        load a ceiling for stretched plans, and what was proven no longer (the service, or
+        its traffic, is not what it was when it carried more)."""
+        return replace(
+            self,
+            ceiling_rps=rps,
+            ceiling_at=now,
+            proven_rps=None,
+            proven_batch=None,
+            proven_at=None,
+        )
 
     def read(self, *, cost_s: float, busy: float, batch: int, room: bool) -> BusyShare:
         """This with a window's reading: its cost, the busy share and batch limit it was read
@@ -158,6 +198,13 @@ class BusyShare:
             return None
         goal = share * self.target
         linear = goal / self.cost_s
+        if (
+            self.proven_rps is not None
+            and self.proven_batch is not None
+            and self.batch is not None
+            and self.proven_batch <= self.batch
+        ):
+            linear = max(linear, share * PROVEN_MARGIN * self.proven_rps)
         if not self.room or self.busy is None or self.elasticity >= LINEAR or self.busy >= goal:
             return linear
         seen = self.busy / self.cost_s
@@ -168,6 +215,24 @@ class BusyShare:
             stretched = min(stretched, STRETCH_MARGIN * self.ceiling_rps)
         return max(linear, stretched)
 
+    def basis(self) -> str:
+        """What `carries` rests on beyond the cost a request, in the words of a reason: the
+        load a replica was proven to carry, or the stretch; "" where it is the cost alone."""
+        carries = self.carries()
+        if carries is None or self.cost_s is None or carries <= self.target / self.cost_s:
+            return ""
+        if self.proven_rps is not None and carries == PROVEN_MARGIN * self.proven_rps:
+            return (
+                f" ({self.proven_rps:.0f} rps a replica carried comfortably inside the SLA: "
+                f"{PROVEN_MARGIN:.0%} of it)"
+            )
+        if self.busy is None:
+            return ""
+        return (
+            f" (busy ∝ load^{self.elasticity:.2f}: stretched from the {self.busy:.0%} busy at "
+            f"{self.busy / self.cost_s:.0f} rps a replica)"
+        )
+
     def replicas_for(self, rate: float, *, share: float = 1.0) -> int | None:
         """Replicas that carry `rate` requests a second, each busy `share` of the target share
         (`GIVE_BACK` where replicas are given back); None without a measured cost."""
@@ -175,6 +240,7 @@ class BusyShare:
         if carries is None or self.cost_s is None:
             return None
         if carries == share * self.target / self.cost_s:
+            # (as the cost over the target: the same replicas as ever where nothing stretched)
             return max(1, math.ceil(rate * self.cost_s / (share * self.target) - 1e-9))
         return max(1, math.ceil(rate / carries - 1e-9))
 

@@ -257,8 +257,11 @@ def busy_plan(
                 highest=MAX_TARGET if learned.elasticity >= LINEAR else MAX_ELASTIC_TARGET,
             ),
         )
+        carried = min(busy, 1.0) / cost
         if missed:
-            learned = replace(learned, ceiling_rps=min(busy, 1.0) / cost, ceiling_at=now)
+            learned = learned.missed(carried, now=now)
+        elif comfortable and steady:
+            learned = learned.proving(carried, batch=current.batch_size, now=now)
         doubled = min(policy.max_batch_size, batch * 2)
         if missed and not saturated and batch > 1:
             batch = max(1, batch // 2)
@@ -297,12 +300,7 @@ def busy_plan(
         else "an earlier window"
     )
     carries = learned.capacity() or 0.0
-    stretched = (
-        f" (busy ∝ load^{learned.elasticity:.2f}: stretched from the {learned.busy:.0%} busy "
-        f"at {learned.busy / learned.cost_s:.0f} rps a replica)"
-        if learned.busy is not None and carries > learned.target / learned.cost_s * (1 + 1e-9)
-        else ""
-    )
+    stretched = learned.basis()
     why = (
         f"busy share (no batch sizes to model t(b) from): a request costs "
         f"{format_ms(learned.cost_s)} of device time at batch ≤ {learned.batch} ({measured}); "

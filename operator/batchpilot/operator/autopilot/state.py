@@ -327,15 +327,22 @@ def _busy_reading(busy: BusyShare) -> dict[str, Any]:
     if busy.ceiling_rps is not None and busy.ceiling_at is not None:
         doc["ceilingRps"] = round(busy.ceiling_rps, 4)
         doc["ceilingAt"] = round(busy.ceiling_at, 3)
+    if busy.proven_rps is not None and busy.proven_batch is not None and busy.proven_at is not None:
+        doc["proven"] = {
+            "rps": round(busy.proven_rps, 4),
+            "batch": busy.proven_batch,
+            "at": round(busy.proven_at, 3),
+        }
     return doc
 
 
 def _busy_learned(
     kept: BusyShare, value: dict[str, Any], at: Callable[[Any], float | None]
 ) -> BusyShare:
-    """`_busy`'s second half: the reading's busy share, room, elasticity, anchor and ceiling,
-    each dropped alone where out of range (a busy share or elasticity outside [0, 1], a load
-    that is not a positive finite rate, a ceiling without its time)."""
+    """`_busy`'s second half: the reading's busy share, room, elasticity, anchor, ceiling and
+    proven load, each dropped alone where out of range (a busy share or elasticity outside
+    [0, 1], a load that is not a positive finite rate, a ceiling or proven load without its
+    time, a proven load without a batch limit)."""
     try:
         elasticity = _real(value.get("elasticity", 1.0))
     except (TypeError, ValueError):
@@ -356,6 +363,14 @@ def _busy_learned(
         ceiling, ceiling_at = 0.0, None
     if ceiling > 0 and ceiling_at is not None:
         kept = replace(kept, ceiling_rps=ceiling, ceiling_at=ceiling_at)
+    try:
+        proven = value["proven"]
+        proven_rps, proven_batch = _real(proven["rps"]), proven["batch"]
+        proven_at = at(proven.get("at"))
+    except (KeyError, TypeError, ValueError, OverflowError, AttributeError):
+        proven_rps, proven_batch, proven_at = 0.0, None, None
+    if proven_rps > 0 and _batch(proven_batch) and proven_at is not None:
+        kept = replace(kept, proven_rps=proven_rps, proven_batch=proven_batch, proven_at=proven_at)
     if kept.cost_s is None:
         return kept
     try:
