@@ -14,6 +14,7 @@ import pytest
 
 from batchpilot.operator.autopilot.busy import (
     DEFAULT_TARGET,
+    LINEAR,
     MAX_ELASTIC_TARGET,
     MAX_TARGET,
     MIN_TARGET,
@@ -154,12 +155,17 @@ class TestTheElasticity:
         assert known.elasticity == pytest.approx(1.0)
         assert known.anchor == pytest.approx((40.0, 0.6))
 
-    def test_a_busy_share_that_barely_grows_is_believed_halfway_each_pair(self) -> None:
-        # Twice the load, 60 → 66 % busy: e = ln 1.1 / ln 2 ≈ 0.14; from 1, halfway.
+    def test_a_busy_share_that_barely_grows_is_believed_a_third_each_pair(self) -> None:
+        # Twice the load, 60 → 66 % busy: e = ln 1.1 / ln 2 ≈ 0.14; from 1, a third of the way
+        # (still linear: one noisy pair stretches nothing)…
+        measured = math.log(1.1) / math.log(2)
         first = reading(reading(BusyShare(), rps=20, busy=0.6), rps=40, busy=0.66)
-        assert first.elasticity == pytest.approx((1 + math.log(1.1) / math.log(2)) / 2)
+        assert first.elasticity == pytest.approx((2 + measured) / 3)
+        assert first.elasticity >= LINEAR
+        # …below it after a second pair.
         second = reading(first, rps=80, busy=0.726)
-        assert second.elasticity == pytest.approx((first.elasticity + 0.1375) / 2, rel=1e-2)
+        assert second.elasticity == pytest.approx((2 * first.elasticity + measured) / 3)
+        assert second.elasticity < LINEAR
         # …and one nearer to linear at once.
         assert reading(second, rps=160, busy=1.0).elasticity > 0.4
 
@@ -192,6 +198,24 @@ class TestTheElasticity:
         near = replace(known, busy=0.85, cost_s=0.85 / 30)
         assert near.carries() == pytest.approx(30 * (0.9 / 0.85) ** (1 / 0.3))
 
+    def test_replicas_go_back_only_where_the_rest_carry_less_than_a_replica_carries(
+        self,
+    ) -> None:
+        # Stretched to 40 requests/s a replica: 10 for 400, given back to no fewer than 12
+        # (each 90 % of 40); the give-back's margin is a share of the load, stretched or not.
+        known = BusyShare(cost_s=0.8 / 30, batch=4, target=0.9, busy=0.8, room=True, elasticity=0.3)
+        assert known.replicas_for(400.0) == 10
+        assert known.replicas_for(400.0, share=0.9) == 12
+        # (near the target, where the share would once have cut the stretch away entirely)
+        near = replace(known, busy=0.85, cost_s=0.85 / 30)
+        assert near.replicas_for(400.0, share=0.9) == math.ceil(400 / (0.9 * near.carries()))
+
+    def test_a_busy_share_read_near_nothing_stretches_a_step_and_no_more(self) -> None:
+        # An edited status: 1e-40 busy at an elasticity of 0 overflowed the power.
+        known = BusyShare(cost_s=1e-3, batch=4, target=0.9, busy=1e-40, room=True, elasticity=0.0)
+        assert known.carries() == pytest.approx(0.9 / 1e-3)
+        assert known.replicas_for(1000.0) == 2
+
     def test_no_stretch_without_room_or_above_the_target(self) -> None:
         known = BusyShare(cost_s=0.8 / 30, batch=4, target=0.9, busy=0.8, room=True, elasticity=0.3)
         linear = 0.9 / (0.8 / 30)
@@ -222,7 +246,7 @@ class TestTheElasticity:
         assert "120 rps a replica carried comfortably inside the SLA" in proven.basis()
         # Less seen later proves nothing new; within the margin it is seen again.
         assert proven.proving(50.0, batch=4, now=20.0) == proven
-        assert proven.proving(100.0, batch=4, now=20.0).proven_at == 20.0
+        assert proven.proving(60.0, batch=4, now=20.0).proven_at == 20.0
         assert proven.proving(150.0, batch=4, now=20.0).proven_rps == 150.0
         # A smaller batch limit in force than it was proven at: it does not stand…
         assert replace(proven, batch=2).carries() == pytest.approx(30.0)
@@ -231,6 +255,11 @@ class TestTheElasticity:
         # An hour unseen, or a steady miss, and it is gone.
         assert proven.current(10 + TOO_LARGE_S + 1).proven_rps is None
         assert proven.current(10 + TOO_LARGE_S).proven_rps == 120.0
+        # More than the service's whole offered load (an edited status), or proven at a larger
+        # batch limit than the one planned: it does not stand.
+        assert proven.within(peak=500.0, batch=4) == proven
+        assert proven.within(peak=100.0, batch=4).proven_rps is None
+        assert proven.within(peak=500.0, batch=2).proven_rps is None
         missed = proven.missed(80.0, now=30.0)
         assert (missed.proven_rps, missed.ceiling_rps, missed.ceiling_at) == (None, 80.0, 30.0)
 
@@ -298,7 +327,8 @@ class TestTheDecision:
             ({"target": 0.7, "proven": [120.0, 4, 30.0]}, BusyShare(target=0.7)),
             ({"target": 0.96, "busyShare": 0.5, "room": True, "elasticity": 1.5,
               "anchor": {"rps": -1.0, "busyShare": 0.4}, "ceilingRps": 150.0},
-             BusyShare(target=0.96)),
+             BusyShare(target=MAX_TARGET)),
+            ({"target": 0.96, "elasticity": 0.3}, BusyShare(target=0.96, elasticity=0.3)),
             ({"target": 0.7, "costMs": 4.0, "batch": 8, "busyShare": 1.2, "room": "yes",
               "elasticity": "NaN", "anchor": [100.0, 0.4], "ceilingRps": 0.0,
               "ceilingAt": 20.0},
@@ -488,6 +518,10 @@ class TestTheDecision:
             memory_rows=8,
         )  # fmt: skip
         decision, _ = decide(calm, POLICY, InForce(2, 32, 0.005), State(), 15)
+        assert decision.batch_size == 8
+        # …near the SLA's edge too (where a larger limit in force otherwise stays a while).
+        edge = replace(calm, p99_s=0.095)
+        decision, _ = decide(edge, POLICY, InForce(2, 32, 0.005), State(), 15)
         assert decision.batch_size == 8
 
     def test_without_a_busy_share_p99_alone_steers(self) -> None:

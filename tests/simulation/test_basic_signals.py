@@ -103,16 +103,17 @@ def test_on_the_busy_share_alone_a_mostly_fixed_batch_time_buys_no_fleet() -> No
     replica running batches of one or two back to back reads busy most of the time at a tenth of
     what it carries in batches of sixteen. Planned by the cost a request alone, 800 requests/s
     held 22 replicas; the busy share's elasticity and the load a replica was proven to carry
-    halve that, every interval inside the SLA."""
+    hold about half that, every interval inside the SLA — and, the load constant, no more as the
+    hour goes on (each window's noise added a replica the give-back never took away)."""
     points = [(0.0, 200.0), (900.0, 800.0)]
-    trace = Trace.from_points(points, name="steps", duration_s=2100.0)
+    trace = Trace.from_points(points, name="steps", duration_s=3600.0)
     scenario = Scenario(
         trace=trace, service=ServiceTruth.parse("alpha_ms=30,beta_ms=0.5"), sla_s=0.1,
         max_replicas=200, cluster=ClusterConfig(busy_signals=True),
     )  # fmt: skip
     result = simulate(scenario, "autopilot")
     assert result.summary.interval_attainment >= 0.95
-    assert max(interval.replicas for interval in result.intervals) <= 14
-    assert any(
-        "carried comfortably" in i.reason or "stretched" in i.reason for i in result.intervals
-    )
+    assert max(interval.replicas for interval in result.intervals) <= 13
+    settled = [interval.replicas for interval in result.intervals if interval.t >= 1800]
+    assert max(settled) <= 12, settled
+    assert any("stretched" in interval.reason for interval in result.intervals)

@@ -84,8 +84,11 @@ STRETCH_MARGIN = 0.8
 window missed the SLA (for `TOO_LARGE_S`): the busy share did not see that edge coming, so
 the margin is the plan's own."""
 PROVEN_MARGIN = 0.8
-"""A replica is planned to carry no more than this share of the most it was seen carry in a
-steady window comfortably inside the SLA (`proven_rps`)."""
+"""A replica is planned to carry at least this share of the most it was seen carry in a steady
+window comfortably inside the SLA (`proven_rps`)…"""
+PROVEN_SEEN = 0.5
+"""…which stands while windows comfortably inside the SLA see a replica carry at least this
+share of it (planned to 80 % of it, behind the plan's headroom, a replica carries less)."""
 MIN_COST_S = 1e-6
 """…and is at least a microsecond of device time a request: less is a busy share that rounds to
 nothing (a device reading 0.01 % busy under thousands of requests a second), not a cost."""
@@ -153,9 +156,19 @@ class BusyShare:
             or rps > self.proven_rps
         ):
             return replace(self, proven_rps=rps, proven_batch=batch, proven_at=now)
-        if rps >= PROVEN_MARGIN * self.proven_rps:
+        if rps >= PROVEN_SEEN * self.proven_rps:
             return replace(self, proven_at=now)
         return self
+
+    def within(self, *, peak: float, batch: int) -> BusyShare:
+        """This, less a proven load that cannot stand: more than the service's whole offered
+        load at its peak of the hour (an edited status), or proven at a batch limit larger than
+        the one planned (`batch`)."""
+        if self.proven_rps is None or self.proven_batch is None:
+            return self
+        if self.proven_rps <= peak and self.proven_batch <= batch:
+            return self
+        return replace(self, proven_rps=None, proven_batch=None, proven_at=None)
 
     def missed(self, rps: float, *, now: float) -> BusyShare:
         """This after a steady window that missed the SLA with a replica carrying `rps`: that
@@ -174,8 +187,9 @@ class BusyShare:
         """This with a window's reading: its cost, the busy share and batch limit it was read
         at, whether it had `room`; and the elasticity, where the load a replica carried differs
         at least `SPREAD` from the anchor's at the same batch limit (the reading becomes the
-        anchor). A reading nearer to linear is believed at once, one further from it halfway:
-        a stretch on one noisy pair of windows is a miss."""
+        anchor). A reading nearer to linear is believed at once, one further from it a third of
+        the way: from 1, below `LINEAR` only after two pairs (a stretch on one noisy pair of
+        windows is a miss)."""
         busy = min(busy, 1.0)
         rps = busy / cost_s
         known = replace(self, cost_s=cost_s, busy=busy, batch=batch, room=room)
@@ -186,31 +200,37 @@ class BusyShare:
         if abs(spread) < math.log(SPREAD):
             return known
         measured = min(1.0, max(0.0, math.log(busy / anchor_busy) / spread))
-        elasticity = measured if measured >= self.elasticity else (measured + self.elasticity) / 2
+        elasticity = (
+            measured if measured >= self.elasticity else (measured + 2 * self.elasticity) / 3
+        )
         return replace(known, elasticity=elasticity, anchor=(rps, busy))
 
-    def carries(self, *, share: float = 1.0) -> float | None:
-        """Requests a second one replica carries busy `share` of the target share: the target
-        over the cost a request; stretched by the elasticity where it is below `LINEAR`, the
-        reading had room and was below that share (see the module's docstring). None without a
-        measured cost."""
+    def carries(self) -> float | None:
+        """Requests a second one replica carries: the target busy share over the cost a
+        request; at least `PROVEN_MARGIN` of a load proven at the batch limit in force or a
+        smaller one; stretched by the elasticity where it is below `LINEAR`, the reading had
+        room and was below the target (see the module's docstring). None without a cost."""
         if not self.cost_s:
             return None
-        goal = share * self.target
-        linear = goal / self.cost_s
+        linear = self.target / self.cost_s
         if (
             self.proven_rps is not None
             and self.proven_batch is not None
             and self.batch is not None
             and self.proven_batch <= self.batch
         ):
-            linear = max(linear, share * PROVEN_MARGIN * self.proven_rps)
-        if not self.room or self.busy is None or self.elasticity >= LINEAR or self.busy >= goal:
+            linear = max(linear, PROVEN_MARGIN * self.proven_rps)
+        if (
+            not self.room
+            or self.busy is None
+            or self.elasticity >= LINEAR
+            or self.busy >= self.target
+        ):
             return linear
         seen = self.busy / self.cost_s
-        stretched = seen * min(
-            STRETCH, float((goal / self.busy) ** (1 / max(self.elasticity, MIN_ELASTICITY)))
-        )
+        # (in logarithms: a busy share read near nothing would overflow the power)
+        reach = math.log(self.target / self.busy) / max(self.elasticity, MIN_ELASTICITY)
+        stretched = seen * math.exp(min(reach, math.log(STRETCH)))
         if self.ceiling_rps is not None:
             stretched = min(stretched, STRETCH_MARGIN * self.ceiling_rps)
         return max(linear, stretched)
@@ -234,15 +254,15 @@ class BusyShare:
         )
 
     def replicas_for(self, rate: float, *, share: float = 1.0) -> int | None:
-        """Replicas that carry `rate` requests a second, each busy `share` of the target share
+        """Replicas that carry `rate` requests a second, each `share` of what one carries
         (`GIVE_BACK` where replicas are given back); None without a measured cost."""
-        carries = self.carries(share=share)
+        carries = self.carries()
         if carries is None or self.cost_s is None:
             return None
-        if carries == share * self.target / self.cost_s:
+        if carries == self.target / self.cost_s:
             # (as the cost over the target: the same replicas as ever where nothing stretched)
             return max(1, math.ceil(rate * self.cost_s / (share * self.target) - 1e-9))
-        return max(1, math.ceil(rate / carries - 1e-9))
+        return max(1, math.ceil(rate / (share * carries) - 1e-9))
 
     def batch_allowed(self, batch: int, *, budget_s: float) -> bool:
         """Whether a batch limit of `batch` is worth a trial: below `too_large`, and its batch

@@ -336,6 +336,7 @@ def decide(
             rising=began,
             comfortable_s=target,
             now=now,
+            peak=max(history.peak, offered),
         )
         why += headroom.note
         learned_state = replace(learned_state, busy=busy)
@@ -586,10 +587,15 @@ def decide(
                 else "over the SLA"
             )
             want_batch = absorbing
-    elif steered and current.batch_size > want_batch and near_the_edge(observation, planning):
+    elif (
+        steered
+        and policy.max_batch_size >= current.batch_size > want_batch
+        and near_the_edge(observation, planning)
+    ):
         # Back inside the SLA only just (P99 near it, or some requests still refused): the
         # verdict flickers from window to window, and each flip would push new settings to every
-        # pod. A larger batch limit in force stays until the window is clearly inside.
+        # pod. A larger batch limit in force stays until the window is clearly inside (one above
+        # the maximum, lowered since, does not).
         why += f"; batch stays {current.batch_size} until the window is clearly inside the SLA"
         want_batch = current.batch_size
     retuned = (want_batch, delay_s) != (current.batch_size, current.max_queue_delay_s)

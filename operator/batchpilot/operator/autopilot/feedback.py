@@ -208,6 +208,7 @@ def busy_plan(
     rising: bool,
     comfortable_s: float,
     now: float,
+    peak: float,
 ) -> tuple[int, int, str, BusyShare]:
     """Replicas, batch limit, reason and what the busy share taught, where there is no model but
     the devices' busy share (`busy`): replicas planned so that each is busy the learned target
@@ -217,8 +218,9 @@ def busy_plan(
     before and after a step; or it refused much with the devices not saturated); with the devices
     not saturated it also halves the batch limit (its batches may have run too long), and that
     limit is not raised to again for `TOO_LARGE_S`. Over the SLA with them saturated, or
-    comfortably inside it, the batch limit doubles where `BusyShare.batch_allowed`. Without a
-    measured cost yet, `feedback_only`'s step."""
+    comfortably inside it, the batch limit doubles where `BusyShare.batch_allowed`. A proven
+    load above `peak` (the most offered in the hour) or at a batch limit above the one planned
+    is dropped. Without a measured cost yet, `feedback_only`'s step."""
     ready = observation.ready_replicas or 0
     busy = observation.utilization
     sla = policy.sla_p99_s
@@ -244,8 +246,14 @@ def busy_plan(
             and not unserved_beyond(observation, SHED_TOLERANCE)
         )
         missed = over and steady
+        # Room to stretch: a window comfortably inside the SLA, steady or (where the one before
+        # had room) only unsteady — a rise within the window is no reason to plan as if the
+        # busy share grew with the load in proportion.
         learned = learned.read(
-            cost_s=cost, busy=busy, batch=current.batch_size, room=comfortable and steady
+            cost_s=cost,
+            busy=busy,
+            batch=current.batch_size,
+            room=comfortable and not over and (steady or learned.room),
         )
         learned = replace(
             learned,
@@ -282,6 +290,7 @@ def busy_plan(
                 if over
                 else f"; comfortably inside the SLA: trying {change}"
             )
+    learned = learned.within(peak=peak, batch=batch)
     want = learned.replicas_for(rate)
     if want is None or learned.cost_s is None:
         replicas, batch, why = feedback_only(observation, policy, current)

@@ -17,8 +17,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeGuard
 
 from batchpilot.operator.autopilot.busy import (
+    LINEAR,
     MAX_COST_S,
     MAX_ELASTIC_TARGET,
+    MAX_TARGET,
     MIN_COST_S,
     MIN_TARGET,
     BusyShare,
@@ -371,6 +373,9 @@ def _busy_learned(
         proven_rps, proven_batch, proven_at = 0.0, None, None
     if proven_rps > 0 and _batch(proven_batch) and proven_at is not None:
         kept = replace(kept, proven_rps=proven_rps, proven_batch=proven_batch, proven_at=proven_at)
+    if kept.elasticity >= LINEAR:
+        # (the target rises above `MAX_TARGET` only where the busy share barely grows)
+        kept = replace(kept, target=min(kept.target, MAX_TARGET))
     if kept.cost_s is None:
         return kept
     try:
