@@ -101,7 +101,7 @@ class TestTheReadings:
         busy = BusyShare(cost_s=0.01, batch=4, target=0.5)
         # 1000 requests/s × 10 ms = 10 device-seconds a second, at 50 % each: 20 replicas.
         assert busy.replicas_for(1000.0) == 20
-        assert busy.capacity() == pytest.approx(50.0)
+        assert busy.carries() == pytest.approx(50.0)
         assert BusyShare().replicas_for(1000.0) is None
 
     def test_replicas_go_back_only_where_the_rest_stay_below_the_target(self) -> None:

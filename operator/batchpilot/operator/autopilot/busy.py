@@ -114,8 +114,8 @@ class BusyShare:
     busy: float | None = None
     """The busy share `cost_s` was read at (with it, the load a replica carried: busy / cost)."""
     room: bool = False
-    """Whether that window was steady and comfortably inside the SLA: a plan may stretch from it
-    (`carries`)."""
+    """Whether that window was comfortably inside the SLA, steady (or only unsteady after one
+    with room): a plan may stretch from it (`carries`)."""
     elasticity: float = 1.0
     """e in u ∝ r^e, from two readings `SPREAD` apart (1 until they say otherwise)."""
     anchor: tuple[float, float] | None = None
@@ -131,7 +131,8 @@ class BusyShare:
     proven_batch: int | None = None
     """…at this batch limit…"""
     proven_at: float | None = None
-    """…last seen so (within `PROVEN_MARGIN` of it) then: it stands for `TOO_LARGE_S`."""
+    """…last seen so (a replica carrying at least `PROVEN_SEEN` of it) then: it stands for
+    `TOO_LARGE_S`."""
 
     def current(self, now: float) -> BusyShare:
         """This, less a `too_large` or a ceiling older than `TOO_LARGE_S`: a miss an hour ago (a
@@ -142,8 +143,12 @@ class BusyShare:
         if self.ceiling_at is not None and now - self.ceiling_at > TOO_LARGE_S:
             known = replace(known, ceiling_rps=None, ceiling_at=None)
         if self.proven_at is not None and now - self.proven_at > TOO_LARGE_S:
-            known = replace(known, proven_rps=None, proven_batch=None, proven_at=None)
+            known = known.unproven()
         return known
+
+    def unproven(self) -> BusyShare:
+        """This without a proven load."""
+        return replace(self, proven_rps=None, proven_batch=None, proven_at=None)
 
     def proving(self, rps: float, *, batch: int, now: float) -> BusyShare:
         """This after a steady window comfortably inside the SLA in which a replica carried
@@ -168,20 +173,13 @@ class BusyShare:
             return self
         if self.proven_rps <= peak and self.proven_batch <= batch:
             return self
-        return replace(self, proven_rps=None, proven_batch=None, proven_at=None)
+        return self.unproven()
 
     def missed(self, rps: float, *, now: float) -> BusyShare:
         """This after a steady window that missed the SLA with a replica carrying `rps`: that
         load a ceiling for stretched plans, and what was proven no longer (the service, or
         its traffic, is not what it was when it carried more)."""
-        return replace(
-            self,
-            ceiling_rps=rps,
-            ceiling_at=now,
-            proven_rps=None,
-            proven_batch=None,
-            proven_at=None,
-        )
+        return replace(self.unproven(), ceiling_rps=rps, ceiling_at=now)
 
     def read(self, *, cost_s: float, busy: float, batch: int, room: bool) -> BusyShare:
         """This with a window's reading: its cost, the busy share and batch limit it was read
@@ -271,10 +269,6 @@ class BusyShare:
         if self.cost_s is None or (self.too_large is not None and batch >= self.too_large):
             return False
         return batch * self.cost_s <= budget_s
-
-    def capacity(self) -> float | None:
-        """Requests a second one replica carries at the target busy share."""
-        return self.carries()
 
 
 def measured_cost(

@@ -340,7 +340,7 @@ def decide(
         )
         why += headroom.note
         learned_state = replace(learned_state, busy=busy)
-        capacity_per_replica = busy.capacity()
+        capacity_per_replica = busy.carries()
     elif model is None:
         want_replicas, want_batch, why = feedback_only(observation, policy, current)
     else:

@@ -308,7 +308,7 @@ def busy_plan(
         if cost is not None and busy is not None and observation.qps
         else "an earlier window"
     )
-    carries = learned.capacity() or 0.0
+    carries = learned.carries() or 0.0
     stretched = learned.basis()
     why = (
         f"busy share (no batch sizes to model t(b) from): a request costs "
