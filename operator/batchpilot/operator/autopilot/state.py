@@ -305,18 +305,19 @@ def _busy(value: Any, at: Callable[[Any], float | None]) -> BusyShare:
     if _batch(too_large) and too_large > 1 and too_large_at is not None:
         kept = replace(kept, too_large=too_large, too_large_at=too_large_at)
     try:
-        cost = _real(value["costMs"]) / 1e3
+        cost: float | None = _real(value["costMs"]) / 1e3
     except (KeyError, TypeError, ValueError):
-        return _busy_learned(kept, value, at)
+        cost = None
     batch = value.get("batch")
-    if not (MIN_COST_S <= cost <= MAX_COST_S and _batch(batch)):
-        return _busy_learned(kept, value, at)
-    return _busy_learned(replace(kept, cost_s=cost, batch=batch), value, at)
+    if cost is not None and MIN_COST_S <= cost <= MAX_COST_S and _batch(batch):
+        kept = replace(kept, cost_s=cost, batch=batch)
+    return _busy_learned(kept, value, at)
 
 
 def _busy_reading(busy: BusyShare) -> dict[str, Any]:
     """The status fields of what the busy share's readings taught beyond the cost: the busy
-    share it was read at, whether it had room, the elasticity, its anchor and the ceiling."""
+    share it was read at, whether it had room, the elasticity, its anchor, the ceiling and the
+    proven load."""
     doc: dict[str, Any] = {}
     if busy.busy is not None and busy.cost_s is not None:
         doc["busyShare"] = round(busy.busy, 4)
