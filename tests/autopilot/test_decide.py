@@ -15,6 +15,7 @@ from batchpilot.operator.autopilot.capacity import (
     burst_batch,
     limits,
     replica_capacity,
+    saturated_batch,
 )
 from batchpilot.operator.autopilot.ceiling import Ceiling
 from batchpilot.operator.autopilot.decide import decide, pending_since
@@ -34,7 +35,7 @@ from batchpilot.operator.autopilot.lost import Loss
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation, PodCompute
 from batchpilot.operator.autopilot.pacing import pace, verified
 from batchpilot.operator.autopilot.policy import LOAD_HEADROOM, Decision, InForce, Policy
-from batchpilot.operator.autopilot.service_model import LatencyFit, predict
+from batchpilot.operator.autopilot.service_model import LatencyFit, predict, sla_capacity
 from batchpilot.operator.autopilot.slo import Objective, SloLedger
 from batchpilot.operator.autopilot.state import CLOCK_SKEW_S, State
 from batchpilot.operator.children.configmap import batching_document, batching_in
@@ -1715,21 +1716,69 @@ class TestHeadroomKeptTheCheaperWay:
 
 class TestBurstAbsorber:
     def test_while_replicas_start_the_batch_limit_carries_the_most_then_relaxes(self) -> None:
-        # 900 rps on one replica at batch 4: two more are asked for; while they start, the one
-        # that is ready runs the batch limit with the most capacity inside the SLA.
-        obs = seen(at=TICK, qps=900, p99_ms=95, ready=1, batch=4)
+        # 385 rps on one replica at batch 4: more are asked for (the plan keeps headroom: one
+        # carries 395 rps inside 80 ms, and the plan is for 5 % more than the load); while they
+        # start, the one that is ready runs the batch limit with the most capacity inside the
+        # SLA, where it carries the load (12 rows: 398 rps).
+        best = burst_batch(MODEL, POLICY, delay_s=0.005, overhead_s=0.0)
+        assert (
+            sla_capacity(MODEL, max_batch=best, delay_s=0.005, overhead_s=0.0, target_s=0.1) > 385
+        )
+        obs = seen(at=TICK, qps=385, p99_ms=95, ready=1, batch=4)
         decision, current, state = step(obs, InForce(1, 4, 0.005), State(fit=MODEL), TICK)
         assert decision.replicas > 1
-        best = burst_batch(MODEL, POLICY, delay_s=0.005, overhead_s=0.0)
         assert decision.batch_size == best
         assert best > 4
-        assert "while" in decision.reason
+        assert "(the most a replica carries inside the SLA) while" in decision.reason
         assert "replicas start" in decision.reason
         # they are ready: the plan's own choice again
         for tick in range(2, 10):
-            obs = seen(at=tick * TICK, qps=900, p99_ms=40, ready=current.replicas, batch=8)
+            obs = seen(at=tick * TICK, qps=385, p99_ms=40, ready=current.replicas, batch=8)
             decision, current, state = step(obs, current, state, tick * TICK)
         assert "replicas start" not in decision.reason
+
+    def test_a_load_beyond_the_ready_replicas_runs_the_limit_full_batches_carry_most(
+        self,
+    ) -> None:
+        # 900 rps on one replica: beyond what it carries inside the SLA at any limit. Its queue
+        # is never empty, the runtime refuses what would finish late, and what it serves in time
+        # is what full batches of the limit carry: t(b) = 4 + 2·b ms, full batches inside 100 ms
+        # up to 16 rows (2 · 36 ms), which carry 444 rps, more than the 12 rows (428 rps) that
+        # carry the most below saturation.
+        best = burst_batch(MODEL, POLICY, delay_s=0.005, overhead_s=0.0)
+        beyond = saturated_batch(MODEL, POLICY, overhead_s=0.0)
+        assert (best, beyond) == (12, 16)
+        obs = seen(at=TICK, qps=900, p99_ms=95, ready=1, batch=4)
+        decision, _, _ = step(obs, InForce(1, 4, 0.005), State(fit=MODEL), TICK)
+        assert decision.replicas > 1
+        assert decision.batch_size == 16
+        # at maxReplicas, over the SLA with all of them ready: the same
+        obs = seen(at=TICK, qps=2500, p99_ms=130, ready=4, batch=12)
+        decision, _ = decide(obs, POLICY, InForce(4, 12, 0.005), State(fit=MODEL), TICK)
+        assert (decision.replicas, decision.batch_size) == (4, 16)
+        assert "(the most full batches carry in time: 2500 rps is beyond the" in decision.reason
+        assert "while over the SLA" in decision.reason
+
+    def test_the_saturated_limit_leaves_out_batches_that_alone_break_the_sla(self) -> None:
+        # t(b) = 30 + 0.5·b ms: 64 rows carry the most (1,032 rps) but take 62 ms — one in
+        # flight and then one's own is 124 ms; 32 rows (46 ms, 92 ms) is the most that fits.
+        fixed = LatencyFit(alpha_s=0.030, beta_s=0.0005, confident=True)
+        policy = replace(POLICY, max_batch_size=64)
+        assert saturated_batch(fixed, policy, overhead_s=0.0) == 32
+        # 40 ms outside the batcher leaves 60 ms for two batches: 24 rows (42 ms each) do not fit
+        assert saturated_batch(fixed, policy, overhead_s=0.040) == 1
+        # where the time is all per row, every limit carries the same: the one in force stays
+        per_row = LatencyFit(alpha_s=0.0, beta_s=0.004, confident=True)
+        assert saturated_batch(per_row, policy, overhead_s=0.0, in_force=4) == 4
+
+    def test_a_limit_in_force_within_a_few_per_cent_of_the_best_stays(self) -> None:
+        # 4 + 2.5·b ms: 12 rows carry 353 rps, 16 rows (44 ms, 88 ms full) 364 — 3.0 % more
+        near = LatencyFit(alpha_s=0.004, beta_s=0.0025, confident=True)
+        assert saturated_batch(near, POLICY, overhead_s=0.0, in_force=12) == 12
+        # (and from a smaller one, 12: the smallest of those within 3 % of the most)
+        assert saturated_batch(near, POLICY, overhead_s=0.0, in_force=8) == 12
+        # 4 + 2·b ms: 16 rows carry 3.7 % more than 12
+        assert saturated_batch(MODEL, POLICY, overhead_s=0.0, in_force=12) == 16
 
 
 class TestRecurringBursts:

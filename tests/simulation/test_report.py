@@ -29,6 +29,7 @@ def record(t: float, *, p99_s: float = OK, replicas: int = 1) -> IntervalRecord:
         offered_rps=100.0,
         served_rps=100.0,
         shed_rps=0.0,
+        in_sla_rps=100.0,
         p99_s=p99_s,
         observed_p99_s=None,
         replicas=replicas,

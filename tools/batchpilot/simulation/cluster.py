@@ -705,6 +705,7 @@ def _records(
                 offered_rps=trace.mean(tick.start, end),
                 served_rps=truth.completed / span,
                 shed_rps=truth.shed / span,
+                in_sla_rps=truth.within_sla / span,
                 p99_s=truth.p99_s,
                 observed_p99_s=tick.observed_p99_s,
                 replicas=tick.replicas,

@@ -46,6 +46,9 @@ class IntervalRecord:
     """Mean rate of the trace over the interval."""
     served_rps: float
     shed_rps: float
+    in_sla_rps: float
+    """Requests a second that finished inside the SLA: past the ceiling, what was answered in
+    time."""
     p99_s: float
     """Exact P99 of the requests that finished in the interval (∞ if over 1 % were shed)."""
     observed_p99_s: float | None

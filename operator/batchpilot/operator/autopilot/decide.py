@@ -58,6 +58,7 @@ from batchpilot.operator.autopilot.capacity import (
     burst_batch,
     plan_capacity,
     rough_scale_down,
+    saturated_batch,
 )
 from batchpilot.operator.autopilot.ceiling import found_ceiling, kept_ceiling
 from batchpilot.operator.autopilot.explain import explain, judge, near_the_edge
@@ -97,7 +98,7 @@ from batchpilot.operator.autopilot.policy import (
     stored_delay_s,
 )
 from batchpilot.operator.autopilot.season import seasonal_forecast
-from batchpilot.operator.autopilot.service_model import LatencyFit
+from batchpilot.operator.autopilot.service_model import LatencyFit, sla_capacity
 from batchpilot.operator.autopilot.state import State
 from batchpilot.operator.autopilot.stragglers import hand_over
 from batchpilot.operator.autopilot.stragglers import judge as judge_pods
@@ -580,8 +581,26 @@ def decide(
             overhead_s=overhead or 0.0,
             in_force=current.batch_size,
         )
+        carried = max(1, ready) * sla_capacity(
+            model,
+            max_batch=absorbing,
+            delay_s=delay_s,
+            overhead_s=overhead or 0.0,
+            target_s=planning.sla_p99_s,
+        )
+        what = "the most a replica carries inside the SLA"
+        if rate > carried:
+            # Beyond what the ready replicas carry inside the SLA at any limit: P99 is lost for
+            # now, and the requests served in time are what full batches carry.
+            absorbing = saturated_batch(
+                model, planning, overhead_s=overhead or 0.0, in_force=current.batch_size
+            )
+            what = (
+                f"the most full batches carry in time: {rate:.0f} rps is beyond the "
+                f"{carried:.0f} the {max(1, ready)} ready carry inside the SLA"
+            )
         if absorbing != want_batch:
-            why += f"; batch ≤ {absorbing} (the most a replica carries inside the SLA) while " + (
+            why += f"; batch ≤ {absorbing} ({what}) while " + (
                 f"{replicas - ready} of {replicas} replicas start"
                 if replicas > ready
                 else "over the SLA"
