@@ -1,7 +1,8 @@
 """The autopilot on service physics the shipped traces do not use, beside the bounds.
 
     .venv/bin/python bench/physics_matrix.py --seed 5353 [--physics textbook,fixed,mid,big]
-        [--kinds ramp,step] [--retries attempts=3,delay_s=1] [--clump 4] [--cv 0.2]
+        [--kinds ramp,step | regimes,walk,sawtooth,spikes] [--retries attempts=3,delay_s=1]
+        [--clump 4] [--cv 0.2]
         [--rows 1:9,16:1 [--blind-rows]] [--basic-signals | --busy-signals] [--procs 2]
         [--json out.json]
 
@@ -15,7 +16,9 @@ a 300 ms SLA and a two-minute cold start; and two whose clients send several row
 (4 on the textbook's service, 8 on the fixed cost), where the rates count requests and the
 batches rows. Per trace: the share of 15 s intervals inside the SLA
 and GPU-seconds over the oracle's. Traces are generated from `--seed` (pick one the shipped
-files do not use); the objective is declared per kind as in `slo_matrix.py`. `--retries`: the
+files do not use); the objective is declared per kind as in `slo_matrix.py`. By default the eight
+kinds the autopilot was built against; `--kinds regimes,walk,sawtooth,spikes` runs four shapes
+none of them has (`slo_matrix.OTHER_SHAPES`). `--retries`: the
 clients send what is refused again (`batchpilot.simulation.clients`), for every policy alike;
 `--clump M`: requests arrive in clumps of mean size M, a clump's at once (`Trace.arrivals`);
 `--cv V`: every physics' batch times vary around t(b) by V (`ServiceTruth.cv`); `--rows MIX`:
@@ -44,7 +47,7 @@ from batchpilot.simulation.clients import Retries
 from batchpilot.simulation.cluster import ClusterConfig
 from batchpilot.simulation.generate import generate
 from batchpilot.simulation.service import ServiceTruth
-from slo_matrix import OBJECTIVE
+from slo_matrix import BURSTY, OBJECTIVE, SMOOTH
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=5353)
     parser.add_argument("--physics", default=",".join(PHYSICS), help=", ".join(PHYSICS))
-    parser.add_argument("--kinds", default=",".join(OBJECTIVE))
+    parser.add_argument("--kinds", default=",".join((*SMOOTH, *BURSTY)))
     parser.add_argument("--retries", default="", help="clients retry: attempts=3,delay_s=1,…")
     parser.add_argument("--clump", type=float, default=1.0, help="mean clump size (1: Poisson)")
     parser.add_argument("--cv", type=float, default=0.0, help="batch times' spread (0: exact)")

@@ -67,7 +67,20 @@ class TestEveryKind:
         assert generate.generate(name, 3, duration_s=4800)[-1][0] == 4800
 
     @pytest.mark.parametrize(
-        "name", ["onoff", "flash", "ramp", "realistic", "steps6", "pulses", "square"]
+        "name",
+        [
+            "onoff",
+            "flash",
+            "ramp",
+            "realistic",
+            "steps6",
+            "pulses",
+            "square",
+            "regimes",
+            "walk",
+            "sawtooth",
+            "spikes",
+        ],
     )
     def test_rates_scale_with_the_base(self, name: str) -> None:
         # Same seed, same draws: half the base gives half the rates (to the 0.1 rps rounding).
@@ -78,7 +91,7 @@ class TestEveryKind:
 
     def test_an_unknown_kind_or_parameter_is_refused(self) -> None:
         with pytest.raises(ValueError, match="unknown trace kind"):
-            generate.generate("sawtooth")
+            generate.generate("zigzag")
         with pytest.raises(ValueError, match="textbook takes no amplitude"):
             generate.generate("textbook", amplitude=2)
 
@@ -236,6 +249,74 @@ class TestSquare:
             generate.square(1, width_s=20.0)
 
 
+class TestRegimes:
+    @pytest.mark.parametrize("seed", SEEDS)
+    def test_levels_anywhere_in_the_range_held_minutes_at_no_rhythm(self, seed: int) -> None:
+        rows = generate.regimes(seed)
+        rates = [r for _, r in rows[:-1]]
+        assert all(400 / 3 - 0.1 <= r <= 400 * 3 + 0.1 for r in rates)
+        holds = [b[0] - a[0] for a, b in itertools.pairwise(rows)]
+        assert min(holds[:-1]) >= 20  # (the last is cut by the trace's end)
+        assert len(rows) >= 6  # regimes of ~4 minutes in an hour
+        assert len(set(holds)) > len(holds) // 2  # no period to learn
+
+    def test_steps_both_ways_of_several_times(self) -> None:
+        ratios = [b / a for (_, a), (_, b) in itertools.pairwise(generate.regimes(1)[:-1])]
+        assert max(ratios) > 2
+        assert min(ratios) < 0.5
+
+
+class TestWalk:
+    @pytest.mark.parametrize("seed", SEEDS)
+    def test_small_steps_every_10_s_within_the_bounds(self, seed: int) -> None:
+        rows = generate.walk(seed)
+        assert [t for t, _ in rows[:-1]] == [float(t) for t in range(0, 3600, 10)]
+        assert all(80 - 0.1 <= r <= 2000 + 0.1 for _, r in rows)
+        steps = [math.log(b / a) for (_, a), (_, b) in itertools.pairwise(rows[:-1])]
+        assert max(abs(x) for x in steps) < 5 * 0.05 + 0.01
+        assert 0.03 < float(sum(x * x for x in steps) / len(steps)) ** 0.5 < 0.07
+
+    def test_it_drifts_with_no_level_to_return_to(self) -> None:
+        means = [sum(r for _, r in generate.walk(seed)[:-1]) / 360 for seed in SEEDS]
+        assert max(means) / min(means) > 1.5
+
+
+class TestSawtooth:
+    @pytest.mark.parametrize("seed", SEEDS)
+    def test_a_linear_rise_every_period_then_a_drop(self, seed: int) -> None:
+        rows = generate.sawtooth(seed)
+        rates = [r for _, r in rows[:-1]]
+        assert all(200 - 0.1 <= r <= 1000 + 0.1 for r in rates)
+        drops = [t for (_, a), (t, b) in itertools.pairwise(rows[:-1]) if b < a]
+        assert all(b - a == 300 for a, b in itertools.pairwise(drops))
+        assert len(drops) in (11, 12)
+        rises = [b - a for (_, a), (_, b) in itertools.pairwise(rows[:-1]) if b > a]
+        assert all(abs(x - 800 * 5 / 300) <= 0.2 for x in rises)
+
+    def test_a_period_under_30_s_is_refused(self) -> None:
+        with pytest.raises(ValueError, match="at least 30 s"):
+            generate.sawtooth(1, period_s=20)
+
+
+class TestSpikes:
+    @pytest.mark.parametrize("seed", SEEDS)
+    def test_short_spikes_of_heavy_tailed_height_on_a_flat_base(self, seed: int) -> None:
+        rows = generate.spikes(seed)
+        spans = [(a[0], b[0] - a[0], a[1]) for a, b in itertools.pairwise(rows)]
+        spikes = [(t, width, r) for t, width, r in spans if r > 300]
+        assert all(r == 300 for _, _, r in spans if r <= 300)
+        assert all(5 <= width <= 60 for t, width, _ in spikes if t + width < 3600)
+        assert all(300 < r <= 6 * 300 for _, _, r in spikes)
+        assert spans[0][:2] == (0.0, 60.0)
+        assert 8 <= len(spikes) <= 40
+
+    def test_most_spikes_small_a_few_near_the_top(self) -> None:
+        heights = [r / 300 for seed in SEEDS for _, r in generate.spikes(seed) if r > 300]
+        small = sum(h < 2 for h in heights)
+        assert small > len(heights) / 2
+        assert max(heights) >= 4
+
+
 class TestDaily:
     @staticmethod
     def job_starts(rows: generate.Rows) -> list[float]:
@@ -314,7 +395,7 @@ class TestSimulateTraceGen:
     @pytest.mark.parametrize(
         "argv",
         [
-            ["--trace-gen", "sawtooth"],
+            ["--trace-gen", "zigzag"],
             ["--trace-gen", "onoff:x"],
             ["--trace-gen", "onoff", "--trace", "x.csv"],
             [],

@@ -19,7 +19,11 @@ exactly as in the CSV. The kinds:
 - `daily` — several compressed days alike but not equal: the same scheduled job (a 6x step for
   10 minutes) at about the same time every day, unscheduled flash crowds on some days — the
   traffic a seasonal forecast is for; `scheduled=0` moves the job to a random time each day, the
-  same traffic without the pattern.
+  same traffic without the pattern;
+- `regimes`, `walk`, `sawtooth`, `spikes` — shapes none of the above has, for judging the
+  autopilot on traffic it was not tuned on: levels switching at no rhythm (a Markov-modulated
+  rate), a geometric random walk, a rise that never settles with a drop every period, and
+  heavy-tailed spikes.
 
 The newer kinds take `amplitude` (how many times `base_rps` the traffic peaks at) and round times
 to whole seconds and rates to 0.1 rps, so a generated trace equals its CSV exactly.
@@ -485,6 +489,125 @@ def daily(
     return out.done()
 
 
+# --- shapes no kind above has: for judging on traffic the autopilot was not tuned on -------------
+
+
+REGIME_MEAN_S = 240.0
+"""The mean time a regime of `regimes` holds (exponential), each at least `REGIME_MIN_S`."""
+REGIME_MIN_S = 20
+
+
+def regimes(
+    seed: int,
+    *,
+    duration_s: float = 3600.0,
+    base_rps: float = 400.0,
+    amplitude: float = 3.0,
+) -> Rows:
+    """Regime switching (a Markov-modulated Poisson process's rate): levels drawn log-uniformly
+    between `base_rps` / `amplitude` and `base_rps` · `amplitude`, each held an exponential time
+    of mean 4 minutes (at least 20 s), the next independent of the last — steps up and down of
+    any size, at no rhythm a history could learn."""
+    if amplitude < 1:
+        raise ValueError("regimes: the amplitude is at least 1")
+    rng = np.random.default_rng(seed)
+    out = _Rows(duration_s)
+    low, high = math.log(base_rps / amplitude), math.log(base_rps * amplitude)
+    t = 0.0
+    while t < out.end:
+        out.add(t, math.exp(float(rng.uniform(low, high))))
+        t += REGIME_MIN_S + int(rng.exponential(REGIME_MEAN_S))
+    return out.done()
+
+
+WALK_STEP_S = 10
+WALK_SIGMA = 0.05
+"""The log-rate's step every `WALK_STEP_S`: normal, this standard deviation."""
+
+
+def walk(
+    seed: int,
+    *,
+    duration_s: float = 3600.0,
+    base_rps: float = 400.0,
+    amplitude: float = 5.0,
+) -> Rows:
+    """A geometric random walk: from `base_rps`, every 10 s the log-rate takes a normal step of
+    standard deviation 0.05 (±5 % a step; over an hour the typical drift is a factor of about
+    2.6 either way), reflected within `base_rps` / `amplitude` and `base_rps` · `amplitude` — a
+    load with no level to return to."""
+    if amplitude < 1:
+        raise ValueError("walk: the amplitude is at least 1")
+    rng = np.random.default_rng(seed)
+    out = _Rows(duration_s)
+    low, high = math.log(base_rps / amplitude), math.log(base_rps * amplitude)
+    x = math.log(base_rps)
+    for t in range(0, int(out.end), WALK_STEP_S):
+        out.add(t, math.exp(x))
+        x += float(rng.normal(0.0, WALK_SIGMA))
+        if x > high:
+            x = 2 * high - x
+        if x < low:
+            x = 2 * low - x
+    return out.done()
+
+
+def sawtooth(
+    seed: int,
+    *,
+    duration_s: float = 3600.0,
+    base_rps: float = 200.0,
+    amplitude: float = 5.0,
+    period_s: float = 300.0,
+) -> Rows:
+    """A sawtooth: a linear rise from `base_rps` to `amplitude` times it over each period (a row
+    every 5 s), then a drop to the base at once; the seed picks the phase. A rise that never
+    settles and a fall that comes at once, every period."""
+    if amplitude < 1:
+        raise ValueError("sawtooth: the amplitude is at least 1")
+    if period_s < 30:
+        raise ValueError("sawtooth: the period is at least 30 s")
+    rng = np.random.default_rng(seed)
+    out = _Rows(duration_s)
+    phase = float(rng.uniform(0, period_s))
+    for t in range(0, int(out.end), 5):
+        into = ((t + phase) % period_s) / period_s
+        out.add(t, base_rps * (1 + (amplitude - 1) * into))
+    return out.done()
+
+
+SPIKE_WIDTH_S = (5, 60)
+SPIKE_GAP_MEAN_S = 150.0
+SPIKE_SHAPE = 1.5
+"""The Pareto shape of the spikes' heights above the base: heavy-tailed, most small, a few huge."""
+
+
+def spikes(
+    seed: int,
+    *,
+    duration_s: float = 3600.0,
+    base_rps: float = 300.0,
+    amplitude: float = 6.0,
+) -> Rows:
+    """Heavy-tailed spikes on a flat base: after the first minute, spikes 5-60 s wide, gaps of an
+    exponential time (mean 150 s, at least 10 s), each `base_rps` times 1 + a Pareto(1.5) draw,
+    at most `amplitude` — most spikes small, a few as high as the amplitude, unrelated in height
+    to the ones before them."""
+    if amplitude < 1:
+        raise ValueError("spikes: the amplitude is at least 1")
+    rng = np.random.default_rng(seed)
+    out = _Rows(duration_s)
+    out.add(0, base_rps)
+    t = 60.0
+    while t < out.end:
+        height = min(amplitude, 1 + float(rng.pareto(SPIKE_SHAPE)))
+        width = int(rng.integers(SPIKE_WIDTH_S[0], SPIKE_WIDTH_S[1] + 1))
+        out.add(t, base_rps * height)
+        out.add(t + width, base_rps)
+        t += width + 10 + int(rng.exponential(SPIKE_GAP_MEAN_S))
+    return out.done()
+
+
 # --- the catalogue and the writer -------------------------------------------------------------
 
 
@@ -514,6 +637,10 @@ KINDS: dict[str, Kind] = {
     "daily": Kind(daily, 6, "compressed days alike: a scheduled job at the same time each day"),
     "pulses": Kind(pulses, 7, "second-long pulses of 3x recurring every 15 s"),
     "square": Kind(square, 8, "a square wave: 10x for 10 s of every 20 s"),
+    "regimes": Kind(regimes, 9, "regime switching: levels of 1/3-3x held ~4 min, no rhythm"),
+    "walk": Kind(walk, 10, "a geometric random walk, ±5 % every 10 s, within 1/5-5x"),
+    "sawtooth": Kind(sawtooth, 11, "a linear rise 1 → 5x over 5 minutes, then a drop, again"),
+    "spikes": Kind(spikes, 12, "heavy-tailed spikes of 5-60 s, Pareto heights up to 6x"),
 }
 
 
