@@ -56,6 +56,15 @@ the capacities of neighbouring limits differ by less than the noise of the arriv
 clumping moves them: a limit retuned on every tick (4 → 6 → 4 as the clumping read 1.5× then
 1.3× Poisson's) kept the guard from ever judging the window, at 0 % of intervals inside the SLA."""
 
+SATURATED_GAIN = 0.05
+"""Past the ceiling, a limit other than the one in force must carry this much more at full
+batches to replace it. Not `RETUNE_GAIN`: there every tenth is requests answered in time (10 +
+1·b ms behind 5 ms: 24 rows carry 706 rps a replica, 32 rows 762, 8 % more). Not
+`BATCH_STICKINESS_GAIN`: where a batch's time is mostly per row, full batches of neighbouring
+limits differ by a few per cent, and the fit's α, moving by a few tenths of a millisecond from
+window to window, reorders them (1 + 8·b ms with batch times varying by 40 %: the limit went
+3 → 4 → 2 → 3 → 1 → 2 → 3 over ten minutes of one overload at 3 %)."""
+
 
 def batch_candidates(max_batch: int) -> list[int]:
     """Batch limits worth comparing: 1, 2, 3, 4, 6, 8, 12, 16, … up to the ceiling."""
@@ -241,32 +250,43 @@ def saturated_batch(
     model: LatencyFit,
     policy: Policy,
     *,
+    delay_s: float,
     overhead_s: float,
     in_force: int | None = None,
-) -> int:
-    """The batch limit whose full batches, back to back, carry the most (`LatencyFit.capacity`),
-    among those whose full batches alone (one in flight, then one's own) stay inside the SLA:
-    the limit for a load beyond what the ready replicas carry inside the SLA at any limit. The
-    queue is then never empty, the runtime refuses what would finish late, and what is served in
-    time is what full batches carry — where batch time is mostly per row, a larger limit than
-    the one that keeps P99 lowest below saturation (ResNet-50's 1.52 + 2.25·b ms behind 40 ms:
-    12 rows carry 421 rps, 6 rows 400). `in_force` stays unless the best carries
-    `BATCH_STICKINESS_GAIN` more."""
+) -> tuple[int, float]:
+    """(the batch limit for a load beyond what the replicas carry inside the SLA at any limit,
+    the most one replica carries inside the SLA at any limit). Past that point the queue is
+    never empty, the runtime refuses what would finish late, and what is answered in time is
+    what full batches carry: among the limits that carry within `BATCH_STICKINESS` of the most
+    inside the SLA (so batch times that vary and arrivals that clump, which the SLA capacity
+    counts, still bound the choice) and whose full batches alone fit it, the one whose full
+    batches carry the most (`LatencyFit.capacity`). `in_force` stays where its full batches fit
+    the SLA and carry within `SATURATED_GAIN` of that limit's."""
     candidates = limits(model, policy.max_batch_size)
-    best, most = candidates[0], model.capacity(candidates[0])
-    kept = -1.0
+    inside: dict[int, float] = {}
     for batch in candidates:
         too_long = overhead_s + 2 * model.batch_seconds(batch) > policy.sla_p99_s
         if batch > candidates[0] and too_long:
             continue
-        carried = model.capacity(batch)
-        if batch == in_force:
-            kept = carried
-        if carried > most * (1 + BATCH_STICKINESS_GAIN):
-            best, most = batch, carried
-    if in_force is not None and kept * (1 + BATCH_STICKINESS_GAIN) >= most:
-        return in_force
-    return best
+        inside[batch] = sla_capacity(
+            model,
+            max_batch=batch,
+            delay_s=delay_s,
+            overhead_s=overhead_s,
+            target_s=policy.sla_p99_s,
+        )
+    most = max(inside.values())
+    near = [batch for batch, rate in inside.items() if rate >= BATCH_STICKINESS * most]
+    best = max(near, key=lambda batch: (model.capacity(batch), -batch))
+    # The limit in force stays while its full batches fit, whatever it carries inside the SLA
+    # now: past the ceiling the fit's spread and the clumping are read from windows of refused
+    # requests, and the capacities inside the SLA they give move by a tenth and more from
+    # window to window (which would take it in and out of the set on every tick).
+    if in_force in inside and model.capacity(in_force) * (1 + SATURATED_GAIN) >= (
+        model.capacity(best)
+    ):
+        return in_force, most
+    return best, most
 
 
 def absorbed_rise(
