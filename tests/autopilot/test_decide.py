@@ -1792,6 +1792,18 @@ class TestBurstAbsorber:
         decision, _ = decide(obs, POLICY, InForce(4, 12, 0.005), State(fit=MODEL), TICK)
         assert decision.batch_size == 12
         assert "full batches" not in decision.reason
+        # nor with a twentieth refused: a load truly a quarter beyond leaves a tenth or more
+        # unanswered (t(b) = 10 + 1·b ms behind 5 ms at 24 rows, 4,000 rps offered)
+        mid = LatencyFit(alpha_s=0.010, beta_s=0.001, confident=True)
+        for refused, beyond in ((200, False), (480, True)):
+            obs = replace(
+                seen(at=TICK, qps=4000 - refused, rejected=refused, p99_ms=130, ready=4, batch=24),
+                compute=(ComputePoint(24, mid.batch_seconds(24), 1000),),
+            )
+            state = State(fit=mid, overhead_s=0.005)
+            decision, _ = decide(obs, POLICY, InForce(4, 24, 0.005), state, TICK)
+            assert ("full batches" in decision.reason) is beyond, refused
+            assert decision.batch_size == (32 if beyond else 24)
 
     def test_back_below_the_ceiling_the_saturated_limit_stays(self) -> None:
         # The load falls back under what the replicas carry: the limit taken beyond the ceiling
