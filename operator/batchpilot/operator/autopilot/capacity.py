@@ -223,20 +223,11 @@ def burst_batch(
     what a replica carries at most while others start. Limits whose full batches alone would
     break the SLA are left out, as in the plan. `in_force` stays unless the best carries
     `RETUNE_GAIN` more."""
-    candidates = limits(model, policy.max_batch_size)
-    best, most = candidates[0], -1.0
+    best, most = -1, -1.0
     kept = -1.0
-    for batch in candidates:
-        too_long = overhead_s + 2 * model.batch_seconds(batch) > policy.sla_p99_s
-        if batch > candidates[0] and too_long:
-            continue
-        capacity = sla_capacity(
-            model,
-            max_batch=batch,
-            delay_s=delay_s,
-            overhead_s=overhead_s,
-            target_s=policy.sla_p99_s,
-        )
+    for batch, capacity in inside_the_sla(
+        model, policy, delay_s=delay_s, overhead_s=overhead_s
+    ).items():
         if batch == in_force:
             kept = capacity
         if capacity > most * (1 + BATCH_STICKINESS_GAIN):
@@ -244,6 +235,28 @@ def burst_batch(
     if in_force is not None and kept * (1 + RETUNE_GAIN) >= most:
         return in_force
     return best
+
+
+def inside_the_sla(
+    model: LatencyFit, policy: Policy, *, delay_s: float, overhead_s: float
+) -> dict[int, float]:
+    """What one replica carries inside the SLA itself at each candidate limit, in increasing
+    order, leaving out the limits whose full batches alone (one in flight, then one's own) would
+    break it — but the smallest, which a request always has."""
+    candidates = limits(model, policy.max_batch_size)
+    inside: dict[int, float] = {}
+    for batch in candidates:
+        too_long = overhead_s + 2 * model.batch_seconds(batch) > policy.sla_p99_s
+        if batch > candidates[0] and too_long:
+            continue
+        inside[batch] = sla_capacity(
+            model,
+            max_batch=batch,
+            delay_s=delay_s,
+            overhead_s=overhead_s,
+            target_s=policy.sla_p99_s,
+        )
+    return inside
 
 
 def saturated_batch(
@@ -262,19 +275,7 @@ def saturated_batch(
     counts, still bound the choice) and whose full batches alone fit it, the one whose full
     batches carry the most (`LatencyFit.capacity`). `in_force` stays where its full batches fit
     the SLA and carry within `SATURATED_GAIN` of that limit's."""
-    candidates = limits(model, policy.max_batch_size)
-    inside: dict[int, float] = {}
-    for batch in candidates:
-        too_long = overhead_s + 2 * model.batch_seconds(batch) > policy.sla_p99_s
-        if batch > candidates[0] and too_long:
-            continue
-        inside[batch] = sla_capacity(
-            model,
-            max_batch=batch,
-            delay_s=delay_s,
-            overhead_s=overhead_s,
-            target_s=policy.sla_p99_s,
-        )
+    inside = inside_the_sla(model, policy, delay_s=delay_s, overhead_s=overhead_s)
     most = max(inside.values())
     near = [batch for batch, rate in inside.items() if rate >= BATCH_STICKINESS * most]
     best = max(near, key=lambda batch: (model.capacity(batch), -batch))
