@@ -587,7 +587,8 @@ def decide(
     ):
         # 7. Absorb: until the new replicas take traffic, the ready ones carry it all; and over
         # the SLA, capacity is not given back. The batch limit moves in seconds and costs
-        # nothing: the one with the most capacity inside the SLA itself.
+        # nothing: the one with the most capacity inside the SLA itself — or, far beyond the
+        # ceiling, the one whose full batches answer the most in time.
         absorbing = burst_batch(
             model,
             planning,
@@ -595,32 +596,31 @@ def decide(
             overhead_s=overhead or 0.0,
             in_force=current.batch_size,
         )
-        limit, most = saturated_batch(
-            model,
-            planning,
-            delay_s=delay_s,
-            overhead_s=overhead or 0.0,
-            in_force=current.batch_size,
-        )
-        carried = max(1, ready) * most
         what = "the most a replica carries inside the SLA"
         if (
             ready >= replicas >= planning.max_replicas
             and model.confident
-            and rate > BEYOND * carried
             and observation.unserved_share > BEYOND_REFUSED
         ):
-            # Every replica maxReplicas allows ready, refusing a tenth, the load far beyond what
-            # they carry inside the SLA at any limit: the SLA is lost until the load falls
-            # whatever the limit, and the requests answered in time are what full batches
-            # carry. (Nearer the ceiling a smaller limit still wins some windows; below it,
-            # replicas on the way bring the SLA back; a rough model's batch times at larger
-            # limits are a guess.)
-            absorbing = limit
-            what = (
-                f"the most full batches carry in time: {rate:.0f} rps is far beyond the "
-                f"{carried:.0f} the {ready} replicas carry inside the SLA at any limit"
+            limit, most = saturated_batch(
+                model,
+                planning,
+                delay_s=delay_s,
+                overhead_s=overhead or 0.0,
+                in_force=current.batch_size,
             )
+            if rate > BEYOND * ready * most:
+                # Every replica maxReplicas allows ready, refusing a tenth, the load far beyond
+                # what they carry inside the SLA at any limit: the SLA is lost until the load
+                # falls whatever the limit, and the requests answered in time are what full
+                # batches carry. (Nearer the ceiling a smaller limit still wins some windows;
+                # below it, replicas on the way bring the SLA back; a rough model's batch times
+                # at larger limits are a guess.)
+                absorbing = limit
+                what = (
+                    f"the most full batches carry in time: {rate:.0f} rps is far beyond the "
+                    f"{ready * most:.0f} the {ready} replicas carry inside the SLA at any limit"
+                )
         if absorbing != want_batch:
             why += f"; batch ≤ {absorbing} ({what}) while " + (
                 f"{replicas - ready} of {replicas} replicas start"
