@@ -21,6 +21,7 @@ import argparse
 import json
 import sys
 import time
+from functools import cache
 from multiprocessing import Pool
 from pathlib import Path
 
@@ -38,6 +39,7 @@ LEVELS = (0.5, 1.5, 0.7, 3.0, 0.5)
 POLICIES: tuple[PolicyName, ...] = ("autopilot", "reactive", "oracle")
 
 
+@cache
 def ceiling(name: str, replicas: int) -> float:
     """Requests a second `replicas` replicas carry inside the SLA at their best batch limit (a
     request of several rows counted once, as the trace counts it)."""
