@@ -10,7 +10,9 @@ service whose series are missing holds alone, and a service whose writes fail is
 retried next interval while the others go on.
 
 Which services: those in `auto` or `recommend` mode (`autopiloted`), from kopf's watch-fed
-index — no list call per round.
+index — no list call per round. Until kopf has listed the fleet (an operator that starts, or a
+standby that takes the lead), the loop lists the services itself (handlers.py, `fleet_loop`), and
+those rounds hold their Events (`hold_events`): kopf's Event queue is only there for its handlers.
 
 Where the round lacks a service's signals — Prometheus did not answer, or answered without that
 service's series — it reads the service's pods first (`Autopilot.prime`: each service in auto
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -95,10 +98,19 @@ class FleetPilot:
         self._clock = clock
         self._sleep = sleep
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="autopilot")
+        self._held: list[tuple[dict[str, Any], list[Event]]] = []
+        """Events of rounds that could not post them, posted by the next round that can."""
+        self._held_lock = threading.Lock()
 
-    def run_round(self, services: Iterable[tuple[str, str]]) -> RoundReport:
-        """Observe every service at once, then tick each of `services` (namespace, name)."""
+    def run_round(
+        self, services: Iterable[tuple[str, str]], *, hold_events: bool = False
+    ) -> RoundReport:
+        """Observe every service at once, then tick each of `services` (namespace, name).
+        `hold_events`: keep the ticks' Events for the next round without it, which posts them
+        first (this round runs where they cannot be posted)."""
         keys = list(services)
+        if not hold_events:
+            self._post_held()
         if not keys:
             return RoundReport(0, 0, 0, reading=None)
         answers = self._observer.round()
@@ -110,10 +122,10 @@ class FleetPilot:
         # The services Prometheus answered for tick at once; those whose pods were read wait
         # for the first window from the first read.
         waits = set(lacking) if primed else set()
-        futures = [self._submit(key, answers) for key in keys if key not in waits]
+        futures = [self._submit(key, answers, hold_events) for key in keys if key not in waits]
         if primed:
             self._sleep(max(0.0, started + self._first_window_s - self._clock()))
-        futures += [self._submit(key, answers) for key in keys if key in waits]
+        futures += [self._submit(key, answers, hold_events) for key in keys if key in waits]
         outcomes = [future.result() for future in futures]
         self._pilot.forget(keys)  # what waits for services gone from the round goes too
         return RoundReport(
@@ -125,12 +137,21 @@ class FleetPilot:
             primed=primed,
         )
 
-    def _submit(self, key: tuple[str, str], answers: FleetRound) -> Future[bool]:
+    def _submit(self, key: tuple[str, str], answers: FleetRound, hold_events: bool) -> Future[bool]:
         # Each tick in the caller's context (kopf's: its Events need it), copied per tick.
         namespace, name = key
         return self._pool.submit(
-            contextvars.copy_context().run, self._tick, namespace, name, answers
+            contextvars.copy_context().run, self._tick, namespace, name, answers, hold_events
         )
+
+    def _post_held(self) -> None:
+        with self._held_lock:
+            held, self._held = self._held, []
+        for body, events in held:
+            try:
+                self._post(body, events)
+            except Exception:  # an Event is a report: losing one must not cost the round
+                log.exception("posting the Events of an earlier round failed")
 
     def _prime(self, keys: list[tuple[str, str]]) -> int:
         """Read the pods of each of `keys` (services whose signals this round lacks) that has no
@@ -147,7 +168,7 @@ class FleetPilot:
             log.exception("reading the pods of %s/%s failed", *key)
             return False
 
-    def _tick(self, namespace: str, name: str, answers: FleetRound) -> bool:
+    def _tick(self, namespace: str, name: str, answers: FleetRound, hold_events: bool) -> bool:
         def tick(body: dict[str, Any]) -> TickResult:
             return self._pilot.prepare(body, observe=answers.observe)
 
@@ -160,8 +181,12 @@ class FleetPilot:
         except Exception:  # one service's bug must not stop the fleet's round
             log.exception("the autopilot's tick for %s/%s failed", namespace, name)
             return False
-        if ran is not None:
-            self._post(ran.body, ran.outcome.events)
+        if ran is not None and ran.outcome.events:
+            if hold_events:
+                with self._held_lock:
+                    self._held.append((ran.body, ran.outcome.events))
+            else:
+                self._post(ran.body, ran.outcome.events)
         return True
 
     def close(self) -> None:

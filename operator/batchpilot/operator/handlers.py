@@ -54,10 +54,21 @@ from batchpilot.operator.reconciler import ReconcileOutcome, Reconciler
 from batchpilot.operator.rollout import pod_trouble
 from batchpilot.operator.settings import OperatorSettings
 from batchpilot.operator.spec import GROUP, PLURAL, VERSION
+from batchpilot.operator.stock import take_stock
 
 log = logging.getLogger(__name__)
 ANNOTATION_PREFIX = "batchpilot.io"
 _SETTINGS = OperatorSettings()
+_WATCHED: list[str] = []
+"""The namespaces kopf is told to watch (none: every one): `watching`."""
+
+
+def watching(namespaces: list[str]) -> None:
+    """Say which namespaces kopf watches (`kopf.operator(namespaces=…)`; none: every one), for
+    the autopilot's own list of the fleet before kopf's (stock.py)."""
+    _WATCHED[:] = namespaces
+
+
 kopf_gate.install()  # kopf's start-up gate, linear in the objects it lists (kopf_gate.py)
 
 
@@ -230,28 +241,37 @@ async def fleet_loop(
     interval: float,
     context: Callable[[], contextvars.Context | None] = lambda: None,
     known: Callable[[], bool] = lambda: True,
+    listed: Callable[[], list[tuple[str, str]] | None] = lambda: None,
 ) -> None:
     """One round per interval, for as long as the operator runs (cancelled at cleanup). A round
     longer than the interval delays the next, never overlaps it. `context`: the one to run
     rounds in (None: the loop's own).
 
-    The first round waits until `known()` — kopf has listed the fleet — and no longer: it is
-    looked at every `FLEET_KNOWN_POLL_S`. The loop starts with the operator, before kopf's first
-    lists; a round then would find no service and wait a whole interval, and a leader that takes
-    over (its predecessor died, or rolled) would leave every service without a decision for that
-    interval on top of the Lease's expiry."""
+    The loop starts with the operator, before kopf has listed the fleet (`known()`), and an
+    operator that takes the lead over a fleet under load must not leave it without a decision
+    while kopf lists it (17 s at 1,000 services). Until then each round is over `listed()` —
+    the services as the operator lists them itself (stock.py) — its Events held for the first
+    round in kopf's context. Where `listed()` cannot (None), the first round waits until
+    `known()`, looked at every `FLEET_KNOWN_POLL_S`, and no longer: a round then would find no
+    service and wait a whole interval."""
     loop = asyncio.get_running_loop()
-    while True:  # `known` is set from kopf's handler threads: looked at, not awaited
-        if known():
-            break
-        await asyncio.sleep(FLEET_KNOWN_POLL_S)
     while True:
         started = loop.time()
-        keys = list(services)  # a snapshot, taken in kopf's loop that updates it
+        early = not known()  # set from kopf's handler threads: looked at, not awaited
+        keys: list[tuple[str, str]] | None = None
+        if early:
+            keys = await asyncio.to_thread(listed)
+            if keys is None:
+                await _until(known)
+                started, early = loop.time(), False
+        if keys is None:
+            keys = list(services)  # a snapshot, taken in kopf's loop that updates it
         try:
             if keys:
                 run = (context() or contextvars.copy_context()).copy()
-                report = await asyncio.to_thread(run.run, fleet.run_round, keys)
+                report = await asyncio.to_thread(
+                    run.run, functools.partial(fleet.run_round, keys, hold_events=early)
+                )
                 took = loop.time() - started
                 telemetry.ran(
                     telemetry.Round(
@@ -264,17 +284,29 @@ async def fleet_loop(
                 log.log(
                     logging.WARNING if took > interval else logging.INFO,
                     "autopilot round: %d services, %d ticked, %d failed, Prometheus %s, "
-                    "%.2f s of a %g s interval",
+                    "%.2f s of a %g s interval%s",
                     report.services,
                     report.ticked,
                     report.failed,
                     _prometheus_said(report),
                     took,
                     interval,
+                    " (kopf's lists not in yet: the fleet as the operator listed it)"
+                    if early
+                    else "",
                 )
         except Exception:  # the loop outlives any one round
             log.exception("the autopilot's round failed")
         await asyncio.sleep(max(0.0, interval - (loop.time() - started)))
+
+
+async def _until(known: Callable[[], bool]) -> None:
+    """Until `known()`, looked at every `FLEET_KNOWN_POLL_S` (set from kopf's handler threads:
+    nothing to await)."""
+    while True:
+        if known():
+            return
+        await asyncio.sleep(FLEET_KNOWN_POLL_S)
 
 
 @kopf.on.startup()
@@ -296,6 +328,7 @@ async def start_autopilot(memo: kopf.Memo, **kwargs: Any) -> None:
             # The first handler has run: kopf runs none before every index has had its
             # initial list, so the `piloted` index holds the whole fleet.
             known=lambda: "handler" in memo.contexts,
+            listed=functools.partial(take_stock, memo.cache, _WATCHED),
         )
     )
 
@@ -480,6 +513,10 @@ def _relisted(
         return
     gone = cache.relisted(kind, namespace, listed, version)
     if not gone or kind not in CHILD_KINDS or "passes" not in memo:
+        return
+    if not cache.synced:
+        # kopf's initial lists, what the autopilot's own list (stock.py) held and they do not
+        # show: every InferenceService is reconciled once they are in (kopf's resume handler).
         return
     owners: set[tuple[str, str]] = set()
     for obj in gone:

@@ -15,8 +15,11 @@ class ResourceKind:
     group_version: str
     plural: str
 
-    def collection(self, namespace: str) -> str:
+    def collection(self, namespace: str | None) -> str:
+        """The kind's objects in `namespace`; None: in every namespace (a list's path only)."""
         prefix = "/api/v1" if self.group_version == "v1" else f"/apis/{self.group_version}"
+        if namespace is None:
+            return f"{prefix}/{self.plural}"
         return f"{prefix}/namespaces/{namespace}/{self.plural}"
 
 

@@ -14,7 +14,7 @@ import os
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -29,6 +29,8 @@ API_FAILED = "batchpilot_api_failed"
 it is unwell (`KubeError.outage`): the `KubeError`. The operator's log reads it (outage_log.py)."""
 API_ANSWERED = "batchpilot_api_answered"
 """The attribute (True) of the client's DEBUG record of the first answer after such a failure."""
+LIST_PAGE = 500
+"""Objects a list asks for at once (`limit`), the rest by `continue`: client-go's pager's page."""
 _asking: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "batchpilot_kube_asking", default=False
 )
@@ -242,13 +244,28 @@ class KubeClient:
         return result
 
     def list_objects(
-        self, kind: ResourceKind, namespace: str, selector: dict[str, str]
+        self, kind: ResourceKind, namespace: str | None, selector: Mapping[str, str | None]
     ) -> list[dict[str, Any]]:
-        query = urllib.parse.urlencode(
-            {"labelSelector": ",".join(f"{k}={v}" for k, v in sorted(selector.items()))}
-        )
-        result = self._call("GET", f"{kind.collection(namespace)}?{query}")
-        return list((result or {}).get("items", []))
+        """The objects of `kind` in `namespace` (None: every namespace) with every label of
+        `selector` (a value of None: the label, whatever its value), a page of `LIST_PAGE` at a
+        time (each page a request an API server answers without holding its whole list in one
+        response)."""
+        items: list[dict[str, Any]] = []
+        labels = ",".join(k if v is None else f"{k}={v}" for k, v in sorted(selector.items()))
+        follow = ""
+        while True:
+            params = {"limit": str(LIST_PAGE)}
+            if labels:
+                params["labelSelector"] = labels
+            if follow:
+                params["continue"] = follow
+            result = self._call(
+                "GET", f"{kind.collection(namespace)}?{urllib.parse.urlencode(params)}"
+            )
+            items.extend((result or {}).get("items", []))
+            follow = ((result or {}).get("metadata") or {}).get("continue") or ""
+            if not follow:
+                return items
 
     def ready_pod_endpoints(self, namespace: str, selector: dict[str, str]) -> list[str]:
         return ready_pod_endpoints(self.list_objects(POD, namespace, selector))

@@ -88,7 +88,7 @@ def main(args: argparse.Namespace) -> int:
             served.server_port,
         )
     namespaces = args.namespace or settings.namespaces
-    del handlers  # imported for its handler registrations
+    handlers.watching(namespaces)  # imported for its handler registrations, and told this
     leader_elect = args.leader_elect
     if leader_elect is None:
         leader_elect = settings.leader_election

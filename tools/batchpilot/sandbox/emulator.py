@@ -24,6 +24,7 @@ from multidict import CIMultiDict
 
 from batchpilot.sandbox import (
     admission,
+    chunking,
     conversions,
     discovery,
     errors,
@@ -333,7 +334,8 @@ class SandboxEmulator(kmock.KubernetesEmulator):
                 if watching:
                     return self._watch(rt, ns, params, labels, fields, output)
                 items, version = store.list_objects(rt, ns, labels=labels, fields=fields)
-                return self._render_list(rt, items, version, output, params)
+                items, more = chunking.page(items, version, params)
+                return self._render_list(rt, items, version, output, params, more)
             if sub == "scale":
                 return self._json(store.get_scale(rt, ns, name))
             return self._render_one(rt, store.get(rt, ns, name), output, params)
@@ -467,23 +469,28 @@ class SandboxEmulator(kmock.KubernetesEmulator):
         version: int,
         output: negotiation.Output,
         params: Mapping[str, str],
+        more: Mapping[str, Any] | None = None,
     ) -> aiohttp.web.Response:
+        """A list, or a page of one: `more` is what its metadata says of the rest (chunking)."""
+        meta = {"resourceVersion": str(version), **(more or {})}
         match output.representation:
             case "table":
-                return self._json(self._table(rt, items, str(version), output, params))
+                table = self._table(rt, items, str(version), output, params)
+                table.setdefault("metadata", {}).update(more or {})
+                return self._json(table)
             case "partial":
                 return self._json(
                     {
                         "kind": "PartialObjectMetadataList",
                         "apiVersion": output.api_version,
-                        "metadata": {"resourceVersion": str(version)},
+                        "metadata": meta,
                         "items": [self._partial(item, output) for item in items],
                     }
                 )
         document = {
             "kind": rt.list_kind,
             "apiVersion": rt.api_version,
-            "metadata": {"resourceVersion": str(version)},
+            "metadata": meta,
             "items": items,
         }
         return self._render_document(document, output)
