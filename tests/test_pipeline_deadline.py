@@ -1,10 +1,14 @@
 """A request's deadline counts from its arrival: preprocessing spends the request's own time, and
-a request whose deadline passed while it was preprocessed never enters the batch queue."""
+a request whose deadline passed while it was preprocessed never enters the batch queue. The
+preprocess has a gate of its own (stage_gate.py): a burst is refused at once where it would wait
+past its deadlines for the stage, and answered 504 at its deadline where it did wait."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import io
+import threading
 import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -16,9 +20,10 @@ from PIL import Image
 
 from batchpilot.api.pipeline import ImagePreprocess, PipelineConfig, Preprocess
 from batchpilot.runtime.batching import BatchSettings
-from batchpilot.runtime.errors import DeadlineExceeded
+from batchpilot.runtime.errors import DeadlineExceeded, Overloaded
 from batchpilot.runtime.metrics import RuntimeMetrics
 from batchpilot.runtime.pipeline.pipeline import build_pipeline
+from batchpilot.runtime.pipeline.stage_gate import StageGate
 from batchpilot.runtime.protocol.server_codec import InferRequest
 from batchpilot.runtime.protocol.tensors import Tensor
 from batchpilot.runtime.server import ModelServer
@@ -87,7 +92,7 @@ async def test_a_deadline_spent_in_preprocessing_never_reaches_the_queue(
     server: ModelServer,
 ) -> None:
     # 20 ms of deadline, 50 ms of preprocessing: out of time before the queue.
-    with pytest.raises(DeadlineExceeded, match="deadline passed while its inputs were preproc"):
+    with pytest.raises(DeadlineExceeded, match="deadline passed while its inputs waited for"):
         await server.infer(image_request(timeout_s=0.02))
     assert batches_run(server) == 0
 
@@ -98,3 +103,114 @@ async def test_a_deadline_with_time_left_after_preprocessing_is_served(
     (probabilities,) = await server.infer(image_request(timeout_s=5.0))
     assert probabilities.data.shape == (1, 4)
     assert batches_run(server) == 1
+
+
+class HeldStage:
+    """A preprocess that waits until the test lets it go, counting its runs."""
+
+    def __init__(self, stage: Any) -> None:
+        self.stage = stage
+        self.go = threading.Event()
+        self.runs = 0
+
+    def __call__(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
+        self.runs += 1
+        assert self.go.wait(timeout=10)
+        return self.stage(inputs)  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+async def held(tmp_path: Path) -> AsyncIterator[tuple[ModelServer, HeldStage]]:
+    model = onnx_models.image_signature(tmp_path / "classifier.onnx", classes=4)
+    engine = SimulatedEngine.load(
+        model, name="classifier", latency=LatencyModel(alpha_s=0.0, beta_s=0.0)
+    )
+    config = PipelineConfig(preprocess=Preprocess(image=ImagePreprocess(input="images")))
+    pipeline = build_pipeline(config, engine.signature, model_dir=tmp_path)
+    stage = HeldStage(pipeline.preprocess)
+    metrics = RuntimeMetrics(
+        model="classifier", service="", namespace="", engine=engine.info, nvml=None
+    )
+    served = ModelServer(
+        engine,
+        batching=BatchSettings(max_batch_size=4, max_queue_delay_s=0.0),
+        queue_capacity=8,
+        metrics=metrics,
+        pipeline=dataclasses.replace(pipeline, preprocess=stage),
+        pipeline_threads=1,
+    )
+    served.start()
+    yield served, stage
+    stage.go.set()
+    await served.close()
+
+
+def counted(server: ModelServer, name: str, **labels: str) -> float:
+    return sum(
+        sample.value
+        for family in server.metrics.registry.collect()
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+async def test_requests_waiting_for_the_stage_get_504_at_their_deadline_and_are_not_run(
+    held: tuple[ModelServer, HeldStage],
+) -> None:
+    """The stage is stuck on the first request; the ones behind it are answered at their
+    deadline, not when it is done, and the thread skips them once it is free."""
+    server, stage = held
+    first = asyncio.create_task(server.infer(image_request(timeout_s=None)))
+    behind = [asyncio.create_task(server.infer(image_request(timeout_s=0.05))) for _ in range(4)]
+    done, _ = await asyncio.wait(behind, timeout=10)
+    assert len(done) == 4
+    for task in done:
+        with pytest.raises(DeadlineExceeded, match="waited for the preprocess"):
+            task.result()
+    assert not first.done()  # still in the stage: the four were answered before it was done
+    stage.go.set()
+    (probabilities,) = await first
+    assert probabilities.data.shape == (1, 4)
+    assert stage.runs == 1  # the four expired before the thread took them up
+    assert server.stage_gate.inside == 0
+    assert counted(server, "batchpilot_arrivals_total") == 5
+    assert counted(server, "batchpilot_shed_total", reason="expired") == 4
+
+
+async def test_a_burst_the_stage_cannot_take_in_time_is_refused_at_once(
+    held: tuple[ModelServer, HeldStage],
+) -> None:
+    server, stage = held
+    server.stage_gate.ran(0.05)  # the stage's recent mean: 50 ms a request, on one thread
+    waiting = [asyncio.create_task(server.infer(image_request(timeout_s=0.12))) for _ in range(2)]
+    await asyncio.sleep(0)  # both admitted: done in 50 and 100 ms, inside 120
+    assert server.stage_gate.inside == 2
+    with pytest.raises(Overloaded, match="would wait past its 120 ms deadline") as refused:
+        await server.infer(image_request(timeout_s=0.12))  # 150 ms
+    assert refused.value.reason == "predicted_late"
+    assert counted(server, "batchpilot_shed_total", reason="predicted_late") == 1
+    assert counted(server, "batchpilot_arrivals_total") == 1  # the demand is counted
+    stage.go.set()
+    await asyncio.gather(*waiting, return_exceptions=True)
+
+
+def test_the_gate_predicts_whole_rounds_of_the_stage_over_its_threads() -> None:
+    gate = StageGate(threads=2, capacity=5)
+    gate.admit(0.01)  # nothing measured yet: nothing predicted
+    gate.left()
+    gate.ran(0.1)
+    assert gate.predicted_s() == pytest.approx(0.1)
+    for _ in range(4):  # 0.1, 0.1, 0.2, 0.2 s
+        gate.admit(0.25)
+    assert gate.predicted_s() == pytest.approx(0.3)
+    with pytest.raises(Overloaded) as late:
+        gate.admit(0.25)
+    assert late.value.reason == "predicted_late"
+    gate.admit(None)  # no deadline: only the bound
+    with pytest.raises(Overloaded) as full:
+        gate.admit(None)
+    assert full.value.reason == "queue_full"
+    gate.left()
+    assert gate.inside == 4
+    gate.ran(0.2)
+    assert gate.mean_s == pytest.approx(0.1 + 0.2 * 0.1)

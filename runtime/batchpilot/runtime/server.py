@@ -45,6 +45,7 @@ from batchpilot.runtime.errors import (
     out_of_memory,
 )
 from batchpilot.runtime.metrics import RuntimeMetrics, available_cores
+from batchpilot.runtime.pipeline.stage_gate import StageExpired, StageGate
 from batchpilot.runtime.protocol.model_config import model_config
 from batchpilot.runtime.protocol.server_codec import InferRequest
 from batchpilot.runtime.protocol.tensors import Tensor
@@ -121,14 +122,14 @@ class ModelServer:
         self._calibration_rows = calibration_rows
         self.metrics = metrics
         self.pipeline = pipeline
+        threads = pipeline_threads or max(1, math.ceil(available_cores()))
         self._pipeline_pool = (
-            ThreadPoolExecutor(
-                max_workers=pipeline_threads or max(1, math.ceil(available_cores())),
-                thread_name_prefix="pipeline",
-            )
+            ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pipeline")
             if pipeline is not None
             else None
         )
+        self._stage_gate = StageGate(threads=threads, capacity=queue_capacity)
+        """Admission in front of the preprocess (stage_gate.py)."""
         self._batching = batching
         self._memory_rows: int | None = None
         """The largest batch the device is not known to lack memory for (None: none known)."""
@@ -511,17 +512,34 @@ class ModelServer:
         # The deadline counts from arrival: preprocessing spends the request's own time.
         arrived = time.perf_counter()
         if pipeline is not None and pipeline.preprocess is not None:
-            inputs, geometry = await self._off_loop("preprocess", pipeline.preprocess, inputs)
+            # The stage's own gate first (stage_gate.py): under a burst its line is where
+            # requests would wait, past their deadlines. Refused there, it is an arrival shed.
+            try:
+                if self._refusing and not kept:
+                    raise ShuttingDown()
+                self._stage_gate.admit(timeout_s)
+            except (Overloaded, ShuttingDown) as exc:
+                metrics.arrived(rows, retry=retry)
+                metrics.shed(exc.reason if isinstance(exc, Overloaded) else "draining")
+                raise
+            try:
+                inputs, geometry = await self._preprocessed(
+                    pipeline.preprocess, inputs, arrived, timeout_s
+                )
+            except StageExpired:
+                remaining_s = 0.0
+            else:
+                if timeout_s is not None:
+                    remaining_s = timeout_s - (time.perf_counter() - arrived)
             metrics.arrived(rows, retry=retry)
-            if timeout_s is not None:
-                remaining_s = timeout_s - (time.perf_counter() - arrived)
-                if remaining_s <= 0:
-                    metrics.admitted.inc()
-                    metrics.shed("expired")
-                    raise DeadlineExceeded(
-                        f"the request's {timeout_s * 1e3:g} ms deadline passed while its "
-                        "inputs were preprocessed"
-                    )
+            if remaining_s is not None and remaining_s <= 0:
+                assert timeout_s is not None
+                metrics.admitted.inc()
+                metrics.shed("expired")
+                raise DeadlineExceeded(
+                    f"the request's {timeout_s * 1e3:g} ms deadline passed while its inputs "
+                    "waited for the preprocess or were preprocessed"
+                )
         else:
             metrics.arrived(rows, retry=retry)
         try:
@@ -583,6 +601,46 @@ class ModelServer:
         # Whatever is answered, its time in the batcher: the rest of its duration is outside it.
         metrics.batcher_seconds.inc(time.perf_counter() - queued)
         return outputs
+
+    @property
+    def stage_gate(self) -> StageGate:
+        """The admission in front of the preprocess (stage_gate.py)."""
+        return self._stage_gate
+
+    async def _preprocessed(
+        self,
+        stage: Callable[[dict[str, Any]], _T],
+        inputs: dict[str, Any],
+        arrived: float,
+        timeout_s: float | None,
+    ) -> _T:
+        """The preprocess of a request the stage's gate admitted, in the pool: not run where its
+        deadline passed before a thread took it up, and `StageExpired` at the deadline whether
+        or not the stage is done (a stage already running finishes in its thread, unawaited)."""
+        gate, metrics = self._stage_gate, self.metrics
+        deadline = None if timeout_s is None else arrived + timeout_s
+
+        def timed() -> _T:
+            started = time.perf_counter()
+            if deadline is not None and started >= deadline:
+                raise StageExpired()
+            try:
+                return stage(inputs)
+            finally:
+                took = time.perf_counter() - started
+                gate.ran(took)
+                metrics.pipeline_stage_done("preprocess", took)
+
+        assert self._pipeline_pool is not None
+        submitted = self._pipeline_pool.submit(timed)
+        submitted.add_done_callback(lambda _: gate.left())  # run, skipped or cancelled
+        waiting = asyncio.wrap_future(submitted)
+        if deadline is None:
+            return await waiting
+        try:
+            return await asyncio.wait_for(waiting, max(0.0, deadline - time.perf_counter()))
+        except TimeoutError:
+            raise StageExpired() from None
 
     async def _off_loop(self, stage: str, func: Callable[..., _T], *args: Any) -> _T:
         """Run a pipeline stage in the pool, timed into batchpilot_pipeline_seconds{stage}."""
