@@ -163,6 +163,22 @@ class TestPredictedFinish:
         # batcher runs them: not 30 rows in four batches of 8 (112 ms)
         assert finish == pytest.approx(0.056 + 0.040)
 
+    def test_other_shapes_run_in_batches_of_their_own(self) -> None:
+        timing = exact_timing(0.020, 0.001)
+        ledger = DeviceLedger(instances=1)
+        finish = predicted_finish(
+            timing=timing,
+            ledger=ledger,
+            queued_rows=0,
+            rows=1,
+            max_batch_size=8,
+            now=0.0,
+            others=[3, 1, 10],
+        )
+        # 3 rows (23 ms), 1 row (21 ms), 10 rows as 8 and 2 (28 + 22 ms), then its own (21 ms):
+        # not 15 rows as two batches shared with it
+        assert finish == pytest.approx(0.023 + 0.021 + 0.028 + 0.022 + 0.021)
+
     def test_unmeasured_predicts_nothing(self) -> None:
         finish = predicted_finish(
             timing=BatchTiming(),
@@ -275,6 +291,23 @@ class TestAdmission:
             mine = s.put(timeout_s=0.100)
             await asyncio.gather(*ahead, mine)
             assert asyncio.get_running_loop().time() <= 0.100
+
+    async def test_requests_of_other_shapes_are_batches_ahead_not_rows(self) -> None:
+        """A model whose inputs vary in length: eight one-row requests of eight lengths queued
+        are eight batches (8 x 21 ms), not one of eight rows (28 ms)."""
+        async with Served() as s:
+            ahead = [
+                s.queue.put({"x": np.ones((1, 2 + i), np.float32)}, rows=1, timeout_s=1.0)
+                for i in range(8)
+            ]
+            with pytest.raises(Overloaded) as refused:
+                s.put(timeout_s=0.150)  # 168 ms ahead, 189 ms with its own
+            assert refused.value.reason == "predicted_late"
+            mine = s.put(timeout_s=0.250)
+            results = await asyncio.gather(*ahead, mine, return_exceptions=True)
+            assert not [r for r in results if isinstance(r, BaseException)]
+            assert s.engine.batches == [1] * 9
+            assert asyncio.get_running_loop().time() <= 0.250
 
     async def test_without_a_deadline_nothing_is_refused(self) -> None:
         async with Served() as s:

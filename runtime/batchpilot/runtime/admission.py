@@ -26,6 +26,7 @@ Pure core: no I/O, the clock is an argument.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 SIZE_MEMORY_BATCHES = 50
@@ -247,13 +248,21 @@ def predicted_finish(
     rows: int,
     max_batch_size: int,
     now: float,
+    others: Iterable[int] = (),
 ) -> float | None:
-    """When a request of `rows` rows arriving `now` behind `queued_rows` queued rows would be
-    answered, or None when nothing has been measured yet (nothing to predict from).
+    """When a request of `rows` rows arriving `now` behind `queued_rows` queued rows of its own
+    shape would be answered, or None when nothing has been measured yet (nothing to predict
+    from). `others`: the rows queued of each other shape.
 
     Running batches finish first. The rows ahead are served in full batches of
     `max_batch_size`, and so is the request's own when a full batch is ahead of it (the rows that
-    arrive meanwhile fill it); otherwise its batch holds the rows queued now. A request of more
+    arrive meanwhile fill it); otherwise its batch holds the rows queued now. Requests of other
+    shapes never share a batch with it (their inputs do not stack): each shape's rows run in
+    batches of their own — full ones, then one of the rest — and all of them count ahead, the
+    batcher taking the oldest request's shape first (a model whose inputs vary in length, with
+    one-row requests of 64 lengths queued: 64 batches of one row, where counting them as full
+    batches of every shape admitted requests that expired and taught a lateness that then
+    refused nine in ten with the device idle). A request of more
     rows than `max_batch_size` runs alone, as the batcher runs it (it never splits a request):
     one batch of its rows after the rows ahead — by the fit's straight line also beyond the
     sizes measured, which its batch, once run, measures. With several instances the work ahead
@@ -275,6 +284,12 @@ def predicted_finish(
         ahead_full = timing.upper(max_batch_size, batches=full)
         assert ahead_full is not None
         ahead += ahead_full
+    for queued in others:
+        whole, rest = divmod(queued, max_batch_size)
+        if whole:
+            ahead += timing.upper(max_batch_size, batches=whole) or 0.0
+        if rest:
+            ahead += timing.upper(rest) or 0.0
     return now + ahead / ledger.instances + own
 
 
@@ -429,7 +444,13 @@ class Predictor:
         )
 
     def margin_s(
-        self, *, predicted: float, queued_rows: int, rows: int, max_batch_size: int, now: float
+        self,
+        *,
+        predicted: float,
+        queued_rows: int,
+        rows: int,
+        max_batch_size: int,
+        now: float,
     ) -> float:
         """The margin admission keeps between a request's `predicted` finish (`finish_time` of
         the same arguments) and its deadline: the lateness of the answers of the last
@@ -466,7 +487,13 @@ class Predictor:
             self.timing.observe(rows, seconds, fresh=probe)
 
     def finish_time(
-        self, *, queued_rows: int, rows: int, max_batch_size: int, now: float
+        self,
+        *,
+        queued_rows: int,
+        rows: int,
+        max_batch_size: int,
+        now: float,
+        others: Iterable[int] = (),
     ) -> float | None:
         """`predicted_finish` from this server's measurements (the lateness margin is the
         caller's to add: it also records the prediction without it)."""
@@ -477,4 +504,5 @@ class Predictor:
             rows=rows,
             max_batch_size=max_batch_size,
             now=now,
+            others=others,
         )

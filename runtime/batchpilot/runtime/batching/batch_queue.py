@@ -312,17 +312,21 @@ class BatchQueue:
         a probe; returns the prediction (None: nothing measured yet, admitted)."""
         predictor = self._predictor
         assert predictor is not None
+        # Its own shape's rows, and each other shape's: shapes never share a batch.
+        own = self._rows.get(key, 0)
+        others = [queued for other, queued in self._rows.items() if other != key]
         predicted = predictor.finish_time(
-            queued_rows=self._queued_rows,
+            queued_rows=own,
             rows=rows,
             max_batch_size=settings.max_batch_size,
             now=now,
+            others=others,
         )
         if predicted is None:
             return None
         margin = predictor.margin_s(
             predicted=predicted,
-            queued_rows=self._queued_rows,
+            queued_rows=own,
             rows=rows,
             max_batch_size=settings.max_batch_size,
             now=now,
@@ -354,7 +358,7 @@ class BatchQueue:
         assert predictor is not None
         if self._oldest_key() != key:
             return None
-        queued = self._queued_rows
+        queued = self._rows[key]  # its shape is the oldest: the others' batches come after
         joined = predictor.finish_time(
             queued_rows=queued, rows=rows, max_batch_size=ceiling, now=now
         )
