@@ -8,14 +8,20 @@ from __future__ import annotations
 import asyncio
 import gzip
 import threading
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
 import pytest
 
+from batchpilot.runtime.app import create_app
 from batchpilot.runtime.body_decoding import LARGE_JSON_BYTES, WAITING_MAX, BodyDecoder
 from batchpilot.runtime.errors import Overloaded, RequestTooLarge
+from batchpilot.runtime.infer_dispatch import RuntimeApp
 from batchpilot.runtime.protocol.server_codec import InferRequest
+from tests import onnx_models
+from tests.test_infer_dispatch import call, json_request, model_server
 
 
 def body_of(values: int) -> bytes:
@@ -117,3 +123,32 @@ async def test_binary_tensor_data_behind_a_small_json_header_is_decoded_in_place
     request = await decoder.decode(body, None, len(header))
     assert request.inputs[0].data.shape == (rows, 4)
     decoder.close()
+
+
+async def test_a_deadline_counts_from_arrival_not_from_the_end_of_decoding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A body waits for the decoder's one thread behind the large ones before it: a request
+    with 100 ms to live that spent 250 ms there is expired (504), not answered 200 late."""
+    decode = BodyDecoder.decode
+
+    async def behind_others(self: BodyDecoder, *args: Any) -> InferRequest:
+        await asyncio.sleep(0.25)  # the large bodies ahead of it in the decoder's line
+        return await decode(self, *args)
+
+    monkeypatch.setattr(BodyDecoder, "decode", behind_others)
+    model = onnx_models.mlp(tmp_path / "mlp.onnx", features=4, hidden=8, classes=3)
+    server = model_server(model)
+    app = create_app(server)
+    assert isinstance(app, RuntimeApp)
+    server.start()
+    try:
+        status, _, body = await call(
+            app, "/v2/models/mlp/infer", json_request(1, parameters={"timeout": 100_000}), {}
+        )
+        fresh, _, _ = await call(app, "/v2/models/mlp/infer", json_request(1), {})
+    finally:
+        await server.close()
+    assert status == 504
+    assert "deadline passed while its body was read and decoded" in orjson.loads(body)["error"]
+    assert fresh == 200  # the default deadline (1 s) leaves it time

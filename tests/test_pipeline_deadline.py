@@ -185,7 +185,9 @@ async def test_a_burst_the_stage_cannot_take_in_time_is_refused_at_once(
     waiting = [asyncio.create_task(server.infer(image_request(timeout_s=0.12))) for _ in range(2)]
     await asyncio.sleep(0)  # both admitted: done in 50 and 100 ms, inside 120
     assert server.stage_gate.inside == 2
-    with pytest.raises(Overloaded, match="would wait past its 120 ms deadline") as refused:
+    with pytest.raises(
+        Overloaded, match="would wait past its deadline for the preprocess: 150 ms"
+    ) as refused:
         await server.infer(image_request(timeout_s=0.12))  # 150 ms
     assert refused.value.reason == "predicted_late"
     assert counted(server, "batchpilot_shed_total", reason="predicted_late") == 1

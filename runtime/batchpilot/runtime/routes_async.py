@@ -105,7 +105,7 @@ def add_async_routes(
     ) -> None:
         metrics.inflight.inc()
         try:
-            outputs = await server.infer(parsed, retry=retry)
+            outputs = await server.infer(parsed, retry=retry, arrived=started)
             result = encode_result(server, parsed, outputs)
         except InferenceError as exc:
             metrics.request_finished(status_of(exc)[1], time.perf_counter() - started)

@@ -212,7 +212,9 @@ def add_v2_routes(
             assert handler is not None
             watcher = asyncio.get_running_loop().create_task(until_disconnected(receive, handler))
             try:
-                outputs = await server.infer(parsed, retry=is_retry_raw(scope["headers"]))
+                outputs = await server.infer(
+                    parsed, retry=is_retry_raw(scope["headers"]), arrived=started
+                )
             except asyncio.CancelledError:
                 if not (watcher.done() and handler.uncancel() == 0):
                     raise

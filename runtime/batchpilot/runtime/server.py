@@ -489,12 +489,19 @@ class ModelServer:
             )
 
     async def infer(
-        self, request: InferRequest, *, retry: bool = False, kept: bool = False
+        self,
+        request: InferRequest,
+        *,
+        retry: bool = False,
+        kept: bool = False,
+        arrived: float | None = None,
     ) -> list[Tensor]:
         """Serve one request; raises the runtime's errors for anything but success. `retry`:
         its headers say it is a retry (`attempts`), and it arrives as one. `kept`: it came on a
         connection a draining server still serves (gRPC's, until their age retires them:
-        `refuse_new`).
+        `refuse_new`). `arrived`: when (`time.perf_counter()`) the request came, before its
+        body was read and decoded (default: now) — its deadline counts from then: a body waits
+        for the decoder's thread behind the large ones before it (body_decoding.py).
 
         A request is an arrival once it is known to be valid: with a preprocess, once that has
         turned its inputs into the model's (a request it refuses is invalid, as one refused by
@@ -509,39 +516,41 @@ class ModelServer:
         pipeline = self.pipeline
         remaining_s = timeout_s
         geometry = None  # what preprocess records of the request, for its postprocess
-        # The deadline counts from arrival: preprocessing spends the request's own time.
-        arrived = time.perf_counter()
+        # The deadline counts from arrival: decoding and preprocessing spend the request's time.
+        arrived = time.perf_counter() if arrived is None else arrived
         if pipeline is not None and pipeline.preprocess is not None:
             # The stage's own gate first (stage_gate.py): under a burst its line is where
             # requests would wait, past their deadlines. Refused there, it is an arrival shed.
             try:
                 if self._refusing and not kept:
                     raise ShuttingDown()
-                self._stage_gate.admit(timeout_s)
+                self._stage_gate.admit(
+                    None if timeout_s is None else timeout_s - (time.perf_counter() - arrived)
+                )
             except (Overloaded, ShuttingDown) as exc:
                 metrics.arrived(rows, retry=retry)
                 metrics.shed(exc.reason if isinstance(exc, Overloaded) else "draining")
                 raise
+            expired = False
             try:
                 inputs, geometry = await self._preprocessed(
                     pipeline.preprocess, inputs, arrived, timeout_s
                 )
             except StageExpired:
-                remaining_s = 0.0
-            else:
-                if timeout_s is not None:
-                    remaining_s = timeout_s - (time.perf_counter() - arrived)
-            metrics.arrived(rows, retry=retry)
-            if remaining_s is not None and remaining_s <= 0:
-                assert timeout_s is not None
+                expired = True
+            where = "its inputs waited for the preprocess or were preprocessed"
+        else:
+            expired, where = False, "its body was read and decoded"
+        metrics.arrived(rows, retry=retry)
+        if timeout_s is not None:
+            remaining_s = 0.0 if expired else timeout_s - (time.perf_counter() - arrived)
+            if remaining_s <= 0:
+                # Taken on, its time spent being served: admitted, then expired.
                 metrics.admitted.inc()
                 metrics.shed("expired")
                 raise DeadlineExceeded(
-                    f"the request's {timeout_s * 1e3:g} ms deadline passed while its inputs "
-                    "waited for the preprocess or were preprocessed"
+                    f"the request's {timeout_s * 1e3:g} ms deadline passed while {where}"
                 )
-        else:
-            metrics.arrived(rows, retry=retry)
         try:
             if self._refusing and not kept:
                 raise ShuttingDown()

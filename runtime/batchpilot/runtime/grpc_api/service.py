@@ -413,7 +413,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             else:
                 parsed = decode()
             retry = is_retry(context.invocation_metadata() or ())
-            outputs = await self._server.infer(parsed, retry=retry, kept=self._kept)
+            outputs = await self._server.infer(
+                parsed, retry=retry, kept=self._kept, arrived=started
+            )
             signature = self._server.signature
             response = encode_infer_response(
                 model_name=signature.name,

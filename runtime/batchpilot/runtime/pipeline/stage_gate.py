@@ -78,10 +78,10 @@ class StageGate:
                 finish = (ahead // self._threads + 1) * mean
                 if finish > timeout_s:
                     raise Overloaded(
-                        f"the request would wait past its {timeout_s * 1e3:g} ms deadline for "
-                        f"the preprocess ({ahead} requests ahead of it on {self._threads} "
-                        f"threads, {mean * 1e3:.1f} ms each: {finish * 1e3:.0f} ms); retry "
-                        "shortly or elsewhere",
+                        f"the request would wait past its deadline for the preprocess: "
+                        f"{finish * 1e3:.0f} ms ({ahead} requests ahead of it on "
+                        f"{self._threads} threads, {mean * 1e3:.1f} ms each) where "
+                        f"{timeout_s * 1e3:.0f} ms are left; retry shortly or elsewhere",
                         reason="predicted_late",
                     )
             self._inside += 1
