@@ -244,6 +244,35 @@ class TestBodyTime:
         assert time.monotonic() - started > BODY_TIMEOUT_S
         assert [status for status, _ in received.answers][:1] == [200]
 
+    def test_a_body_trickling_under_the_minimum_rate_gets_408_after_the_grace(
+        self, server: RuntimeProcess
+    ) -> None:
+        """A byte every half second never pauses past the timeout; at 2 bytes a second the
+        395-byte body would hold its connection for minutes (a declared 64 MiB, for ever). Once
+        it has taken 5 s, its average is held to 1024 bytes a second (the default)."""
+        with connect(server) as sock:
+            sock.sendall(post_head(len(BODY)))
+            started = time.monotonic()
+            sock.settimeout(BODY_TIMEOUT_S / 2)
+            answer = b""
+            for byte in BODY[:40]:  # bounded: 20 s at most
+                try:
+                    sock.sendall(bytes([byte]))
+                    answer = sock.recv(65536)
+                except TimeoutError:
+                    continue
+                except (BrokenPipeError, ConnectionResetError):
+                    break
+                if answer:
+                    break
+            taken = time.monotonic() - started
+            received = receive_all(sock, timeout_s=5)
+        data = answer + received.data
+        assert b"HTTP/1.1 408" in data
+        assert b"came too slowly" in data
+        assert b"under 1024 bytes a second" in data
+        assert 5 <= taken < 10
+
 
 class TestAnswerBeforeTheBody:
     @pytest.mark.parametrize(

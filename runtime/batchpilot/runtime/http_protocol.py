@@ -12,9 +12,12 @@ connection, and only where the defaults leave a gap:
   closes; a connection that sends no byte at all closes silently after `keep_alive_timeout_s`,
   as uvicorn closes one idle between requests (a 408 there would be read by a client as the
   answer to the request it sends next);
-- a request's body may pause at most `body_timeout_s` between bytes: else 408 and the
-  connection closes (a body trickling in slowly is served; one that stopped holds a
-  connection, and with the connection cap every connection can be held so);
+- a request's body may pause at most `body_timeout_s` between bytes, and once it has taken
+  `BODY_RATE_GRACE_S` it must have come at `min_body_rate` bytes a second on average: else 408
+  and the connection closes. A body that stopped holds a connection, and so does one that
+  trickles — a byte every 29 s kept under the pause's bound for hours, and a few such clients
+  held every connection the cap allows while the probes, answered past it, kept the pod Ready
+  (Kestrel's `MinRequestBodyDataRate`, the same defence);
 - an answer may wait at most `write_timeout_s` for its client to read a byte of it (the
   socket's buffers full: the transport paused writing): else the connection is aborted. A client
   that sends requests and never reads the answers (pipelined, so the server reads no more of
@@ -100,6 +103,13 @@ class ConnectionLimits:
     """None: no limit."""
     max_connection_age_s: float | None = None
     """None: a connection may live for ever."""
+    min_body_rate: float | None = None
+    """Bytes a second a body must come at on average past `BODY_RATE_GRACE_S`; None: any."""
+
+
+BODY_RATE_GRACE_S = 5.0
+"""How long a body may take before its average rate is held to `min_body_rate` (Kestrel's
+grace): a client's connection warming up, a pause while it reads a file."""
 
 
 AGE_JITTER = 0.1
@@ -164,6 +174,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._header_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._body_read_at = 0.0
+        self._body_since: float | None = None
+        """When the body still arriving began to arrive in reads of its own (None: not yet)."""
+        self._body_bytes = 0
         """When the body in progress last brought a byte (loop time)."""
         self._probe_timer: asyncio.TimerHandle | None = None
         self._linger_timer: asyncio.TimerHandle | None = None
@@ -268,10 +281,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             # A body in progress (its headers ended, the request did not): armed only for bodies
             # that did not come with their headers (most do), and moved lazily: each read only
             # notes its time, and the timer, when it fires, re-arms for what is left.
-            self._body_read_at = self.loop.time()
+            now = self._body_read_at = self.loop.time()
+            if self._body_since is None:
+                self._body_since, self._body_bytes = now, 0
+            self._body_bytes += len(data)
             if self._body_timer is None:
                 self._body_timer = self.loop.call_later(
-                    self.limits.body_timeout_s, self._body_timed_out
+                    self._body_check_in(now), self._body_timed_out
                 )
         elif self._awaiting_headers and self._header_bytes_received:
             if self._header_bytes_received > self.limits.max_header_bytes:
@@ -424,6 +440,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             cycle.transport = self.transport
         self._awaiting_headers = True
         self._header_bytes_received = 0
+        self._body_since = None
         if self._body_timer is not None:
             self._body_timer.cancel()
             self._body_timer = None
@@ -469,22 +486,36 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             _Refusal(408, f"the request's headers took over {self.limits.header_timeout_s:g} s")
         )
 
+    def _body_check_in(self, now: float) -> float:
+        """Seconds until the body in progress is next looked at: when its pause would pass the
+        bound, or sooner, when its average rate is due to be held to `min_body_rate` (at the
+        grace's end, then every second)."""
+        left = self._body_read_at + self.limits.body_timeout_s - now
+        if self.limits.min_body_rate and self._body_since is not None:
+            left = min(left, max(1.0, self._body_since + BODY_RATE_GRACE_S - now))
+        return max(0.0, left)
+
     def _body_timed_out(self) -> None:
         self._body_timer = None
         if self._awaiting_headers or self._discarding or self.transport.is_closing():
             return  # (the body ended, or the connection is closing anyway)
-        left = self._body_read_at + self.limits.body_timeout_s - self.loop.time()
-        if left > 0:
-            self._body_timer = self.loop.call_later(left, self._body_timed_out)
+        now = self.loop.time()
+        refusal = None
+        if self._body_read_at + self.limits.body_timeout_s <= now:
+            refusal = f"the request's body stalled: no byte for {self.limits.body_timeout_s:g} s"
+        elif (rate := self.limits.min_body_rate) and self._body_since is not None:
+            taken = now - self._body_since
+            if taken >= BODY_RATE_GRACE_S and self._body_bytes < rate * taken:
+                refusal = (
+                    f"the request's body came too slowly: {self._body_bytes} bytes in "
+                    f"{taken:.0f} s, under {rate:g} bytes a second"
+                )
+        if refusal is None:
+            self._body_timer = self.loop.call_later(self._body_check_in(now), self._body_timed_out)
             return
         # The request waits for its body in the app, which sees the connection lost (a client
         # gone: cancelled) once it closes; the client reads why.
-        self._refuse(
-            _Refusal(
-                408, f"the request's body stalled: no byte for {self.limits.body_timeout_s:g} s"
-            ),
-            own=self.cycle,
-        )
+        self._refuse(_Refusal(408, refusal), own=self.cycle)
 
     # --- Answers the app never sees, and the close ---
 

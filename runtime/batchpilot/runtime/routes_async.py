@@ -101,11 +101,16 @@ def add_async_routes(
     check_model = server.check_model
 
     async def run_job(
-        job: Job[EncodedResult], parsed: InferRequest, started: float, *, retry: bool
+        job: Job[EncodedResult],
+        parsed: InferRequest,
+        started: float,
+        *,
+        retry: bool,
+        arrived: float,
     ) -> None:
         metrics.inflight.inc()
         try:
-            outputs = await server.infer(parsed, retry=retry, arrived=started)
+            outputs = await server.infer(parsed, retry=retry, arrived=arrived)
             result = encode_result(server, parsed, outputs)
         except InferenceError as exc:
             metrics.request_finished(status_of(exc)[1], time.perf_counter() - started)
@@ -181,6 +186,7 @@ def add_async_routes(
                 raise ShuttingDown()
             coding = body_coding(request.scope["headers"])
             body = await read_body(request, max_body_bytes)
+            arrived = time.perf_counter()  # its deadline counts from here (as the sync route's)
             parsed = await decoder.decode(body, coding, request_header_length(request))
             server.validate(parsed)  # a bad request fails now, not when its job runs
             job = jobs.submit(owner=owner, owners=1 if access is None else access.callers())
@@ -198,7 +204,8 @@ def add_async_routes(
             return json_response({"error": "internal server error; see the server log"}, status=500)
         retry = is_retry_raw(request.scope["headers"])
         job.work = asyncio.get_running_loop().create_task(
-            run_job(job, parsed, started, retry=retry), name=f"async-job-{job.id}"
+            run_job(job, parsed, started, retry=retry, arrived=arrived),
+            name=f"async-job-{job.id}",
         )
         return json_response(
             {"id": job.id, "model_name": model_name, "status": "queued"},

@@ -207,13 +207,16 @@ def add_v2_routes(
             coding = body_coding(scope["headers"])
             content_length, header_length_text = body_headers(scope)
             body = await receive_body(content_length, receive, max_body_bytes)
+            # Its deadline counts from here: how fast the client sends is its own; the decoder's
+            # line, the server's (`ModelServer.infer`).
+            arrived = time.perf_counter()
             parsed = await decoder.decode(body, coding, parse_header_length(header_length_text))
             handler = asyncio.current_task()
             assert handler is not None
             watcher = asyncio.get_running_loop().create_task(until_disconnected(receive, handler))
             try:
                 outputs = await server.infer(
-                    parsed, retry=is_retry_raw(scope["headers"]), arrived=started
+                    parsed, retry=is_retry_raw(scope["headers"]), arrived=arrived
                 )
             except asyncio.CancelledError:
                 if not (watcher.done() and handler.uncancel() == 0):

@@ -141,6 +141,7 @@ def connection_limits(settings: RuntimeSettings) -> ConnectionLimits:
         max_header_bytes=settings.max_header_bytes,
         header_timeout_s=settings.header_timeout_s,
         body_timeout_s=settings.body_timeout_s,
+        min_body_rate=settings.min_body_bytes_per_s or None,
         write_timeout_s=settings.write_timeout_s,
         keep_alive_timeout_s=settings.keep_alive_timeout_s,
         max_connections=settings.max_connections or None,
@@ -329,6 +330,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         help="longest pause between bytes of an HTTP request's body: more is answered 408 and "
         "the connection closed (default 30; BATCHPILOT_BODY_TIMEOUT_S)",
+    )
+    a(
+        "--min-body-bytes-per-s",
+        type=int,
+        help="once an HTTP request's body has taken 5 s, the slowest it may have come on "
+        "average: slower is answered 408 and the connection closed, so that a client trickling "
+        "a body cannot hold a connection for hours (default 1024; 0: any; "
+        "BATCHPILOT_MIN_BODY_BYTES_PER_S)",
     )
     a(
         "--write-timeout-s",

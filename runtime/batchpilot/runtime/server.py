@@ -499,9 +499,9 @@ class ModelServer:
         """Serve one request; raises the runtime's errors for anything but success. `retry`:
         its headers say it is a retry (`attempts`), and it arrives as one. `kept`: it came on a
         connection a draining server still serves (gRPC's, until their age retires them:
-        `refuse_new`). `arrived`: when (`time.perf_counter()`) the request came, before its
-        body was read and decoded (default: now) — its deadline counts from then: a body waits
-        for the decoder's thread behind the large ones before it (body_decoding.py).
+        `refuse_new`). `arrived`: when (`time.perf_counter()`) the request came, its body in but
+        not decoded (default: now) — its deadline counts from then: a body waits for the
+        decoder's thread behind the large ones before it (body_decoding.py).
 
         A request is an arrival once it is known to be valid: with a preprocess, once that has
         turned its inputs into the model's (a request it refuses is invalid, as one refused by
@@ -540,7 +540,7 @@ class ModelServer:
                 expired = True
             where = "its inputs waited for the preprocess or were preprocessed"
         else:
-            expired, where = False, "its body was read and decoded"
+            expired, where = False, "its body was decoded"
         metrics.arrived(rows, retry=retry)
         if timeout_s is not None:
             remaining_s = 0.0 if expired else timeout_s - (time.perf_counter() - arrived)

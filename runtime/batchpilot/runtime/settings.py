@@ -125,6 +125,12 @@ class RuntimeSettings(BaseSettings):
         le=3600,
         description="longest pause between bytes of a request's body; more: 408",
     )
+    min_body_bytes_per_s: int = Field(
+        default=1024,
+        ge=0,
+        description="once a request's body has taken 5 s, the slowest it may have come on "
+        "average, in bytes a second; slower: 408 (0: any)",
+    )
     write_timeout_s: float = Field(
         default=30.0,
         gt=0,
