@@ -36,7 +36,7 @@ from pydantic import ValidationError
 from tritonclient.utils import InferenceServerException
 
 from batchpilot.runtime.settings import RuntimeSettings
-from tests.runtime_process import RuntimeProcess, runtime_process, send
+from tests.runtime_process import RuntimeProcess, Scrape, runtime_process, send
 from tests.test_server_process import mlp_rows, v2_request
 from tests.waiting import wait_until
 
@@ -358,6 +358,42 @@ class TestLinger:
             assert server.process.wait(timeout=20) == 0
         counts = final_tally(server.log())
         assert (counts["success"], counts["rejected"]) == (1, 2), counts
+
+
+def test_a_request_whose_body_is_still_coming_is_refused_when_the_drain_starts(
+    mlp_model: Path, tmp_path: Path
+) -> None:
+    """It would be refused once its body was in anyway; until then it held the drain to the end
+    of the grace, where uvicorn cancelled it with a plain-text 500 no tally counted."""
+    request = v2_request(mlp_rows(1, seed=0), binary_inputs={"x"})
+    body, headers = request
+    head = (
+        f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+        + "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+        + "\r\n"
+    ).encode()
+    with start_draining_server(mlp_model, tmp_path, "--drain-linger-s", "0.5") as server:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(head + body[:5])  # the rest never comes before the signal
+            wait_until(
+                lambda: Scrape(server).value("batchpilot_inflight_requests") == 1,
+                timeout=5,
+                what="the request to wait for its body",
+            )
+            signalled = time.monotonic()
+            server.process.send_signal(signal.SIGTERM)
+            answer = b""
+            while chunk := sock.recv(65536):  # until the server closes the connection
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 503"), answer
+        assert b"retry-after: 1" in answer.lower()
+        assert b"connection: close" in answer.lower()
+        assert b"shutting down" in answer
+        assert server.process.wait(timeout=20) == 0
+        assert time.monotonic() - signalled < 5  # the queue and the linger, not the 10 s grace
+    assert "refused 1 requests whose body was still coming" in server.log()
+    counts = final_tally(server.log())
+    assert (counts["rejected"], counts["error"], counts["cancelled"]) == (1, 0, 0), counts
 
 
 def test_the_linger_must_fit_inside_the_grace(mlp_model: Path) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 import uvicorn
 
 from batchpilot.runtime.draining import CloseWhenDraining
+from batchpilot.runtime.http_protocol import OpenConnections
 from batchpilot.runtime.server import ModelServer
 
 log = logging.getLogger("batchpilot.runtime")
@@ -74,10 +75,14 @@ class DrainingServer(uvicorn.Server):
         on_drain: Sequence[Callable[[], Awaitable[None]]] = (),
         unfetched: Callable[[], int] = lambda: 0,
         hold_s: float = 0.0,
+        connections: OpenConnections | None = None,
     ) -> None:
         """`unfetched`: the async results nobody has read yet, which the drain holds the ports
-        open for, up to `hold_s` from its start (within `grace_s`)."""
+        open for, up to `hold_s` from its start (within `grace_s`). `connections`: the HTTP
+        connections, whose requests with a body still coming are refused at the drain's start
+        (`OpenConnections.refuse_bodies`)."""
         super().__init__(config)
+        self._connections = connections
         self._unfetched = unfetched
         self._hold_s = hold_s
         self._model_server = model_server
@@ -115,6 +120,12 @@ class DrainingServer(uvicorn.Server):
         self._drain_started = asyncio.get_running_loop().time()
         self._model_server.refuse_new()
         self._closing.start()
+        if self._connections is not None:
+            refused = self._connections.refuse_bodies(
+                "the server is shutting down and accepts no new requests; retry elsewhere"
+            )
+            if refused:
+                log.info("drain: refused %d requests whose body was still coming", refused)
         self._drain_tasks = [asyncio.ensure_future(stop()) for stop in self._on_drain]
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:

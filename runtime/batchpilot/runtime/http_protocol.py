@@ -67,7 +67,7 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
-from batchpilot.runtime.outcomes import REFUSED_MID_BODY
+from batchpilot.runtime.outcomes import REFUSED_MID_BODY, RequestOutcome
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +140,13 @@ class OpenConnections:
         for connection in self._open:
             connection.retire(after_s + random.uniform(0.0, spread_s))
         return len(self._open)
+
+    def refuse_bodies(self, reason: str) -> int:
+        """Answer 503 (`Retry-After`, `Connection: close`) every request whose body is still
+        coming, and close its connection: a draining server refuses it once its body is in
+        anyway, and until then it holds the drain — to the end of the grace, where uvicorn
+        cancelled it with a plain-text 500. How many there were."""
+        return sum(connection.refuse_body(reason) for connection in list(self._open))
 
 
 class _Refusal(Exception):
@@ -268,7 +275,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self.logger.warning("Invalid HTTP request received: %s", exc)
             own = self._cycle_reading()
             if own is not None:  # its body's framing: the app counts it invalid, not withdrawn
-                own.scope[REFUSED_MID_BODY] = True  # type: ignore[literal-required]
+                own.scope[REFUSED_MID_BODY] = RequestOutcome.INVALID  # type: ignore[literal-required]
             self._refuse(_Refusal(400, f"the request is not valid HTTP/1.1: {exc}"), own=own)
             return
         except httptools.HttpParserUpgrade:
@@ -485,6 +492,17 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._refuse(
             _Refusal(408, f"the request's headers took over {self.limits.header_timeout_s:g} s")
         )
+
+    def refuse_body(self, reason: str) -> bool:
+        """Refuse the request whose body is still coming on this connection (503, counted
+        rejected), if there is one: whether there was."""
+        if self._awaiting_headers or self._discarding or self._refusal_after is not None:
+            return False
+        if self.transport.is_closing() or self.cycle.response_started:
+            return False
+        self.cycle.scope[REFUSED_MID_BODY] = RequestOutcome.REJECTED  # type: ignore[literal-required]
+        self._refuse(_Refusal(503, reason, ((b"retry-after", b"1"),)), own=self.cycle)
+        return True
 
     def _body_check_in(self, now: float) -> float:
         """Seconds until the body in progress is next looked at: when its pause would pass the

@@ -43,16 +43,18 @@ class RequestOutcome(StrEnum):
 
 
 REFUSED_MID_BODY = "batchpilot.refused_mid_body"
-"""The ASGI scope's key for a request the HTTP layer refused while its body came (400: framing
-that is not HTTP/1.1, a chunk size that is not one): the app, which sees the connection close,
-counts it invalid, not cancelled by its client (`disconnected`)."""
+"""The ASGI scope's key for a request the HTTP layer refused while its body came, and how it
+counts: `invalid` (400: framing that is not HTTP/1.1, a chunk size that is not one), `rejected`
+(503: the server began to drain). The app, which sees the connection close, counts it so, not
+cancelled by its client (`disconnected`)."""
 
 
 def disconnected(scope: Mapping[str, object]) -> RequestOutcome:
-    """How a request whose body never came whole ended: refused for its framing (`invalid`),
-    or its client gone — a body cut short by a close, which a half-close looks like — or
-    stalled past the body timeout (`cancelled`)."""
-    return RequestOutcome.INVALID if scope.get(REFUSED_MID_BODY) else RequestOutcome.CANCELLED
+    """How a request whose body never came whole ended: refused for its framing (`invalid`) or
+    by a drain (`rejected`), or its client gone — a body cut short by a close, which a
+    half-close looks like — or stalled past the body timeout (`cancelled`)."""
+    refused = scope.get(REFUSED_MID_BODY)
+    return refused if isinstance(refused, RequestOutcome) else RequestOutcome.CANCELLED
 
 
 ERROR_STATUS: dict[type[InferenceError], tuple[int, RequestOutcome]] = {

@@ -94,6 +94,7 @@ def serve(settings: RuntimeSettings) -> int:
         on_drain=parts.on_drain,
         unfetched=parts.unfetched,
         hold_s=settings.async_drain_hold_s,
+        connections=connections,
     )
     # Everything loaded so far lives as long as the process: keep it out of the collector's
     # full passes, which otherwise stall the event loop for tens of milliseconds.
