@@ -204,6 +204,24 @@ class Unanswered:
         raise AssertionError("the elector never deletes")
 
 
+class AnsweredLate(Unanswered):
+    """Renewals the API server carries out at once and answers `late_s` later (a slow network,
+    an overloaded apiserver), once `late` is set; reads hang once `cut` is set."""
+
+    def __init__(self, kube: KubeClient, late_s: float) -> None:
+        super().__init__(kube)
+        self.late = threading.Event()
+        self.late_s = late_s
+        self.committed: list[float] = []
+
+    def replace(self, obj: dict[str, Any]) -> dict[str, Any]:
+        written = super().replace(obj)
+        self.committed.append(time.monotonic())
+        if self.late.is_set():
+            time.sleep(self.late_s)
+        return written
+
+
 class TestLosingTheLease:
     def test_someone_else_holding_it_ends_the_leadership_at_the_next_renewal(
         self, lease_kube: KubeClient, lease_name: str
@@ -286,3 +304,26 @@ class TestLosingTheLease:
             assert lost_after < DURATION_S
         finally:
             quiet.restored.set()
+
+    def test_a_renewal_answered_late_counts_from_when_it_was_asked(
+        self, lease_kube: KubeClient, lease_name: str
+    ) -> None:
+        """A standby measures the lease from when it saw the renewal, about when the API server
+        carried it out; a leader that dated it from the answer, a second later, would stop a
+        second after a standby may take over — two leaders for that second."""
+        slow = AnsweredLate(lease_kube, late_s=1.0)
+        leader = Candidacy(elector(slow, lease_name, "operator-a"))
+        try:
+            assert leader.leading.wait(5)
+            slow.late.set()
+            count = len(slow.committed)
+            wait_until(lambda: len(slow.committed) > count, timeout=10, what="a late renewal")
+            slow.cut.set()  # the API server goes quiet once that renewal is carried out
+            last_commit = slow.committed[-1]
+            assert leader.done.wait(DURATION_S + SLACK_S + 5)
+            lost_after = time.monotonic() - last_commit
+            assert leader.kept is False
+            assert leader.elector.lost_because == f"not renewed for {RENEW_DEADLINE_S:g} s"
+            assert lost_after < DURATION_S  # before anyone who saw that renewal may take over
+        finally:
+            slow.restored.set()

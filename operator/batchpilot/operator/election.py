@@ -6,7 +6,9 @@ Blocking and thread-based on purpose: it must keep renewing whatever kopf's even
 and it runs before that loop exists. A renewal that the API does not answer is not waited out:
 the leader counts itself lost when the renew deadline passes on its own clock, even with a request
 still in flight, so that it stops before a standby may take over (lease duration after the
-standby last saw a renewal).
+standby last saw a renewal). The deadline runs from when the renewal that went through was
+asked, not answered, as client-go's runs from the start of its renew loop: the standby may have
+seen it as soon as the API server carried it out.
 """
 
 from __future__ import annotations
@@ -118,8 +120,9 @@ class LeaderElector:
         """Wait as a standby until this process holds the Lease (True), or `stop()` (False)."""
         logger.info("lease %s: %s is a candidate", self.candidate.name, self.identity)
         while not self._stopping.is_set():
+            asked = self._clock()
             if self._round_quietly():
-                self._renewed_at = self._clock()
+                self._renewed_at = asked
                 return True
             self._stopping.wait(self.retry_period_s)
         return False
@@ -169,8 +172,12 @@ class LeaderElector:
             with self._round_lock:
                 if self._wake.is_set():
                     return
+                # Dated from when it was asked: a standby measures the lease from when it saw
+                # the renewal, about when the API server carried it out, which an answer slow
+                # to come back (a second and more from a loaded API server) is well after.
+                asked = self._clock()
                 if self._round_quietly(leading=True):
-                    self._renewed_at = self._clock()
+                    self._renewed_at = asked
                     continue
             holder = self._observed.record.holder if self._observed else ""
             if holder != self.identity:  # someone else's, free, or gone
