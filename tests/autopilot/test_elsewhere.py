@@ -5,6 +5,7 @@ that failed are not another writer."""
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from batchpilot.operator.autopilot.elsewhere import EVERY_S, REASON
 from batchpilot.operator.autopilot.pilot import TickResult
 from batchpilot.operator.autopilot.prometheus import Scope
-from batchpilot.operator.kinds import DEPLOYMENT
+from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT
 from batchpilot.operator.kube import KubeError
 from tests.autopilot.test_pilot import T, World, overloaded
 
@@ -102,6 +103,37 @@ class TestAnotherWriter:
         world.kube.patch = patch  # type: ignore[method-assign]
         world.seconds += 15
         assert world.deployment["spec"]["replicas"] == 1
+        assert world.warnings(world.tick()) == []
+
+    def test_a_decision_whose_batch_settings_failed_owns_the_count_it_wrote(self) -> None:
+        """The replicas went through, the ConfigMap's patch after them did not: the count is
+        still the autopilot's, not another writer's at the next tick."""
+        signals: dict[str, Any] = {"now": no_metrics}
+        world = Writers(
+            observe=lambda scope, *, ready_replicas: signals["now"](
+                scope, ready_replicas=ready_replicas
+            )
+        )
+        world.tick()  # holds: 1 replica, the count it leaves
+        configmap = next(v for (kind, *_), v in world.kube.objects.items() if kind == "ConfigMap")
+        document = json.loads(configmap["data"]["batching.json"])
+        document["deadlineMs"] = 500  # a deadline the SLA no longer gives: written with it
+        configmap["data"]["batching.json"] = json.dumps(document)
+        patch = world.kube.patch
+
+        def refused(kind: Any, *args: Any, **kwargs: Any) -> Any:
+            if kind is CONFIGMAP:
+                raise KubeError(503, "the API server is unavailable")
+            return patch(kind, *args, **kwargs)
+
+        world.kube.patch = refused  # type: ignore[method-assign]
+        signals["now"] = overloaded
+        world.seconds += 15
+        with pytest.raises(KubeError):
+            world.tick()
+        world.kube.patch = patch  # type: ignore[method-assign]
+        assert world.deployment["spec"]["replicas"] > 1  # written before the failure
+        world.seconds += 15
         assert world.warnings(world.tick()) == []
 
     def test_the_specs_bounds_clamping_the_count_are_not_another_writer(self) -> None:

@@ -17,6 +17,7 @@ ready pods' endpoints, `PushBatching` for the PUT.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Protocol
 
 from batchpilot.operator import events
@@ -57,15 +58,19 @@ class Actuator:
         *,
         deadline_ms: float,
         in_force_deadline_ms: float | None,
+        replicas_written: Callable[[], None] = lambda: None,
     ) -> list[Event]:
         """Apply the decision, and the default deadline (which follows the SLA and the latency
-        learned outside the batcher, whatever the decision)."""
+        learned outside the batcher, whatever the decision). `replicas_written()` once the
+        Deployment has the decision's replicas, before the batch settings are written (which
+        may fail, the replicas staying written)."""
         replaced = [self._replace(owner, pod, decision.reason) for pod in decision.replace]
         said = [event for event in replaced if event is not None]
         if decision.replicas != current.replicas:
             self._kube.patch(
                 DEPLOYMENT, owner.namespace, owner.name, {"spec": {"replicas": decision.replicas}}
             )
+        replicas_written()
         wanted = (decision.batch_size, decision.max_queue_delay_s, deadline_ms)
         if wanted != (current.batch_size, current.max_queue_delay_s, in_force_deadline_ms):
             document = batching_document(

@@ -293,14 +293,22 @@ class Autopilot:
         return self._scrape.prime(namespace, name)
 
     def _applied(
-        self, key: tuple[str, str], uid: str, replicas: int, apply: Callable[[], list[Event]]
+        self,
+        key: tuple[str, str],
+        uid: str,
+        replicas: int,
+        apply: Callable[..., list[Event]],
     ) -> list[Event]:
-        """`apply()`; once the API took it, `replicas` are what the tick left in force (a write
-        that failed left the count as it was)."""
-        events = apply()
-        with self._lock:
-            self._others.left(key, uid=uid, replicas=replicas)
-        return events
+        """`apply(replicas_written=…)`; once the API took the replica count, `replicas` are what
+        the tick left in force — even where a later write of the same decision (the batch
+        settings) failed, whose next tick would otherwise take its own count for someone
+        else's (`elsewhere`); a failed patch of the count left it as it was."""
+
+        def written() -> None:
+            with self._lock:
+                self._others.left(key, uid=uid, replicas=replicas)
+
+        return apply(replicas_written=written)
 
     def _forget_count(self, key: tuple[str, str]) -> None:
         """The service's replica count is not the autopilot's to keep (mode recommend or off)."""
