@@ -80,6 +80,29 @@ def test_a_service_whose_writes_fail_does_not_stop_the_round() -> None:
     assert (report.ticked, report.failed) == (5, 1)
 
 
+def test_a_service_whose_series_cannot_be_read_does_not_stop_the_round() -> None:
+    class Malformed(CountingRounds):
+        def round(self, at: float | None = None) -> FleetRound:
+            whole = super().round(at)
+
+            class Broken(FleetRound):
+                def lacks(self, scope: Scope) -> bool:
+                    if scope.isvc == "model-2":
+                        raise ValueError("invalid literal for int() with base 10: 'x'")
+                    return super().lacks(scope)
+
+            return Broken(whole.at, whole.answers, 60, None, None, reading="recorded")
+
+    operator, _ = fleet_of(4)
+    for i in range(4):
+        handlers.reconcile(name=f"model-{i}", namespace=NS, memo=operator.memo)
+    operator.memo.fleet = FleetPilot(
+        operator.memo.passes, operator.memo.autopilot, Malformed(), post=lambda b, f: None
+    )
+    report = operator.memo.fleet.run_round(names(4))
+    assert (report.services, report.ticked) == (4, 4)
+
+
 def test_no_services_no_round() -> None:
     operator, rounds = fleet_of(0)
     assert operator.memo.fleet.run_round([]).services == 0

@@ -115,7 +115,7 @@ class FleetPilot:
             return RoundReport(0, 0, 0, reading=None)
         answers = self._observer.round()
         lacking = (
-            keys if answers.answers is None else [key for key in keys if answers.lacks(Scope(*key))]
+            keys if answers.answers is None else [key for key in keys if self._lacks(answers, key)]
         )
         started = self._clock()
         primed = self._prime(lacking)
@@ -136,6 +136,16 @@ class FleetPilot:
             observed_s=answers.took_s,
             primed=primed,
         )
+
+    @staticmethod
+    def _lacks(answers: FleetRound, key: tuple[str, str]) -> bool:
+        """Whether the round lacks the service's signals: so where its series cannot be read
+        (one malformed series is that service's, not the whole round's)."""
+        try:
+            return answers.lacks(Scope(*key))
+        except Exception:
+            log.exception("reading the round's answers for %s/%s failed", *key)
+            return True
 
     def _submit(self, key: tuple[str, str], answers: FleetRound, hold_events: bool) -> Future[bool]:
         # Each tick in the caller's context (kopf's: its Events need it), copied per tick.
