@@ -10,7 +10,7 @@ import dataclasses
 import io
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,33 +33,41 @@ from tests import onnx_models
 SLOW_PREPROCESS_S = 0.05
 
 
-@pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[ModelServer]:
-    """Images in, on a zero-latency simulated engine, with a preprocess stage that takes 50 ms."""
+def image_server(tmp_path: Path, wrap: Callable[[Any], Any]) -> ModelServer:
+    """Images in, on a zero-latency simulated engine, queue of 8, the preprocess on one thread:
+    the pipeline's own stage as `wrap` makes it."""
     model = onnx_models.image_signature(tmp_path / "classifier.onnx", classes=4)
     engine = SimulatedEngine.load(
         model, name="classifier", latency=LatencyModel(alpha_s=0.0, beta_s=0.0)
     )
     config = PipelineConfig(preprocess=Preprocess(image=ImagePreprocess(input="images")))
     pipeline = build_pipeline(config, engine.signature, model_dir=tmp_path)
-    stage = pipeline.preprocess
-    assert stage is not None
-
-    def slow(inputs: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
-        time.sleep(SLOW_PREPROCESS_S)  # stands for a large image being decoded and resized
-        return stage(inputs)
-
+    assert pipeline.preprocess is not None
     metrics = RuntimeMetrics(
         model="classifier", service="", namespace="", engine=engine.info, nvml=None
     )
-    served = ModelServer(
+    return ModelServer(
         engine,
         batching=BatchSettings(max_batch_size=4, max_queue_delay_s=0.0),
         queue_capacity=8,
         metrics=metrics,
-        pipeline=dataclasses.replace(pipeline, preprocess=slow),
+        pipeline=dataclasses.replace(pipeline, preprocess=wrap(pipeline.preprocess)),
         pipeline_threads=1,
     )
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[ModelServer]:
+    """A preprocess stage that takes 50 ms."""
+
+    def slowed(stage: Any) -> Any:
+        def slow(inputs: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
+            time.sleep(SLOW_PREPROCESS_S)  # stands for a large image being decoded and resized
+            return stage(inputs)  # type: ignore[no-any-return]
+
+        return slow
+
+    served = image_server(tmp_path, slowed)
     served.start()
     yield served
     await served.close()
@@ -121,27 +129,16 @@ class HeldStage:
 
 @pytest.fixture
 async def held(tmp_path: Path) -> AsyncIterator[tuple[ModelServer, HeldStage]]:
-    model = onnx_models.image_signature(tmp_path / "classifier.onnx", classes=4)
-    engine = SimulatedEngine.load(
-        model, name="classifier", latency=LatencyModel(alpha_s=0.0, beta_s=0.0)
-    )
-    config = PipelineConfig(preprocess=Preprocess(image=ImagePreprocess(input="images")))
-    pipeline = build_pipeline(config, engine.signature, model_dir=tmp_path)
-    stage = HeldStage(pipeline.preprocess)
-    metrics = RuntimeMetrics(
-        model="classifier", service="", namespace="", engine=engine.info, nvml=None
-    )
-    served = ModelServer(
-        engine,
-        batching=BatchSettings(max_batch_size=4, max_queue_delay_s=0.0),
-        queue_capacity=8,
-        metrics=metrics,
-        pipeline=dataclasses.replace(pipeline, preprocess=stage),
-        pipeline_threads=1,
-    )
+    stages: list[HeldStage] = []
+
+    def holding(stage: Any) -> HeldStage:
+        stages.append(HeldStage(stage))
+        return stages[0]
+
+    served = image_server(tmp_path, holding)
     served.start()
-    yield served, stage
-    stage.go.set()
+    yield served, stages[0]
+    stages[0].go.set()
     await served.close()
 
 
