@@ -552,9 +552,9 @@ class TestARoundWithoutOneServicesSeries(TestAnOutagesFirstRound):
 
         answered = threading.Event()
 
-        def tick(namespace: str, name: str, answers: FleetRound) -> bool:
+        def tick(namespace: str, name: str, answers: FleetRound, hold_events: bool) -> bool:
             self.order.append(name)
-            done = ticks(namespace, name, answers)
+            done = ticks(namespace, name, answers, hold_events)
             if name == "bert":
                 answered.set()
             return done
