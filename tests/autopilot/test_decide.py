@@ -1081,6 +1081,53 @@ class TestPacing:
         # t=75: the window opens at t=15 (1) → every recommendation is 1 → down to 1.
         assert replicas == [3, 3, 3, 3, 1, 1, 1]
 
+    def test_the_count_follows_the_windows_highest_recommendation_down(self) -> None:
+        """As the HPA's: once the window's highest recommendation falls, the count follows at
+        once, not a whole window after its last step. A load that fell from 3 replicas' worth
+        to 1's read as 2's in its first window (the window still held some of the old load)."""
+        current, state = InForce(3, 8, 0.005), State(fit=MODEL, recommendations=((0.0, 3),))
+        replicas = []
+        for tick, qps in enumerate([400, 50, 50, 50, 50, 50, 50, 50], start=1):
+            obs = seen(at=tick * TICK, qps=qps, p99_ms=15, ready=current.replicas)
+            decision, current, state = step(obs, current, state, tick * TICK)
+            replicas.append(decision.replicas)
+        # t=75: the window opens at t=15 (2) → down to 2; t=90: it opens at t=30 (1) → 1.
+        # Started afresh at t=75, it would have waited until t=135 for the second step.
+        assert replicas == [3, 3, 3, 3, 2, 1, 1, 1]
+
+    @pytest.mark.parametrize(
+        ("stepwise", "counts"),
+        [(False, [3, 3, 3, 3, 2, 1, 1, 1]), (True, [3, 3, 3, 3, 2, 2, 2, 2])],
+        ids=["budget-left", "budget-spent"],
+    )
+    def test_with_the_budget_spent_each_step_down_waits_a_window(
+        self, stepwise: bool, counts: list[int]
+    ) -> None:
+        """The same fall as above, paced directly: where the error budget cannot pay for a
+        miss, the replicas of each step stay a window more, for a load that comes back."""
+        current, state = InForce(3, 8, 0.005), State(recommendations=((0.0, 3),))
+        replicas = []
+        for tick, want in enumerate([2, 1, 1, 1, 1, 1, 1, 1], start=1):
+            paced = pace(
+                want=want,
+                current=current,
+                ready=current.replicas,
+                sla_met=True,
+                policy=POLICY,
+                state=state,
+                now=tick * TICK,
+                model=None,
+                rate=50.0,
+                batch=8,
+                delay_s=0.005,
+                overhead_s=0.0,
+                stepwise=stepwise,
+            )
+            state = replace(state, recommendations=paced.recommendations)
+            current = replace(current, replicas=paced.replicas)
+            replicas.append(paced.replicas)
+        assert replicas == counts
+
     def test_a_short_dip_does_not_scale_down(self) -> None:
         current, state = InForce(2, 8, 0.005), State(fit=MODEL)
         loads = [600, 600, 50, 50, 600, 600, 600, 600]

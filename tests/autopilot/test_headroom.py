@@ -46,8 +46,26 @@ class TestRateHistory:
         assert set(history.rates[:-1]) == {UNSEEN}
 
     def test_rises_look_one_horizon_ahead(self) -> None:
-        rises = history_of([100, 100, 100, 300, 300, 300]).rises(HORIZON)  # 3 buckets ahead
+        rises = history_of([100, 100, 100, 100, 300, 300, 300]).rises(HORIZON)  # 3 buckets
+        # (the first bucket starts none: nothing was seen before it)
         assert rises == [(3.0, 300, 100), (3.0, 300, 100), (3.0, 300, 100)]
+
+    def test_the_first_bucket_seen_starts_no_rise(self) -> None:
+        """A new service's first decision reads a window its traffic began inside; the rise
+        from it to the load is no episode, nor is one from the first bucket after a gap."""
+        assert history_of([70, 800, 800, 800, 800, 800]).rises(HORIZON) == [
+            (1.0, 800, 800),
+            (1.0, 800, 800),
+        ]
+        gap = history_of([800.0] * 5).add(7 * BUCKET_S, 70)
+        for k in range(8, 12):
+            gap = gap.add(k * BUCKET_S, 800)
+        assert all(rise <= 1.0 for rise, _, _ in gap.rises(HORIZON))
+
+    def test_a_start_and_one_later_burst_are_no_pattern(self) -> None:
+        rates = [70.0] + [800.0] * 20 + [200.0] * 12 + [800.0] * 2 + [200.0] * 20
+        plan = plan_rate(200, history_of(rates), horizon_s=HORIZON, affordable=0.0)
+        assert plan.rate == pytest.approx(200 * GROWTH_MARGIN)
 
     def test_rises_from_idle_are_measured_from_a_floor_of_the_peak(self) -> None:
         rises = history_of([0, 0, 0, 0, 200, 200, 200, 200]).rises(HORIZON)

@@ -289,13 +289,8 @@ def decide(
             sla_s=planning.sla_p99_s,
         )
 
-    headroom = plan_rate(
-        rate,
-        history,
-        horizon_s=horizon,
-        affordable=affordable(policy.objective, slo.report(now)),
-        absorbed=absorbs,
-    )
+    budget = affordable(policy.objective, slo.report(now))
+    headroom = plan_rate(rate, history, horizon_s=horizon, affordable=budget, absorbed=absorbs)
     headroom = with_season(headroom, observation, present=rate, absorbed=absorbs)
     learned_state = replace(
         learned.state,
@@ -563,6 +558,7 @@ def decide(
         delay_s=delay_s,
         overhead_s=overhead or 0.0,
         served_while_refusing=observation.qps if unserved > REFUSING_SHARE else None,
+        stepwise=budget <= 0.0,
         clean_offered=(
             offered
             if unserved <= CLEAN_SHARE and steered and settled and ready >= current.replicas

@@ -82,16 +82,21 @@ class RateHistory:
         return max(self.rates, default=0.0)
 
     def rises(self, horizon_s: float) -> list[tuple[float, float, float]]:
-        """For every bucket with a full horizon after it: (rise, reach, rate) — its rate, the
-        highest rate within the horizon after it (the reach), and the one over the other (from
-        at least `FLOOR_SHARE` of the peak)."""
+        """For every bucket with a full horizon after it, and a bucket seen before it: (rise,
+        reach, rate) — its rate, the highest rate within the horizon after it (the reach), and
+        the one over the other (from at least `FLOOR_SHARE` of the peak). The first bucket seen
+        (the service's first decision, the first after the operator was away, the oldest of the
+        hour kept) starts no rise: what came before it is unknown, and its reading is often a
+        window the traffic began inside — the mean of the load and the silence before it. A new
+        service's start read as a rise, and with one later burst made two: the peak held for
+        an hour."""
         ahead = max(1, math.ceil(horizon_s / BUCKET_S))
         rates = self.rates
         floor = max(1.0, FLOOR_SHARE * self.peak)
         out = []
-        for i in range(len(rates) - ahead):
+        for i in range(1, len(rates) - ahead):
             start = rates[i]
-            if start == UNSEEN:
+            if start == UNSEEN or rates[i - 1] == UNSEEN:
                 continue
             later = max(rates[i + 1 : i + 1 + ahead])  # UNSEEN is below every rate
             if later != UNSEEN:

@@ -3,10 +3,14 @@
 Batch size moves fast (it takes effect in seconds, with no restart); replicas move slower.
 Scale-up happens at once. Scale-down waits until the stabilization window (the policy's
 scale-down delay) has recommended fewer replicas all along — the highest recommendation in the
-window wins, as in Kubernetes' HPA — never while over the SLA, while replicas are still
-starting or not scraped, or while Prometheus holds only part of the window; and only with a
-wider margin than scale-up needs (hysteresis: the replicas that stay must carry the load at
-`SCALE_DOWN_LOAD` of their capacity with the plan's headroom), so the count does not flap.
+window wins, as in Kubernetes' HPA, and the count follows it down as the older ones age out —
+but step by step, a whole window between steps, while the error budget cannot pay for a miss
+(spent, or burning faster than the objective allows: `stepwise`): each step then keeps, for a
+window more, the replicas a load that comes back would need — never while over the SLA,
+while replicas are still starting or not scraped, or while Prometheus holds only part of the
+window; and only with a wider margin than scale-up needs (hysteresis: the replicas that stay
+must carry the load at `SCALE_DOWN_LOAD` of their capacity with the plan's headroom), so the
+count does not flap.
 Bounds (minReplicas, maxReplicas) apply to every recommendation.
 
 A recommendation made while the service refused requests is marked: its load counts every
@@ -101,11 +105,14 @@ def pace(
     overhead_s: float,
     served_while_refusing: float | None = None,
     clean_offered: float | None = None,
+    stepwise: bool = False,
 ) -> Paced:
     """Replicas to set now, the recommendations to remember, and a note on any restraint.
     `served_while_refusing`: this window refused requests, and served this many per second (its
     recommendation is marked); `clean_offered`: it refused none, describes the replicas in
-    force, and this many arrived per second (it shows what the marked ones stood for)."""
+    force, and this many arrived per second (it shows what the marked ones stood for);
+    `stepwise`: after a step down the window starts afresh (the error budget cannot pay for a
+    miss)."""
     want = max(policy.min_replicas, min(policy.max_replicas, want))
     mark = () if served_while_refusing is None else ((now, served_while_refusing),)
     if want > current.replicas:
@@ -167,4 +174,12 @@ def pace(
 
         if p99(rate) > target and p99(rate * LOAD_HEADROOM) > near:
             return stay("fewer replicas would leave too little headroom")
-    return Paced(stable, ((now, stable),), (), None, shown, want)
+    # The window stays: its highest recommendation falls as the older ones age out, and the
+    # count follows it down, as the HPA's does (started afresh at each step, a load that fell
+    # from 800 to 200 rps went 3 → 2 replicas after the delay, the first windows after the fall
+    # still holding some of the old load, and 2 → 1 a whole delay later). Unless the budget is
+    # spent: then the replicas of each step stay a window more, for a load that comes back
+    # (spikes every few minutes found the count followed down to the quiet level between them).
+    if stepwise:
+        return Paced(stable, ((now, stable),), (), None, shown, want)
+    return Paced(stable, window, marks, None, shown, want)
