@@ -266,6 +266,78 @@ async def test_until_kopf_has_listed_the_fleet_the_rounds_go_over_the_operators_
     assert not said[2].endswith(")")
 
 
+@pytest.mark.parametrize("listable", [True, False], ids=["listed", "left-to-kopf"])
+async def test_the_first_round_says_when_it_is_over_so_kopf_starts_after_it(
+    listable: bool,
+) -> None:
+    """kopf's watches start once the startup handlers are over; `start_autopilot` holds them
+    until the first round is done (it shared the GIL with kopf's lists, 22 s at 1,000
+    services) — or, where the operator cannot list the fleet, until the round is left to
+    wait for kopf's own lists."""
+    rounds: list[bool] = []
+
+    class Recording:
+        def run_round(
+            self, services: list[tuple[str, str]], hold_events: bool = False
+        ) -> RoundReport:
+            rounds.append(hold_events)
+            return RoundReport(len(services), len(services), 0, reading="raw")
+
+    first = asyncio.Event()
+    loop = asyncio.create_task(
+        handlers.fleet_loop(
+            Recording(),  # type: ignore[arg-type]
+            {},
+            3600.0,
+            known=lambda: False,
+            listed=lambda: [(NS, "a")] if listable else None,
+            first=first,
+        )
+    )
+    try:
+        await asyncio.wait_for(first.wait(), timeout=10)
+    finally:
+        loop.cancel()
+    assert rounds == ([True] if listable else [])
+
+
+async def test_once_kopf_has_listed_the_fleet_its_round_comes_at_once() -> None:
+    """After a round over the operator's own list, the first in kopf's context does not wait
+    out the interval: kopf's handlers have made the children of services created meanwhile."""
+    rounds: list[bool] = []
+    first, second = asyncio.Event(), asyncio.Event()
+    loop_of_test = asyncio.get_running_loop()
+
+    class Recording:
+        def run_round(
+            self, services: list[tuple[str, str]], hold_events: bool = False
+        ) -> RoundReport:
+            rounds.append(hold_events)
+            done = first if len(rounds) == 1 else second
+            loop_of_test.call_soon_threadsafe(done.set)
+            return RoundReport(len(services), len(services), 0, reading="raw")
+
+    index: dict[tuple[str, str], Any] = {}
+    listed = asyncio.Event()
+    loop = asyncio.create_task(
+        handlers.fleet_loop(
+            Recording(),  # type: ignore[arg-type]
+            index,
+            3600.0,  # an interval no test waits out
+            known=listed.is_set,
+            listed=lambda: [(NS, "a")],
+        )
+    )
+    try:
+        await asyncio.wait_for(first.wait(), timeout=10)
+        index[(NS, "a")] = True
+        listed.set()
+        await asyncio.wait_for(second.wait(), timeout=10)
+    finally:
+        loop.cancel()
+    assert rounds == [True, False]
+
+
 def test_a_round_that_holds_its_events_has_the_next_post_them() -> None:
     operator, rounds = fleet_of(2)
     for i in range(2):
