@@ -344,6 +344,49 @@ class TestHalfClose:
         assert outcomes(Scrape(server))["success"] == before["success"]
 
 
+def test_a_body_pipelined_behind_a_long_answer_is_not_held_to_the_rate(
+    mlp_model: Path, tmp_path: Path
+) -> None:
+    """The server reads nothing of a request pipelined behind one it still answers (7 s
+    here): the part of its body that came with its headers is not a body trickling at 20 bytes
+    a second, and the rest, sent at once, is read when its turn comes."""
+    with (
+        runtime_process(
+            mlp_model,
+            "--engine",
+            "simulated",
+            "--simulated-latency",
+            "alpha_ms=7000,beta_ms=0",
+            "--deadline-ms",
+            "0",
+            "--admission",
+            "queue",  # no start-up timing of batches this slow
+            log_dir=tmp_path,
+        ) as server,
+        connect(server) as sock,
+    ):
+        # The second: a body that is no JSON, answered 400 as soon as it is all read.
+        bad = b"x" * len(BODY)
+        sock.sendall(post_head(len(BODY)) + BODY)
+        time.sleep(0.3)  # the next request while the first is answered: its head, a few bytes
+        sock.sendall(post_head(len(bad)) + bad[:20])
+        time.sleep(0.3)  # the rest of its body, a moment later
+        sock.sendall(bad[20:])
+        data = b""
+        deadline = time.monotonic() + 15
+        while data.count(b"HTTP/1.1 ") < 2 and (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                break
+            if not chunk:
+                break
+            data += chunk
+    statuses = [status for status, _ in Received(data, "open").answers]
+    assert statuses == [200, 400], data[:400]
+
+
 def test_requests_beyond_the_connection_limit_get_503_and_a_closed_connection(
     mlp_model: Path, tmp_path: Path
 ) -> None:

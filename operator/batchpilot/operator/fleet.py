@@ -110,7 +110,7 @@ class FleetPilot:
         first (this round runs where they cannot be posted)."""
         keys = list(services)
         if not hold_events:
-            self._post_held()
+            self.post_held()
         if not keys:
             return RoundReport(0, 0, 0, reading=None)
         answers = self._observer.round()
@@ -154,7 +154,13 @@ class FleetPilot:
             contextvars.copy_context().run, self._tick, namespace, name, answers, hold_events
         )
 
-    def _post_held(self) -> None:
+    @property
+    def holding(self) -> bool:
+        """Whether Events of earlier rounds wait to be posted."""
+        return bool(self._held)
+
+    def post_held(self) -> None:
+        """Post the Events earlier rounds held (in the caller's context: kopf's)."""
         with self._held_lock:
             held, self._held = self._held, []
         for body, events in held:

@@ -256,25 +256,36 @@ async def fleet_loop(
     interval after the last (a service created while no operator ran has no children before
     kopf's handlers make them). Where `listed()` cannot (None), the first round waits until
     `known()`, looked at every `FLEET_KNOWN_POLL_S`, and no longer: a round then would find no
-    service and wait a whole interval. `first` is set once the first round is over, or once it
+    service and wait a whole interval. The operator lists the fleet once: only before kopf's
+    watches start is its list sure to be corrected by kopf's own (a list of ours taken while a
+    watch runs could put back what the watch had just seen deleted), so a second round before
+    kopf's lists are in waits for them. `first` is set once the first round is over, or once it
     is left to wait for kopf's lists (`start_autopilot` holds kopf's start until then)."""
     loop = asyncio.get_running_loop()
+    listing = True  # the operator's own list: once, before kopf's watches start
     while True:
         started = loop.time()
         early = not known()  # set from kopf's handler threads: looked at, not awaited
         keys: list[tuple[str, str]] | None = None
-        if early:
-            keys = await asyncio.to_thread(listed)
-            if keys is None:
-                if first is not None:
-                    first.set()
-                await _until(known)
-                started, early = loop.time(), False
+        if early and listing:
+            listing = False
+            try:
+                keys = await asyncio.to_thread(listed)
+            except Exception:  # the loop outlives its list: kopf's lists will do
+                log.exception("listing the fleet for the autopilot's first round failed")
+        if early and keys is None:
+            if first is not None:
+                first.set()
+            await _until(known)
+            started, early = loop.time(), False
         if keys is None:
             keys = list(services)  # a snapshot, taken in kopf's loop that updates it
         try:
+            run = (context() or contextvars.copy_context()).copy()
+            if not keys and not early and fleet.holding:
+                # No service to tick (all gone, or turned off): the Events held still go out.
+                await asyncio.to_thread(run.run, fleet.post_held)
             if keys:
-                run = (context() or contextvars.copy_context()).copy()
                 report = await asyncio.to_thread(
                     run.run, functools.partial(fleet.run_round, keys, hold_events=early)
                 )

@@ -518,6 +518,14 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if self._awaiting_headers or self._discarding or self.transport.is_closing():
             return  # (the body ended, or the connection is closing anyway)
         now = self.loop.time()
+        if self.flow.read_paused:
+            # The server is not reading (a request pipelined behind one still answered, or a
+            # body the app has not taken in yet): the client cannot be behind. Its clocks start
+            # again once reading does.
+            self._body_read_at = self._body_since = now
+            self._body_bytes = 0
+            self._body_timer = self.loop.call_later(self._body_check_in(now), self._body_timed_out)
+            return
         refusal = None
         if self._body_read_at + self.limits.body_timeout_s <= now:
             refusal = f"the request's body stalled: no byte for {self.limits.body_timeout_s:g} s"
