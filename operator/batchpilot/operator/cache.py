@@ -235,8 +235,7 @@ class WatchCache:
         if kind not in self._objects:
             return
         with self._lock:
-            key = _key(obj)
-            if key in self._objects[kind] or (kind, key) in self._named_by or self._keep(kind, obj):
+            if self._wanted(kind, obj):
                 self._put(kind, obj, watched=True)
 
     def gone(self, kind: ResourceKind, obj: Obj) -> None:
@@ -315,14 +314,9 @@ class WatchCache:
         kept: list[Obj] = []
         with self._lock:
             for obj in listed:
-                key = _key(obj)
-                if (
-                    key in self._objects[kind]
-                    or (kind, key) in self._named_by
-                    or self._keep(kind, obj)
-                ):
+                if self._wanted(kind, obj):
                     self._put(kind, obj)
-                    found = self._objects[kind].get(key)
+                    found = self._objects[kind].get(_key(obj))
                     if found is not None:
                         kept.append(found.value())
             self._stocked.add(kind)
@@ -457,6 +451,12 @@ class WatchCache:
                 self._deleted[(kind, key)] = current.version
 
     # --- inside ------------------------------------------------------------------------------
+
+    def _wanted(self, kind: ResourceKind, obj: Obj) -> bool:
+        """Whether memory keeps `obj` (call with the lock held): it is there already, something
+        kept names it, or `keep` wants it."""
+        key = _key(obj)
+        return key in self._objects[kind] or (kind, key) in self._named_by or self._keep(kind, obj)
 
     def _put(self, kind: ResourceKind, obj: Obj, *, watched: bool = False) -> None:
         """Store `obj` unless what is stored is newer (call with the lock held). Of two copies
