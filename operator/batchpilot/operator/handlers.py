@@ -250,8 +250,8 @@ async def fleet_loop(
 
     The loop starts with the operator, before kopf has listed the fleet (`known()`), and an
     operator that takes the lead over a fleet under load must not leave it without a decision
-    while kopf lists it (17 s at 1,000 services). Until then each round is over `listed()` —
-    the services as the operator lists them itself (stock.py) — its Events held for the first
+    while kopf lists it (17 s at 1,000 services). So its first round is over `listed()` — the
+    services as the operator lists them itself (stock.py) — its Events held for the first
     round in kopf's context, which comes as soon as kopf has listed the fleet rather than an
     interval after the last (a service created while no operator ran has no children before
     kopf's handlers make them). Where `listed()` cannot (None), the first round waits until
