@@ -4,8 +4,10 @@ that failed are not another writer."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,7 +15,7 @@ import pytest
 from batchpilot.operator.autopilot.elsewhere import EVERY_S, REASON
 from batchpilot.operator.autopilot.pilot import TickResult
 from batchpilot.operator.autopilot.prometheus import Scope
-from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT
+from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT, ResourceKind
 from batchpilot.operator.kube import KubeError
 from tests.autopilot.test_pilot import T, World, overloaded
 
@@ -38,6 +40,22 @@ class Writers(World):
         self.kube.patch(
             DEPLOYMENT, "vision", "resnet50", {"spec": {"replicas": replicas}}, subresource="scale"
         )
+
+    @contextlib.contextmanager
+    def refusing(self, refused: ResourceKind) -> Iterator[None]:
+        """The API server fails every patch of `refused` (503) meanwhile."""
+        patch = self.kube.patch
+
+        def failing(kind: Any, *args: Any, **kwargs: Any) -> Any:
+            if kind is refused:
+                raise KubeError(503, "the API server is unavailable")
+            return patch(kind, *args, **kwargs)
+
+        self.kube.patch = failing  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            self.kube.patch = patch  # type: ignore[method-assign]
 
     def warnings(self, result: TickResult) -> list[str]:
         return [e.message for e in result.events if e.reason == REASON]
@@ -90,17 +108,8 @@ class TestAnotherWriter:
         world.tick()
         world.deployment["spec"]["replicas"] = 1
         world.autopilot.forget([])  # a fresh start: the next tick only looks
-        patch = world.kube.patch
-
-        def refused(kind: Any, *args: Any, **kwargs: Any) -> Any:
-            if kind is DEPLOYMENT:
-                raise KubeError(503, "the API server is unavailable")
-            return patch(kind, *args, **kwargs)
-
-        world.kube.patch = refused  # type: ignore[method-assign]
-        with pytest.raises(KubeError):
+        with world.refusing(DEPLOYMENT), pytest.raises(KubeError):
             world.tick()
-        world.kube.patch = patch  # type: ignore[method-assign]
         world.seconds += 15
         assert world.deployment["spec"]["replicas"] == 1
         assert world.warnings(world.tick()) == []
@@ -119,19 +128,10 @@ class TestAnotherWriter:
         document = json.loads(configmap["data"]["batching.json"])
         document["deadlineMs"] = 500  # a deadline the SLA no longer gives: written with it
         configmap["data"]["batching.json"] = json.dumps(document)
-        patch = world.kube.patch
-
-        def refused(kind: Any, *args: Any, **kwargs: Any) -> Any:
-            if kind is CONFIGMAP:
-                raise KubeError(503, "the API server is unavailable")
-            return patch(kind, *args, **kwargs)
-
-        world.kube.patch = refused  # type: ignore[method-assign]
         signals["now"] = overloaded
         world.seconds += 15
-        with pytest.raises(KubeError):
+        with world.refusing(CONFIGMAP), pytest.raises(KubeError):
             world.tick()
-        world.kube.patch = patch  # type: ignore[method-assign]
         assert world.deployment["spec"]["replicas"] > 1  # written before the failure
         world.seconds += 15
         assert world.warnings(world.tick()) == []
