@@ -185,9 +185,12 @@ class Unanswered:
         self._kube = kube
         self.cut = threading.Event()
         self.restored = threading.Event()
+        self.hanging = threading.Event()
+        """Set once a read hangs."""
 
     def get(self, kind: ResourceKind, namespace: str, name: str) -> dict[str, Any] | None:
         if self.cut.is_set():
+            self.hanging.set()
             self.restored.wait(30)
         return self._kube.get(kind, namespace, name)
 
@@ -327,3 +330,30 @@ class TestLosingTheLease:
             assert lost_after < DURATION_S  # before anyone who saw that renewal may take over
         finally:
             slow.restored.set()
+
+
+class TestHandOverInTrouble:
+    def test_a_release_behind_a_hung_renewal_gives_up_when_the_lease_runs_out(
+        self, lease_kube: KubeClient, lease_name: str
+    ) -> None:
+        """SIGTERM while a renewal hangs on an API server gone quiet: the release would wait for
+        that round (30 s here, a client's retries in a cluster), holding the pod's shutdown for a
+        Lease a standby may take anyway once it has run out."""
+        quiet = Unanswered(lease_kube)
+        leader = Candidacy(elector(quiet, lease_name, "operator-a"))
+        try:
+            assert leader.leading.wait(5)
+            wait_until(
+                lambda: renewed_for(lease_kube, lease_name) >= RETRY_S,
+                timeout=10,
+                what="a renewal",
+            )
+            quiet.cut.set()
+            assert quiet.hanging.wait(5)  # the next renewal's read hangs
+            stopping = time.monotonic()
+            leader.elector.stop()
+            assert leader.done.wait(5)
+            assert leader.elector.release() is False
+            assert time.monotonic() - stopping <= DURATION_S + SLACK_S
+        finally:
+            quiet.restored.set()

@@ -148,10 +148,23 @@ class LeaderElector:
 
     def release(self) -> bool:
         """Give the Lease up, so that a standby takes it at once. True when it was ours and now
-        is free; False when it was not ours (lost) or the API refused."""
+        is free; False when it was not ours (lost), the API refused, or the Lease runs out by
+        itself first: a renewal still in flight against an API server in trouble (its client
+        retrying) is not waited for past the time a standby may take the Lease anyway, nor is
+        another attempt started after it — the process's shutdown is not held for nothing."""
         self.stop()
-        with self._round_lock:
+        expires = (self._renewed_at or self._clock()) + self.candidate.duration_s
+        if not self._round_lock.acquire(timeout=max(0.0, expires - self._clock())):
+            logger.warning(
+                "lease %s: not released: a renewal is still in flight; it runs out by itself",
+                self.candidate.name,
+            )
+            return False
+        try:
             for _ in range(RELEASE_ATTEMPTS):
+                if self._clock() >= expires:
+                    logger.info("lease %s: not released: it has run out", self.candidate.name)
+                    return False
                 try:
                     lease = self._kube.get(LEASE, self.candidate.namespace, self.candidate.name)
                     body = release(lease, candidate=self.candidate, wall=self._wall())
@@ -165,6 +178,8 @@ class LeaderElector:
                     return False
                 logger.info("lease %s: %s released it", self.candidate.name, self.identity)
                 return True
+        finally:
+            self._round_lock.release()
         return False
 
     def _renew(self) -> None:
