@@ -22,7 +22,10 @@ requests are outstanding (any more are counted as `client-overflow`); each reque
 after 10 s; every process started is stopped on the way out. 127.0.0.1 only.
 
     .venv/bin/python bench/transitions.py [--rate 170] [--pre-stop-s 5] [--pod-host]
-        [--engine simulated|onnx] [--json OUT]
+        [--engine simulated|onnx] [--balance request|connection] [--json OUT]
+
+`--balance connection` puts the sandbox's Service in kube-proxy's mode: each client connection
+stays on its pod, also once the pod has left the endpoints.
 """
 
 from __future__ import annotations
@@ -340,7 +343,8 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         rest.call(f"/apis/apps/v1/namespaces/{NS}/deployments", "POST", first)
         proxy = subprocess.Popen(
             [sys.executable, "-m", "batchpilot.sandbox.service",
-             "--port", str(proxy_port), "--endpoints", str(endpoints_file)],
+             "--port", str(proxy_port), "--endpoints", str(endpoints_file),
+             "--balance", args.balance],
         )  # fmt: skip
         stack.callback(stop_processes, [proxy], grace_s=10)
         host = stack.enter_context(pod_host_process(workdir / "podhost")) if args.pod_host else None
@@ -393,6 +397,12 @@ def main() -> int:
     parser.add_argument("--start-delay-s", type=float, default=1.0)
     parser.add_argument(
         "--pre-stop-s", type=int, default=5, help="the operator's preStopSleepSeconds"
+    )
+    parser.add_argument(
+        "--balance",
+        choices=["request", "connection"],
+        default="request",
+        help="the Service's balancing: per request (a mesh) or per connection (kube-proxy)",
     )
     parser.add_argument("--max-in-flight", type=int, default=400)
     parser.add_argument("--budget-s", type=float, default=240.0)

@@ -360,6 +360,61 @@ class TestLinger:
         assert (counts["success"], counts["rejected"]) == (1, 2), counts
 
 
+class TestConnectionsOpenAtTheSignal:
+    def test_the_next_request_of_each_is_served_and_closes_it(
+        self, mlp_model: Path, tmp_path: Path
+    ) -> None:
+        """Behind a Service (kube-proxy) a connection stays on its pod after the pod has left
+        the endpoints, so its client's next request can only come here: a 503 would be an error
+        to every client that does not retry one. It is served, with `Connection: close`; the
+        client's next connection goes to a replica in the endpoints (here: 503)."""
+        request = v2_request(mlp_rows(1, seed=0), binary_inputs={"x"})
+        with start_draining_server(mlp_model, tmp_path, "--drain-linger-s", "3") as server:
+            pinned = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+            quiet = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+            try:
+                for connection in (pinned, quiet):
+                    connection.request("POST", INFER, body=request[0], headers=request[1])
+                    answer = connection.getresponse()
+                    answer.read()
+                    assert answer.status == 200
+                    assert answer.getheader("connection") is None  # kept alive
+
+                server.process.send_signal(signal.SIGTERM)
+                wait_until(
+                    lambda: (
+                        "the next request of 2 open connections is still served" in server.log()
+                    ),
+                    timeout=10,
+                    what="the drain to start",
+                )
+                pinned.request("POST", INFER, body=request[0], headers=request[1])
+                served = pinned.getresponse()
+                body = served.read()
+                assert served.status == 200, body
+                assert served.getheader("connection") == "close"
+                # once is all: the connection is closed after that answer
+                assert pinned.sock is None or pinned.sock.recv(1) == b""
+
+                fresh = send(server, "POST", INFER, *request)  # opened after the signal
+                assert fresh.status == 503, fresh.body
+                assert fresh.headers["connection"] == "close"
+                # the other, idle, is waited for until it has been quiet for a linger
+                wait_until(
+                    lambda: (
+                        "drain: 1 open connections sent nothing since the signal" in server.log()
+                    ),
+                    timeout=10,
+                    what="the drain to stop waiting for the idle connection",
+                )
+            finally:
+                pinned.close()
+                quiet.close()
+            assert server.process.wait(timeout=20) == 0
+        counts = final_tally(server.log())
+        assert (counts["success"], counts["rejected"]) == (3, 1), counts
+
+
 def test_a_request_whose_body_is_still_coming_is_refused_when_the_drain_starts(
     mlp_model: Path, tmp_path: Path
 ) -> None:

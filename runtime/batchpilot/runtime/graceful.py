@@ -28,6 +28,9 @@ log = logging.getLogger("batchpilot.runtime")
 
 LINGER_STRETCH = 5
 """The linger lasts while connections are still open, up to this many times `--drain-linger-s`."""
+OWED_POLL_S = 0.05
+"""How often a drain serving the connections opened before the signal looks whether each has
+brought its request (uvicorn offers no event for it)."""
 HOLD_POLL_S = 0.1
 """How often a drain holding for async results looks whether they have all been fetched."""
 
@@ -57,9 +60,12 @@ async def hold_unfetched(
 
 class DrainingServer(uvicorn.Server):
     """uvicorn, but the first SIGTERM/SIGINT starts a drain that resets no connection it
-    accepted: the queue closes at once (new requests get 503, readiness fails), gRPC sends
-    GOAWAY, every HTTP answer from then on says `Connection: close`, and the sockets close only
-    once the queue is served and a linger has passed. (Connections still arriving when the
+    accepted: new requests get 503 and readiness fails, but each connection opened before the
+    signal has its next request served, as gRPC's connections have theirs until their age
+    retires them (a Service keeps a connection on its pod after the pod has left the
+    endpoints: a 503 would be the client's error); every HTTP answer from then on says
+    `Connection: close`; the sockets close only once the queue is served and a linger has
+    passed. (Connections still arriving when the
     listener closes are the kernel's to refuse, with a reset; behind a Service none arrive by
     then.) The process exits 0 after a clean drain instead of
     re-raising the signal; a second signal forces the exit."""
@@ -113,8 +119,9 @@ class DrainingServer(uvicorn.Server):
             self._loop.call_soon_threadsafe(self._begin_drain)
 
     def _begin_drain(self) -> None:
-        """Refuse new requests (but those of the connections gRPC's drain still serves), answer
-        `Connection: close` from now on, and start gRPC's drain."""
+        """Refuse new requests (but those of the connections gRPC's drain still serves, and the
+        next request of each HTTP connection open now), answer `Connection: close` from now
+        on, and start gRPC's drain and the wait for those HTTP requests."""
         if self._drain_started is not None:
             return
         self._drain_started = asyncio.get_running_loop().time()
@@ -127,6 +134,28 @@ class DrainingServer(uvicorn.Server):
             if refused:
                 log.info("drain: refused %d requests whose body was still coming", refused)
         self._drain_tasks = [asyncio.ensure_future(stop()) for stop in self._on_drain]
+        if self._connections is not None and self._connections.owe_answers():
+            self._drain_tasks.append(asyncio.ensure_future(self._owed_requests()))
+
+    async def _owed_requests(self) -> None:
+        """Serve the next request of each connection opened before the signal
+        (`OpenConnections.owe_answers`) until each has brought it or closed, or none has come
+        for a linger — a client that has not sent by then is not sending soon — and at most
+        half the grace, as gRPC's drain (whose connections' requests are served alongside)."""
+        assert self._connections is not None
+        connections = self._connections
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        until = started + self._grace_s / 2
+        owing = connections.owing()
+        log.info("drain: the next request of %d open connections is still served", owing)
+        while owing and not (self._forced is not None and self._forced.is_set()):
+            quiet_until = (connections.owed_request_at or started) + self._linger_s
+            if loop.time() >= min(until, quiet_until):
+                log.info("drain: %d open connections sent nothing since the signal", owing)
+                return
+            await asyncio.sleep(OWED_POLL_S)
+            owing = connections.owing()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         """Drain before uvicorn's own shutdown, which closes the listening socket and every
@@ -135,10 +164,12 @@ class DrainingServer(uvicorn.Server):
         response", not knowing whether it ran; a client that reconnects finds the port shut.
 
         So first gRPC's drain, where there is one (the requests of its connections are taken
-        until their age retires them: `GrpcEndpoint.drain`); then the batcher serves what is
-        queued (within the grace), and the queue takes nothing more; meanwhile each answer
-        says `Connection: close`, so busy connections are closed by the server right after a
-        complete answer, and those clients reconnect to a port that still answers 503. Then
+        until their age retires them: `GrpcEndpoint.drain`), and beside it the next request of
+        each HTTP connection that was open at the signal (`_owed_requests`); then the batcher
+        serves what is queued (within the grace), and the queue takes nothing more; meanwhile
+        each answer says `Connection: close`, so busy connections are closed by the server
+        right after a complete answer, and those clients reconnect — through a Service, to
+        another replica; here, to a port that still answers 503. Then
         `linger_s` more with the port open, for clients that have not yet heard (in Kubernetes,
         endpoints take seconds to drop a terminating pod), and while async results wait to be
         fetched, up to `hold_s` (`hold_unfetched`). Only then uvicorn's shutdown, given

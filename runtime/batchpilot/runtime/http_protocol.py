@@ -67,7 +67,7 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
-from batchpilot.runtime.outcomes import REFUSED_MID_BODY, RequestOutcome
+from batchpilot.runtime.outcomes import KEPT_WHILE_DRAINING, REFUSED_MID_BODY, RequestOutcome
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +123,9 @@ class OpenConnections:
     def __init__(self) -> None:
         self._open: set[LimitedHttpToolsProtocol] = set()
         self.retired: Counter[str] = Counter()
+        self.owed_request_at: float | None = None
+        """When (loop time) a connection last brought the request it was owed
+        (`owe_answers`)."""
 
     def add(self, connection: LimitedHttpToolsProtocol) -> None:
         self._open.add(connection)
@@ -147,6 +150,20 @@ class OpenConnections:
         anyway, and until then it holds the drain — to the end of the grace, where uvicorn
         cancelled it with a plain-text 500. How many there were."""
         return sum(connection.refuse_body(reason) for connection in list(self._open))
+
+    def owe_answers(self) -> int:
+        """A drain begins: each open connection is owed the answer to one more request, and a
+        request whose body is in gets its answer too (`KEPT_WHILE_DRAINING` in its scope). A
+        Service (kube-proxy) keeps a connection on the pod it was made to after the pod has
+        left the endpoints: its client's next request can only come here, and a 503 would be an
+        error to every client that does not retry one. Answered, it says `Connection: close`,
+        and the client's next connection goes to a replica in the endpoints. How many idle
+        connections are owed a request."""
+        return sum(connection.owe_answer() for connection in self._open)
+
+    def owing(self) -> int:
+        """Open connections still owed an answer that have not brought their request."""
+        return sum(connection.owed for connection in self._open)
 
 
 class _Refusal(Exception):
@@ -199,6 +216,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._retire_at = math.inf
         """Loop time from which the connection's next answer is its last (its age limit)."""
         self._retire_reason = "age"
+        self.owed = False
+        """A draining server still answers this connection's next request (`owe_answer`)."""
 
     # --- The connection ---
 
@@ -431,6 +450,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._keep_alive_after_body = keep_alive
         cycle.keep_alive = False
         cycle.transport = self._gentle
+        if self.owed:
+            self.owed = False
+            cycle.scope[KEPT_WHILE_DRAINING] = True  # type: ignore[literal-required]
+            if self.open_connections is not None:
+                self.open_connections.owed_request_at = self.loop.time()
 
     def _probe_path(self) -> bool:
         """Whether the request is a health check (the kubelet's probes): answered past the
@@ -471,6 +495,21 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self._count_retired()
             cycle.keep_alive = False
         self._keep_alive_after_body = False
+
+    def owe_answer(self) -> bool:
+        """The server begins to drain (`OpenConnections.owe_answers`): a request on its way here,
+        its body in, is served; else, on an idle connection, the next request read. Whether
+        the connection is owed that next request (one on its way has the answer that closes
+        it, and one being refused or closed has nothing more to come)."""
+        if self._discarding or self._refusal_after is not None or self.transport.is_closing():
+            return False
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            if not cycle.response_started and self._awaiting_headers:
+                cycle.scope[KEPT_WHILE_DRAINING] = True  # type: ignore[literal-required]
+            return False
+        self.owed = True
+        return True
 
     def _count_retired(self) -> None:
         if self.open_connections is not None:

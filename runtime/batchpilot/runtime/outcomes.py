@@ -49,6 +49,12 @@ counts: `invalid` (400: framing that is not HTTP/1.1, a chunk size that is not o
 cancelled by its client (`disconnected`)."""
 
 
+KEPT_WHILE_DRAINING = "batchpilot.kept"
+"""The ASGI scope's key (True) for a request a draining server still serves: the first one after
+the signal on a connection opened before it, or one whose body was in at the signal
+(`OpenConnections.owe_answers`)."""
+
+
 def disconnected(scope: Mapping[str, object]) -> RequestOutcome:
     """How a request whose body never came whole ended: refused for its framing (`invalid`) or
     by a drain (`rejected`), or its client gone — a body cut short by a close, which a

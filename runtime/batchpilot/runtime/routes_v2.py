@@ -37,7 +37,12 @@ from batchpilot.runtime.attempts import is_retry_raw
 from batchpilot.runtime.body_decoding import BodyDecoder
 from batchpilot.runtime.errors import InferenceError
 from batchpilot.runtime.infer_dispatch import RuntimeApp
-from batchpilot.runtime.outcomes import RequestOutcome, disconnected, status_of
+from batchpilot.runtime.outcomes import (
+    KEPT_WHILE_DRAINING,
+    RequestOutcome,
+    disconnected,
+    status_of,
+)
 from batchpilot.runtime.responses import (
     CLIENT_CLOSED_REQUEST,
     EncodedResult,
@@ -216,7 +221,10 @@ def add_v2_routes(
             watcher = asyncio.get_running_loop().create_task(until_disconnected(receive, handler))
             try:
                 outputs = await server.infer(
-                    parsed, retry=is_retry_raw(scope["headers"]), arrived=arrived
+                    parsed,
+                    retry=is_retry_raw(scope["headers"]),
+                    kept=KEPT_WHILE_DRAINING in scope,
+                    arrived=arrived,
                 )
             except asyncio.CancelledError:
                 if not (watcher.done() and handler.uncancel() == 0):

@@ -498,9 +498,10 @@ class ModelServer:
     ) -> list[Tensor]:
         """Serve one request; raises the runtime's errors for anything but success. `retry`:
         its headers say it is a retry (`attempts`), and it arrives as one. `kept`: it came on a
-        connection a draining server still serves (gRPC's, until their age retires them:
-        `refuse_new`). `arrived`: when (`time.perf_counter()`) the request came, its body in but
-        not decoded (default: now) — its deadline counts from then: a body waits for the
+        connection a draining server still serves (gRPC's, until their age retires them; an
+        HTTP connection's request owed an answer: `OpenConnections.owe_answers`; `refuse_new`).
+        `arrived`: when (`time.perf_counter()`) the request came, its body in but not decoded
+        (default: now) — its deadline counts from then: a body waits for the
         decoder's thread behind the large ones before it (body_decoding.py).
 
         A request is an arrival once it is known to be valid: with a preprocess, once that has
