@@ -1168,18 +1168,59 @@ class TestPacing:
         decision, _ = decide(busy, policy, InForce(3, 8, 0.005), State(fit=MODEL), now=0)
         assert decision.replicas > 3
 
-    def test_after_a_prometheus_restart_scale_down_waits_for_the_window_to_fill(self) -> None:
+    def test_after_a_prometheus_restart_scale_down_waits_for_a_window_of_whole_windows(
+        self,
+    ) -> None:
         # 50 rps on 3 replicas, one carries it. Prometheus restarted at t=0 without its history:
-        # it holds 15 s of the 30 s window at t=15, 30 s at t=30; the stabilization window (60 s
-        # of lower recommendations) has passed long before.
+        # it holds 15 s of the 30 s window at t=15, all of it from t=30. The window it held in
+        # part recommends the 3 in force, so the 60 s of lower recommendations start at t=30.
         current = InForce(3, 8, 0.005)
         state = State(fit=MODEL, recommendations=((-600.0, 1),))
         replicas = []
-        for tick, covered in enumerate((15.0, 30.0), start=1):
+        for tick, covered in enumerate((15.0, 30.0, 30.0, 30.0, 30.0, 30.0), start=1):
             obs = replace(seen(at=tick * TICK, qps=50, p99_ms=15, ready=3), covered_s=covered)
             decision, current, state = step(obs, current, state, tick * TICK)
             replicas.append(decision.replicas)
-        assert replicas == [3, 1]
+        assert replicas == [3, 3, 3, 3, 3, 1]
+
+    def test_a_prometheus_outage_longer_than_the_delay_is_not_low_load(self) -> None:
+        """Windows nobody saw recommend the replicas in force: after 6 blind minutes, one low
+        window does not remove the replicas a low window before the outage asked to remove."""
+        policy = replace(POLICY, scale_down_delay_s=300)
+        current = InForce(3, 8, 0.005)
+        state = State(fit=MODEL, recommendations=((-15.0, 3), (0.0, 1)))  # a dip at t=0
+        replicas = []
+        for tick in range(1, 25):  # t=15 … 360: Prometheus down
+            decision, current, state = step(None, current, state, tick * TICK, policy)
+            replicas.append(decision.replicas)
+        assert set(replicas) == {3}
+        assert max(t for t, _ in state.recommendations) == 360  # the blind windows are counted
+        low = []
+        for tick in range(25, 50):  # t=375 … 735: low load, seen
+            obs = seen(at=tick * TICK, qps=50, p99_ms=15, ready=3)
+            decision, current, state = step(obs, current, state, tick * TICK, policy)
+            low.append(decision.replicas)
+        # a whole delay of windows seen low, counted from the first of them (t=375)
+        first_fewer = 25 + low.index(min(low))
+        assert first_fewer * TICK >= 375 + 300, low
+        assert min(low) < 3
+
+    def test_a_window_missing_a_replicas_load_recommends_the_replicas_in_force(self) -> None:
+        # 1 of 3 replicas unscraped for 6 minutes (the rates read two thirds of the load, a
+        # count of 1), then one window scraped whole at low load: the count stays, where a
+        # window of those partial recommendations would take it down to theirs.
+        policy = replace(POLICY, scale_down_delay_s=300)
+        current = InForce(3, 8, 0.005)
+        state = State(fit=MODEL)
+        for tick in range(1, 25):
+            obs = replace(seen(at=tick * TICK, qps=50, p99_ms=15, ready=3), reporting_replicas=2)
+            decision, current, state = step(obs, current, state, tick * TICK, policy)
+            assert decision.replicas == 3
+            assert "not scraped" in decision.reason
+        obs = seen(at=25 * TICK, qps=50, p99_ms=15, ready=3)
+        decision, current, state = step(obs, current, state, 25 * TICK, policy)
+        assert decision.replicas == 3
+        assert "waits for 300 s of low load" in decision.reason
 
     def test_no_scale_down_while_replicas_are_starting(self) -> None:
         state = State(fit=MODEL, recommendations=((0.0, 1),))

@@ -87,7 +87,7 @@ from batchpilot.operator.autopilot.learn import (
 )
 from batchpilot.operator.autopilot.lost import stand_ins, stood_in
 from batchpilot.operator.autopilot.observation import Observation
-from batchpilot.operator.autopilot.pacing import CLEAN_SHARE, REFUSING_SHARE, pace
+from batchpilot.operator.autopilot.pacing import CLEAN_SHARE, REFUSING_SHARE, pace, unseen
 from batchpilot.operator.autopilot.policy import (
     LOAD_HEADROOM,
     Decision,
@@ -157,7 +157,8 @@ def decide(
 ) -> tuple[Decision, State]:
     # 1. Missing or stale metrics: hold everything, say why.
     blind = replace(
-        state, slo=state.slo.for_objective(policy.objective).record(now, None, covers_s=0)
+        unseen(state, now=now, replicas=current.replicas, delay_s=policy.scale_down_delay_s),
+        slo=state.slo.for_objective(policy.objective).record(now, None, covers_s=0),
     )
     if observation is None:
         return _hold(current, blind, "holding: Prometheus did not answer", available=False)

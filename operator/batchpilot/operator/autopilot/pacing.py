@@ -32,7 +32,7 @@ Pure: state in, state out, `now` an argument.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from batchpilot.operator.autopilot.policy import LOAD_HEADROOM, InForce, Policy, p99_bounds
 from batchpilot.operator.autopilot.service_model import LatencyFit, predict
@@ -86,6 +86,30 @@ def verified(
     return lowered, tuple((t, q) for t, q in refusing if t not in shown)
 
 
+def windowed(
+    history: Sequence[tuple[float, int]], *, now: float, delay_s: float
+) -> tuple[tuple[float, int], ...]:
+    """The recommendations of the last `delay_s` seconds, plus the one in force when that window
+    began (it proves the window is covered), oldest first."""
+    ordered = sorted(history)
+    cutoff = now - delay_s
+    before = [entry for entry in ordered if entry[0] <= cutoff]
+    return tuple(before[-1:] + [entry for entry in ordered if entry[0] > cutoff])
+
+
+def unseen(state: State, *, now: float, replicas: int, delay_s: float) -> State:
+    """A window nobody saw (Prometheus did not answer, its answer was stale or lacked a signal)
+    recommends the `replicas` in force: the scale-down's window of low load is made of windows
+    seen. Without it, a hold recorded nothing, and after an outage longer than the delay the
+    last recommendation from before it — however old, and low — stood for the whole window:
+    the first low window after the outage removed replicas (3 → 1 after 6 blind minutes between
+    two dips, where the same minutes seen under load kept 3)."""
+    window = windowed((*state.recommendations, (now, replicas)), now=now, delay_s=delay_s)
+    kept = {t for t, _ in window}
+    refusing = tuple(m for m in state.refusing if m[0] in kept)
+    return replace(state, recommendations=window, refusing=refusing)
+
+
 def pace(
     *,
     want: int,
@@ -117,21 +141,23 @@ def pace(
     mark = () if served_while_refusing is None else ((now, served_while_refusing),)
     if want > current.replicas:
         return Paced(want, ((now, want),), mark, None)
-    # The recommendations of the last scale_down_delay seconds, plus the one in force when that
-    # window began: it proves the window is covered.
-    cutoff = now - policy.scale_down_delay_s
     earlier, marks = verified(
         state.recommendations, state.refusing, want=want, clean_offered=clean_offered
     )
     shown = len(state.refusing) - len(marks)
-    history = sorted((*earlier, (now, want)))
-    before = [entry for entry in history if entry[0] <= cutoff]
-    window = tuple(before[-1:] + [entry for entry in history if entry[0] > cutoff])
+    window = windowed((*earlier, (now, want)), now=now, delay_s=policy.scale_down_delay_s)
+    before = window[:1] if window[0][0] <= now - policy.scale_down_delay_s else ()
     kept = {t for t, _ in window}
     marks = tuple(m for m in (*marks, *mark) if m[0] in kept)
 
     def stay(note: str | None) -> Paced:
         return Paced(current.replicas, window, marks, note, shown, want)
+
+    def partly_seen(note: str) -> Paced:
+        # Its rates lack some of the load: it recommends what is in force, not the count they
+        # show — once the data is whole, one low window would otherwise scale down to it.
+        seen = tuple((t, current.replicas if t == now else r) for t, r in window)
+        return Paced(current.replicas, seen, marks, note, shown, want)
 
     if want == current.replicas:
         return stay(None)
@@ -142,11 +168,11 @@ def pace(
     if starting > 0:
         return stay(f"{starting} replicas still starting")
     if scraped is not None and scraped < ready:
-        return stay(
+        return partly_seen(
             f"{ready - scraped} of {ready} ready replicas not scraped: the rates miss their load"
         )
     if covered_s is not None and window_s and covered_s < COVERED_SHARE * window_s:
-        return stay(
+        return partly_seen(
             f"Prometheus holds {covered_s:.0f} s of the {window_s:.0f} s window: "
             "the load before that is unseen"
         )
