@@ -311,6 +311,21 @@ class TestP99WithinABucketOfTheSla:
         assert p99_over(self.window(70.0, 0.0), 0.055)
         assert not p99_over(self.window(45.0, 0.5), 0.055)
 
+    def test_past_the_fine_buckets_the_requests_over_it_decide(self) -> None:
+        # Above 2.2 s the buckets are 2.5, 5 and 10 s, and a P99 past 10 s reads 10 s: a 30 s
+        # SLA with 3 % of requests at 45 s read "inside", as did 4.5 s with 1.5 % at 4.9 s.
+        def coarse(p99_s: float, late_share: float, sla_s: float) -> Observation:
+            return replace(
+                self.window(p99_s * 1e3, late_share),
+                counted_sla_min_s=sla_s,
+                counted_sla_max_s=sla_s,
+            )
+
+        assert p99_over(coarse(10.0, 0.03, 30.0), 30.0)
+        assert p99_over(coarse(3.333, 0.015, 4.5), 4.5)
+        assert not p99_over(coarse(10.0, 0.002, 30.0), 30.0)
+        assert not p99_over(coarse(1.0, 0.5, 30.0), 30.0)  # a fine reading still decides
+
     def test_the_guard_adds_nothing_on_a_reading_the_histogram_made(self) -> None:
         policy = replace(POLICY, sla_p99_s=0.055, max_replicas=8)
         current, state = InForce(3, 2, 0.005), State(fit=MODEL, overhead_s=0.035)
