@@ -75,10 +75,21 @@ class TestDocument:
         # below the limit it changes nothing: the limit is the most a batch takes
         assert parse_batching(b'{"burstBatchSize": 2}', current=CURRENT).ceiling == 8
 
+    def test_the_rows_timed_at_start_up_are_kept_and_shown(self) -> None:
+        settings = parse_batching(b'{"calibrationRows": 32}', current=CURRENT)
+        assert settings.calibration_rows == 32
+        assert batching_doc(settings)["calibrationRows"] == 32
+        assert parse_batching(b'{"maxBatchSize": 4}', current=settings).calibration_rows == 32
+        cleared = parse_batching(b'{"calibrationRows": 0}', current=settings)
+        assert cleared.calibration_rows is None
+        assert "calibrationRows" not in batching_doc(cleared)
+
     @pytest.mark.parametrize(
         ("body", "message"),
         [
             (b"nope", "not valid JSON"),
+            (b'{"calibrationRows": 2.5}', "calibrationRows must be an integer"),
+            (b'{"calibrationRows": -3}', "calibrationRows must be 0 .none. or more"),
             (b'{"burstBatchSize": 8.5}', "burstBatchSize must be an integer"),
             (b'{"burstBatchSize": -1}', "burstBatchSize must be 0 .none. or more"),
             (b"[1]", "must be a JSON object"),

@@ -40,13 +40,21 @@ class AtMost(Wrapped):
 
 
 def timed_at_start_up(
-    engine: AtMost, *, limit: int, calibration_rows: int | None
+    engine: AtMost,
+    *,
+    limit: int,
+    calibration_rows: int | None,
+    in_document: int | None = None,
 ) -> dict[str, float]:
-    """What the server exports after its start-up timing: seconds by rows."""
+    """What the server exports after its start-up timing: seconds by rows. `in_document`: the
+    batching document's `calibrationRows` (the operator's, read from the mounted file)."""
     metrics = RuntimeMetrics(model="mlp", service="", namespace="", engine=engine.info, nvml=None)
+    batching = BatchSettings(
+        max_batch_size=limit, max_queue_delay_s=0.0, calibration_rows=in_document
+    )
     server = ModelServer(
         engine,
-        batching=BatchSettings(max_batch_size=limit, max_queue_delay_s=0.0),
+        batching=batching,
         queue_capacity=16,
         metrics=metrics,
         calibration_rows=calibration_rows,
@@ -69,6 +77,19 @@ def test_the_largest_limit_allowed_is_timed_up_to_64_rows(mlp_model: Path) -> No
     # one of each size first (the warm-up: a shape's first batch may select kernels and
     # allocate memory), then two rounds timed
     assert engine.sizes == [64, 1, 1, 64, 1, 64]
+
+
+def test_the_batching_documents_rows_are_timed_where_no_argument_says(mlp_model: Path) -> None:
+    # The operator writes the spec's ceiling into the document, not the pod's arguments: a
+    # change of it rolls no pod, and a new pod reads it when it starts.
+    timed = timed_at_start_up(
+        AtMost(mlp_model, 1000), limit=1, calibration_rows=None, in_document=32
+    )
+    assert set(timed) == {"1", "32"}
+    argument = timed_at_start_up(
+        AtMost(mlp_model, 1000), limit=1, calibration_rows=16, in_document=32
+    )
+    assert set(argument) == {"1", "16"}
 
 
 def test_without_a_ceiling_the_limit_in_force_is_timed(mlp_model: Path) -> None:

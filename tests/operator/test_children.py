@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from batchpilot.operator.children.common import Owner
+from batchpilot.operator.children.common import BATCHING_FILE, Owner
 from batchpilot.operator.children.deployment import UnsupportedModelSource, build_deployment
 from batchpilot.operator.kinds import DEPLOYMENT
 from batchpilot.operator.plan import Owned, desired_children
@@ -355,15 +355,19 @@ class TestServingPath:
         assert timing.endswith(",cv=0.25")
         assert steady[steady.index("--simulated-latency") + 1] == timing.removesuffix(",cv=0.25")
 
-    @pytest.mark.parametrize(("ceiling", "rows"), [(16, "16"), (64, "64"), (512, "64")])
+    @pytest.mark.parametrize("mode", ["auto", "recommend", "off"])
+    @pytest.mark.parametrize(("ceiling", "rows"), [(16, 16), (64, 64), (512, 64)])
     def test_the_start_up_timing_reaches_the_largest_batch_limit_allowed(
-        self, ceiling: int, rows: str
+        self, ceiling: int, rows: int, mode: str
     ) -> None:
         owner = owner_of(ROOT / "examples" / "resnet50-gpu.yaml")
-        scaling = {**owner.spec.scaling.dump(), "maxBatchSize": ceiling}
-        args = pod_of(with_spec(owner, scaling=scaling))["spec"]["containers"][0]["args"]
-        # capped where the runtime caps it: a ceiling changed above it rolls no pod
-        assert args[args.index("--calibration-rows") + 1] == rows
+        scaling = {**owner.spec.scaling.dump(), "maxBatchSize": ceiling, "mode": mode}
+        changed = with_spec(owner, scaling=scaling)
+        configmap = {c["kind"]: c for c in render(changed)}["ConfigMap"]
+        # capped where the runtime caps it; in the document new pods read at start
+        assert json.loads(configmap["data"][BATCHING_FILE])["calibrationRows"] == rows
+        # not in the pod template: a change of the ceiling rolls no pod
+        assert pod_of(changed) == pod_of(owner)
 
     def test_grpc_is_a_named_port_of_the_pods_and_the_service(self) -> None:
         owner = owner_of(ROOT / "examples" / "resnet50-gpu.yaml")

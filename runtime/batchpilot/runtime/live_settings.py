@@ -35,6 +35,8 @@ def batching_doc(settings: BatchSettings) -> BatchingDocument:
         doc["objectivePercent"] = round(settings.objective * 100, 10)
     if settings.burst_batch_size is not None:
         doc["burstBatchSize"] = settings.burst_batch_size
+    if settings.calibration_rows is not None:
+        doc["calibrationRows"] = settings.calibration_rows
     return doc
 
 
@@ -48,7 +50,8 @@ def _optional_number(doc: dict[str, Any], key: str) -> float | None:
 
 def parse_batching(body: bytes, *, current: BatchSettings) -> BatchSettings:
     """Parse `{"maxBatchSize": N, "maxQueueDelayMs": D, "deadlineMs": T, "slaMs": S,
-    "objectivePercent": P, "burstBatchSize": C}`; absent keys keep their value.
+    "objectivePercent": P, "burstBatchSize": C, "calibrationRows": R}`; absent keys keep their
+    value.
 
     The same document is what the operator writes into the mounted batching config file.
     """
@@ -66,11 +69,14 @@ def parse_batching(body: bytes, *, current: BatchSettings) -> BatchSettings:
     delay_ms = doc.get("maxQueueDelayMs", current.max_queue_delay_s * 1e3)
     deadline_ms = doc.get("deadlineMs", (current.deadline_s or 0.0) * 1e3)
     burst = doc.get("burstBatchSize", current.burst_batch_size or 0)
-    for key, whole in (("maxBatchSize", size), ("burstBatchSize", burst)):
+    calibration = doc.get("calibrationRows", current.calibration_rows or 0)
+    wholes = (("maxBatchSize", size), ("burstBatchSize", burst), ("calibrationRows", calibration))
+    for key, whole in wholes:
         if not isinstance(whole, int) or isinstance(whole, bool):
             raise InvalidRequest(f"{key} must be an integer, got {whole!r}")
-    if burst < 0:
-        raise InvalidRequest(f"burstBatchSize must be 0 (none) or more, got {burst!r}")
+    for key, whole in wholes[1:]:
+        if whole < 0:
+            raise InvalidRequest(f"{key} must be 0 (none) or more, got {whole!r}")
     for key, value in (("maxQueueDelayMs", delay_ms), ("deadlineMs", deadline_ms)):
         if not isinstance(value, int | float) or isinstance(value, bool):
             raise InvalidRequest(f"{key} must be a number, got {value!r}")
@@ -91,6 +97,7 @@ def parse_batching(body: bytes, *, current: BatchSettings) -> BatchSettings:
             # Rounded: 99.9 / 100 is 0.9990000000000001 in binary floating point.
             objective=current.objective if percent is None else round(percent / 100, 12),
             burst_batch_size=burst or None,
+            calibration_rows=calibration or None,
         )
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None

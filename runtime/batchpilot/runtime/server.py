@@ -402,14 +402,17 @@ class ModelServer:
 
     async def calibrate(self, *, rounds: int = CALIBRATION_ROUNDS) -> None:
         """Time batches of 1 row and of the largest allowed batch (`calibration_rows`, else the
-        burst size or the limit in force; `STARTUP_TIMING_MAX_ROWS` at most) on the engine
-        before serving, so that admission predicts from the first request on, and export their
-        means: the autopilot's first plan has a slope where traffic has run one batch size. Where
+        batching document's `calibrationRows`, else the burst size or the limit in force;
+        `STARTUP_TIMING_MAX_ROWS` at most) on the engine before serving, so that admission
+        predicts from the first request on, and export their means: the autopilot's first plan
+        has a slope where traffic has run one batch size. Where
         the larger batch cannot run (the device's memory), the batch limit in force is timed
         instead; a model that cannot run a batch this way at all (an input the zeros do not fit)
         is served without: t(b) is then learnt from traffic."""
         in_force = min(self._batching.max_batch_size, STARTUP_TIMING_MAX_ROWS)
-        largest_allowed = self._calibration_rows or self._batching.ceiling
+        largest_allowed = (
+            self._calibration_rows or self._batching.calibration_rows or self._batching.ceiling
+        )
         top = min(max(in_force, largest_allowed), STARTUP_TIMING_MAX_ROWS)
         sizes = list(dict.fromkeys((top, in_force)))
         while sizes:

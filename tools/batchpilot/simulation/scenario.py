@@ -186,7 +186,7 @@ def simulate(scenario: Scenario, policy: PolicyName | Controller) -> SimulationR
         controller,
         sla_s=scenario.sla_s,
         config=scenario.cluster,
-        # the operator's --calibration-rows: the largest batch limit the autopilot may set
+        # the operator's calibrationRows: the largest batch limit the autopilot may set
         calibration_rows=scenario.max_batch_size,
         # and the burst size it writes in mode auto: the same
         burst_rows=scenario.max_batch_size,

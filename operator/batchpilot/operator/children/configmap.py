@@ -21,7 +21,7 @@ import hashlib
 import json
 from typing import Any, NamedTuple
 
-from batchpilot.api.batching import BatchingDocument
+from batchpilot.api.batching import STARTUP_TIMING_MAX_ROWS, BatchingDocument
 from batchpilot.operator.children.apikeys import access_document
 from batchpilot.operator.children.common import ACCESS_FILE, BATCHING_FILE, PIPELINE_FILE, Owner
 
@@ -43,6 +43,7 @@ def batching_document(
     sla_ms: float | None = None,
     objective_percent: float | None = None,
     burst_batch_size: int | None = None,
+    calibration_rows: int | None = None,
 ) -> str:
     """The batching document (`batchpilot.api.batching`) as the ConfigMap and the pods get it."""
     doc: BatchingDocument = {
@@ -56,6 +57,8 @@ def batching_document(
         doc["objectivePercent"] = float(objective_percent)
     if burst_batch_size is not None:
         doc["burstBatchSize"] = int(burst_batch_size)
+    if calibration_rows is not None:
+        doc["calibrationRows"] = int(calibration_rows)
     return json.dumps(doc, sort_keys=True)
 
 
@@ -64,12 +67,15 @@ def from_spec(owner: Owner) -> dict[str, Any]:
     objective for the runtime's gauges, and in mode `auto` the burst size, `scaling.
     maxBatchSize`: the largest batch a backlog of more rows than the limit in force may run at
     once, the ceiling the spec allows the autopilot. In modes `recommend` and `off` the batch
-    size is the spec's as written, and no batch runs beyond it."""
+    size is the spec's as written, and no batch runs beyond it. And, in every mode, the rows a
+    new pod times at start-up: that ceiling, `STARTUP_TIMING_MAX_ROWS` at most (in the
+    document rather than the pod's arguments, so that changing it rolls no pod)."""
     sla, scaling = owner.spec.sla, owner.spec.scaling
     return {
         "sla_ms": sla.latency_p99_ms,
         "objective_percent": sla.objective_percent,
         "burst_batch_size": scaling.max_batch_size if scaling.mode == "auto" else None,
+        "calibration_rows": min(scaling.max_batch_size, STARTUP_TIMING_MAX_ROWS),
     }
 
 

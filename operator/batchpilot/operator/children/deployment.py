@@ -19,7 +19,6 @@ import copy
 import math
 from typing import Any
 
-from batchpilot.api.batching import STARTUP_TIMING_MAX_ROWS
 from batchpilot.operator.children.apikeys import api_keys_args, api_keys_volume
 from batchpilot.operator.children.common import (
     BATCHING_DIR,
@@ -216,9 +215,6 @@ def runtime_args(owner: Owner, settings: OperatorSettings, model_path: str) -> l
         str(runtime.async_inference.result_ttl_seconds),
         "--async-capacity",
         str(runtime.async_inference.capacity),
-        # the start-up timing's larger batch: the largest limit the autopilot may set
-        "--calibration-rows",
-        str(min(owner.spec.scaling.max_batch_size, STARTUP_TIMING_MAX_ROWS)),
     ]
     if owner.spec.pipeline is not None:
         args += ["--pipeline-config", f"{BATCHING_DIR}/{PIPELINE_FILE}"]

@@ -55,12 +55,17 @@ class BatchSettings:
     """The largest batch a backlog may run: where more rows wait than `max_batch_size`, the next
     batch takes up to this many of them, each still in time (with a predictor only: deadline
     admission); None: never more than `max_batch_size`."""
+    calibration_rows: int | None = None
+    """The largest batch limit this server may be given, which it times at start-up; None: the
+    ceiling (`max_batch_size`, or the burst size if larger). The batcher does not read it."""
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {self.max_batch_size}")
         if self.burst_batch_size is not None and self.burst_batch_size < 1:
             raise ValueError(f"burst_batch_size must be at least 1, got {self.burst_batch_size}")
+        if self.calibration_rows is not None and self.calibration_rows < 1:
+            raise ValueError(f"calibration_rows must be at least 1, got {self.calibration_rows}")
         if not 0 <= self.max_queue_delay_s <= 10:
             raise ValueError(
                 f"max_queue_delay must be between 0 and 10 s, got {self.max_queue_delay_s}"
