@@ -264,6 +264,23 @@ class TestClumpedArrivals:
         assert "arrivals clumped 6.1× Poisson's variance" in clumped.reason
         assert "clumped" not in poisson.reason
 
+    def test_a_window_whose_replicas_changed_lowers_it_never_raises_it(self) -> None:
+        # Each replica's rate changes inside the runtime's 10 s blocks as its share of the
+        # traffic does: Poisson arrivals read 1.9–2.4 for a few windows after a scale-up, and
+        # the replica planned for it stayed for good (the scale-down's hysteresis).
+        joined = State(fit=replace(MODEL, dispersion=1.331), ready=1, ready_changed_at=0.0)
+        current = InForce(2, 8, 0.005)
+        _, higher = decide(self.window(300, 2.2), POLICY, current, joined, 30.0)
+        _, lower = decide(self.window(300, 1.0), POLICY, current, joined, 30.0)
+        assert higher.fit is not None
+        assert lower.fit is not None
+        assert (higher.fit.dispersion, lower.fit.dispersion) == (1.331, 1.0)
+        # the replicas settled: a reading stands as read
+        settled = State(fit=MODEL, ready=2, ready_changed_at=-600.0, rate=(15.0, 300.0))
+        _, later = decide(self.window(300, 2.2), POLICY, current, settled, 30.0)
+        assert later.fit is not None
+        assert later.fit.dispersion == pytest.approx(1.1**8, rel=1e-3)
+
     @pytest.mark.parametrize(("measured", "modelled"), [(0.3, 1.0), (1.0, 1.0), (1.19, 1.0)])
     def test_a_dispersion_near_poissons_is_poissons(self, measured: float, modelled: float) -> None:
         _, state = decide(self.window(300, measured), POLICY, InForce(2, 8, 0.005), State(), 0)

@@ -165,7 +165,7 @@ def learn(
         model = replace(
             model,
             rows_per_request=rows_per_request(observation, known.rows_per_request),
-            dispersion=dispersion(observation, known.dispersion),
+            dispersion=dispersion(observation, known.dispersion, settled=replicas_settled),
             batch_cv=batch_cv(observation, known.batch_cv),
             rows_cv=rows_cv(observation, known.rows_cv),
             unevenness=unevenness(observation, known.unevenness, settled=settled),
@@ -253,15 +253,22 @@ def learn(
     )
 
 
-def dispersion(observation: Observation, known: float) -> float:
+def dispersion(observation: Observation, known: float, *, settled: bool = True) -> float:
     """How the arrivals clump, for the model: the window's, else the last known. Below
     `CLUMPED` it is Poisson's 1 (a slow change of rate inside the runtime's 10 s reads as a
     little over 1); above, to the nearest step of `DISPERSION_STEP` — the capacity search
-    remembers its answers by model, and a measurement that wobbles would find none of them."""
+    remembers its answers by model, and a measurement that wobbles would find none of them.
+
+    A window in which replicas came or went (not `settled`) may lower what is known but not
+    raise it, as `unevenness`: each replica's rate changes inside the runtime's 10 s blocks as
+    its share of the traffic does, which reads as clumping — Poisson arrivals read 1.9–2.4
+    for three or four windows after every large scale-up, the plan added a replica for it, and
+    the scale-down's hysteresis kept that replica at the load that followed."""
     measured = observation.arrival_dispersion
     if measured is None or not math.isfinite(measured):
         return known
-    return _on_grid(measured)
+    on_grid = _on_grid(measured)
+    return on_grid if settled else min(known, on_grid)
 
 
 def unevenness(observation: Observation, known: float, *, settled: bool = True) -> float:
