@@ -10,16 +10,19 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from batchpilot.operator.autopilot.acting import Actuator
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation, PodCompute
 from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
 from batchpilot.operator.autopilot.pod_metrics import PodScraper
+from batchpilot.operator.autopilot.policy import Decision, InForce
 from batchpilot.operator.autopilot.prometheus import Scope
 from batchpilot.operator.autopilot.reporting import HEARTBEAT_S
-from batchpilot.operator.children.common import ISVC_LABEL
+from batchpilot.operator.children.common import ISVC_LABEL, Owner
 from batchpilot.operator.children.deadline import default_deadline_ms
 from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT
 from batchpilot.operator.reconciler import Reconciler
 from batchpilot.operator.settings import OperatorSettings
+from batchpilot.operator.spec import InferenceServiceSpec
 from tests.operator.fake_kube import FakeKube
 from tests.operator.test_reconciler import isvc
 
@@ -517,3 +520,87 @@ class TestTheMemoryInStatus:
         # All three replicas ready: the cold start is measured once, then kept.
         assert cold_starts[0] != 20.0
         assert cold_starts == [cold_starts[0]] * 3
+
+
+class TestPodsThatBecomeReadyLater:
+    """A pod starting when the batch settings changed read the file when its volume was set up;
+    the kubelet refreshes a mounted ConfigMap only every minute or so. Once ready it is sent the
+    settings in force, once; pods that were told are not told again."""
+
+    @staticmethod
+    def actuator(world: World, endpoints: list[str]) -> tuple[Actuator, Owner]:
+        world.ready_pod_endpoints = lambda namespace, selector: list(endpoints)  # type: ignore[method-assign]
+        meta = world.body["metadata"]
+        spec = InferenceServiceSpec.model_validate(world.body["spec"])
+        owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"], spec=spec)
+        return Actuator(world.kube, pods=world, push=world.push), owner
+
+    def test_a_pod_ready_after_the_change_is_sent_the_settings_in_force(self) -> None:
+        world = World()
+        endpoints = ["10.0.0.7:8080"]
+        actuator, owner = self.actuator(world, endpoints)
+        before = InForce(1, 1, 0.005)
+        decision = Decision(
+            replicas=2,
+            batch_size=8,
+            max_queue_delay_s=0.004,
+            action="scale",
+            reason="r",
+            metrics_available=True,
+            sla_met=False,
+        )
+        actuator.apply(owner, before, decision, deadline_ms=100.0, in_force_deadline_ms=100.0)
+        assert [p[0] for p in world.pushed] == ["10.0.0.7:8080"]
+        in_force = InForce(2, 8, 0.004)
+        # the next tick: the second replica still starting; nothing new to send
+        assert actuator.catch_up(owner, in_force, deadline_ms=100.0, ready=1) == []
+        assert len(world.pushed) == 1
+        # it is ready: sent the settings in force, and only it
+        endpoints.append("10.0.0.8:8080")
+        assert actuator.catch_up(owner, in_force, deadline_ms=100.0, ready=2) == []
+        assert [p[0] for p in world.pushed] == ["10.0.0.7:8080", "10.0.0.8:8080"]
+        assert world.pushed[1][2] == world.pushed[0][2]  # the same document
+        assert json.loads(world.pushed[1][2])["maxBatchSize"] == 8
+        # and not again
+        assert actuator.catch_up(owner, in_force, deadline_ms=100.0, ready=2) == []
+        assert len(world.pushed) == 2
+
+    def test_a_service_first_seen_is_taken_as_told(self) -> None:
+        # An operator that has just started or taken over: the pods have had the ConfigMap since
+        # they started, and a fleet's worth of pushes at take-over would tell them nothing.
+        world = World()
+        endpoints = ["10.0.0.7:8080", "10.0.0.8:8080"]
+        actuator, owner = self.actuator(world, endpoints)
+        in_force = InForce(2, 8, 0.004)
+        assert actuator.catch_up(owner, in_force, deadline_ms=100.0, ready=2) == []
+        assert world.pushed == []
+        endpoints.append("10.0.0.9:8080")
+        actuator.catch_up(owner, in_force, deadline_ms=100.0, ready=3)
+        assert [p[0] for p in world.pushed] == ["10.0.0.9:8080"]
+
+    def test_a_tick_that_changes_nothing_sends_to_a_pod_ready_since(self) -> None:
+        answers: list[Observation | None] = [None]  # then Prometheus is away: a hold
+
+        def observe(scope: Scope, *, ready_replicas: int | None) -> Observation | None:
+            if answers:  # five times what one replica carries at any batch
+                return replace(overloaded(scope, ready_replicas=ready_replicas), rejected_qps=2300)
+            return None
+
+        world = World(observe=observe)
+        world.tick()  # the overloaded service: new batch settings, sent to its one pod
+        answers.clear()
+        assert len(world.pushed) == 1
+        deployment = world.kube.objects[("Deployment", "vision", "resnet50")]
+        replicas = deployment["spec"]["replicas"]
+        assert replicas > 1
+        deployment["status"] = {"readyReplicas": replicas, "replicas": replicas}
+        world.ready_pod_endpoints = lambda namespace, selector: [  # type: ignore[method-assign]
+            f"10.0.0.{7 + i}:8080" for i in range(replicas)
+        ]
+        result = world.tick()
+        assert result.decision is not None
+        assert not result.decision.changes(
+            InForce(replicas, result.decision.batch_size, result.decision.max_queue_delay_s)
+        )
+        sent = [p[0] for p in world.pushed[1:]]
+        assert sent == [f"10.0.0.{7 + i}:8080" for i in range(1, replicas)]

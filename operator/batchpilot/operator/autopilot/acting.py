@@ -5,7 +5,10 @@ ConfigMap and at every ready pod, and pods of slow replicas deleted.
 - batch settings: write them into the batching ConfigMap (what new pods start with, and what
   running pods re-read within a minute) and PUT them to every ready pod's admin endpoint, so
   they take effect within seconds. A pod that cannot be told is reported, not fatal: the
-  ConfigMap reaches it anyway;
+  ConfigMap reaches it anyway. A pod that becomes ready later is sent them too (`catch_up`):
+  one that was starting when they changed read the file when its volume was set up, and the
+  kubelet refreshes a mounted ConfigMap only every minute or so — the burst's new replicas
+  would serve their first minute with the settings of before it;
 - slow replicas (`stragglers`): delete the pod, once it is read back as this service's (the
   name came from a Prometheus label) and not already going; the ReplicaSet starts another. The
   Event names its node: slowness that comes back there points at the node.
@@ -17,7 +20,9 @@ ready pods' endpoints, `PushBatching` for the PUT.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Protocol
 
 from batchpilot.operator import events
@@ -42,13 +47,26 @@ class Pods(Protocol):
     def ready_pod_endpoints(self, namespace: str, selector: dict[str, str]) -> list[str]: ...
 
 
+@dataclass(frozen=True, slots=True)
+class _Given:
+    """The batching document a service's ready pods were given, and which pods they were."""
+
+    document: str
+    endpoints: frozenset[str]
+    ready: int | None
+    """The Deployment's ready replicas when the pods were listed (None: list them next tick)."""
+
+
 class Actuator:
-    """`apply(...)`: a decision's replicas and batch settings, and the default deadline."""
+    """`apply(...)`: a decision's replicas and batch settings, and the default deadline;
+    `catch_up(...)`: those settings to pods that became ready since."""
 
     def __init__(self, kube: Kube, *, pods: Pods, push: PushBatching) -> None:
         self._kube = kube
         self._pods = pods
         self._push = push
+        self._given: dict[tuple[str, str], _Given] = {}
+        self._lock = threading.Lock()
 
     def apply(
         self,
@@ -73,12 +91,8 @@ class Actuator:
         replicas_written()
         wanted = (decision.batch_size, decision.max_queue_delay_s, deadline_ms)
         if wanted != (current.batch_size, current.max_queue_delay_s, in_force_deadline_ms):
-            document = batching_document(
-                batch_size=decision.batch_size,
-                max_queue_delay_ms=round(decision.max_queue_delay_s * 1e3, 3),
-                deadline_ms=deadline_ms,
-                **from_spec(owner),
-            )
+            settings = InForce(decision.replicas, decision.batch_size, decision.max_queue_delay_s)
+            document = self.document(owner, settings, deadline_ms=deadline_ms)
             self._kube.patch(
                 CONFIGMAP,
                 owner.namespace,
@@ -87,6 +101,48 @@ class Actuator:
             )
             return said + self._push_to_pods(owner, document)
         return said
+
+    def catch_up(
+        self, owner: Owner, current: InForce, *, deadline_ms: float, ready: int
+    ) -> list[Event]:
+        """Send the batch settings in force to the service's ready pods that were not given
+        them: those that became ready since they were last sent. Lists the pods only when the
+        Deployment's ready count moved; a service first seen (an operator that has just started
+        or taken over) is taken as told — its pods have had the ConfigMap since they started."""
+        key = (owner.namespace, owner.name)
+        document = self.document(owner, current, deadline_ms=deadline_ms)
+        with self._lock:
+            given = self._given.get(key)
+        if given is not None and given.document == document and given.ready == ready:
+            return []
+        try:
+            endpoints = self._pods.ready_pod_endpoints(owner.namespace, {ISVC_LABEL: owner.name})
+        except KubeError as exc:
+            log.warning("listing pods of %s/%s failed: %s", owner.namespace, owner.name, exc)
+            return []
+        told = given.endpoints if given is not None and given.document == document else None
+        with self._lock:
+            self._given[key] = _Given(document, frozenset(endpoints), ready)
+        new = [] if told is None else [e for e in endpoints if e not in told]
+        if not new:
+            return []
+        return self._push_to_pods(owner, document, endpoints=new, ready=ready)
+
+    def forget(self, keep: Iterable[tuple[str, str]]) -> None:
+        """Drop what was given to the pods of every service but `keep`."""
+        kept = set(keep)
+        with self._lock:
+            for key in [k for k in self._given if k not in kept]:
+                del self._given[key]
+
+    @staticmethod
+    def document(owner: Owner, settings: InForce, *, deadline_ms: float) -> str:
+        return batching_document(
+            batch_size=settings.batch_size,
+            max_queue_delay_ms=round(settings.max_queue_delay_s * 1e3, 3),
+            deadline_ms=deadline_ms,
+            **from_spec(owner),
+        )
 
     def _replace(self, owner: Owner, name: str, reason: str) -> Event | None:
         """Delete the pod `name` if it is one of this service's and not already going."""
@@ -115,15 +171,30 @@ class Actuator:
             "the ReplicaSet starts another",
         )
 
-    def _push_to_pods(self, owner: Owner, document: str) -> list[Event]:
+    def _push_to_pods(
+        self,
+        owner: Owner,
+        document: str,
+        *,
+        endpoints: list[str] | None = None,
+        ready: int | None = None,
+    ) -> list[Event]:
+        """Send `document` to `endpoints` (default: every ready pod, remembered as given)."""
         token = admin_token(self._kube, owner)
         if token is None:
             return []
-        try:
-            endpoints = self._pods.ready_pod_endpoints(owner.namespace, {ISVC_LABEL: owner.name})
-        except KubeError as exc:
-            log.warning("listing pods of %s/%s failed: %s", owner.namespace, owner.name, exc)
-            return []
+        if endpoints is None:
+            try:
+                endpoints = self._pods.ready_pod_endpoints(
+                    owner.namespace, {ISVC_LABEL: owner.name}
+                )
+            except KubeError as exc:
+                log.warning("listing pods of %s/%s failed: %s", owner.namespace, owner.name, exc)
+                return []
+            with self._lock:
+                self._given[(owner.namespace, owner.name)] = _Given(
+                    document, frozenset(endpoints), ready
+                )
         failed = send_each(self._push, endpoints, token=token, document=document)
         if not failed:
             return []

@@ -87,12 +87,19 @@ class TickResult:
     acting: Callable[[], list[Event]] | None = None
     """Applying the decision (the Deployment's replicas, the batch settings), not done yet: do
     it with `act` once `status`, which remembers the decision, is written."""
+    catching_up: Callable[[], list[Event]] | None = None
+    """Where the decision changes nothing: the settings in force to the pods that became ready
+    since they were sent (`Actuator.catch_up`), done by `act` too. Unlike `acting`, it does
+    not make the status worth writing."""
 
     def act(self) -> None:
         """Apply the decision, once; what it reports goes before the tick's own Events."""
         acting, self.acting = self.acting, None
+        catching_up, self.catching_up = self.catching_up, None
         if acting is not None:
             self.events[:0] = acting()
+        elif catching_up is not None:
+            self.events[:0] = catching_up()
 
 
 class Autopilot:
@@ -217,6 +224,10 @@ class Autopilot:
             )
             result.acting = functools.partial(self._applied, key, uid, decision.replicas, apply)
             result.status["deadlineMs"] = deadline
+        elif acting:
+            result.catching_up = functools.partial(
+                self._actuator.catch_up, owner, current, deadline_ms=deadline, ready=ready
+            )
         if acting and decision.replicas == current.replicas:
             with self._lock:
                 self._others.left(key, uid=uid, replicas=current.replicas)
@@ -323,5 +334,6 @@ class Autopilot:
             for key in [k for k in self._waiting if k not in kept]:
                 del self._waiting[key]
             self._others.forget(kept)
+        self._actuator.forget(kept)
         if self._scrape is not None:
             self._scrape.forget(kept)
