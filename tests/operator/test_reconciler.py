@@ -15,7 +15,7 @@ from batchpilot.operator.children.common import ISVC_LABEL
 from batchpilot.operator.children.configmap import batching_document
 from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT, NETWORK_POLICY, PDB, SECRET, SERVICE
 from batchpilot.operator.kube import ready_pod_endpoints
-from batchpilot.operator.plan import quantity
+from batchpilot.operator.plan import RESTARTED_AT, quantity
 from batchpilot.operator.reconciler import Reconciler
 from batchpilot.operator.rollout import IN_PLACE, SURGE
 from batchpilot.operator.settings import OperatorSettings
@@ -213,6 +213,24 @@ class TestReadySaysWhy:
             "waiting for a replica to become ready",
         )
         assert "ReplicasFailing" not in [e.reason for e in outcome.events]
+
+
+def test_a_rollout_restart_survives_the_deployment_being_replaced() -> None:
+    """`kubectl rollout restart` writes a time into the pod template; a replacement of the
+    Deployment (here a spec edit; also the switch to an in-place rollout while the restart's
+    surge pod waits for a GPU) that dropped it rolled the pods back to the template of before."""
+    cluster = Cluster(isvc(scaling={"mode": "off"}))
+    cluster.reconcile()
+    deployment = cluster.kube.objects[("Deployment", NS, "resnet50")]
+    template = deployment["spec"]["template"]["metadata"]
+    template.setdefault("annotations", {})[RESTARTED_AT] = "2026-12-07T20:00:00Z"
+    cluster.body["spec"]["runtime"]["env"] = [{"name": "LOG_LEVEL", "value": "debug"}]
+    cluster.reconcile()
+    replaced = cluster.kube.of(DEPLOYMENT, NS, "resnet50")
+    container = replaced["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "LOG_LEVEL", "value": "debug"} in container["env"]  # it was replaced
+    annotations = replaced["spec"]["template"]["metadata"]["annotations"]
+    assert annotations[RESTARTED_AT] == "2026-12-07T20:00:00Z"
 
 
 class TestARolloutWithNoRoom:

@@ -253,6 +253,23 @@ def converged(desired: Obj, actual: Obj) -> bool:
     )
 
 
+RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"
+"""What `kubectl rollout restart` writes into the pod template: a restart a person asked for."""
+
+
+def _keep_restart(result: Obj, actual: Obj) -> None:
+    """Keep a `kubectl rollout restart` in the pod template the Deployment is replaced with: a
+    replacement without it (a spec edit, the switch to an in-place rollout while the restart's
+    surge pod waits for a GPU) rolled the pods back to the template of before, undoing the
+    restart without a word."""
+    live = ((actual.get("spec") or {}).get("template") or {}).get("metadata") or {}
+    restarted = (live.get("annotations") or {}).get(RESTARTED_AT)
+    if restarted is None:
+        return
+    template = result["spec"]["template"].setdefault("metadata", {})
+    template.setdefault("annotations", {}).setdefault(RESTARTED_AT, restarted)
+
+
 def replacement(desired: Obj, actual: Obj) -> Obj:
     """The object to PUT: our fields as desired, the server's and other owners' metadata kept."""
     result = copy.deepcopy(desired)
@@ -267,6 +284,8 @@ def replacement(desired: Obj, actual: Obj) -> Obj:
             **(actual_meta.get("annotations") or {}),
             **desired["metadata"]["annotations"],
         }
+    if desired["kind"] == "Deployment":
+        _keep_restart(result, actual)
     if desired["kind"] == "Service":
         # Assigned by the API server once, immutable after.
         for key in ("clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy"):
