@@ -118,6 +118,19 @@ def test_the_memory_a_device_ran_out_of_is_read_as_rows() -> None:
     )
 
 
+def test_how_many_times_a_replica_is_scraped_is_read() -> None:
+    raw: Raw = {"reporting": answer(2), "qps": answer(10.0), "scrapes": answer(2.0)}
+    seen = observation_from(
+        raw, window_s=60, recent_s=30, seasonality=None, ready_replicas=2, at=0.0
+    )
+    assert seen.scrapes_per_replica == 2
+    del raw["scrapes"]
+    unseen = observation_from(
+        raw, window_s=60, recent_s=30, seasonality=None, ready_replicas=2, at=0.0
+    )
+    assert unseen.scrapes_per_replica is None
+
+
 def test_each_replicas_batches_are_read_by_its_pod() -> None:
     def by_pod(**values: float) -> list[dict[str, Any]]:
         return [

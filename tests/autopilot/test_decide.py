@@ -1183,6 +1183,18 @@ class TestPacing:
         decision, _ = decide(busy, policy, InForce(3, 8, 0.005), State(fit=MODEL), now=0)
         assert decision.replicas > 3
 
+    def test_a_replica_scraped_twice_holds_everything_and_says_why(self) -> None:
+        # Two scrape jobs on its pod: every rate counts its load twice, which would double the
+        # replicas. Nothing is decided on it, and the status says what to fix.
+        obs = replace(seen(at=0, qps=1500, p99_ms=150, ready=3), scrapes_per_replica=2)
+        decision, _ = decide(obs, POLICY, InForce(3, 8, 0.005), State(fit=MODEL), now=0)
+        assert (decision.replicas, decision.batch_size, decision.action) == (3, 8, "hold")
+        assert decision.metrics_available is False
+        assert "scrapes a replica 2 times" in decision.reason
+        once = replace(obs, scrapes_per_replica=1)
+        decision, _ = decide(once, POLICY, InForce(3, 8, 0.005), State(fit=MODEL), now=0)
+        assert decision.replicas > 3
+
     def test_no_scale_down_while_prometheus_holds_part_of_the_window(self) -> None:
         # Prometheus restarted 20 s ago without its history: the 30 s window's rates are the
         # load of those 20 s (`answers`), the 10 s before them unseen, so no replica is removed

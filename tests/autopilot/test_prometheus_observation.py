@@ -419,3 +419,30 @@ def test_a_replica_slower_than_its_peers_reads_back_as_slow(
     slow = slow_pods(whole.pods, model)
     assert set(slow) == {"resnet50-6c4f9-c3"}
     assert 1.6 <= slow["resnet50-6c4f9-c3"] <= 2.4
+
+
+def test_a_replica_scraped_by_two_jobs_counts_once_and_says_so(
+    image_model: Path, tmp_path: Path
+) -> None:
+    """Two scrape jobs on one pod (a PodMonitor beside an annotation-driven job) double every
+    rate, and counted by series they made two replicas of one — hiding one not scraped at all.
+    Counted by address: one replica, scraped twice."""
+    with scraped_runtime(image_model, tmp_path, "alpha_ms=5,beta_ms=1", 8) as (
+        runtime,
+        prometheus,
+        _,
+    ):
+        address = f"127.0.0.1:{runtime.port}"
+        prometheus.set_targets(
+            [(address, {"via": "podmonitor"}), (address, {"via": "annotations"})]
+        )
+        wait_until(
+            lambda: len(prometheus.query("batchpilot_engine_info")) == 2,
+            timeout=20,
+            what="both jobs' scrapes",
+        )
+        observer = PrometheusObserver(http_query(prometheus.url), window_s=5, clock=time.time)
+        observation = observer.observe(SCOPE, ready_replicas=1)
+    assert observation is not None
+    assert observation.reporting_replicas == 1
+    assert observation.scrapes_per_replica == 2

@@ -156,6 +156,7 @@ def observation_from(
         ready_replicas=ready_replicas,
         covered_s=covered,
         reporting_replicas=None if reporting is None else round(reporting),
+        scrapes_per_replica=None if (scrapes := number("scrapes")) is None else round(scrapes),
         memory_rows=None if (memory := number("memory_rows")) is None else max(1, int(memory)),
         arrival_qps=arrivals,
         retried_qps=retried,

@@ -176,6 +176,15 @@ def decide(
             f"holding: no {', '.join(missing)} in Prometheus; never scaling on missing metrics",
             available=False,
         )
+    if (scrapes := observation.scrapes_per_replica) is not None and scrapes > 1:
+        return _hold(
+            current,
+            blind,
+            f"holding: Prometheus scrapes a replica {scrapes} times (two scrape jobs on its pod: "
+            "a PodMonitor beside annotations, say), so every rate counts its load as many; "
+            "drop one of the jobs",
+            available=False,
+        )
     assert observation.qps is not None
     assert observation.ready_replicas is not None
     memory = observation.memory_rows

@@ -103,6 +103,9 @@ class Observation:
     reporting_replicas: int | None = None
     """The replicas Prometheus scrapes now: fewer than the ready ones means some load is not in
     the rates (a replica whose scrapes fail, or not scraped yet). None where not counted."""
+    scrapes_per_replica: int | None = None
+    """How many times Prometheus scrapes the most scraped replica: more than once (two scrape
+    jobs on its pod) counts its load that many times in every rate. None where not counted."""
     memory_rows: int | None = None
     """The largest batch the replicas' devices have memory for, where one ran out of memory for
     a larger batch (the smallest over them); the runtime forms no larger batch, whatever limit it

@@ -65,6 +65,9 @@ def queries(
     sel = scope.selector if scope is not None else 'isvc!=""'
     group = () if scope is not None else FLEET_LABELS
     w = f"{window_s}s"
+    scraped_now = (
+        f"last_over_time(batchpilot_engine_info{{{sel}}}[{w}]) and batchpilot_engine_info{{{sel}}}"
+    )
 
     def agg(op: str, expr: str, *labels: str) -> str:
         by = ", ".join((*group, *labels))
@@ -227,12 +230,12 @@ def queries(
             "pod_batches": rate("batchpilot_batches_total", "", "pod"),
             "pod_rows": rate("batchpilot_batch_rows_total", "", "pod"),
             "pod_seconds": rate("batchpilot_batch_compute_seconds_total", "", "pod"),
-            # The replicas scraped now: sampled in the window and not marked stale (see `recent`).
-            "reporting": agg(
-                "count",
-                f"last_over_time(batchpilot_engine_info{{{sel}}}[{w}]) "
-                f"and batchpilot_engine_info{{{sel}}}",
-            ),
+            # The replicas scraped now: sampled in the window and not marked stale (see `recent`),
+            # each once, whatever the jobs that scrape it (by its address)…
+            "reporting": agg("count", agg("count", scraped_now, "instance")),
+            # …and how many times the most scraped of them is: two jobs on one pod (a PodMonitor
+            # beside an annotation-driven job) double every rate.
+            "scrapes": agg("max", agg("count", scraped_now, "instance")),
             # The largest batch a replica's device has memory for, where one ran out (a gauge
             # absent until then): the smallest over the replicas scraped now.
             "memory_rows": agg("min", f"batchpilot_device_memory_batch_rows{{{sel}}}"),

@@ -16,13 +16,13 @@ marker series (`marker`) says which window and utilization source the rules were
 the round reads the recorded series only while Prometheus has the marker for its own, and asks
 the raw grouped queries otherwise (`FleetObserver`).
 
-What stays raw: the fast signals (`recent`: the arrival rate between the last two scrapes,
-`now`: the runtime's gauge of its last seconds' arrivals, and `recent_pod_*`: each replica's
-batches between its last two scrapes, whose point is to be as fresh as Prometheus is), the count
-of reporting pods and the rows a device has memory for (a gauge, absent until one ran out); they
-read one series per pod, no window. A recorded value older than its own window is treated as
-missing, so a rule group that stopped being evaluated makes the autopilot hold rather than act on
-old numbers.
+What stays raw: the fast signals (`recent`: the arrival rate between the last two scrapes, `now`:
+the runtime's gauge of its last seconds' arrivals, and `recent_pod_*`: each replica's batches
+between its last two scrapes, whose point is to be as fresh as Prometheus is), the count of
+reporting pods (and how many times the most scraped is) and the rows a device has memory for (a
+gauge, absent until one ran out); they read one series per pod, no window. A recorded value older
+than its own window is treated as missing, so a rule group that stopped being evaluated makes the
+autopilot hold rather than act on old numbers.
 
 Pure: strings and dicts in and out.
 """
