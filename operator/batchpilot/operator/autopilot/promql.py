@@ -231,11 +231,11 @@ def queries(
             "pod_rows": rate("batchpilot_batch_rows_total", "", "pod"),
             "pod_seconds": rate("batchpilot_batch_compute_seconds_total", "", "pod"),
             # The replicas scraped now: sampled in the window and not marked stale (see `recent`),
-            # each once, whatever the jobs that scrape it (by its address)…
-            "reporting": agg("count", agg("count", scraped_now, "instance")),
+            # each once, whatever the jobs that scrape it (by its address and pod)…
+            "reporting": agg("count", agg("count", scraped_now, "instance", "pod")),
             # …and how many times the most scraped of them is: two jobs on one pod (a PodMonitor
             # beside an annotation-driven job) double every rate.
-            "scrapes": agg("max", agg("count", scraped_now, "instance")),
+            "scrapes": agg("max", agg("count", scraped_now, "instance", "pod")),
             # The largest batch a replica's device has memory for, where one ran out (a gauge
             # absent until then): the smallest over the replicas scraped now.
             "memory_rows": agg("min", f"batchpilot_device_memory_batch_rows{{{sel}}}"),
