@@ -75,7 +75,7 @@ class TestTheAutopilot:
     def test_it_plans_for_clumps_it_measures(self, monkeypatch: pytest.MonkeyPatch) -> None:
         # 300 rps in clumps of 8 on the textbook's service, half an hour.
         planned = clumped_run(8.0)
-        monkeypatch.setattr(learn, "dispersion", lambda observation, known: 1.0)
+        monkeypatch.setattr(learn, "dispersion", lambda observation, known, settled=True: 1.0)
         unplanned = clumped_run(8.0)
         # (0.96 against 0.83 at this writing: the misses left are the start-up's, one replica
         # at batch 1, and a scale-down or two to the margin. Unmeasured, the clumps' refusals
