@@ -415,6 +415,44 @@ class TestConnectionsOpenAtTheSignal:
         assert (counts["success"], counts["rejected"]) == (3, 1), counts
 
 
+def test_a_pinned_connections_request_whose_body_comes_later_is_served(
+    mlp_model: Path, tmp_path: Path
+) -> None:
+    """The one connection open at the signal sends its headers, then its body a while later (a
+    large body, a client that writes them apart): the queue waits for the request, not only
+    for its headers, until it is answered."""
+    body, headers = v2_request(mlp_rows(1, seed=0), binary_inputs={"x"})
+    head = (
+        f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+        + "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+        + "\r\n"
+    ).encode()
+    with start_draining_server(mlp_model, tmp_path, "--drain-linger-s", "1") as server:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            pinned = sock.makefile("rb")
+            sock.sendall(head + body)
+            assert pinned.readline().startswith(b"HTTP/1.1 200")
+            while pinned.readline() not in (b"\r\n", b""):
+                pass  # the headers
+            server.process.send_signal(signal.SIGTERM)
+            wait_until(
+                lambda: "the next request of 1 open connections is still served" in server.log(),
+                timeout=10,
+                what="the drain to start",
+            )
+            sock.sendall(head)
+            time.sleep(0.3)  # the client's pace: the body comes later
+            sock.sendall(body)
+            answer = b""
+            while chunk := sock.recv(65536):  # until the server closes the connection
+                answer += chunk
+        assert b"HTTP/1.1 200" in answer, answer[:300]
+        assert b"connection: close" in answer.lower()
+        assert server.process.wait(timeout=20) == 0
+    counts = final_tally(server.log())
+    assert (counts["success"], counts["rejected"]) == (2, 0), counts
+
+
 def test_a_request_whose_body_is_still_coming_is_refused_when_the_drain_starts(
     mlp_model: Path, tmp_path: Path
 ) -> None:

@@ -134,14 +134,17 @@ class DrainingServer(uvicorn.Server):
             if refused:
                 log.info("drain: refused %d requests whose body was still coming", refused)
         self._drain_tasks = [asyncio.ensure_future(stop()) for stop in self._on_drain]
-        if self._connections is not None and self._connections.owe_answers():
+        connections = self._connections
+        if connections is not None and (connections.owe_answers() or connections.kept_unanswered):
             self._drain_tasks.append(asyncio.ensure_future(self._owed_requests()))
 
     async def _owed_requests(self) -> None:
-        """Serve the next request of each connection opened before the signal
-        (`OpenConnections.owe_answers`) until each has brought it or closed, or none has come
-        for a linger — a client that has not sent by then is not sending soon — and at most
-        half the grace, as gRPC's drain (whose connections' requests are served alongside)."""
+        """Serve the next request of each connection opened before the signal, and the one on
+        its way at it (`OpenConnections.owe_answers`): the queue takes them until each is
+        answered — its body may still be coming, or being decoded — and until each idle
+        connection has brought its own or closed, or none has for a linger (a client that has
+        not sent by then is not sending soon); at most half the grace, as gRPC's drain (whose
+        connections' requests are served alongside)."""
         assert self._connections is not None
         connections = self._connections
         loop = asyncio.get_running_loop()
@@ -149,9 +152,19 @@ class DrainingServer(uvicorn.Server):
         until = started + self._grace_s / 2
         owing = connections.owing()
         log.info("drain: the next request of %d open connections is still served", owing)
-        while owing and not (self._forced is not None and self._forced.is_set()):
+        while owing or connections.kept_unanswered:
+            if self._forced is not None and self._forced.is_set():
+                return
+            now = loop.time()
+            if now >= until:
+                log.info(
+                    "drain: half the grace passed with %d requests owed, %d unanswered",
+                    owing,
+                    connections.kept_unanswered,
+                )
+                return
             quiet_until = (connections.owed_request_at or started) + self._linger_s
-            if loop.time() >= min(until, quiet_until):
+            if not connections.kept_unanswered and now >= quiet_until:
                 log.info("drain: %d open connections sent nothing since the signal", owing)
                 return
             await asyncio.sleep(OWED_POLL_S)

@@ -126,6 +126,9 @@ class OpenConnections:
         self.owed_request_at: float | None = None
         """When (loop time) a connection last brought the request it was owed
         (`owe_answers`)."""
+        self.kept_unanswered = 0
+        """Requests a draining server still serves (`KEPT_WHILE_DRAINING`) not answered yet:
+        until they are, the queue must take them (a body still coming, one being decoded)."""
 
     def add(self, connection: LimitedHttpToolsProtocol) -> None:
         self._open.add(connection)
@@ -218,6 +221,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._retire_reason = "age"
         self.owed = False
         """A draining server still answers this connection's next request (`owe_answer`)."""
+        self._kept: RequestResponseCycle | None = None
+        """That request, or the one on its way at the signal, until it is answered."""
 
     # --- The connection ---
 
@@ -237,6 +242,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         )
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._kept_answered()  # (if one was still to come, it never will be)
         if self.open_connections is not None:
             self.open_connections.discard(self)
         timers = (
@@ -452,7 +458,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         cycle.transport = self._gentle
         if self.owed:
             self.owed = False
-            cycle.scope[KEPT_WHILE_DRAINING] = True  # type: ignore[literal-required]
+            self._keep(cycle)
             if self.open_connections is not None:
                 self.open_connections.owed_request_at = self.loop.time()
 
@@ -506,10 +512,22 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:
             if not cycle.response_started and self._awaiting_headers:
-                cycle.scope[KEPT_WHILE_DRAINING] = True  # type: ignore[literal-required]
+                self._keep(cycle)
             return False
         self.owed = True
         return True
+
+    def _keep(self, cycle: RequestResponseCycle) -> None:
+        """Mark the request served while draining, counted until it is answered."""
+        cycle.scope[KEPT_WHILE_DRAINING] = True  # type: ignore[literal-required]
+        if self._kept is None and self.open_connections is not None:
+            self.open_connections.kept_unanswered += 1
+        self._kept = cycle
+
+    def _kept_answered(self) -> None:
+        if self._kept is not None and self.open_connections is not None:
+            self.open_connections.kept_unanswered -= 1
+        self._kept = None
 
     def _count_retired(self) -> None:
         if self.open_connections is not None:
@@ -621,6 +639,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         return bool(self.pipeline) or (cycle is not None and not cycle.response_complete)
 
     def on_response_complete(self) -> None:
+        if self._kept is not None and self._kept.response_complete:
+            self._kept_answered()
         queued = len(self.pipeline)
         super().on_response_complete()  # starts the next request queued, if any
         refusal = self._refusal_after

@@ -67,15 +67,18 @@ def from_spec(owner: Owner) -> dict[str, Any]:
     objective for the runtime's gauges, and in mode `auto` the burst size, `scaling.
     maxBatchSize`: the largest batch a backlog of more rows than the limit in force may run at
     once, the ceiling the spec allows the autopilot. In modes `recommend` and `off` the batch
-    size is the spec's as written, and no batch runs beyond it. And, in every mode, the rows a
-    new pod times at start-up: that ceiling, `STARTUP_TIMING_MAX_ROWS` at most (in the
-    document rather than the pod's arguments, so that changing it rolls no pod)."""
+    size is the spec's as written, and no batch runs beyond it; there the rows a new pod times
+    at start-up are that ceiling all the same, `STARTUP_TIMING_MAX_ROWS` at most (in the
+    document rather than the pod's arguments, so that changing it rolls no pod; in mode `auto`
+    the pod times up to the burst size, the same rows, and a runtime older than the key is not
+    given it)."""
     sla, scaling = owner.spec.sla, owner.spec.scaling
+    auto = scaling.mode == "auto"
     return {
         "sla_ms": sla.latency_p99_ms,
         "objective_percent": sla.objective_percent,
-        "burst_batch_size": scaling.max_batch_size if scaling.mode == "auto" else None,
-        "calibration_rows": min(scaling.max_batch_size, STARTUP_TIMING_MAX_ROWS),
+        "burst_batch_size": scaling.max_batch_size if auto else None,
+        "calibration_rows": None if auto else min(scaling.max_batch_size, STARTUP_TIMING_MAX_ROWS),
     }
 
 
