@@ -115,6 +115,26 @@ def start_draining_server(
 # --- clients ----------------------------------------------------------------------------------
 
 
+def answered_kept_alive(
+    connection: http.client.HTTPConnection, request: tuple[bytes, dict[str, str]]
+) -> None:
+    """One request on `connection`, answered 200, the connection kept alive."""
+    connection.request("POST", INFER, body=request[0], headers=request[1])
+    answer = connection.getresponse()
+    answer.read()
+    assert answer.status == 200
+    assert answer.getheader("connection") is None
+
+
+def raw_head(body: bytes, headers: dict[str, str]) -> bytes:
+    """An inference request's head, to send apart from its body on a socket."""
+    return (
+        f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+        + "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+        + "\r\n"
+    ).encode()
+
+
 async def httpx_repetition(server: RuntimeProcess) -> Received:
     """64 asyncio clients, each its own session with one keep-alive connection, closed loop;
     SIGTERM once each has had WARM_REQUESTS answers; each stops at its first 503."""
@@ -316,11 +336,7 @@ class TestLinger:
             assert server.grpc_port is not None
             idle = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
             try:
-                idle.request("POST", INFER, body=request[0], headers=request[1])
-                first = idle.getresponse()
-                first.read()
-                assert first.status == 200
-                assert first.getheader("connection") is None  # kept alive
+                answered_kept_alive(idle, request)
 
                 server.process.send_signal(signal.SIGTERM)
                 wait_until(
@@ -374,11 +390,7 @@ class TestConnectionsOpenAtTheSignal:
             quiet = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
             try:
                 for connection in (pinned, quiet):
-                    connection.request("POST", INFER, body=request[0], headers=request[1])
-                    answer = connection.getresponse()
-                    answer.read()
-                    assert answer.status == 200
-                    assert answer.getheader("connection") is None  # kept alive
+                    answered_kept_alive(connection, request)
 
                 server.process.send_signal(signal.SIGTERM)
                 wait_until(
@@ -422,11 +434,7 @@ def test_a_pinned_connections_request_whose_body_comes_later_is_served(
     large body, a client that writes them apart): the queue waits for the request, not only
     for its headers, until it is answered."""
     body, headers = v2_request(mlp_rows(1, seed=0), binary_inputs={"x"})
-    head = (
-        f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
-        + "".join(f"{name}: {value}\r\n" for name, value in headers.items())
-        + "\r\n"
-    ).encode()
+    head = raw_head(body, headers)
     with start_draining_server(mlp_model, tmp_path, "--drain-linger-s", "1") as server:
         with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
             pinned = sock.makefile("rb")
@@ -458,13 +466,8 @@ def test_a_request_whose_body_is_still_coming_is_refused_when_the_drain_starts(
 ) -> None:
     """It would be refused once its body was in anyway; until then it held the drain to the end
     of the grace, where uvicorn cancelled it with a plain-text 500 no tally counted."""
-    request = v2_request(mlp_rows(1, seed=0), binary_inputs={"x"})
-    body, headers = request
-    head = (
-        f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
-        + "".join(f"{name}: {value}\r\n" for name, value in headers.items())
-        + "\r\n"
-    ).encode()
+    body, headers = v2_request(mlp_rows(1, seed=0), binary_inputs={"x"})
+    head = raw_head(body, headers)
     with start_draining_server(mlp_model, tmp_path, "--drain-linger-s", "0.5") as server:
         with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
             sock.sendall(head + body[:5])  # the rest never comes before the signal
