@@ -50,6 +50,7 @@ def pod(namespace: str, isvc: str, name: str) -> str:
 
 def history() -> str:
     busy: list[str] = []
+    counted: list[str] = []
     info: list[str] = []
     gauge: list[str] = []
     dcgm: list[str] = []
@@ -60,6 +61,15 @@ def history() -> str:
         series(busy, "batchpilot_device_busy_seconds_total", labels, 0.5, start=START, end=until,
                rate=True)  # fmt: skip
         series(info, "batchpilot_engine_info", labels, 1, start=START, end=until, rate=False)
+    # A replica joined 30 s ago beside one there all along, each busy half of every second it
+    # served (the seconds it counted while taking requests).
+    for name, since in (("svc-7d9f8b6c5d-x2k4p", START), ("svc-7d9f8b6c5d-n4t6v", NOW - 30)):
+        labels = pod("joined", "svc", name)
+        series(busy, "batchpilot_device_busy_seconds_total", labels, 0.5, start=since, end=NOW,
+               rate=True)  # fmt: skip
+        series(counted, "batchpilot_arrival_counted_seconds_total", labels, 1.0, start=since,
+               end=NOW, rate=True)  # fmt: skip
+        series(info, "batchpilot_engine_info", labels, 1, start=since, end=NOW, rate=False)
     # A replica gone two minutes ago, its last samples left unmarked (Prometheus was down when
     # it went): 10 rps now on the one left, which carried 5 before.
     for name, until, recent in (("svc-7d9f8b6c5d-x2k4p", NOW, 10.0), ("svc-7d9f8b6c5d-q8w2z",
@@ -84,6 +94,8 @@ def history() -> str:
         [
             "# TYPE batchpilot_device_busy_seconds counter",
             *busy,
+            "# TYPE batchpilot_arrival_counted_seconds counter",
+            *counted,
             "# TYPE batchpilot_engine info",
             *info,
             "# TYPE batchpilot_recent_arrivals_per_second gauge",
@@ -130,6 +142,14 @@ def test_utilization_is_the_mean_of_the_replicas_busy_rates(observe) -> None:  #
     seen = observe(Scope("left", "svc"))
     assert seen.utilization == pytest.approx(0.5, rel=0.02)
     assert seen.reporting_replicas == 1
+
+
+def test_a_replica_that_joined_inside_the_window_counts_for_its_own_time(observe) -> None:  # type: ignore[no-untyped-def]
+    # Both busy half of every second they served: 0.5, where the mean of their rates (each over
+    # the whole window) read 0.41 — and 30–40 % low after every scale or rollout.
+    seen = observe(Scope("joined", "svc"))
+    assert seen.utilization == pytest.approx(0.5, rel=0.02)
+    assert seen.reporting_replicas == 2
 
 
 def test_a_replica_gone_is_not_counted_whatever_the_lookback(observe) -> None:  # type: ignore[no-untyped-def]

@@ -100,11 +100,19 @@ def queries(
             )
             + " / 100"
         )
+    counted = "batchpilot_arrival_counted_seconds_total"
     util = {
-        # The mean of each replica's busy rate over the window, each over the part of it the
-        # replica was there: a replica that came, went or missed a scrape counts for its own
-        # time (a count of the series at the window's end would divide a window's sum by it).
-        "busy": agg("avg", f"rate({busy}{{{sel}}}[{w}])"),
+        # The replicas' busy seconds over the seconds they served, in the window: a replica that
+        # came or went inside it counts for its own time. (The mean of their rates counted it
+        # for the whole window — `rate()` divides by it — and read 30–40 % low for a window
+        # after every scale, rollout or replacement; a count of the series at the window's end
+        # would divide a window's sum by it.) A runtime that does not count its seconds: that
+        # mean.
+        "busy": (
+            f"({agg('sum', f'rate({busy}{{{sel}}}[{w}])')} "
+            f"/ {agg('sum', f'rate({counted}{{{sel}}}[{w}])')}) "
+            f"or {agg('avg', f'rate({busy}{{{sel}}}[{w}])')}"
+        ),
         "nvml": agg("avg", f"avg_over_time(batchpilot_gpu_utilization_ratio{{{sel}}}[{w}])"),
         "dcgm": dcgm,
     }[utilization]
