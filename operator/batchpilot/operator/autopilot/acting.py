@@ -115,10 +115,8 @@ class Actuator:
             given = self._given.get(key)
         if given is not None and given.document == document and given.ready == ready:
             return []
-        try:
-            endpoints = self._pods.ready_pod_endpoints(owner.namespace, {ISVC_LABEL: owner.name})
-        except KubeError as exc:
-            log.warning("listing pods of %s/%s failed: %s", owner.namespace, owner.name, exc)
+        endpoints = self._ready_endpoints(owner)
+        if endpoints is None:
             return []
         told = given.endpoints if given is not None and given.document == document else None
         with self._lock:
@@ -126,7 +124,7 @@ class Actuator:
         new = [] if told is None else [e for e in endpoints if e not in told]
         if not new:
             return []
-        return self._push_to_pods(owner, document, endpoints=new, ready=ready)
+        return self._push_to_pods(owner, document, endpoints=new)
 
     def forget(self, keep: Iterable[tuple[str, str]]) -> None:
         """Drop what was given to the pods of every service but `keep`."""
@@ -171,29 +169,29 @@ class Actuator:
             "the ReplicaSet starts another",
         )
 
+    def _ready_endpoints(self, owner: Owner) -> list[str] | None:
+        """The service's ready pods' admin endpoints; None where they could not be listed."""
+        try:
+            return self._pods.ready_pod_endpoints(owner.namespace, {ISVC_LABEL: owner.name})
+        except KubeError as exc:
+            log.warning("listing pods of %s/%s failed: %s", owner.namespace, owner.name, exc)
+            return None
+
     def _push_to_pods(
-        self,
-        owner: Owner,
-        document: str,
-        *,
-        endpoints: list[str] | None = None,
-        ready: int | None = None,
+        self, owner: Owner, document: str, *, endpoints: list[str] | None = None
     ) -> list[Event]:
-        """Send `document` to `endpoints` (default: every ready pod, remembered as given)."""
+        """Send `document` to `endpoints` (default: every ready pod, remembered as given, to be
+        listed again at the next `catch_up`)."""
         token = admin_token(self._kube, owner)
         if token is None:
             return []
         if endpoints is None:
-            try:
-                endpoints = self._pods.ready_pod_endpoints(
-                    owner.namespace, {ISVC_LABEL: owner.name}
-                )
-            except KubeError as exc:
-                log.warning("listing pods of %s/%s failed: %s", owner.namespace, owner.name, exc)
+            endpoints = self._ready_endpoints(owner)
+            if endpoints is None:
                 return []
             with self._lock:
                 self._given[(owner.namespace, owner.name)] = _Given(
-                    document, frozenset(endpoints), ready
+                    document, frozenset(endpoints), None
                 )
         failed = send_each(self._push, endpoints, token=token, document=document)
         if not failed:
