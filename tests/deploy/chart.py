@@ -136,6 +136,7 @@ NAMESPACED: dict[str, Any] = {
         "preStopSleepSeconds": 3,
         "nodeLossTolerationSeconds": 60,
         "rolloutInPlaceAfterSeconds": 300,
+        "rolloutInPlaceMaxServices": 5,
     },
     "gpu": {
         "resource": "nvidia.com/mig-1g.10gb",

@@ -269,6 +269,8 @@ class TestSettings:
         assert settings.storage_initializer_image == runtime["storageInitializerImage"]
         assert settings.drain_grace_seconds == 40
         assert settings.pre_stop_sleep_seconds == 3
+        assert settings.rollout_in_place_after_seconds == 300
+        assert settings.rollout_in_place_max_services == 5
         assert settings.gpu_resource == gpu["resource"]
         assert settings.gpu_node_selector == gpu["nodeSelector"]
         assert settings.gpu_tolerations == gpu["tolerations"]

@@ -16,7 +16,7 @@ import pytest
 from batchpilot.operator.autopilot.pilot import learned_outside_s
 from batchpilot.operator.cache import WatchCache, slim_pod
 from batchpilot.operator.children.common import ISVC_LABEL
-from batchpilot.operator.handlers import ours
+from batchpilot.operator.handlers import _rolling_in_place, ours
 from batchpilot.operator.kinds import (
     DEPLOYMENT,
     INFERENCESERVICE,
@@ -29,6 +29,7 @@ from batchpilot.operator.kinds import (
 from batchpilot.operator.passes import Passes
 from batchpilot.operator.plan import CHILD_KINDS
 from batchpilot.operator.reconciler import ReconcileOutcome, Reconciler
+from batchpilot.operator.rollout import IN_PLACE, SURGE
 from batchpilot.operator.settings import OperatorSettings
 from tests.operator.fake_kube import FakeKube
 from tests.operator.test_reconciler import NS, T0, isvc
@@ -260,6 +261,43 @@ class TestReadsFromMemory:
         cache.seen(POD, bare)
         assert names("other") == []
         assert cache.get(POD, NS, "b") is not None
+
+    def test_the_deployments_rolling_in_place_are_listed_fleet_wide(self) -> None:
+        """What `rollout_in_place_max_services` counts (handlers.py), among packed children:
+        kept as each object arrives, whatever brought it (the watch, a write, a delete)."""
+        api = WatchedApi()
+        cache = WatchCache(
+            api, (DEPLOYMENT,), packed=(DEPLOYMENT,), flag={DEPLOYMENT: _rolling_in_place}
+        )
+
+        def deployment(
+            name: str, version: int, *, namespace: str = NS, updated: int = 1, in_place: bool = True
+        ) -> dict[str, Any]:
+            return {
+                "kind": "Deployment",
+                "metadata": {"name": name, "namespace": namespace, "resourceVersion": str(version)},
+                "spec": {
+                    "replicas": 2,
+                    "strategy": {"rollingUpdate": dict(IN_PLACE if in_place else SURGE)},
+                    "template": {"spec": {"containers": []}},
+                },
+                "status": {"replicas": 2, "updatedReplicas": updated},
+            }
+
+        cache.seen(DEPLOYMENT, deployment("a", 1))
+        assert cache.flagged(DEPLOYMENT) is None  # not listed yet: not known
+        cache.mark_synced()
+        cache.seen(DEPLOYMENT, deployment("b", 2, namespace="text"))
+        cache.seen(DEPLOYMENT, deployment("c", 3, in_place=False))
+        assert cache.flagged(DEPLOYMENT) == {(NS, "a"), ("text", "b")}
+        cache.seen(DEPLOYMENT, deployment("a", 4, updated=2))  # its rollout is over
+        cache.gone(DEPLOYMENT, deployment("b", 5, namespace="text"))
+        assert cache.flagged(DEPLOYMENT) == set()
+        cache.create(deployment("d", 0))  # a pass's write, before its watch event
+        assert cache.flagged(DEPLOYMENT) == {(NS, "d")}
+        cache.delete(DEPLOYMENT, NS, "d")
+        assert cache.flagged(DEPLOYMENT) == set()
+        assert cache.flagged(POD) is None  # nothing flagged of a kind without `flag`
 
 
 class TestItsOwnWrites:

@@ -8,6 +8,7 @@ import copy
 import logging
 import threading
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import kopf
@@ -16,15 +17,18 @@ import pytest
 from batchpilot.operator import handlers
 from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
 from batchpilot.operator.autopilot.prometheus import FleetRound
+from batchpilot.operator.cache import WatchCache
+from batchpilot.operator.children.common import ISVC_LABEL
 from batchpilot.operator.fleet import FleetPilot
 from batchpilot.operator.kinds import DEPLOYMENT, INFERENCESERVICE, ResourceKind
 from batchpilot.operator.kube import KubeError
 from batchpilot.operator.passes import KeyedLocks, Passes
 from batchpilot.operator.reconciler import Reconciler
+from batchpilot.operator.rollout import IN_PLACE, SURGE
 from batchpilot.operator.settings import OperatorSettings
 from tests.operator.fake_kube import FakeKube
 from tests.operator.test_passes import WAIT_S, Background, ObservedLock, awaited
-from tests.operator.test_reconciler import NS, T0, isvc
+from tests.operator.test_reconciler import NS, T0, TestARolloutWithNoRoom, isvc
 from tests.operator.test_telemetry import counted_for
 
 Posted = list[tuple[str, str, str, str]]
@@ -296,3 +300,80 @@ class TestSerialized:
         assert [w[0] for w in kube.writes].count("create") == 5  # the five children
         assert kube.writes.count(("patch/status", "InferenceService", "resnet50")) == 1
         assert [e[2] for e in posted].count("Created") == 5
+
+
+class TestATurnToRollInPlaceFreed:
+    """`rollout_in_place_max_services` at 1: a service whose rollout waits for a turn to go in
+    place is reconciled when the rollout that held it is over, not at its next periodic pass."""
+
+    def test_the_rollout_that_is_over_hands_its_turn_to_the_waiting_service(
+        self, monkeypatch: pytest.MonkeyPatch, posted: Posted
+    ) -> None:
+        settings = OperatorSettings(rollout_in_place_max_services=1)
+        monkeypatch.setattr(handlers, "_SETTINGS", settings)
+        kube = FakeKube()
+        cache = WatchCache(
+            kube,  # type: ignore[arg-type]  # no pod or list is asked of it
+            (INFERENCESERVICE, DEPLOYMENT),
+            packed=(DEPLOYMENT,),
+            flag={
+                DEPLOYMENT: handlers._rolling_in_place,
+                INFERENCESERVICE: handlers._waiting_its_turn,
+            },
+        )
+        cache.mark_synced()
+        now = T0
+        pods: list[dict[str, Any]] = []
+        memo = kopf.Memo(
+            cache=cache,
+            passes=Passes(cache),
+            reconciler=Reconciler(
+                cache,
+                settings,
+                learned_outside_s=learned_outside_s,
+                clock=lambda: now,
+                read_pods=lambda namespace, selector: [
+                    p for p in pods if selector.items() <= p["metadata"]["labels"].items()
+                ],
+                read_rolling_in_place=lambda: cache.flagged(DEPLOYMENT),
+            ),
+        )
+
+        def rolled(name: str, *, replicas: int, updated: int) -> dict[str, Any]:
+            """The Deployment's controller reports its rollout; the watch brings it."""
+            deployment = kube.of(DEPLOYMENT, NS, name)
+            deployment["status"] = {"replicas": replicas, "updatedReplicas": updated}
+            stored = kube.put_object(deployment)
+            cache.seen(DEPLOYMENT, stored)
+            return stored
+
+        def strategy(name: str) -> dict[str, Any]:
+            found: dict[str, Any] = kube.of(DEPLOYMENT, NS, name)["spec"]["strategy"]
+            return found["rollingUpdate"]
+
+        for name in ("a", "b"):
+            body = isvc(scaling={"minReplicas": 3, "maxReplicas": 3, "mode": "off"})
+            body["metadata"].update(name=name, uid=f"{name}-uid")
+            cache.seen(INFERENCESERVICE, kube.put_object(body))
+            handlers.reconcile(name=name, namespace=NS, memo=memo)
+            rolled(name, replicas=4, updated=1)  # a surge pod beside three old ones
+            pod = TestARolloutWithNoRoom.no_room_since(T0)
+            pod["metadata"]["labels"] = {ISVC_LABEL: name}
+            pods.append(pod)
+        now = T0 + timedelta(seconds=120)
+        posted.clear()
+        handlers.reconcile(name="a", namespace=NS, memo=memo)
+        handlers.reconcile(name="b", namespace=NS, memo=memo)
+        assert (strategy("a"), strategy("b")) == (IN_PLACE, SURGE)
+        assert [(name, reason) for name, _, reason, _ in posted if "InPlace" in reason] == [
+            ("a", "RollingInPlace"),
+            ("b", "WaitingToRollInPlace"),
+        ]
+        assert cache.flagged(INFERENCESERVICE) == {(NS, "b")}
+
+        posted.clear()
+        over = rolled("a", replicas=3, updated=3)
+        handlers._on_child_event(event={"type": "MODIFIED", "object": over}, memo=memo)
+        assert (strategy("a"), strategy("b")) == (SURGE, IN_PLACE)
+        assert ("b", "RollingInPlace") in [(name, reason) for name, _, reason, _ in posted]
+        assert cache.flagged(INFERENCESERVICE) == set()

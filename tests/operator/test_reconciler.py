@@ -17,7 +17,7 @@ from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT, NETWORK_POLICY, PDB
 from batchpilot.operator.kube import ready_pod_endpoints
 from batchpilot.operator.plan import RESTARTED_AT, quantity
 from batchpilot.operator.reconciler import Reconciler
-from batchpilot.operator.rollout import IN_PLACE, SURGE
+from batchpilot.operator.rollout import IN_PLACE, SURGE, rolling_in_place
 from batchpilot.operator.settings import OperatorSettings
 from tests.operator.fake_kube import FakeKube
 
@@ -47,15 +47,21 @@ def isvc(**spec: Any) -> dict[str, Any]:
 class Cluster:
     """The fake API plus the InferenceService's status, updated as the operator would."""
 
-    def __init__(self, body: dict[str, Any]) -> None:
-        self.kube = FakeKube()
+    def __init__(
+        self,
+        body: dict[str, Any],
+        *,
+        settings: OperatorSettings | None = None,
+        kube: FakeKube | None = None,
+    ) -> None:
+        self.kube = kube or FakeKube()
         self.body = body
         self.now = T0
         self.pods: list[dict[str, Any]] = []
         """What the cache holds of the service's pods."""
         self.reconciler = Reconciler(
             self.kube,
-            OperatorSettings(),
+            settings or OperatorSettings(),
             learned_outside_s=learned_outside_s,
             clock=lambda: self.now,
             read_pods=lambda namespace, selector: [
@@ -64,7 +70,16 @@ class Cluster:
                 if pod["metadata"]["namespace"] == namespace
                 and selector.items() <= pod["metadata"]["labels"].items()
             ],
+            read_rolling_in_place=self.rolling_in_place,
         )
+
+    def rolling_in_place(self) -> set[tuple[str, str]]:
+        """The Deployments rolling in place, fleet-wide, as the watch-fed cache lists them."""
+        return {
+            (namespace, name)
+            for (kind, namespace, name), obj in self.kube.objects.items()
+            if kind == "Deployment" and rolling_in_place(obj)
+        }
 
     def reconcile(self) -> Any:
         outcome = self.reconciler.reconcile(copy.deepcopy(self.body))
@@ -286,6 +301,149 @@ class TestARolloutWithNoRoom:
             cluster.kube.of(DEPLOYMENT, NS, "resnet50")["spec"]["strategy"]["rollingUpdate"]
             == SURGE
         )
+
+
+def strategy(cluster: Cluster, namespace: str = NS, name: str = "resnet50") -> dict[str, Any]:
+    found: dict[str, Any] = cluster.kube.objects[("Deployment", namespace, name)]["spec"][
+        "strategy"
+    ]["rollingUpdate"]
+    return found
+
+
+class TestTurnsToRollInPlace:
+    """An upgrade of the operator rolls every service at once: on a full cluster no more than
+    `rollout_in_place_max_services` of those rollouts go in place at a time, fleet-wide; the
+    others wait with their surge, every old pod serving."""
+
+    OTHER = ("text", "bert")
+
+    def two_services(self, *, max_services: int = 1) -> Cluster:
+        """resnet50 mid-rollout, its surge pod unschedulable 120 s, while another service's
+        rollout goes in place (its Deployment as the watch-fed cache holds it)."""
+        settings = OperatorSettings(rollout_in_place_max_services=max_services)
+        cluster = Cluster(
+            isvc(scaling={"minReplicas": 3, "maxReplicas": 3, "mode": "off"}), settings=settings
+        )
+        cluster.reconcile()
+        namespace, name = self.OTHER
+        cluster.kube.put_object(
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"replicas": 2, "strategy": {"rollingUpdate": dict(IN_PLACE)}},
+                "status": {"replicas": 2, "updatedReplicas": 1, "readyReplicas": 1},
+            }
+        )
+        deployment = cluster.kube.objects[("Deployment", NS, "resnet50")]
+        deployment["status"] = {"replicas": 4, "updatedReplicas": 1, "readyReplicas": 3}
+        cluster.pods = [TestARolloutWithNoRoom.no_room_since(cluster.now)]
+        cluster.now += timedelta(seconds=120)
+        return cluster
+
+    def test_it_waits_its_turn_with_its_surge_then_goes_in_place(self) -> None:
+        cluster = self.two_services(max_services=1)
+        outcome = cluster.reconcile()
+        assert strategy(cluster) == SURGE  # held: its three old pods serve
+        assert "RollingInPlace" not in [e.reason for e in outcome.events]
+        (said,) = [e for e in outcome.events if e.reason == "WaitingToRollInPlace"]
+        assert said.type == "Normal"
+        assert said.message == (
+            "the rollout's new pod has found no room for 120 s; 1 other service is rolling in "
+            "place (rolloutInPlaceMaxServices 1): text/bert; this one waits its turn, with a "
+            "surge: its old pods serve until one of those rollouts is over"
+        )
+        (ready,) = cluster.body["status"]["conditions"]
+        assert (ready["status"], ready["reason"]) == ("True", "Available")
+        assert ready["message"] == (
+            "3 of 3 replicas ready; the rollout's new pod has found no room for 120 s; 1 other "
+            "service is rolling in place (rolloutInPlaceMaxServices 1), this one waits its turn"
+        )
+
+        # said once: the next pass, with nothing new, writes and posts nothing
+        cluster.now += timedelta(seconds=60)
+        again = cluster.reconcile()
+        assert (again.events, again.status) == ([], {})
+
+        # the other rollout is over: the next pass (a timer's, a wake-up's) takes the turn
+        other = cluster.kube.objects[("Deployment", *self.OTHER)]
+        other["status"] = {"replicas": 2, "updatedReplicas": 2, "readyReplicas": 2}
+        outcome = cluster.reconcile()
+        assert strategy(cluster) == IN_PLACE
+        assert "RollingInPlace" in [e.reason for e in outcome.events]
+        (ready,) = cluster.body["status"]["conditions"]
+        assert ready["message"] == "3 of 3 replicas ready"
+
+    def test_under_the_limit_it_goes_in_place_at_once(self) -> None:
+        cluster = self.two_services(max_services=2)
+        outcome = cluster.reconcile()
+        assert strategy(cluster) == IN_PLACE
+        assert "WaitingToRollInPlace" not in [e.reason for e in outcome.events]
+
+    def test_no_limit_at_zero(self) -> None:
+        cluster = self.two_services(max_services=0)
+        cluster.reconcile()
+        assert strategy(cluster) == IN_PLACE
+
+    def test_one_rolling_in_place_keeps_going_whatever_the_others(self) -> None:
+        cluster = self.two_services(max_services=1)
+        # in place already (a pass of a limit since lowered, or of the leader before), beside
+        # two others: it does not flip back mid-rollout
+        deployment = cluster.kube.objects[("Deployment", NS, "resnet50")]
+        deployment["spec"]["strategy"]["rollingUpdate"] = dict(IN_PLACE)
+        deployment["status"] = {"replicas": 3, "updatedReplicas": 2, "readyReplicas": 2}
+        other = cluster.kube.objects[("Deployment", *self.OTHER)]
+        cluster.kube.put_object({**other, "metadata": {"name": "t5", "namespace": "text"}})
+        assert len(cluster.rolling_in_place()) == 3
+        cluster.pods = []
+        outcome = cluster.reconcile()
+        assert strategy(cluster) == IN_PLACE
+        assert "WaitingToRollInPlace" not in [e.reason for e in outcome.events]
+        assert "waits its turn" not in cluster.body["status"]["conditions"][0]["message"]
+
+    def test_two_passes_at_once_cannot_both_take_the_last_turn(self) -> None:
+        """The count is what the Deployments say; between a pass's count and its write, the
+        turn it took is counted too."""
+
+        class Racing(FakeKube):
+            """Runs the other service's pass while this one writes its Deployment in place."""
+
+            during: Any = None
+
+            def replace(self, obj: dict[str, Any]) -> dict[str, Any]:
+                if self.during is not None and obj["kind"] == "Deployment":
+                    during, self.during = self.during, None
+                    during()
+                return super().replace(obj)
+
+        settings = OperatorSettings(rollout_in_place_max_services=1)
+        kube = Racing()
+        first = Cluster(
+            isvc(scaling={"minReplicas": 3, "maxReplicas": 3, "mode": "off"}),
+            settings=settings,
+            kube=kube,
+        )
+        second_body = isvc(scaling={"minReplicas": 3, "maxReplicas": 3, "mode": "off"})
+        second_body["metadata"].update(name="bert", uid="bert-uid")
+        second = Cluster(second_body, settings=settings, kube=kube)
+        second.reconciler = first.reconciler  # one operator
+        for cluster, name in ((first, "resnet50"), (second, "bert")):
+            cluster.reconcile()
+            deployment = kube.objects[("Deployment", NS, name)]
+            deployment["status"] = {"replicas": 4, "updatedReplicas": 1, "readyReplicas": 3}
+            pod = TestARolloutWithNoRoom.no_room_since(T0)
+            pod["metadata"]["labels"] = {ISVC_LABEL: name}
+            first.pods.append(pod)
+        first.now = T0 + timedelta(seconds=120)
+        second.now, second.pods = first.now, first.pods
+        seconds: list[Any] = []
+        kube.during = lambda: seconds.append(second.reconcile())
+        first.reconcile()
+        assert strategy(first) == IN_PLACE
+        assert strategy(second, NS, "bert") == SURGE
+        (outcome,) = seconds
+        assert "WaitingToRollInPlace" in [e.reason for e in outcome.events]
+        assert "vision/resnet50" in outcome.events[-1].message
 
 
 class TestDoNothing:

@@ -16,12 +16,15 @@ from batchpilot.operator.rollout import (
     SURGE,
     TROUBLE_REASONS,
     Trouble,
+    frees_a_turn,
+    in_place_turn,
     pod_trouble,
     ready_condition,
     rolling_in_place,
     rollout_under_way,
     rolls_in_place,
     trouble_in,
+    waits_its_turn,
     why_not_ready,
 )
 
@@ -379,3 +382,57 @@ class TestRollingInPlace:
             "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity."
         )
         assert not self.in_place(self.rolling(), pod)
+
+
+class TestTurnsInPlace:
+    """Of the rollouts that would go in place, no more than `max_services` at a time, fleet-wide:
+    an upgrade of the operator rolls every service at once."""
+
+    def turn(self, *others: str, max_services: int = 2) -> Any:
+        return in_place_turn(list(others), wait_s=120, max_services=max_services)
+
+    def test_a_turn_while_fewer_than_the_limit_go_in_place(self) -> None:
+        assert self.turn() is None
+        assert self.turn("vision/a") is None  # 1 < 2
+
+    def test_at_the_limit_it_waits_and_says_who_holds_the_turns(self) -> None:
+        held = self.turn("vision/a", "text/b")
+        assert held is not None
+        assert held.condition == (
+            "the rollout's new pod has found no room for 120 s; 2 other services are rolling "
+            "in place (rolloutInPlaceMaxServices 2), this one waits its turn"
+        )
+        assert held.event == (
+            "the rollout's new pod has found no room for 120 s; 2 other services are rolling "
+            "in place (rolloutInPlaceMaxServices 2): vision/a, text/b; this one waits its turn, "
+            "with a surge: its old pods serve until one of those rollouts is over"
+        )
+
+    def test_past_the_limit_too(self) -> None:
+        # the limit lowered while more went in place: they go on, no new one goes
+        assert self.turn("a/a", "b/b", "c/c", max_services=1) is not None
+        assert self.turn("a/a", max_services=1) is not None
+
+    def test_zero_means_no_limit(self) -> None:
+        assert self.turn(*(f"ns/s{i}" for i in range(500)), max_services=0) is None
+
+    def test_not_known_is_held(self) -> None:
+        held = in_place_turn(None, wait_s=120, max_services=2)
+        assert held is not None
+        assert "not known yet" in held.condition
+
+    def test_the_ready_condition_that_says_it_is_read_back(self) -> None:
+        held = self.turn("vision/a", max_services=1)
+        assert held is not None
+        message = f"3 of 3 replicas ready; {held.condition}"
+        assert waits_its_turn({"type": "Ready", "status": "True", "message": message})
+        assert not waits_its_turn({"type": "Ready", "status": "True", "message": "3 of 3"})
+        assert not waits_its_turn(None)
+
+    def test_a_rollout_in_place_that_is_over_or_gone_frees_its_turn(self) -> None:
+        rolling = TestRollingInPlace.rolling
+        assert not frees_a_turn(rolling(in_place=True))  # under way: it holds it
+        assert frees_a_turn(rolling(updated=3, total=3, in_place=True))
+        assert frees_a_turn(rolling(in_place=True), deleted=True)
+        assert not frees_a_turn(rolling(updated=3, total=3))  # a surge held none
+        assert not frees_a_turn(rolling(), deleted=True)

@@ -191,6 +191,9 @@ class WatchCache:
     names), whatever `keep` says of it. `index_label`: a label whose value indexes the objects of
     every kind per namespace, so that a selector naming it (`pods`) looks at that value's objects
     only rather than every one in memory (every pod of 2,000 services, for one service's).
+    `flag[kind](obj)`: whether an object of `kind` is one of a few that `flagged(kind)` lists
+    at once, fleet-wide, without reading every object of the kind (the Deployments whose
+    rollouts go in place, among 2,000 packed ones); asked of each object as it is kept.
     """
 
     def __init__(
@@ -203,6 +206,7 @@ class WatchCache:
         packed: Iterable[ResourceKind] = (),
         references: References = lambda kind, obj: (),
         index_label: str | None = None,
+        flag: Mapping[ResourceKind, Callable[[Obj], bool]] | None = None,
     ) -> None:
         self._api = api
         self._keep = keep
@@ -227,6 +231,9 @@ class WatchCache:
         """(kind, namespace, value of `index_label`) → the keys of the objects in memory."""
         self._indexed_as: dict[tuple[ResourceKind, Key], str] = {}
         """Each indexed object's value of `index_label`, to find it when it changes or goes."""
+        self._flag = dict(flag or {})
+        self._flagged: dict[ResourceKind, set[Key]] = {kind: set() for kind in self._flag}
+        """The keys of the objects in memory that `flag` holds for, per kind."""
 
     # --- fed by the watches ------------------------------------------------------------------
 
@@ -406,6 +413,15 @@ class WatchCache:
                 found.append(pod)
         return found
 
+    def flagged(self, kind: ResourceKind) -> set[Key] | None:
+        """The (namespace, name) of the objects of `kind` in memory that `flag[kind]` holds
+        for, in every namespace watched; None until memory holds every object of `kind` there
+        is (before the watch's list, or `take_stock`'s), when they are not known."""
+        if kind not in self._flagged or not self._complete(kind):
+            return None
+        with self._lock:
+            return set(self._flagged[kind])
+
     def ready_pod_endpoints(self, namespace: str, selector: dict[str, str]) -> list[str]:
         if POD not in self._objects or not self._complete(POD):
             return self._api.ready_pod_endpoints(namespace, selector)
@@ -480,6 +496,11 @@ class WatchCache:
             self._slim.get(kind, without_managed_fields)(obj), packed=kind in self._packed
         )
         self._reindex(kind, key, obj)
+        if kind in self._flag:
+            if self._flag[kind](obj):
+                self._flagged[kind].add(key)
+            else:
+                self._flagged[kind].discard(key)
         self._name(kind, key, self._references(kind, obj))
         self._absent.discard((kind, key))
 
@@ -487,6 +508,8 @@ class WatchCache:
         """Forget the object `key` of `kind`, and its place in the index (call with the lock
         held); what was kept, if anything."""
         self._reindex(kind, key, None)
+        if kind in self._flagged:
+            self._flagged[kind].discard(key)
         return self._objects[kind].pop(key, None)
 
     def _reindex(self, kind: ResourceKind, key: Key, obj: Obj | None) -> None:

@@ -23,6 +23,10 @@ scheduled, cannot pull their image, crash): posted when what it says changes."""
 ROLLING_IN_PLACE = "RollingInPlace"
 """A rollout's surge pod found no room (no GPU free) for `rollout_in_place_after_seconds`: the
 rollout replaces one replica at a time instead (`rollout.IN_PLACE`)."""
+WAITING_TO_ROLL_IN_PLACE = "WaitingToRollInPlace"
+"""A rollout would go in place, but `rollout_in_place_max_services` other services' rollouts
+are going in place already: it keeps its surge, its old pods serving, until a turn frees
+(`rollout.in_place_turn`). Posted when the wait starts; the message names those services."""
 
 REPLACED_SLOW_REPLICA = "ReplacedSlowReplica"
 """A replica's batches ran slower than its peers' for a while: its pod was deleted for the

@@ -2,7 +2,8 @@
 
 Triggers: the InferenceService's create/update/resume, a periodic timer (drift that no event
 reports), events of the children it owns (someone edits or deletes a Deployment; a pod becomes
-ready; the Gateway accepts or refuses a route, in the route's status), and events of the API keys'
+ready; the Gateway accepts or refuses a route, in the route's status; another service's rollout
+in place is over, which frees a turn for those waiting: `give_turns`), and events of the API keys'
 Secret it names (created, edited, deleted: a spec held for it goes ahead at once, so nothing
 retries on a timer). Each names the InferenceService and calls `reconcile_now`: `Passes`
 serializes it per object, reads the object and writes its status (see there why), `Reconciler`
@@ -31,7 +32,7 @@ from typing import Any, cast
 
 import kopf
 
-from batchpilot.operator import kopf_gate, relists, telemetry
+from batchpilot.operator import conditions, kopf_gate, relists, rollout, telemetry
 from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
 from batchpilot.operator.autopilot.pod_metrics import PodScraper, first_window_s
 from batchpilot.operator.autopilot.prometheus import FleetObserver, Seasonality, http_query
@@ -46,7 +47,7 @@ from batchpilot.operator.children.common import ISVC_LABEL, MANAGED_BY
 from batchpilot.operator.children.keys_secret import keys_secret_name, slim_secret
 from batchpilot.operator.events import Event
 from batchpilot.operator.fleet import FleetPilot, RoundReport, autopiloted
-from batchpilot.operator.kinds import INFERENCESERVICE, POD, SECRET, ResourceKind
+from batchpilot.operator.kinds import DEPLOYMENT, INFERENCESERVICE, POD, SECRET, ResourceKind
 from batchpilot.operator.kube import KubeClient, KubeError
 from batchpilot.operator.passes import Passes
 from batchpilot.operator.plan import CHILD_KINDS
@@ -126,6 +127,19 @@ def names(kind: ResourceKind, obj: dict[str, Any]) -> list[tuple[ResourceKind, s
     return [] if secret is None else [(SECRET, secret)]
 
 
+def _rolling_in_place(deployment: dict[str, Any]) -> bool:
+    """The Deployments the cache lists apart: those whose rollouts go in place, which
+    `rollout_in_place_max_services` counts fleet-wide (`rollout.in_place_turn`)."""
+    return rollout.rolling_in_place(deployment) > 0
+
+
+def _waiting_its_turn(isvc: dict[str, Any]) -> bool:
+    """The InferenceServices the cache lists apart: those whose rollouts wait for a turn to go
+    in place, as their Ready condition says (so that a leader that just took over knows them)."""
+    ready = conditions.find((isvc.get("status") or {}).get("conditions"), conditions.READY)
+    return rollout.waits_its_turn(ready)
+
+
 @kopf.on.login()
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     """In-cluster service account, else $KUBECONFIG as it is now (kopf's client-based login
@@ -157,6 +171,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         packed=CHILD_KINDS,
         references=names,
         index_label=ISVC_LABEL,
+        flag={DEPLOYMENT: _rolling_in_place, INFERENCESERVICE: _waiting_its_turn},
     )
     memo.cache = kube
     memo.passes = Passes(kube)
@@ -170,6 +185,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         push_access=memo.access_pusher,
         rebalance=memo.rebalancer,
         read_pods=kube.pods,
+        read_rolling_in_place=lambda: kube.flagged(DEPLOYMENT),
     )
     observer = FleetObserver(
         http_query(_SETTINGS.prometheus_url),
@@ -488,13 +504,36 @@ def deleted(name: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> None
 
 
 def _on_child_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-    """A child changed: reconcile its owner, so drift is restored and status follows."""
-    meta = event["object"].get("metadata", {})
+    """A child changed: reconcile its owner, so drift is restored and status follows. A
+    Deployment whose rollout in place is over (or that went mid-rollout) frees a turn: the
+    services waiting for one are reconciled too (`give_turns`)."""
+    obj = event["object"]
+    meta = obj.get("metadata", {})
     owner_name = meta.get("labels", {}).get(ISVC_LABEL)
     namespace = meta.get("namespace")
     if not owner_name or not namespace or "passes" not in memo:
         return
     _reconcile_or_log(namespace, owner_name, memo, trigger="a child's event")
+    deleted = event.get("type") == "DELETED"
+    if obj.get("kind") == DEPLOYMENT.kind and rollout.frees_a_turn(obj, deleted=deleted):
+        give_turns(memo, limit=_SETTINGS.rollout_in_place_max_services)
+
+
+def give_turns(memo: kopf.Memo, *, limit: int) -> None:
+    """Reconcile the services whose rollouts wait for a turn to go in place, as the cache lists
+    them, until `limit` rollouts go in place again: a turn freed goes at once rather than at a
+    waiting service's next periodic pass (up to `reconcile_interval_seconds` later, which is
+    the bound where no event comes: an operator that took over, a Deployment that went while
+    no watch ran). By name: each turn freed goes to one waiting service, not to the one that
+    has waited longest."""
+    cache: WatchCache | None = memo.get("cache")
+    if cache is None or limit <= 0:
+        return
+    for namespace, name in sorted(cache.flagged(INFERENCESERVICE) or ()):
+        in_place = cache.flagged(DEPLOYMENT)
+        if in_place is None or len(in_place) >= limit:
+            return
+        _reconcile_or_log(namespace, name, memo, trigger="a turn to roll in place freed")
 
 
 def _pod_stuck(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> bool:

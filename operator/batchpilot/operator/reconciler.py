@@ -13,7 +13,8 @@ writes the status and the handlers post the Events.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -86,6 +87,10 @@ ReadPods = Callable[[str, dict[str, str]], list[dict[str, Any]]]
 PushAccess = Callable[[Owner, str | None], list[Event]]
 """Sends the access document to the ready pods that were not given it yet, and says what failed
 (None: no `spec.auth`). The handlers hand `autopilot.push.AccessPusher`."""
+ReadRollingInPlace = Callable[[], Collection[tuple[str, str]] | None]
+"""The (namespace, name) of the operator's Deployments whose rollouts go in place now, fleet-wide
+(`rollout.rolling_in_place`); None while they are not known (the watch-fed cache before its
+lists are in)."""
 
 
 class Reconciler:
@@ -104,7 +109,12 @@ class Reconciler:
 
     `read_pods`: the service's pods, whose statuses say why replicas are not ready (a crash, an
     image that cannot be pulled, no node with a free GPU); None: the Deployment's conditions
-    alone."""
+    alone.
+
+    `read_rolling_in_place`: the Deployments, fleet-wide, whose rollouts go in place now, which
+    `rollout_in_place_max_services` counts (the handlers hand the watch-fed cache's, so that a
+    leader that just took over counts what is, not what its predecessor remembered); None: only
+    those this reconciler turns in place are counted, while it writes them."""
 
     def __init__(
         self,
@@ -117,6 +127,7 @@ class Reconciler:
         push_access: PushAccess | None = None,
         rebalance: Rebalance | None = None,
         read_pods: ReadPods | None = None,
+        read_rolling_in_place: ReadRollingInPlace | None = None,
     ) -> None:
         self._kube = kube
         self._settings = settings
@@ -126,6 +137,13 @@ class Reconciler:
         self._push_access = push_access
         self._rebalance = rebalance
         self._read_pods = read_pods
+        self._read_rolling_in_place = read_rolling_in_place
+        self._turns = threading.Lock()
+        self._turning: set[tuple[str, str]] = set()
+        """Services this reconciler's passes are turning in place (`_rolls_in_place`), from the
+        count of turns to the write of their Deployment: counted as rolling in place, so that
+        two passes at once cannot both take the last turn. Only for that while: after the
+        write the Deployment says it (the cache keeps what a write answered)."""
 
     def reconcile(self, body: dict[str, Any]) -> ReconcileOutcome:
         meta = body["metadata"]
@@ -151,29 +169,35 @@ class Reconciler:
                 )
 
         outcome = ReconcileOutcome()
-        for attempt in (1, 2):
-            observed = self._observe(owner)
-            owned = owned_values(owner, observed, outside_s=self._learned_outside_s(status))
-            in_place = self._rolls_in_place(owner, observed.get(DEPLOYMENT), now, outcome)
-            owned = replace(owned, in_place=in_place)
-            try:
-                todo = plan(owner, self._settings, observed, owned)
-            except UnsupportedModelSource as exc:
-                return self._refuse(status, generation, now, str(exc), reason="UnsupportedModel")
-            try:
-                rest, exposure = todo.split(EXPOSURE_KINDS)
-                children = dict(observed)  # as each write leaves them
-                self._apply(rest, children, outcome)
-                not_served = self._apply_exposure(exposure, children, outcome)
-                break
-            except KubeError as exc:
-                if exc.status == 409 and attempt == 1:
-                    # What was read is behind the API: a name taken by an object the reads did
-                    # not see, or a child changed since. `Kube` has read it afresh: once more.
-                    continue
-                if exc.transient:
-                    return _try_again(outcome, exc)
-                return self._apply_failed(status, generation, now, outcome, str(exc))
+        try:
+            for attempt in (1, 2):
+                observed = self._observe(owner)
+                owned = owned_values(owner, observed, outside_s=self._learned_outside_s(status))
+                in_place, held = self._rolls_in_place(owner, observed.get(DEPLOYMENT), now, outcome)
+                owned = replace(owned, in_place=in_place)
+                try:
+                    todo = plan(owner, self._settings, observed, owned)
+                except UnsupportedModelSource as exc:
+                    return self._refuse(
+                        status, generation, now, str(exc), reason="UnsupportedModel"
+                    )
+                try:
+                    rest, exposure = todo.split(EXPOSURE_KINDS)
+                    children = dict(observed)  # as each write leaves them
+                    self._apply(rest, children, outcome)
+                    not_served = self._apply_exposure(exposure, children, outcome)
+                    break
+                except KubeError as exc:
+                    if exc.status == 409 and attempt == 1:
+                        # What was read is behind the API: a name taken by an object the reads
+                        # did not see, or a child changed since. `Kube` has read it afresh: once
+                        # more.
+                        continue
+                    if exc.transient:
+                        return _try_again(outcome, exc)
+                    return self._apply_failed(status, generation, now, outcome, str(exc))
+        finally:
+            self._turned((owner.namespace, owner.name))
 
         deployment = children[DEPLOYMENT]
         exposed = exposure_now(owner, {kind.kind: children[kind] for kind in EXPOSURE_KINDS})
@@ -203,6 +227,11 @@ class Reconciler:
             trouble = self._trouble(owner, deployment, ready=ready, desired=desired)
             ready_condition = rollout.ready_condition(ready=ready, desired=desired, trouble=trouble)
         previous = conditions.find(status.get("conditions"), conditions.READY)
+        if held is not None and not todo.conflicts:
+            said = ready_condition[2]
+            ready_condition = (*ready_condition[:2], rollout.short(f"{said}; {held.condition}"))
+            if not rollout.waits_its_turn(previous):
+                outcome.events.append(Event("Normal", events.WAITING_TO_ROLL_IN_PLACE, held.event))
         if todo.conflicts and (previous or {}).get("reason") != "ChildConflict":
             outcome.events.append(Event("Warning", events.CHILD_CONFLICT, ready_condition[2]))
         if trouble is not None and (previous or {}).get("message") != ready_condition[2]:
@@ -247,18 +276,24 @@ class Reconciler:
         deployment: dict[str, Any] | None,
         now: datetime,
         outcome: ReconcileOutcome,
-    ) -> bool:
+    ) -> tuple[bool, rollout.Held | None]:
         """Whether the Deployment's rollout goes in place, for want of room for its surge pod
-        (`rollout.rolls_in_place`); an Event when it starts to."""
+        (`rollout.rolls_in_place`), and, where it would and may not yet, why it waits
+        (`rollout.in_place_turn`); an Event when it starts to go in place."""
         wait_s = self._settings.rollout_in_place_after_seconds
         if deployment is None or self._read_pods is None or wait_s <= 0:
-            return False
+            return False, None
         if not owned_by(deployment, owner.uid) or not rollout.rollout_under_way(deployment):
-            return False
+            return False, None
         pods = self._read_pods(owner.namespace, dict(owner.selector))
-        in_place = rollout.rolls_in_place(deployment, pods, now=now, wait_s=wait_s)
-        said = any(e.reason == events.ROLLING_IN_PLACE for e in outcome.events)
-        if in_place and not rollout.rolling_in_place(deployment) and not said:
+        if not rollout.rolls_in_place(deployment, pods, now=now, wait_s=wait_s):
+            return False, None
+        if rollout.rolling_in_place(deployment):
+            return True, None  # its turn, until the rollout is over
+        held = self._take_turn((owner.namespace, owner.name), wait_s=wait_s)
+        if held is not None:
+            return False, held
+        if not any(e.reason == events.ROLLING_IN_PLACE for e in outcome.events):
             outcome.events.append(
                 Event(
                     "Warning",
@@ -267,7 +302,32 @@ class Reconciler:
                     "replica at a time instead, one fewer serving until each new one is ready",
                 )
             )
-        return in_place
+        return True, None
+
+    def _take_turn(self, key: tuple[str, str], *, wait_s: float) -> rollout.Held | None:
+        """A turn to go in place for the service `key` (None: taken, until `_turned`), or why
+        it waits: counted from what the Deployments say now, and the turns this reconciler's
+        passes are taking (a pass that counted has not written yet)."""
+        limit = self._settings.rollout_in_place_max_services
+        if limit <= 0:
+            return None  # no limit: nothing to count
+        with self._turns:
+            live = self._read_rolling_in_place() if self._read_rolling_in_place is not None else ()
+            others = (
+                None
+                if live is None
+                else [f"{ns}/{name}" for ns, name in sorted({*live, *self._turning} - {key})]
+            )
+            held = rollout.in_place_turn(others, wait_s=wait_s, max_services=limit)
+            if held is None:
+                self._turning.add(key)
+        return held
+
+    def _turned(self, key: tuple[str, str]) -> None:
+        """The pass over `key` is over: its Deployment says whether it took its turn."""
+        if key in self._turning:  # a set's lookup is atomic; most passes take no turn
+            with self._turns:
+                self._turning.discard(key)
 
     def _trouble(
         self, owner: Owner, deployment: dict[str, Any] | None, *, ready: int, desired: int

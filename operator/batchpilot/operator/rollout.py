@@ -8,7 +8,9 @@ the pods' statuses; this module reads them (as the operator's cache keeps them: 
 and names the first that holds, with Kubernetes' own message, so the person who reads the
 InferenceService knows what to fix without hunting for the pods. The Ready condition is worded
 here too (`ready_condition`), beside the reading of it back (`trouble_in`): the autopilot's
-ScalingLimited says from it when replicas it asked for cannot come up. Pure: dicts in, words out.
+ScalingLimited says from it when replicas it asked for cannot come up. So is how a rollout
+replaces pods where no GPU is free for a surge (`rolls_in_place`), and how many rollouts may do
+so at once, fleet-wide (`in_place_turn`). Pure: dicts in, words out.
 """
 
 from __future__ import annotations
@@ -273,3 +275,64 @@ def _parse_time(text: object) -> datetime | None:
         return datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         return None
+
+
+WAITS_ITS_TURN = "this one waits its turn"
+"""What the Ready condition says while a rollout that would go in place waits for a turn
+(`in_place_turn`), and how its Event is said once: the next pass finds it there."""
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A rollout that would go in place, held with its surge: its old pods serve meanwhile."""
+
+    condition: str
+    """For the Ready condition: the same words on every pass while nothing changes."""
+    event: str
+    """For the Event posted when the wait starts: with the services that hold the turns."""
+
+
+def in_place_turn(others: Sequence[str] | None, *, wait_s: float, max_services: int) -> Held | None:
+    """Whether a rollout that `rolls_in_place` says should go in place, and is not in place yet,
+    may go now: None when it may, else why it is held.
+
+    `others`: the other services whose rollouts go in place now ("namespace/name", fleet-wide:
+    `rolling_in_place` of their Deployments), None where they are not known. Each has a replica
+    down; a change of the operator or of its runtime-wide settings rolls every service at once,
+    and on a full cluster every one of them would go in place together: one replica fewer in
+    each. So no more than `max_services` go in place at a time (0: no limit); the others wait
+    with their surge pods pending, their old pods all serving, until a turn frees. Not known is
+    held too: a surge loses nothing by waiting a pass longer."""
+    if max_services <= 0:
+        return None
+    if others is not None and len(others) < max_services:
+        return None
+    found = f"the rollout's new pod has found no room for {wait_s:g} s"
+    limit = f"rolloutInPlaceMaxServices {max_services}"
+    if others is None:
+        said = f"{found}; the services rolling in place are not known yet ({limit})"
+        return Held(f"{said}, {WAITS_ITS_TURN}", f"{said}, {WAITS_ITS_TURN}")
+    many = "service is" if len(others) == 1 else "services are"
+    said = f"{found}; {len(others)} other {many} rolling in place ({limit})"
+    return Held(
+        f"{said}, {WAITS_ITS_TURN}",
+        short(
+            f"{said}: {', '.join(others)}; {WAITS_ITS_TURN}, with a surge: its old pods serve "
+            "until one of those rollouts is over"
+        ),
+    )
+
+
+def waits_its_turn(ready: Mapping[str, Any] | None) -> bool:
+    """Whether a Ready condition says its service's rollout waits for a turn to go in place
+    (`in_place_turn`): whom to reconcile when a turn frees."""
+    return ready is not None and WAITS_ITS_TURN in str(ready.get("message") or "")
+
+
+def frees_a_turn(deployment: Mapping[str, Any], *, deleted: bool = False) -> bool:
+    """Whether a Deployment that rolls in place has freed its turn (`in_place_turn`): its
+    rollout is over (its next pass turns it back to a surge), or it was deleted mid-rollout."""
+    strategy = deployment.get("spec", {}).get("strategy", {}).get("rollingUpdate") or {}
+    if strategy.get("maxSurge") != 0:
+        return False
+    return deleted or not rollout_under_way(deployment)

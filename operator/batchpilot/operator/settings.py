@@ -59,6 +59,14 @@ class OperatorSettings(BaseSettings):
     """How long a rollout's new pod may wait unschedulable (a cluster with no GPU free for the
     surge) before the rollout replaces one replica at a time in place instead, one fewer serving
     meanwhile; only with two replicas or more. 0: never, the rollout waits for room."""
+    rollout_in_place_max_services: int = Field(default=2, ge=0, le=10000)
+    """How many services' rollouts may go in place at once, fleet-wide; the others wait their
+    turn with their surge pods pending, every old pod serving (`rollout.in_place_turn`). An
+    upgrade of the operator, or a change of a runtime-wide setting, rolls every service at once:
+    on a full cluster, without a limit, every service of two replicas or more would have one
+    down at the same time. 2 rather than 1: a rollout in place whose new pods never become ready
+    (an image that crashes) keeps its turn until someone fixes it, and with one turn it would
+    hold every other service's rollout too. 0: no limit."""
 
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
     prometheus_peers: list[dict[str, Any]] = Field(
