@@ -11,12 +11,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from batchpilot.operator.autopilot.acting import Actuator
+from batchpilot.operator.autopilot.ceiling import Ceiling
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation, PodCompute
 from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
 from batchpilot.operator.autopilot.pod_metrics import PodScraper
 from batchpilot.operator.autopilot.policy import Decision, InForce
 from batchpilot.operator.autopilot.prometheus import Scope
 from batchpilot.operator.autopilot.reporting import HEARTBEAT_S
+from batchpilot.operator.autopilot.service_model import LatencyFit
+from batchpilot.operator.autopilot.state import State
 from batchpilot.operator.children.common import ISVC_LABEL, Owner
 from batchpilot.operator.children.deadline import default_deadline_ms
 from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT
@@ -477,6 +480,30 @@ class TestQuietStatus:
         assert world.autopilot._waiting
         world.autopilot.forget([("vision", "other")])
         assert not world.autopilot._waiting
+
+    def test_a_service_created_again_under_its_name_does_not_take_what_waits_for_the_old(
+        self,
+    ) -> None:
+        # The old service's memory: a fit, a slow cold start, a ceiling; its quiet ticks wait.
+        old = State(
+            fit=LatencyFit(0.030, 0.004, True),
+            overhead_s=0.030,
+            cold_start_s=240.0,
+            ceiling=Ceiling(T - 600, 2, 40.0),
+        )
+        world = World(observe=self.idle)
+        world.body["status"]["autopilot"] = old.to_dict()
+        world.tick()
+        world.tick()
+        assert world.autopilot._waiting
+        # Deleted and applied again within the round: another object (uid), a status of its own.
+        world.body["metadata"]["uid"] = "another-uid"
+        world.body["status"] = {}
+        world.tick()
+        memory = State.from_dict(world.body["status"]["autopilot"])
+        assert memory.fit is None
+        assert memory.ceiling is None
+        assert memory.cold_start_s != 240.0
 
 
 def merged(target: Any, patch: Any) -> Any:

@@ -122,7 +122,10 @@ class Autopilot:
         # Wall-clock seconds: remembered scale-down recommendations must outlive a restart.
         self._seconds = seconds
         self._lock = threading.Lock()
-        self._waiting: dict[tuple[str, str], dict[str, Any]] = {}
+        self._waiting: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
+        """(uid, status) a quiet service's ticks have not written yet (`may_wait`): of that
+        object only — one deleted and created again under its name within a round is another,
+        which must not take the old one's fit, cold start and ceiling for its own."""
         self._others = OtherWriters()
 
     def tick(self, body: dict[str, Any], *, observe: Observe | None = None) -> TickResult:
@@ -140,9 +143,9 @@ class Autopilot:
         stored = body.get("status") or {}
         key = (meta["namespace"], meta["name"])
         with self._lock:
-            waiting = self._waiting.get(key)
+            of, waiting = self._waiting.get(key) or ("", None)
         # What the last ticks said and did not write yet, over what is stored (`may_wait`).
-        status = stored | waiting if waiting else stored
+        status = stored | waiting if waiting and of == meta["uid"] else stored
         try:
             spec = InferenceServiceSpec.model_validate(body.get("spec") or {})
         except ValueError:
@@ -248,7 +251,7 @@ class Autopilot:
         if result.acting is None and may_wait(stored, doc, now=now):
             # Nothing new for users: the memory waits here, and the pass writes nothing.
             with self._lock:
-                self._waiting[key] = {k: doc[k] for k in HELD if k in doc}
+                self._waiting[key] = (owner.uid, {k: doc[k] for k in HELD if k in doc})
             result.status = {k: v for k, v in doc.items() if k not in HELD}
         else:
             with self._lock:
