@@ -1720,6 +1720,35 @@ class TestLearnedColdStart:
         horizon = reaction_horizon(State(), interval=0)
         assert horizon == 2 * DEFAULT_INTERVAL_S + DEFAULT_COLD_START_S
 
+    def test_a_scale_up_seen_done_after_a_long_gap_measures_nothing(self) -> None:
+        # Asked for, then the autopilot was off two hours (mode off, an operator down): the
+        # replica became ready somewhere in the gap.
+        current = InForce(2, 8, 0.005)
+        state = State(
+            fit=MODEL, pending_since=0.0, ready=1, cold_start_s=60.0, rate=(TICK, 600)
+        )
+        obs = seen(at=7200, qps=600, p99_ms=40, ready=2, batch=8)
+        _, _, state = step(obs, current, state, 7200)
+        assert state.pending_since is None
+        assert state.cold_start_s == 60.0
+
+    def test_in_mode_recommend_nothing_asked_is_waited_for_and_the_windows_stay_settled(
+        self,
+    ) -> None:
+        # More replicas and another batch limit recommended tick after tick, never applied: no
+        # cold start of half an interval learned, no window taken for a change of settings.
+        policy = replace(POLICY, acting=False)
+        current = InForce(2, 8, 0.005)
+        state = State(fit=MODEL, overhead_s=0.02, cold_start_s=120.0)
+        for tick in range(12):
+            now = 1000 + tick * TICK
+            obs = seen(at=now, qps=1500, p99_ms=95, ready=2, batch=8, utilization=0.95)
+            decision, state = decide(obs, policy, current, state, now)
+            assert decision.replicas > 2
+            assert state.pending_since is None
+            assert state.changed_at is None
+        assert state.cold_start_s == 120.0
+
 
 class TestObjective:
     def test_every_window_judged_goes_into_the_books(self) -> None:

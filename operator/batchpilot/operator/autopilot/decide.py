@@ -650,9 +650,14 @@ def decide(
         learned_state,
         recommendations=paced.recommendations,
         refusing=paced.refusing,
-        changed_at=now if retuned else learned_state.changed_at,
+        changed_at=now if retuned and policy.acting else learned_state.changed_at,
+        # Only a count that is applied is waited for (a scale-up asked for before the mode
+        # turned to recommend is still coming).
         pending_since=pending_since(
-            learned_state.pending_since, asked=replicas, current=current.replicas, now=now
+            learned_state.pending_since,
+            asked=replicas if policy.acting else current.replicas,
+            current=current.replicas,
+            now=now,
         ),
         stragglers=handover.state,
         ceiling=ceiling,

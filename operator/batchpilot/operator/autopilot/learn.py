@@ -54,6 +54,10 @@ DEFAULT_COLD_START_S = 60.0
 """Until a scale-up has been watched, assume new replicas take a minute to take traffic."""
 COLD_START_SMOOTHING = 0.3
 """Weight of a new cold-start measurement against the previous estimate."""
+COLD_START_GAP_S = 120.0
+"""A scale-up seen done longer than this after the tick before (the autopilot off and back
+on, an operator down) became ready somewhere in that gap: no measure of its cold start (counted
+as half the gap, two hours of mode off read as the longest cold start there is)."""
 MAX_COLD_START_S = 600.0
 """The longest wait that counts as a cold start. Starting a GPU replica can take minutes (a new
 node, a large image, the model's download and warm-up); a scale-up that waited longer was
@@ -225,13 +229,15 @@ def learn(
     )
     cold_start, pending = state.cold_start_s, state.pending_since
     if pending is not None and ready >= current.replicas - loss.count:
-        # They became ready within the last interval: count half of it.
-        sample = min(MAX_COLD_START_S, max(0.0, now - pending - interval / 2))
-        cold_start = (
-            sample
-            if cold_start is None
-            else COLD_START_SMOOTHING * sample + (1 - COLD_START_SMOOTHING) * cold_start
-        )
+        # They became ready within the last interval: count half of it — where that says when
+        # (`COLD_START_GAP_S`).
+        if interval <= COLD_START_GAP_S:
+            sample = min(MAX_COLD_START_S, max(0.0, now - pending - interval / 2))
+            cold_start = (
+                sample
+                if cold_start is None
+                else COLD_START_SMOOTHING * sample + (1 - COLD_START_SMOOTHING) * cold_start
+            )
         pending = None
     return Learned(
         state=replace(

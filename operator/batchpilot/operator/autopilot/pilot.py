@@ -196,6 +196,7 @@ class Autopilot:
             evicted_after_s=eviction_s(template.get("tolerations")),
             replaced_in_place=rolling_in_place(deployment),
             rolling=rollout_under_way(deployment),
+            acting=acting,
         )
         decision, new_state = decide(observation, policy, current, state, seconds)
         if self._scrape is not None:

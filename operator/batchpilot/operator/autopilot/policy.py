@@ -68,6 +68,12 @@ class Policy:
     rolling: bool = False
     """A rollout is under way: the replicas run different templates (a new model version, a
     variant), whose batch times may differ by design — none is slow for it (`stragglers`)."""
+    acting: bool = True
+    """The decisions are applied (`spec.scaling.mode` auto). False in mode recommend, where
+    they are only reported: no replica asked for is coming (no cold start to measure when the
+    count in force is reached — it always is) and the batch settings in force did not change
+    (the windows describe them: a limit recommended and never set left every window
+    unsettled)."""
 
     def __post_init__(self) -> None:
         # One replica at least, as the CRD's minReplicas: the autopilot has no scale to zero,
