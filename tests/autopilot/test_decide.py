@@ -30,6 +30,7 @@ from batchpilot.operator.autopilot.learn import (
     reaction_horizon,
     refused_lately,
     saturated_load,
+    unlearned,
 )
 from batchpilot.operator.autopilot.lost import Loss
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation, PodCompute
@@ -1724,9 +1725,7 @@ class TestLearnedColdStart:
         # Asked for, then the autopilot was off two hours (mode off, an operator down): the
         # replica became ready somewhere in the gap.
         current = InForce(2, 8, 0.005)
-        state = State(
-            fit=MODEL, pending_since=0.0, ready=1, cold_start_s=60.0, rate=(TICK, 600)
-        )
+        state = State(fit=MODEL, pending_since=0.0, ready=1, cold_start_s=60.0, rate=(TICK, 600))
         obs = seen(at=7200, qps=600, p99_ms=40, ready=2, batch=8)
         _, _, state = step(obs, current, state, 7200)
         assert state.pending_since is None
@@ -2146,3 +2145,83 @@ class TestADeviceOutOfMemory:
             replace(base, memory_rows=64), POLICY, InForce(2, 8, 0.005), State(fit=MODEL), now=0
         )
         assert (roomy.replicas, roomy.batch_size) == (free.replicas, free.batch_size)
+
+
+class TestSpecEdits:
+    """What an edit of the spec leaves of the memory: a new model's batch times are its own, and
+    a looser SLA is not held to the misses of the tighter one."""
+
+    NEW = LatencyFit(alpha_s=0.004, beta_s=0.008, confident=True)  # four times slower per row
+
+    def new_model_window(self, at: float, batch: int) -> Observation:
+        """Full batches of `batch` rows, timed by the new model, whose pods timed batches of 1
+        and 32 rows at start-up."""
+        startup = (
+            ComputePoint(1, self.NEW.batch_seconds(1), 5),
+            ComputePoint(32, self.NEW.batch_seconds(32), 5),
+        )
+        return replace(
+            seen(at=at, qps=900, p99_ms=140, ready=4, batch=batch, utilization=0.9),
+            compute=(ComputePoint(batch, self.NEW.batch_seconds(batch), 1000),),
+            startup=startup,
+        )
+
+    def test_a_new_model_is_timed_afresh(self) -> None:
+        policy = replace(POLICY, sla_p99_s=0.150, max_replicas=12, serving="v2")
+        state = State(fit=MODEL, overhead_s=0.010, cold_start_s=60.0, serving="v1")
+        decision, state = decide(
+            self.new_model_window(1000, 16), policy, InForce(4, 16, 0.005), state, 1000
+        )
+        assert state.serving == "v2"
+        assert state.fit is not None
+        # the new pods' start-up timings, not the old model's slope
+        assert state.fit.beta_s == pytest.approx(self.NEW.beta_s, rel=0.1)
+        assert state.fit.alpha_s == pytest.approx(self.NEW.alpha_s, abs=0.002)
+        assert "the model or what runs it changed" in decision.reason
+        assert state.cold_start_s == 60.0  # the pods' start, not the model's batch times
+
+    def test_the_same_model_keeps_what_was_learned(self) -> None:
+        policy = replace(POLICY, sla_p99_s=0.150, max_replicas=12, serving="v1")
+        state = State(fit=MODEL, overhead_s=0.010, cold_start_s=60.0, serving="v1")
+        decision, state = decide(
+            self.new_model_window(1000, 16), policy, InForce(4, 16, 0.005), state, 1000
+        )
+        # one batch size a window: the slope kept, the new time read into the fixed part
+        assert state.fit is not None
+        assert state.fit.beta_s == pytest.approx(MODEL.beta_s)
+        assert "changed" not in decision.reason
+
+    def loosened(self, ceiling: Ceiling | None, *, sla_s: float | None) -> tuple[Decision, State]:
+        """30 ticks at 560 rps, P99 45 ms, under a 200 ms SLA; the memory's SLA `sla_s`."""
+        policy = replace(POLICY, sla_p99_s=0.200)
+        state = State(fit=MODEL, overhead_s=0.01, cold_start_s=60.0, ceiling=ceiling, sla_s=sla_s)
+        current = InForce(4, 8, 0.005)
+        for tick in range(30):
+            now = 1000 + tick * TICK
+            obs = seen(at=now, qps=560, p99_ms=45, ready=current.replicas, batch=8)
+            decision, current, state = step(obs, current, state, now, policy)
+        return decision, state
+
+    def test_a_looser_sla_drops_the_ceiling_the_tighter_one_found(self) -> None:
+        # The guard found, 5 minutes before, that 4 replicas at 150 rps each missed 40 ms.
+        ceiling = Ceiling(at=700.0, replicas=4, rps_per_replica=150.0)
+        free, _ = self.loosened(None, sla_s=None)
+        decision, state = self.loosened(ceiling, sla_s=0.040)
+        assert state.ceiling is None
+        assert decision.replicas == free.replicas < 4
+        # Not recorded (a status from before the SLA was): the ceiling stands, as it did.
+        held, _ = self.loosened(ceiling, sla_s=None)
+        assert held.replicas >= 4
+
+    def test_a_tighter_sla_keeps_the_ceiling(self) -> None:
+        ceiling = Ceiling(at=700.0, replicas=4, rps_per_replica=150.0)
+        state, edited = unlearned(
+            State(ceiling=ceiling, sla_s=0.200), replace(POLICY, sla_p99_s=0.040)
+        )
+        assert state.ceiling == ceiling
+        assert state.sla_s == 0.040
+        assert edited == ""
+
+    def test_what_it_was_learned_for_is_kept_in_status(self) -> None:
+        state = State(serving="ab12", sla_s=0.1)
+        assert State.from_dict(state.to_dict()) == state

@@ -13,7 +13,7 @@ from typing import Any
 from batchpilot.operator.autopilot.acting import Actuator
 from batchpilot.operator.autopilot.ceiling import Ceiling
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation, PodCompute
-from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
+from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s, serving_of
 from batchpilot.operator.autopilot.pod_metrics import PodScraper
 from batchpilot.operator.autopilot.policy import Decision, InForce
 from batchpilot.operator.autopilot.prometheus import Scope
@@ -631,3 +631,22 @@ class TestPodsThatBecomeReadyLater:
         )
         sent = [p[0] for p in world.pushed[1:]]
         assert sent == [f"10.0.0.{7 + i}:8080" for i in range(1, replicas)]
+
+
+class TestWhatServes:
+    """The fingerprint the autopilot's memory of batch times is kept for (`serving_of`)."""
+
+    @staticmethod
+    def serving(**spec: Any) -> str:
+        return serving_of(InferenceServiceSpec.model_validate(isvc(**spec)["spec"]))
+
+    def test_a_new_model_or_what_runs_it_is_another(self) -> None:
+        before = self.serving()
+        assert self.serving(model={"uri": "pvc://models/resnet50-v2.onnx"}) != before
+        assert self.serving(runtime={"instances": 2}) != before
+        assert self.serving(runtime={"nodeSelector": {"gpu": "h100"}}) != before
+
+    def test_labels_and_the_scaling_are_not(self) -> None:
+        before = self.serving()
+        assert self.serving(runtime={"podLabels": {"team": "vision"}}) == before
+        assert self.serving(scaling={"maxReplicas": 20}) == before

@@ -146,6 +146,15 @@ class BusyShare:
             known = known.unproven()
         return known
 
+    @property
+    def limits(self) -> bool:
+        """Whether a miss set a limit: a batch limit too large, or a ceiling on the load."""
+        return self.too_large is not None or self.ceiling_rps is not None
+
+    def without_limits(self) -> BusyShare:
+        """This without the limits misses set (an SLA loosened since: they were its misses)."""
+        return replace(self, too_large=None, too_large_at=None, ceiling_rps=None, ceiling_at=None)
+
     def unproven(self) -> BusyShare:
         """This without a proven load."""
         return replace(self, proven_rps=None, proven_batch=None, proven_at=None)

@@ -83,6 +83,7 @@ from batchpilot.operator.autopilot.learn import (
     refused_lately,
     saturated_load,
     split_dispersion,
+    unlearned,
     unserved_qps,
 )
 from batchpilot.operator.autopilot.lost import stand_ins, stood_in
@@ -155,6 +156,8 @@ def decide(
     state: State,
     now: float,
 ) -> tuple[Decision, State]:
+    # 0. What a spec edit left of the memory (a new model's batch times, a looser SLA).
+    state, edited = unlearned(state, policy)
     # 1. Missing or stale metrics: hold everything, say why.
     blind = replace(
         unseen(state, now=now, replicas=current.replicas, delay_s=policy.scale_down_delay_s),
@@ -333,7 +336,7 @@ def decide(
         return f"with {LOAD_HEADROOM - 1:.0%} to spare inside {format_ms(near)}"
 
     # 4. Plan from the model; or, without one yet, from feedback alone.
-    notes: list[str] = []
+    notes: list[str] = [edited] if edited else []
     trying_the_batch = False
     predicted: float | None = None
     capacity_per_replica: float | None = None

@@ -15,10 +15,11 @@ import math
 from dataclasses import dataclass, replace
 
 from batchpilot.api.arrivals import RECENT_ARRIVALS_S
+from batchpilot.operator.autopilot.busy import BusyShare
 from batchpilot.operator.autopilot.explain import SHED_TOLERANCE, p99_over, unserved_beyond
 from batchpilot.operator.autopilot.lost import track
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation
-from batchpilot.operator.autopilot.policy import InForce, Policy
+from batchpilot.operator.autopilot.policy import InForce, Policy, format_ms
 from batchpilot.operator.autopilot.service_model import (
     MAX_BATCH_CV,
     MAX_ROWS_CV,
@@ -31,6 +32,7 @@ from batchpilot.operator.autopilot.service_model import (
     usable_points,
 )
 from batchpilot.operator.autopilot.state import State
+from batchpilot.operator.autopilot.stragglers import Stragglers
 
 OVERHEAD_FALL = 0.5
 """Weight of a window that shows less latency outside the batcher than the estimate."""
@@ -128,6 +130,50 @@ class Learned:
     limit changed inside it may still be the old one's."""
     interval: float
     """Seconds since the previous decision (0 at the first)."""
+
+
+def unlearned(state: State, policy: Policy) -> tuple[State, str]:
+    """The memory with what a spec edit made another service's dropped, and why (for the
+    decision's reason; "" where nothing was).
+
+    A new model, or a change in what runs it (engine, variant, device, image, resources,
+    instances, pipeline: `Policy.serving`), has batch times of its own. The old fit stays, as a
+    guess (rough): the new pods' start-up timings and the next windows replace it
+    (`startup_fit`, `fit`) — kept confident, it ignored them, and a window of full batches at
+    one size could only lower its slope (a model four times slower per row read as the old one
+    with a larger fixed cost, for good). What was measured against the old batch times goes:
+    the anchor, the busy share's cost and limits, the guard's ceiling, the stragglers. The load
+    history, the objective's books, the recommendations, the cold start and the latency outside
+    the batcher describe the traffic and the pods, and stay.
+
+    A looser SLA (`Policy.sla_p99_s`): the guard's ceiling and the busy share's limits were
+    misses of the tighter one, and would hold replicas (or a smaller batch) for an hour that the
+    new SLA does not need. A tighter one keeps them: they only add capacity."""
+    notes: list[str] = []
+    serving = policy.serving
+    if serving is not None and state.serving is not None and state.serving != serving:
+        state = replace(
+            state,
+            fit=None if state.fit is None else replace(state.fit, confident=False),
+            anchor=None,
+            batch_first_at=None,
+            busy=BusyShare(),
+            ceiling=None,
+            stragglers=Stragglers(),
+        )
+        notes.append(
+            "the model or what runs it changed: its batch times are taken as a guess until "
+            "its batches are timed"
+        )
+    sla = policy.sla_p99_s
+    if state.sla_s is not None and sla > state.sla_s and (state.ceiling or state.busy.limits):
+        state = replace(state, ceiling=None, busy=state.busy.without_limits())
+        notes.append(
+            f"the SLA was loosened from {format_ms(state.sla_s)}: the limits found under it "
+            "no longer hold"
+        )
+    kept = replace(state, serving=serving if serving is not None else state.serving, sla_s=sla)
+    return kept, "; ".join(notes)
 
 
 def learn(

@@ -25,6 +25,8 @@ interval.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -64,6 +66,33 @@ def learned_outside_s(status: dict[str, Any]) -> float | None:
     return State.from_dict(status.get("autopilot")).overhead_s
 
 
+SERVING_FIELDS = (
+    "device",
+    "engine",
+    "simulated_latency",
+    "instances",
+    "accelerator",
+    "image",
+    "resources",
+    "resource_claims",
+    "node_selector",
+)
+"""The fields of `spec.runtime` that change a batch's time: where it runs, on what, with
+which program. (Labels, tolerations, the pull secrets and the like do not.)"""
+
+
+def serving_of(spec: InferenceServiceSpec) -> str:
+    """A fingerprint of what serves: the model, the runtime's `SERVING_FIELDS`, the pipeline
+    around it — where it changes, the batch times the autopilot learned are another's."""
+    serving = {
+        "model": spec.model.model_dump(mode="json"),
+        "runtime": spec.runtime.model_dump(mode="json", include=set(SERVING_FIELDS)),
+        "pipeline": None if spec.pipeline is None else spec.pipeline.model_dump(mode="json"),
+    }
+    text = json.dumps(serving, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def policy_of(spec: InferenceServiceSpec) -> Policy:
     return Policy(
         sla_p99_s=spec.sla.latency_p99_ms / 1e3,
@@ -76,6 +105,7 @@ def policy_of(spec: InferenceServiceSpec) -> Policy:
         max_queue_delay_s=spec.batching.max_queue_delay_ms / 1e3,
         # Rounded: 99.9 / 100 is 0.9990000000000001 in binary floating point.
         objective=Objective(round(spec.sla.objective_percent / 100, 12), spec.sla.window_s),
+        serving=serving_of(spec),
     )
 
 

@@ -68,6 +68,10 @@ class Policy:
     rolling: bool = False
     """A rollout is under way: the replicas run different templates (a new model version, a
     variant), whose batch times may differ by design — none is slow for it (`stragglers`)."""
+    serving: str | None = None
+    """What serves (a fingerprint of the model and of what runs it: `pilot.serving_of`): where
+    it changed, what was learned of the batch times is another model's (`learn.unlearned`).
+    None: not known (the simulator's)."""
     acting: bool = True
     """The decisions are applied (`spec.scaling.mode` auto). False in mode recommend, where
     they are only reported: no replica asked for is coming (no cold start to measure when the

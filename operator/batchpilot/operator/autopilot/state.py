@@ -94,6 +94,11 @@ class State:
     busy: BusyShare = field(default_factory=BusyShare)
     """Where no batch is sized or timed: a request's device time and the busy share a replica
     is planned to (see `busy`)."""
+    serving: str | None = None
+    """What served while the fit, the anchor, the busy share and the ceiling were learned
+    (`Policy.serving`); None: not recorded (a status written before it was)."""
+    sla_s: float | None = None
+    """The SLA the ceiling and the busy share's limits were found under; None: not recorded."""
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -160,6 +165,10 @@ class State:
                 doc["busy"]["tooLarge"] = self.busy.too_large
                 doc["busy"]["tooLargeAt"] = round(self.busy.too_large_at, 3)
             doc["busy"].update(_busy_reading(self.busy))
+        if self.serving is not None:
+            doc["serving"] = self.serving
+        if self.sla_s is not None:
+            doc["slaMs"] = round(self.sla_s * 1e3, 3)
         if self.anchor is not None:
             doc["anchor"] = {
                 "batch": round(self.anchor.mean_batch, 3),
@@ -245,6 +254,9 @@ class State:
             )
             if ceiling is not None and not (ceiling.rps_per_replica > 0 and ceiling.replicas):
                 ceiling = None
+            serving = doc.get("serving")
+            sla_ms = doc.get("slaMs")
+            sla_s = None if sla_ms is None else _real(sla_ms) / 1e3
             return cls(
                 fit=model,
                 overhead_s=None if overhead is None else _real(overhead) / 1e3,
@@ -268,6 +280,8 @@ class State:
                 anchor=_anchor(doc.get("anchor")),
                 ceiling=ceiling,
                 busy=_busy(doc.get("busy"), at),
+                serving=serving if isinstance(serving, str) else None,
+                sla_s=sla_s if sla_s is not None and sla_s > 0 else None,
             )
         except (KeyError, IndexError, TypeError, ValueError):
             return cls()
