@@ -12,7 +12,7 @@ import pytest
 
 from batchpilot.operator.autopilot.pilot import learned_outside_s
 from batchpilot.operator.children.common import ISVC_LABEL
-from batchpilot.operator.children.configmap import batching_document
+from batchpilot.operator.children.configmap import batching_document, batching_in
 from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT, NETWORK_POLICY, PDB, SECRET, SERVICE
 from batchpilot.operator.kube import ready_pod_endpoints
 from batchpilot.operator.plan import RESTARTED_AT, quantity
@@ -632,6 +632,32 @@ class TestAutopilotOwnership:
         assert cluster.kube.of(DEPLOYMENT, NS, "resnet50")["spec"]["replicas"] == 4  # maxReplicas
 
     @pytest.mark.parametrize("mode", ["off", "recommend"])
+    def test_outside_auto_mode_the_batch_in_force_stays_until_batching_is_edited(
+        self, mode: str
+    ) -> None:
+        """Turned from auto (to watch the autopilot in an incident, to hand the replicas to an
+        HPA), a service fell to `batching`'s starting point — batch 1 under the load its
+        replicas were sized for at 16. The settings in force stay until `batching` is edited."""
+        cluster = Cluster(isvc(batching={"batchSize": 1}))
+        cluster.reconcile()
+        cluster.kube.objects[("ConfigMap", NS, "resnet50-batching")]["data"]["batching.json"] = (
+            batching_document(batch_size=16, max_queue_delay_ms=5, deadline_ms=100, sla_ms=100)
+        )  # the autopilot's
+        cluster.reconcile()
+        assert cluster.body["status"]["batchSize"] == 16
+        cluster.body["spec"]["scaling"]["mode"] = mode
+        cluster.reconcile()
+        assert cluster.body["status"]["batchSize"] == 16
+        assert batching_in(cluster.kube.of(CONFIGMAP, NS, "resnet50-batching")).batch_size == 16
+        cluster.body["spec"]["scaling"]["maxBatchSize"] = 8
+        cluster.reconcile()
+        assert cluster.body["status"]["batchSize"] == 8  # within the spec's bounds all the same
+        cluster.body["spec"]["batching"]["batchSize"] = 4  # a person's choice now
+        cluster.reconcile()
+        assert cluster.body["status"]["batchSize"] == 4
+        assert batching_in(cluster.kube.of(CONFIGMAP, NS, "resnet50-batching")).batch_size == 4
+
+    @pytest.mark.parametrize("mode", ["off", "recommend"])
     def test_outside_auto_mode_the_spec_decides_the_batch_and_others_the_replicas(
         self, mode: str
     ) -> None:
@@ -646,10 +672,6 @@ class TestAutopilotOwnership:
         cluster.kube.objects[("Deployment", NS, "resnet50")]["spec"]["replicas"] = 40
         cluster.reconcile()
         assert cluster.kube.of(DEPLOYMENT, NS, "resnet50")["spec"]["replicas"] == 4  # maxReplicas
-        cluster.kube.objects[("ConfigMap", NS, "resnet50-batching")]["data"]["batching.json"] = (
-            batching_document(batch_size=8, max_queue_delay_ms=4, deadline_ms=100, sla_ms=100)
-        )
-        cluster.reconcile()
         assert cluster.body["status"]["batchSize"] == 4
 
     def test_the_disruption_budget_follows_the_replica_count(self) -> None:

@@ -22,7 +22,7 @@ from decimal import Decimal
 from typing import Any
 
 from batchpilot.operator.children.common import Owner, owned_by
-from batchpilot.operator.children.configmap import batching_in, build_configmap
+from batchpilot.operator.children.configmap import batching_edited, batching_in, build_configmap
 from batchpilot.operator.children.deadline import default_deadline_ms
 from batchpilot.operator.children.deployment import build_deployment
 from batchpilot.operator.children.exposure import build_grpc_route, build_http_route, build_ingress
@@ -131,7 +131,11 @@ def owned_values(
             replicas = _clamp(current, scaling.min_replicas, scaling.max_replicas)
     configmap = mine.get(CONFIGMAP)
     recorded = batching_in(configmap) if configmap is not None else None
-    if scaling.mode == "auto" and recorded is not None:
+    # The autopilot's settings in mode auto; outside it as well, until `batching` is edited: a
+    # service turned to recommend (to watch the autopilot in an incident) or off fell to the
+    # spec's starting point — batch 1 under the load its replicas were sized for at 16.
+    kept = configmap is not None and not batching_edited(configmap, owner)
+    if recorded is not None and (scaling.mode == "auto" or kept):
         batch_size = _clamp(recorded.batch_size, 1, scaling.max_batch_size)
         delay_ms = recorded.max_queue_delay_ms
     secret = mine.get(SECRET)

@@ -97,6 +97,18 @@ def pipeline_hash(owner: Owner) -> str | None:
     return None if document is None else hashlib.sha256(document.encode()).hexdigest()[:16]
 
 
+SPEC_BATCHING = "batchpilot.io/spec-batching"
+"""The ConfigMap's annotation of the spec's `batching` when it was last written
+(`spec_batching`): outside mode `auto` the spec's batch settings apply once it is edited, and
+until then those in force stay (`plan.owned_values`)."""
+
+
+def spec_batching(owner: Owner) -> str:
+    """The spec's `batching`, as `SPEC_BATCHING` keeps it: "batch size/queue delay ms"."""
+    batching = owner.spec.batching
+    return f"{batching.batch_size}/{batching.max_queue_delay_ms:g}"
+
+
 def build_configmap(
     owner: Owner,
     *,
@@ -119,12 +131,16 @@ def build_configmap(
         data[PIPELINE_FILE] = pipeline
     if (access := access_document(owner, serving_replicas=serving_replicas)) is not None:
         data[ACCESS_FILE] = access  # re-read by running pods: quotas change without a restart
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": owner.metadata(owner.configmap_name),
-        "data": data,
-    }
+    metadata = owner.metadata(owner.configmap_name)
+    metadata["annotations"] = {SPEC_BATCHING: spec_batching(owner)}
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data}
+
+
+def batching_edited(configmap: dict[str, Any], owner: Owner) -> bool:
+    """Whether the spec's `batching` differs from the one the ConfigMap was last written with
+    (`SPEC_BATCHING`); a ConfigMap without the annotation (an older operator's) says it does."""
+    annotations = (configmap.get("metadata") or {}).get("annotations") or {}
+    return annotations.get(SPEC_BATCHING) != spec_batching(owner)
 
 
 def batching_in(configmap: dict[str, Any]) -> Batching | None:
