@@ -15,8 +15,9 @@ a per-row cost far above it; one in between with latency outside the device; a l
 a 300 ms SLA and a two-minute cold start; and two whose clients send several rows a request
 (4 on the textbook's service, 8 on the fixed cost), where the rates count requests and the
 batches rows. Per trace: the share of 15 s intervals inside the SLA
-and GPU-seconds over the oracle's; in the JSON also the share past the first five minutes
-(`attainmentAfterStart`: the bounds start provisioned, the autopilot on one replica), and a last
+and GPU-seconds over the oracle's; in the JSON also the replica count's flaps and the share past
+the first five minutes (`attainmentAfterStart`: the bounds start provisioned, the autopilot on
+one replica), and a last
 line names the traces where that share is below the reactive bound's. Traces are generated
 from `--seed` (pick one the shipped files do not use); the objective is declared per kind as
 in `slo_matrix.py`. By default the eight kinds the autopilot was built against; `--kinds
@@ -82,9 +83,9 @@ loaded compare start-ups, not the reaction to the traffic."""
 
 def run(
     job: tuple[str, str, int, str, str, float, float, str, bool, bool, bool],
-) -> tuple[str, str, str, float, float, float]:
-    """(physics, kind, policy, attainment, GPU-seconds, attainment past `START_S`) of one
-    simulation."""
+) -> tuple[str, str, str, float, float, float, int]:
+    """(physics, kind, policy, attainment, GPU-seconds, attainment past `START_S`, flaps) of
+    one simulation."""
     name, kind, seed, policy, retries, clump, cv, rows, blind_rows, basic_signals, busy = job
     physics = PHYSICS[name]
     mix = RowMix.parse(rows) if rows else None
@@ -115,7 +116,15 @@ def run(
     inside = sum(1 for r in later if r.p99_s <= physics.sla_s or math.isnan(r.p99_s))
     summary = result.summary
     after = inside / len(later) if later else 1.0
-    return name, kind, policy, summary.interval_attainment, summary.gpu_seconds, after
+    return (
+        name,
+        kind,
+        policy,
+        summary.interval_attainment,
+        summary.gpu_seconds,
+        after,
+        summary.flaps,
+    )
 
 
 def chosen(
@@ -176,8 +185,9 @@ def main() -> int:
     ]
     with Pool(args.procs) as pool:
         results = pool.map(run, jobs)
-    table = {(n, k, p): (a, g) for n, k, p, a, g, _ in results}
-    after = {(n, k, p): later for n, k, p, _, _, later in results}
+    table = {(n, k, p): (a, g) for n, k, p, a, g, _, _ in results}
+    after = {(n, k, p): later for n, k, p, _, _, later, _ in results}
+    flaps = {(n, k, p): f for n, k, p, _, _, _, f in results}
     print(
         f"{'physics':<14} {'trace':<15} {'objective':>9}  "
         + "  ".join(f"{p + ': intervals, vs oracle':>30}" for p in POLICIES[:2])
@@ -196,6 +206,7 @@ def main() -> int:
                     "attainmentAfterStart": after[name, kind, policy],
                     "gpuSeconds": gpu_seconds,
                     "vsOracle": gpu_seconds / oracle[1],
+                    "flaps": flaps[name, kind, policy],
                 }
                 cells.append(f"{attainment:>20.2%} {gpu_seconds / oracle[1]:>8.2f}x")
             rows.append(row)
