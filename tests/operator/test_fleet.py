@@ -148,7 +148,7 @@ async def test_the_loop_runs_a_round_per_interval_over_the_piloted_index(
     assert seen[:3] == [[(NS, "a")]] * 3
     rounds = [r.getMessage() for r in caplog.records if "autopilot round" in r.getMessage()]
     assert rounds[0].startswith(
-        "autopilot round: 1 services, 1 ticked, 0 failed, "
+        "autopilot round: 1 services, 1 ticked, 0 failed, 0 left for the next round, "
         "Prometheus answered from raw queries in 1.50 s, "
     )  # one line a round, for whoever sizes the operator: a WARNING when it outgrows the interval
 
@@ -463,3 +463,105 @@ def test_the_round_gives_each_service_its_own_answers() -> None:
     )
     operator.memo.fleet.run_round(names(3))
     assert sorted(asked, key=lambda s: s.isvc) == [Scope(NS, f"model-{i}") for i in range(3)]
+
+
+class Clock:
+    """A clock the fleet sleeps on, and the API server's writes move."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def throttled_fleet(
+    count: int, kube: FakeKube, clock: Clock, *, round_s: float
+) -> tuple[Operator, list[tuple[str, str]]]:
+    operator, _ = fleet_of(count, kube=kube)
+    for i in range(count):
+        handlers.reconcile(name=f"model-{i}", namespace=NS, memo=operator.memo)
+    operator.memo.fleet = FleetPilot(
+        operator.memo.passes,
+        operator.memo.autopilot,
+        CountingRounds(),
+        post=lambda body, found: None,
+        workers=1,
+        round_s=round_s,
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    return operator, names(count)
+
+
+def test_a_tick_the_api_server_asked_to_wait_runs_again_within_the_round() -> None:
+    """API Priority and Fairness answers 429 with Retry-After: the client refuses every call
+    until then. The ticks wait it out and run, where they failed until the next interval."""
+    clock = Clock()
+
+    class Throttling(FakeKube):
+        asked = -1  # armed once the fleet is set up
+
+        def patch(
+            self,
+            kind: ResourceKind,
+            namespace: str,
+            name: str,
+            patch: dict[str, Any],
+            *,
+            subresource: str = "",
+        ) -> dict[str, Any]:
+            if subresource == "status" and name == "model-1" and self.asked == 0:
+                self.asked += 1
+                raise KubeError(429, "too many requests", retry_after_s=1.0)
+            return super().patch(kind, namespace, name, patch, subresource=subresource)
+
+    kube = Throttling()
+    operator, keys = throttled_fleet(6, kube, clock, round_s=15.0)
+    kube.asked = 0
+    report = operator.memo.fleet.run_round(keys)
+    assert (report.ticked, report.failed, report.skipped) == (6, 0, 0)
+    assert clock.slept == [1.0]
+
+
+def test_a_round_ends_with_its_interval_and_the_ticks_left_go_first_in_the_next() -> None:
+    """A slow API server (a second a status write): the round would outlast its interval and
+    its last ticks decide on an old reading; they wait for the next round, and go first."""
+    clock = Clock()
+
+    class Slow(FakeKube):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ticked: list[str] = []
+
+        def get(self, kind: ResourceKind, namespace: str, name: str) -> dict[str, Any] | None:
+            if kind == INFERENCESERVICE:
+                self.ticked.append(name)  # a pass reads its InferenceService first
+            return super().get(kind, namespace, name)
+
+        def patch(
+            self,
+            kind: ResourceKind,
+            namespace: str,
+            name: str,
+            patch: dict[str, Any],
+            *,
+            subresource: str = "",
+        ) -> dict[str, Any]:
+            clock.now += 1.0
+            return super().patch(kind, namespace, name, patch, subresource=subresource)
+
+    kube = Slow()
+    operator, keys = throttled_fleet(6, kube, clock, round_s=3.0)
+    kube.ticked.clear()
+    report = operator.memo.fleet.run_round(keys)
+    assert (report.ticked, report.failed, report.skipped) == (3, 0, 3)
+    assert kube.ticked == ["model-0", "model-1", "model-2"]
+    kube.ticked.clear()
+    operator.memo.fleet.run_round(keys)
+    assert kube.ticked[:3] == ["model-3", "model-4", "model-5"]

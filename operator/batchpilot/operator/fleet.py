@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -69,6 +70,8 @@ class RoundReport:
     primed: int = 0
     """Services whose pods were read ahead of their ticks, their signals missing from the round
     (`first_window_s`)."""
+    skipped: int = 0
+    """Ticks not started by the round's deadline (`round_s`): the next round runs them first."""
 
     @property
     def prometheus_answered(self) -> bool:
@@ -87,10 +90,15 @@ class FleetPilot:
         post: Callable[[dict[str, Any], list[Event]], None],
         workers: int = 8,
         first_window_s: float = 0.0,
+        round_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        """`round_s`: the interval — what one round may take (`run_round`); 0: no bound."""
         self._passes = passes
+        self._round_s = round_s
+        self._behind: set[tuple[str, str]] = set()
+        """Services whose last tick failed or was not started in its round: first in the next."""
         self._pilot = pilot
         self._observer = observer
         self._post = post
@@ -113,28 +121,45 @@ class FleetPilot:
             self.post_held()
         if not keys:
             return RoundReport(0, 0, 0, reading=None)
+        # Those the last round failed or did not reach go first: no fixed tail of the fleet is
+        # the one a throttled or slow API server leaves behind round after round.
+        behind = self._behind
+        keys = [k for k in keys if k in behind] + [k for k in keys if k not in behind]
+        began = self._clock()
         answers = self._observer.round()
         lacking = (
             keys if answers.answers is None else [key for key in keys if self._lacks(answers, key)]
         )
         started = self._clock()
+        # The round ends with its interval (half of it for the ticks at least, however long
+        # Prometheus took): a tick not started by then would decide on a reading grown old, and
+        # every service's next tick would come late; it goes first in the next round instead.
+        deadline = (
+            max(began + self._round_s, started + self._round_s / 2) if self._round_s else math.inf
+        )
         primed = self._prime(lacking)
         # The services Prometheus answered for tick at once; those whose pods were read wait
         # for the first window from the first read.
         waits = set(lacking) if primed else set()
-        futures = [self._submit(key, answers, hold_events) for key in keys if key not in waits]
+        order = [key for key in keys if key not in waits]
+        futures = [self._submit(key, answers, hold_events, deadline) for key in order]
         if primed:
             self._sleep(max(0.0, started + self._first_window_s - self._clock()))
-        futures += [self._submit(key, answers, hold_events) for key in keys if key in waits]
+        order += [key for key in keys if key in waits]
+        futures += [
+            self._submit(key, answers, hold_events, deadline) for key in keys if key in waits
+        ]
         outcomes = [future.result() for future in futures]
+        self._behind = {key for key, ok in zip(order, outcomes, strict=True) if ok is not True}
         self._pilot.forget(keys)  # what waits for services gone from the round goes too
         return RoundReport(
             services=len(keys),
             ticked=sum(1 for ok in outcomes if ok),
-            failed=sum(1 for ok in outcomes if not ok),
+            failed=sum(1 for ok in outcomes if ok is False),
             reading=answers.reading if answers.answers is not None else None,
             observed_s=answers.took_s,
             primed=primed,
+            skipped=sum(1 for ok in outcomes if ok is None),
         )
 
     @staticmethod
@@ -147,11 +172,19 @@ class FleetPilot:
             log.exception("reading the round's answers for %s/%s failed", *key)
             return True
 
-    def _submit(self, key: tuple[str, str], answers: FleetRound, hold_events: bool) -> Future[bool]:
+    def _submit(
+        self, key: tuple[str, str], answers: FleetRound, hold_events: bool, deadline: float
+    ) -> Future[bool | None]:
         # Each tick in the caller's context (kopf's: its Events need it), copied per tick.
         namespace, name = key
         return self._pool.submit(
-            contextvars.copy_context().run, self._tick, namespace, name, answers, hold_events
+            contextvars.copy_context().run,
+            self._tick,
+            namespace,
+            name,
+            answers,
+            hold_events,
+            deadline,
         )
 
     @property
@@ -184,19 +217,40 @@ class FleetPilot:
             log.exception("reading the pods of %s/%s failed", *key)
             return False
 
-    def _tick(self, namespace: str, name: str, answers: FleetRound, hold_events: bool) -> bool:
+    def _tick(
+        self,
+        namespace: str,
+        name: str,
+        answers: FleetRound,
+        hold_events: bool,
+        deadline: float = math.inf,
+    ) -> bool | None:
+        """Whether the tick ran; None: not started, the round's `deadline` past."""
+
         def tick(body: dict[str, Any]) -> TickResult:
             return self._pilot.prepare(body, observe=answers.observe)
 
-        try:
-            # The decision is applied once the status that remembers it is written.
-            ran = self._passes.run(namespace, name, tick, then=TickResult.act)
-        except KubeError as exc:
-            log.warning("the autopilot's tick for %s/%s failed: %s", namespace, name, exc)
-            return False
-        except Exception:  # one service's bug must not stop the fleet's round
-            log.exception("the autopilot's tick for %s/%s failed", namespace, name)
-            return False
+        if self._clock() >= deadline:
+            return None
+        while True:
+            try:
+                # The decision is applied once the status that remembers it is written.
+                ran = self._passes.run(namespace, name, tick, then=TickResult.act)
+                break
+            except KubeError as exc:
+                # Asked to wait (API Priority and Fairness: 429 with Retry-After; the client
+                # then refuses every call until then, unsent): the tick is run again once the
+                # wait is over, within the round. Failed, a second of quiet asked once cost
+                # most of the round's services their tick until the next interval.
+                wait_s = exc.retry_after_s
+                if exc.status == 429 and wait_s is not None and self._clock() + wait_s < deadline:
+                    self._sleep(wait_s)
+                    continue
+                log.warning("the autopilot's tick for %s/%s failed: %s", namespace, name, exc)
+                return False
+            except Exception:  # one service's bug must not stop the fleet's round
+                log.exception("the autopilot's tick for %s/%s failed", namespace, name)
+                return False
         if ran is not None and ran.outcome.events:
             if hold_events:
                 with self._held_lock:

@@ -220,6 +220,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         post=_post,
         workers=_SETTINGS.autopilot_workers,
         first_window_s=first_window_s(_SETTINGS.autopilot_interval_seconds),
+        round_s=_SETTINGS.autopilot_interval_seconds,
     )
 
 
@@ -316,11 +317,12 @@ async def fleet_loop(
                 )
                 log.log(
                     logging.WARNING if took > interval else logging.INFO,
-                    "autopilot round: %d services, %d ticked, %d failed, Prometheus %s, "
-                    "%.2f s of a %g s interval%s",
+                    "autopilot round: %d services, %d ticked, %d failed, %d left for the next "
+                    "round, Prometheus %s, %.2f s of a %g s interval%s",
                     report.services,
                     report.ticked,
                     report.failed,
+                    report.skipped,
                     _prometheus_said(report),
                     took,
                     interval,
