@@ -111,6 +111,22 @@ class TestAnUnhealthyApiServer:
         assert str(lost.value).startswith("no answer from the API server")
         assert lease_kube.get(LEASE, NAMESPACE, "lost-answer") is not None  # it was written
 
+    def test_a_write_whose_answer_was_lost_is_not_sent_again(
+        self, proxy: FaultProxy, tmp_path: Path, lease_kube: KubeClient
+    ) -> None:
+        """The API server took the PUT and its answer was lost: urllib3 sent it again (PUT is
+        idempotent to it), the API server refused the stale resourceVersion, and the caller
+        read a conflict — after up to four timeouts. It is the caller's to try again: the
+        write may have happened (`UNANSWERED`)."""
+        kube = through(proxy, tmp_path, Clock())
+        created = lease_kube.create(lease("put-once"))
+        proxy.add(Fault(LoseAnswer(), path="/leases/put-once", method="PUT", times=1))
+        changed = {**created, "spec": {"holderIdentity": "me"}}
+        with pytest.raises(KubeError) as lost:
+            kube.replace(changed)
+        assert lost.value.status == UNANSWERED
+        assert [s.method for s in proxy.seen(path="/leases/put-once")] == ["PUT"]
+
     def test_retry_after_holds_every_call_of_the_client_until_it_passes(
         self, proxy: FaultProxy, tmp_path: Path
     ) -> None:

@@ -296,10 +296,18 @@ def own_retries(configuration: Any) -> Any:
     """The official client's `configuration`, its connections retried as urllib3 does by default
     but without urllib3 sleeping out a `Retry-After` in the calling thread: a kopf worker or the
     lease's renewer held for as long as the server says, then the answer read as a connection
-    failure. `KubeClient` obeys `Retry-After` itself, for every call."""
+    failure. `KubeClient` obeys `Retry-After` itself, for every call. A request whose answer
+    did not come is sent again only where that cannot write twice (reads): urllib3 takes PUT and
+    DELETE for idempotent, and a PUT the API server had taken, sent again, met its own
+    resourceVersion changed — a conflict, after as many timeouts as tries — where the caller
+    must hear that the write may have happened (`UNANSWERED`)."""
     from urllib3.util.retry import Retry
 
-    configuration.retries = Retry(3, respect_retry_after_header=False)
+    configuration.retries = Retry(
+        3,
+        allowed_methods=frozenset({"GET", "HEAD", "OPTIONS"}),
+        respect_retry_after_header=False,
+    )
     return configuration
 
 
