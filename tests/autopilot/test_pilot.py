@@ -384,10 +384,15 @@ class TestQuietStatus:
 
     @staticmethod
     def ticks(
-        observe: Any, seconds: list[float], *, restart_at: float | None = None
+        observe: Any,
+        seconds: list[float],
+        *,
+        restart_at: float | None = None,
+        unwritten_at: tuple[float, ...] = (),
     ) -> tuple[World, list[dict[str, Any]]]:
         """What each tick, `seconds` after the first, wrote (the status fields that changed);
-        `restart_at`: a fresh operator from then on (only the stored status remembers)."""
+        `restart_at`: a fresh operator from then on (only the stored status remembers);
+        `unwritten_at`: the ticks whose status write fails (nothing written, nothing applied)."""
         world = World(observe=observe)
         now = {"at": 0.0}
 
@@ -412,7 +417,10 @@ class TestQuietStatus:
             if at == restart_at:
                 world.autopilot = operator()
             current = copy.deepcopy(world.body["status"])
-            world.tick()
+            if at in unwritten_at:
+                world.autopilot.prepare(copy.deepcopy(world.body))
+            else:
+                world.tick()
             written.append({k: v for k, v in world.body["status"].items() if current.get(k) != v})
         return world, written
 
@@ -447,6 +455,16 @@ class TestQuietStatus:
         # ledger counted one metrics window (60 s), then every interval again.
         fine = world.body["status"]["autopilot"]["slo"]["fine"]
         assert sum(fine["judgedS"]) == 15.0 + 60.0 + 165.0
+
+    def test_what_waited_is_kept_until_a_write_goes_through(self) -> None:
+        # The heartbeat's write (315 s) fails: the next tick writes the memory of every quiet
+        # interval since 15 s all the same, where it had gone back to the stored one.
+        every = [15.0 * n for n in range(24)]
+        world, written = self.ticks(self.idle, every, unwritten_at=(315.0,))
+        assert written[21] == {}
+        assert set(written[22]) == {"metrics", "autopilot"}
+        fine = world.body["status"]["autopilot"]["slo"]["fine"]
+        assert sum(fine["judgedS"]) == 330.0
 
     def test_a_blind_autopilot_writes_nothing_in_between_either(self) -> None:
         _, written = self.ticks(lambda scope, *, ready_replicas: None, [0, 15, 30])

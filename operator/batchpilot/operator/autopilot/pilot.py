@@ -121,9 +121,14 @@ class TickResult:
     """Where the decision changes nothing: the settings in force to the pods that became ready
     since they were sent (`Actuator.catch_up`), done by `act` too. Unlike `acting`, it does
     not make the status worth writing."""
+    written: Callable[[], None] | None = None
+    """The status is written: the memory kept for it until then may go (`act` calls it first)."""
 
     def act(self) -> None:
         """Apply the decision, once; what it reports goes before the tick's own Events."""
+        written, self.written = self.written, None
+        if written is not None:
+            written()
         acting, self.acting = self.acting, None
         catching_up, self.catching_up = self.catching_up, None
         if acting is not None:
@@ -285,8 +290,12 @@ class Autopilot:
                 self._waiting[key] = (owner.uid, {k: doc[k] for k in HELD if k in doc})
             result.status = {k: v for k, v in doc.items() if k not in HELD}
         else:
+            # Kept until the write goes through (`written`): failed, the next tick goes on from
+            # this one's memory, not from the stored one without what waited since.
+            held = (owner.uid, {k: doc[k] for k in HELD if k in doc})
             with self._lock:
-                self._waiting.pop(key, None)
+                self._waiting[key] = held
+            result.written = functools.partial(self._written, key, held)
             if isinstance(doc.get("autopilot"), dict):
                 # Status is written as a merge patch: what the memory no longer holds (a cold
                 # start no longer pending, a loss over) must be written null, or the stored value
@@ -354,6 +363,13 @@ class Autopilot:
                 self._others.left(key, uid=uid, replicas=replicas)
 
         return apply(replicas_written=written)
+
+    def _written(self, key: tuple[str, str], held: tuple[str, dict[str, Any]]) -> None:
+        """The status `held` was kept for is written: it no longer waits (unless a later tick's
+        replaced it meanwhile)."""
+        with self._lock:
+            if self._waiting.get(key) is held:
+                del self._waiting[key]
 
     def _forget_count(self, key: tuple[str, str]) -> None:
         """The service's replica count is not the autopilot's to keep (mode recommend or off)."""
