@@ -552,9 +552,11 @@ class TestARoundWithoutOneServicesSeries(TestAnOutagesFirstRound):
 
         answered = threading.Event()
 
-        def tick(namespace: str, name: str, answers: FleetRound, hold_events: bool) -> bool:
+        def tick(
+            namespace: str, name: str, answers: FleetRound, hold_events: bool, deadline: float
+        ) -> bool | None:
             self.order.append(name)
-            done = ticks(namespace, name, answers, hold_events)
+            done = ticks(namespace, name, answers, hold_events, deadline)
             if name == "bert":
                 answered.set()
             return done
