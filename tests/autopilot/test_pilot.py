@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import json
 from collections.abc import Callable
 from dataclasses import replace
@@ -17,7 +18,7 @@ from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s, se
 from batchpilot.operator.autopilot.pod_metrics import PodScraper
 from batchpilot.operator.autopilot.policy import Decision, InForce
 from batchpilot.operator.autopilot.prometheus import Scope
-from batchpilot.operator.autopilot.reporting import HEARTBEAT_S
+from batchpilot.operator.autopilot.reporting import DRIFT_S, HEARTBEAT_S
 from batchpilot.operator.autopilot.service_model import LatencyFit
 from batchpilot.operator.autopilot.state import State
 from batchpilot.operator.children.common import ISVC_LABEL, Owner
@@ -492,6 +493,30 @@ class TestQuietStatus:
 
         assert changed(lambda: None) == {}  # the same numbers: nothing new for users
         assert "metrics" in changed(lambda: rate.update(qps=25.0))  # a new rate: written
+
+    def test_a_service_with_steady_traffic_writes_once_a_minute(self) -> None:
+        """±3 % from window to window is no news: written every interval, 2,000 services
+        were 133 status writes a second. The status waits while its numbers stay within a tenth
+        of those written, at most `DRIFT_S`."""
+        swing = {"sign": 1.0}
+
+        def steady(scope: Scope, *, ready_replicas: int | None) -> Observation:
+            swing["sign"] = -swing["sign"]
+            near = 1.0 + 0.03 * swing["sign"]
+            return Observation(
+                at=T, window_s=60, p99_s=0.015 * near, p95_s=0.012 * near, qps=20.0 * near,
+                rejected_qps=0, queue_p99_s=0.005 * near, utilization=0.05 * near,
+                mean_batch=1.0, compute=(ComputePoint(1, 0.006, 1000), ComputePoint(2, 0.008, 100)),
+                ready_replicas=ready_replicas, arrival_qps=20.0 * near,
+            )  # fmt: skip
+
+        every = [15.0 * n for n in range(2, 14)]  # after the first two, which say everything
+        _, written = self.ticks(steady, [0.0, 15.0, *every])
+        metrics = [at for at, w in zip(every, written[2:], strict=True) if "metrics" in w]
+        assert all(b - a >= DRIFT_S for a, b in itertools.pairwise(metrics))
+        assert 2 <= len(metrics) <= 3
+        # In between, nothing: not a condition's words either (the write that comes says them).
+        assert all(w == {} for at, w in zip(every, written[2:], strict=True) if at not in metrics)
 
     def test_what_waits_for_a_service_gone_from_the_round_is_dropped(self) -> None:
         world, _ = self.ticks(self.idle, [0, 15, 30])

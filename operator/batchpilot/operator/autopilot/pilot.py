@@ -288,7 +288,8 @@ class Autopilot:
             # Nothing new for users: the memory waits here, and the pass writes nothing.
             with self._lock:
                 self._waiting[key] = (owner.uid, {k: doc[k] for k in HELD if k in doc})
-            result.status = {k: v for k, v in doc.items() if k not in HELD}
+            # (A condition whose words drifted waits too: the write that comes says it.)
+            result.status = {k: v for k, v in doc.items() if k not in HELD and stored.get(k) == v}
         else:
             # Kept until the write goes through (`written`): failed, the next tick goes on from
             # this one's memory, not from the stored one without what waited since.
