@@ -693,3 +693,20 @@ class TestWhatServes:
         before = self.serving()
         assert self.serving(runtime={"podLabels": {"team": "vision"}}) == before
         assert self.serving(scaling={"maxReplicas": 20}) == before
+
+
+def test_a_spec_the_operator_refuses_leaves_the_autopilot_on_the_last_one_it_accepted() -> None:
+    """The CRD takes a pod label key with a DNS prefix over 253 characters; the operator refuses
+    it, and the children stay as they are. The autopilot goes on as well: it stopped, and an
+    overloaded service got no replica."""
+    world = World()
+    assert world.tick().decision is not None
+    prefix = ".".join(["a" * 60] * 5)  # 304 characters
+    world.body["spec"]["runtime"]["podLabels"] = {f"{prefix}/team": "vision"}
+    world.body["metadata"]["generation"] = 2
+    result = world.tick()
+    assert result.decision is not None
+    assert "metrics" in result.status
+    # Another object under the name (deleted and created again) has no spec accepted of it.
+    world.body["metadata"]["uid"] = "another-uid"
+    assert world.tick().decision is None

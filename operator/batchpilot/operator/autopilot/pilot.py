@@ -157,6 +157,9 @@ class Autopilot:
         # Wall-clock seconds: remembered scale-down recommendations must outlive a restart.
         self._seconds = seconds
         self._lock = threading.Lock()
+        self._accepted: dict[tuple[str, str], tuple[str, InferenceServiceSpec]] = {}
+        """(uid, spec) the last spec of each service that parsed: what its ticks go on with
+        while the operator refuses a newer one."""
         self._waiting: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
         """(uid, status) a quiet service's ticks have not written yet (`may_wait`): of that
         object only — one deleted and created again under its name within a round is another,
@@ -184,7 +187,18 @@ class Autopilot:
         try:
             spec = InferenceServiceSpec.model_validate(body.get("spec") or {})
         except ValueError:
-            return TickResult()  # reconcile reports invalid specs
+            # Refused by the operator, not the CRD (reconcile reports it and leaves the children
+            # as they are): the pods serve on, and so does the autopilot, on the spec it last
+            # accepted of this object. It stopped — no scale-up under a rising load, the
+            # objective's books unkept — for a pod label's key too long.
+            with self._lock:
+                of, accepted = self._accepted.get(key) or ("", None)
+            if accepted is None or of != meta["uid"]:
+                return TickResult()
+            spec = accepted
+        else:
+            with self._lock:
+                self._accepted[key] = (meta["uid"], spec)
         if spec.scaling.mode == "off":
             self._forget_count(key)
             return TickResult()
@@ -384,6 +398,8 @@ class Autopilot:
         with self._lock:
             for key in [k for k in self._waiting if k not in kept]:
                 del self._waiting[key]
+            for key in [k for k in self._accepted if k not in kept]:
+                del self._accepted[key]
             self._others.forget(kept)
         self._actuator.forget(kept)
         if self._scrape is not None:
