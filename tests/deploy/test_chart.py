@@ -112,7 +112,12 @@ class TestRenderedManifestsAreValid:
 
     @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
     def test_namespaced_objects_say_where_they_go(self, scenario: str) -> None:
-        cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
+        cluster_scoped = {
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "CustomResourceDefinition",
+            "FlowSchema",
+        }
         for doc in render(SCENARIOS[scenario], include_crds=True):
             if doc["kind"] not in cluster_scoped:
                 assert doc["metadata"].get("namespace"), f"{doc['kind']} has no namespace"
@@ -158,6 +163,27 @@ class TestHighAvailability:
         named = [rule["resourceNames"] for rule in role["rules"] if "resourceNames" in rule]
         assert named == [[env["BATCHPILOT_OPERATOR_LEASE_NAME"]]]
         assert env["BATCHPILOT_OPERATOR_LEASE_NAME"] == f"{RELEASE}-operator"
+
+    def test_the_leases_requests_have_a_flow_of_their_own(self) -> None:
+        """API Priority and Fairness: the renewals go to the leader-election priority level,
+        apart from the operator's own writes, which an API server in trouble throttles."""
+        docs = render(NAMESPACED)
+        env = env_of(operator_deployment(docs))
+        (schema,) = find(docs, "FlowSchema")
+        assert schema["spec"]["priorityLevelConfiguration"] == {"name": "leader-election"}
+        (rule,) = schema["spec"]["rules"]
+        (subject,) = rule["subjects"]
+        account = operator_deployment(docs)["spec"]["template"]["spec"]["serviceAccountName"]
+        assert subject["serviceAccount"] == {"name": account, "namespace": NAMESPACE}
+        (resources,) = rule["resourceRules"]
+        assert resources["resources"] == ["leases"]
+        assert resources["apiGroups"] == ["coordination.k8s.io"]
+        assert resources["namespaces"] == [env["BATCHPILOT_OPERATOR_LEASE_NAMESPACE"]]
+        assert (
+            find(render({"operator": {"leaderElection": {"priorityLevel": ""}}}), "FlowSchema")
+            == []
+        )
+        assert find(render(SINGLE_OPERATOR), "FlowSchema") == []
 
     def test_a_budget_keeps_an_operator_pod_through_drains(self) -> None:
         docs = render(NAMESPACED)

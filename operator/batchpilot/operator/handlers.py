@@ -156,8 +156,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
     )
     settings.persistence.finalizer = f"{ANNOTATION_PREFIX}/finalizer"
-    # Events come from the reconciler and the autopilot (kopf.event); of kopf's own log lines
-    # only warnings and errors (a handler that failed) become Events too.
+    # Events come from the reconciler and the autopilot (kopf.event) alone: kopf's own log
+    # lines stay in the log (a handler retried for an API server that asked to wait, as an
+    # Event, would be more load on that API server, for every service each retry).
+    settings.posting.loggers = False
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.networking.error_backoffs = API_RETRIES
