@@ -2222,6 +2222,16 @@ class TestSpecEdits:
         assert state.sla_s == 0.040
         assert edited == ""
 
+    def test_a_looser_sla_starts_the_objectives_books_afresh_a_tighter_keeps_them(self) -> None:
+        missed = SloLedger().record(0.0, None, covers_s=60).record(60.0, False, covers_s=60)
+        state = State(slo=missed, sla_s=0.040)
+        looser, said = unlearned(state, replace(POLICY, sla_p99_s=0.200))
+        assert looser.slo.report(60.0) != missed.report(60.0)
+        assert looser.slo.last_at == missed.last_at
+        assert "the objective's books start afresh" in said
+        tighter, _ = unlearned(replace(state, sla_s=0.400), replace(POLICY, sla_p99_s=0.200))
+        assert tighter.slo == missed
+
     def test_what_it_was_learned_for_is_kept_in_status(self) -> None:
         state = State(serving="ab12", sla_s=0.1)
         assert State.from_dict(state.to_dict()) == state

@@ -31,6 +31,7 @@ from batchpilot.operator.autopilot.service_model import (
     startup_fit,
     usable_points,
 )
+from batchpilot.operator.autopilot.slo import SloLedger
 from batchpilot.operator.autopilot.state import State
 from batchpilot.operator.autopilot.stragglers import Stragglers
 
@@ -148,7 +149,10 @@ def unlearned(state: State, policy: Policy) -> tuple[State, str]:
 
     A looser SLA (`Policy.sla_p99_s`): the guard's ceiling and the busy share's limits were
     misses of the tighter one, and would hold replicas (or a smaller batch) for an hour that the
-    new SLA does not need. A tighter one keeps them: they only add capacity."""
+    new SLA does not need; and the objective's verdicts were judged against it — kept, its misses
+    went on spending the new promise's error budget (the headroom at its most, every scale-down
+    a step at a time) for as long as the objective's window. A new promise starts its books. A
+    tighter one keeps all of them: they only add capacity, and its misses are misses still."""
     notes: list[str] = []
     serving = policy.serving
     if serving is not None and state.serving is not None and state.serving != serving:
@@ -166,11 +170,12 @@ def unlearned(state: State, policy: Policy) -> tuple[State, str]:
             "its batches are timed"
         )
     sla = policy.sla_p99_s
-    if state.sla_s is not None and sla > state.sla_s and (state.ceiling or state.busy.limits):
-        state = replace(state, ceiling=None, busy=state.busy.without_limits())
+    if state.sla_s is not None and sla > state.sla_s:
+        books = SloLedger(objective=state.slo.objective, last_at=state.slo.last_at)
+        state = replace(state, ceiling=None, busy=state.busy.without_limits(), slo=books)
         notes.append(
-            f"the SLA was loosened from {format_ms(state.sla_s)}: the limits found under it "
-            "no longer hold"
+            f"the SLA was loosened from {format_ms(state.sla_s)}: the limits found under it no "
+            "longer hold, and the objective's books start afresh"
         )
     kept = replace(state, serving=serving if serving is not None else state.serving, sla_s=sla)
     return kept, "; ".join(notes)
