@@ -114,6 +114,35 @@ class TestBatchTiming:
             steady.observe(8, 0.018)
         assert steady.cv == pytest.approx(0.0, abs=1e-9)
 
+    def test_one_stall_is_no_measure_of_the_device(self) -> None:
+        """A 4 s batch against 12 ms predicted (the device stopped: a size tuned at its first
+        batch, a neighbour's burst). Counted in full it multiplied every prediction a hundred
+        times, and the refusals that followed let too few batches through to correct it."""
+        timing = exact_timing(0.010, 0.002)
+        noisy = [0.012 * f for f in (1.05, 0.95) * 10]
+        for seconds in noisy:
+            timing.observe(1, seconds)
+        before = timing.upper(1)
+        timing.observe(1, 4.0)
+        assert timing.stalls == 1
+        assert timing.seconds(1) == pytest.approx(0.012, rel=0.05)  # the mean is untouched
+        after = timing.upper(1)
+        assert before is not None
+        assert after is not None
+        assert after < 3 * before  # the spread counts it as an outlier (ERROR_CAP), no more
+        for seconds in noisy:
+            timing.observe(1, seconds)
+        assert timing.upper(1) < 2 * before
+
+    def test_a_device_slower_for_good_is_its_pace_from_the_second_slow_batch(self) -> None:
+        timing = exact_timing(0.010, 0.002)
+        for _ in range(5 * SIZE_MEMORY_BATCHES):  # 20 times slower from now on
+            for rows in (1, 8):
+                timing.observe(rows, 20 * (0.010 + 0.002 * rows))
+        assert timing.stalls == 1
+        assert timing.seconds(1) == pytest.approx(0.240, rel=0.05)
+        assert timing.seconds(8) == pytest.approx(0.520, rel=0.05)
+
     def test_a_fit_never_says_a_bigger_batch_is_faster(self) -> None:
         timing = BatchTiming()
         for _ in range(3):

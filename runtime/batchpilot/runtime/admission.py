@@ -42,6 +42,21 @@ pin down the slope."""
 CV_MIN_BATCHES = 10
 """`BatchTiming.cv` is said from this many predicted batches on (weighted as they fade)."""
 
+STALL_FACTOR = 10.0
+"""A batch that took this many times its prediction is a stall (a GPU that stopped for a while:
+the first batch of a size the device tunes for, a kernel loaded lazily, a neighbour's burst,
+an Xid's recovery), not the device's pace — unless the next one is one too, when it is the
+pace: a stall is left out of the size's mean and counts in the spread as `ERROR_CAP`. Counted
+in full, one 4 s batch against an 11 ms prediction took the spread from 0.08 to 80 and the
+mean of its size to fifteen times its time: every prediction a hundred times too long, every
+request refused, and the refusals let through one probe batch a second to correct it — 98 %
+refused for over a minute and a half on an idle device."""
+
+ERROR_CAP = 3.0
+"""A batch's relative error counts in the spread at most this much (a batch four times its
+prediction): the spread is of the device's noise, and one outlier must not multiply every
+prediction for the next fifty batches."""
+
 SPREAD_SIGMAS = 2.0
 """High estimates add this many standard deviations of the fit's relative one-step-ahead
 error: a batch takes longer than predicted this way about 2-3 % of the time."""
@@ -83,6 +98,9 @@ class BatchTiming:
         self._err_w = 0.0
         self._fit: Fit | None = None
         self._quickest_s: float | None = None
+        self._stalled = False
+        """Whether the last batch was a stall (`STALL_FACTOR`) left out of the means."""
+        self._stalls = 0
 
     @property
     def fit(self) -> Fit | None:
@@ -99,6 +117,11 @@ class BatchTiming:
         return self._fit.spread
 
     @property
+    def stalls(self) -> int:
+        """Batches taken for stalls and left out of the means (`STALL_FACTOR`)."""
+        return self._stalls
+
+    @property
     def quickest_s(self) -> float | None:
         """The fastest batch of any size measured; None before any."""
         return self._quickest_s
@@ -113,9 +136,17 @@ class BatchTiming:
         predicted = self.seconds(rows) if self._fit and not self._fit.floor_rows else None
         if predicted is not None and predicted > 0:
             keep = 1.0 - 1.0 / SIZE_MEMORY_BATCHES
-            error = seconds / predicted - 1.0
+            error = max(-ERROR_CAP, min(ERROR_CAP, seconds / predicted - 1.0))
             self._err2 = self._err2 * keep + error * error
             self._err_w = self._err_w * keep + 1.0
+            stalled = seconds > STALL_FACTOR * predicted
+            if stalled and not self._stalled:
+                # One stall: its time is no t(b). (The next, a stall too, is the pace now.)
+                self._stalled = True
+                self._stalls += 1
+                self._fit = self._solve()
+                return
+            self._stalled = stalled
         if self._quickest_s is None or seconds < self._quickest_s:
             self._quickest_s = seconds
         stat = self._sizes.get(rows)

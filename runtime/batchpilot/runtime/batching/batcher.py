@@ -343,8 +343,10 @@ class Batcher:
                 probe=any(item.probe for item in items),
             )
             for item in items:
-                # a probe's prediction was not trusted, so its error says nothing about them
-                if item.predicted is not None and not item.probe:
+                # A probe's prediction was not trusted, so its error says nothing about them; a
+                # request already answered (504 at its deadline, behind a stall) waits for
+                # nothing, and its seconds late would keep refusing requests for the window.
+                if item.predicted is not None and not item.probe and not item.future.done():
                     predictor.lateness.observe(ended - item.predicted, now=ended)
         start = 0
         for item in items:
