@@ -155,6 +155,21 @@ class TestBatchTiming:
 
 
 class TestPredictedFinish:
+    def test_a_batch_past_its_time_counts_as_long_again_as_it_is_late(self) -> None:
+        """A run that does not end (a GPU that hangs) is no run about to end: counted as
+        ending now, every request was admitted behind it to wait for its deadline."""
+        timing = exact_timing(0.020, 0.001)
+        ledger = DeviceLedger(instances=1)
+        ledger.started(8, now=0.0)  # predicted 28 ms
+        assert ledger.busy_s(timing, 0.010) == pytest.approx(0.018)
+        assert ledger.busy_s(timing, 0.028) == pytest.approx(0.0)
+        assert ledger.busy_s(timing, 2.028) == pytest.approx(2.0)
+        finish = predicted_finish(
+            timing=timing, ledger=ledger, queued_rows=0, rows=1, max_batch_size=8, now=2.028
+        )
+        assert finish is not None
+        assert finish - 2.028 > 1.0  # refused at a 1 s deadline, not queued to expire
+
     def test_idle_device_one_request_takes_one_batch(self) -> None:
         timing = exact_timing(0.020, 0.001)
         ledger = DeviceLedger(instances=1)

@@ -167,3 +167,25 @@ async def test_an_engine_that_hangs_is_not_live_nor_ready_until_its_run_ends(
     assert (await waiting).status_code == 200
     assert (await replica.client.get("/v2/health/live")).json() == {"live": True}
     assert await replica.failing_gauge() == 0
+
+
+async def test_a_run_that_stalls_takes_the_replica_out_of_readiness_long_before_a_restart(
+    replica: Replica, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """For the 30 s before a run is taken to hang (a restart), the replica stayed ready and every
+    request sent to it waited for its deadline. Readiness goes at `STALL_MIN_S`: the Service
+    sends to the others meanwhile. Liveness waits."""
+    monkeypatch.setattr(server_module, "STALL_MIN_S", 0.05)
+    monkeypatch.setattr(server_module, "HANG_FACTOR", 2.0)
+    replica.engine.hang = asyncio.Event()
+    waiting = asyncio.create_task(replica.infer(1.0))
+    deadline = time.monotonic() + 10
+    while (ready := await replica.client.get("/v2/health/ready")).status_code == 200:
+        assert time.monotonic() < deadline, "never taken out of readiness"
+        await asyncio.sleep(0.02)
+    assert ready.json() == {"ready": False}
+    assert (await replica.client.get("/v2/health/live")).status_code == 200
+    assert await replica.failing_gauge() == 0
+    replica.engine.hang.set()
+    assert (await waiting).status_code == 200
+    assert (await replica.client.get("/v2/health/ready")).json() == {"ready": True}

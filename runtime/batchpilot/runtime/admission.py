@@ -262,12 +262,15 @@ class DeviceLedger:
         return len(self._running)
 
     def busy_s(self, timing: BatchTiming, now: float) -> float:
-        """Compute time the running batches still need, summed over instances."""
+        """Compute time the running batches still need, summed over instances: what t(b) leaves
+        of each; for a batch past its time, as long again as it is late — a batch that does not
+        end (a GPU that hangs) is no batch about to end: taken for one, every request was
+        admitted behind it, to wait there until its deadline (504), none refused (503)."""
         total = 0.0
         for started, rows in self._running.values():
             expected = timing.seconds(rows)
             if expected is not None:
-                total += max(0.0, started + expected - now)
+                total += abs(started + expected - now)
         return total
 
 

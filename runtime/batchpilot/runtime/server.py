@@ -75,6 +75,11 @@ HANG_FACTOR = 20.0
 """A run of the engine that lasts `HANG_FACTOR` times what t(b) predicts for its rows, and at
 least `HANG_MIN_S`, is an engine that hangs (`ModelServer.hung`): far beyond a slow batch (a
 garbage collection, a device shared with another process), well before anyone waits on it."""
+STALL_MIN_S = 2.0
+"""A run that lasts `HANG_FACTOR` times what t(b) predicts and at least this takes the replica
+out of readiness (`ModelServer.stalled`) until it ends: the Service sends its requests to the
+others meanwhile, where for the 30 s before the engine was taken to hang every request sent here
+waited for its deadline. Liveness, whose failure restarts the pod, still waits `HANG_MIN_S`."""
 ENGINE_CHECK_EVERY_S = 1.0
 """While the engine fails the known-good batch, the health probes try it again at most this
 often."""
@@ -335,6 +340,7 @@ class ModelServer:
             and not self._queue.closed
             and not self._refusing
             and self.engine_failure is None
+            and self.stalled() is None
         )
 
     async def learn_known_good(self) -> None:
@@ -366,16 +372,24 @@ class ModelServer:
         predicts for its rows, and at least `HANG_MIN_S` (without a prediction, `HANG_MIN_S`
         × `HANG_FACTOR`) — or None. A GPU that stops answering leaves its run waiting for ever:
         the requests behind it time out, and only a restart frees the device."""
+        return self._overdue("the engine hangs", HANG_MIN_S)
+
+    def stalled(self) -> str | None:
+        """Why the replica is not ready while a run lasts: `HANG_FACTOR` times what t(b)
+        predicts and at least `STALL_MIN_S` — or None."""
+        return self._overdue("the engine stalls", STALL_MIN_S)
+
+    def _overdue(self, what: str, min_s: float) -> str | None:
         longest = self._batcher.longest_run()
         if longest is None:
             return None
         seconds, rows = longest
         usual = self.predictor.timing.seconds(rows)
-        limit = HANG_MIN_S * HANG_FACTOR if usual is None else max(HANG_MIN_S, HANG_FACTOR * usual)
+        limit = min_s * HANG_FACTOR if usual is None else max(min_s, HANG_FACTOR * usual)
         if seconds < limit:
             return None
         took = "" if usual is None else f"; t(b) predicts {usual * 1e3:.0f} ms for its rows"
-        return f"the engine hangs: a batch of {rows} rows has run for {seconds:.0f} s{took}"
+        return f"{what}: a batch of {rows} rows has run for {seconds:.0f} s{took}"
 
     async def engine_live(self) -> bool:
         """Whether the engine can serve (`engine_failure`): while it is taken to fail
