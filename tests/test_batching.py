@@ -393,6 +393,35 @@ class TestFailures:
             assert rows_of(results[0]) == [2.0]
             assert isinstance(results[1], RefusedByModel)
 
+    async def test_several_bad_requests_in_a_batch_cost_the_good_ones_nothing(self) -> None:
+        """Four bad requests spread over a batch of 32: their halves fail in a row, past
+        `SYSTEMATIC_FAILURES`. The known-good batch runs, so the search goes on: before, the 28
+        good requests were answered 500 by an engine that ran."""
+        async with Harness(max_batch_size=32, delay_s=0.01) as h:
+            h.batcher.known_good(KNOWN_GOOD)
+            h.engine.refuse_negative = True
+            values = [-float(v) if v in (3, 11, 19, 27) else float(v) for v in range(32)]
+            results = await asyncio.gather(*(h.put(v) for v in values), return_exceptions=True)
+            refused = [r for r in results if isinstance(r, Exception)]
+            assert len(refused) == 4
+            assert all(isinstance(r, RefusedByModel) for r in refused)
+            assert sum(1 for r in results if isinstance(r, dict)) == 28
+
+    async def test_a_part_whose_requests_have_all_expired_is_not_run(self) -> None:
+        """A split runs its parts one after another: those whose requests were answered at
+        their deadline (504) meanwhile, or whose deadlines passed, do not reach the device."""
+        async with Harness(max_batch_size=8, delay_s=0.0) as h:
+            h.engine.compute_s = 0.040
+            h.engine.refuse_negative = True
+            values = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, -8.0]
+            results = await asyncio.gather(
+                *(h.put(v, timeout_s=0.1) for v in values), return_exceptions=True
+            )
+            # 8 rows fail (40 ms), 4 rows ran (80 ms), the 4 holding the bad one fail (120 ms):
+            # every deadline has passed, and nothing more runs.
+            assert h.engine.batches == [8, 4, 4]
+            assert all(isinstance(r, DeadlineExceeded) for r in results[4:])
+
     async def test_a_full_queue_refuses_at_once(self) -> None:
         h = Harness(max_batch_size=1, delay_s=0.0, capacity=2)
         h.put(1)

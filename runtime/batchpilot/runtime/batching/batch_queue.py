@@ -10,7 +10,7 @@ import itertools
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -624,6 +624,27 @@ class BatchQueue:
             taken.append(item)
             rows += item.rows
             due = min(due, deadline)
+
+    def still_due(self, items: Sequence[Pending]) -> tuple[Pending, ...]:
+        """Of `items` (a part of a batch the engine failed on, to run again), those still
+        waited for: a request already answered (504 at its deadline, its caller gone) leaves,
+        and one whose deadline has passed fails with `DeadlineExceeded` — parts run one after
+        the other, and nothing expired reaches the device."""
+        now = self._clock()
+        due: list[Pending] = []
+        for item in items:
+            if item.future.done():
+                continue
+            if item.deadline is not None and now >= item.deadline:
+                item.future.set_exception(
+                    DeadlineExceeded(
+                        "the request's deadline passed while its batch, which the engine "
+                        "failed on, ran again in parts"
+                    )
+                )
+                continue
+            due.append(item)
+        return tuple(due)
 
     def _expire(self, item: Pending, group: deque[Pending], reason: str) -> None:
         group.popleft()
