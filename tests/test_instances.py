@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -26,6 +27,8 @@ from batchpilot.runtime.batching import Batcher, BatchQueue, BatchSettings, Busy
 from batchpilot.runtime.batching.batcher import LoopDelay
 from batchpilot.runtime.engine import EngineInfo, ModelSignature, Ran, TensorSpec
 from batchpilot.runtime.errors import ShuttingDown
+from batchpilot.runtime.instances import Instances as EngineInstances
+from batchpilot.runtime.instances import running_on_threads
 from batchpilot.runtime.onnx_engine import OnnxEngine, threads_per_instance
 from batchpilot.runtime.outcomes import BatchDone
 from batchpilot.runtime.settings import RuntimeSettings
@@ -484,3 +487,23 @@ class TestServerWithInstances:
             assert 0 < compute <= 2 * busy + 1e-9
             assert busy <= elapsed  # a rate of at most 1
         assert "2 instances" in server.log()
+
+
+async def test_closing_does_not_wait_for_a_run_that_never_ends() -> None:
+    """A GPU that hangs holds its run's thread for ever: closing waited for it on the event
+    loop, and the process never exited on SIGTERM. Closing now lets the thread go; the count of
+    runs on threads tells the process it must not wait at exit."""
+    release = threading.Event()
+    instances = EngineInstances(["session"], thread_name="hung")
+    running = asyncio.ensure_future(instances.run(lambda handle: release.wait(5.0)))
+    deadline = time.monotonic() + 5
+    while running_on_threads() == 0:
+        assert time.monotonic() < deadline, "the run never started"
+        await asyncio.sleep(0.01)
+    began = time.monotonic()
+    instances.close()
+    assert time.monotonic() - began < 1.0
+    assert running_on_threads() == 1
+    release.set()
+    assert await running is True
+    assert running_on_threads() == 0

@@ -10,6 +10,7 @@ queues behind it on the same thread.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +18,31 @@ from typing import Generic, TypeVar
 
 H = TypeVar("H")
 R = TypeVar("R")
+
+
+_on_threads = 0
+"""Calls running on instance threads now, every engine's (`running_on_threads`)."""
+_on_threads_lock = threading.Lock()
+
+
+def running_on_threads() -> int:
+    """Engine calls running on instance threads now: at exit, a call that never ends (a GPU
+    that hangs) would hold the interpreter, which joins these threads, for ever."""
+    return _on_threads
+
+
+def _counted(call: Callable[[H], R]) -> Callable[[H], R]:
+    def counted(handle: H) -> R:
+        global _on_threads
+        with _on_threads_lock:
+            _on_threads += 1
+        try:
+            return call(handle)
+        finally:
+            with _on_threads_lock:
+                _on_threads -= 1
+
+    return counted
 
 
 class Instances(Generic[H]):
@@ -46,7 +72,9 @@ class Instances(Generic[H]):
         index = await self._free.get()
         try:
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._executors[index], call, self._handles[index])
+            return await loop.run_in_executor(
+                self._executors[index], _counted(call), self._handles[index]
+            )
         finally:
             self._free.put_nowait(index)
 
@@ -62,5 +90,8 @@ class Instances(Generic[H]):
         return await self.run(timed)
 
     def close(self) -> None:
+        """Let the threads go once their calls end, without waiting for them: a call that
+        never ends (a GPU that hangs) held the event loop here, and the process never exited
+        on SIGTERM — every rollout of a hung replica ended in SIGKILL."""
         for executor in self._executors:
-            executor.shutdown(wait=True)
+            executor.shutdown(wait=False, cancel_futures=True)

@@ -34,6 +34,7 @@ from batchpilot.runtime.http_protocol import (
     LimitedHttpToolsProtocol,
     OpenConnections,
 )
+from batchpilot.runtime.instances import running_on_threads
 from batchpilot.runtime.metrics import RuntimeMetrics
 from batchpilot.runtime.outcomes import RequestOutcome
 from batchpilot.runtime.settings import RuntimeSettings
@@ -104,6 +105,12 @@ def serve(settings: RuntimeSettings) -> int:
     if not server.started:
         return 1
     _log_final_tally(parts.metrics)
+    if running_on_threads():
+        # The interpreter joins the engine's threads at exit: a run that never ends (a GPU that
+        # hangs) would keep the process until the kubelet's SIGKILL.
+        log.warning("an engine run has not ended: exiting without waiting for it")
+        logging.shutdown()
+        os._exit(1)
     return 0
 
 
