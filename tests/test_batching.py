@@ -469,7 +469,9 @@ class TestAKnownGoodBatch:
             h.engine.fail_with = RuntimeError("CUDA error: an illegal memory access")
             failed = await asyncio.gather(h.put(2.0), return_exceptions=True)
             assert type(failed[0]) is EngineFailure
-            assert h.batcher.broken == "CUDA error: an illegal memory access"
+            assert h.batcher.broken == (
+                "the engine fails the batch it ran at start: CUDA error: an illegal memory access"
+            )
             h.engine.batches.clear()
             results = await asyncio.gather(*(h.put(v) for v in range(4)), return_exceptions=True)
             assert all(type(r) is EngineFailure for r in results)

@@ -20,9 +20,10 @@ import pytest
 
 from batchpilot.runtime.batching import Batcher, BatchQueue, BatchSettings
 from batchpilot.runtime.engine import EngineInfo, ModelSignature, TensorSpec
-from batchpilot.runtime.errors import EngineFailure, out_of_memory
+from batchpilot.runtime.errors import EngineFailure, RequestTooLarge, out_of_memory
 from batchpilot.runtime.metrics import RuntimeMetrics
 from batchpilot.runtime.outcomes import BatchDone
+from batchpilot.runtime.protocol.server_codec import decode_request
 from batchpilot.runtime.server import MEMORY_RETRY_S, ModelServer
 from batchpilot.runtime.simulated import LatencyModel, SimulatedEngine
 from tests.runtime_process import metric, runtime_process, send
@@ -109,9 +110,14 @@ class Running:
             capacity=100,
             clock=clock,
         )
-        self.batcher = Batcher(
-            self.queue, engine, _Ignore(), clock=clock, on_out_of_memory=self.limits.append
-        )
+        self.ran: list[int] = []
+        """For each of `limits`, the largest batch that ran since (its half)."""
+
+        def lacked(rows: int, ran: int) -> None:
+            self.limits.append(rows)
+            self.ran.append(ran)
+
+        self.batcher = Batcher(self.queue, engine, _Ignore(), clock=clock, on_out_of_memory=lacked)
 
     async def __aenter__(self) -> Running:
         self.task = asyncio.get_running_loop().create_task(self.batcher.run())
@@ -140,6 +146,7 @@ class TestTheBatchLoop:
         # 6 rows failed; then the first request alone, and the other two together
         assert engine.batches == [6, 2, 4]
         assert loop.limits == [6]
+        assert loop.ran == [4]
 
     async def test_one_request_too_large_for_the_device_fails_saying_so(self) -> None:
         engine = SmallDevice(memory_rows=4)
@@ -157,6 +164,10 @@ class TestTheBatchLoop:
             with pytest.raises(EngineFailure, match="even one row does not fit"):
                 await loop.queue.put({"x": np.zeros((1, 1), np.float32)}, rows=1)
         assert loop.limits == []  # one row failing says nothing of what batch size fits
+        # The device is full, whatever the batch: the engine fails (not ready, not live) until a
+        # run goes through.
+        assert loop.batcher.broken is not None
+        assert "no memory for even one row" in loop.batcher.broken
 
 
 class _Ignore:
@@ -273,3 +284,63 @@ def test_the_limit_set_is_tried_again_after_a_while(image_model: Path) -> None:
     asyncio.run(server.calibrate())  # 8 rows fail again: straight back to 3
     assert server.in_force.max_batch_size == 3
     assert server.batching.max_batch_size == 8  # the limit set is kept, for the next retry
+
+
+def small_device_server(image_model: Path, memory_rows: int, now: list[float]) -> ModelServer:
+    engine = SimulatedEngine.load(
+        image_model,
+        name="resnet",
+        latency=LatencyModel(alpha_s=0.001, beta_s=0.0, memory_rows=memory_rows),
+    )
+    metrics = RuntimeMetrics(
+        model="resnet", service="", namespace="", engine=engine.info, nvml=None
+    )
+    return ModelServer(
+        engine,
+        batching=BatchSettings(max_batch_size=64, max_queue_delay_s=0.0),
+        queue_capacity=16,
+        metrics=metrics,
+        clock=lambda: now[0],
+    )
+
+
+def test_the_memorys_limit_is_found_by_halving_the_gap_not_a_row_at_a_time(
+    image_model: Path,
+) -> None:
+    """Memory for 32 rows, a limit of 64. One row below each failure, traffic took 18 failed
+    batches to find 32 after start-up left 63; halfway from the largest batch that ran to the
+    smallest that failed, it takes five."""
+    server = small_device_server(image_model, 32, [0.0])
+    asyncio.run(server.calibrate())  # 64 fails, 32 runs: halfway, 48
+    assert server.in_force.max_batch_size == 48
+    failed = 0
+    while (limit := server.in_force.max_batch_size) > 32:
+        server._out_of_memory(limit, ran=limit // 2)  # as the batch loop reports it
+        failed += 1
+    assert limit == 32
+    assert failed == 5  # 48, 40, 36, 34, 33
+
+
+def test_a_request_above_the_limit_is_taken_once_the_retry_is_due(image_model: Path) -> None:
+    """The retry of the limit was made where batches are formed: while only requests above the
+    limit came, each was refused (413) before any batch was asked for, for good."""
+    now = [0.0]
+    server = small_device_server(image_model, 3, now)
+    asyncio.run(server.calibrate())
+    assert server.in_force.max_batch_size == 3
+    four = orjson.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "images",
+                    "datatype": "FP32",
+                    "shape": [4, 3, 224, 224],
+                    "data": [0.0] * (4 * 3 * 224 * 224),
+                }
+            ]
+        }
+    )
+    with pytest.raises(RequestTooLarge):
+        server.validate(decode_request(four))
+    now[0] = MEMORY_RETRY_S
+    assert server.validate(decode_request(four)) == 4

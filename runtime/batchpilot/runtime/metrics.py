@@ -354,8 +354,9 @@ class RuntimeMetrics:
         ).labels(**labels)
         self.engine_failing = Gauge(
             "batchpilot_engine_failing",
-            "1 while the engine fails the batch it ran at start, or a run of it has lasted far "
-            "past its time (the replica is not live, nor ready, meanwhile), else 0",
+            "1 while the engine fails the batch it ran at start, the device has no memory for "
+            "even one row, or a run of it has lasted far past its time (the replica is not "
+            "live, nor ready, meanwhile), else 0",
             names,
             registry=r,
         ).labels(**labels)

@@ -141,6 +141,8 @@ class ModelServer:
         self._memory_retry_at: float | None = None
         self._memory_before: int | None = None
         """The limit found before the last retry: where the next failure sets it again."""
+        self._memory_good = 0
+        """The largest batch known to run since the device last ran out of memory (0: none)."""
         self._in_force = batching
         """`batching` within `_memory_rows`: what batches are formed by."""
         self.admission: Admission = admission
@@ -284,6 +286,7 @@ class ModelServer:
         if retry is not None and self._clock() >= retry:
             self._memory_before, self._memory_rows = self._memory_rows, None
             self._memory_retry_at = None
+            self._memory_good = 0
             self._in_force = self._batching
             log.info(
                 "trying batches of up to %d rows again, %.0f s after the device ran out of memory",
@@ -299,10 +302,16 @@ class ModelServer:
         """The batching settings as batches are formed: those set, within the device's memory."""
         return self._settings()
 
-    def _out_of_memory(self, rows: int) -> None:
+    def _out_of_memory(self, rows: int, ran: int = 0) -> None:
         """The device had no memory for a batch of `rows` rows: batches are formed smaller,
-        whatever limit is set, for `MEMORY_RETRY_S`, and a request of more rows is refused."""
-        limit = max(1, rows - 1)
+        whatever limit is set, for `MEMORY_RETRY_S`, and a request of more rows is refused.
+        `ran`: the largest batch that ran since (a half of it): the limit goes halfway from the
+        largest known to run to the smallest known not to (a bisection over failures) — one row
+        below each failure, a device that held 32 of 64 took 18 failed batches to find it."""
+        if ran:
+            self._memory_good = max(self._memory_good, ran)
+        good = self._memory_good
+        limit = max(1, rows - 1) if not good else min(rows - 1, max(good, (good + rows) // 2))
         if self._memory_before is not None:
             limit = min(limit, self._memory_before)
         if self._memory_rows is not None and self._memory_rows <= limit:
@@ -364,7 +373,7 @@ class ModelServer:
         """Why the engine cannot serve — it fails whatever it is given (the known-good batch
         too), or a run of it has not ended long past its time (`hung`) — or None."""
         if (broken := self._batcher.broken) is not None:
-            return f"the engine fails the batch it ran at start: {broken}"
+            return broken
         return self.hung()
 
     def hung(self) -> str | None:
@@ -429,6 +438,7 @@ class ModelServer:
         )
         top = min(max(in_force, largest_allowed), STARTUP_TIMING_MAX_ROWS)
         sizes = list(dict.fromkeys((top, in_force)))
+        failed: int | None = None
         while sizes:
             largest = sizes.pop(0)
             try:
@@ -438,8 +448,12 @@ class ModelServer:
                 if out_of_memory(exc) and largest > 1:
                     # Batches that large will not run: none is formed, and half is tried.
                     self._out_of_memory(largest)
+                    failed = largest
                     sizes = [rows for rows in sizes if rows < largest] or [largest // 2]
                 continue
+            if failed is not None:
+                # A smaller one ran: the limit halfway between (the bisection traffic goes on).
+                self._out_of_memory(failed, ran=largest)
             self.metrics.startup_timed(timed)
             if (fit := self.predictor.timing.fit) is not None:
                 log.info(
@@ -476,6 +490,7 @@ class ModelServer:
         once. A request larger than an idle replica could serve within its deadline is one of
         them (`BatchQueue.check_servable`): a request to change, not load to shed."""
         rows = validate_inputs(self.signature, request)
+        self._settings()  # a memory limit whose retry is due goes first (only the queue asked)
         if self._memory_rows is not None and rows > self._memory_rows:
             raise RequestTooLarge(
                 f"the request has {rows} rows; the device ran out of memory for a batch of "

@@ -136,7 +136,7 @@ class Batcher:
         clock: Callable[[], float] = time.perf_counter,
         instances: int = 1,
         predictor: Predictor | None = None,
-        on_out_of_memory: Callable[[int], None] | None = None,
+        on_out_of_memory: Callable[[int, int], None] | None = None,
     ) -> None:
         if instances < 1:
             raise ValueError(f"instances must be at least 1, got {instances}")
@@ -158,6 +158,8 @@ class Batcher:
         """Whether any run of the engine has not failed."""
         self._known_good: Mapping[str, np.ndarray[Any, Any]] | None = None
         self._broken: str | None = None
+        self._ran_rows = 0
+        """The largest batch that ran (since a search for the memory's limit began)."""
         self._running: dict[int, tuple[float, int]] = {}
         """The runs on the engine now: when each started, and its rows."""
         self._runs = itertools.count()
@@ -230,7 +232,8 @@ class Batcher:
     @property
     def broken(self) -> str | None:
         """Why the engine is taken to fail whatever it is given — it failed the known-good
-        batch, in its words — or None. Cleared by the next run that does not fail."""
+        batch, or the device has no memory for even one row, in the engine's words — or None.
+        Cleared by the next run that does not fail."""
         return self._broken
 
     async def check_engine(self) -> bool:
@@ -250,7 +253,7 @@ class Batcher:
         except Exception as exc:
             self._failed_runs += 1
             if not out_of_memory(exc):  # the device full of other batches says nothing of it
-                self._broken = first_line(exc)
+                self._broken = f"the engine fails the batch it ran at start: {first_line(exc)}"
             return False
         finally:
             self._busy.end(self._clock())
@@ -327,6 +330,7 @@ class Batcher:
             return exc
         del self._running[run]
         self._ran_now()
+        self._ran_rows = max(self._ran_rows, rows)
         ended = clock()
         self._busy.end(ended)
         compute_s = (
@@ -419,15 +423,22 @@ class Batcher:
             _fail([item], _engine_failure(error) if evidence is None else _refused(error, evidence))
 
     async def _out_of_memory(self, batch: Batch, error: BaseException) -> None:
-        """The device had no memory for the batch: no batch that large is formed again (the
-        server lowers its limit), and its requests run again in two halves, and so on down,
-        rather than fail. A single request is never split (its rows are its client's): one
-        that does not fit alone fails, saying so."""
+        """The device had no memory for the batch: its requests run again in two halves, and so
+        on down, rather than fail; and where a half ran, no batch that large is formed again
+        (the server lowers its limit, `on_out_of_memory(rows, ran)`). A single request is never
+        split (its rows are its client's): one that does not fit alone fails, saying so. Where
+        even one row does not fit, the device is full whatever the batch (a leak, another
+        process holding the memory): no size is to blame, and the engine is taken to fail
+        (`broken`: not ready, not live) until a run goes through — before, the limit went down
+        to one row, every multi-row request was refused as too large (413) and every other
+        failed (500) on a replica that stayed ready."""
         rows = batch.rows
-        if self._on_out_of_memory is not None and rows > 1:  # one row failing says no size
-            self._on_out_of_memory(rows)
         items = batch.items
         if len(items) == 1:
+            if rows == 1:
+                self._broken = f"the device has no memory for even one row: {first_line(error)}"
+            elif self._on_out_of_memory is not None and self._broken is None:
+                self._on_out_of_memory(rows, 0)  # no batch of its rows is formed again
             advice = "send fewer rows a request" if rows > 1 else "even one row does not fit"
             _fail(
                 items,
@@ -437,9 +448,13 @@ class Batcher:
                 ),
             )
             return
+        before, self._ran_rows = self._ran_rows, 0
         for half in _halves(items):
             if part := self._queue.still_due(half):
                 await self.run_batch(Batch(part, batch.settings, batch.formed_at))
+        ran, self._ran_rows = self._ran_rows, max(before, self._ran_rows)
+        if self._on_out_of_memory is not None and self._broken is None:
+            self._on_out_of_memory(rows, ran)
 
 
 def _halves(items: tuple[Pending, ...]) -> tuple[tuple[Pending, ...], tuple[Pending, ...]]:
