@@ -460,6 +460,17 @@ class TestAKnownGoodBatch:
             assert [type(r) for r in results] == [RefusedByModel, RefusedByModel]
             assert h.engine.batches == [2, 1, 1, 1]  # the batch, each alone, the check once
 
+    async def test_an_engine_that_answers_the_wrong_rows_is_no_client_s_fault(self) -> None:
+        """The known-good batch's rows are checked too: it "ran", and the request alone that
+        got the wrong rows was refused with 400 for its inputs, the replica staying ready."""
+        async with Harness(max_batch_size=2, delay_s=0.0) as h:
+            h.batcher.known_good(KNOWN_GOOD)
+            h.engine.drop_row = True
+            results = await asyncio.gather(h.put(1.0), return_exceptions=True)
+            assert type(results[0]) is EngineFailure
+            assert h.batcher.broken is not None
+            assert "returned 0 rows of output 'y' for a batch of 1 rows" in h.batcher.broken
+
     async def test_an_engine_that_fails_the_known_good_batch_is_broken_until_one_runs(
         self,
     ) -> None:

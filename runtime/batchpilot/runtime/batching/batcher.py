@@ -249,7 +249,11 @@ class Batcher:
         run = next(self._runs)
         self._running[run] = (started, 1)
         try:
-            await self._engine.run(inputs)
+            outputs = await self._engine.run(inputs)
+            # Its rows checked as a batch's are: an engine that answers the wrong number of
+            # rows fails this one too (before, it "ran", and the request was refused with 400
+            # for its inputs).
+            _check_rows(outputs, rows=_rows_of(inputs))
         except Exception as exc:
             self._failed_runs += 1
             if not out_of_memory(exc):  # the device full of other batches says nothing of it
@@ -312,12 +316,7 @@ class Batcher:
                     predictor.finished(token, rows=rows, seconds=None, now=clock())
                 _fail(items, ShuttingDown("the server stopped before the batch finished"))
                 raise
-            for name, array in outputs.items():
-                if array.ndim == 0 or array.shape[0] != rows:
-                    raise EngineFailure(
-                        f"the engine returned {array.shape[0] if array.ndim else 0} rows of "
-                        f"output '{name}' for a batch of {rows} rows"
-                    )
+            _check_rows(outputs, rows=rows)
         except Exception as exc:
             del self._running[run]
             ended = clock()
@@ -470,6 +469,20 @@ def _refused(error: BaseException, evidence: str) -> RefusedByModel:
 
 def _engine_failure(error: BaseException) -> EngineFailure:
     return error if isinstance(error, EngineFailure) else EngineFailure(f"engine error: {error}")
+
+
+def _check_rows(outputs: Mapping[str, np.ndarray[Any, Any]], *, rows: int) -> None:
+    """Raise `EngineFailure` where an output has not one row for each of the batch's."""
+    for name, array in outputs.items():
+        if array.ndim == 0 or array.shape[0] != rows:
+            raise EngineFailure(
+                f"the engine returned {array.shape[0] if array.ndim else 0} rows of "
+                f"output '{name}' for a batch of {rows} rows"
+            )
+
+
+def _rows_of(inputs: Mapping[str, np.ndarray[Any, Any]]) -> int:
+    return int(next(iter(inputs.values())).shape[0])
 
 
 def _fail(items: Sequence[Pending], error: BaseException) -> None:
