@@ -134,8 +134,8 @@ def owned_values(
     # The autopilot's settings in mode auto; outside it as well, until `batching` is edited: a
     # service turned to recommend (to watch the autopilot in an incident) or off fell to the
     # spec's starting point — batch 1 under the load its replicas were sized for at 16.
-    kept = configmap is not None and not batching_edited(configmap, owner)
-    if recorded is not None and (scaling.mode == "auto" or kept):
+    unedited = configmap is not None and not batching_edited(configmap, owner)
+    if recorded is not None and (scaling.mode == "auto" or unedited):
         batch_size = _clamp(recorded.batch_size, 1, scaling.max_batch_size)
         delay_ms = recorded.max_queue_delay_ms
     secret = mine.get(SECRET)
