@@ -188,6 +188,17 @@ def test_the_simulated_device_takes_a_memory() -> None:
         LatencyModel.parse("alpha_ms=8,beta_ms=1.5,memory_rows=2.5")
 
 
+def images_body(rows: int) -> bytes:
+    """A v2 infer request of `rows` zero images for the ResNet-shaped model."""
+    tensor = {
+        "name": "images",
+        "datatype": "FP32",
+        "shape": [rows, 3, 224, 224],
+        "data": [0.0] * (rows * 3 * 224 * 224),
+    }
+    return orjson.dumps({"inputs": [tensor]})
+
+
 def test_a_server_whose_device_lacks_memory_answers_every_request_and_says_so(
     image_model: Path, tmp_path: Path
 ) -> None:
@@ -207,18 +218,7 @@ def test_a_server_whose_device_lacks_memory_answers_every_request_and_says_so(
         "20",
         log_dir=tmp_path,
     ) as server:
-        one = orjson.dumps(
-            {
-                "inputs": [
-                    {
-                        "name": "images",
-                        "datatype": "FP32",
-                        "shape": [1, 3, 224, 224],
-                        "data": [0.0] * (3 * 224 * 224),
-                    }
-                ]
-            }
-        )
+        one = images_body(1)
 
         def call(_: int) -> int:
             return send(server, "POST", "/v2/models/resnet/infer", one).status
@@ -229,18 +229,7 @@ def test_a_server_whose_device_lacks_memory_answers_every_request_and_says_so(
         limit = metric(server, "batchpilot_device_memory_batch_rows")
         assert 1 <= limit <= 3
         assert metric(server, "batchpilot_batching_max_batch_size") == limit
-        four = orjson.dumps(
-            {
-                "inputs": [
-                    {
-                        "name": "images",
-                        "datatype": "FP32",
-                        "shape": [4, 3, 224, 224],
-                        "data": [0.0] * (4 * 3 * 224 * 224),
-                    }
-                ]
-            }
-        )
+        four = images_body(4)
         reply = send(server, "POST", "/v2/models/resnet/infer", four)
         assert reply.status == 413
         assert "ran out of memory" in reply.json()["error"]
@@ -328,18 +317,7 @@ def test_a_request_above_the_limit_is_taken_once_the_retry_is_due(image_model: P
     server = small_device_server(image_model, 3, now)
     asyncio.run(server.calibrate())
     assert server.in_force.max_batch_size == 3
-    four = orjson.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "images",
-                    "datatype": "FP32",
-                    "shape": [4, 3, 224, 224],
-                    "data": [0.0] * (4 * 3 * 224 * 224),
-                }
-            ]
-        }
-    )
+    four = images_body(4)
     with pytest.raises(RequestTooLarge):
         server.validate(decode_request(four))
     now[0] = MEMORY_RETRY_S
