@@ -21,6 +21,7 @@ from batchpilot.operator.kube import (
     UNANSWERED,
     KubeClient,
     KubeError,
+    WriteFence,
     own_retries,
 )
 from batchpilot.operator.outage_log import OutageLog
@@ -110,6 +111,27 @@ class TestAnUnhealthyApiServer:
         assert lost.value.transient
         assert str(lost.value).startswith("no answer from the API server")
         assert lease_kube.get(LEASE, NAMESPACE, "lost-answer") is not None  # it was written
+
+    def test_a_process_that_lost_its_lease_sends_no_write(
+        self, proxy: FaultProxy, tmp_path: Path, lease_kube: KubeClient
+    ) -> None:
+        """A leader that lost the Lease runs on for a moment (its round, kopf's handler
+        threads): writes sent then could land after a standby took over. Refused unsent."""
+        configuration = client.Configuration()
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=str(proxy.write_kubeconfig(tmp_path / "kubeconfig")),
+            client_configuration=configuration,
+        )
+        fence = WriteFence()
+        kube = KubeClient(client.ApiClient(own_retries(configuration)), timeout_s=5, fence=fence)
+        kube.create(lease("before"))
+        fence.close()
+        with pytest.raises(KubeError) as refused:
+            kube.create(lease("after"))
+        assert refused.value.status == UNANSWERED
+        assert "no longer leads" in str(refused.value)
+        assert [s.method for s in proxy.seen(path="/leases")] == ["POST"]
+        assert kube.get(LEASE, NAMESPACE, "before") is not None  # reads go on
 
     def test_a_write_whose_answer_was_lost_is_not_sent_again(
         self, proxy: FaultProxy, tmp_path: Path, lease_kube: KubeClient

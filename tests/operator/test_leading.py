@@ -65,6 +65,8 @@ class Process:
         self.elector = elector(lease_kube, lease_name, identity)
         self.operator = operator
         self.exited_after_loss = threading.Event()
+        self.fenced = threading.Event()
+        """The process's writes refused (`kube.WriteFence`): this test's, not the process's."""
         self.code: int | None = None
         self.done = threading.Event()
 
@@ -81,6 +83,7 @@ class Process:
                     liveness=liveness,
                     stop_grace_s=0.5,
                     exit_after_loss=exit_after_loss or exit_now,
+                    fence=self.fenced.set,
                 )
             finally:
                 self.done.set()
@@ -142,6 +145,7 @@ class TestLeading:
         operator.finish.set()  # kopf returned: SIGTERM, say
         assert leader.done.wait(5)
         assert leader.code == 0
+        assert not leader.fenced.is_set()  # a hand-over writes on (the release, the last ticks)
         record = LeaseRecord.of(read(lease_kube, lease_name))
         assert record.holder == ""
         assert record.duration_s == 1
@@ -192,6 +196,7 @@ class TestLosingTheLease:
         assert operator.stop_requested.wait(5)
         assert leader.done.wait(5)
         assert leader.code == LOST
+        assert leader.fenced.is_set()  # no write of the process lands after the loss
         assert not leader.exited_after_loss.is_set()  # it stopped in time
         assert LeaseRecord.of(read(lease_kube, lease_name)).holder == "intruder"  # not released
 

@@ -67,6 +67,28 @@ class KubeError(Exception):
         return self.status in (UNANSWERED, 429) or self.status >= 500
 
 
+class WriteFence:
+    """Whether this process may still write to the API server. A leader that lost its Lease
+    stops kopf, but the autopilot's round and kopf's handler threads run on until they notice,
+    and `stop_grace_s` later the process ends: writes sent meanwhile could land after a standby
+    took over — two operators writing one service. Closed at the loss (`leading`), every write
+    of every client is refused from then on, unsent; reads go on."""
+
+    def __init__(self) -> None:
+        self._closed = threading.Event()
+
+    def close(self) -> None:
+        self._closed.set()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+
+WRITES = WriteFence()
+"""This process's fence (`WriteFence`)."""
+
+
 class Kube(Protocol):
     def get(self, kind: ResourceKind, namespace: str, name: str) -> dict[str, Any] | None: ...
 
@@ -102,8 +124,10 @@ class KubeClient:
         *,
         timeout_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        fence: WriteFence = WRITES,
     ) -> None:
         self._api = api_client
+        self._fence = fence
         self._timeout_s = timeout_s
         self._clock = clock
         self._quiet_until = 0.0
@@ -147,6 +171,8 @@ class KubeClient:
         import urllib3
         from kubernetes.client.exceptions import ApiException
 
+        if method != "GET" and self._fence.closed:
+            raise KubeError(UNANSWERED, "not sent: this operator no longer leads")
         wait_s = self._quiet_until - self._clock()
         if wait_s > 0:
             raise KubeError(

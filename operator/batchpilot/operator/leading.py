@@ -31,6 +31,7 @@ from types import FrameType
 from typing import Any, ClassVar
 
 from batchpilot.operator.election import LeaderElector
+from batchpilot.operator.kube import WRITES
 
 logger = logging.getLogger(__name__)
 
@@ -50,11 +51,13 @@ def run_while_leading(
     liveness: str | None = None,
     stop_grace_s: float,
     exit_after_loss: Callable[[], None] = _exit_now,
+    fence: Callable[[], None] = WRITES.close,
 ) -> int:
     """Run `run_operator()` (blocking) only while holding the Lease; the exit status.
 
-    `stop_operator()` is called from another thread when the Lease is lost; if `run_operator()`
-    has not returned `stop_grace_s` later, `exit_after_loss()` ends the process.
+    `stop_operator()` is called from another thread when the Lease is lost, after `fence()`
+    (every write of the process refused from then on); if `run_operator()` has not returned
+    `stop_grace_s` later, `exit_after_loss()` ends the process.
     """
     on_signal = [elector.stop]
     with _signals_call(on_signal):
@@ -71,6 +74,7 @@ def run_while_leading(
             stop_operator=stop_operator,
             stop_grace_s=stop_grace_s,
             exit_after_loss=exit_after_loss,
+            fence=fence,
         )
 
 
@@ -81,6 +85,7 @@ def _lead(
     stop_operator: Callable[[], None],
     stop_grace_s: float,
     exit_after_loss: Callable[[], None],
+    fence: Callable[[], None],
 ) -> int:
     logger.info("leading as %s", elector.identity)
     operator_done = threading.Event()
@@ -89,6 +94,7 @@ def _lead(
         if elector.keep():
             return
         logger.error("lost the lease (%s): stopping the operator", elector.lost_because)
+        fence()  # before anything else: a standby may hold the Lease by now
         stop_operator()
         if not operator_done.wait(stop_grace_s):
             logger.error("the operator did not stop within %g s: exiting now", stop_grace_s)
