@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import itertools
 import signal
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ import orjson
 import pytest
 
 from batchpilot.runtime.async_jobs import Job, JobState, JobStore, OverShare, StoreFull
-from batchpilot.runtime.errors import DeadlineExceeded
+from batchpilot.runtime.errors import DeadlineExceeded, RefusedByModel
 from tests.runtime_process import Reply, RuntimeProcess, metric, runtime_process, send
 from tests.waiting import wait_until
 
@@ -561,3 +563,26 @@ class TestAsyncOverHttp:
         assert "success=6" in server.log()
         assert "rejected=0" in server.log()
         assert "error=0" in server.log()
+
+
+def test_a_failed_job_keeps_its_error_not_the_inputs_its_frames_held() -> None:
+    """The stored exception's traceback held the frames that ran the job, and their locals the
+    request's decoded inputs, for the result's TTL."""
+    store: JobStore[str] = JobStore(capacity=4, ttl_s=300)
+    job = store.submit()
+    inputs = np.zeros((512, 4096), np.float32)
+    held = weakref.ref(inputs)
+
+    def run(arrays: np.ndarray[Any, Any]) -> None:
+        raise RefusedByModel(f"the model failed on this request's inputs ({arrays.shape})")
+
+    try:
+        run(inputs)
+    except RefusedByModel as exc:
+        store.fail(job, exc)
+    del inputs
+    gc.collect()
+    assert held() is None
+    kept = store.get(job.id)
+    assert kept is not None
+    assert str(kept.error) == "the model failed on this request's inputs ((512, 4096))"
