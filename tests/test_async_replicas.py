@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import signal
 import socket
 import string
@@ -21,13 +22,20 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from batchpilot.runtime.app import create_app
+from batchpilot.runtime.batching import BatchSettings
 from batchpilot.runtime.job_relay import FORWARDED_HEADER, Gone, JobRelay, NotAnswering
-from batchpilot.runtime.job_routes import JobRoutes
+from batchpilot.runtime.job_routes import PENDING_CAP_S, JobRoutes, lifetime
+from batchpilot.runtime.metrics import RuntimeMetrics
+from batchpilot.runtime.server import ModelServer
 from batchpilot.runtime.settings import RuntimeSettings
+from batchpilot.runtime.simulated import LatencyModel, SimulatedEngine
+from tests import onnx_models
 from tests.runtime_process import RuntimeProcess, metric, runtime_process, send
 from tests.test_access_process import key_args, publish, write_document
 from tests.test_async_inference import json_body, logits, rows
@@ -57,13 +65,35 @@ class TestIds:
         random_part, _, signature = ONE.new_id().split(".")
         forged = base64.urlsafe_b64encode(b"169.254.169.254:80").rstrip(b"=").decode()
         assert TWO.elsewhere(f"{random_part}.{forged}.{signature}") is None
-        for odd in ("", "plain-uuid-hex", "a.b.c", "é.é.é", "a.b.c.d", "x" * 300, "..", "a.!!.b"):
+        for odd in ("", "plain-uuid-hex", "a.b.c", "é.é.é", "a.b.c.d.e", "x" * 300, "..", "a.!!.b"):
             assert TWO.elsewhere(odd) is None, odd
 
     def test_an_ipv6_pod_address_is_bracketed(self) -> None:
         six = JobRoutes.from_token("service-token", host="fd00::7", port=8080)
         assert six.address == "[fd00::7]:8080"
         assert ONE.elsewhere(six.new_id()) == "[fd00::7]:8080"
+
+    def test_an_id_lapses_when_no_replica_can_hold_its_job_any_more(self) -> None:
+        """A holder deleted with its pod takes no connection (no reset from an address that
+        is gone): its clients were answered 504 "retry" for ever. An id says until when its job
+        can be held; past that, a holder that does not answer has lost it (404)."""
+        now = [1_000_000.0]
+        life = lifetime(result_ttl_s=300, drain_hold_s=30)
+        assert life == PENDING_CAP_S + 330
+        one = dataclasses.replace(ONE, lifetime_s=life, clock=lambda: now[0])
+        two = dataclasses.replace(TWO, lifetime_s=life, clock=lambda: now[0])
+        job_id = one.new_id()
+        assert two.elsewhere(job_id) == "10.1.0.1:8080"
+        assert not two.lapsed(job_id)
+        now[0] += life + 1
+        assert two.lapsed(job_id)
+        assert two.elsewhere(job_id) == "10.1.0.1:8080"  # asked still, where it answers
+        # Its lapse is signed: a caller cannot make an id lapse, nor keep one from it.
+        random_part, address_part, lapses, signature = job_id.split(".")
+        later = f"{random_part}.{address_part}.{int(lapses) + 10**6}.{signature}"
+        assert two.elsewhere(later) is None
+        assert not two.lapsed(later)
+        assert not two.lapsed(ONE.new_id())  # an id made before lapses were written
 
     def test_the_token_is_not_the_signing_key(self) -> None:
         assert ONE.key != b"service-token"
@@ -300,3 +330,56 @@ def test_the_hold_must_fit_inside_the_grace(mlp_model: Path) -> None:
         RuntimeSettings(model_path=mlp_model, drain_grace_s=5, async_drain_hold_s=6)
     assert RuntimeSettings(model_path=mlp_model).async_drain_hold_s == 20
     assert RuntimeSettings(model_path=mlp_model, drain_grace_s=5).async_drain_hold_s == 5
+
+
+def blackhole() -> tuple[socket.socket, list[socket.socket], int]:
+    """A loopback address that takes no connection and refuses none, as a deleted pod's address
+    does (its SYNs dropped): a listener whose accept backlog is full."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = int(listener.getsockname()[1])
+    fillers = []
+    for _ in range(4):
+        filler = socket.socket()
+        filler.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            filler.connect(("127.0.0.1", port))
+        fillers.append(filler)
+    return listener, fillers, port
+
+
+async def test_a_fetch_for_a_lapsed_job_whose_holder_takes_no_connection_is_a_404(
+    tmp_path: Path,
+) -> None:
+    """Before its lapse the holder may come back (504, retry); after it, its job is gone (404)
+    — where a holder deleted with its pod was answered 504 for ever."""
+    now = [1_000_000.0]
+    life = lifetime(result_ttl_s=300, drain_hold_s=30)
+    here = dataclasses.replace(ONE, lifetime_s=life, clock=lambda: now[0])
+    listener, fillers, port = blackhole()
+    holder = dataclasses.replace(here, address=f"127.0.0.1:{port}")
+    model = onnx_models.mlp(tmp_path / "mlp.onnx", features=4, hidden=8, classes=3)
+    engine = SimulatedEngine.load(model, name="mlp", latency=LatencyModel(0.0, 0.0))
+    metrics = RuntimeMetrics(model="mlp", service="", namespace="", engine=engine.info, nvml=None)
+    server = ModelServer(
+        engine,
+        batching=BatchSettings(max_batch_size=4, max_queue_delay_s=0.0),
+        queue_capacity=16,
+        metrics=metrics,
+    )
+    app = create_app(server, job_routes=here)
+    transport = httpx.ASGITransport(app=app)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://replica") as client:
+            job_id = holder.new_id()
+            young = await client.get(f"/v2/models/mlp/infer/async/{job_id}")
+            assert young.status_code == 504
+            now[0] += life + 1
+            old = await client.get(f"/v2/models/mlp/infer/async/{job_id}")
+            assert old.status_code == 404
+    finally:
+        await server.close()
+        listener.close()
+        for filler in fillers:
+            filler.close()

@@ -30,7 +30,7 @@ from batchpilot.runtime.batching import BatchSettings
 from batchpilot.runtime.device import DeviceUnavailable, Nvml
 from batchpilot.runtime.engines import build_engine
 from batchpilot.runtime.http_protocol import OpenConnections
-from batchpilot.runtime.job_routes import JobRoutes
+from batchpilot.runtime.job_routes import JobRoutes, lifetime
 from batchpilot.runtime.live_settings import ConfigFileWatcher
 from batchpilot.runtime.metrics import RuntimeMetrics
 from batchpilot.runtime.onnx_engine import ModelLoadError
@@ -259,7 +259,14 @@ def job_routes(settings: RuntimeSettings) -> JobRoutes | None:
             settings.advertise_host,
         )
         return None
-    routes = JobRoutes.from_token(token, host=settings.advertise_host, port=settings.port)
+    routes = JobRoutes.from_token(
+        token,
+        host=settings.advertise_host,
+        port=settings.port,
+        lifetime_s=lifetime(
+            result_ttl_s=settings.async_result_ttl_s, drain_hold_s=settings.async_drain_hold_s
+        ),
+    )
     log.info("async job ids name this replica at %s: its peers pass on fetches", routes.address)
     return routes
 

@@ -12,8 +12,15 @@ answer of an unknown id, never a request from inside the cluster to an address o
 choosing. Ids without an address — a replica with no shared key or no advertised host, as one
 started by hand — are served where they arrive, as before.
 
-An id: `<random>.<address>.<signature>` — 128 random bits (hex), the address in URL-safe base64,
-and the first 128 bits of HMAC-SHA256 over the two (hex). Pure: hmac, base64 and secrets.
+An id: `<random>.<address>.<lapses>.<signature>` — 128 random bits (hex), the address in URL-safe
+base64, the time (Unix seconds) after which no job of that id can be held any more (`lifetime_s`
+after it was made: the longest a job pends, its result's TTL and a drain's hold), and the first
+128 bits of HMAC-SHA256 over the three (hex); ids made before the time was written have none
+(`<random>.<address>.<signature>`). A holder deleted with its pod (a scale-down, a rollout, an
+eviction) takes no connection: its address answers nothing, where a restarted one refuses. Until
+the id lapses, that is a holder that may come back (504, retry); after it, one whose jobs are
+gone wherever it is (404, as an unknown id) — before, its clients were answered 504 "retry" for
+ever. The clock is the wall clock, read by every replica alike (`now` arguments).
 """
 
 from __future__ import annotations
@@ -23,12 +30,25 @@ import binascii
 import hashlib
 import hmac
 import secrets
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 MAX_ID_LENGTH = 256
 """Longer ids are nobody's: not parsed, not looked up."""
 _KEY_LABEL = b"batchpilot async job route v1"
 _SIGNATURE_HEX = 32
+PENDING_CAP_S = 600.0
+"""The longest an async job is taken to pend, for its id's lapse (`lifetime`): a job waits in the
+queue at most its deadline, and a queue of ten minutes is no queue. One pending longer is still
+served by its holder; only a fetch whose holder does not answer is told its job is gone."""
+
+
+def lifetime(*, result_ttl_s: float, drain_hold_s: float) -> float:
+    """How long after its id was made a job can still be held: it pends (`PENDING_CAP_S`), its
+    result is kept for `result_ttl_s`, and a draining holder keeps serving fetches for
+    `drain_hold_s`."""
+    return PENDING_CAP_S + result_ttl_s + drain_hold_s
 
 
 def address_of(host: str, port: int) -> str:
@@ -42,34 +62,60 @@ class JobRoutes:
 
     address: str
     key: bytes
+    lifetime_s: float | None = None
+    """How long after it is made an id's job can still be held (`lifetime`); None: ids carry no
+    lapse."""
+    clock: Callable[[], float] = time.time
 
     @classmethod
-    def from_token(cls, token: str, *, host: str, port: int) -> JobRoutes:
+    def from_token(
+        cls, token: str, *, host: str, port: int, lifetime_s: float | None = None
+    ) -> JobRoutes:
         """The routes of the replica at `host`:`port`, keyed by the service's admin token (a key
         for this use alone is derived from it: an id's signature says nothing of the token)."""
         key = hmac.new(token.encode(), _KEY_LABEL, hashlib.sha256).digest()
-        return cls(address=address_of(host, port), key=key)
+        return cls(address=address_of(host, port), key=key, lifetime_s=lifetime_s)
 
-    def _sign(self, random_part: str, address_part: str) -> str:
-        text = f"{random_part}.{address_part}".encode()
+    def _sign(self, *parts: str) -> str:
+        text = ".".join(parts).encode()
         return hmac.new(self.key, text, hashlib.sha256).hexdigest()[:_SIGNATURE_HEX]
 
     def new_id(self) -> str:
-        """A fresh id naming this replica."""
+        """A fresh id naming this replica (and, with a lifetime, when its job lapses)."""
         random_part = secrets.token_hex(16)
         address_part = base64.urlsafe_b64encode(self.address.encode()).rstrip(b"=").decode()
-        return f"{random_part}.{address_part}.{self._sign(random_part, address_part)}"
+        if self.lifetime_s is None:
+            return f"{random_part}.{address_part}.{self._sign(random_part, address_part)}"
+        lapses = str(int(self.clock() + self.lifetime_s))
+        signature = self._sign(random_part, address_part, lapses)
+        return f"{random_part}.{address_part}.{lapses}.{signature}"
+
+    def _signed(self, job_id: str) -> list[str] | None:
+        """The parts of `job_id` but its signature, where a replica of this service signed it."""
+        if len(job_id) > MAX_ID_LENGTH or job_id.count(".") not in (2, 3):
+            return None
+        *parts, signature = job_id.split(".")
+        expected = self._sign(*parts).encode()
+        if not hmac.compare_digest(signature.encode(), expected):
+            return None
+        return parts
+
+    def lapsed(self, job_id: str) -> bool:
+        """Whether `job_id`, signed by a replica of this service, names a job no replica can
+        hold any more (its lapse has passed)."""
+        parts = self._signed(job_id)
+        if parts is None or len(parts) != 3 or not parts[2].isdigit():
+            return False
+        return self.clock() > int(parts[2])
 
     def elsewhere(self, job_id: str) -> str | None:
         """The address of the replica holding `job_id` when it is another replica's, signed by a
         replica of this service; None when the id is this replica's, carries no address, or is
         not signed with the shared key (all of them looked up here, where they are unknown)."""
-        if len(job_id) > MAX_ID_LENGTH or job_id.count(".") != 2:
+        parts = self._signed(job_id)
+        if parts is None:
             return None
-        random_part, address_part, signature = job_id.split(".")
-        expected = self._sign(random_part, address_part).encode()
-        if not hmac.compare_digest(signature.encode(), expected):
-            return None
+        address_part = parts[1]
         try:
             address = base64.urlsafe_b64decode(address_part + "=" * (-len(address_part) % 4))
             text = address.decode()

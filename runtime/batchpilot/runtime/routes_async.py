@@ -164,6 +164,10 @@ def add_async_routes(
             raise not_found(job_id) from exc
         except NotAnswering as exc:
             log.debug("async job %s: its replica did not answer (%s)", job_id, exc)
+            if relay.routes.lapsed(job_id):
+                # No replica holds a job this old: a holder deleted with its pod takes no
+                # connection, and its clients were told to retry for ever.
+                raise not_found(job_id) from exc
             raise HolderNotAnswering(
                 f"the replica holding async job '{job_id}' did not answer in time; retry"
             ) from exc
