@@ -586,3 +586,20 @@ def test_a_failed_job_keeps_its_error_not_the_inputs_its_frames_held() -> None:
     kept = store.get(job.id)
     assert kept is not None
     assert str(kept.error) == "the model failed on this request's inputs ((512, 4096))"
+
+
+def test_the_store_is_bounded_in_bytes_too() -> None:
+    """Results of 1.2 MiB each (an output the size of a vocabulary) filled 1.2 GiB at the
+    default capacity, within one key's share: a bound in bytes refuses the next submit (429)
+    and drops no job; a DELETE makes room."""
+    store: JobStore[bytes] = JobStore(capacity=100, ttl_s=300, max_bytes=10_000, size_of=len)
+    jobs = [store.submit() for _ in range(10)]
+    for job in jobs:
+        store.succeed(job, b"x" * 1_000)
+    assert store.bytes_held == 10_000
+    with pytest.raises(StoreFull, match="holds 0 MiB of results, its bound"):
+        store.submit()
+    assert len(store) == 10
+    store.discard(jobs[0].id)
+    assert store.bytes_held == 9_000
+    store.submit()  # room again

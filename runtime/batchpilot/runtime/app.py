@@ -49,6 +49,8 @@ class AppConfig:
     """How long a finished async inference result is kept."""
     async_capacity: int = 1024
     """Async jobs stored (pending or finished) before submits get 429."""
+    async_max_bytes: int = 512 * 1024 * 1024
+    """Bytes of async results stored before submits get 429 too."""
     metrics: bool = True
     """Serve `GET /metrics` on the inference listener (False: the metrics have their own)."""
 
@@ -70,6 +72,8 @@ def create_app(
         capacity=config.async_capacity,
         ttl_s=config.async_result_ttl_s,
         new_id=None if job_routes is None else job_routes.new_id,
+        max_bytes=config.async_max_bytes,
+        size_of=lambda result: len(result.content),
     )
     server.metrics.track_async_jobs(jobs.counts, lambda: jobs.expired_total)
 

@@ -190,6 +190,7 @@ def assemble(
             drain_grace_s=settings.drain_grace_s,
             async_result_ttl_s=settings.async_result_ttl_s,
             async_capacity=settings.async_capacity,
+            async_max_bytes=settings.async_max_bytes,
             metrics=settings.metrics_port is None,
         ),
     )

@@ -76,6 +76,8 @@ class Job(Generic[R]):
     error: Exception | None = None
     fetched: bool = False
     """Its result (or error) has been read at least once."""
+    size: int = 0
+    """Bytes its result holds in the store (`JobStore.max_bytes`)."""
     work: asyncio.Task[None] | None = None
     """What computes the job; cancelled when a pending job is discarded."""
     finished: asyncio.Event = field(default_factory=asyncio.Event)
@@ -96,8 +98,13 @@ class JobStore(Generic[R]):
         ttl_s: float,
         clock: Callable[[], float] = time.monotonic,
         new_id: Callable[[], str] | None = None,
+        max_bytes: int | None = None,
+        size_of: Callable[[R], int] | None = None,
     ) -> None:
-        """`new_id`: makes a job's id (default: a random UUID's hex); a taken one is made again."""
+        """`new_id`: makes a job's id (default: a random UUID's hex); a taken one is made again.
+        `max_bytes`: the results' bytes (`size_of` each) past which submits get 429 too — a
+        count alone let results of 1.2 MiB each (an output the size of a vocabulary) fill 1.2 GiB
+        at the default capacity, within one key's share, and the pod's memory with it."""
         if capacity < 1:
             raise ValueError(f"async capacity must be at least 1, got {capacity}")
         if not ttl_s > 0:
@@ -112,6 +119,10 @@ class JobStore(Generic[R]):
         self._pending = 0
         self._held: dict[str, int] = {}
         """Jobs in the store by owner (owners with none are not in it)."""
+        self._max_bytes = max_bytes
+        self._size_of = size_of
+        self.bytes_held = 0
+        """The results' bytes in the store."""
         self.expired_total = 0
 
     def __len__(self) -> int:
@@ -146,6 +157,13 @@ class JobStore(Generic[R]):
                 f"the async job store is full ({self._capacity} jobs: {self._pending} pending, "
                 f"{len(self._jobs) - self._pending} finished and not yet fetched or expired); "
                 "retry later, or DELETE results you have fetched",
+                retry_after_s=self._room_in(now),
+            )
+        if self._max_bytes is not None and self.bytes_held >= self._max_bytes:
+            raise StoreFull(
+                f"the async job store holds {self.bytes_held / 2**20:.0f} MiB of results, its "
+                f"bound ({self._max_bytes / 2**20:.0f} MiB); retry later, or DELETE results you "
+                "have fetched",
                 retry_after_s=self._room_in(now),
             )
         if owner is not None and owners > 1:
@@ -183,6 +201,7 @@ class JobStore(Generic[R]):
 
     def _release(self, job: Job[R]) -> None:
         """Count `job` out of its owner's holding (it left the store)."""
+        self.bytes_held -= job.size
         if job.owner is None:
             return
         left = self._held[job.owner] - 1
@@ -225,6 +244,9 @@ class JobStore(Generic[R]):
             return False
         now = self._clock()
         job.state, job.result, job.error, job.finished_at = state, result, error, now
+        if result is not None and self._size_of is not None:
+            job.size = self._size_of(result)
+            self.bytes_held += job.size
         job.work = None
         self._pending -= 1
         self._finished.append(job)

@@ -320,6 +320,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="async jobs stored, pending or finished, before submits get 429 (default 1024)",
     )
+    a(
+        "--async-max-bytes",
+        type=int,
+        help="bytes of async results stored before submits get 429 too (default 512 MiB)",
+    )
     a("--max-body-bytes", type=int, help="largest request body accepted (default 64 MiB)")
     a(
         "--max-header-bytes",

@@ -202,6 +202,11 @@ class RuntimeSettings(BaseSettings):
     async_capacity: int = Field(
         default=1024, ge=1, le=1_000_000, description="async jobs stored (pending or finished)"
     )
+    async_max_bytes: int = Field(
+        default=512 * 1024 * 1024,
+        ge=1,
+        description="bytes of async results stored before submits get 429 too",
+    )
 
     advertise_host: str = Field(
         default="",
