@@ -17,12 +17,19 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import orjson
 import pytest
 
+from batchpilot.runtime.app import create_app
 from batchpilot.runtime.async_jobs import Job, JobState, JobStore, OverShare, StoreFull
+from batchpilot.runtime.batching import BatchSettings
 from batchpilot.runtime.errors import DeadlineExceeded, RefusedByModel
+from batchpilot.runtime.metrics import RuntimeMetrics
+from batchpilot.runtime.server import ModelServer
+from batchpilot.runtime.simulated import LatencyModel, SimulatedEngine
+from tests import onnx_models
 from tests.runtime_process import Reply, RuntimeProcess, metric, runtime_process, send
 from tests.waiting import wait_until
 
@@ -603,3 +610,48 @@ def test_the_store_is_bounded_in_bytes_too() -> None:
     store.discard(jobs[0].id)
     assert store.bytes_held == 9_000
     store.submit()  # room again
+
+
+async def test_a_job_given_its_202_before_a_drain_is_computed_though_not_yet_queued(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The drain began after the submit's 202 and before its job reached the queue (its body
+    decoded, its inputs preprocessed): the queue closed under it, and the client fetched a
+    stored 503 for a job its 202 promised to compute. Owed an answer, it is let in first."""
+    model = onnx_models.mlp(tmp_path / "mlp.onnx", features=4, hidden=8, classes=3)
+    engine = SimulatedEngine.load(model, name="mlp", latency=LatencyModel(0.0, 0.0))
+    metrics = RuntimeMetrics(model="mlp", service="", namespace="", engine=engine.info, nvml=None)
+    server = ModelServer(
+        engine,
+        batching=BatchSettings(max_batch_size=4, max_queue_delay_s=0.0),
+        queue_capacity=16,
+        metrics=metrics,
+    )
+    app = create_app(server)
+    await server.learn_known_good()
+    server.start()
+    held = asyncio.Event()
+    infer = ModelServer._infer
+
+    async def preprocessed_slowly(self: ModelServer, *args: Any, **kwargs: Any) -> Any:
+        await held.wait()  # its inputs still on their way to the queue
+        return await infer(self, *args, **kwargs)
+
+    monkeypatch.setattr(ModelServer, "_infer", preprocessed_slowly)
+    transport = httpx.ASGITransport(app=app)
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1.0] * 4}]}
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://replica") as client:
+            submitted = await client.post("/v2/models/mlp/infer/async", json=body)
+            assert submitted.status_code == 202
+            server.refuse_new()  # SIGTERM, as the draining server handles it
+            draining = asyncio.ensure_future(server.drain(grace_s=5.0))
+            for _ in range(3):
+                await asyncio.sleep(0)  # the drain has begun
+            held.set()
+            job_id = submitted.json()["id"]
+            fetched = await client.get(f"/v2/models/mlp/infer/async/{job_id}?wait_s=5")
+            assert fetched.status_code == 200
+            assert await draining
+    finally:
+        await server.close()

@@ -110,7 +110,9 @@ def add_async_routes(
     ) -> None:
         metrics.inflight.inc()
         try:
-            outputs = await server.infer(parsed, retry=retry, arrived=arrived)
+            # Owed an answer (its 202 was given): a drain that began while its body was decoded
+            # or its inputs preprocessed still queues it, as it does a kept connection's.
+            outputs = await server.infer(parsed, retry=retry, arrived=arrived, kept=True)
             result = encode_result(server, parsed, outputs)
         except InferenceError as exc:
             metrics.request_finished(status_of(exc)[1], time.perf_counter() - started)
@@ -207,10 +209,13 @@ def add_async_routes(
             metrics.request_finished(RequestOutcome.ERROR, time.perf_counter() - started)
             return json_response({"error": "internal server error; see the server log"}, status=500)
         retry = is_retry_raw(request.scope["headers"])
+        # Owed from its 202 on: a drain that begins before its work does still lets it in.
+        answered = server.owe()
         job.work = asyncio.get_running_loop().create_task(
             run_job(job, parsed, started, retry=retry, arrived=arrived),
             name=f"async-job-{job.id}",
         )
+        job.work.add_done_callback(lambda _: answered())
         return json_response(
             {"id": job.id, "model_name": model_name, "status": "queued"},
             status=202,

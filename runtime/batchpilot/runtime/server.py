@@ -160,6 +160,10 @@ class ModelServer:
         )
         self._refusing = False
         """Draining while kept gRPC connections are still served (`refuse_new`)."""
+        self._kept_in_flight = 0
+        """Requests owed an answer (`infer(kept=True)`) not answered yet."""
+        self._no_kept = asyncio.Event()
+        self._no_kept.set()
         self._batcher = Batcher(
             self._queue,
             engine,
@@ -528,6 +532,40 @@ class ModelServer:
         kept: bool = False,
         arrived: float | None = None,
     ) -> list[Tensor]:
+        """`_infer`; a `kept` request counted until it is answered, for the drain to let in
+        (`drain`)."""
+        if not kept:
+            return await self._infer(request, retry=retry, kept=False, arrived=arrived)
+        answered = self.owe()
+        try:
+            return await self._infer(request, retry=retry, kept=True, arrived=arrived)
+        finally:
+            answered()
+
+    def owe(self) -> Callable[[], None]:
+        """Count a request owed an answer from now (an async job given its 202, before its
+        work has started), for the drain to let in (`drain`); the call returned says it was
+        answered (once)."""
+        self._kept_in_flight += 1
+        self._no_kept.clear()
+        owed = [True]
+
+        def answered() -> None:
+            if owed.pop() if owed else False:
+                self._kept_in_flight -= 1
+                if not self._kept_in_flight:
+                    self._no_kept.set()
+
+        return answered
+
+    async def _infer(
+        self,
+        request: InferRequest,
+        *,
+        retry: bool,
+        kept: bool,
+        arrived: float | None,
+    ) -> list[Tensor]:
         """Serve one request; raises the runtime's errors for anything but success. `retry`:
         its headers say it is a retry (`attempts`), and it arrives as one. `kept`: it came on a
         connection a draining server still serves (gRPC's, until their age retires them; an
@@ -710,11 +748,20 @@ class ModelServer:
 
     async def drain(self, *, grace_s: float) -> bool:
         """Refuse new requests and finish the queued ones (every instance finishes its batch and
-        the queue runs empty). True when all finished in time."""
+        the queue runs empty). True when all finished in time. The requests owed an answer
+        (`infer(kept=True)`: an async job given its 202, a kept connection's request) that are
+        not queued yet — their body still decoded, their inputs preprocessed — are let in first,
+        for half the grace at most: closed at once, the queue refused them (503 stored as an
+        async job's result, where its 202 promised it would be computed)."""
+        started = time.monotonic()
+        if self._kept_in_flight:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._no_kept.wait(), grace_s / 2)
         self.stop_accepting()
         if self._task is None:
             return True
-        done, _ = await asyncio.wait({self._task}, timeout=grace_s)
+        left = max(0.0, grace_s - (time.monotonic() - started))
+        done, _ = await asyncio.wait({self._task}, timeout=left)
         if not done:
             log.warning("drain: %d requests still queued after %.1f s", self.queued, grace_s)
             await self._stop()
