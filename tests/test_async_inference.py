@@ -612,21 +612,26 @@ def test_the_store_is_bounded_in_bytes_too() -> None:
     store.submit()  # room again
 
 
+def simulated_server(tmp_path: Path) -> ModelServer:
+    """A model server in this process: a small MLP on the simulated accelerator, batches of 4."""
+    model = onnx_models.mlp(tmp_path / "mlp.onnx", features=4, hidden=8, classes=3)
+    engine = SimulatedEngine.load(model, name="mlp", latency=LatencyModel(0.0, 0.0))
+    metrics = RuntimeMetrics(model="mlp", service="", namespace="", engine=engine.info, nvml=None)
+    return ModelServer(
+        engine,
+        batching=BatchSettings(max_batch_size=4, max_queue_delay_s=0.0),
+        queue_capacity=16,
+        metrics=metrics,
+    )
+
+
 async def test_a_job_given_its_202_before_a_drain_is_computed_though_not_yet_queued(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The drain began after the submit's 202 and before its job reached the queue (its body
     decoded, its inputs preprocessed): the queue closed under it, and the client fetched a
     stored 503 for a job its 202 promised to compute. Owed an answer, it is let in first."""
-    model = onnx_models.mlp(tmp_path / "mlp.onnx", features=4, hidden=8, classes=3)
-    engine = SimulatedEngine.load(model, name="mlp", latency=LatencyModel(0.0, 0.0))
-    metrics = RuntimeMetrics(model="mlp", service="", namespace="", engine=engine.info, nvml=None)
-    server = ModelServer(
-        engine,
-        batching=BatchSettings(max_batch_size=4, max_queue_delay_s=0.0),
-        queue_capacity=16,
-        metrics=metrics,
-    )
+    server = simulated_server(tmp_path)
     app = create_app(server)
     await server.learn_known_good()
     server.start()

@@ -28,17 +28,12 @@ import pytest
 from pydantic import ValidationError
 
 from batchpilot.runtime.app import create_app
-from batchpilot.runtime.batching import BatchSettings
 from batchpilot.runtime.job_relay import FORWARDED_HEADER, Gone, JobRelay, NotAnswering
 from batchpilot.runtime.job_routes import PENDING_CAP_S, JobRoutes, lifetime
-from batchpilot.runtime.metrics import RuntimeMetrics
-from batchpilot.runtime.server import ModelServer
 from batchpilot.runtime.settings import RuntimeSettings
-from batchpilot.runtime.simulated import LatencyModel, SimulatedEngine
-from tests import onnx_models
 from tests.runtime_process import RuntimeProcess, metric, runtime_process, send
 from tests.test_access_process import key_args, publish, write_document
-from tests.test_async_inference import json_body, logits, rows
+from tests.test_async_inference import json_body, logits, rows, simulated_server
 from tests.waiting import wait_until
 
 # --- ids ----------------------------------------------------------------------------------------
@@ -359,15 +354,7 @@ async def test_a_fetch_for_a_lapsed_job_whose_holder_takes_no_connection_is_a_40
     here = dataclasses.replace(ONE, lifetime_s=life, clock=lambda: now[0])
     listener, fillers, port = blackhole()
     holder = dataclasses.replace(here, address=f"127.0.0.1:{port}")
-    model = onnx_models.mlp(tmp_path / "mlp.onnx", features=4, hidden=8, classes=3)
-    engine = SimulatedEngine.load(model, name="mlp", latency=LatencyModel(0.0, 0.0))
-    metrics = RuntimeMetrics(model="mlp", service="", namespace="", engine=engine.info, nvml=None)
-    server = ModelServer(
-        engine,
-        batching=BatchSettings(max_batch_size=4, max_queue_delay_s=0.0),
-        queue_capacity=16,
-        metrics=metrics,
-    )
+    server = simulated_server(tmp_path)
     app = create_app(server, job_routes=here)
     transport = httpx.ASGITransport(app=app)
     try:
