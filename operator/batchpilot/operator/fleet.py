@@ -46,6 +46,11 @@ log = logging.getLogger(__name__)
 PILOTED_MODES = ("auto", "recommend")
 
 
+MAX_WAITS = 3
+"""Times one tick waits out a Retry-After and runs again within its round (the round's deadline
+bounds them too): an API server that keeps asking is answered by the next round."""
+
+
 class RoundSource(Protocol):
     def round(self, at: float | None = None) -> FleetRound: ...
 
@@ -232,6 +237,7 @@ class FleetPilot:
 
         if self._clock() >= deadline:
             return None
+        waits = 0
         while True:
             try:
                 # The decision is applied once the status that remembers it is written.
@@ -243,7 +249,9 @@ class FleetPilot:
                 # wait is over, within the round. Failed, a second of quiet asked once cost
                 # most of the round's services their tick until the next interval.
                 wait_s = exc.retry_after_s
-                if exc.status == 429 and wait_s is not None and self._clock() + wait_s < deadline:
+                in_time = self._clock() + (wait_s or 0.0) < deadline
+                if exc.status == 429 and wait_s is not None and in_time and waits < MAX_WAITS:
+                    waits += 1
                     self._sleep(wait_s)
                     continue
                 log.warning("the autopilot's tick for %s/%s failed: %s", namespace, name, exc)
