@@ -25,7 +25,7 @@ import pytest
 from batchpilot.runtime.app import create_app
 from batchpilot.runtime.async_jobs import Job, JobState, JobStore, OverShare, StoreFull
 from batchpilot.runtime.batching import BatchSettings
-from batchpilot.runtime.errors import DeadlineExceeded, RefusedByModel
+from batchpilot.runtime.errors import DeadlineExceeded, Overloaded, RefusedByModel
 from batchpilot.runtime.metrics import RuntimeMetrics
 from batchpilot.runtime.server import ModelServer
 from batchpilot.runtime.simulated import LatencyModel, SimulatedEngine
@@ -658,5 +658,35 @@ async def test_a_job_given_its_202_before_a_drain_is_computed_though_not_yet_que
             fetched = await client.get(f"/v2/models/mlp/infer/async/{job_id}?wait_s=5")
             assert fetched.status_code == 200
             assert await draining
+    finally:
+        await server.close()
+
+
+async def test_a_failed_jobs_answer_says_so_and_asks_for_no_retry_of_the_fetch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job refused by admission after its 202 (it would have finished late) is stored with
+    the 503 it got; fetched, that 503 carried `Retry-After: 1`, and a client that obeyed it
+    fetched the same answer again and again. The stored answer says the job failed."""
+    server = simulated_server(tmp_path)
+    app = create_app(server)
+    await server.learn_known_good()
+    server.start()
+
+    async def refused(self: ModelServer, *args: Any, **kwargs: Any) -> Any:
+        raise Overloaded("it would finish 54 ms too late", reason="predicted_late")
+
+    monkeypatch.setattr(ModelServer, "_infer", refused)
+    transport = httpx.ASGITransport(app=app)
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1.0] * 4}]}
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://replica") as client:
+            submitted = await client.post("/v2/models/mlp/infer/async", json=body)
+            job_id = submitted.json()["id"]
+            fetched = await client.get(f"/v2/models/mlp/infer/async/{job_id}?wait_s=5")
+            assert fetched.status_code == 503
+            assert "retry-after" not in fetched.headers
+            assert fetched.headers["async-job-status"] == "failed"
+            assert "54 ms too late" in fetched.json()["error"]
     finally:
         await server.close()

@@ -24,6 +24,7 @@ FORWARDED_HEADER = "x-batchpilot-forwarded-by"
 PASSED_ON = ("authorization", "x-api-key")
 """The caller's headers that travel: its API key, wherever it sent it."""
 ANSWER_HEADERS = (
+    "async-job-status",
     "content-type",
     "inference-header-content-length",
     "location",

@@ -63,6 +63,10 @@ from batchpilot.runtime.server import ModelServer
 
 log = logging.getLogger(__name__)
 
+JOB_STATUS_HEADER = "Async-Job-Status"
+"""On the answer of a failed job's fetch: "failed" — a 503 or 504 with it is the job's own answer,
+kept, not the fetch's (resubmit rather than fetch again)."""
+
 ASYNC_MAX_WAIT_S = 30.0
 """Longest long poll (`?wait_s=`) of an async result."""
 
@@ -248,7 +252,15 @@ def add_async_routes(
         job.fetched = True
         if job.state is JobState.FAILED:
             assert isinstance(job.error, InferenceError)
-            return error_response(job.error)
+            # The job's answer, kept: the same on every fetch. Its Retry-After (a 503 of
+            # admission, of a drain) had clients fetch it again and again, each time told to
+            # retry shortly; the header says the job failed — submit it again.
+            answer = error_response(job.error)
+            for name in ("retry-after", "connection"):
+                if name in answer.headers:
+                    del answer.headers[name]
+            answer.headers[JOB_STATUS_HEADER] = "failed"
+            return answer
         assert job.result is not None
         return result_response(job.result)
 
