@@ -548,13 +548,16 @@ class ModelServer:
         answered (once)."""
         self._kept_in_flight += 1
         self._no_kept.clear()
-        owed = [True]
+        owed = True
 
         def answered() -> None:
-            if owed.pop() if owed else False:
-                self._kept_in_flight -= 1
-                if not self._kept_in_flight:
-                    self._no_kept.set()
+            nonlocal owed
+            if not owed:
+                return
+            owed = False
+            self._kept_in_flight -= 1
+            if not self._kept_in_flight:
+                self._no_kept.set()
 
         return answered
 
