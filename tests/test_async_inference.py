@@ -24,13 +24,11 @@ import pytest
 
 from batchpilot.runtime.app import create_app
 from batchpilot.runtime.async_jobs import Job, JobState, JobStore, OverShare, StoreFull
-from batchpilot.runtime.batching import BatchSettings
 from batchpilot.runtime.errors import DeadlineExceeded, Overloaded, RefusedByModel
-from batchpilot.runtime.metrics import RuntimeMetrics
 from batchpilot.runtime.server import ModelServer
-from batchpilot.runtime.simulated import LatencyModel, SimulatedEngine
 from tests import onnx_models
 from tests.runtime_process import Reply, RuntimeProcess, metric, runtime_process, send
+from tests.test_infer_dispatch import model_server
 from tests.waiting import wait_until
 
 
@@ -614,15 +612,7 @@ def test_the_store_is_bounded_in_bytes_too() -> None:
 
 def simulated_server(tmp_path: Path) -> ModelServer:
     """A model server in this process: a small MLP on the simulated accelerator, batches of 4."""
-    model = onnx_models.mlp(tmp_path / "mlp.onnx", features=4, hidden=8, classes=3)
-    engine = SimulatedEngine.load(model, name="mlp", latency=LatencyModel(0.0, 0.0))
-    metrics = RuntimeMetrics(model="mlp", service="", namespace="", engine=engine.info, nvml=None)
-    return ModelServer(
-        engine,
-        batching=BatchSettings(max_batch_size=4, max_queue_delay_s=0.0),
-        queue_capacity=16,
-        metrics=metrics,
-    )
+    return model_server(onnx_models.mlp(tmp_path / "mlp.onnx", features=4, hidden=8, classes=3))
 
 
 async def test_a_job_given_its_202_before_a_drain_is_computed_though_not_yet_queued(

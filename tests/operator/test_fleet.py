@@ -6,6 +6,7 @@ import asyncio
 import copy
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import kopf
@@ -508,31 +509,47 @@ def throttled_fleet(
     return operator, names(count)
 
 
+class Hooked(FakeKube):
+    """A fake API server that calls `on_patch(name, subresource)` before each patch (to refuse
+    it, or to take time), and records the InferenceServices read: a pass reads its own first."""
+
+    def __init__(self, on_patch: Callable[[str, str], None]) -> None:
+        super().__init__()
+        self.on_patch = on_patch
+        self.ticked: list[str] = []
+
+    def get(self, kind: ResourceKind, namespace: str, name: str) -> dict[str, Any] | None:
+        if kind == INFERENCESERVICE:
+            self.ticked.append(name)
+        return super().get(kind, namespace, name)
+
+    def patch(
+        self,
+        kind: ResourceKind,
+        namespace: str,
+        name: str,
+        patch: dict[str, Any],
+        *,
+        subresource: str = "",
+    ) -> dict[str, Any]:
+        self.on_patch(name, subresource)
+        return super().patch(kind, namespace, name, patch, subresource=subresource)
+
+
 def test_a_tick_the_api_server_asked_to_wait_runs_again_within_the_round() -> None:
     """API Priority and Fairness answers 429 with Retry-After: the client refuses every call
     until then. The ticks wait it out and run, where they failed until the next interval."""
     clock = Clock()
+    asked = {"armed": False}
 
-    class Throttling(FakeKube):
-        asked = -1  # armed once the fleet is set up
+    def throttle(name: str, subresource: str) -> None:
+        if asked["armed"] and subresource == "status" and name == "model-1":
+            asked["armed"] = False
+            raise KubeError(429, "too many requests", retry_after_s=1.0)
 
-        def patch(
-            self,
-            kind: ResourceKind,
-            namespace: str,
-            name: str,
-            patch: dict[str, Any],
-            *,
-            subresource: str = "",
-        ) -> dict[str, Any]:
-            if subresource == "status" and name == "model-1" and self.asked == 0:
-                self.asked += 1
-                raise KubeError(429, "too many requests", retry_after_s=1.0)
-            return super().patch(kind, namespace, name, patch, subresource=subresource)
-
-    kube = Throttling()
+    kube = Hooked(throttle)
     operator, keys = throttled_fleet(6, kube, clock, round_s=15.0)
-    kube.asked = 0
+    asked["armed"] = True  # once the fleet is set up
     report = operator.memo.fleet.run_round(keys)
     assert (report.ticked, report.failed, report.skipped) == (6, 0, 0)
     assert clock.slept == [1.0]
@@ -543,29 +560,10 @@ def test_a_round_ends_with_its_interval_and_the_ticks_left_go_first_in_the_next(
     its last ticks decide on an old reading; they wait for the next round, and go first."""
     clock = Clock()
 
-    class Slow(FakeKube):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ticked: list[str] = []
+    def slowly(name: str, subresource: str) -> None:
+        clock.now += 1.0
 
-        def get(self, kind: ResourceKind, namespace: str, name: str) -> dict[str, Any] | None:
-            if kind == INFERENCESERVICE:
-                self.ticked.append(name)  # a pass reads its InferenceService first
-            return super().get(kind, namespace, name)
-
-        def patch(
-            self,
-            kind: ResourceKind,
-            namespace: str,
-            name: str,
-            patch: dict[str, Any],
-            *,
-            subresource: str = "",
-        ) -> dict[str, Any]:
-            clock.now += 1.0
-            return super().patch(kind, namespace, name, patch, subresource=subresource)
-
-    kube = Slow()
+    kube = Hooked(slowly)
     operator, keys = throttled_fleet(6, kube, clock, round_s=3.0)
     kube.ticked.clear()
     report = operator.memo.fleet.run_round(keys)
