@@ -28,14 +28,11 @@ ACCESS = {"allowedKeyIds": ["alice", "bob"]}  # carol is known, not allowed on t
 SUBMIT = "/v2/models/mlp/infer/async"
 
 PENDING_FOR_SECONDS = (
-    # A lone request waits up to 3 s for a batch of 64 to fill, within its 10 s deadline (even
-    # once lone requests are all this server has seen: no early start): what another key does
-    # to the job meanwhile is seen while the job is still pending.
+    # A batch takes 3 s, within the 10 s deadline: what another key does to a job meanwhile is
+    # seen while the job is still pending (queue admission: no start-up timing of 3 s batches).
     "--engine", "simulated",
-    "--simulated-latency", "alpha_ms=1,beta_ms=0",
-    "--max-batch-size", "64",
-    "--max-queue-delay-ms", "3000",
-    "--no-early-start",
+    "--simulated-latency", "alpha_ms=3000,beta_ms=0",
+    "--admission", "queue",
     "--deadline-ms", "10000",
 )  # fmt: skip
 

@@ -484,20 +484,15 @@ class TestAsyncOverHttp:
     def test_pending_jobs_long_poll_cancel_and_fail_with_their_own_status(
         self, mlp_model: Path, tmp_path: Path
     ) -> None:
-        # The simulated device with a long queue delay keeps a lone job pending for 3 s (no
-        # early start: lone requests one after another would otherwise start at once).
+        # The simulated device takes 1 s a batch of one row: a job is pending while it runs, and
+        # the jobs behind it wait in the background lane.
         with runtime_process(
             mlp_model,
             "--engine",
             "simulated",
             "--simulated-latency",
-            "alpha_ms=1,beta_ms=0",
-            "--max-queue-delay-ms",
-            "3000",
-            "--no-early-start",
+            "alpha_ms=1000,beta_ms=0",
             "--max-batch-size",
-            "64",
-            "--queue-capacity",
             "1",
             log_dir=tmp_path,
         ) as server:
@@ -514,29 +509,32 @@ class TestAsyncOverHttp:
                 timeout=10,
                 what="the cancelled job to be counted",
             )
-            assert metric(server, "batchpilot_queue_depth") == 0  # it left the queue
 
-            # a long poll returns as soon as the job is done (it waits to fill a batch until
-            # its deadline, 1 s by default, needs the batch to start)
+            # a long poll returns as soon as the job is done
             job_id = submit(server, json_body(rows(1, 0))).json()["id"]
             assert fetch(server, job_id, wait_s=0.05).status == 202  # not done in 50 ms
             assert fetch(server, job_id, wait_s=10).status == 200
 
-            # a deadline shorter than any batch (1 ms, just measured) is refused at submission,
+            # a deadline shorter than any batch (1 s, just measured) is refused at submission,
             # for good, as infer refuses it
             late = orjson.loads(json_body(rows(1, 0)))
-            late["parameters"] = {"timeout": 500}  # microseconds, as Triton's clients send
+            late["parameters"] = {"timeout": 500_000}  # microseconds, as Triton's clients send
             refused = submit(server, orjson.dumps(late))
             assert refused.status == 400, refused.body
             assert "shorter than any batch this server has run" in refused.json()["error"]
-            # a job that fails keeps its error: here the queue's one place is taken by a job
-            # waiting for its batch to fill, so the next is refused at admission
-            waiting = submit(server, json_body(rows(1, 1))).json()["id"]
-            job_id = submit(server, json_body(rows(1, 2))).json()["id"]
+            # a job that fails keeps its error: two jobs ahead take 2 s, and a job whose own
+            # deadline is 1.5 s expires in the lane
+            ahead = [submit(server, json_body(rows(1, i))).json()["id"] for i in (1, 2)]
+            short = orjson.loads(json_body(rows(1, 3)))
+            short["parameters"] = {"timeout": 1_500_000}
+            job_id = submit(server, orjson.dumps(short)).json()["id"]
             failed = fetch(server, job_id, wait_s=10)
-            assert failed.status == 503, failed.body
-            assert "queue" in failed.json()["error"]
-            assert fetch(server, waiting, wait_s=10).status == 200
+            assert failed.status == 504, failed.body
+            assert failed.headers["async-job-status"] == "failed"
+            assert all(fetch(server, one, wait_s=10).status == 200 for one in ahead)
+            # a job's time is not the SLA's: its own histogram
+            assert metric(server, "batchpilot_async_job_duration_seconds_count") == 4
+            assert metric(server, "batchpilot_request_duration_seconds_count") == 0
 
     def test_sigterm_finishes_queued_async_jobs(self, mlp_model: Path, tmp_path: Path) -> None:
         # Two instances: the drain must wait for both workers, and lose nothing.

@@ -335,7 +335,7 @@ class TestServingPath:
             **owner.spec.runtime.dump(),
             "instances": 2,
             "accelerator": "tensorrt",
-            "asyncInference": {"resultTtlSeconds": 60, "capacity": 10},
+            "asyncInference": {"resultTtlSeconds": 60, "capacity": 10, "deadlineSeconds": 120},
         }
         args = pod_of(with_spec(owner, runtime=runtime))["spec"]["containers"][0]["args"]
         flags = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
@@ -343,6 +343,9 @@ class TestServingPath:
         assert flags["--accelerator"] == "tensorrt"
         assert flags["--async-result-ttl-s"] == "60"
         assert flags["--async-capacity"] == "10"
+        assert flags["--async-deadline-s"] == "120"
+        # not set: not passed (the runtime's default), so that no pod rolls for the field
+        assert "--async-deadline-s" not in pod_of(owner)["spec"]["containers"][0]["args"]
 
     def test_a_simulated_accelerators_variation_reaches_the_runtime(self) -> None:
         owner = owner_of(ROOT / "examples" / "resnet50-simulated.yaml")

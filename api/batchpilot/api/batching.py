@@ -47,5 +47,13 @@ one at most this many rows (`calibrationRows`, `--calibration-rows`): a limit of
 would cost start-up seconds and hundreds of MB for a slope that 64 rows measure as well. The
 operator writes the InferenceService's `scaling.maxBatchSize` capped at this."""
 
+ASYNC_DEADLINE_S = 300.0
+"""The deadline of an async job that sets no timeout of its own, from its submit
+(`--async-deadline-s`, `spec.runtime.asyncInference.deadlineSeconds`): a job waits in a
+background lane, behind the requests of the SLA, through a burst — not the SLA's deadline."""
+ASYNC_DEADLINE_MAX_S = 600.0
+"""The longest it may be: an async job id lapses (answers 404 where its replica is gone) ten
+minutes of pending after it was made, with the result's TTL and the drain's hold."""
+
 BATCHING_KEYS: tuple[str, ...] = tuple(BatchingDocument.__annotations__)
 """Every key a batching document may have, in the order above; any other is refused."""

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, field_validator, model_validator
 
+from batchpilot.api.batching import ASYNC_DEADLINE_MAX_S
 from batchpilot.api.pipeline import PipelineConfig
 from batchpilot.operator.access_spec import (
     LABEL_KEY_MAX,
@@ -138,6 +139,9 @@ class SimulatedLatency(SpecModel):
 class AsyncInferenceSpec(SpecModel):
     result_ttl_seconds: int = Field(default=300, ge=1, le=86_400)
     capacity: int = Field(default=1024, ge=1, le=100_000)
+    deadline_seconds: int | None = Field(default=None, ge=1, le=int(ASYNC_DEADLINE_MAX_S))
+    """A job's deadline where its request sets none (None: the runtime's, `ASYNC_DEADLINE_S`);
+    passed to the pods only when set, so that pods from before the field roll for nothing."""
 
 
 OBJECT_NAME_MESSAGE = (

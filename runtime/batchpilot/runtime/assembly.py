@@ -162,6 +162,7 @@ def assemble(
         pipeline_threads=settings.pipeline_threads,
         calibration_rows=settings.calibration_rows,
         max_body_bytes=settings.max_body_bytes,
+        background_deadline_s=settings.async_deadline_s,
     )
     watchers: list[FileWatcher] = []
     access = None

@@ -87,7 +87,7 @@ class InferenceStatistics:
         requests = done.requests
         self.inference_count += done.rows
         self.execution_count += 1
-        for wait in done.queue_waits_s:
+        for wait in (*done.queue_waits_s, *done.background_waits_s):
             self.queue.add(wait)
         times = (done.input_s, done.compute_s, done.output_s)
         sized = self._by_rows.get(done.rows)

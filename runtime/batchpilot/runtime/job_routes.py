@@ -34,11 +34,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from batchpilot.api.batching import ASYNC_DEADLINE_MAX_S
+
 MAX_ID_LENGTH = 256
 """Longer ids are nobody's: not parsed, not looked up."""
 _KEY_LABEL = b"batchpilot async job route v1"
 _SIGNATURE_HEX = 32
-PENDING_CAP_S = 600.0
+PENDING_CAP_S = ASYNC_DEADLINE_MAX_S
 """The longest an async job is taken to pend, for its id's lapse (`lifetime`): a job waits in the
 queue at most its deadline, and a queue of ten minutes is no queue. One pending longer is still
 served by its holder; only a fetch whose holder does not answer is told its job is gone."""

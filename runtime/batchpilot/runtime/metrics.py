@@ -9,6 +9,12 @@ environment), so one PromQL selector finds a service's replicas. What each metri
   grow by 15 % from 1 ms to 2.5 s, so an interpolated P99 is off by less than 15 % (typically a
   few per cent) anywhere between 2 ms and 2 s.
 - `batchpilot_queue_wait_seconds` (histogram): time from arrival to batch formation.
+- `batchpilot_async_job_duration_seconds` (histogram): an async job's time from its submit to
+  its end (answered, timed out or failed). Jobs wait in a background lane, behind the SLA's
+  requests, seconds to minutes: they are kept out of the two above (the SLA's latency and
+  queue wait) and out of `batchpilot_batcher_seconds_total`, and their arrivals count in the
+  arrival totals (the demand the replicas are sized for) but not in the last seconds' rate and
+  the burst measures (the lane spreads a burst of jobs out).
 - `batchpilot_refusal_duration_seconds` (histogram): time from arrival to a 503 refusal, inside
   the server: what a refused caller waits before it can go elsewhere.
 - `batchpilot_batch_size` (histogram): rows per batch.
@@ -147,6 +153,24 @@ def _latency_buckets() -> tuple[float, ...]:
 LATENCY_BUCKETS = _latency_buckets()
 REFUSAL_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 1.0)
 """Refusals take microseconds to milliseconds: the latency buckets start too high for them."""
+ASYNC_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+)
+"""An async job's time, submit to end: milliseconds on an idle replica, minutes in a burst."""
 
 # `*_created` series double the series count and nothing here reads them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -308,6 +332,11 @@ class RuntimeMetrics:
             "batchpilot_request_duration_seconds",
             "Time from request arrival to response, inside the server",
             LATENCY_BUCKETS,
+        )
+        self.async_duration = histogram(
+            "batchpilot_async_job_duration_seconds",
+            "Time from an async job's submit to its end (answered, timed out or failed)",
+            ASYNC_BUCKETS,
         )
         self.refusal_duration = histogram(
             "batchpilot_refusal_duration_seconds",
@@ -575,11 +604,22 @@ class RuntimeMetrics:
         self._live.open_connections = open_now
         self._live.retired_connections = retired
 
-    def request_finished(self, outcome: RequestOutcome, duration_s: float | None = None) -> None:
+    def request_finished(
+        self,
+        outcome: RequestOutcome,
+        duration_s: float | None = None,
+        *,
+        background: bool = False,
+    ) -> None:
+        """A request ended; `background`: an async job, whose time is not the SLA's."""
         self._outcome_counters[outcome].inc()
         self.statistics.request_ended(
             success=outcome is RequestOutcome.SUCCESS, duration_s=duration_s
         )
+        if background:
+            if duration_s is not None and outcome in _TIMED_OUTCOMES:
+                self.async_duration.observe(duration_s)
+            return
         if duration_s is not None:
             if outcome in _TIMED_OUTCOMES:
                 self.request_duration.observe(duration_s)
@@ -594,13 +634,16 @@ class RuntimeMetrics:
         for rows, seconds in seconds_by_rows.items():
             self._startup.labels(**self._labels, rows=str(rows)).set(seconds)
 
-    def arrived(self, rows: int = 1, *, retry: bool = False) -> None:
+    def arrived(self, rows: int = 1, *, retry: bool = False, background: bool = False) -> None:
         """One valid request of `rows` rows arrived, a retry by its headers or not: the
-        counters and the last seconds' rate."""
+        counters and the last seconds' rate. A `background` one (an async job) counts in the
+        totals only: the lane it waits in spreads a burst of them out."""
         attempt = RETRY_ATTEMPT if retry else FIRST_ATTEMPT
         self._arrivals[attempt].inc()
         self._arrival_rows.inc(rows)
         self._arrival_rows_squared.inc(rows * rows)
+        if background:
+            return
         self._recent_arrivals[attempt].arrived()
         self._dispersion.arrived()
         self._seconds.arrived()

@@ -107,12 +107,15 @@ class BatchDone:
     compute_s: float
     """The engine's time, what t(b) is fit from (`batching.batcher`'s `LoopDelay`)."""
     queue_waits_s: tuple[float, ...]
-    """Each request's wait from the queue to the batch."""
+    """Each request's wait from the queue to the batch, the background lane's aside."""
     input_s: float
     """Gathering the requests' inputs into the batch, before the engine."""
     output_s: float
     """Handing each request its rows, after the engine."""
+    background_waits_s: tuple[float, ...] = ()
+    """Each background request's wait (an async job's: `BatchQueue.put`), kept out of the
+    SLA's queue wait."""
 
     @property
     def requests(self) -> int:
-        return len(self.queue_waits_s)
+        return len(self.queue_waits_s) + len(self.background_waits_s)

@@ -116,24 +116,32 @@ def add_async_routes(
         try:
             # Owed an answer (its 202 was given): a drain that began while its body was decoded
             # or its inputs preprocessed still queues it, as it does a kept connection's.
-            outputs = await server.infer(parsed, retry=retry, arrived=arrived, kept=True)
+            # In the background lane: behind the SLA's requests, with a deadline of its own.
+            outputs = await server.infer(
+                parsed, retry=retry, arrived=arrived, kept=True, background=True
+            )
             result = encode_result(server, parsed, outputs)
         except InferenceError as exc:
-            metrics.request_finished(status_of(exc)[1], time.perf_counter() - started)
+            finished(status_of(exc)[1], started)
             jobs.fail(job, exc)
             return
         except asyncio.CancelledError:
-            metrics.request_finished(RequestOutcome.CANCELLED)
+            finished(RequestOutcome.CANCELLED, None)
             raise
         except Exception:
             log.exception("async infer job %s failed unexpectedly", job.id)
-            metrics.request_finished(RequestOutcome.ERROR, time.perf_counter() - started)
+            finished(RequestOutcome.ERROR, started)
             jobs.fail(job, EngineFailure("internal server error; see the server log"))
             return
         finally:
             metrics.inflight.dec()
-        metrics.request_finished(RequestOutcome.SUCCESS, time.perf_counter() - started)
+        finished(RequestOutcome.SUCCESS, started)
         jobs.succeed(job, result)
+
+    def finished(outcome: RequestOutcome, started: float | None) -> None:
+        """A job's end, its time in `batchpilot_async_job_duration_seconds` (not the SLA's)."""
+        took = None if started is None else time.perf_counter() - started
+        metrics.request_finished(outcome, took, background=True)
 
     def location(job_id: str) -> str:
         return f"/v2/models/{model_name}/infer/async/{job_id}"
@@ -198,7 +206,7 @@ def add_async_routes(
             body = await read_body(request, max_body_bytes)
             arrived = time.perf_counter()  # its deadline counts from here (as the sync route's)
             parsed = await decoder.decode(body, coding, request_header_length(request))
-            server.validate(parsed)  # a bad request fails now, not when its job runs
+            server.validate(parsed, background=True)  # a bad request fails now, not in its job
             job = jobs.submit(owner=owner, owners=1 if access is None else access.callers())
         except InferenceError as exc:
             metrics.request_finished(status_of(exc)[1], time.perf_counter() - started)

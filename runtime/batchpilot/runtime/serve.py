@@ -325,6 +325,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="bytes of async results stored before submits get 429 too (default 512 MiB)",
     )
+    a(
+        "--async-deadline-s",
+        type=float,
+        help="deadline of an async job that sets no timeout, from its submit: jobs wait behind "
+        "the SLA's requests, in the room their batches leave (0-600, default 300)",
+    )
     a("--max-body-bytes", type=int, help="largest request body accepted (default 64 MiB)")
     a(
         "--max-header-bytes",

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 
-from batchpilot.api.batching import STARTUP_TIMING_MAX_ROWS
+from batchpilot.api.batching import ASYNC_DEADLINE_MAX_S, ASYNC_DEADLINE_S, STARTUP_TIMING_MAX_ROWS
 from batchpilot.runtime.admission import Predictor
 from batchpilot.runtime.batching import Batcher, BatchQueue, BatchSettings
 from batchpilot.runtime.engine import Engine, ModelSignature, example_inputs
@@ -119,8 +119,16 @@ class ModelServer:
         pipeline_threads: int = 0,
         calibration_rows: int | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        background_deadline_s: float = ASYNC_DEADLINE_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`background_deadline_s`: a background request's deadline where it sets none."""
+        if not 0 < background_deadline_s <= ASYNC_DEADLINE_MAX_S:
+            raise ValueError(
+                f"the async deadline must be more than 0 and at most "
+                f"{ASYNC_DEADLINE_MAX_S:g} s, got {background_deadline_s}"
+            )
+        self._background_deadline_s = background_deadline_s
         self.engine = engine
         self._clock = clock
         self._max_body_bytes = max_body_bytes
@@ -133,6 +141,13 @@ class ModelServer:
             if pipeline is not None
             else None
         )
+        self._background_pool = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="pipeline-background")
+            if pipeline is not None
+            else None
+        )
+        """Background requests' pre- and postprocess, one at a time: in the pool above, a burst
+        of async jobs would hold its threads while the SLA's requests wait behind."""
         self._stage_gate = StageGate(threads=threads, capacity=queue_capacity)
         """Admission in front of the preprocess (stage_gate.py)."""
         self._batching = batching
@@ -425,7 +440,8 @@ class ModelServer:
 
     @property
     def queued(self) -> int:
-        return len(self._queue)
+        """Requests waiting, the background lane's too."""
+        return len(self._queue) + self._queue.background_queued
 
     async def calibrate(self, *, rounds: int = CALIBRATION_ROUNDS) -> None:
         """Time batches of 1 row and of the largest allowed batch (`calibration_rows`, else the
@@ -488,7 +504,7 @@ class ModelServer:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._batcher.run(), name="batcher")
 
-    def validate(self, request: InferRequest) -> int:
+    def validate(self, request: InferRequest, *, background: bool = False) -> int:
         """The checks `infer` makes before it preprocesses or queues a request, without doing
         either; returns the request's rows. Async submits use it to refuse a bad request at
         once. A request larger than an idle replica could serve within its deadline is one of
@@ -504,10 +520,19 @@ class ModelServer:
             self._check_preprocessed_size(rows, self.pipeline.row_bytes)
         self._queue.check_servable(
             rows,
-            timeout_s=request.timeout_s or self._batching.deadline_s,
+            timeout_s=self._timeout_s(request, background=background),
             declared_s=request.declared_timeout_s,
         )
         return rows
+
+    def _timeout_s(self, request: InferRequest, *, background: bool) -> float | None:
+        """A request's deadline from its arrival: its own, else the server's default — for a
+        background request its own (`background_deadline_s`), not the SLA's."""
+        if not background:
+            return request.timeout_s or self._batching.deadline_s
+        if request.timeout_s:  # at most as long as its id says it may pend (`job_routes`)
+            return min(request.timeout_s, ASYNC_DEADLINE_MAX_S)
+        return self._background_deadline_s
 
     def _check_preprocessed_size(self, rows: int, row_bytes: int) -> None:
         """A preprocess makes a tensor far larger than its request (a 69-byte PNG is a 602 KB
@@ -531,14 +556,19 @@ class ModelServer:
         retry: bool = False,
         kept: bool = False,
         arrived: float | None = None,
+        background: bool = False,
     ) -> list[Tensor]:
         """`_infer`; a `kept` request counted until it is answered, for the drain to let in
         (`drain`)."""
         if not kept:
-            return await self._infer(request, retry=retry, kept=False, arrived=arrived)
+            return await self._infer(
+                request, retry=retry, kept=False, arrived=arrived, background=background
+            )
         answered = self.owe()
         try:
-            return await self._infer(request, retry=retry, kept=True, arrived=arrived)
+            return await self._infer(
+                request, retry=retry, kept=True, arrived=arrived, background=background
+            )
         finally:
             answered()
 
@@ -568,6 +598,7 @@ class ModelServer:
         retry: bool,
         kept: bool,
         arrived: float | None,
+        background: bool = False,
     ) -> list[Tensor]:
         """Serve one request; raises the runtime's errors for anything but success. `retry`:
         its headers say it is a retry (`attempts`), and it arrives as one. `kept`: it came on a
@@ -575,7 +606,10 @@ class ModelServer:
         HTTP connection's request owed an answer: `OpenConnections.owe_answers`; `refuse_new`).
         `arrived`: when (`time.perf_counter()`) the request came, its body in but not decoded
         (default: now) — its deadline counts from then: a body waits for the
-        decoder's thread behind the large ones before it (body_decoding.py).
+        decoder's thread behind the large ones before it (body_decoding.py). `background`: an
+        async job, served behind the SLA's requests with a deadline of its own (`BatchQueue.put`);
+        nothing sheds it but that deadline, and its pre- and postprocess run on a thread of
+        their own.
 
         A request is an arrival once it is known to be valid: with a preprocess, once that has
         turned its inputs into the model's (a request it refuses is invalid, as one refused by
@@ -583,9 +617,9 @@ class ModelServer:
         predicted_late + queue_full + draining; one whose deadline passed while it was
         preprocessed was admitted (it was taken on and spent its time being served) and expired.
         """
-        rows = self.validate(request)
+        rows = self.validate(request, background=background)
         metrics = self.metrics
-        timeout_s = request.timeout_s or self._batching.deadline_s
+        timeout_s = self._timeout_s(request, background=background)
         inputs = {t.name: t.data for t in request.inputs}
         pipeline = self.pipeline
         remaining_s = timeout_s
@@ -598,9 +632,10 @@ class ModelServer:
             try:
                 if self._refusing and not kept:
                     raise ShuttingDown()
-                self._stage_gate.admit(
-                    None if timeout_s is None else timeout_s - (time.perf_counter() - arrived)
-                )
+                if not background:
+                    self._stage_gate.admit(
+                        None if timeout_s is None else timeout_s - (time.perf_counter() - arrived)
+                    )
             except (Overloaded, ShuttingDown) as exc:
                 metrics.arrived(rows, retry=retry)
                 metrics.shed(exc.reason if isinstance(exc, Overloaded) else "draining")
@@ -608,14 +643,14 @@ class ModelServer:
             expired = False
             try:
                 inputs, geometry = await self._preprocessed(
-                    pipeline.preprocess, inputs, arrived, timeout_s
+                    pipeline.preprocess, inputs, arrived, timeout_s, background=background
                 )
             except StageExpired:
                 expired = True
             where = "its inputs waited for the preprocess or were preprocessed"
         else:
             expired, where = False, "its body was decoded"
-        metrics.arrived(rows, retry=retry)
+        metrics.arrived(rows, retry=retry, background=background)
         if timeout_s is not None:
             remaining_s = 0.0 if expired else timeout_s - (time.perf_counter() - arrived)
             if remaining_s <= 0:
@@ -628,7 +663,9 @@ class ModelServer:
         try:
             if self._refusing and not kept:
                 raise ShuttingDown()
-            future = self._queue.put(inputs, rows=rows, timeout_s=remaining_s)
+            future = self._queue.put(
+                inputs, rows=rows, timeout_s=remaining_s, background=background
+            )
         except Overloaded as exc:
             metrics.shed(exc.reason)
             raise
@@ -637,15 +674,21 @@ class ModelServer:
             raise
         metrics.admitted.inc()
         try:
-            outputs = await self._served(future, timeout_s, remaining_s)
+            outputs = await self._served(future, timeout_s, remaining_s, background=background)
             names = request.requested_outputs or self._output_names
             if pipeline is not None and pipeline.postprocess is not None:
                 return await self._off_loop(
-                    "postprocess", pipeline.postprocess, outputs, names, geometry
+                    "postprocess",
+                    pipeline.postprocess,
+                    outputs,
+                    names,
+                    geometry,
+                    background=background,
                 )
         except asyncio.CancelledError:
             # The client went away: withdrawn, or a miss if it had waited past the SLA.
-            metrics.arrival_cancelled(time.perf_counter() - arrived, deadline_s=timeout_s)
+            if not background:
+                metrics.arrival_cancelled(time.perf_counter() - arrived, deadline_s=timeout_s)
             raise
         datatypes = self._output_datatypes
         return [Tensor(name, datatypes[name], _array(outputs[name])) for name in names]
@@ -655,10 +698,13 @@ class ModelServer:
         future: asyncio.Future[dict[str, np.ndarray[Any, Any]]],
         timeout_s: float | None,
         remaining_s: float | None,
+        *,
+        background: bool = False,
     ) -> dict[str, np.ndarray[Any, Any]]:
         """The outputs of an admitted request, expired with 504 once `remaining_s` has passed;
         its time in the batcher counted, whatever became of it but a cancellation (a cancelled
-        request's duration is not timed either)."""
+        request's duration is not timed either) — a background request's not at all: its
+        duration is not the SLA's (`RuntimeMetrics.request_finished`)."""
         metrics = self.metrics
         queued = time.perf_counter()
         try:
@@ -679,10 +725,12 @@ class ModelServer:
         except asyncio.CancelledError:
             raise
         except BaseException:
-            metrics.batcher_seconds.inc(time.perf_counter() - queued)
+            if not background:
+                metrics.batcher_seconds.inc(time.perf_counter() - queued)
             raise
         # Whatever is answered, its time in the batcher: the rest of its duration is outside it.
-        metrics.batcher_seconds.inc(time.perf_counter() - queued)
+        if not background:
+            metrics.batcher_seconds.inc(time.perf_counter() - queued)
         return outputs
 
     @property
@@ -696,6 +744,8 @@ class ModelServer:
         inputs: dict[str, Any],
         arrived: float,
         timeout_s: float | None,
+        *,
+        background: bool = False,
     ) -> _T:
         """The preprocess of a request the stage's gate admitted, in the pool: not run where its
         deadline passed before a thread took it up, and `StageExpired` at the deadline whether
@@ -714,9 +764,11 @@ class ModelServer:
                 gate.ran(took)
                 metrics.pipeline_stage_done("preprocess", took)
 
-        assert self._pipeline_pool is not None
-        submitted = self._pipeline_pool.submit(timed)
-        submitted.add_done_callback(lambda _: gate.left())  # run, skipped or cancelled
+        pool = self._background_pool if background else self._pipeline_pool
+        assert pool is not None
+        submitted = pool.submit(timed)
+        if not background:  # the gate counts what it admitted
+            submitted.add_done_callback(lambda _: gate.left())  # run, skipped or cancelled
         waiting = asyncio.wrap_future(submitted)
         if deadline is None:
             return await waiting
@@ -725,8 +777,11 @@ class ModelServer:
         except TimeoutError:
             raise StageExpired() from None
 
-    async def _off_loop(self, stage: str, func: Callable[..., _T], *args: Any) -> _T:
-        """Run a pipeline stage in the pool, timed into batchpilot_pipeline_seconds{stage}."""
+    async def _off_loop(
+        self, stage: str, func: Callable[..., _T], *args: Any, background: bool = False
+    ) -> _T:
+        """Run a pipeline stage in the pool (a background request's in its own), timed into
+        batchpilot_pipeline_seconds{stage}."""
 
         def timed() -> _T:
             started = time.perf_counter()
@@ -735,8 +790,9 @@ class ModelServer:
             finally:
                 self.metrics.pipeline_stage_done(stage, time.perf_counter() - started)
 
-        assert self._pipeline_pool is not None
-        return await asyncio.get_running_loop().run_in_executor(self._pipeline_pool, timed)
+        pool = self._background_pool if background else self._pipeline_pool
+        assert pool is not None
+        return await asyncio.get_running_loop().run_in_executor(pool, timed)
 
     def refuse_new(self) -> None:
         """Readiness fails and new requests get 503, but those on the connections a draining
@@ -781,8 +837,9 @@ class ModelServer:
     async def close(self) -> None:
         self._queue.close()
         await self._stop()
-        if self._pipeline_pool is not None:
-            self._pipeline_pool.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._pipeline_pool, self._background_pool):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
         await self.engine.close()
 
 

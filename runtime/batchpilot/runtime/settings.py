@@ -12,6 +12,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from batchpilot.api.batching import ASYNC_DEADLINE_MAX_S, ASYNC_DEADLINE_S
+
 DRAIN_PARTS = {
     "drain_linger_s": "the linger is the end of the drain",
     "async_drain_hold_s": "the hold is part of the drain",
@@ -206,6 +208,12 @@ class RuntimeSettings(BaseSettings):
         default=512 * 1024 * 1024,
         ge=1,
         description="bytes of async results stored before submits get 429 too",
+    )
+    async_deadline_s: float = Field(
+        default=ASYNC_DEADLINE_S,
+        gt=0,
+        le=ASYNC_DEADLINE_MAX_S,
+        description="deadline of an async job that sets no timeout of its own, from its submit",
     )
 
     advertise_host: str = Field(

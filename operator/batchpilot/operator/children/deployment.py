@@ -216,6 +216,8 @@ def runtime_args(owner: Owner, settings: OperatorSettings, model_path: str) -> l
         "--async-capacity",
         str(runtime.async_inference.capacity),
     ]
+    if runtime.async_inference.deadline_seconds is not None:
+        args += ["--async-deadline-s", str(runtime.async_inference.deadline_seconds)]
     if owner.spec.pipeline is not None:
         args += ["--pipeline-config", f"{BATCHING_DIR}/{PIPELINE_FILE}"]
     if runtime.engine == "simulated" and runtime.simulated_latency is not None:

@@ -114,6 +114,8 @@ class Pending:
     probe: bool = False
     """Taken whatever the prediction (`Predictor.must_probe`): it runs unless its deadline has
     passed, so that the measurements it refreshes are taken. Never more rows than the ceiling."""
+    background: bool = False
+    """In the background lane (`BatchQueue.put`): served in the room the SLA's requests leave."""
 
 
 @dataclass(eq=False, slots=True)
@@ -169,10 +171,18 @@ class BatchQueue:
         self._outstanding = 0
         """Requests queued or in a running batch: put, their futures not yet done."""
         self._population = Population() if early_start else None
+        self._background: dict[Hashable, deque[Pending]] = {}
+        """The background lane by shape (`put`), each oldest first."""
+        self._background_size = 0
 
     def __len__(self) -> int:
-        """Requests waiting (not yet in a batch)."""
+        """Requests waiting (not yet in a batch), the background lane's not counted."""
         return self._size
+
+    @property
+    def background_queued(self) -> int:
+        """Requests waiting in the background lane."""
+        return self._background_size
 
     @property
     def capacity(self) -> int:
@@ -190,7 +200,7 @@ class BatchQueue:
     def abandon(self, error: BaseException) -> int:
         """Fail every queued request with `error` (the server stops without draining)."""
         count = 0
-        for group in list(self._groups.values()):
+        for group in [*self._groups.values(), *self._background.values()]:
             while group:
                 item = group.popleft()
                 self._dequeued(item, group)
@@ -200,11 +210,27 @@ class BatchQueue:
         return count
 
     def put(
-        self, inputs: Arrays, *, rows: int, timeout_s: float | None = None
+        self,
+        inputs: Arrays,
+        *,
+        rows: int,
+        timeout_s: float | None = None,
+        background: bool = False,
     ) -> asyncio.Future[dict[str, np.ndarray[Any, Any]]]:
-        """Queue a request; the future resolves to its own rows of every output."""
+        """Queue a request; the future resolves to its own rows of every output.
+
+        A `background` request (an async job: its client polls for the answer, minutes are
+        fine) waits in a lane of its own, behind every request of the SLA: nothing admits or
+        sheds it (the job store bounds how many wait) but its deadline, and the SLA's requests
+        neither count it ahead nor wait for it — it runs in the room their batches leave
+        (`_fill_background`) and, when none of them waits, in batches of its own of up to the
+        batch limit (`_take_background`). In one queue with them, a burst of jobs was refused
+        by the SLA's deadline admission (most of a burst stored as 503s: a job's deadline was
+        the SLA) or, given a longer deadline, queued ahead of the SLA's requests."""
         if self._closed:
             raise ShuttingDown()
+        if background:
+            return self._put_background(inputs, rows=rows, timeout_s=timeout_s)
         if self._size >= self._capacity:
             raise Overloaded(
                 f"the queue is full ({self._capacity} requests waiting); retry shortly",
@@ -250,6 +276,39 @@ class BatchQueue:
             else:
                 self._wake(group, self._rows[key])
         return item.future
+
+    def _put_background(
+        self, inputs: Arrays, *, rows: int, timeout_s: float | None
+    ) -> asyncio.Future[dict[str, np.ndarray[Any, Any]]]:
+        now = self._clock()
+        item = Pending(
+            inputs=inputs,
+            rows=rows,
+            key=shape_key(inputs),
+            future=asyncio.get_running_loop().create_future(),
+            enqueued_at=now,
+            deadline=None if timeout_s is None else now + timeout_s,
+            seq=next(self._order),
+            background=True,
+        )
+        self._background.setdefault(item.key, deque()).append(item)
+        self._background_size += 1
+        item.future.add_done_callback(lambda _: self._forget(item))
+        if any(waiter.group is None for waiter in self._waiters):
+            self._wake_idle()
+        return item.future
+
+    def _wake_idle(self) -> None:
+        """Wake the workers waiting for any request (none of the SLA's is queued)."""
+        waiting = []
+        for waiter in self._waiters:
+            if waiter.future.done():
+                continue
+            if waiter.group is None:
+                waiter.future.set_result(False)
+            else:
+                waiting.append(waiter)
+        self._waiters = waiting
 
     def _everyone_here(self, now: float) -> bool:
         """Whether the requests outstanding are everyone recently seen at once (`population`):
@@ -380,6 +439,12 @@ class BatchQueue:
     def _forget(self, item: Pending) -> None:
         """A request's future is done: answered, failed, or its caller stopped waiting
         (disconnect, deadline), in which case it leaves the queue."""
+        if item.background:
+            if item.queued:
+                lane = self._background[item.key]
+                lane.remove(item)
+                self._dequeued(item, lane)
+            return
         self._outstanding -= 1
         if item.queued:
             group = self._groups[item.key]
@@ -388,6 +453,11 @@ class BatchQueue:
 
     def _dequeued(self, item: Pending, group: deque[Pending]) -> None:
         item.queued = False
+        if item.background:
+            self._background_size -= 1
+            if not group:
+                del self._background[item.key]
+            return
         self._size -= 1
         self._rows[item.key] -= item.rows
         self._queued_rows -= item.rows
@@ -405,6 +475,12 @@ class BatchQueue:
         while True:
             key = self._oldest_key()
             if key is None:
+                if self._background:
+                    now = clock()
+                    items = self._take_background(self._settings().max_batch_size, now=now)
+                    if items:
+                        return Batch(items=items, settings=self._settings(), formed_at=now)
+                    continue  # every request looked at had gone or expired
                 if self._closed:
                     return None
                 await self._wait(None, rows=0, timeout_s=None)
@@ -589,6 +665,66 @@ class BatchQueue:
             due = min(due, deadline)
         if taken and group and rows < max_rows:
             self._fill(group, taken, rows, max_rows, due, now=now)
+        if taken and not self._groups and self._background:
+            self._fill_background(key, taken, now=now)
+        return tuple(taken)
+
+    def _fill_background(self, key: Hashable, taken: list[Pending], *, now: float) -> None:
+        """Fill the room a batch of the SLA's requests leaves, when none of them waits behind
+        it, with background requests of its shape, oldest first: up to the batch limit — the
+        size the autopilot sizes replicas for, the background's rows counted in its demand — and
+        only while admission's high estimate of the batch (`upper`, and the start margin) still
+        ends by the earliest deadline in it. Nothing measured: nothing added. Admission
+        predicted these requests' batch without the rows added: the batcher leaves the time
+        they add out of the lateness it learns (`Batcher`)."""
+        lane = self._background.get(key)
+        timing = self._predictor.timing if self._predictor is not None else None
+        if lane is None or timing is None:
+            return
+        due = min(math.inf if item.deadline is None else item.deadline for item in taken)
+        if due < math.inf:
+            due -= max(START_MARGIN_S, START_MARGIN_SHARE * (due - now))
+        limit = self._settings().max_batch_size
+        rows = sum(item.rows for item in taken)
+        i = 0
+        while i < len(lane) and rows < limit:
+            item = lane[i]
+            with_it = timing.upper(rows + item.rows)
+            if with_it is None or now + with_it > due:
+                break  # larger batches take longer still
+            if (
+                rows + item.rows > limit
+                or item.future.done()
+                or (item.deadline is not None and now >= item.deadline)
+            ):
+                i += 1
+                continue
+            del lane[i]
+            self._dequeued(item, lane)
+            taken.append(item)
+            rows += item.rows
+
+    def _take_background(self, max_rows: int, *, now: float) -> tuple[Pending, ...]:
+        """A batch of background requests of the oldest one's shape, oldest first, up to
+        `max_rows` rows (a request of more runs alone); no SLA request waits. Ones whose
+        deadline passed fail here; nothing waits to fill: the device is free, and rows gather
+        while it is busy."""
+        key = min(self._background, key=lambda key: self._background[key][0].seq)
+        lane = self._background[key]
+        taken: list[Pending] = []
+        rows = 0
+        while lane and (not taken or rows + lane[0].rows <= max_rows):
+            item = lane.popleft()
+            self._dequeued(item, lane)
+            if item.future.done():
+                continue
+            if item.deadline is not None and now >= item.deadline:
+                item.future.set_exception(
+                    DeadlineExceeded("the job's deadline passed while it was queued")
+                )
+                continue
+            taken.append(item)
+            rows += item.rows
         return tuple(taken)
 
     def _fill(

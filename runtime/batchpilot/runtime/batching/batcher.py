@@ -345,12 +345,15 @@ class Batcher:
                 now=ended,
                 probe=any(item.probe for item in items),
             )
+            # Background rows a batch took in the room left (`BatchQueue._fill_background`)
+            # were not in its requests' predictions: the time they add is no error of those.
+            added = _added_s(predictor, items)
             for item in items:
                 # A probe's prediction was not trusted, so its error says nothing about them; a
                 # request already answered (504 at its deadline, behind a stall) waits for
                 # nothing, and its seconds late would keep refusing requests for the window.
                 if item.predicted is not None and not item.probe and not item.future.done():
-                    predictor.lateness.observe(ended - item.predicted, now=ended)
+                    predictor.lateness.observe(ended - item.predicted - added, now=ended)
         start = 0
         for item in items:
             end = start + item.rows
@@ -361,7 +364,12 @@ class Batcher:
             BatchDone(
                 rows=rows,
                 compute_s=compute_s,
-                queue_waits_s=tuple(batch.formed_at - item.enqueued_at for item in items),
+                queue_waits_s=tuple(
+                    batch.formed_at - item.enqueued_at for item in items if not item.background
+                ),
+                background_waits_s=tuple(
+                    batch.formed_at - item.enqueued_at for item in items if item.background
+                ),
                 input_s=started - gathering,
                 output_s=clock() - ended,
             )
@@ -494,3 +502,15 @@ def _fail(items: Sequence[Pending], error: BaseException) -> None:
 def _concatenate(items: Sequence[Pending]) -> dict[str, np.ndarray[Any, Any]]:
     names = items[0].inputs.keys()
     return {name: np.concatenate([item.inputs[name] for item in items]) for name in names}
+
+
+def _added_s(predictor: Predictor, items: Sequence[Pending]) -> float:
+    """The time a batch's background rows add to its requests of the SLA, by the fit: none
+    where the batch is one or the other only."""
+    own = sum(item.rows for item in items if not item.background)
+    background = sum(item.rows for item in items if item.background)
+    if not own or not background:
+        return 0.0
+    timing = predictor.timing
+    whole, alone = timing.seconds(own + background), timing.seconds(own)
+    return 0.0 if whole is None or alone is None else max(0.0, whole - alone)
