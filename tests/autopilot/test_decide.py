@@ -1698,16 +1698,17 @@ class TestLearnedColdStart:
         assert state.cold_start_s == pytest.approx(37.5)
         assert reaction_horizon(state, interval=TICK) == pytest.approx(2 * TICK + 37.5)
 
-    def test_a_scale_up_blocked_for_an_hour_counts_as_the_longest_cold_start(self) -> None:
+    def test_a_scale_up_blocked_for_an_hour_measures_nothing(self) -> None:
         # A GPU quota held the second replica back for an hour: that was no cold start, and the
-        # horizon (hence the headroom) must not plan for an hour's rises once it cleared.
+        # horizon (hence the headroom) must not plan for an hour's rises once it cleared — nor
+        # for the longest start, which counting it as that did.
         current = InForce(2, 8, 0.005)
         state = State(fit=MODEL, pending_since=0.0, ready=1, rate=(3600 - TICK, 600))
         obs = seen(at=3600, qps=600, p99_ms=40, ready=2, batch=8)
         _, _, state = step(obs, current, state, 3600)
         assert state.pending_since is None
-        assert state.cold_start_s == MAX_COLD_START_S
-        assert reaction_horizon(state, interval=TICK) == 2 * TICK + MAX_COLD_START_S
+        assert state.cold_start_s is None
+        assert reaction_horizon(state, interval=TICK) < 2 * TICK + MAX_COLD_START_S
 
     def test_a_scale_down_before_the_new_replicas_start_measures_nothing(self) -> None:
         assert pending_since(None, asked=3, current=2, now=30) == 30

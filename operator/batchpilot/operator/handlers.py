@@ -209,6 +209,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         kube,
         observe=lambda scope, *, ready_replicas: None,  # the fleet's round hands each tick its own
         pods=kube,
+        read_pods=kube.pods,
         push=push_batching,
         # Where Prometheus does not answer, scale-ups come from the pods' own metrics.
         scrape=PodScraper(kube) if _SETTINGS.pod_metrics_fallback else None,

@@ -163,6 +163,29 @@ def why_not_ready(
     return None
 
 
+def blocked(deployment: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]) -> int:
+    """How many of `deployment`'s replicas cannot come up, as Kubernetes says, rather than
+    coming up: its pods not ready and stuck (`pod_trouble`: not schedulable, a container
+    waiting on what does not pass by waiting), and, while its ReplicaSet cannot create pods (a
+    ResourceQuota), the pods it asks for that do not exist. A pod starting, pulling or loading
+    its model is not blocked: it is on its way."""
+    if deployment is None:
+        return 0
+    count = 0
+    for pod in pods:
+        ready = _condition(pod, "Ready")
+        if ready is not None and ready.get("status") == "True":
+            continue
+        if pod_trouble(pod) is not None:
+            count += 1
+    failure = _condition(deployment, "ReplicaFailure")
+    if failure and failure.get("status") == "True":
+        asked = int(deployment.get("spec", {}).get("replicas") or 0)
+        created = int(deployment.get("status", {}).get("replicas") or 0)
+        count += max(0, asked - created)
+    return count
+
+
 def ready_condition(
     *, ready: int, desired: int, trouble: Trouble | None
 ) -> tuple[Literal["True", "False"], str, str]:

@@ -558,6 +558,7 @@ def decide(
         want=want_replicas,
         current=current,
         ready=ready,
+        blocked=observation.blocked_replicas,
         scraped=observation.reporting_replicas,
         covered_s=observation.covered_s,
         window_s=observation.window_s,
@@ -606,8 +607,11 @@ def decide(
             in_force=current.batch_size,
         )
         what = "the most a replica carries inside the SLA"
+        # The replicas that can come: those Kubernetes cannot start are no capacity to wait for.
+        can_come = replicas - observation.blocked_replicas
         if (
-            ready >= replicas >= planning.max_replicas
+            ready >= can_come
+            and (replicas >= planning.max_replicas or observation.blocked_replicas)
             and model.confident
             and observation.unserved_share > BEYOND_REFUSED
         ):

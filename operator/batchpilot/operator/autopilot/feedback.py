@@ -125,7 +125,10 @@ def feedback_only(
     """A step on observed P99 alone: batch first (fast, cheap), then replicas. The batch limit
     doubles what a batch runs: a request of more rows than the limit runs alone, so a limit
     below a request's rows is doubled from the rows a request brings. A limit in force above the
-    policy's maximum (lowered since: the spec edited, or the device's memory) comes down to it."""
+    policy's maximum (lowered since: the spec edited, or the device's memory) comes down to it.
+    Replicas are added only once the ones asked for are ready, in proportion to the ready ones:
+    each tick over the SLA multiplied the count in force, the replicas not up yet with it
+    (3 ready → 32 asked in five ticks while new pods waited for a node)."""
     held = min(current.batch_size, policy.max_batch_size)
     p99 = observation.p99_s
     sla = policy.sla_p99_s
@@ -134,6 +137,14 @@ def feedback_only(
             runs = max(current.batch_size, round(observation.rows_per_request or 1.0))
             batch = min(policy.max_batch_size, runs * 2)
             return current.replicas, batch, "feedback: doubling the batch limit"
+        ready = observation.ready_replicas
+        if ready is not None and ready < current.replicas:
+            return (
+                current.replicas,
+                held,
+                f"feedback: over the SLA, {current.replicas - ready} of the replicas asked for "
+                "not ready yet",
+            )
         step = max(1, math.ceil(current.replicas * min(1.0, p99 / sla - 1)))
         replicas = min(policy.max_replicas, current.replicas + step)
         return (

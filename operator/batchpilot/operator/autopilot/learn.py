@@ -272,6 +272,7 @@ def learn(
     loss = track(
         state.lost,
         ready=ready,
+        blocked=observation.blocked_replicas,
         replicas=current.replicas,
         was_ready=state.ready,
         had_replicas=state.replicas,
@@ -279,11 +280,16 @@ def learn(
         replaced=policy.replaced_in_place,
     )
     cold_start, pending = state.cold_start_s, state.pending_since
+    if pending is not None and observation.blocked_replicas:
+        # Kubernetes cannot start some of them (no node with a free GPU, a quota): however
+        # long they wait, it is not how long a replica takes to start (8 minutes waiting for a
+        # node were learned as a cold start of 488 s where 30 s was true).
+        pending = None
     if pending is not None and ready >= current.replicas - loss.count:
         # They became ready within the last interval: count half of it — where that says when
-        # (`COLD_START_GAP_S`).
-        if interval <= COLD_START_GAP_S:
-            sample = min(MAX_COLD_START_S, max(0.0, now - pending - interval / 2))
+        # (`COLD_START_GAP_S`). Longer than a start can take, they were blocked: nothing learned.
+        sample = max(0.0, now - pending - interval / 2)
+        if interval <= COLD_START_GAP_S and sample <= MAX_COLD_START_S:
             cold_start = (
                 sample
                 if cold_start is None

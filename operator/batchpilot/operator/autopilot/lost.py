@@ -68,12 +68,15 @@ def track(
     had_replicas: int | None,
     now: float,
     replaced: int = 0,
+    blocked: int = 0,
 ) -> Loss:
     """The loss after a decision's observation: `ready` of `replicas` in force now, against
     `was_ready` of `had_replicas` at the decision before. Ready replicas that went away, beyond
     the ones a scale-down removed and the `replaced` ones a rollout in place has down, were
-    lost; the loss is over once all are ready, and never more than the replicas not ready."""
-    if ready >= replicas:
+    lost; the loss is over once all are ready — all that can come: `blocked` replicas, which
+    Kubernetes cannot start (no node with a free GPU), are not waited for, nor stood in for (a
+    stand-in would be as blocked) — and never more than the replicas not ready."""
+    if ready >= replicas - blocked:
         return Loss()
     count, since = loss.count, loss.since
     if was_ready is not None and had_replicas is not None:

@@ -94,6 +94,11 @@ class Observation:
     every window, even one whose P99 is all queue; None from runtimes that do not count the
     time in the batcher, or without requests."""
     ready_replicas: int | None = None
+    blocked_replicas: int = 0
+    """Of the replicas asked for and not ready, those Kubernetes says cannot come up
+    (`rollout.blocked`: not schedulable — no node with a free GPU —, refused by a ResourceQuota,
+    a container crashing or its image not pulling), as opposed to starting: no wait for them
+    holds a scale-down, and how long they waited is no cold start."""
     covered_s: float | None = None
     """The part of the window, at its end, that its rates describe: all of it (`window_s`) where
     Prometheus holds the whole window, less where it holds only its last seconds (restarted

@@ -115,6 +115,7 @@ def pace(
     want: int,
     current: InForce,
     ready: int,
+    blocked: int = 0,
     scraped: int | None = None,
     covered_s: float | None = None,
     window_s: float | None = None,
@@ -132,6 +133,7 @@ def pace(
     stepwise: bool = False,
 ) -> Paced:
     """Replicas to set now, the recommendations to remember, and a note on any restraint.
+    `blocked`: replicas not ready that cannot come up, as Kubernetes says (not "starting");
     `served_while_refusing`: this window refused requests, and served this many per second (its
     recommendation is marked); `clean_offered`: it refused none, describes the replicas in
     force, and this many arrived per second (it shows what the marked ones stood for);
@@ -164,7 +166,10 @@ def pace(
     # Fewer replicas recommended. Every condition below keeps the current count.
     if sla_met is False:
         return stay("not scaling down while over the SLA")
-    starting = current.replicas - ready
+    # Replicas that cannot come up (`Observation.blocked_replicas`) hold nothing: the
+    # ReplicaSet removes pods not ready before ready ones. Waited for, one pod Pending for want
+    # of a GPU froze the count at its peak for as long as the cluster had none.
+    starting = current.replicas - ready - blocked
     if starting > 0:
         return stay(f"{starting} replicas still starting")
     if scraped is not None and scraped < ready:

@@ -51,7 +51,7 @@ from batchpilot.operator.children.node_loss import eviction_s
 from batchpilot.operator.events import Event
 from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT, INFERENCESERVICE
 from batchpilot.operator.kube import Kube
-from batchpilot.operator.rollout import rolling_in_place, rollout_under_way
+from batchpilot.operator.rollout import blocked, rolling_in_place, rollout_under_way
 from batchpilot.operator.spec import InferenceServiceSpec
 
 
@@ -148,7 +148,11 @@ class Autopilot:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         seconds: Callable[[], float] = time.time,
         scrape: PodScraper | None = None,
+        read_pods: Callable[[str, dict[str, str]], list[dict[str, Any]]] | None = None,
     ) -> None:
+        """`read_pods`: a service's pods by namespace and selector, for the replicas that cannot
+        come up (`rollout.blocked`); None: none are told apart from the ones starting."""
+        self._read_pods = read_pods
         self._kube = kube
         self._observe = observe
         self._scrape = scrape
@@ -237,6 +241,10 @@ class Autopilot:
         observation = (observe or self._observe)(
             Scope(owner.namespace, owner.name), ready_replicas=ready
         )
+        if observation is not None and ready < replicas and self._read_pods is not None:
+            stuck = blocked(deployment, self._read_pods(owner.namespace, dict(owner.selector)))
+            if stuck:
+                observation = replace(observation, blocked_replicas=min(stuck, replicas - ready))
         state = State.from_dict(status.get("autopilot"), now=seconds)
         # The pods' own tolerations say when Kubernetes replaces one whose node was lost.
         template = deployment.get("spec", {}).get("template", {}).get("spec", {})
