@@ -22,7 +22,7 @@ time), `report`, `scenario` (the entry point: `simulate(scenario, "autopilot")`)
 Pure: numpy and arithmetic; the CLI reads the trace file and writes the outputs.
 """
 
-from batchpilot.simulation.cluster import ClusterConfig, NodeLoss
+from batchpilot.simulation.cluster import ClusterConfig, Gpus, NodeLoss
 from batchpilot.simulation.report import SimulationResult, Summary
 from batchpilot.simulation.scenario import POLICIES, Scenario, simulate
 from batchpilot.simulation.service import TEXTBOOK, ServiceTruth
@@ -32,6 +32,7 @@ __all__ = [
     "POLICIES",
     "TEXTBOOK",
     "ClusterConfig",
+    "Gpus",
     "NodeLoss",
     "Scenario",
     "ServiceTruth",

@@ -77,6 +77,21 @@ FastSignal = Literal["scraped", "oracle"]
 
 
 @dataclass(frozen=True, slots=True)
+class Gpus:
+    """The cluster's GPUs for the service: `count` pods hold one at once; a pod created beyond
+    them is Pending (not schedulable, as Kubernetes says: `rollout.blocked`) until one frees or
+    `more_at_s`, when a node autoscaler has added nodes for every pod asked (inf: never), and
+    starts its cold start then. A Pending pod costs nothing."""
+
+    count: int
+    more_at_s: float = math.inf
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or self.more_at_s < 0:
+            raise ValueError("the cluster holds at least one GPU, added at a time >= 0")
+
+
+@dataclass(frozen=True, slots=True)
 class NodeLoss:
     """A node that dies under `count` ready replicas at `at_s`, as Kubernetes then acts."""
 
@@ -197,6 +212,12 @@ class ClusterConfig:
     """Replicas whose batches slow down during the run (none by default)."""
     retries: Retries | None = None
     """Clients send what is refused again (`clients`); None: a refused request is dropped."""
+    gpus: Gpus | None = None
+    """The GPUs the cluster has for the service (`Gpus`); None: a GPU for every pod asked."""
+    blocked_seen: bool = True
+    """Whether the observations count the Pending pods as blocked, as the operator reads them
+    from the pods it watches; False: as an operator that read only the Deployment's counts did
+    (every pod not ready starting)."""
     clump: float = 1.0
     """Requests arrive in clumps of this mean size, all of a clump at once (`Trace.arrivals`):
     a client's fan-out, a gateway's bursts. 1: one at a time, Poisson."""
@@ -258,6 +279,8 @@ class Pod:
     """The loss of its node: it serves nothing from `lost.at_s` on."""
     pace: float = 1.0
     """Its batches take this many times t(b) (`Slowdown`)."""
+    scheduled_at: float | None = None
+    """When it got a node (a GPU); None: Pending (`Gpus`)."""
 
     def is_ready(self, t: float) -> bool:
         """Ready as Kubernetes sees it: started, and its node's loss not yet noticed."""
@@ -269,8 +292,10 @@ class Pod:
 
     def billed(self, start: float, end: float) -> float:
         """GPU-seconds of this pod within [start, end)."""
+        if self.scheduled_at is None:
+            return 0.0  # Pending: it holds no GPU
         stop = end if self.gone_at is None else min(end, self.gone_at)
-        return max(0.0, stop - max(start, self.requested_at))
+        return max(0.0, stop - max(start, self.scheduled_at))
 
 
 @dataclass
@@ -307,6 +332,28 @@ class _Fleet:
         """The Deployment's ready pods, which are the Service's endpoints."""
         return [p for p in self.active() if p.is_ready(t)]
 
+    def blocked(self) -> int:
+        """Pods wanted that cannot be scheduled (`Gpus`): what the operator counts as blocked."""
+        return sum(1 for p in self.active() if p.scheduled_at is None)
+
+    def _schedule(self, t: float, *, cold_start: bool) -> None:
+        """Pending pods get the GPUs free at `t`, oldest first (all of them once the node
+        autoscaler has added nodes), and start their cold start."""
+        gpus = self.config.gpus
+        if gpus is None:
+            return
+        holding = sum(1 for p in self.pods if p.scheduled_at is not None and p.gone_at is None)
+        for pod in self.active():
+            if pod.scheduled_at is not None:
+                continue
+            if holding >= gpus.count and t < gpus.more_at_s:
+                break
+            pod.scheduled_at = t
+            pod.ready_at = t + (self.config.cold_start_s if cold_start else 0.0)
+            holding += 1
+            largest = max(self.batch_size, self.burst_rows or 0)
+            self.telemetry.add_target(pod.index, since=pod.ready_at, batch_limit=largest)
+
     def reporting(self, t: float) -> int:
         """Pods whose metrics Prometheus has: ready ones that still answer, and ones draining."""
         answering = sum(1 for p in self.ready(t) if p.lost is None)
@@ -316,6 +363,9 @@ class _Fleet:
         """The first moment after `t`, up to `end`, that changes who serves: a pod becoming
         ready, a node dying, its loss noticed, its pods evicted."""
         moments = [p.ready_at for p in self.active() if t < p.ready_at < end]
+        gpus = self.config.gpus
+        if gpus is not None and t < gpus.more_at_s < end:
+            moments.append(gpus.more_at_s)
         for loss in self.config.node_losses:
             moments += [m for m in (loss.at_s, loss.noticed_s, loss.evicted_s) if t < m < end]
         moments += [m for m, _, _ in self.slowing if t < m < end]
@@ -340,6 +390,7 @@ class _Fleet:
         while self.slowing and self.slowing[0][0] <= t:
             at, begins, slowdown = self.slowing.pop(0)
             self._slow(slowdown, at, begins=begins)
+        self._schedule(t, cold_start=cold_start)
 
     def _slow(self, slowdown: Slowdown, at: float, *, begins: bool) -> None:
         """A slowdown begins or ends at `at`: its replicas' batches change pace."""
@@ -393,13 +444,18 @@ class _Fleet:
             self._create(now, cold_start=cold_start, scraped_since=scraped_since)
         surplus = len(active) - command.replicas
         if surplus > 0:
-            # Not-ready pods go first (a ReplicaSet deletes them first): starting ones, and dark
-            # ones once their loss is noticed; then the ready ones, the oldest first.
-            victims = sorted(active, key=lambda p: (p.is_ready(now), p.requested_at))[:surplus]
+            # Not-ready pods go first (a ReplicaSet deletes them first): Pending ones, starting
+            # ones, and dark ones once their loss is noticed; then the ready ones, the oldest
+            # first.
+            victims = sorted(
+                active,
+                key=lambda p: (p.is_ready(now), p.scheduled_at is not None, p.requested_at),
+            )[:surplus]
             for pod in victims:
                 pod.removed_at = now
                 if pod.ready_at > now or pod.lost is not None or pod.replica.idle_at(now):
                     self.retire(pod, now)
+        self._schedule(now, cold_start=cold_start)
 
     def _replace(self, name: str, now: float, *, cold_start: bool) -> None:
         """Pod `name` is deleted: it takes no more traffic and drains, and the ReplicaSet at
@@ -435,7 +491,13 @@ class _Fleet:
         )
         if pod.pace != 1.0:
             self._paced(pod)
+        gpus = self.config.gpus
+        holding = sum(1 for p in self.pods if p.scheduled_at is not None and p.gone_at is None)
         self.pods.append(pod)
+        if gpus is not None and holding >= gpus.count and now < gpus.more_at_s:
+            pod.ready_at = math.inf  # Pending: scraped once scheduled and started (`_schedule`)
+            return
+        pod.scheduled_at = now
         since = pod.ready_at if scraped_since is None else scraped_since
         largest = max(self.batch_size, self.burst_rows or 0)
         self.telemetry.add_target(pod.index, since=since, batch_limit=largest)
@@ -512,6 +574,8 @@ def simulate_cluster(
         if k > 0:
             ready_now = len(fleet.ready(start))
             observation = telemetry.observe(k, ready=ready_now, reporting=fleet.reporting(start))
+            if config.blocked_seen and fleet.blocked():
+                observation = replace(observation, blocked_replicas=fleet.blocked())
             if config.fast_signal == "oracle":
                 observation = replace(
                     observation,
@@ -735,4 +799,5 @@ def basic(observation: Observation, *, batches: bool = True) -> Observation:
         utilization=observation.utilization,
         mean_batch=observation.mean_batch if batches else None,
         ready_replicas=observation.ready_replicas,
+        blocked_replicas=observation.blocked_replicas,  # the pods', not the metrics'
     )
