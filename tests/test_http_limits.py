@@ -305,6 +305,28 @@ class TestAnswerBeforeTheBody:
         assert "connection" not in headers
 
 
+@pytest.fixture(scope="module")
+def queued_server(
+    mlp_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RuntimeProcess]:
+    """A request waits 300 ms for its batch to fill (no early start): a client that goes in that
+    time leaves before the device computes anything for it."""
+    with runtime_process(
+        mlp_model,
+        "--engine",
+        "simulated",
+        "--simulated-latency",
+        "alpha_ms=50,beta_ms=0",
+        "--no-early-start",
+        "--max-queue-delay-ms",
+        "300",
+        "--deadline-ms",
+        "5000",
+        log_dir=tmp_path_factory.mktemp("http-limits-queued"),
+    ) as running:
+        yield running
+
+
 class TestHalfClose:
     def test_a_client_that_half_closes_gets_its_answer(self, server: RuntimeProcess) -> None:
         before = outcomes(Scrape(server))
@@ -342,6 +364,28 @@ class TestHalfClose:
 
         wait_until(cancelled, timeout=10, what="the request counted cancelled")
         assert outcomes(Scrape(server))["success"] == before["success"]
+
+    @pytest.mark.parametrize("version", ["1.0", "1.1"])
+    def test_a_client_that_closes_while_its_request_is_queued_leaves_before_the_device(
+        self, queued_server: RuntimeProcess, version: str
+    ) -> None:
+        """HTTP/1.0 too (nginx's default upstream protocol, ApacheBench): it cannot be probed
+        with a 100 Continue, and its clients never half-close, so its EOF means "gone"."""
+        server = queued_server
+        before = Scrape(server)
+        sock = connect(server)
+        head = post_head(len(BODY)).replace(b"HTTP/1.1", f"HTTP/{version}".encode(), 1)
+        sock.sendall(head + BODY)
+        sock.close()
+
+        def cancelled() -> bool:
+            return outcomes(Scrape(server))["cancelled"] == outcomes(before)["cancelled"] + 1
+
+        wait_until(cancelled, timeout=10, what=f"the HTTP/{version} request counted cancelled")
+        after = Scrape(server)
+        assert outcomes(after)["success"] == outcomes(before)["success"]
+        rows = "batchpilot_batch_rows_total"
+        assert after.value(rows) == before.value(rows)
 
 
 def test_a_body_pipelined_behind_a_long_answer_is_not_held_to_the_rate(

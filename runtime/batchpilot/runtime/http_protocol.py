@@ -30,8 +30,9 @@ connection, and only where the defaults leave a gap:
   unknown model) is the connection's last: the answer says `Connection: close`, and the server
   half-closes and discards what the client still sends for at most `LINGER_S`, rather than
   reading a body nobody will use or resetting a client that is still sending;
-- a client that half-closes (shuts down its sending side) after a whole request gets its answer:
-  EOF means "done sending", not "gone" (see `eof_received`);
+- a client that half-closes (shuts down its sending side) after a whole HTTP/1.1 request gets
+  its answer: EOF means "done sending", not "gone" (see `eof_received`); after an HTTP/1.0
+  request it means "gone", and the request is cancelled;
 - a request that is not valid HTTP/1.1 gets 400 with the parser's reason, in JSON as every other
   error (uvicorn answers in plain text only "Invalid HTTP request received", and closes at once);
   so does an HTTP/1.1 request without a Host header or with two (RFC 9112 §3.2 asks a server to
@@ -368,7 +369,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         A client that closed its socket altogether sends the same FIN: only writing tells them
         apart, as the closed end answers data with a reset. So the server writes an interim
         `100 Continue` at once and again at `PROBES_AFTER_S`; a write after the reset has come
-        fails, the connection is lost, and the request leaves the queue as for any disconnect."""
+        fails, the connection is lost, and the request leaves the queue as for any disconnect.
+        An HTTP/1.0 request has no interim answer to probe with (a 1.0 client cannot take a
+        1xx): before its answer has begun, EOF there means the client is gone."""
         if self._refusal_after is not None:
             self._half_closed = True  # the refusal is the last answer: then close
             return True
@@ -382,9 +385,15 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             return True
         if cycle.response_complete or cycle.more_body:
             return None
+        probing = cycle.scope["http_version"] == "1.1"
+        if not cycle.response_started and not probing:
+            # HTTP/1.0: its clients (nginx's default upstream protocol, ApacheBench) never
+            # half-close, and it has no interim answer to probe with; kept half-open, a client
+            # gone was never heard of, and its request was computed and counted served.
+            return None
         self._half_closed = True
         cycle.keep_alive = False
-        if not cycle.response_started and cycle.scope["http_version"] == "1.1":
+        if not cycle.response_started:
             self.transport.write(_PROBE)
             self._probe_again_at(0)
         return True
