@@ -19,9 +19,17 @@ from pathlib import Path
 
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.onnx_models import mlp
-from tests.runtime_process import RuntimeProcess, Scrape, outcomes, runtime_process, send
+from tests.runtime_process import (
+    RuntimeProcess,
+    Scrape,
+    free_port,
+    outcomes,
+    runtime_process,
+    send,
+)
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -464,6 +472,57 @@ def test_requests_beyond_the_connection_limit_get_503_and_a_closed_connection(
             timeout=10,
             what="a request served under the limit",
         )
+
+
+def test_the_connection_limit_holds_the_inference_port_alone(
+    mlp_model: Path, tmp_path: Path
+) -> None:
+    """Prometheus's scrape (the metrics port) and the operator's calls (the admin port) are
+    answered while the model's callers hold every connection the cap allows, and connections
+    on those ports leave the callers' share whole."""
+    metrics_port = free_port()
+    with runtime_process(
+        mlp_model,
+        "--engine", "simulated",
+        "--max-connections", "4",
+        "--metrics-port", str(metrics_port),
+        log_dir=tmp_path,
+    ) as server:  # fmt: skip
+
+        def open_connections() -> float:
+            """All ports' (the scrape's own included)."""
+            reply = send(server, "GET", "/metrics", port=metrics_port)
+            assert reply.status == 200, reply
+            return sum(
+                sample.value
+                for family in text_string_to_metric_families(reply.body.decode())
+                for sample in family.samples
+                if sample.name == "batchpilot_open_connections"
+            )
+
+        ports = (server.admin_port, metrics_port, metrics_port)
+        held = [socket.create_connection(("127.0.0.1", port), timeout=5) for port in ports]
+        held += [connect(server) for _ in range(3)]
+        try:
+            wait_until(
+                lambda: open_connections() == 3 + 3 + 1,
+                timeout=10,
+                what="the server to see the connections held",
+            )
+            # A fourth caller: within the cap, whatever the other ports hold.
+            assert send(server, "GET", "/v2").status == 200
+            held += [connect(server) for _ in range(2)]  # five callers: past the cap
+            wait_until(
+                lambda: open_connections() == 3 + 5 + 1,
+                timeout=10,
+                what="the server to see the callers past the cap",
+            )
+            assert send(server, "GET", "/v2").status == 503
+            assert send(server, "GET", "/metrics", port=metrics_port).status == 200
+            assert send(server, "GET", "/admin/metrics", port=server.admin_port).status == 200
+        finally:
+            for sock in held:
+                sock.close()
 
 
 def test_a_client_that_never_reads_its_answers_is_cut_off(tmp_path: Path) -> None:

@@ -25,7 +25,11 @@ connection, and only where the defaults leave a gap:
   in flight for ever — no read timer runs while an answer is being written;
 - a request on a connection beyond `max_connections` gets 503 + `Retry-After` and the
   connection closes — but a health check (`PROBE_PATHS`) is answered: a flood of connections
-  would otherwise fail the kubelet's probes, and restart the pod or take it out of the Service;
+  would otherwise fail the kubelet's probes, and restart the pod or take it out of the Service.
+  The cap counts and refuses the connections of the inference listener alone: those of the
+  admin and metrics listeners (`uncapped_ports`), which the operator and Prometheus reach and
+  the Service never does, are few and are answered whatever the callers hold, so that the pod
+  is still scraped and still managed when its callers fill the cap;
 - a request answered before its body was read (a 413 by its Content-Length, a refused key, an
   unknown model) is the connection's last: the answer says `Connection: close`, and the server
   half-closes and discards what the client still sends for at most `LINGER_S`, rather than
@@ -104,6 +108,9 @@ class ConnectionLimits:
     """None: no limit."""
     max_connection_age_s: float | None = None
     """None: a connection may live for ever."""
+    uncapped_ports: frozenset[int] = frozenset()
+    """Local ports (the admin and metrics listeners) whose connections `max_connections`
+    neither counts nor refuses."""
     min_body_rate: float | None = None
     """Bytes a second a body must come at on average past `BODY_RATE_GRACE_S`; None: any."""
 
@@ -183,6 +190,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     limits: ClassVar[ConnectionLimits]
     open_connections: ClassVar[OpenConnections | None] = None
+    capped: ClassVar[set[LimitedHttpToolsProtocol]]
+    """The open connections `max_connections` holds: those not on `uncapped_ports`."""
 
     @classmethod
     def with_limits(
@@ -190,7 +199,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     ) -> type[LimitedHttpToolsProtocol]:
         """The class for uvicorn's `http`; `open_connections`: where its connections are kept
         while open (None: nowhere)."""
-        return type(cls.__name__, (cls,), {"limits": limits, "open_connections": open_connections})
+        return type(
+            cls.__name__,
+            (cls,),
+            {"limits": limits, "open_connections": open_connections, "capped": set()},
+        )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -236,6 +249,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self._retire_at = self.loop.time() + age * jitter
         if self.open_connections is not None:
             self.open_connections.add(self)
+        if self.server is None or self.server[1] not in self.limits.uncapped_ports:
+            self.capped.add(self)
         # uvicorn arms its keep-alive timer only after an answer; a connection yet to send its
         # first request is as idle (the first byte disarms it, and arms the header timer).
         self.timeout_keep_alive_task = self.loop.call_later(
@@ -246,6 +261,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._kept_answered()  # (if one was still to come, it never will be)
         if self.open_connections is not None:
             self.open_connections.discard(self)
+        self.capped.discard(self)
         timers = (
             self._header_timer,
             self._body_timer,
@@ -436,7 +452,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                     f"(RFC 9112 §3.2), this one names {hosts}",
                 )
         limit = self.limits.max_connections
-        if limit is not None and len(self.connections) > limit and not self._probe_path():
+        if limit is not None and len(self.capped) > limit and self._capped_request():
             raise _Refusal(
                 503,
                 f"the server has {limit} connections open, its limit: retry on a new one",
@@ -471,10 +487,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             if self.open_connections is not None:
                 self.open_connections.owed_request_at = self.loop.time()
 
-    def _probe_path(self) -> bool:
-        """Whether the request is a health check (the kubelet's probes): answered past the
-        connection cap, which would otherwise fail them and restart, or unready, the pod."""
-        return self.url.split(b"?", 1)[0] in PROBE_PATHS
+    def _capped_request(self) -> bool:
+        """Whether the connection cap may refuse the request: one on the inference listener
+        that is not a health check (the kubelet's probes: answered past the cap, which would
+        otherwise fail them and restart, or unready, the pod)."""
+        return self in self.capped and self.url.split(b"?", 1)[0] not in PROBE_PATHS
 
     def on_message_complete(self) -> None:
         if self._ignored_upgrade is not None:

@@ -21,6 +21,7 @@ import resource
 import signal
 import socket
 import sys
+from collections.abc import Mapping
 
 import uvicorn
 
@@ -80,7 +81,9 @@ def serve(settings: RuntimeSettings) -> int:
         host=settings.host,
         port=settings.port,
         loop="uvloop",
-        http=LimitedHttpToolsProtocol.with_limits(connection_limits(settings), connections),
+        http=LimitedHttpToolsProtocol.with_limits(
+            connection_limits(settings, ports=ports), connections
+        ),
         lifespan="on",
         access_log=False,
         log_level=settings.log_level,
@@ -144,7 +147,12 @@ def allow_open_files(max_connections: int | None) -> None:
         )
 
 
-def connection_limits(settings: RuntimeSettings) -> ConnectionLimits:
+def connection_limits(settings: RuntimeSettings, *, ports: Mapping[str, int]) -> ConnectionLimits:
+    """The HTTP limits `settings` ask for. `ports`: the bound listeners' ports by name
+    (`bind_listeners`); `--max-connections` holds the inference listener's connections alone —
+    the admin and metrics ports' few callers (the operator, Prometheus) are answered however
+    many the model's callers hold."""
+    uncapped = frozenset(port for name, port in ports.items() if name != "inference")
     return ConnectionLimits(
         max_header_bytes=settings.max_header_bytes,
         header_timeout_s=settings.header_timeout_s,
@@ -154,6 +162,7 @@ def connection_limits(settings: RuntimeSettings) -> ConnectionLimits:
         keep_alive_timeout_s=settings.keep_alive_timeout_s,
         max_connections=settings.max_connections or None,
         max_connection_age_s=settings.max_connection_age_s or None,
+        uncapped_ports=uncapped,
     )
 
 
@@ -380,8 +389,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a(
         "--max-connections",
         type=int,
-        help="open HTTP connections, all ports together, beyond which a request is answered 503 "
-        "and its connection closed; 0: no limit (default 4096; BATCHPILOT_MAX_CONNECTIONS)",
+        help="open HTTP connections on the inference port beyond which a request there is "
+        "answered 503 and its connection closed (the admin and metrics ports are not held to "
+        "it); 0: no limit (default 4096; BATCHPILOT_MAX_CONNECTIONS)",
     )
     a("--batching-config", help="JSON file with maxBatchSize/maxQueueDelayMs, re-read on change")
     a(

@@ -158,8 +158,9 @@ class RuntimeSettings(BaseSettings):
     max_connections: int = Field(
         default=4096,
         ge=0,
-        description="open HTTP connections beyond which a request gets 503 and its connection "
-        "closes (0: no limit)",
+        description="open HTTP connections on the inference port beyond which a request there "
+        "gets 503 and its connection closes; the admin and metrics ports are not held to it "
+        "(0: no limit)",
     )
     batching_config: Path | None = Field(
         default=None, description="JSON file with maxBatchSize/maxQueueDelayMs, re-read on change"
