@@ -20,6 +20,8 @@ from batchpilot.runtime.body_decoding import LARGE_JSON_BYTES, WAITING_MAX, Body
 from batchpilot.runtime.errors import Overloaded, RequestTooLarge
 from batchpilot.runtime.infer_dispatch import RuntimeApp
 from batchpilot.runtime.protocol.server_codec import InferRequest
+from batchpilot.runtime.responses import CLIENT_CLOSED_REQUEST
+from batchpilot.runtime.server import ModelServer
 from tests import onnx_models
 from tests.test_infer_dispatch import call, json_request, model_server
 
@@ -152,3 +154,106 @@ async def test_a_deadline_counts_from_arrival_not_from_the_end_of_decoding(
     assert status == 504
     assert "deadline passed while its body was decoded" in orjson.loads(body)["error"]
     assert fresh == 200  # the default deadline (1 s) leaves it time
+
+
+async def gone_after_sending(
+    app: RuntimeApp, path: str, body: bytes, headers: dict[str, str]
+) -> int:
+    """One request whose client goes away as soon as its body is sent (an HTTP client's timeout
+    shorter than the decode): the status the app answered it with, to no one."""
+    scope: dict[str, Any] = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+        "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 8080),
+    }
+    sent_body = False
+    status = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent_body
+        if not sent_body:
+            sent_body = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+
+    await app(scope, receive, send)
+    return status
+
+
+def counted(server: ModelServer, name: str, **labels: str) -> float:
+    return sum(
+        sample.value
+        for family in server.metrics.registry.collect()
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+@pytest.mark.parametrize("path", ["/v2/models/mlp/infer", "/v2/models/mlp/infer/async"])
+async def test_clients_gone_while_their_bodies_wait_for_the_decoder_leave_its_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """A compressed body goes to the decoder's one thread. The clients of the one it decodes
+    and of the `WAITING_MAX` waiting behind it go away: each is answered at once (499, counted
+    cancelled, never an arrival nor a job), the waiting ones are never decoded, and a client
+    that waits is taken into the line they left — not refused 503 for work done for nobody."""
+    release = threading.Event()
+    in_thread = threading.Event()
+    decoded = 0
+    decode = BodyDecoder._decode
+
+    def held(self: BodyDecoder, *args: Any) -> InferRequest:
+        nonlocal decoded
+        decoded += 1
+        in_thread.set()
+        release.wait(timeout=10)
+        return decode(self, *args)
+
+    monkeypatch.setattr(BodyDecoder, "_decode", held)
+    model = onnx_models.mlp(tmp_path / "mlp.onnx", features=4, hidden=8, classes=3)
+    server = model_server(model)
+    app = create_app(server)
+    assert isinstance(app, RuntimeApp)
+    body = gzip.compress(json_request(1))
+    headers = {"content-encoding": "gzip", "content-length": str(len(body))}
+    server.start()
+    try:
+        gone = [asyncio.create_task(gone_after_sending(app, path, body, headers))]
+        assert await asyncio.to_thread(in_thread.wait, 5)
+        gone += [
+            asyncio.create_task(gone_after_sending(app, path, body, headers))
+            for _ in range(WAITING_MAX)
+        ]
+        _, pending = await asyncio.wait(gone, timeout=5)
+        assert not pending, "requests whose clients had gone still wait for the decoder"
+        assert [task.result() for task in gone] == [CLIENT_CLOSED_REQUEST] * (WAITING_MAX + 1)
+        waiting = asyncio.create_task(call(app, path, body, headers))
+        # The thread still holds the first body: the client that waits is in line, not refused.
+        finished, _ = await asyncio.wait({waiting}, timeout=0.2)
+        assert not finished, waiting.result()
+        release.set()
+        status, _, answer = await waiting
+        if jobs := [job.work for job in app.state.async_jobs.pending() if job.work is not None]:
+            await asyncio.wait(jobs, timeout=5)  # the job of the 202: its arrival counted
+    finally:
+        release.set()
+        await server.close()
+    assert status in (200, 202), answer
+    assert decoded == 2  # the body already in the thread when its client went, and the last
+    assert counted(server, "batchpilot_requests_total", outcome="cancelled") == WAITING_MAX + 1
+    assert counted(server, "batchpilot_arrivals_total") == 1
+    assert len(app.state.async_jobs) == (1 if path.endswith("async") else 0)

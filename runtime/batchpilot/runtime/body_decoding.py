@@ -41,7 +41,9 @@ T = TypeVar("T")
 
 class DecodeThread:
     """`await thread.run(decode)`: `decode()` in one worker thread, behind the others waiting
-    for it — at most `WAITING_MAX`, the next refused at once (`Overloaded`)."""
+    for it — at most `WAITING_MAX`, the next refused at once (`Overloaded`). Cancelled (its
+    client gone), a run leaves the line at once: a `decode` not yet started never runs, and one
+    running finishes in the thread, its result dropped."""
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="decode")

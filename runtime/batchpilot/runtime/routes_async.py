@@ -26,6 +26,8 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Coroutine
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -37,6 +39,7 @@ from batchpilot.runtime.asgi_io import (
     body_coding,
     read_body,
     request_header_length,
+    until_disconnected,
 )
 from batchpilot.runtime.async_jobs import (
     HolderNotAnswering,
@@ -190,6 +193,27 @@ def add_async_routes(
         """The caller's key id with API keys on (raises 401/403 as a submit would), else None."""
         return None if access is None else access.identify(request.headers.items())
 
+    async def decoded_while_connected(
+        request: Request, decoding: Coroutine[Any, Any, InferRequest]
+    ) -> InferRequest:
+        """The request `decoding` makes; raises `ClientDisconnect` once its client has gone
+        (the body is in): a large body waits for the decoder's one thread, and one nobody waits
+        for leaves its line undecoded rather than holding a place there, then becoming a job
+        for nobody (a decode already running finishes in its thread, for no one)."""
+        handler = asyncio.current_task()
+        assert handler is not None
+        watcher = asyncio.get_running_loop().create_task(
+            until_disconnected(request.receive, handler)
+        )
+        try:
+            return await decoding
+        except asyncio.CancelledError:
+            if not (watcher.done() and handler.uncancel() == 0):
+                raise
+            raise ClientDisconnect() from None
+        finally:
+            watcher.cancel()
+
     async def submit(request: Request) -> Response:
         owner: str | None = None
         if access is not None:
@@ -205,7 +229,9 @@ def add_async_routes(
             coding = body_coding(request.scope["headers"])
             body = await read_body(request, max_body_bytes)
             arrived = time.perf_counter()  # its deadline counts from here (as the sync route's)
-            parsed = await decoder.decode(body, coding, request_header_length(request))
+            parsed = await decoded_while_connected(
+                request, decoder.decode(body, coding, request_header_length(request))
+            )
             server.validate(parsed, background=True)  # a bad request fails now, not in its job
             job = jobs.submit(owner=owner, owners=1 if access is None else access.callers())
         except InferenceError as exc:

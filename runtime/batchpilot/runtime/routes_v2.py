@@ -215,11 +215,15 @@ def add_v2_routes(
             # Its deadline counts from here: how fast the client sends is its own; the decoder's
             # line, the server's (`ModelServer.infer`).
             arrived = time.perf_counter()
-            parsed = await decoder.decode(body, coding, parse_header_length(header_length_text))
             handler = asyncio.current_task()
             assert handler is not None
+            # Watched from here, the decode included: a large body waits for the decoder's one
+            # thread, and one whose client has gone leaves the decoder's line undecoded (a
+            # decode already running finishes in its thread, for no one) rather than holding a
+            # place there, then arriving, for nobody.
             watcher = asyncio.get_running_loop().create_task(until_disconnected(receive, handler))
             try:
+                parsed = await decoder.decode(body, coding, parse_header_length(header_length_text))
                 outputs = await server.infer(
                     parsed,
                     retry=is_retry_raw(scope["headers"]),
