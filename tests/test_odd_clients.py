@@ -1,7 +1,8 @@
 """Clients the other HTTP tests do not play, on a raw socket against a real server process: ones
 that pipeline (write requests back to back before reading), send bodies chunked, cut short, or
-behind `Expect: 100-continue` or an `Upgrade` the server does not take, send HTTP the parser
-refuses, ask with HEAD, or ask for rows that hold no data.
+behind `Expect: 100-continue` or an `Upgrade` the server does not take, or in a transfer-coding
+it does not decode, send HTTP the parser refuses, ask with HEAD, or ask for rows that hold no
+data.
 
 What each must get: its answers in the order of its requests, none lost; a refusal as a JSON
 `{"error": ...}` with a reason, as the connection's last answer, after the answers ahead of it.
@@ -326,6 +327,21 @@ class TestBodies:
         answers, ended = exchange(server, post() + short, half_close=True)
         assert [a.status for a in answers] == [200, 400], answers
         assert_served(answers[0])
+        assert ended == "eof"
+
+
+class TestTransferCodings:
+    @pytest.mark.parametrize("coding", ["gzip, chunked", "gzip"])
+    def test_other_than_chunked_get_501_naming_the_coding(
+        self, server: RuntimeProcess, coding: str
+    ) -> None:
+        """No transfer-coding but chunked is decoded: read as it is, a gzip'd body was refused
+        as "not valid JSON" (compression goes in Content-Encoding)."""
+        header = b"Transfer-Encoding: %s\r\n" % coding.encode()
+        request_ = post(chunked(gzip.compress(BODY)), headers=header, length=-1)
+        answers, ended = exchange(server, request_)
+        assert len(answers) == 1, answers
+        assert_refused(answers[0], 501, f"Transfer-Encoding '{coding}' is not supported")
         assert ended == "eof"
 
 

@@ -40,7 +40,9 @@ connection, and only where the defaults leave a gap:
 - a request that is not valid HTTP/1.1 gets 400 with the parser's reason, in JSON as every other
   error (uvicorn answers in plain text only "Invalid HTTP request received", and closes at once);
   so does an HTTP/1.1 request without a Host header or with two (RFC 9112 §3.2 asks a server to
-  refuse both: two Hosts are how a request smuggled past a proxy names another one);
+  refuse both: two Hosts are how a request smuggled past a proxy names another one); one with a
+  `Transfer-Encoding` other than `chunked` (`gzip, chunked`) gets 501 naming it, as RFC 9112
+  §6.1 asks for a transfer-coding the server does not decode;
 - each refusal above waits for the answers to the requests pipelined before it on the
   connection: written at once, it would be read as the answer to the first of them, and its
   close would lose the rest (see `_refuse`);
@@ -182,6 +184,21 @@ class _Refusal(Exception):
         super().__init__(error)
         self.status = status
         self.headers = headers
+
+
+def _check_transfer_codings(sent: str) -> None:
+    """Refuse (501, RFC 9112 §6.1) a `Transfer-Encoding` other than `chunked` alone: the parser
+    takes the chunks of `gzip, chunked` off, but nothing decodes the gzip under them, and read
+    as it is the body was refused as "not valid JSON" (a `Transfer-Encoding` without `chunked`
+    last, the parser refuses itself: its framing is unknown)."""
+    codings = [coding.strip().lower() for coding in sent.split(",")]
+    if [coding for coding in codings if coding and coding != "identity"] != ["chunked"]:
+        raise _Refusal(
+            501,
+            f"Transfer-Encoding {sent!r} is not supported: the server decodes no transfer-coding "
+            "but chunked; send the body chunked alone, compressed with Content-Encoding "
+            "(gzip or deflate) if need be",
+        )
 
 
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
@@ -443,14 +460,21 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
             if size > self.limits.max_header_bytes:
                 raise self._headers_too_large()
-        if self.parser.get_http_version() == "1.1":
-            hosts = sum(name == b"host" for name, _ in self.headers)
-            if hosts != 1:
-                raise _Refusal(
-                    400,
-                    "the request is not valid HTTP/1.1: it must name its Host once "
-                    f"(RFC 9112 §3.2), this one names {hosts}",
-                )
+        hosts = 0
+        transfer_codings: list[bytes] = []
+        for name, value in self.headers:
+            if name == b"host":
+                hosts += 1
+            elif name == b"transfer-encoding":
+                transfer_codings.append(value)
+        if hosts != 1 and self.parser.get_http_version() == "1.1":
+            raise _Refusal(
+                400,
+                "the request is not valid HTTP/1.1: it must name its Host once "
+                f"(RFC 9112 §3.2), this one names {hosts}",
+            )
+        if transfer_codings:
+            _check_transfer_codings(b", ".join(transfer_codings).decode("latin-1"))
         limit = self.limits.max_connections
         if limit is not None and len(self.capped) > limit and self._capped_request():
             raise _Refusal(
