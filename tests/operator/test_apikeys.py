@@ -374,6 +374,11 @@ class TestTheSecretInMemory:
         token = cluster.kube.of(SECRET, NS, "resnet50-admin-token")
         assert slim_secret(token)["data"] == token["data"]  # the plan keeps the token
         assert "data" not in slim_secret(keys_secret(GOOD_KEYS))
+        # Orphaned (`kubectl delete --cascade=orphan`): its labels say whose it is, and the
+        # plan adopts it, token and all.
+        del token["metadata"]["ownerReferences"]
+        assert slim_secret(token)["data"] == token["data"]
+        assert slim_secret(token)["metadata"]["labels"] == token["metadata"]["labels"]
 
     def test_the_reconciler_over_the_cache_makes_no_request_once_settled(self) -> None:
         api = WatchedApi()

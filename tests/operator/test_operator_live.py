@@ -261,6 +261,61 @@ class TestForeignObjects:
         assert cluster.get("service", "orientation") is not None  # still theirs
 
 
+class TestRecreatedUnderItsName:
+    def test_a_service_deleted_orphaning_its_children_and_applied_again_adopts_them(
+        self, cluster: Cluster
+    ) -> None:
+        doc = example()
+        doc["metadata"]["name"] = "restored"
+        cluster.apply(doc)
+        wait_until(lambda: cluster.get("deployment", "restored"), what="the Deployment")
+        cluster.kubectl("scale", "deployment", "restored", "--replicas=3")
+        wait_until(lambda: cluster.get("poddisruptionbudget", "restored"), what="its PDB")
+        old = cluster.get("inferenceservice", "restored")
+        assert old is not None
+        cluster.kubectl("delete", "inferenceservice", "restored", "--cascade=orphan")
+        wait_until(
+            lambda: (
+                (d := cluster.get("deployment", "restored"))
+                and not d["metadata"].get("ownerReferences")
+            ),
+            what="the Deployment orphaned",
+        )
+
+        cluster.apply(doc)
+        new = wait_until(lambda: cluster.get("inferenceservice", "restored"), what="it again")
+        assert new["metadata"]["uid"] != old["metadata"]["uid"]
+        deployment = wait_until(
+            lambda: (
+                (d := cluster.get("deployment", "restored"))
+                and (d["metadata"].get("ownerReferences") or [{}])[0].get("uid")
+                == new["metadata"]["uid"]
+                and d
+            ),
+            what="the Deployment adopted",
+        )
+        assert deployment["spec"]["replicas"] == 3  # not minReplicas
+        wait_until(
+            lambda: ready_reason(cluster, "restored") == "Progressing", what="Ready=Progressing"
+        )
+        for kind, name in [
+            ("service", "restored"),
+            ("configmap", "restored-batching"),
+            ("secret", "restored-admin-token"),
+            ("networkpolicy", "restored"),
+            ("poddisruptionbudget", "restored"),
+        ]:
+            child = cluster.get(kind, name)
+            assert child is not None, kind
+            (ref,) = child["metadata"]["ownerReferences"]
+            assert ref["uid"] == new["metadata"]["uid"], kind
+        out = cluster.kubectl("describe", "inferenceservice", "restored")
+        assert "adopted Deployment restored" in out
+        assert "ChildConflict" not in out
+        cluster.kubectl("delete", "inferenceservice", "restored")
+        wait_until(lambda: cluster.get("deployment", "restored") is None, what="its Deployment")
+
+
 # (case, change to the spec, what kubectl must print)
 INVALID = [
     ("no-sla", {"sla": None}, "spec.sla: Required value"),

@@ -747,6 +747,28 @@ class TestForeignObjects:
         assert "waits" not in ready["message"]
 
 
+class TestAdoption:
+    def test_a_service_recreated_under_its_name_adopts_its_orphans_as_they_are(self) -> None:
+        cluster = Cluster(isvc())
+        cluster.reconcile()
+        cluster.kube.objects[("Deployment", NS, "resnet50")]["spec"]["replicas"] = 3
+        cluster.reconcile()  # the disruption budget 3 replicas warrant
+        # `kubectl delete --cascade=orphan`, then the same manifest applied again: a new uid.
+        for obj in cluster.kube.objects.values():
+            obj["metadata"].pop("ownerReferences", None)
+        cluster.body = isvc()
+        cluster.body["metadata"]["uid"] = "isvc-uid-2"
+        outcome = cluster.reconcile()
+        assert {w[0] for w in cluster.kube.writes[-6:]} == {"replace"}
+        assert [e.reason for e in outcome.events] == ["Adopted"] * 6
+        (ready,) = cluster.body["status"]["conditions"]
+        assert ready["reason"] != "ChildConflict"
+        deployment = cluster.kube.of(DEPLOYMENT, NS, "resnet50")
+        assert deployment["metadata"]["ownerReferences"][0]["uid"] == "isvc-uid-2"
+        assert deployment["spec"]["replicas"] == 3
+        assert cluster.writes_of(cluster.reconcile) == []
+
+
 class TestWritesTheAPIServerRefuses:
     REFUSAL = (
         'Deployment.apps "resnet50" is invalid: spec.template.spec.containers[0].resources.'

@@ -10,7 +10,10 @@ Who owns what:
   recommendation, an HPA): kept as found, clamped into the spec's bounds, `minReplicas` at
   creation;
 - the admin token is generated once and kept;
-- an object of a child's name that this InferenceService does not control is never touched.
+- an object of a child's name that this InferenceService does not control is never touched,
+  unless the operator made it for an InferenceService of this name that is gone (orphaned, or
+  restored with a gone uid's ownerReference, `children.common.adoptable`): that one is adopted
+  as a ReplicaSet adopts its orphans, its values in force kept as an owned child's are.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from batchpilot.operator.children.common import Owner, owned_by
+from batchpilot.operator.children.common import Owner, ours, owned_by
 from batchpilot.operator.children.configmap import batching_edited, batching_in, build_configmap
 from batchpilot.operator.children.deadline import default_deadline_ms
 from batchpilot.operator.children.deployment import build_deployment
@@ -81,6 +84,9 @@ class ChildrenPlan:
     delete: list[tuple[ResourceKind, str]] = field(default_factory=list)
     conflicts: list[tuple[ResourceKind, str]] = field(default_factory=list)
     """Children whose name is taken by an object this InferenceService does not control."""
+    adopted: list[tuple[ResourceKind, str]] = field(default_factory=list)
+    """Children the operator made for a gone InferenceService of this name, which their writes
+    in `replace` make this one's (`children.common.adoptable`)."""
     held: bool = False
     """The Deployment's writes are held back: a child its pods depend on is in conflict."""
 
@@ -100,6 +106,8 @@ class ChildrenPlan:
             (these if kind in kinds else rest).delete.append((kind, name))
         for kind, name in self.conflicts:
             (these if kind in kinds else rest).conflicts.append((kind, name))
+        for kind, name in self.adopted:
+            (these if kind in kinds else rest).adopted.append((kind, name))
         return rest, these
 
 
@@ -114,16 +122,16 @@ def owned_values(
     token: str | None = None,
     outside_s: float | None = None,
 ) -> Owned:
-    """Replicas, batching and token in force: kept from the children where they are ours. The
+    """Replicas, batching and token in force: kept from the children where they are ours (or
+    adopted, `children.common.adoptable`: what a service re-created or restored under its name
+    finds in force is what it goes on with, not `minReplicas` and batch 1). The
     deadline follows the SLA less `outside_s`, the latency the autopilot learned is spent
     outside the batcher (see `children.deadline`)."""
     spec = owner.spec
     scaling = spec.scaling
     replicas = scaling.min_replicas
     batch_size, delay_ms = spec.batching.batch_size, spec.batching.max_queue_delay_ms
-    mine = {
-        kind: obj for kind, obj in observed.items() if obj is not None and owned_by(obj, owner.uid)
-    }
+    mine = {kind: obj for kind, obj in observed.items() if obj is not None and ours(obj, owner)}
     deployment = mine.get(DEPLOYMENT)
     if deployment is not None:
         current = deployment.get("spec", {}).get("replicas")
@@ -305,7 +313,7 @@ def plan(
     for kind, desired in desired_children(owner, settings, owned).items():
         actual = observed.get(kind)
         name = desired["metadata"]["name"] if desired else _child_name(owner, kind)
-        if actual is not None and not owned_by(actual, owner.uid):
+        if actual is not None and not ours(actual, owner):
             result.conflicts.append((kind, name))
         elif desired is None:
             if actual is not None:
@@ -313,6 +321,10 @@ def plan(
         elif actual is None:
             result.create.append(desired)
         elif not converged(desired, actual):
+            # An adopted child is never converged (its controller reference is another's, or
+            # none): the replacement carries this owner's.
+            if not owned_by(actual, owner.uid):
+                result.adopted.append((kind, name))
             result.replace.append(replacement(desired, actual))
     if any(kind in POD_DEPENDENCIES for kind, _ in result.conflicts):
         # The pods would mount another's Secret or ConfigMap (its token, its batching), or run

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from batchpilot.operator import conditions, events, rollout
 from batchpilot.operator.children.apikeys import access_document, auth_status, keys_secret_problem
-from batchpilot.operator.children.common import Owner, owned_by
+from batchpilot.operator.children.common import Owner, ours
 from batchpilot.operator.children.deployment import UnsupportedModelSource
 from batchpilot.operator.children.exposure import exposure_status, not_served_message
 from batchpilot.operator.children.networkpolicy import access_status
@@ -283,7 +283,7 @@ class Reconciler:
         wait_s = self._settings.rollout_in_place_after_seconds
         if deployment is None or self._read_pods is None or wait_s <= 0:
             return False, None
-        if not owned_by(deployment, owner.uid) or not rollout.rollout_under_way(deployment):
+        if not ours(deployment, owner) or not rollout.rollout_under_way(deployment):
             return False, None
         pods = self._read_pods(owner.namespace, dict(owner.selector))
         if not rollout.rolls_in_place(deployment, pods, now=now, wait_s=wait_s):
@@ -419,7 +419,11 @@ class Reconciler:
             outcome.events.append(
                 Event("Normal", events.CREATED, f"created {obj['kind']} {obj['metadata']['name']}")
             )
-        self._apply(ChildrenPlan(replace=todo.replace, delete=todo.delete), children, outcome)
+        self._apply(
+            ChildrenPlan(replace=todo.replace, delete=todo.delete, adopted=todo.adopted),
+            children,
+            outcome,
+        )
         return None
 
     def _observe(self, owner: Owner) -> dict[ResourceKind, dict[str, Any] | None]:
@@ -440,14 +444,18 @@ class Reconciler:
                 Event("Normal", events.CREATED, f"created {obj['kind']} {obj['metadata']['name']}")
             )
         for obj in todo.replace:
-            children[KINDS[obj["kind"]]] = self._kube.replace(obj)
-            outcome.events.append(
-                Event(
-                    "Normal",
-                    events.UPDATED,
-                    f"updated {obj['kind']} {obj['metadata']['name']} to match the spec",
+            kind, name = KINDS[obj["kind"]], obj["metadata"]["name"]
+            children[kind] = self._kube.replace(obj)
+            said = (
+                (
+                    events.ADOPTED,
+                    f"adopted {kind.kind} {name}, which the operator made for an earlier "
+                    "InferenceService of this name; the values in force are kept",
                 )
+                if (kind, name) in todo.adopted
+                else (events.UPDATED, f"updated {kind.kind} {name} to match the spec")
             )
+            outcome.events.append(Event("Normal", *said))
         for kind, name in todo.delete:
             self._kube.delete(kind, observed_namespace(children, kind), name)
             children[kind] = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batchpilot.operator.spec import API_VERSION, KIND, InferenceServiceSpec
+from batchpilot.operator.spec import API_VERSION, GROUP, KIND, InferenceServiceSpec
 
 MANAGED_BY = "batchpilot"
 ISVC_LABEL = "batchpilot.io/inferenceservice"
@@ -80,3 +80,47 @@ def owned_by(child: dict[str, object], uid: str) -> bool:
         isinstance(ref, dict) and ref.get("uid") == uid and ref.get("controller")
         for ref in refs or []
     )
+
+
+def adoptable(child: dict[str, object], owner: Owner) -> bool:
+    """Whether `child` is one the operator made for an InferenceService of `owner`'s name and no
+    live owner controls: left behind by `kubectl delete --cascade=orphan` (no controller
+    ownerReference), or put back by a restore with its controller ownerReference naming an
+    InferenceService of this name that is gone (another uid: two InferenceServices of one name
+    never exist at once in a namespace, and an ownerReference names an owner of its own
+    namespace). Its labels say whose it is: `app.kubernetes.io/managed-by=batchpilot` and
+    `batchpilot.io/inferenceservice=<name>`. An object without them, or controlled by anything
+    else, is never adopted.
+
+    What that trusts: the labels prove nothing of who wrote the object, only that whoever did
+    can write objects of its kind in the namespace — as can whoever edits the children the
+    operator owns. Adoption keeps what reconciling an owned child keeps (the admin token, the
+    replica count and the batch settings, clamped into the spec's bounds) and rewrites the rest
+    from the spec, so it grants the namespace's writers nothing they lack."""
+    metadata = child.get("metadata")
+    if not isinstance(metadata, dict):
+        return False
+    labels = metadata.get("labels") or {}
+    if not isinstance(labels, dict) or not (
+        labels.get("app.kubernetes.io/managed-by") == MANAGED_BY
+        and labels.get(ISVC_LABEL) == owner.name
+    ):
+        return False
+    controllers = [
+        ref
+        for ref in metadata.get("ownerReferences") or []
+        if isinstance(ref, dict) and ref.get("controller")
+    ]
+    return all(
+        ref.get("kind") == KIND
+        and str(ref.get("apiVersion", "")).split("/")[0] == GROUP
+        and ref.get("name") == owner.name
+        and ref.get("uid") != owner.uid
+        for ref in controllers
+    )
+
+
+def ours(child: dict[str, object], owner: Owner) -> bool:
+    """Whether reconcile treats `child` as this InferenceService's: controlled by it, or
+    `adoptable` (the next write makes it controlled)."""
+    return owned_by(child, owner.uid) or adoptable(child, owner)

@@ -7,7 +7,9 @@ service's keys would sit in the operator's memory for as long as it runs, to ser
 a Secret the operator does not control is kept as what the check needs and no more: its name,
 resourceVersion and whether the runtime can use it (`problem`, worded without a key), worked out
 once from the watch's copy, which then goes. The operator's own Secrets (the admin token, a child
-of an InferenceService) are kept whole: the plan keeps their token.
+of an InferenceService) are kept whole: the plan keeps their token. So is one with the
+operator's labels and no InferenceService controlling it, an admin token a gone InferenceService
+left behind: the plan adopts it by its labels (`common.adoptable`), its token kept.
 
 Pure: the Secret is an argument.
 """
@@ -20,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from batchpilot.api.access import MAX_KEYS, key_id_problem, key_problem
+from batchpilot.operator.children.common import ISVC_LABEL, MANAGED_BY
 from batchpilot.operator.spec import KIND
 
 CHECKED = "batchpilot.io/keysChecked"
@@ -72,11 +75,17 @@ def controlled_by_an_inferenceservice(secret: Mapping[str, Any]) -> bool:
     )
 
 
+def labelled_as_a_child(secret: Mapping[str, Any]) -> bool:
+    labels = (secret.get("metadata") or {}).get("labels") or {}
+    return labels.get("app.kubernetes.io/managed-by") == MANAGED_BY and ISVC_LABEL in labels
+
+
 def slim_secret(secret: dict[str, Any]) -> dict[str, Any]:
-    """What the cache keeps of a Secret: the operator's own whole (less managedFields), any
-    other as its metadata and the keys check's verdict."""
+    """What the cache keeps of a Secret: the operator's own whole (less managedFields), and one
+    labelled as its own (which the plan may adopt); any other as its metadata and the keys
+    check's verdict."""
     meta = secret.get("metadata") or {}
-    if controlled_by_an_inferenceservice(secret):
+    if controlled_by_an_inferenceservice(secret) or labelled_as_a_child(secret):
         return {**secret, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
     return {
         "apiVersion": "v1",
