@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 from batchpilot.operator.kinds import KINDS, ResourceKind
@@ -23,6 +24,9 @@ class FakeKube:
         self.refused: dict[str, str] = {}
         """Kinds whose writes the API server refuses (422), with its words: a cluster's
         validation or admission policy turning the object down."""
+        self.admission: Callable[[dict[str, Any]], None] | None = None
+        """A mutating admission webhook: changes what is created or replaced before it is
+        stored (a toleration added, an image's registry rewritten)."""
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.writes: list[tuple[str, str, str]] = []
         self._versions = itertools.count(1)
@@ -54,6 +58,8 @@ class FakeKube:
             raise KubeError(422, self.refused[obj["kind"]])
         self.writes.append(("create", obj["kind"], meta["name"]))
         stored = copy.deepcopy(obj)
+        if self.admission is not None:
+            self.admission(stored)
         _server_defaults(stored)
         return self.put_object(stored)
 
@@ -67,6 +73,8 @@ class FakeKube:
             raise KubeError(409, "the object has been modified")
         self.writes.append(("replace", obj["kind"], meta["name"]))
         stored = copy.deepcopy(obj)
+        if self.admission is not None:
+            self.admission(stored)
         stored["metadata"]["uid"] = current["metadata"]["uid"]
         if "status" in current:
             stored["status"] = current["status"]

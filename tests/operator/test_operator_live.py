@@ -19,6 +19,7 @@ from kopf.testing import KopfRunner
 
 from batchpilot.operator import telemetry
 from batchpilot.sandbox import LocalKubernetesAPI
+from batchpilot.sandbox import store as sandbox_store
 from tests.operator.test_telemetry import counted_for
 from tests.waiting import wait_until
 
@@ -314,6 +315,54 @@ class TestRecreatedUnderItsName:
         assert "ChildConflict" not in out
         cluster.kubectl("delete", "inferenceservice", "restored")
         wait_until(lambda: cluster.get("deployment", "restored") is None, what="its Deployment")
+
+
+SPOT = {"key": "corp.example.com/spot", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def add_the_spot_toleration(rt: Any, body: Any, *, name: str) -> Any:
+    """What a mutating webhook (Kyverno's rule for Deployments from a Pod policy) does to the
+    Deployment `name`: one more toleration."""
+    metadata = body.get("metadata", {}) if isinstance(body, dict) else {}
+    if getattr(rt, "kind", None) == "Deployment" and metadata.get("name") == name:
+        pod = body["spec"]["template"]["spec"]
+        if SPOT not in pod.setdefault("tolerations", []):
+            pod["tolerations"].append(dict(SPOT))
+    return body
+
+
+class TestAdmissionWebhook:
+    def test_a_deployment_a_webhook_changes_is_written_once_not_every_pass(
+        self, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        create, update = sandbox_store.Store.create, sandbox_store.Store.update
+
+        def admitted_create(self: Any, rt: Any, namespace: Any, body: Any, **kw: Any) -> Any:
+            return create(self, rt, namespace, add_the_spot_toleration(rt, body, name="spot"), **kw)
+
+        def admitted_update(
+            self: Any, rt: Any, namespace: Any, name: str, body: Any, **kw: Any
+        ) -> Any:
+            if kw.get("subresource") is None:
+                body = add_the_spot_toleration(rt, body, name="spot")
+            return update(self, rt, namespace, name, body, **kw)
+
+        monkeypatch.setattr(sandbox_store.Store, "create", admitted_create)
+        monkeypatch.setattr(sandbox_store.Store, "update", admitted_update)
+        doc = example()
+        doc["metadata"]["name"] = "spot"
+        cluster.apply(doc)
+        deployment = wait_until(lambda: cluster.get("deployment", "spot"), what="the Deployment")
+        assert SPOT in deployment["spec"]["template"]["spec"]["tolerations"]
+        wait_until(lambda: cluster.get("service", "spot"), what="the Service")
+        time.sleep(1)
+        before = cluster.api.writes.count("deployments.apps", name="spot", method="PUT")
+        time.sleep(5)  # two or three periodic passes (every 2 s)
+        assert cluster.api.writes.count("deployments.apps", name="spot", method="PUT") == before
+        out = cluster.kubectl("describe", "inferenceservice", "spot")
+        assert "ChangedOnAdmission" in out
+        assert "Updated" not in out
+        cluster.kubectl("delete", "inferenceservice", "spot")
 
 
 # (case, change to the spec, what kubectl must print)

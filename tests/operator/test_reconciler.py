@@ -539,6 +539,99 @@ class TestDrift:
         assert cluster.body["status"]["observedGeneration"] == 2
 
 
+def add_a_toleration(obj: dict[str, Any]) -> None:
+    """A Kyverno rule generated for Deployments from a Pod policy: one more toleration."""
+    if obj["kind"] == "Deployment":
+        pod = obj["spec"]["template"]["spec"]
+        pod.setdefault("tolerations", []).append({"key": "team", "operator": "Exists"})
+
+
+def rewrite_the_registry(obj: dict[str, Any]) -> None:
+    """A registry-rewriting policy: every image pulled through the mirror."""
+    if obj["kind"] == "Deployment":
+        for container in obj["spec"]["template"]["spec"]["containers"]:
+            container["image"] = "mirror.corp/" + container["image"].split("/", 1)[-1]
+
+
+def image_of(cluster: Cluster) -> str:
+    deployment = cluster.kube.of(DEPLOYMENT, NS, "resnet50")
+    return str(deployment["spec"]["template"]["spec"]["containers"][0]["image"])
+
+
+class TestAdmissionWebhooks:
+    """What a mutating webhook changes of the operator's own writes is accepted, once."""
+
+    def test_a_field_a_webhook_adds_is_written_once_not_every_pass(self) -> None:
+        cluster = Cluster(isvc())
+        cluster.kube.admission = add_a_toleration
+        outcome = cluster.reconcile()
+        (said,) = [e for e in outcome.events if e.reason == "ChangedOnAdmission"]
+        assert said.message.startswith("the API server stored Deployment resnet50 otherwise")
+        assert "spec.template.spec.tolerations" in said.message
+        for _ in range(3):
+            cluster.now += timedelta(minutes=1)
+            assert cluster.writes_of(cluster.reconcile) == []
+            assert cluster.reconcile().events == []
+
+    def test_a_webhook_rewriting_the_image_is_accepted_and_a_persons_edit_still_put_back(
+        self,
+    ) -> None:
+        cluster = Cluster(isvc())
+        cluster.kube.admission = rewrite_the_registry
+        cluster.reconcile()
+        assert image_of(cluster).startswith("mirror.corp/batchpilot/runtime-gpu")
+        assert cluster.writes_of(cluster.reconcile) == []
+        # Someone else sets an image: put back, through the webhook again, once.
+        stored = cluster.kube.objects[("Deployment", NS, "resnet50")]
+        stored["spec"]["template"]["spec"]["containers"][0]["image"] = "someone/else:latest"
+        outcome = cluster.reconcile()
+        assert cluster.kube.writes[-1] == ("replace", "Deployment", "resnet50")
+        assert image_of(cluster).startswith("mirror.corp/batchpilot/runtime-gpu")
+        assert [e.reason for e in outcome.events] == ["Updated"]  # its change was said before
+        assert cluster.writes_of(cluster.reconcile) == []
+
+    def test_a_spec_change_is_written_through_the_webhook_once(self) -> None:
+        cluster = Cluster(isvc())
+        cluster.kube.admission = add_a_toleration
+        cluster.reconcile()
+        cluster.body["spec"]["runtime"]["image"] = "registry.local/runtime:2"
+        outcome = cluster.reconcile()
+        assert cluster.kube.writes[-1] == ("replace", "Deployment", "resnet50")
+        assert image_of(cluster) == "registry.local/runtime:2"
+        assert [e.reason for e in outcome.events] == ["Updated", "ChangedOnAdmission"]
+        assert cluster.writes_of(cluster.reconcile) == []
+
+    def test_replicas_the_autopilot_moves_are_no_reason_to_write(self) -> None:
+        cluster = Cluster(isvc())
+        cluster.kube.admission = add_a_toleration
+        cluster.reconcile()
+        cluster.kube.objects[("Deployment", NS, "resnet50")]["spec"]["replicas"] = 3
+        assert cluster.writes_of(cluster.reconcile) == [
+            ("create", "PodDisruptionBudget", "resnet50")
+        ]
+        # Moved out of the spec's bounds, though, it is clamped back.
+        cluster.kube.objects[("Deployment", NS, "resnet50")]["spec"]["replicas"] = 9
+        assert cluster.writes_of(cluster.reconcile)[0] == ("replace", "Deployment", "resnet50")
+        assert cluster.kube.of(DEPLOYMENT, NS, "resnet50")["spec"]["replicas"] == 4
+
+    def test_an_operator_that_starts_writes_once_more_then_settles(self) -> None:
+        cluster = Cluster(isvc())
+        cluster.kube.admission = add_a_toleration
+        cluster.reconcile()
+        cluster.reconciler = Cluster(cluster.body, kube=cluster.kube).reconciler  # a new leader
+        assert cluster.writes_of(cluster.reconcile) == [("replace", "Deployment", "resnet50")]
+        assert cluster.writes_of(cluster.reconcile) == []
+
+    def test_a_deleted_service_is_forgotten(self) -> None:
+        cluster = Cluster(isvc())
+        cluster.kube.admission = add_a_toleration
+        cluster.reconcile()
+        cluster.reconciler.forget(NS, "bert")  # another service: nothing of this one goes
+        assert cluster.writes_of(cluster.reconcile) == []
+        cluster.reconciler.forget(NS, "resnet50")
+        assert cluster.writes_of(cluster.reconcile) == [("replace", "Deployment", "resnet50")]
+
+
 class TestAutopilotOwnership:
     def test_in_auto_mode_replicas_and_batching_in_force_are_kept(self) -> None:
         cluster = Cluster(isvc())

@@ -12,6 +12,10 @@ CHILD_CONFLICT = "ChildConflict"
 ADOPTED = "Adopted"
 """A child the operator made for a gone InferenceService of this name (orphaned, or restored) was
 made this one's, its values in force kept (`children.common.adoptable`)."""
+CHANGED_ON_ADMISSION = "ChangedOnAdmission"
+"""The API server stored a child otherwise than the operator sent it (an admission webhook added or
+changed fields): kept as stored while the rendering is the same (`plan.Admitted`). Posted when a
+rendering is first stored so, not on every pass."""
 INVALID_SPEC = "InvalidSpec"
 APPLY_FAILED = "ApplyFailed"
 API_KEYS_SECRET_MISSING = "ApiKeysSecretMissing"

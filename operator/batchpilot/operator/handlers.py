@@ -502,6 +502,9 @@ def deleted(name: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> None
     goes here (an InferenceService deleted while the operator was down was never in it)."""
     log.info("InferenceService %s/%s deleted; its children go with it", namespace, name)
     telemetry.forget(namespace or "", name)
+    reconciler: Reconciler | None = memo.get("reconciler")
+    if reconciler is not None and namespace is not None:
+        reconciler.forget(namespace, name)
     for remembering in ("access_pusher", "rebalancer"):
         pusher: AccessPusher | ConnectionRebalancer | None = memo.get(remembering)
         if pusher is not None and namespace is not None:

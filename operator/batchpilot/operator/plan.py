@@ -13,13 +13,19 @@ Who owns what:
 - an object of a child's name that this InferenceService does not control is never touched,
   unless the operator made it for an InferenceService of this name that is gone (orphaned, or
   restored with a gone uid's ownerReference, `children.common.adoptable`): that one is adopted
-  as a ReplicaSet adopts its orphans, its values in force kept as an owned child's are.
+  as a ReplicaSet adopts its orphans, its values in force kept as an owned child's are;
+- what the API server made of the operator's own write (an admission webhook adding a
+  toleration, rewriting the image's registry) is accepted while the rendering is the same and
+  the child is as the server stored it (`Admitted`): the write is not made again every pass.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -89,6 +95,9 @@ class ChildrenPlan:
     in `replace` make this one's (`children.common.adoptable`)."""
     held: bool = False
     """The Deployment's writes are held back: a child its pods depend on is in conflict."""
+    rendered: dict[ResourceKind, Obj] = field(default_factory=dict)
+    """Each created or replaced child as rendered, before the server's fields were kept: what
+    `admitted` compares the write's answer with."""
 
     @property
     def writes(self) -> int:
@@ -108,6 +117,8 @@ class ChildrenPlan:
             (these if kind in kinds else rest).conflicts.append((kind, name))
         for kind, name in self.adopted:
             (these if kind in kinds else rest).adopted.append((kind, name))
+        for kind, obj in self.rendered.items():
+            (these if kind in kinds else rest).rendered[kind] = obj
         return rest, these
 
 
@@ -265,6 +276,107 @@ def converged(desired: Obj, actual: Obj) -> bool:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """What the API server stored of the operator's last write of a child, where that was not
+    what was sent: an admission webhook (Kyverno's pod-controller rules, a registry rewrite)
+    added or changed fields. As fingerprints (`fingerprint`): the rendering sent, and the object
+    the server stored.
+
+    A later pass that renders the same child and finds it as stored is converged, though
+    `contains` disagrees: writing it again would only be mutated again, each pass a write and an
+    Event for ever. A person's edit changes what is stored and is put back, once more through the
+    webhook; a new rendering (a spec edit) is written."""
+
+    rendered: str
+    stored: str
+    changed: tuple[str, ...] = ()
+    """Where the stored object differs from the rendering (the first few paths)."""
+
+
+_KEPT_PATHS: dict[str, tuple[tuple[str, ...], ...]] = {"Deployment": (("spec", "replicas"),)}
+"""Rendered fields whose value is kept from the child (`owned_values`): the autopilot moves them
+between passes, so they are compared apart from the fingerprints, as they are."""
+
+
+def _at(obj: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        obj = obj.get(key) if isinstance(obj, dict) else None
+    return obj
+
+
+def fingerprint(obj: Obj, desired: Obj) -> str:
+    """A hash of what of `obj` the operator renders in `desired`: the body (`spec`, `data`,
+    `type`) whole, less the kept fields; the owner references; the labels and annotations
+    `desired` has (others' are theirs). `fingerprint(desired, desired)`: the rendering's."""
+    meta, wanted = obj.get("metadata") or {}, desired["metadata"]
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    body = {f: copy.deepcopy(obj.get(f)) for f in _BODY_FIELDS if f in desired}
+    for *parents, last in _KEPT_PATHS.get(desired["kind"], ()):
+        parent = _at(body, tuple(parents))
+        if isinstance(parent, dict):
+            parent.pop(last, None)
+    projection = {
+        "labels": {key: labels.get(key) for key in wanted["labels"]},
+        "annotations": {key: annotations.get(key) for key in wanted.get("annotations") or {}},
+        "ownerReferences": meta.get("ownerReferences") or [],
+        "body": body,
+    }
+    text = json.dumps(projection, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def admitted(desired: Obj, answered: Obj) -> Admitted | None:
+    """What the server made of a write of `desired` (`answered`, the write's answer) where it
+    is not what was sent; None: stored as sent."""
+    if converged(desired, answered):
+        return None
+    return Admitted(
+        rendered=fingerprint(desired, desired),
+        stored=fingerprint(answered, desired),
+        changed=tuple(changed_paths(answered, desired)[:3]),
+    )
+
+
+def as_admitted(desired: Obj, actual: Obj, admitted: Admitted | None) -> bool:
+    """Whether `actual` is what the server stored of the last write of this same rendering."""
+    return (
+        admitted is not None
+        and admitted.rendered == fingerprint(desired, desired)
+        and admitted.stored == fingerprint(actual, desired)
+        and all(
+            _at(actual, path) == _at(desired, path) for path in _KEPT_PATHS.get(desired["kind"], ())
+        )
+    )
+
+
+def changed_paths(
+    actual: Any, desired: Any, path: str = "", *, quantities: bool = False
+) -> list[str]:
+    """Where `actual` does not `contain` `desired`, as paths (`spec.template.spec.tolerations`)."""
+    if contains(actual, desired, quantities=quantities):
+        return []
+    if isinstance(desired, dict) and isinstance(actual, dict):
+        return [
+            found
+            for key, value in desired.items()
+            for found in changed_paths(
+                actual.get(key),
+                value,
+                f"{path}.{key}" if path else key,
+                quantities=quantities or key in _QUANTITY_MAPS,
+            )
+            if key in actual or value not in _EMPTY
+        ]
+    if isinstance(desired, list) and isinstance(actual, list) and len(actual) == len(desired):
+        return [
+            found
+            for index, (a, d) in enumerate(zip(actual, desired, strict=True))
+            for found in changed_paths(a, d, f"{path}[{index}]")
+        ]
+    return [path]
+
+
 RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"
 """What `kubectl rollout restart` writes into the pod template: a restart a person asked for."""
 
@@ -307,9 +419,17 @@ def replacement(desired: Obj, actual: Obj) -> Obj:
 
 
 def plan(
-    owner: Owner, settings: OperatorSettings, observed: dict[ResourceKind, Obj | None], owned: Owned
+    owner: Owner,
+    settings: OperatorSettings,
+    observed: dict[ResourceKind, Obj | None],
+    owned: Owned,
+    *,
+    admitted: Mapping[ResourceKind, Admitted] | None = None,
 ) -> ChildrenPlan:
+    """`admitted`: what the server stored of the last writes of these children, where not what
+    was sent (`Admitted`)."""
     result = ChildrenPlan()
+    admitted = admitted or {}
     for kind, desired in desired_children(owner, settings, owned).items():
         actual = observed.get(kind)
         name = desired["metadata"]["name"] if desired else _child_name(owner, kind)
@@ -320,12 +440,16 @@ def plan(
                 result.delete.append((kind, name))
         elif actual is None:
             result.create.append(desired)
-        elif not converged(desired, actual):
+            result.rendered[kind] = desired
+        elif not converged(desired, actual) and not as_admitted(
+            desired, actual, admitted.get(kind)
+        ):
             # An adopted child is never converged (its controller reference is another's, or
             # none): the replacement carries this owner's.
             if not owned_by(actual, owner.uid):
                 result.adopted.append((kind, name))
             result.replace.append(replacement(desired, actual))
+            result.rendered[kind] = desired
     if any(kind in POD_DEPENDENCIES for kind, _ in result.conflicts):
         # The pods would mount another's Secret or ConfigMap (its token, its batching), or run
         # outside their fence: the Deployment is neither created nor changed until it is ours.

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from batchpilot.operator import conditions, events, rollout
 from batchpilot.operator.children.apikeys import access_document, auth_status, keys_secret_problem
-from batchpilot.operator.children.common import Owner, ours
+from batchpilot.operator.children.common import Owner, child_object_names, ours
 from batchpilot.operator.children.deployment import UnsupportedModelSource
 from batchpilot.operator.children.exposure import exposure_status, not_served_message
 from batchpilot.operator.children.networkpolicy import access_status
@@ -37,7 +37,9 @@ from batchpilot.operator.kube import Kube, KubeError
 from batchpilot.operator.plan import (
     CHILD_KINDS,
     EXPOSURE_KINDS,
+    Admitted,
     ChildrenPlan,
+    admitted,
     child_names,
     owned_values,
     plan,
@@ -144,6 +146,11 @@ class Reconciler:
         count of turns to the write of their Deployment: counted as rolling in place, so that
         two passes at once cannot both take the last turn. Only for that while: after the
         write the Deployment says it (the cache keeps what a write answered)."""
+        self._admitted: dict[tuple[str, str, str], Admitted] = {}
+        """(kind, namespace, name) → what the API server stored of this reconciler's last write
+        of a child, where that was not what was sent (`plan.Admitted`): an admission webhook's
+        changes, accepted rather than written over every pass. Only such children are here. In
+        memory: an operator that starts, or takes over, writes each such child once more."""
 
     def reconcile(self, body: dict[str, Any]) -> ReconcileOutcome:
         meta = body["metadata"]
@@ -176,7 +183,9 @@ class Reconciler:
                 in_place, held = self._rolls_in_place(owner, observed.get(DEPLOYMENT), now, outcome)
                 owned = replace(owned, in_place=in_place)
                 try:
-                    todo = plan(owner, self._settings, observed, owned)
+                    todo = plan(
+                        owner, self._settings, observed, owned, admitted=self._admitted_of(owner)
+                    )
                 except UnsupportedModelSource as exc:
                     return self._refuse(
                         status, generation, now, str(exc), reason="UnsupportedModel"
@@ -415,16 +424,67 @@ class Reconciler:
                 return KINDS[obj["kind"]]
             created.append(answered)
         for obj in created:
-            children[KINDS[obj["kind"]]] = obj
+            kind = KINDS[obj["kind"]]
+            children[kind] = obj
             outcome.events.append(
                 Event("Normal", events.CREATED, f"created {obj['kind']} {obj['metadata']['name']}")
             )
+            if (changed := self._stored(kind, obj, todo)) is not None:
+                outcome.events.append(changed)
         self._apply(
-            ChildrenPlan(replace=todo.replace, delete=todo.delete, adopted=todo.adopted),
+            ChildrenPlan(
+                replace=todo.replace,
+                delete=todo.delete,
+                adopted=todo.adopted,
+                rendered=todo.rendered,
+            ),
             children,
             outcome,
         )
         return None
+
+    def forget(self, namespace: str, name: str) -> None:
+        """The InferenceService `name` is gone, and its children with it: what was remembered
+        of their writes goes too."""
+        names = child_object_names(name)
+        for key in [k for k in list(self._admitted) if k[1] == namespace and k[2] in names]:
+            self._admitted.pop(key, None)
+
+    def _admitted_of(self, owner: Owner) -> dict[ResourceKind, Admitted]:
+        """What the API server stored of the last writes of `owner`'s children, where not what
+        was sent."""
+        if not self._admitted:
+            return {}
+        names = child_names(owner)
+        found = {
+            kind: self._admitted.get((kind.kind, owner.namespace, names[kind]))
+            for kind in CHILD_KINDS
+        }
+        return {kind: entry for kind, entry in found.items() if entry is not None}
+
+    def _stored(
+        self, kind: ResourceKind, answered: dict[str, Any], todo: ChildrenPlan
+    ) -> Event | None:
+        """Remember what the API server made of a write (`plan.admitted`); a Normal Event
+        `ChangedOnAdmission` the first time it stores a rendering otherwise than sent."""
+        meta = answered["metadata"]
+        key = (kind.kind, meta["namespace"], meta["name"])
+        rendered = todo.rendered.get(kind)
+        now = None if rendered is None else admitted(rendered, answered)
+        if now is None:
+            self._admitted.pop(key, None)
+            return None
+        before = self._admitted.get(key)
+        self._admitted[key] = now
+        if before is not None and (before.rendered, before.stored) == (now.rendered, now.stored):
+            return None  # the same as last time: said then
+        return Event(
+            "Normal",
+            events.CHANGED_ON_ADMISSION,
+            f"the API server stored {kind.kind} {meta['name']} otherwise than sent, at "
+            f"{', '.join(now.changed) or 'its fields'} (an admission webhook's change): kept as "
+            "stored, and written again only when the spec changes or someone else changes it",
+        )
 
     def _observe(self, owner: Owner) -> dict[ResourceKind, dict[str, Any] | None]:
         names = child_names(owner)
@@ -439,13 +499,16 @@ class Reconciler:
         """Make the planned writes; `children` follows them (what each write answered, None for
         a child deleted): the Deployment's status and the routes' are read from it after."""
         for obj in todo.create:
-            children[KINDS[obj["kind"]]] = self._kube.create(obj)
+            kind = KINDS[obj["kind"]]
+            children[kind] = answered = self._kube.create(obj)
             outcome.events.append(
                 Event("Normal", events.CREATED, f"created {obj['kind']} {obj['metadata']['name']}")
             )
+            if (changed := self._stored(kind, answered, todo)) is not None:
+                outcome.events.append(changed)
         for obj in todo.replace:
             kind, name = KINDS[obj["kind"]], obj["metadata"]["name"]
-            children[kind] = self._kube.replace(obj)
+            children[kind] = answered = self._kube.replace(obj)
             said = (
                 (
                     events.ADOPTED,
@@ -456,8 +519,12 @@ class Reconciler:
                 else (events.UPDATED, f"updated {kind.kind} {name} to match the spec")
             )
             outcome.events.append(Event("Normal", *said))
+            if (changed := self._stored(kind, answered, todo)) is not None:
+                outcome.events.append(changed)
         for kind, name in todo.delete:
-            self._kube.delete(kind, observed_namespace(children, kind), name)
+            namespace = observed_namespace(children, kind)
+            self._kube.delete(kind, namespace, name)
+            self._admitted.pop((kind.kind, namespace, name), None)
             children[kind] = None
             outcome.events.append(Event("Normal", events.DELETED, f"deleted {kind.kind} {name}"))
 

@@ -18,6 +18,21 @@ TOKEN_FILE = "admin-token"
 TOKEN_DIR = "/var/run/secrets/batchpilot"
 
 
+def configmap_name(name: str) -> str:
+    """The batching ConfigMap's name of the InferenceService `name`."""
+    return f"{name}-batching"
+
+
+def secret_name(name: str) -> str:
+    """The admin-token Secret's name of the InferenceService `name`."""
+    return f"{name}-admin-token"
+
+
+def child_object_names(name: str) -> frozenset[str]:
+    """The names the children of the InferenceService `name` go by (each kind has one)."""
+    return frozenset({name, configmap_name(name), secret_name(name)})
+
+
 @dataclass(frozen=True, slots=True)
 class Owner:
     """The InferenceService a child belongs to."""
@@ -46,11 +61,11 @@ class Owner:
 
     @property
     def configmap_name(self) -> str:
-        return f"{self.name}-batching"
+        return configmap_name(self.name)
 
     @property
     def secret_name(self) -> str:
-        return f"{self.name}-admin-token"
+        return secret_name(self.name)
 
     @property
     def owner_reference(self) -> dict[str, object]:
