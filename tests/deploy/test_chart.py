@@ -66,6 +66,24 @@ class TestTheChartIsSound:
             p.name for p in (ROOT / "crds").iterdir()
         )
 
+    def test_every_documented_crd_upgrade_takes_the_schema_over_from_helm(self) -> None:
+        # Helm creates crds/ as field manager "helm", which owns .spec.versions: a server-side
+        # apply that changes the schema is refused as a conflict unless it forces it.
+        places = [
+            CHART / "templates" / "NOTES.txt",
+            ROOT / "docs" / "operations.md",
+            ROOT / "README.md",
+        ]
+        for place in places:
+            lines = [
+                line
+                for line in place.read_text().splitlines()
+                if "kubectl apply --server-side" in line and "crds/" in line
+            ]
+            assert lines, f"{place.name} says how to upgrade the CRD"
+            for line in lines:
+                assert "--force-conflicts" in line, f"{place.name}: {line.strip()}"
+
     def test_helm_lint_strict_passes(self) -> None:
         result = run_helm("lint", "--strict", str(CHART))
         assert result.returncode == 0, result.stdout + result.stderr
