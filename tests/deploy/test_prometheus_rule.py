@@ -183,7 +183,8 @@ class TestPromtool:
     ) -> None:
         # Two operator pods: the leader's rounds run every 15 s and Prometheus never answers
         # them; the standby runs none. From 5 minutes in, the autopilot finds a service scaled
-        # by another writer once a minute.
+        # by another writer once a minute: the series appears then, at 1 (the counter is made
+        # by its first Event).
         groups = rule_groups(NAMESPACED)
         (operator,) = [g for g in groups["groups"] if g["name"] == "batchpilot-operator"]
         said = {rule["alert"]: rule["annotations"] for rule in operator["rules"]}
@@ -191,7 +192,7 @@ class TestPromtool:
         fought = 'isvc_namespace="vision",isvc="resnet50"'
         standby = 'job="operator",pod="operator-b"'
         ticks = " ".join(str(n) for n in range(SAMPLES))
-        fights = " ".join(str(max(0, (n - 20) // 4)) for n in range(SAMPLES))
+        fights = " ".join("_" if n < 20 else str(1 + (n - 20) // 4) for n in range(SAMPLES))
         zeros = " ".join("0" for _ in range(SAMPLES))
         ones = " ".join("1" for _ in range(SAMPLES))
         # The standby's requests to the API server fail from 2 minutes in for 8 (a network
@@ -211,11 +212,11 @@ class TestPromtool:
                 f'{{{leader},{fought},type="Warning",reason="ReplicasChangedElsewhere"}}',
                 "values": fights,
             },
-            # The standby took over once, long ago, and counted one fight there too: one alert.
+            # The other pod counted the same fight too (a handover counts on two): one alert.
             {
                 "series": "batchpilot_operator_events_total"
                 f'{{{standby},{fought},type="Warning",reason="ReplicasChangedElsewhere"}}',
-                "values": " ".join("1" for _ in range(SAMPLES)),
+                "values": " ".join("_" if n < 24 else "1" for n in range(SAMPLES)),
             },
             # Another service, decided on but never fought over: no alert.
             {
@@ -279,6 +280,69 @@ class TestPromtool:
                         }
                     ],
                 },
+            ],
+        }
+        result = promtool_test(groups, tmp_path, case)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+    def test_a_fight_is_said_from_its_first_event_for_30_minutes(self, tmp_path: Path) -> None:
+        # The operator's counter of a service's ReplicasChangedElsewhere Events is made by the
+        # first one: its series appears at 1. One `kubectl scale` in an incident (one Event at
+        # 5 minutes), and a HorizontalPodAutoscaler that fights on (an Event at most every 10
+        # minutes: at 5 and 15 minutes).
+        groups = rule_groups(NAMESPACED)
+        (operator,) = [g for g in groups["groups"] if g["name"] == "batchpilot-operator"]
+        (said,) = [
+            rule["annotations"]
+            for rule in operator["rules"]
+            if rule.get("alert") == "BatchpilotReplicasChangedElsewhere"
+        ]
+        leader = 'job="operator",pod="operator-a",type="Warning",reason="ReplicasChangedElsewhere"'
+        series = [
+            {
+                "series": "batchpilot_operator_events_total"
+                f'{{{leader},isvc_namespace="vision",isvc="scaled"}}',
+                "values": "_x20 1x180",
+            },
+            {
+                "series": "batchpilot_operator_events_total"
+                f'{{{leader},isvc_namespace="vision",isvc="fought"}}',
+                "values": "_x20 1x40 2x140",
+            },
+        ]
+        fight = {"alertname": "BatchpilotReplicasChangedElsewhere", "severity": "warning"}
+
+        def firing(*services: str) -> list[dict[str, Any]]:
+            return [
+                {
+                    "exp_labels": fight | {"isvc_namespace": "vision", "isvc": isvc},
+                    "exp_annotations": {
+                        key: text.replace("{{ $labels.isvc_namespace }}", "vision").replace(
+                            "{{ $labels.isvc }}", isvc
+                        )
+                        for key, text in said.items()
+                    },
+                }
+                for isvc in services
+            ]
+
+        tests = [
+            ("4m", []),
+            ("5m30s", firing("fought", "scaled")),  # the first Event, at once
+            ("20m", firing("fought", "scaled")),
+            ("34m", firing("fought", "scaled")),
+            ("36m", firing("fought")),  # the one scale is 30 minutes old; the fight goes on
+            ("46m", []),
+        ]
+        case = {
+            "input_series": series,
+            "alert_rule_test": [
+                {
+                    "eval_time": at,
+                    "alertname": "BatchpilotReplicasChangedElsewhere",
+                    "exp_alerts": alerts,
+                }
+                for at, alerts in tests
             ],
         }
         result = promtool_test(groups, tmp_path, case)
