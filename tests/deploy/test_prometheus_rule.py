@@ -20,10 +20,13 @@ from batchpilot.operator.autopilot.slo import Objective
 from batchpilot.runtime.engine import EngineInfo
 from batchpilot.runtime.metrics import RuntimeMetrics
 from batchpilot.runtime.outcomes import BatchDone, RequestOutcome
-from tests.deploy.chart import NAMESPACE, NAMESPACED, find, one, render
+from tests.deploy.chart import NAMESPACE, NAMESPACED, RELEASE, find, one, render
 
 ENABLED: dict[str, Any] = {"monitoring": {"prometheusRule": {"enabled": True}}}
 SAMPLES = 81
+OPERATOR_JOB = f"{NAMESPACE}/{RELEASE}-operator"
+"""The job prometheus-operator gives the operator's PodMonitor's targets: <its namespace>/<its
+name>."""
 """Input series of the promtool test: 20 minutes, a sample every 15 s."""
 
 
@@ -188,9 +191,10 @@ class TestPromtool:
         groups = rule_groups(NAMESPACED)
         (operator,) = [g for g in groups["groups"] if g["name"] == "batchpilot-operator"]
         said = {rule["alert"]: rule["annotations"] for rule in operator["rules"]}
-        leader = 'job="operator",pod="operator-a"'
+        release = f'namespace="{NAMESPACE}",job="{OPERATOR_JOB}"'
+        leader = f'{release},pod="operator-a"'
         fought = 'isvc_namespace="vision",isvc="resnet50"'
-        standby = 'job="operator",pod="operator-b"'
+        standby = f'{release},pod="operator-b"'
         ticks = " ".join(str(n) for n in range(SAMPLES))
         fights = " ".join("_" if n < 20 else str(1 + (n - 20) // 4) for n in range(SAMPLES))
         zeros = " ".join("0" for _ in range(SAMPLES))
@@ -228,9 +232,9 @@ class TestPromtool:
         ]
         blind = {"alertname": "BatchpilotAutopilotBlind", "severity": "warning"}
         outage = {"alertname": "BatchpilotOperatorAPIOutage", "severity": "warning"}
-        b = {"job": "operator", "pod": "operator-b"}
+        b = {"namespace": NAMESPACE, "job": OPERATOR_JOB, "pod": "operator-b"}
         fight = {"alertname": "BatchpilotReplicasChangedElsewhere", "severity": "warning"}
-        a = {"job": "operator", "pod": "operator-a"}
+        a = {"namespace": NAMESPACE, "job": OPERATOR_JOB, "pod": "operator-a"}
         case = {
             "input_series": series,
             "alert_rule_test": [
@@ -279,6 +283,41 @@ class TestPromtool:
                             },
                         }
                     ],
+                },
+            ],
+        }
+        result = promtool_test(groups, tmp_path, case)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+    def test_each_release_wants_one_active_operator_of_its_own(self, tmp_path: Path) -> None:
+        # Two releases with watchNamespaces of their own, each a leader and a standby. This
+        # one's leader stops acting at 10 minutes and no standby takes over; the other
+        # release's stays healthy throughout.
+        groups = rule_groups(NAMESPACED)
+        (operator,) = [g for g in groups["groups"] if g["name"] == "batchpilot-operator"]
+        (said,) = [
+            rule["annotations"]
+            for rule in operator["rules"]
+            if rule.get("alert") == "BatchpilotOperatorNotActive"
+        ]
+        ours = f'namespace="{NAMESPACE}",job="{OPERATOR_JOB}"'
+        theirs = 'namespace="batchpilot-vision",job="batchpilot-vision/vision-batchpilot-operator"'
+        series = [
+            {"series": f'batchpilot_operator_active{{{ours},pod="a"}}', "values": "1x39 0x40"},
+            {"series": f'batchpilot_operator_active{{{ours},pod="b"}}', "values": "0x80"},
+            {"series": f'batchpilot_operator_active{{{theirs},pod="c"}}', "values": "1x80"},
+            {"series": f'batchpilot_operator_active{{{theirs},pod="d"}}', "values": "0x80"},
+        ]
+        not_active = {"alertname": "BatchpilotOperatorNotActive", "severity": "critical"}
+        case = {
+            "input_series": series,
+            "alert_rule_test": [
+                {"eval_time": "9m", "alertname": "BatchpilotOperatorNotActive"},
+                {"eval_time": "14m", "alertname": "BatchpilotOperatorNotActive"},
+                {
+                    "eval_time": "16m",
+                    "alertname": "BatchpilotOperatorNotActive",
+                    "exp_alerts": [{"exp_labels": not_active, "exp_annotations": said}],
                 },
             ],
         }
