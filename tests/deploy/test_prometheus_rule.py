@@ -14,7 +14,9 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.utils import floatToGoString
 
+from batchpilot.operator import telemetry
 from batchpilot.operator.autopilot import recorded
 from batchpilot.operator.autopilot.slo import Objective
 from batchpilot.runtime.engine import EngineInfo
@@ -318,6 +320,60 @@ class TestPromtool:
                     "eval_time": "16m",
                     "alertname": "BatchpilotOperatorNotActive",
                     "exp_alerts": [{"exp_labels": not_active, "exp_annotations": said}],
+                },
+            ],
+        }
+        result = promtool_test(groups, tmp_path, case)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+    @pytest.mark.parametrize("interval", [15, 180])
+    def test_rounds_late_are_said_whatever_the_interval(
+        self, interval: int, tmp_path: Path
+    ) -> None:
+        # A round every interval, as the operator times them (its buckets for that interval):
+        # inside it (80 %) for the first 40 rounds, then every other one over it (120 %).
+        values = NAMESPACED | {"autopilot": {"intervalSeconds": interval}}
+        groups = rule_groups(values)
+        (operator,) = [g for g in groups["groups"] if g["name"] == "batchpilot-operator"]
+        (said,) = [
+            rule["annotations"]
+            for rule in operator["rules"]
+            if rule.get("alert") == "BatchpilotAutopilotRoundsLate"
+        ]
+        rounds = 120
+        took = [interval * (0.8 if n < 40 or n % 2 else 1.2) for n in range(rounds)]
+        bounds = [*map(floatToGoString, telemetry.round_buckets(interval)), "+Inf"]
+        series = [
+            {
+                "series": "batchpilot_operator_autopilot_round_seconds_bucket"
+                f'{{namespace="{NAMESPACE}",job="{OPERATOR_JOB}",pod="a",le="{le}"}}',
+                "values": " ".join(
+                    str(sum(1 for s in took[:n] if s <= float(le))) for n in range(rounds)
+                ),
+            }
+            for le in bounds
+        ]
+        late_from = 40 * interval  # seconds; the alert waits 15 minutes more
+        case = {
+            "interval": f"{interval}s",
+            "input_series": series,
+            "alert_rule_test": [
+                {
+                    "eval_time": f"{late_from - interval}s",
+                    "alertname": "BatchpilotAutopilotRoundsLate",
+                },
+                {
+                    "eval_time": f"{late_from + 20 * 60 + 2 * interval}s",
+                    "alertname": "BatchpilotAutopilotRoundsLate",
+                    "exp_alerts": [
+                        {
+                            "exp_labels": {
+                                "alertname": "BatchpilotAutopilotRoundsLate",
+                                "severity": "warning",
+                            },
+                            "exp_annotations": said,
+                        }
+                    ],
                 },
             ],
         }

@@ -7,6 +7,7 @@ import urllib.request
 
 from batchpilot.operator import telemetry
 from batchpilot.operator.events import Event
+from batchpilot.operator.settings import OperatorSettings
 
 
 def value(name: str, **labels: str) -> float:
@@ -82,6 +83,19 @@ def test_a_round_says_how_many_services_how_long_and_whether_prometheus_answered
     assert value("batchpilot_operator_autopilot_round_seconds_bucket", le="0.5") >= 1
     telemetry.ran(telemetry.Round(services=12, failed=0, prometheus_answered=True, took_s=0.1))
     assert value("batchpilot_operator_prometheus_up") == 1
+
+
+def test_rounds_are_timed_against_their_interval() -> None:
+    # Rounds every 180 s, above the fixed bounds: the interval and twice it are bounds too.
+    assert telemetry.round_buckets(180) == (*telemetry.ROUND_BUCKETS, 180, 360)
+    assert telemetry.round_buckets(15) == telemetry.ROUND_BUCKETS  # 15 and 30 are there already
+    try:
+        telemetry.time_rounds(180)
+        telemetry.ran(telemetry.Round(services=1, failed=0, prometheus_answered=True, took_s=200))
+        assert value("batchpilot_operator_autopilot_round_seconds_bucket", le="180.0") == 0
+        assert value("batchpilot_operator_autopilot_round_seconds_bucket", le="360.0") == 1
+    finally:
+        telemetry.time_rounds(OperatorSettings().autopilot_interval_seconds)
 
 
 def test_the_metrics_are_served_over_http() -> None:

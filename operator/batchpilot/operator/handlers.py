@@ -376,6 +376,7 @@ async def start_autopilot(memo: kopf.Memo, **kwargs: Any) -> None:
         )
         return
     interval = _SETTINGS.autopilot_interval_seconds
+    telemetry.time_rounds(interval)
     first = asyncio.Event()
     memo.fleet_task = asyncio.create_task(
         fleet_loop(

@@ -49,12 +49,30 @@ ROUNDS = Counter(
     "Autopilot rounds run (one Prometheus round, then every service's tick)",
     registry=REGISTRY,
 )
-ROUND_SECONDS = Histogram(
-    "batchpilot_operator_autopilot_round_seconds",
-    "How long each autopilot round took (longer than the interval delays the next)",
-    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 30, 60, 120),
-    registry=REGISTRY,
-)
+ROUND_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 30, 60, 120)
+"""The round histogram's bounds for any interval; `round_buckets` adds the interval's own."""
+
+
+def round_buckets(interval_s: float) -> tuple[float, ...]:
+    """The round histogram's bounds for rounds every `interval_s`: `ROUND_BUCKETS`, the interval
+    and twice it. The chart's BatchpilotAutopilotRoundsLate compares the rounds' 90th percentile
+    (`histogram_quantile`) with the interval. With the interval a bound, that percentile is above
+    it exactly when more than one round in ten took longer; with twice the interval a bound above
+    it, the percentile can be above it at all — `histogram_quantile` never answers more than the
+    highest finite bound, and an interval of 120 s or more had none above it."""
+    return tuple(sorted({*ROUND_BUCKETS, interval_s, 2 * interval_s}))
+
+
+def _round_seconds(buckets: tuple[float, ...]) -> Histogram:
+    return Histogram(
+        "batchpilot_operator_autopilot_round_seconds",
+        "How long each autopilot round took (longer than the interval delays the next)",
+        buckets=buckets,
+        registry=REGISTRY,
+    )
+
+
+ROUND_SECONDS = _round_seconds(ROUND_BUCKETS)
 SERVICES = Gauge(
     "batchpilot_operator_autopilot_services",
     "InferenceServices in the last autopilot round (modes auto and recommend)",
@@ -107,6 +125,14 @@ def forget(namespace: str, name: str) -> None:
     with _POSTED_LOCK:
         for type_, reason in _POSTED.pop((namespace, name), set()):
             EVENTS.remove(namespace, name, type_, reason)
+
+
+def time_rounds(interval_s: float) -> None:
+    """Time the rounds in `round_buckets(interval_s)` from now on (the autopilot's start, before
+    its first round: the rounds timed before are dropped)."""
+    global ROUND_SECONDS
+    REGISTRY.unregister(ROUND_SECONDS)
+    ROUND_SECONDS = _round_seconds(round_buckets(interval_s))
 
 
 def ran(round_: Round) -> None:
