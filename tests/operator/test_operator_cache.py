@@ -28,6 +28,7 @@ from kopf.testing import KopfRunner
 from batchpilot.operator import handlers
 from batchpilot.operator.autopilot.pilot import learned_outside_s
 from batchpilot.operator.kinds import INFERENCESERVICE
+from batchpilot.operator.kube import LIST_PAGE
 from batchpilot.operator.passes import Passes
 from batchpilot.operator.reconciler import Reconciler
 from batchpilot.operator.settings import OperatorSettings
@@ -260,6 +261,31 @@ class TestRunning:
         containers = deployment.get("spec", {}).get("template", {}).get("spec", {})
         found = containers.get("containers") or [{}]
         return found[0].get("image")  # type: ignore[no-any-return]
+
+
+class TestListing:
+    def test_every_list_of_a_collection_comes_in_pages(self, cluster: Cluster) -> None:
+        """kopf's lists of what it watches (every Secret, ConfigMap, Deployment, … of the
+        cluster) as the operator's own: a page at a time, so that a large cluster's Secrets are
+        never one response held and parsed whole."""
+        with operator(cluster.kubeconfig) as runner:
+            cluster.request(ISVCS, "POST", example())
+            # A handler ran: kopf runs none before every kind it watches has been listed.
+            wait_until(lambda: all_children(cluster), what="every child")
+            lists = cluster.api.call(
+                lambda: [
+                    (r.url.path, dict(r.params or {}))
+                    for r in cluster.api.emulator
+                    if r.action == kmock.action.LIST
+                    and r.headers.get("User-Agent", "") != TEST_AGENT
+                ]
+            )
+        check_runner(runner)
+        listed = {path.rsplit("/", 1)[-1] for path, _ in lists}
+        assert {"inferenceservices", "secrets", "configmaps", "deployments", "pods"} <= listed
+        unpaged = [f"{path} {params}" for path, params in lists if "limit" not in params]
+        assert unpaged == []
+        assert {params["limit"] for _, params in lists} == {str(LIST_PAGE)}
 
 
 class TestStarting:

@@ -48,7 +48,7 @@ from batchpilot.operator.children.keys_secret import keys_secret_name, slim_secr
 from batchpilot.operator.events import Event
 from batchpilot.operator.fleet import FleetPilot, RoundReport, autopiloted
 from batchpilot.operator.kinds import DEPLOYMENT, INFERENCESERVICE, POD, SECRET, ResourceKind
-from batchpilot.operator.kube import KubeClient, KubeError
+from batchpilot.operator.kube import LIST_PAGE, KubeClient, KubeError
 from batchpilot.operator.passes import Passes
 from batchpilot.operator.plan import CHILD_KINDS
 from batchpilot.operator.reconciler import ReconcileOutcome, Reconciler
@@ -162,6 +162,11 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.posting.loggers = False
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
+    # kopf's lists (at its start, and again whenever a watch cannot resume) in pages, as the
+    # operator's own: kopf watches every Secret, ConfigMap, Deployment, … of the namespaces it
+    # serves (a child whose labels were edited stays in view), and one unpaged list of a large
+    # cluster's Secrets (Helm's release history among them) is held whole, and parsed whole.
+    settings.watching.chunk_size = LIST_PAGE
     settings.networking.error_backoffs = API_RETRIES
     settings.watching.label_selectors["", "v1", POD.plural] = POD_SELECTOR
     kube = WatchCache(
