@@ -167,6 +167,21 @@ class TestReadsFromMemory:
         assert cache.get(SERVICE, NS, "other") is None  # listed: a miss is "no such object"
         assert api.calls == []
 
+    def test_the_keys_of_a_kind_once_it_is_listed(self) -> None:
+        """What the periodic pass walks: every object of the kind in memory, none before the
+        initial list (a fleet half listed would leave services out of a round)."""
+        api = WatchedApi()
+        cache = WatchCache(api, (SERVICE,))
+        cache.seen(SERVICE, {"kind": "Service", "metadata": {"name": "a", "namespace": NS}})
+        assert cache.keys(SERVICE) is None
+        cache.mark_synced()
+        cache.seen(SERVICE, {"kind": "Service", "metadata": {"name": "b", "namespace": "other"}})
+        assert cache.keys(SERVICE) == {(NS, "a"), ("other", "b")}
+        cache.gone(SERVICE, {"kind": "Service", "metadata": {"name": "a", "namespace": NS}})
+        assert cache.keys(SERVICE) == {("other", "b")}
+        assert cache.keys(DEPLOYMENT) is None  # not a kind it keeps
+        assert api.calls == []
+
     def test_kinds_it_does_not_watch_are_asked_of_the_api(self) -> None:
         api = WatchedApi()
         cache = WatchCache(api, (SERVICE,))

@@ -3,8 +3,9 @@ watch-fed cache: idle passes make no request at all, someone else's edit or dele
 is repaired from the watch event without a read, its own creates are never repeated, and an
 operator that starts on objects that exist creates nothing.
 
-Periodic passes are counted from kopf's own log record for each timer run, so "no request" is
-asserted over passes that did run; every wait is on a condition.
+Periodic passes are counted from the operator's log record for each one that is over
+(periodic.py), so "no request" is asserted over passes that did run; every wait is on a
+condition.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import copy
 import json
 import logging
 import os
+import re
 import threading
 import urllib.error
 import urllib.request
@@ -25,7 +27,7 @@ import pytest
 import yaml
 from kopf.testing import KopfRunner
 
-from batchpilot.operator import handlers
+from batchpilot.operator import handlers, periodic
 from batchpilot.operator.autopilot.pilot import learned_outside_s
 from batchpilot.operator.kinds import INFERENCESERVICE
 from batchpilot.operator.kube import LIST_PAGE
@@ -46,20 +48,20 @@ CHILDREN = {
     "configmaps": ("/api/v1", "resnet50-batching"),
     "secrets": ("/api/v1", "resnet50-admin-token"),
 }
-TIMER_RAN = "Timer 'reconcile_periodically' succeeded"
+PASS_OVER = re.compile(r"^periodic pass over [^ ]+: over$")
 TEST_AGENT = "batchpilot-tests"
 
 
 class TimerPasses(logging.Handler):
-    """Counts kopf's record of each periodic pass that ran."""
+    """Counts the operator's record of each periodic pass that is over."""
 
     def __init__(self) -> None:
-        super().__init__(logging.INFO)
+        super().__init__(logging.DEBUG)
         self._count = 0
         self._changed = threading.Condition()
 
     def emit(self, record: logging.LogRecord) -> None:
-        if TIMER_RAN in record.getMessage():
+        if PASS_OVER.match(record.getMessage()):
             with self._changed:
                 self._count += 1
                 self._changed.notify_all()
@@ -78,10 +80,10 @@ class TimerPasses(logging.Handler):
 
 @pytest.fixture(scope="module")
 def timer_passes() -> Iterator[TimerPasses]:
-    logger = logging.getLogger("kopf.objects")
+    logger = logging.getLogger(periodic.__name__)
     handler, level = TimerPasses(), logger.level
     logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
+    logger.setLevel(logging.DEBUG)
     try:
         yield handler
     finally:

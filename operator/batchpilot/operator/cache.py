@@ -52,8 +52,8 @@ Memory: the children are kept as their JSON text (`packed`) and parsed on each r
 Deployment's dict is several times its text, and at 2,000 services the children's dicts alone
 were ~80 MiB; a pass parses its six in well under a millisecond. `slim` trims what is kept: a pod
 to what its endpoints need, a Secret the operator does not control to the API keys check's
-verdict, never its keys (children/keys_secret.py). The InferenceServices stay dicts: kopf keeps
-each one's latest body for its timer anyway, and the cache shares it. Objects handed out that
+verdict, never its keys (children/keys_secret.py). The InferenceServices stay dicts: one per
+service, read by each of its passes and ticks. Objects handed out that
 are not packed are shared with the cache: callers read them and never change them (the plan
 deep-copies what it writes back).
 """
@@ -412,6 +412,14 @@ class WatchCache:
             else:
                 found.append(pod)
         return found
+
+    def keys(self, kind: ResourceKind) -> set[Key] | None:
+        """The (namespace, name) of every object of `kind` in memory, in every namespace
+        watched; None until memory holds every object of `kind` there is (as `flagged`)."""
+        if kind not in self._objects or not self._complete(kind):
+            return None
+        with self._lock:
+            return {key for key in self._objects[kind] if (kind, key) not in self._deleted}
 
     def flagged(self, kind: ResourceKind) -> set[Key] | None:
         """The (namespace, name) of the objects of `kind` in memory that `flag[kind]` holds

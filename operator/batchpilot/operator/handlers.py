@@ -1,21 +1,22 @@
 """kopf glue: every trigger runs the same level-triggered reconcile pass, through `Passes`.
 
-Triggers: the InferenceService's create/update/resume, a periodic timer (drift that no event
-reports), events of the children it owns (someone edits or deletes a Deployment; a pod becomes
-ready; the Gateway accepts or refuses a route, in the route's status; another service's rollout
-in place is over, which frees a turn for those waiting: `give_turns`), and events of the API keys'
-Secret it names (created, edited, deleted: a spec held for it goes ahead at once, so nothing
-retries on a timer). Each names the InferenceService and calls `reconcile_now`: `Passes`
-serializes it per object, reads the object and writes its status (see there why), `Reconciler`
-decides. Handlers differ only in what a failure means to kopf: the resource's handler retries,
-the timer and the other events wait for the next trigger. Every pass reads through `WatchCache`
-(cache.py): the InferenceServices, their children, their pods and the Secrets they name, fed by
-an index function per kind (and a DELETED-only event handler), so a pass that changes nothing
-makes no request. The autopilot runs as one loop for the whole fleet (`FleetPilot`: one
-Prometheus round per interval, then every piloted service's tick), started with the operator and
-stopped with it; its ticks go through `Passes` too: they write the same status (conditions,
-batch settings), so they must not interleave with a reconcile. Handlers parse nothing and decide
-nothing; they post the Events a pass returns.
+Triggers: the InferenceService's create/update/resume, a periodic pass (drift that no event reports:
+the operator's own loop, periodic.py, not a kopf timer, which would need a finalizer on every
+InferenceService), events of the children it owns (someone edits or deletes a Deployment; a pod
+becomes ready; the Gateway accepts or refuses a route, in the route's status; another service's
+rollout in place is over, which frees a turn for those waiting: `give_turns`), and events of the API
+keys' Secret it names (created, edited, deleted: a spec held for it goes ahead at once, so nothing
+retries on a timer). Each names the InferenceService and calls `reconcile_now`: `Passes` serializes
+it per object, reads the object and writes its status (see there why), `Reconciler` decides.
+Handlers differ only in what a failure means to kopf: the resource's handler retries, the periodic
+pass and the events wait for the next trigger. Every pass reads through `WatchCache` (cache.py): the
+InferenceServices, their children, their pods and the Secrets they name, fed by an index function
+per kind (and a DELETED-only event handler), so a pass that changes nothing makes no request. The
+autopilot runs as one loop for the whole fleet (`FleetPilot`: one Prometheus round per interval,
+then every piloted service's tick), started with the operator and stopped with it; its ticks go
+through `Passes` too: they write the same status (conditions, batch settings), so they must not
+interleave with a reconcile. Handlers parse nothing and decide nothing; they post the Events a pass
+returns.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any, cast
 
 import kopf
 
-from batchpilot.operator import conditions, kopf_gate, relists, rollout, telemetry
+from batchpilot.operator import conditions, kopf_gate, periodic, relists, rollout, telemetry
 from batchpilot.operator.autopilot.pilot import Autopilot, learned_outside_s
 from batchpilot.operator.autopilot.pod_metrics import PodScraper, first_window_s
 from batchpilot.operator.autopilot.prometheus import FleetObserver, Seasonality, http_query
@@ -155,6 +156,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
     )
+    # No handler needs a finalizer, so kopf puts none on; named, so that kopf takes off the one
+    # an earlier operator's timer put on, the next time it handles the object (periodic.py).
     settings.persistence.finalizer = f"{ANNOTATION_PREFIX}/finalizer"
     # Events come from the reconciler and the autopilot (kopf.event) alone: kopf's own log
     # lines stay in the log (a handler retried for an API server that asked to wait, as an
@@ -489,23 +492,56 @@ def reconcile(name: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> No
         raise kopf.TemporaryError(outcome.retry_error, delay=_retry_in(outcome.retry_after_s))
 
 
-@kopf.timer(
-    GROUP,
-    VERSION,
-    PLURAL,
-    interval=_SETTINGS.reconcile_interval_seconds,
-    initial_delay=_SETTINGS.reconcile_interval_seconds,
-)
 def reconcile_periodically(name: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
-    """Level-triggered safety net: the same pass, and failures wait for the next period."""
+    """Level-triggered safety net: the same pass, and failures wait for the next period. Run by
+    the operator's own loop (periodic.py), not a kopf timer: kopf would put a finalizer on every
+    InferenceService for a timer, which nothing takes off once the operator is gone."""
     assert namespace is not None
-    _reconcile_or_log(namespace, name, memo, trigger="the periodic timer")
+    _reconcile_or_log(namespace, name, memo, trigger="the periodic pass")
 
 
-@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
+@kopf.on.startup()
+async def start_periodic_passes(memo: kopf.Memo, settings: kopf.OperatorSettings, **_: Any) -> None:
+    """Every InferenceService the cache holds, reconciled each `reconcile_interval_seconds`, in
+    kopf's worker threads (where its handlers run theirs) and in its handlers' context (where
+    `kopf.event` posts): once a handler has run, kopf's lists are in and that context is known.
+    """
+    loop = asyncio.get_running_loop()
+    executor = settings.execution.executor
+    cache: WatchCache = memo.cache
+    contexts: dict[str, contextvars.Context] = memo.contexts
+
+    def submit(namespace: str, name: str) -> asyncio.Future[None]:
+        run = functools.partial(reconcile_periodically, name=name, namespace=namespace, memo=memo)
+        return loop.run_in_executor(executor, contexts["handler"].copy().run, run)
+
+    memo.periodic_task = asyncio.create_task(
+        periodic.run_periodically(
+            lambda: cache.keys(INFERENCESERVICE),
+            submit,
+            interval_s=_SETTINGS.reconcile_interval_seconds,
+            ready=lambda: "handler" in contexts,
+        )
+    )
+
+
+@kopf.on.cleanup()
+async def stop_periodic_passes(memo: kopf.Memo, **_: Any) -> None:
+    """No pass starts from now on; the passes running finish in their threads (a lost Lease
+    has closed the writes before kopf stops: leading.py)."""
+    task: asyncio.Task[None] | None = memo.get("periodic_task")
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL, id="deleted", when=lambda type, **_: type == "DELETED")
 def deleted(name: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
     """Its children go with it (owner references); what the operator remembers of it in memory
-    goes here (an InferenceService deleted while the operator was down was never in it)."""
+    goes here (an InferenceService deleted while the operator was down was never in it). On the
+    watch's DELETED event, not a delete handler: kopf calls one only on an object that carries
+    its finalizer, and the operator puts none on (periodic.py)."""
     log.info("InferenceService %s/%s deleted; its children go with it", namespace, name)
     telemetry.forget(namespace or "", name)
     reconciler: Reconciler | None = memo.get("reconciler")

@@ -2,7 +2,8 @@
 and its status written by one route, whatever triggered it.
 
 kopf runs each trigger in a worker of its own: the resource's create/update/resume handler, the
-periodic reconcile, the autopilot's timer, and the event handlers of five child kinds. Left
+periodic reconcile (periodic.py, in kopf's workers too), the autopilot's ticks, and the event
+handlers of five child kinds. Left
 alone, two of them can pass over one InferenceService at once: both read the same status and
 each writes a whole `conditions` list computed from it (the later write drops what the earlier
 one set), and both create or replace the same child (409s, retries, duplicate Events). So a pass
@@ -27,8 +28,8 @@ call does.
 
 The locks are `threading.Lock`s: kopf runs these sync handlers in its thread pool. A lock lives
 only while a pass holds or waits for it, so memory is bounded by the passes in flight rather
-than by every object ever seen, and nothing depends on a delete handler running (kopf's delete
-handler here is optional: an InferenceService deleted while the operator was down never calls it).
+than by every object ever seen, and nothing depends on hearing of a deletion (an InferenceService
+deleted while the operator was down is never heard of).
 """
 
 from __future__ import annotations

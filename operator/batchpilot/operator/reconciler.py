@@ -6,7 +6,7 @@ was behind the API; the pass reads and plans again, once, before it reports a fa
 that got no answer, or a 429, is no refusal: the pass is retried without a word in status.
 
 Free of kopf so that the same pass serves every trigger — the resource's own events, its
-children's events, the periodic level-triggered timer — and so tests can run it directly.
+children's events, the periodic level-triggered pass — and so tests can run it directly.
 It returns the status to write (only what changed) and the Events to post; `passes.Passes`
 writes the status and the handlers post the Events.
 """
