@@ -336,6 +336,20 @@ class TestAdmission:
             await asyncio.gather(*ahead, mine)
             assert asyncio.get_running_loop().time() <= 0.100
 
+    async def test_a_request_larger_than_the_limit_ahead_counts_as_the_one_batch_it_runs(
+        self,
+    ) -> None:
+        # t(b) = 20 + 0.5·b ms, limit 8: a 32-row request queued runs alone, in 36 ms — not
+        # as four batches of 8 paying the 20 ms again (96 ms), which refused the one-row
+        # request behind it with 100 ms to go.
+        async with Served(alpha_s=0.020, beta_s=0.0005, max_batch_size=8) as s:
+            running = s.put(timeout_s=1.0)
+            await asyncio.sleep(0)  # its batch starts: 20.5 ms
+            large = s.put(timeout_s=1.0, rows=32)
+            mine = s.put(timeout_s=0.100)  # 20.5 + 36 + 20.5 = 77 ms
+            await asyncio.gather(running, large, mine)
+            assert asyncio.get_running_loop().time() <= 0.100
+
     async def test_requests_of_other_shapes_are_batches_ahead_not_rows(self) -> None:
         """A model whose inputs vary in length: eight one-row requests of eight lengths queued
         are eight batches (8 x 21 ms), not one of eight rows (28 ms)."""

@@ -283,10 +283,15 @@ def predicted_finish(
     max_batch_size: int,
     now: float,
     others: Iterable[int] = (),
+    alone: Iterable[int] = (),
 ) -> float | None:
     """When a request of `rows` rows arriving `now` behind `queued_rows` queued rows of its own
     shape would be answered, or None when nothing has been measured yet (nothing to predict
-    from). `others`: the rows queued of each other shape.
+    from). `others`: the rows queued of each other shape; `alone`: the rows of each queued
+    request larger than `max_batch_size`, of any shape (not in `queued_rows` or `others`): the
+    batcher runs each alone, in one batch — counted in full batches of the limit, each paying
+    the fixed part of t(b) again, a 32-row request ahead of a one-row one under a limit of 8 read
+    145 ms where 77 was the most it could take, and refused it.
 
     Running batches finish first. The rows ahead are served in full batches of
     `max_batch_size`, and so is the request's own when a full batch is ahead of it (the rows that
@@ -324,6 +329,8 @@ def predicted_finish(
             ahead += timing.upper(max_batch_size, batches=whole) or 0.0
         if rest:
             ahead += timing.upper(rest) or 0.0
+    for large in alone:
+        ahead += timing.upper(large) or 0.0
     return now + ahead / ledger.instances + own
 
 
@@ -528,6 +535,7 @@ class Predictor:
         max_batch_size: int,
         now: float,
         others: Iterable[int] = (),
+        alone: Iterable[int] = (),
     ) -> float | None:
         """`predicted_finish` from this server's measurements (the lateness margin is the
         caller's to add: it also records the prediction without it)."""
@@ -539,4 +547,5 @@ class Predictor:
             max_batch_size=max_batch_size,
             now=now,
             others=others,
+            alone=alone,
         )

@@ -171,6 +171,8 @@ class BatchQueue:
         self._outstanding = 0
         """Requests queued or in a running batch: put, their futures not yet done."""
         self._population = Population() if early_start else None
+        self._multi_row = 0
+        """Requests queued of more than one row: where none is, none runs alone (`_admit`)."""
         self._background: dict[Hashable, deque[Pending]] = {}
         """The background lane by shape (`put`), each oldest first."""
         self._background_size = 0
@@ -266,6 +268,7 @@ class BatchQueue:
         self._rows[key] += rows
         self._queued_rows += rows
         self._size += 1
+        self._multi_row += rows > 1
         self._outstanding += 1
         if self._population is not None:
             self._population.reached(self._outstanding, now)
@@ -376,15 +379,28 @@ class BatchQueue:
         a probe; returns the prediction (None: nothing measured yet, admitted)."""
         predictor = self._predictor
         assert predictor is not None
-        # Its own shape's rows, and each other shape's: shapes never share a batch.
+        # Its own shape's rows, and each other shape's: shapes never share a batch; and each
+        # request larger than the limit, which runs alone.
+        limit = settings.max_batch_size
         own = self._rows.get(key, 0)
-        others = [queued for other, queued in self._rows.items() if other != key]
+        others = {other: queued for other, queued in self._rows.items() if other != key}
+        alone = []
+        if self._multi_row:
+            for other, group in self._groups.items():
+                for item in group:
+                    if item.rows > limit:
+                        alone.append(item.rows)
+                        if other == key:
+                            own -= item.rows
+                        else:
+                            others[other] -= item.rows
         predicted = predictor.finish_time(
             queued_rows=own,
             rows=rows,
-            max_batch_size=settings.max_batch_size,
+            max_batch_size=limit,
             now=now,
-            others=others,
+            others=others.values(),
+            alone=alone,
         )
         if predicted is None:
             return None
@@ -459,6 +475,7 @@ class BatchQueue:
                 del self._background[item.key]
             return
         self._size -= 1
+        self._multi_row -= item.rows > 1
         self._rows[item.key] -= item.rows
         self._queued_rows -= item.rows
         if not group:
