@@ -17,6 +17,7 @@ from batchpilot.operator.rollout import (
     TROUBLE_REASONS,
     Trouble,
     frees_a_turn,
+    holds_a_turn,
     in_place_turn,
     pod_trouble,
     ready_condition,
@@ -436,3 +437,20 @@ class TestTurnsInPlace:
         assert frees_a_turn(rolling(in_place=True), deleted=True)
         assert not frees_a_turn(rolling(updated=3, total=3))  # a surge held none
         assert not frees_a_turn(rolling(), deleted=True)
+
+    def test_a_rollout_in_place_past_its_progress_deadline_frees_its_turn(self) -> None:
+        # Its new pod crash-loops (a model too large for the GPU): the rollout never ends, and
+        # held its turn for good.
+        rolling = TestRollingInPlace.rolling(in_place=True)
+        assert holds_a_turn(rolling)
+        rolling["status"]["conditions"] = [
+            {
+                "type": "Progressing",
+                "status": "False",
+                "reason": "ProgressDeadlineExceeded",
+                "message": 'ReplicaSet "resnet50-5d8f" has timed out progressing.',
+            }
+        ]
+        assert frees_a_turn(rolling)
+        assert not holds_a_turn(rolling)
+        assert rolling_in_place(rolling) == 1  # still one down, for the autopilot's count

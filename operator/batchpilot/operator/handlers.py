@@ -131,7 +131,7 @@ def names(kind: ResourceKind, obj: dict[str, Any]) -> list[tuple[ResourceKind, s
 def _rolling_in_place(deployment: dict[str, Any]) -> bool:
     """The Deployments the cache lists apart: those whose rollouts go in place, which
     `rollout_in_place_max_services` counts fleet-wide (`rollout.in_place_turn`)."""
-    return rollout.rolling_in_place(deployment) > 0
+    return rollout.holds_a_turn(deployment)
 
 
 def _waiting_its_turn(isvc: dict[str, Any]) -> bool:

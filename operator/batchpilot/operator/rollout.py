@@ -352,10 +352,30 @@ def waits_its_turn(ready: Mapping[str, Any] | None) -> bool:
     return ready is not None and WAITS_ITS_TURN in str(ready.get("message") or "")
 
 
+def stuck(deployment: Mapping[str, Any]) -> bool:
+    """Whether the Deployment's rollout is past its progress deadline (its controller's
+    `Progressing` False, `ProgressDeadlineExceeded`: the new pods crash, or never become ready)."""
+    progressing = _condition(deployment, PROGRESSING)
+    return (
+        progressing is not None
+        and progressing.get("status") == "False"
+        and progressing.get("reason") == "ProgressDeadlineExceeded"
+    )
+
+
+def holds_a_turn(deployment: Mapping[str, Any]) -> bool:
+    """Whether the Deployment holds one of the fleet's turns to roll in place
+    (`in_place_turn`): it rolls in place, and its rollout is not stuck — one whose new pods crash
+    (a model too large for the GPU, a broken image) never ends, and held its turn for good: two of
+    them held every other service's rollout with its surge pending."""
+    return rolling_in_place(deployment) > 0 and not stuck(deployment)
+
+
 def frees_a_turn(deployment: Mapping[str, Any], *, deleted: bool = False) -> bool:
     """Whether a Deployment that rolls in place has freed its turn (`in_place_turn`): its
-    rollout is over (its next pass turns it back to a surge), or it was deleted mid-rollout."""
+    rollout is over (its next pass turns it back to a surge) or stuck (`holds_a_turn`), or it
+    was deleted mid-rollout."""
     strategy = deployment.get("spec", {}).get("strategy", {}).get("rollingUpdate") or {}
     if strategy.get("maxSurge") != 0:
         return False
-    return deleted or not rollout_under_way(deployment)
+    return deleted or not rollout_under_way(deployment) or stuck(deployment)
