@@ -28,8 +28,14 @@ import pytest
 from pydantic import ValidationError
 
 from batchpilot.runtime.app import create_app
-from batchpilot.runtime.job_relay import FORWARDED_HEADER, Gone, JobRelay, NotAnswering
-from batchpilot.runtime.job_routes import PENDING_CAP_S, JobRoutes, lifetime
+from batchpilot.runtime.job_relay import (
+    FORWARDED_HEADER,
+    RELAYED_FOR_HEADER,
+    Gone,
+    JobRelay,
+    NotAnswering,
+)
+from batchpilot.runtime.job_routes import PENDING_CAP_S, RELAY_CREDENTIAL_S, JobRoutes, lifetime
 from batchpilot.runtime.settings import RuntimeSettings
 from tests.runtime_process import RuntimeProcess, metric, runtime_process, send
 from tests.test_access_process import key_args, publish, write_document
@@ -84,11 +90,31 @@ class TestIds:
         assert two.lapsed(job_id)
         assert two.elsewhere(job_id) == "10.1.0.1:8080"  # asked still, where it answers
         # Its lapse is signed: a caller cannot make an id lapse, nor keep one from it.
-        random_part, address_part, lapses, signature = job_id.split(".")
-        later = f"{random_part}.{address_part}.{int(lapses) + 10**6}.{signature}"
+        random_part, address_part, lapses, signed_relay, signature = job_id.split(".")
+        later = f"{random_part}.{address_part}.{int(lapses) + 10**6}.{signed_relay}.{signature}"
         assert two.elsewhere(later) is None
         assert not two.lapsed(later)
         assert not two.lapsed(ONE.new_id())  # an id made before lapses were written
+
+    def test_a_relay_credential_names_the_caller_for_one_request_of_one_job(self) -> None:
+        now = [1_000_000.0]
+        one = dataclasses.replace(ONE, lifetime_s=600, clock=lambda: now[0])
+        two = dataclasses.replace(TWO, lifetime_s=600, clock=lambda: now[0])
+        job_id = one.new_id()
+        assert two.signed_relay(job_id)
+        assert not two.signed_relay(ONE.new_id())  # an id of an older replica: keys travel
+        credential = two.relay_credential("GET", job_id, "alice")
+        assert "alice-0123" not in credential  # the key id, never the key
+        assert one.relayed_for(credential, "GET", job_id) == "alice"
+        assert one.relayed_for(credential, "DELETE", job_id) is None
+        assert one.relayed_for(credential, "GET", one.new_id()) is None
+        forged = credential.replace("alice", "bob", 1)
+        assert one.relayed_for(forged, "GET", job_id) is None
+        other_service = dataclasses.replace(ONE, key=b"another service's key")
+        assert other_service.relayed_for(credential, "GET", job_id) is None
+        assert one.relayed_for(two.relay_credential("GET", job_id, None), "GET", job_id) == ""
+        now[0] += RELAY_CREDENTIAL_S + 1
+        assert one.relayed_for(credential, "GET", job_id) is None
 
     def test_the_token_is_not_the_signing_key(self) -> None:
         assert ONE.key != b"service-token"
@@ -142,6 +168,8 @@ class TestRelay:
                     address,
                     "/v2/models/m/infer/async/ID?wait_s=1",
                     [("x-api-key", "k"), ("cookie", "c"), ("Authorization", "Bearer t")],
+                    job_id=ONE.new_id(),  # an id of an older replica: the caller's key travels
+                    owner="alice",
                 )
         finally:
             await relay.close()
@@ -158,11 +186,38 @@ class TestRelay:
         assert "cookie" not in head
         assert f"{FORWARDED_HEADER}: 10.1.0.2:8080" in head
 
+    async def test_a_reused_address_gets_no_key_and_its_answer_is_no_result(self) -> None:
+        """An id of a holder that takes a signed relay: what listens at its address now (the
+        pod's IP reused by another workload) receives a credential good for that job alone,
+        not the caller's key, and its answer, unsigned, is a holder gone (404), not a result."""
+        relay = JobRelay(dataclasses.replace(TWO, lifetime_s=600))
+        job_id = dataclasses.replace(ONE, lifetime_s=600).new_id()
+        try:
+            async with tiny_server(ANSWER) as (address, seen):
+                with pytest.raises(Gone):
+                    await relay.relay(
+                        "GET",
+                        address,
+                        f"/v2/models/m/infer/async/{job_id}",
+                        [("x-api-key", "k"), ("Authorization", "Bearer t")],
+                        job_id=job_id,
+                        owner="alice",
+                    )
+        finally:
+            await relay.close()
+        (request,) = seen
+        head = request.decode().lower()
+        assert "x-api-key" not in head
+        assert "authorization" not in head
+        assert f"{RELAYED_FOR_HEADER}: alice." in head
+
     async def test_a_refused_connection_is_a_holder_gone(self) -> None:
         relay = JobRelay(TWO)
         try:
             with pytest.raises(Gone):
-                await relay.relay("GET", f"127.0.0.1:{closed_port()}", "/x", [])
+                await relay.relay(
+                    "GET", f"127.0.0.1:{closed_port()}", "/x", [], job_id="x", owner=None
+                )
         finally:
             await relay.close()
 
@@ -171,7 +226,7 @@ class TestRelay:
         try:
             async with tiny_server(None) as (address, _):
                 with pytest.raises(NotAnswering):
-                    await relay.relay("GET", address, "/x", [], wait_s=0.1)
+                    await relay.relay("GET", address, "/x", [], job_id="x", owner=None, wait_s=0.1)
         finally:
             await relay.close()
 

@@ -3,8 +3,13 @@ back: what lets every replica behind a Service answer for every job (`job_routes
 replica an id names, and whether a replica of this service signed it).
 
 One hop only: a passed-on request carries `FORWARDED_HEADER`, and a replica never passes on a
-request that carries it. The caller's API key goes with the request, so the holder decides who
-may read the job exactly as if the caller had reached it. A holder that refuses the connection
+request that carries it. The holder decides who may read the job: where the id says its holder
+takes it (`JobRoutes.signed_relay`), on a credential the passing replica signs with the service's
+shared key, naming the caller's key id it checked (`RELAYED_FOR_HEADER`), and the holder signs
+its answer (`ANSWER_SIGNATURE_HEADER`), which an answer without is taken for one from whatever
+listens at a dead holder's reused address now: gone. The caller's API key itself travelled to
+the holder's address before, and to another pod's listener once that address was reused; it
+still does, for ids of older replicas, which take nothing else. A holder that refuses the connection
 has stopped (scaled down, restarted): its results are gone, and the answer is the unknown id's
 404 (`Gone`). A holder that takes no connection or does not answer in time (a lost node) is a
 504 (`NotAnswering`): a retry may find it again.
@@ -12,6 +17,7 @@ has stopped (scaled down, restarted): its results are gone, and the answer is th
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Iterable
 
 import aiohttp
@@ -21,6 +27,10 @@ from batchpilot.runtime.job_routes import JobRoutes
 
 FORWARDED_HEADER = "x-batchpilot-forwarded-by"
 """Set on a passed-on request (the address of the replica that passed it on)."""
+RELAYED_FOR_HEADER = "x-batchpilot-relayed-for"
+"""The passing replica's signed word for the caller (`JobRoutes.relay_credential`)."""
+ANSWER_SIGNATURE_HEADER = "x-batchpilot-answer-signature"
+"""The holder's signature of its answer to a signed relay (`JobRoutes.answer_signature`)."""
 PASSED_ON = ("authorization", "x-api-key")
 """The caller's headers that travel: its API key, wherever it sent it."""
 ANSWER_HEADERS = (
@@ -82,11 +92,18 @@ class JobRelay:
         path_and_query: str,
         headers: Iterable[tuple[str, str]],
         *,
+        job_id: str,
+        owner: str | None,
         wait_s: float = 0.0,
     ) -> Response:
-        """`method path_and_query` at the replica at `address`, with the caller's key; its answer.
-        Raises `Gone` or `NotAnswering`."""
-        sent = {name: value for name, value in headers if name.lower() in PASSED_ON}
+        """`method path_and_query` of `job_id` at the replica at `address`, for the caller whose
+        key id this replica checked (`owner`); its answer. Raises `Gone` (also for an answer not
+        signed where the id says its holder signs) or `NotAnswering`."""
+        signed = self.routes.signed_relay(job_id)
+        if signed:
+            sent = {RELAYED_FOR_HEADER: self.routes.relay_credential(method, job_id, owner)}
+        else:
+            sent = {name: value for name, value in headers if name.lower() in PASSED_ON}
         sent[FORWARDED_HEADER] = self.routes.address
         timeout = aiohttp.ClientTimeout(
             total=wait_s + self._answer_timeout_s, sock_connect=self._connect_timeout_s
@@ -100,6 +117,11 @@ class JobRelay:
                 allow_redirects=False,
             ) as answer:
                 body = await answer.read()
+                if signed:
+                    signature = answer.headers.get(ANSWER_SIGNATURE_HEADER, "")
+                    expected = self.routes.answer_signature(job_id, answer.status, body)
+                    if not hmac.compare_digest(signature.encode(), expected.encode()):
+                        raise Gone(f"{address} answered, not as a replica of this service")
                 kept = {
                     name: answer.headers[name] for name in ANSWER_HEADERS if name in answer.headers
                 }

@@ -40,6 +40,12 @@ MAX_ID_LENGTH = 256
 """Longer ids are nobody's: not parsed, not looked up."""
 _KEY_LABEL = b"batchpilot async job route v1"
 _SIGNATURE_HEX = 32
+SIGNED_RELAY = "r"
+"""The part of an id that says its holder takes relayed requests on a signed credential and signs
+its answers (`JobRoutes.signed_relay`)."""
+RELAY_CREDENTIAL_S = 300.0
+"""How long a relay credential is good for: the passing on takes seconds; the rest is the pods'
+clocks, which may differ."""
 PENDING_CAP_S = ASYNC_DEADLINE_MAX_S
 """The longest an async job is taken to pend, for its id's lapse (`lifetime`): a job waits in the
 queue at most its deadline, and a queue of ten minutes is no queue. One pending longer is still
@@ -83,18 +89,55 @@ class JobRoutes:
         return hmac.new(self.key, text, hashlib.sha256).hexdigest()[:_SIGNATURE_HEX]
 
     def new_id(self) -> str:
-        """A fresh id naming this replica (and, with a lifetime, when its job lapses)."""
+        """A fresh id naming this replica (and, with a lifetime, when its job lapses, and that
+        its holder takes relayed requests signed and signs its answers: `SIGNED_RELAY`)."""
         random_part = secrets.token_hex(16)
         address_part = base64.urlsafe_b64encode(self.address.encode()).rstrip(b"=").decode()
         if self.lifetime_s is None:
             return f"{random_part}.{address_part}.{self._sign(random_part, address_part)}"
         lapses = str(int(self.clock() + self.lifetime_s))
-        signature = self._sign(random_part, address_part, lapses)
-        return f"{random_part}.{address_part}.{lapses}.{signature}"
+        signature = self._sign(random_part, address_part, lapses, SIGNED_RELAY)
+        return f"{random_part}.{address_part}.{lapses}.{SIGNED_RELAY}.{signature}"
+
+    def signed_relay(self, job_id: str) -> bool:
+        """Whether `job_id`'s holder takes a relayed request on a signed credential rather than
+        the caller's API key, and signs its answer (`SIGNED_RELAY`): ids of older replicas do
+        neither."""
+        parts = self._signed(job_id)
+        return parts is not None and len(parts) == 4 and parts[3] == SIGNED_RELAY
+
+    def relay_credential(self, method: str, job_id: str, owner: str | None) -> str:
+        """What a replica that passes on `method` of `job_id` for the caller whose key id it
+        checked (`owner`; None without API keys) sends in the caller's key's place: the key id,
+        signed with the service's shared key, good for `RELAY_CREDENTIAL_S`. A pod address
+        reused by another listener gets no key of a caller's, only this, good for that job."""
+        expires = str(int(self.clock() + RELAY_CREDENTIAL_S))
+        who = owner or ""
+        return f"{who}.{expires}.{self._sign('relay', method, job_id, who, expires)}"
+
+    def relayed_for(self, credential: str, method: str, job_id: str) -> str | None:
+        """The key id a relay credential names (`relay_credential`; "" without API keys), or
+        None where it is not one of this service's, not for this request, or expired."""
+        if len(credential) > MAX_ID_LENGTH or credential.count(".") < 2:
+            return None
+        who, expires, signature = credential.rsplit(".", 2)
+        expected = self._sign("relay", method, job_id, who, expires).encode()
+        if not hmac.compare_digest(signature.encode(), expected):
+            return None
+        if not expires.isdigit() or self.clock() > int(expires):
+            return None
+        return who
+
+    def answer_signature(self, job_id: str, status: int, body: bytes) -> str:
+        """The holder's signature of its answer to a relayed request: what tells the replica
+        that passed it on the answer came from a replica of this service, not from whatever
+        listens at a dead holder's address now."""
+        digest = hashlib.sha256(body).hexdigest()
+        return self._sign("answer", job_id, str(status), digest)
 
     def _signed(self, job_id: str) -> list[str] | None:
         """The parts of `job_id` but its signature, where a replica of this service signed it."""
-        if len(job_id) > MAX_ID_LENGTH or job_id.count(".") not in (2, 3):
+        if len(job_id) > MAX_ID_LENGTH or job_id.count(".") not in (2, 3, 4):
             return None
         *parts, signature = job_id.split(".")
         expected = self._sign(*parts).encode()
@@ -106,7 +149,7 @@ class JobRoutes:
         """Whether `job_id`, signed by a replica of this service, names a job no replica can
         hold any more (its lapse has passed)."""
         parts = self._signed(job_id)
-        if parts is None or len(parts) != 3 or not parts[2].isdigit():
+        if parts is None or len(parts) < 3 or not parts[2].isdigit():
             return False
         return self.clock() > int(parts[2])
 

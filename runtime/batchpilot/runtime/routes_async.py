@@ -50,8 +50,22 @@ from batchpilot.runtime.async_jobs import (
 )
 from batchpilot.runtime.attempts import is_retry_raw
 from batchpilot.runtime.body_decoding import BodyDecoder
-from batchpilot.runtime.errors import EngineFailure, InferenceError, InvalidRequest, ShuttingDown
-from batchpilot.runtime.job_relay import FORWARDED_HEADER, Gone, JobRelay, NotAnswering
+from batchpilot.runtime.errors import (
+    EngineFailure,
+    Forbidden,
+    InferenceError,
+    InvalidRequest,
+    ShuttingDown,
+    Unauthorized,
+)
+from batchpilot.runtime.job_relay import (
+    ANSWER_SIGNATURE_HEADER,
+    FORWARDED_HEADER,
+    RELAYED_FOR_HEADER,
+    Gone,
+    JobRelay,
+    NotAnswering,
+)
 from batchpilot.runtime.outcomes import RequestOutcome, disconnected, status_of
 from batchpilot.runtime.protocol.server_codec import InferRequest
 from batchpilot.runtime.responses import (
@@ -163,9 +177,12 @@ def add_async_routes(
             f"finish), or the replica that took it has stopped{owned_by_key}"
         )
 
-    async def passed_on(request: Request, job_id: str, *, wait_s: float = 0.0) -> Response | None:
+    async def passed_on(
+        request: Request, job_id: str, owner: str | None, *, wait_s: float = 0.0
+    ) -> Response | None:
         """The holder's answer when `job_id` is another replica's and this request has not been
-        passed on already; None when the job is looked up here."""
+        passed on already; None when the job is looked up here. `owner`: the caller's key id,
+        checked here (what a signed relay tells the holder in place of the key)."""
         if relay is None or FORWARDED_HEADER in request.headers:
             return None
         address = relay.routes.elsewhere(job_id)
@@ -174,7 +191,13 @@ def add_async_routes(
         path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         try:
             return await relay.relay(
-                request.method, address, path, request.headers.items(), wait_s=wait_s
+                request.method,
+                address,
+                path,
+                request.headers.items(),
+                job_id=job_id,
+                owner=owner,
+                wait_s=wait_s,
             )
         except Gone as exc:
             log.debug("async job %s: its replica is gone (%s)", job_id, exc)
@@ -189,9 +212,40 @@ def add_async_routes(
                 f"the replica holding async job '{job_id}' did not answer in time; retry"
             ) from exc
 
-    def owner_of(request: Request) -> str | None:
-        """The caller's key id with API keys on (raises 401/403 as a submit would), else None."""
+    def owner_of(request: Request, job_id: str) -> str | None:
+        """The caller's key id with API keys on (raises 401/403 as a submit would), else None.
+        A request another replica passed on with a signed credential (`job_relay`) names the
+        key id that replica checked: still allowed here, it is the caller's."""
+        credential = relayed_for(request)
+        if credential is not None:
+            assert relay is not None
+            who = relay.routes.relayed_for(credential, request.method, job_id)
+            if who is None:
+                raise Unauthorized(
+                    "the relayed request's credential is not valid here", error="invalid_token"
+                )
+            if access is None:
+                return None
+            if not access.allows(who):
+                raise Forbidden(f"key {who!r} may not call model {model_name!r}")
+            return who
         return None if access is None else access.identify(request.headers.items())
+
+    def relayed_for(request: Request) -> str | None:
+        """The signed credential of a request another replica passed on, if it carries one."""
+        if relay is None or FORWARDED_HEADER not in request.headers:
+            return None
+        return request.headers.get(RELAYED_FOR_HEADER)
+
+    def signed(request: Request, job_id: str, answer: Response) -> Response:
+        """`answer`, signed for the replica that passed on `request` with a signed credential
+        (`JobRoutes.answer_signature`): it takes no answer from a reused address without."""
+        if relayed_for(request) is not None:
+            assert relay is not None
+            answer.headers[ANSWER_SIGNATURE_HEADER] = relay.routes.answer_signature(
+                job_id, answer.status_code, bytes(answer.body)
+            )
+        return answer
 
     async def decoded_while_connected(
         request: Request, decoding: Coroutine[Any, Any, InferRequest]
@@ -262,11 +316,14 @@ def add_async_routes(
 
     async def fetch(request: Request) -> Response:
         job_id = request.path_params["job_id"]
+        return signed(request, job_id, await fetched(request, job_id))
+
+    async def fetched(request: Request, job_id: str) -> Response:
         try:
-            owner = owner_of(request)
+            owner = owner_of(request, job_id)
             check_model(request.path_params["name"])
             wait_s = _wait_s(request)
-            if (answer := await passed_on(request, job_id, wait_s=wait_s)) is not None:
+            if (answer := await passed_on(request, job_id, owner, wait_s=wait_s)) is not None:
                 return answer
             job = jobs.get(job_id, owner=owner)
             if job is not None and not job.done and wait_s > 0:
@@ -300,10 +357,13 @@ def add_async_routes(
 
     async def discard(request: Request) -> Response:
         job_id = request.path_params["job_id"]
+        return signed(request, job_id, await discarded(request, job_id))
+
+    async def discarded(request: Request, job_id: str) -> Response:
         try:
-            owner = owner_of(request)
+            owner = owner_of(request, job_id)
             check_model(request.path_params["name"])
-            if (answer := await passed_on(request, job_id)) is not None:
+            if (answer := await passed_on(request, job_id, owner)) is not None:
                 return answer
             job = jobs.discard(job_id, owner=owner)
             if job is None:

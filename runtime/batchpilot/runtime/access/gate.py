@@ -112,6 +112,12 @@ class AccessGate:
             )
         self._state = _State(table or state.table, policy, quotas)
 
+    def allows(self, key_id: str) -> bool:
+        """Whether the key `key_id` may call this model now (a key another replica checked,
+        relayed: `job_relay`)."""
+        state = self._state
+        return key_id in state.table.key_ids and state.policy.allows(key_id)
+
     def identify(self, headers: Iterable[tuple[str, str]]) -> str:
         """The id of the caller's key, allowed on this model; raises `Unauthorized` or
         `Forbidden`. Takes no quota: for reads (metadata, async results)."""
