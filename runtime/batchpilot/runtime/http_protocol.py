@@ -74,7 +74,6 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
-from batchpilot.runtime.attempts import RESENDS, Resends
 from batchpilot.runtime.outcomes import KEPT_WHILE_DRAINING, REFUSED_MID_BODY, RequestOutcome
 
 log = logging.getLogger(__name__)
@@ -261,7 +260,6 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._gentle = _GentleClose(self)
-        self._resends = Resends()
         age = self.limits.max_connection_age_s
         if age is not None:
             jitter = random.uniform(1 - AGE_JITTER, 1 + AGE_JITTER)
@@ -500,7 +498,6 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         # it gentle (on_message_complete undoes both). Two attribute writes per request: hooking
         # uvicorn's cycle any other way (a subclass of it) costs the hot path microseconds.
         cycle = self.cycle
-        cycle.scope[RESENDS] = self._resends  # type: ignore[literal-required]
         keep_alive = cycle.keep_alive
         if keep_alive and self.loop.time() >= self._retire_at:
             keep_alive = False

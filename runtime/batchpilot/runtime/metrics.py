@@ -51,11 +51,9 @@ environment), so one PromQL selector finds a service's replicas. What each metri
   inferred from what was served. `batchpilot_admitted_total` counts those that entered the
   queue; `batchpilot_shed_total` (counter by `reason`) those shed: `predicted_late` (refused at
   arrival, it would have finished after its deadline), `queue_full`, `draining` (refused at
-  arrival), `resent_early` (the body just refused on its connection, sent again before the
-  Retry-After it was given: refused again undecoded, a retry: `attempts.Resends`), and
-  `expired` (its deadline passed, or could no longer be met, before it reached the device).
-  Every arrival is admitted or refused at arrival, so arrivals = admitted + predicted_late +
-  queue_full + draining + resent_early. With a pipeline a request arrives once preprocessed
+  arrival), and `expired` (its deadline passed, or could no longer be met, before it reached
+  the device). Every arrival is admitted or refused at arrival, so arrivals = admitted +
+  predicted_late + queue_full + draining. With a pipeline a request arrives once preprocessed
   (one its preprocess refuses is invalid, no arrival), and one whose deadline passed while it
   was preprocessed counts as admitted, then expired. `batchpilot_recent_arrivals_per_second`
   (gauge): the same arrivals over the last 5 s (`batchpilot.api.arrivals`), per second at the
@@ -199,7 +197,7 @@ def batch_bucket(rows: int) -> str:
 _TIMED_OUTCOMES = frozenset({RequestOutcome.SUCCESS, RequestOutcome.TIMEOUT, RequestOutcome.ERROR})
 """Outcomes whose duration is a latency of the service (the request was taken on)."""
 
-SHED_REASONS = ("predicted_late", "queue_full", "draining", "resent_early", "expired")
+SHED_REASONS = ("predicted_late", "queue_full", "draining", "expired")
 """Why a request was shed: the `reason` label of `batchpilot_shed_total`."""
 
 

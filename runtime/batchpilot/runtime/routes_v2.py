@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,9 +33,9 @@ from batchpilot.runtime.asgi_io import (
     send_answer,
     until_disconnected,
 )
-from batchpilot.runtime.attempts import RESENDS, Resends, is_retry_raw
+from batchpilot.runtime.attempts import is_retry_raw
 from batchpilot.runtime.body_decoding import BodyDecoder
-from batchpilot.runtime.errors import InferenceError, Overloaded
+from batchpilot.runtime.errors import InferenceError
 from batchpilot.runtime.infer_dispatch import RuntimeApp
 from batchpilot.runtime.outcomes import (
     KEPT_WHILE_DRAINING,
@@ -44,7 +43,6 @@ from batchpilot.runtime.outcomes import (
     disconnected,
     status_of,
 )
-from batchpilot.runtime.protocol.server_codec import InferRequest
 from batchpilot.runtime.responses import (
     CLIENT_CLOSED_REQUEST,
     EncodedResult,
@@ -224,27 +222,11 @@ def add_v2_routes(
             # decode already running finishes in its thread, for no one) rather than holding a
             # place there, then arriving, for nobody.
             watcher = asyncio.get_running_loop().create_task(until_disconnected(receive, handler))
-            resends: Resends | None = scope.get(RESENDS)
-            resent = None if resends is None else resends.resend(body, arrived)
-            if resent is not None and arrived < resent.until:
-                # Sent again before the Retry-After its refusal gave: refused again as it
-                # stands, before it is decoded or weighs in admission (`attempts`).
-                metrics.arrived(resent.rows, retry=True)
-                metrics.shed("resent_early")
-                raise Overloaded(
-                    f"this request was refused on this connection {_ms(arrived - resent.at)} "
-                    f"ago and sent again before its Retry-After "
-                    f"({_ms(resent.until - resent.at)}); retry after it",
-                    reason="resent_early",
-                    retry_after_s=resent.until - arrived,
-                )
-            rows = 1  # until the body says
             try:
                 parsed = await decoder.decode(body, coding, parse_header_length(header_length_text))
-                rows = _rows(parsed)
                 outputs = await server.infer(
                     parsed,
-                    retry=resent is not None or is_retry_raw(scope["headers"]),
+                    retry=is_retry_raw(scope["headers"]),
                     kept=KEPT_WHILE_DRAINING in scope,
                     arrived=arrived,
                 )
@@ -253,14 +235,7 @@ def add_v2_routes(
                     raise
                 metrics.request_finished(RequestOutcome.CANCELLED)
                 failure = Response(status_code=CLIENT_CLOSED_REQUEST)
-            except Overloaded as exc:
-                if resends is not None and exc.reason != "resent_early":
-                    told = max(1, math.ceil(exc.retry_after_s))  # as the header says it
-                    resends.refused(body, rows=rows, retry_after_s=told, now=arrived)
-                raise
             else:
-                if resends is not None:
-                    resends.served()
                 answer = encode_result(server, parsed, outputs)
                 metrics.request_finished(RequestOutcome.SUCCESS, time.perf_counter() - started)
         except InferenceError as exc:
@@ -293,15 +268,3 @@ def add_v2_routes(
     for path in ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"):
         app.router.routes.append(Route(path, _AsgiEndpoint(infer), methods=["POST"]))
     app.infer_endpoint = infer
-
-
-def _rows(request: InferRequest) -> int:
-    """The rows a decoded request brings (its first input's batch axis; 1 without inputs)."""
-    if not request.inputs:
-        return 1
-    shape = getattr(request.inputs[0].data, "shape", ())
-    return int(shape[0]) if shape else 1
-
-
-def _ms(seconds: float) -> str:
-    return f"{max(0.0, seconds) * 1e3:.0f} ms"
