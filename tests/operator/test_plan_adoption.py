@@ -149,3 +149,22 @@ class TestWhatIsNotAdopted:
         assert child is not None
         assert owned_by(child, NEW.uid)
         assert not adoptable(child, NEW)
+
+
+class TestAPlantedSecret:
+    def test_a_labelled_secret_alone_keeps_no_token(self) -> None:
+        # Someone who may create Secrets and not read them plants the service's admin-token
+        # Secret before the service exists: adopted, its token would open the admin port.
+        observed = left_behind(owner_references=None)
+        planted = {DEPLOYMENT: None, SECRET: observed[SECRET]}
+        assert owned_values(NEW, planted).token != "the-token"
+        # with the Deployment that mounts it (orphaned or restored serving pods): kept
+        assert owned_values(NEW, observed).token == "the-token"
+
+    def test_a_secret_planted_beside_a_deployment_already_adopted_keeps_no_token(self) -> None:
+        observed = left_behind(owner_references=None)
+        adopted = copy.deepcopy(observed[DEPLOYMENT])
+        assert adopted is not None
+        adopted["metadata"]["ownerReferences"] = [NEW.owner_reference]
+        planted = {DEPLOYMENT: adopted, SECRET: observed[SECRET]}
+        assert owned_values(NEW, planted).token != "the-token"

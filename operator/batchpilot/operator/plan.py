@@ -158,7 +158,15 @@ def owned_values(
         batch_size = _clamp(recorded.batch_size, 1, scaling.max_batch_size)
         delay_ms = recorded.max_queue_delay_ms
     secret = mine.get(SECRET)
-    kept = token_in(secret) if secret is not None else None
+    # A token is kept from a Secret this service owns, or one adopted with the Deployment that
+    # mounts it (the service's serving pods, orphaned or restored): a labelled Secret alone may
+    # be planted by someone who may create Secrets and not read them, whose token would then
+    # open the admin port (API keys, batching) — a new one is made.
+    trusted = secret is not None and (
+        owned_by(secret, owner.uid)
+        or (deployment is not None and not owned_by(deployment, owner.uid))
+    )
+    kept = token_in(secret) if secret is not None and trusted else None
     return Owned(
         replicas=replicas,
         batch_size=batch_size,

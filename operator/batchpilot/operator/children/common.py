@@ -109,9 +109,10 @@ def adoptable(child: dict[str, object], owner: Owner) -> bool:
 
     What that trusts: the labels prove nothing of who wrote the object, only that whoever did
     can write objects of its kind in the namespace — as can whoever edits the children the
-    operator owns. Adoption keeps what reconciling an owned child keeps (the admin token, the
-    replica count and the batch settings, clamped into the spec's bounds) and rewrites the rest
-    from the spec, so it grants the namespace's writers nothing they lack."""
+    operator owns. Adoption keeps what reconciling an owned child keeps (the replica count and
+    the batch settings, clamped into the spec's bounds; the admin token only where the Deployment
+    that mounts it is adopted with it: someone who may create Secrets but not read them could
+    plant one, and its token opens the admin port) and rewrites the rest from the spec."""
     metadata = child.get("metadata")
     if not isinstance(metadata, dict):
         return False
