@@ -6,12 +6,25 @@ lateness; a job's own deadline is all that fails it."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 
-from batchpilot.runtime.errors import DeadlineExceeded, Overloaded, ShuttingDown
+from batchpilot.runtime.batching import BatchSettings
+from batchpilot.runtime.errors import (
+    DeadlineExceeded,
+    Overloaded,
+    ShuttingDown,
+    TooLargeForDeadline,
+)
+from batchpilot.runtime.metrics import RuntimeMetrics
+from batchpilot.runtime.protocol.server_codec import decode_request
+from batchpilot.runtime.server import ModelServer
+from batchpilot.runtime.simulated import LatencyModel, SimulatedEngine
+from tests import onnx_models
 from tests.test_admission import Served
 
 pytestmark = pytest.mark.looptime
@@ -152,3 +165,31 @@ class TestShutdown:
                 with pytest.raises(ShuttingDown):
                     await future
             await first
+
+
+def test_a_job_too_large_for_the_sla_s_deadline_is_refused_at_submit(tmp_path: Path) -> None:
+    # A job larger than the largest batch runs alone, in one batch nothing interrupts: one that
+    # fits its own 300 s would hold the device from the SLA's requests for seconds. It is held
+    # to the deadline a request of the SLA would have (100 ms here), as before the lane.
+    model = onnx_models.mlp(tmp_path / "mlp.onnx")
+    engine = SimulatedEngine.load(model, name="mlp", latency=LatencyModel(0.0, 0.0))
+    metrics = RuntimeMetrics(model="mlp", service="", namespace="", engine=engine.info, nvml=None)
+    server = ModelServer(
+        engine,
+        batching=BatchSettings(max_batch_size=8, max_queue_delay_s=0.0, deadline_s=0.100),
+        queue_capacity=16,
+        metrics=metrics,
+    )
+    for _ in range(3):  # t(b) = 20 + 1·b ms, measured
+        for rows in (1, 8):
+            server.predictor.timing.observe(rows, 0.020 + 0.001 * rows)
+    x = np.zeros((4000, 64), dtype=np.float32).tolist()
+    body = orjson.dumps(
+        {"inputs": [{"name": "x", "datatype": "FP32", "shape": [4000, 64], "data": x}]}
+    )
+    with pytest.raises(TooLargeForDeadline):
+        server.validate(decode_request(body), background=True)
+    small = orjson.dumps(
+        {"inputs": [{"name": "x", "datatype": "FP32", "shape": [8, 64], "data": x[:8]}]}
+    )
+    assert server.validate(decode_request(small), background=True) == 8

@@ -9,7 +9,7 @@ import asyncio
 import itertools
 import math
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -171,8 +171,9 @@ class BatchQueue:
         self._outstanding = 0
         """Requests queued or in a running batch: put, their futures not yet done."""
         self._population = Population() if early_start else None
-        self._multi_row = 0
-        """Requests queued of more than one row: where none is, none runs alone (`_admit`)."""
+        self._sizes: dict[Hashable, Counter[int]] = {}
+        """How many requests of each size of more than one row each shape has queued: those
+        larger than the limit run alone (`_admit`), found without walking the queue."""
         self._background: dict[Hashable, deque[Pending]] = {}
         """The background lane by shape (`put`), each oldest first."""
         self._background_size = 0
@@ -268,7 +269,8 @@ class BatchQueue:
         self._rows[key] += rows
         self._queued_rows += rows
         self._size += 1
-        self._multi_row += rows > 1
+        if rows > 1:
+            self._sizes.setdefault(key, Counter())[rows] += 1
         self._outstanding += 1
         if self._population is not None:
             self._population.reached(self._outstanding, now)
@@ -385,15 +387,14 @@ class BatchQueue:
         own = self._rows.get(key, 0)
         others = {other: queued for other, queued in self._rows.items() if other != key}
         alone = []
-        if self._multi_row:
-            for other, group in self._groups.items():
-                for item in group:
-                    if item.rows > limit:
-                        alone.append(item.rows)
-                        if other == key:
-                            own -= item.rows
-                        else:
-                            others[other] -= item.rows
+        for other, sizes in self._sizes.items():
+            for size, count in sizes.items():
+                if size > limit:
+                    alone += [size] * count
+                    if other == key:
+                        own -= size * count
+                    else:
+                        others[other] -= size * count
         predicted = predictor.finish_time(
             queued_rows=own,
             rows=rows,
@@ -475,7 +476,13 @@ class BatchQueue:
                 del self._background[item.key]
             return
         self._size -= 1
-        self._multi_row -= item.rows > 1
+        if item.rows > 1:
+            sizes = self._sizes[item.key]
+            sizes[item.rows] -= 1
+            if not sizes[item.rows]:
+                del sizes[item.rows]
+                if not sizes:
+                    del self._sizes[item.key]
         self._rows[item.key] -= item.rows
         self._queued_rows -= item.rows
         if not group:
