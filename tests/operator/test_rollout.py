@@ -126,6 +126,16 @@ class TestWhyNotReady:
             "Unschedulable", f"2 of 3 pods cannot be scheduled: {NO_GPU}"
         )
 
+    def test_pods_with_no_node_say_since_when_the_longest_has_waited(self) -> None:
+        # A timestamp, not a duration: the same words on every pass, no write for the clock.
+        early = {**UNSCHEDULABLE, "lastTransitionTime": "2026-12-08T00:47:45Z"}
+        late = {**UNSCHEDULABLE, "lastTransitionTime": "2026-12-08T01:02:00Z"}
+        pods = [pod(scheduled=late), pod("b", scheduled=early), pod("c")]
+        assert why_not_ready(deployment(), pods) == Trouble(
+            "Unschedulable",
+            f"2 of 3 pods cannot be scheduled since 2026-12-08T00:47:45Z: {NO_GPU}",
+        )
+
     def test_a_crash_loop_says_the_last_line_the_container_logged(self) -> None:
         pods = [
             pod(

@@ -123,11 +123,27 @@ def _pods_saying(pods: Sequence[dict[str, Any]], total: int) -> Trouble | None:
         reason, message = stuck[0]
         return Trouble(reason, short(f"{len(stuck)} of {total} pods {reason}: {message}"))
     if troubles:
+        since = _unschedulable_since(pods)
+        when = f" since {since}" if since else ""
         return Trouble(
             "Unschedulable",
-            short(f"{len(troubles)} of {total} pods cannot be scheduled: {troubles[0][1]}"),
+            short(f"{len(troubles)} of {total} pods cannot be scheduled{when}: {troubles[0][1]}"),
         )
     return None
+
+
+def _unschedulable_since(pods: Sequence[dict[str, Any]]) -> str | None:
+    """When the pod unschedulable longest became so (its PodScheduled condition's
+    lastTransitionTime, as Kubernetes writes it): how long a full cluster has kept replicas
+    away, in words that stay the same pass after pass (no status write for a clock's tick)."""
+    times = []
+    for pod in pods:
+        scheduled = _condition(pod, "PodScheduled")
+        if scheduled and scheduled.get("status") == "False":
+            at = scheduled.get("lastTransitionTime")
+            if isinstance(at, str) and _parse_time(at) is not None:
+                times.append(at)
+    return min(times) if times else None  # RFC 3339 in UTC ("…Z") sorts as it reads
 
 
 def why_not_ready(
