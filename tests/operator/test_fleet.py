@@ -404,6 +404,9 @@ async def test_events_held_go_out_though_no_service_is_left_to_tick() -> None:
     class Holding:
         holding = True
 
+        def forget_all(self) -> None:
+            pass
+
         def post_held(self) -> None:
             test_loop.call_soon_threadsafe(posted.set)
 

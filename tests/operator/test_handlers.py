@@ -203,7 +203,7 @@ class TestOneReconcilePath:
     def test_the_events_posted_are_counted_for_their_service_until_it_is_deleted(
         self, posted: Posted
     ) -> None:
-        handlers.deleted(name="resnet50", namespace=NS, memo=kopf.Memo())
+        handlers.deleted(name="resnet50", namespace=NS, body=isvc(), memo=kopf.Memo())
         operator = Operator(isvc())
         handlers.reconcile(name="resnet50", namespace=NS, memo=operator.memo)
         operator.memo.fleet.run_round([(NS, "resnet50")])  # the autopilot's posts, in its round
@@ -212,7 +212,7 @@ class TestOneReconcilePath:
         expected = {kind: float(kinds.count(kind)) for kind in set(kinds)}
         assert counted_for(NS, "resnet50") == expected
         assert ("Normal", "Created") in counted_for(NS, "resnet50")
-        handlers.deleted(name="resnet50", namespace=NS, memo=operator.memo)
+        handlers.deleted(name="resnet50", namespace=NS, body=isvc(), memo=operator.memo)
         assert counted_for(NS, "resnet50") == {}
 
 

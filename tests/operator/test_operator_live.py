@@ -235,6 +235,34 @@ class TestLifecycle:
         wait_until(lambda: counted_for("default", "resnet50") == {}, what="its series gone")
 
 
+class TestChurn:
+    def test_services_created_and_deleted_leave_no_series_and_no_children(
+        self, cluster: Cluster
+    ) -> None:
+        # Passes a child's deletion brings may read a deleted service from the cache a moment
+        # longer: they created its children again (for the garbage collector to delete) and
+        # posted Events the forgetting on its deletion had already dropped — series and
+        # memories grew with every service created and deleted.
+        names = [f"churn-{i}" for i in range(4)]
+        for round_ in range(2):
+            for name in names:
+                doc = example()
+                doc["metadata"]["name"] = name
+                cluster.apply(doc)
+            for name in names:
+                wait_until(lambda n=name: counted_for("default", n), what=f"{name}'s Events")
+            for name in names:
+                cluster.kubectl("delete", "inferenceservice", name)
+            for name in names:
+                wait_until(lambda n=name: cluster.get("deployment", n) is None, what="gone")
+            # the periodic round (every 2 s here) keeps the memory of the services there are
+            wait_until(
+                lambda: all(counted_for("default", n) == {} for n in names),
+                what=f"round {round_}: the deleted services' series gone",
+            )
+        assert all(cluster.get("deployment", n) is None for n in names)
+
+
 class TestForeignObjects:
     def test_an_object_that_is_not_ours_is_left_alone_with_a_warning(
         self, cluster: Cluster

@@ -95,6 +95,29 @@ class TestTheLoop:
         task.cancel()
         assert passes.of(A) == pytest.approx([3 * INTERVAL + periodic.place(A, 7) * INTERVAL])
 
+    async def test_each_round_begins_with_the_services_there_are(self) -> None:
+        # (the operator keeps memory of those alone: handlers._sweep)
+        passes, seen = Passes(), []
+        fleet = [{A, B}, {A}]
+
+        def services() -> set[periodic.Key]:
+            return fleet[0] if len(seen) < 1 else fleet[1]
+
+        def each_round(keys: object) -> None:
+            seen.append(set(keys))  # type: ignore[call-overload]
+            if len(seen) == 2:
+                raise RuntimeError("a bug: the loop goes on")
+
+        task = asyncio.create_task(
+            periodic.run_periodically(
+                services, passes.submit, interval_s=INTERVAL, salt=7, each_round=each_round
+            )
+        )
+        await asyncio.sleep(3.5 * INTERVAL)
+        task.cancel()
+        assert seen == [{A, B}, {A}, {A}]
+        assert len(passes.of(A)) == 2  # (at 0.97 of each interval) the failed bookkeeping too
+
     async def test_nothing_known_is_no_round(self) -> None:
         passes = Passes()
         await running_for(3 * INTERVAL, passes, lambda: None)

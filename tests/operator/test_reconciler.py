@@ -631,6 +631,25 @@ class TestAdmissionWebhooks:
         cluster.reconciler.forget(NS, "resnet50")
         assert cluster.writes_of(cluster.reconcile) == [("replace", "Deployment", "resnet50")]
 
+    def test_a_service_named_like_anothers_child_forgets_nothing_of_it(self) -> None:
+        # "resnet50-batching" is the name of resnet50's ConfigMap: forgetting a service of that
+        # name dropped what was remembered of resnet50's Deployment's write.
+        cluster = Cluster(isvc())
+        cluster.kube.admission = add_a_toleration
+        cluster.reconcile()
+        cluster.reconciler.forget(NS, "resnet50-batching")
+        cluster.reconciler.forget(NS, "resnet50-admin-token")
+        assert cluster.writes_of(cluster.reconcile) == []
+
+    def test_what_is_kept_is_of_the_services_there_are(self) -> None:
+        cluster = Cluster(isvc())
+        cluster.kube.admission = add_a_toleration
+        cluster.reconcile()
+        cluster.reconciler.forget_all_but([(NS, "resnet50"), (NS, "bert")])
+        assert cluster.writes_of(cluster.reconcile) == []
+        cluster.reconciler.forget_all_but([(NS, "bert")])
+        assert cluster.writes_of(cluster.reconcile) == [("replace", "Deployment", "resnet50")]
+
 
 class TestAutopilotOwnership:
     def test_in_auto_mode_replicas_and_batching_in_force_are_kept(self) -> None:

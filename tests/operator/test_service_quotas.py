@@ -359,7 +359,9 @@ class TestThePushFollowsTheSpecAndTheReplicas:
         cluster.reconcile()
         assert cluster.pushes.take() == [(P1, limit(400, 400))]
         assert len(pusher) == 1
-        handlers.deleted(name="resnet50", namespace=NS, memo=kopf.Memo(access_pusher=pusher))
+        handlers.deleted(
+            name="resnet50", namespace=NS, body=kopf.Body({}), memo=kopf.Memo(access_pusher=pusher)
+        )
         assert len(pusher) == 0
 
     def test_a_spec_change_is_sent_to_every_ready_pod(self) -> None:

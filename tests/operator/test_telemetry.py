@@ -72,6 +72,15 @@ def test_a_deleted_service_takes_its_series_with_it() -> None:
     assert events("fleet", "gone", "Normal", "Created") == 1
 
 
+def test_series_are_kept_for_the_services_there_are_alone() -> None:
+    # A pass that read a service a moment after its deletion was forgotten posted for it again.
+    telemetry.posted("sweep", "gone", [Event("Normal", "Created", "…")])
+    telemetry.posted("sweep", "stays", [Event("Normal", "Created", "…")])
+    telemetry.forget_all_but([("sweep", "stays")])
+    assert counted_for("sweep", "gone") == {}
+    assert events("sweep", "stays", "Normal", "Created") == 1
+
+
 def test_a_round_says_how_many_services_how_long_and_whether_prometheus_answered() -> None:
     rounds = value("batchpilot_operator_autopilot_rounds_total")
     failed = value("batchpilot_operator_autopilot_ticks_failed_total")

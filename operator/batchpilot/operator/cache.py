@@ -578,6 +578,10 @@ class WatchCache:
                 self._put(kind, result)
         return result
 
+    def fresh(self, kind: ResourceKind, namespace: str, name: str) -> Obj | None:
+        """One object as the API server has it now, read past the memory (and kept in it)."""
+        return self._refresh(kind, namespace, name)
+
     def _refresh(self, kind: ResourceKind, namespace: str, name: str) -> Obj | None:
         """Read one object from the API into the cache (whatever its labels)."""
         fresh = self._api.get(kind, namespace, name)

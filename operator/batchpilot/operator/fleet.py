@@ -197,6 +197,12 @@ class FleetPilot:
         """Whether Events of earlier rounds wait to be posted."""
         return bool(self._held)
 
+    def forget_all(self) -> None:
+        """No service is piloted now: what the ticks remembered goes (a round forgets what is
+        of services gone from it; with none, no round runs)."""
+        self._pilot.forget(())
+        self._behind = set()
+
     def post_held(self) -> None:
         """Post the Events earlier rounds held (in the caller's context: kopf's)."""
         with self._held_lock:

@@ -28,7 +28,7 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any, cast
 
 import kopf
@@ -196,6 +196,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         rebalance=memo.rebalancer,
         read_pods=kube.pods,
         read_rolling_in_place=lambda: kube.flagged(DEPLOYMENT),
+        read_owner=lambda namespace, name: kube.fresh(INFERENCESERVICE, namespace, name),
     )
     observer = FleetObserver(
         http_query(_SETTINGS.prometheus_url),
@@ -271,6 +272,7 @@ async def fleet_loop(
     known: Callable[[], bool] = lambda: True,
     listed: Callable[[], list[tuple[str, str]] | None] = lambda: None,
     first: asyncio.Event | None = None,
+    present: Callable[[], Collection[tuple[str, str]] | None] = lambda: None,
 ) -> None:
     """One round per interval, for as long as the operator runs (cancelled at cleanup). A round
     longer than the interval delays the next, never overlaps it. `context`: the one to run
@@ -308,8 +310,15 @@ async def fleet_loop(
             started, early = loop.time(), False
         if keys is None:
             keys = list(services)  # a snapshot, taken in kopf's loop that updates it
+            # kopf's index keeps a service deleted while no watch could tell (a relist found it
+            # gone): only those the cache holds are ticked (`present`, None: not listed yet).
+            there = present()
+            if there is not None:
+                keys = [key for key in keys if key in there]
         try:
             run = (context() or contextvars.copy_context()).copy()
+            if not keys and not early:
+                fleet.forget_all()
             if not keys and not early and fleet.holding:
                 # No service to tick (all gone, or turned off): the Events held still go out.
                 await asyncio.to_thread(run.run, fleet.post_held)
@@ -397,6 +406,7 @@ async def start_autopilot(memo: kopf.Memo, **kwargs: Any) -> None:
             known=lambda: "handler" in memo.contexts,
             listed=functools.partial(take_stock, memo.cache, _WATCHED),
             first=first,
+            present=lambda: memo.cache.keys(INFERENCESERVICE),
         )
     )
     # kopf starts its watches once the startup handlers are over, and takes every object of
@@ -521,6 +531,7 @@ async def start_periodic_passes(memo: kopf.Memo, settings: kopf.OperatorSettings
             submit,
             interval_s=_SETTINGS.reconcile_interval_seconds,
             ready=lambda: "handler" in contexts,
+            each_round=lambda services: _sweep(memo, services),
         )
     )
 
@@ -537,20 +548,46 @@ async def stop_periodic_passes(memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL, id="deleted", when=lambda type, **_: type == "DELETED")
-def deleted(name: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
+def deleted(name: str, namespace: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Its children go with it (owner references); what the operator remembers of it in memory
     goes here (an InferenceService deleted while the operator was down was never in it). On the
     watch's DELETED event, not a delete handler: kopf calls one only on an object that carries
-    its finalizer, and the operator puts none on (periodic.py)."""
+    its finalizer, and the operator puts none on (periodic.py). The cache lets it go first —
+    the passes read it there, and one reading it after this forgot would remember it again —
+    and what a pass already under way remembers goes at the next periodic round (`_sweep`)."""
     log.info("InferenceService %s/%s deleted; its children go with it", namespace, name)
-    telemetry.forget(namespace or "", name)
+    cache: WatchCache | None = memo.get("cache")
+    if cache is not None:
+        cache.gone(INFERENCESERVICE, dict(body))
+    if namespace is not None:
+        _forget(memo, namespace, name)
+
+
+def _forget(memo: kopf.Memo, namespace: str, name: str) -> None:
+    """What the operator remembers of the InferenceService, in memory: gone with it."""
+    telemetry.forget(namespace, name)
     reconciler: Reconciler | None = memo.get("reconciler")
-    if reconciler is not None and namespace is not None:
+    if reconciler is not None:
         reconciler.forget(namespace, name)
     for remembering in ("access_pusher", "rebalancer"):
         pusher: AccessPusher | ConnectionRebalancer | None = memo.get(remembering)
-        if pusher is not None and namespace is not None:
+        if pusher is not None:
             pusher.forget(namespace, name)
+
+
+def _sweep(memo: kopf.Memo, services: Collection[tuple[str, str]]) -> None:
+    """Keep in memory only what is of `services`, the InferenceServices there are (each periodic
+    round): what a pass remembered of a service it read a moment after its deletion, or of one
+    a relist found gone, goes — the forgetting on each deletion alone let a deleted service's
+    Event series and memories grow with every service created and deleted."""
+    telemetry.forget_all_but(services)
+    reconciler: Reconciler | None = memo.get("reconciler")
+    if reconciler is not None:
+        reconciler.forget_all_but(services)
+    for remembering in ("access_pusher", "rebalancer"):
+        pusher: AccessPusher | ConnectionRebalancer | None = memo.get(remembering)
+        if pusher is not None:
+            pusher.forget_all_but(services)
 
 
 def _on_child_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
@@ -649,6 +686,15 @@ def _relisted(
     if cache is None or kind is None:
         return
     gone = cache.relisted(kind, namespace, listed, version)
+    if kind == INFERENCESERVICE:
+        for obj in gone:  # deleted while no watch could tell: forgotten as on a DELETED event
+            meta = obj.get("metadata", {})
+            log.info(
+                "InferenceService %s/%s deleted, unreported by any event; its children go with it",
+                meta.get("namespace"),
+                meta.get("name"),
+            )
+            _forget(memo, meta.get("namespace") or "", meta.get("name") or "")
     if not gone or kind not in CHILD_KINDS or "passes" not in memo:
         return
     if not cache.synced:

@@ -51,11 +51,13 @@ async def run_periodically(
     interval_s: float,
     ready: Callable[[], bool] = lambda: True,
     salt: int | None = None,
+    each_round: Callable[[Collection[Key]], None] | None = None,
 ) -> None:
     """A round every `interval_s` — the first an interval after the start, when the services
     have just been reconciled by kopf's resume handlers — for as long as the task runs
     (cancelled at kopf's cleanup). `services()`: the InferenceServices now (None: not known
-    yet, no round)."""
+    yet, no round); `each_round(services)`: called as each round begins (the operator keeps
+    memory of those services alone)."""
     loop = asyncio.get_running_loop()
     salt = random.getrandbits(32) if salt is None else salt
     running: dict[Key, asyncio.Future[None]] = {}
@@ -69,6 +71,11 @@ async def run_periodically(
         if keys is None:
             log.debug("periodic pass: the InferenceServices are not listed yet, no round")
             continue
+        if each_round is not None:
+            try:
+                each_round(keys)
+            except Exception:  # the loop outlives it
+                log.exception("the periodic round's bookkeeping failed")
         late = 0
         for key in sorted(keys, key=lambda key: place(key, salt)):
             await asyncio.sleep(max(0.0, started + place(key, salt) * interval_s - loop.time()))

@@ -23,7 +23,12 @@ from pydantic import ValidationError
 
 from batchpilot.operator import conditions, events, rollout
 from batchpilot.operator.children.apikeys import access_document, auth_status, keys_secret_problem
-from batchpilot.operator.children.common import Owner, child_object_names, ours
+from batchpilot.operator.children.common import (
+    Owner,
+    configmap_name,
+    ours,
+    secret_name,
+)
 from batchpilot.operator.children.deployment import UnsupportedModelSource
 from batchpilot.operator.children.exposure import exposure_status, not_served_message
 from batchpilot.operator.children.networkpolicy import access_status
@@ -32,7 +37,7 @@ from batchpilot.operator.children.route_acceptance import Exposure, exposure_now
 from batchpilot.operator.children.service import grpc_address, service_url
 from batchpilot.operator.events import Event
 from batchpilot.operator.exposure_spec import CANARY_SELF_MESSAGE
-from batchpilot.operator.kinds import DEPLOYMENT, KINDS, SECRET, ResourceKind
+from batchpilot.operator.kinds import CONFIGMAP, DEPLOYMENT, KINDS, SECRET, ResourceKind
 from batchpilot.operator.kube import Kube, KubeError
 from batchpilot.operator.plan import (
     CHILD_KINDS,
@@ -116,7 +121,12 @@ class Reconciler:
     `read_rolling_in_place`: the Deployments, fleet-wide, whose rollouts go in place now, which
     `rollout_in_place_max_services` counts (the handlers hand the watch-fed cache's, so that a
     leader that just took over counts what is, not what its predecessor remembered); None: only
-    those this reconciler turns in place are counted, while it writes them."""
+    those this reconciler turns in place are counted, while it writes them.
+
+    `read_owner`: the InferenceService as the API server has it now, not as a cache remembers it:
+    read before children are created or adopted (`plan.adoptable`), which a pass for a service
+    already deleted must not do (the handlers hand the cache's read past its memory); None: the
+    body each pass is given is taken as the service as it is."""
 
     def __init__(
         self,
@@ -130,8 +140,10 @@ class Reconciler:
         rebalance: Rebalance | None = None,
         read_pods: ReadPods | None = None,
         read_rolling_in_place: ReadRollingInPlace | None = None,
+        read_owner: Callable[[str, str], dict[str, Any] | None] | None = None,
     ) -> None:
         self._kube = kube
+        self._read_owner = read_owner
         self._settings = settings
         self._learned_outside_s = learned_outside_s
         self._clock = clock
@@ -190,6 +202,13 @@ class Reconciler:
                     return self._refuse(
                         status, generation, now, str(exc), reason="UnsupportedModel"
                     )
+                if (todo.create or todo.adopted) and not self._alive(owner):
+                    # Deleted while a pass read it from a cache behind the API (each kind's
+                    # watch is its own stream: the garbage collector's deletions of its children
+                    # can come before its own): children created again, or adopted again by its
+                    # gone uid, would be the garbage collector's — a Deployment whose pods start
+                    # for nothing, or an orphaned serving Deployment deleted.
+                    return outcome
                 try:
                     rest, exposure = todo.split(EXPOSURE_KINDS)
                     children = dict(observed)  # as each write leaves them
@@ -443,11 +462,30 @@ class Reconciler:
         )
         return None
 
+    def _alive(self, owner: Owner) -> bool:
+        """Whether `owner` still is, as the API server has it now, and is not being deleted
+        (without `read_owner`, the body the pass was given is taken to be)."""
+        if self._read_owner is None:
+            return True
+        found = self._read_owner(owner.namespace, owner.name)
+        meta = (found or {}).get("metadata") or {}
+        return meta.get("uid") == owner.uid and not meta.get("deletionTimestamp")
+
     def forget(self, namespace: str, name: str) -> None:
         """The InferenceService `name` is gone, and its children with it: what was remembered
-        of their writes goes too."""
-        names = child_object_names(name)
-        for key in [k for k in list(self._admitted) if k[1] == namespace and k[2] in names]:
+        of their writes goes too (each kind by its own child's name: `x-batching`'s Deployment
+        is no child of `x`)."""
+        mine = _child_keys(namespace, name)
+        for key in [k for k in list(self._admitted) if k in mine]:
+            self._admitted.pop(key, None)
+
+    def forget_all_but(self, services: Collection[tuple[str, str]]) -> None:
+        """Keep what is remembered of the children of `services` (namespace, name) alone: the
+        forgetting on a deletion races passes that read the service a moment longer."""
+        kept: set[tuple[str, str, str]] = set()
+        for namespace, name in services:
+            kept |= _child_keys(namespace, name)
+        for key in [k for k in list(self._admitted) if k not in kept]:
             self._admitted.pop(key, None)
 
     def _admitted_of(self, owner: Owner) -> dict[ResourceKind, Admitted]:
@@ -616,3 +654,9 @@ def observed_namespace(
     obj = observed[kind]
     assert obj is not None
     return str(obj["metadata"]["namespace"])
+
+
+def _child_keys(namespace: str, name: str) -> set[tuple[str, str, str]]:
+    """The (kind, namespace, name) of each child of the InferenceService `name`."""
+    named = {SECRET: secret_name(name), CONFIGMAP: configmap_name(name)}
+    return {(kind.kind, namespace, named.get(kind, name)) for kind in CHILD_KINDS}

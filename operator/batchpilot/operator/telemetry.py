@@ -19,7 +19,7 @@ it holds one series per service and reason posted.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
 
@@ -125,6 +125,16 @@ def forget(namespace: str, name: str) -> None:
     with _POSTED_LOCK:
         for type_, reason in _POSTED.pop((namespace, name), set()):
             EVENTS.remove(namespace, name, type_, reason)
+
+
+def forget_all_but(services: Collection[tuple[str, str]]) -> None:
+    """Keep the series of `services` (namespace, name) alone: a pass that read a service a
+    moment after its deletion was forgotten posts for it again, and nothing forgot it then."""
+    kept = set(services)
+    with _POSTED_LOCK:
+        gone = [key for key in _POSTED if key not in kept]
+    for namespace, name in gone:
+        forget(namespace, name)
 
 
 def time_rounds(interval_s: float) -> None:

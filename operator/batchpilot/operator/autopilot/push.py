@@ -11,7 +11,7 @@ import logging
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Protocol
 
 from batchpilot.operator.autopilot.acting import (
@@ -129,6 +129,12 @@ class AccessPusher:
         """Drop what was given to an InferenceService's pods (it was deleted, or has no auth)."""
         self._given.pop((namespace, name), None)
 
+    def forget_all_but(self, services: Collection[tuple[str, str]]) -> None:
+        """Keep what was given to the pods of `services` (namespace, name) alone."""
+        kept = set(services)
+        for key in [key for key in list(self._given) if key not in kept]:
+            self._given.pop(key, None)
+
     def __len__(self) -> int:
         """InferenceServices whose pods' documents are remembered."""
         return len(self._given)
@@ -213,6 +219,12 @@ class ConnectionRebalancer:
     def forget(self, namespace: str, name: str) -> None:
         """Drop what is remembered of an InferenceService's pods (it was deleted)."""
         self._ready.pop((namespace, name), None)
+
+    def forget_all_but(self, services: Collection[tuple[str, str]]) -> None:
+        """Keep what is remembered of the pods of `services` (namespace, name) alone."""
+        kept = set(services)
+        for key in [key for key in list(self._ready) if key not in kept]:
+            self._ready.pop(key, None)
 
     def __len__(self) -> int:
         return len(self._ready)
