@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from batchpilot.api.pipeline import ImagePreprocess, PipelineConfig, Preprocess
+from batchpilot.api.pipeline import ImagePreprocess, PipelineConfig, Postprocess, Preprocess, TopK
 from batchpilot.runtime.batching import BatchSettings
 from batchpilot.runtime.errors import DeadlineExceeded, Overloaded
 from batchpilot.runtime.metrics import RuntimeMetrics
@@ -33,14 +33,22 @@ from tests import onnx_models
 SLOW_PREPROCESS_S = 0.05
 
 
-def image_server(tmp_path: Path, wrap: Callable[[Any], Any]) -> ModelServer:
-    """Images in, on a zero-latency simulated engine, queue of 8, the preprocess on one thread:
-    the pipeline's own stage as `wrap` makes it."""
+def image_server(
+    tmp_path: Path,
+    wrap: Callable[[Any], Any],
+    *,
+    alpha_s: float = 0.0,
+    postprocess: Postprocess | None = None,
+) -> ModelServer:
+    """Images in, on a simulated engine (zero latency unless `alpha_s`), queue of 8, the
+    preprocess on one thread: the pipeline's own stage as `wrap` makes it."""
     model = onnx_models.image_signature(tmp_path / "classifier.onnx", classes=4)
     engine = SimulatedEngine.load(
-        model, name="classifier", latency=LatencyModel(alpha_s=0.0, beta_s=0.0)
+        model, name="classifier", latency=LatencyModel(alpha_s=alpha_s, beta_s=0.0)
     )
-    config = PipelineConfig(preprocess=Preprocess(image=ImagePreprocess(input="images")))
+    config = PipelineConfig(
+        preprocess=Preprocess(image=ImagePreprocess(input="images")), postprocess=postprocess
+    )
     pipeline = build_pipeline(config, engine.signature, model_dir=tmp_path)
     assert pipeline.preprocess is not None
     metrics = RuntimeMetrics(
@@ -191,6 +199,84 @@ async def test_a_burst_the_stage_cannot_take_in_time_is_refused_at_once(
     assert counted(server, "batchpilot_arrivals_total") == 1  # the demand is counted
     stage.go.set()
     await asyncio.gather(*waiting, return_exceptions=True)
+
+
+class Stepped:
+    """A preprocess that waits until let go, saying when each run enters and the first leaves."""
+
+    def __init__(self, stage: Any) -> None:
+        self.stage = stage
+        self.go = threading.Event()
+        self.entered = [threading.Event(), threading.Event()]
+        self.first_left = threading.Event()
+        self.runs = 0
+
+    def __call__(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
+        run = self.runs
+        self.runs += 1
+        self.entered[min(run, 1)].set()
+        assert self.go.wait(timeout=10)
+        try:
+            return self.stage(inputs)  # type: ignore[no-any-return]
+        finally:
+            if run == 0:
+                self.first_left.set()
+
+
+async def test_an_answered_batchs_postprocess_does_not_wait_behind_the_preprocess(
+    tmp_path: Path,
+) -> None:
+    # One thread each: A's batch (300 ms) is answered while B holds the preprocess's thread.
+    # In one pool, A's postprocess waited for B's preprocess, and every one admitted behind it.
+    stages: list[Stepped] = []
+
+    def stepped(stage: Any) -> Stepped:
+        stages.append(Stepped(stage))
+        return stages[0]
+
+    server = image_server(tmp_path, stepped, alpha_s=0.3, postprocess=Postprocess(top_k=TopK(k=2)))
+    server.start()
+    (stage,) = stages
+    try:
+        stage.go.set()
+        first = asyncio.create_task(server.infer(image_request(timeout_s=None)))
+        assert await asyncio.to_thread(stage.first_left.wait, 5)
+        stage.go.clear()
+        second = asyncio.create_task(server.infer(image_request(timeout_s=None)))
+        assert await asyncio.to_thread(stage.entered[1].wait, 5)  # B holds the thread
+        assert await asyncio.wait_for(first, timeout=5)
+        assert not second.done()
+    finally:
+        stage.go.set()
+    await second
+    await server.close()
+
+
+def test_the_gate_learns_the_stage_per_row_and_takes_a_request_on_an_empty_stage() -> None:
+    # Three requests of 12 photos taught 2.4 s a request: every one-photo request, on an idle
+    # stage, was refused for good.
+    gate = StageGate(threads=1, capacity=8)
+    gate.ran(2.4, rows=12)  # 200 ms a row
+    assert gate.mean_s == pytest.approx(0.2)
+    gate.admit(1.0)  # the stage empty: taken whatever the prediction
+    gate.admit(1.0)  # 1 row ahead, then its own: 400 ms
+    with pytest.raises(Overloaded):
+        gate.admit(1.0, rows=4)  # 2 rows ahead and 4: 1.2 s
+    gate.left()
+    gate.left()
+    gate.ran(30.0)  # an odd run: the next on an empty stage is taken, and measures it again
+    gate.admit(0.1)
+
+
+def test_the_gate_keeps_the_time_the_batch_takes_after_the_stage() -> None:
+    # 50 ms a request with one ahead: out of the stage at 100 ms. With 120 ms left and a batch
+    # of 100 ms after, the batch queue would refuse it then, its preprocess spent for nothing.
+    gate = StageGate(threads=1, capacity=8)
+    gate.ran(0.05)
+    gate.admit(1.0)
+    with pytest.raises(Overloaded, match="its batch 100 ms after"):
+        gate.admit(0.12, reserve_s=0.1)
+    gate.admit(0.12)
 
 
 def test_the_gate_predicts_whole_rounds_of_the_stage_over_its_threads() -> None:

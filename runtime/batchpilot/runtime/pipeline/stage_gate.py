@@ -7,17 +7,23 @@ requests at a stage of 20 ms on one thread, each with 200 ms to live, waited the
 preprocessed, and 91 of them got 504 up to 2.1 s after they came — no 503 at all, and the stage's
 time spent on requests no one waited for any longer. So the stage has its own gate:
 
-- at arrival, the request's finish in the stage is predicted: the requests ahead of it in the
-  stage (waiting or running) over its threads, whole rounds of the stage's recent mean time, then
-  its own; a request whose deadline that passes is refused at once (`Overloaded`,
+- at arrival, the request's finish in the stage is predicted: the rows ahead of it in the stage
+  (waiting or running) over its threads, then its own, at the stage's recent time per row — a
+  request of 12 photos takes twelve times one of one: learnt per request, three of them made
+  every one-photo request look twelve times as long, and refused them all on an idle server; a
+  request whose deadline that passes, less what its batch will take after (`reserve_s`: a
+  request preprocessed with no time left for its batch was refused by the batch queue then,
+  after waiting, its preprocess spent for nothing), is refused at once (`Overloaded`,
   "predicted_late"), and so is one that finds `capacity` requests in the stage already
-  ("queue_full": the queue's bound, for requests without a deadline);
+  ("queue_full": the queue's bound, for requests without a deadline). A request that finds the
+  stage empty is taken whatever the prediction: its run measures the stage again (a time learnt
+  under a load gone, or from an odd request, must not refuse for good);
 - a request whose deadline passed while it waited is not preprocessed (`StageExpired`, raised in
   the thread instead of running the stage);
 - the server answers 504 at the deadline, not when the stage is done (server.py).
 
-The mean is an exponentially weighted one of the stage's times (`WEIGHT`); until the stage has
-run once nothing is predicted. Thread-safe: the stage's threads report, the event loop admits.
+The time per row is an exponentially weighted mean of the stage's runs (`WEIGHT`); until the stage
+has run once nothing is predicted. Thread-safe: the stage's threads report, the event loop admits.
 """
 
 from __future__ import annotations
@@ -35,15 +41,17 @@ class StageExpired(Exception):
 
 
 class StageGate:
-    """`admit(timeout_s)` before a request enters the stage, `left()` once it is out of it (run,
-    skipped or cancelled before a thread took it), `ran(seconds)` for each time the stage ran."""
+    """`admit(timeout_s, rows)` before a request enters the stage, `left(rows)` once it is out of
+    it (run, skipped or cancelled before a thread took it), `ran(seconds, rows)` for each time the
+    stage ran."""
 
     def __init__(self, *, threads: int, capacity: int) -> None:
         self._threads = max(1, threads)
         self._capacity = max(1, capacity)
         self._lock = threading.Lock()
         self._inside = 0
-        self._mean_s: float | None = None
+        self._rows_inside = 0
+        self._row_s: float | None = None
 
     @property
     def inside(self) -> int:
@@ -52,47 +60,53 @@ class StageGate:
 
     @property
     def mean_s(self) -> float | None:
-        """The stage's recent mean time (None: it has not run yet)."""
-        return self._mean_s
+        """The stage's recent time per row (None: it has not run yet)."""
+        return self._row_s
 
-    def predicted_s(self) -> float | None:
-        """How long a request arriving now would take to leave the stage (None: not known)."""
+    def predicted_s(self, rows: int = 1) -> float | None:
+        """How long a request of `rows` rows arriving now would take to leave the stage (None:
+        not known)."""
         with self._lock:
-            mean, ahead = self._mean_s, self._inside
-        if mean is None:
+            row_s, ahead = self._row_s, self._rows_inside
+        if row_s is None:
             return None
-        return (ahead // self._threads + 1) * mean
+        return (ahead / self._threads + rows) * row_s
 
-    def admit(self, timeout_s: float | None) -> None:
+    def admit(self, timeout_s: float | None, *, rows: int = 1, reserve_s: float = 0.0) -> None:
         """Count the request in, or refuse it (`Overloaded`): the stage holds `capacity`
-        already, or it would leave the stage after `timeout_s`."""
+        already, or it would leave the stage with less than `reserve_s` of `timeout_s` left (the
+        time its batch takes after); a request that finds the stage empty is taken."""
         with self._lock:
-            mean, ahead = self._mean_s, self._inside
-            if ahead >= self._capacity:
+            row_s, ahead, inside = self._row_s, self._rows_inside, self._inside
+            if inside >= self._capacity:
                 raise Overloaded(
-                    f"{ahead} requests are waiting for the preprocess already, the most this "
+                    f"{inside} requests are waiting for the preprocess already, the most this "
                     "server holds; retry shortly or elsewhere",
                     reason="queue_full",
                 )
-            if timeout_s is not None and mean is not None:
-                finish = (ahead // self._threads + 1) * mean
-                if finish > timeout_s:
+            if timeout_s is not None and row_s is not None and inside:
+                finish = (ahead / self._threads + rows) * row_s
+                if finish + reserve_s > timeout_s:
+                    after = f", and its batch {reserve_s * 1e3:.0f} ms after" if reserve_s else ""
                     raise Overloaded(
                         f"the request would wait past its deadline for the preprocess: "
-                        f"{finish * 1e3:.0f} ms ({ahead} requests ahead of it on "
-                        f"{self._threads} threads, {mean * 1e3:.1f} ms each) where "
+                        f"{finish * 1e3:.0f} ms ({ahead} rows ahead of it on "
+                        f"{self._threads} threads, {row_s * 1e3:.1f} ms a row){after}, where "
                         f"{timeout_s * 1e3:.0f} ms are left; retry shortly or elsewhere",
                         reason="predicted_late",
                     )
             self._inside += 1
+            self._rows_inside += rows
 
-    def left(self) -> None:
+    def left(self, rows: int = 1) -> None:
         with self._lock:
             self._inside = max(0, self._inside - 1)
+            self._rows_inside = max(0, self._rows_inside - rows)
 
-    def ran(self, seconds: float) -> None:
+    def ran(self, seconds: float, rows: int = 1) -> None:
+        per_row = seconds / max(1, rows)
         with self._lock:
-            if self._mean_s is None:
-                self._mean_s = seconds
+            if self._row_s is None:
+                self._row_s = per_row
             else:
-                self._mean_s += WEIGHT * (seconds - self._mean_s)
+                self._row_s += WEIGHT * (per_row - self._row_s)
