@@ -2236,3 +2236,34 @@ class TestSpecEdits:
     def test_what_it_was_learned_for_is_kept_in_status(self) -> None:
         state = State(serving="ab12", sla_s=0.1)
         assert State.from_dict(state.to_dict()) == state
+
+
+class TestEveryRequestRefused:
+    """A window whose every request was refused measured no latency: it missed the SLA whole,
+    not a window of missing metrics (held, it held for as long as the pods refused)."""
+
+    def refused(self, *, ready: int) -> Observation:
+        return replace(
+            seen(at=0, qps=0.0, p99_ms=None, ready=ready, rejected=2.0),
+            arrival_qps=2.0,
+            compute=(),
+        )
+
+    def test_is_a_miss_and_asks_a_replica_more(self) -> None:
+        decision, state = decide(self.refused(ready=1), POLICY, InForce(1, 8, 0.005), State(), 0)
+        assert decision.metrics_available
+        assert decision.sla_met is False
+        assert decision.replicas == 2
+        assert "every request refused" in decision.reason
+        later = replace(self.refused(ready=2), at=TICK)
+        _, state = decide(later, POLICY, InForce(2, 8, 0.005), state, TICK)
+        assert state.slo.report(TICK).attainment == 0.0  # the books count them, as missed
+
+    def test_waits_for_the_replicas_asked_for(self) -> None:
+        decision, _ = decide(self.refused(ready=1), POLICY, InForce(2, 8, 0.005), State(), 0)
+        assert decision.replicas == 2
+
+    def test_at_max_replicas_says_so(self) -> None:
+        decision, _ = decide(self.refused(ready=4), POLICY, InForce(4, 8, 0.005), State(), 0)
+        assert decision.replicas == 4
+        assert decision.scaling_limited is not None

@@ -149,6 +149,61 @@ def _hold(
     )
 
 
+def _all_refused(observation: Observation) -> bool:
+    """A window whose requests were every one refused or expired: no latency was measured, and
+    none is missing — nothing was answered."""
+    return (
+        observation.p99_s is None
+        and observation.qps == 0.0
+        and bool(observation.rejected_qps or observation.arrival_qps)
+        and observation.ready_replicas is not None
+    )
+
+
+def _answering_nothing(
+    observation: Observation, policy: Policy, current: InForce, state: State, now: float
+) -> tuple[Decision, State]:
+    """Every request refused: the window missed the SLA whole, its books say so, and a replica
+    more is asked for once those asked for are ready — read as a window without latency, it held
+    everything for as long as the pods refused (a deadline below the preprocess's time refused
+    every request on an idle replica), and said the metrics were missing."""
+    covers = observation.window_s if observation.covered_s is None else observation.covered_s
+    slo = state.slo.for_objective(policy.objective).record(now, False, covers_s=covers)
+    ready = observation.ready_replicas
+    assert ready is not None
+    replicas = current.replicas
+    if ready >= current.replicas:
+        replicas = min(policy.max_replicas, current.replicas + 1)
+    offered = observation.offered_qps or 0.0
+    reason = f"every request refused or expired ({offered:.0f} rps offered, none answered)"
+    if replicas > current.replicas:
+        reason += f": {current.replicas}→{replicas} replicas"
+    elif ready < current.replicas:
+        reason += f"; {current.replicas - ready} of the replicas asked for not ready yet"
+    else:
+        reason += f"; at maxReplicas ({policy.max_replicas})"
+    at_max = replicas >= policy.max_replicas
+    return (
+        Decision(
+            replicas=replicas,
+            batch_size=current.batch_size,
+            max_queue_delay_s=current.max_queue_delay_s,
+            action="scale-up" if replicas > current.replicas else "steady",
+            reason=reason,
+            metrics_available=True,
+            sla_met=False,
+            scaling_limited=(
+                f"at maxReplicas {policy.max_replicas} with every request refused; raise "
+                "maxReplicas, or see why the replicas refuse (their deadline, a stage before "
+                "the model)"
+                if at_max
+                else None
+            ),
+        ),
+        replace(state, slo=slo),
+    )
+
+
 def decide(
     observation: Observation | None,
     policy: Policy,
@@ -172,6 +227,9 @@ def decide(
         # A caller that counts no ready replicas (the operator always has the Deployment's):
         # those in force, as a steady service has them.
         observation = replace(observation, ready_replicas=current.replicas)
+    if _all_refused(observation):
+        # The books are kept of this window (blind's record says it unjudged).
+        return _answering_nothing(observation, policy, current, replace(blind, slo=state.slo), now)
     if missing := observation.missing():
         return _hold(
             current,
