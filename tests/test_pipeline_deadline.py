@@ -223,6 +223,18 @@ class Stepped:
                 self.first_left.set()
 
 
+async def test_the_time_before_the_batcher_inside_the_deadline_is_counted(
+    server: ModelServer,
+) -> None:
+    # The deadline's clock counts the preprocess (50 ms here): the operator takes only the rest
+    # of the time outside the batcher off the SLA for the pods' deadline.
+    await server.infer(image_request(timeout_s=5.0))
+    before = counted(server, "batchpilot_before_batcher_seconds_total")
+    in_batcher = counted(server, "batchpilot_batcher_seconds_total")
+    assert before >= SLOW_PREPROCESS_S
+    assert in_batcher < before
+
+
 async def test_an_answered_batchs_postprocess_does_not_wait_behind_the_preprocess(
     tmp_path: Path,
 ) -> None:

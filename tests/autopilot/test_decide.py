@@ -26,6 +26,7 @@ from batchpilot.operator.autopilot.learn import (
     DEFAULT_INTERVAL_S,
     MAX_COLD_START_S,
     MIN_BUSY,
+    learn,
     present_load,
     reaction_horizon,
     refused_lately,
@@ -35,11 +36,13 @@ from batchpilot.operator.autopilot.learn import (
 from batchpilot.operator.autopilot.lost import Loss
 from batchpilot.operator.autopilot.observation import ComputePoint, Observation, PodCompute
 from batchpilot.operator.autopilot.pacing import pace, verified
+from batchpilot.operator.autopilot.pilot import learned_outside_s
 from batchpilot.operator.autopilot.policy import LOAD_HEADROOM, Decision, InForce, Policy
 from batchpilot.operator.autopilot.service_model import LatencyFit, predict, sla_capacity
 from batchpilot.operator.autopilot.slo import Objective, SloLedger
 from batchpilot.operator.autopilot.state import CLOCK_SKEW_S, State
 from batchpilot.operator.children.configmap import batching_document, batching_in
+from batchpilot.operator.children.deadline import default_deadline_ms
 
 TICK = 15.0
 POLICY = Policy(
@@ -2267,3 +2270,30 @@ class TestEveryRequestRefused:
         decision, _ = decide(self.refused(ready=4), POLICY, InForce(4, 8, 0.005), State(), 0)
         assert decision.replicas == 4
         assert decision.scaling_limited is not None
+
+
+class TestTheDeadlineCountsThePreprocessOnce:
+    """The pods' deadline counts from a request's arrival, its preprocess inside: of the time
+    outside the batcher the autopilot learns, only what lies outside that clock comes off the
+    SLA (a 220 ms preprocess under a 400 ms SLA made a 200 ms deadline: every request refused,
+    on an idle replica)."""
+
+    def test_the_time_before_the_batcher_is_learned_and_left_on_the_deadline(self) -> None:
+        window = replace(seen(at=0, qps=2, p99_ms=262, ready=1), outside_s=0.226, before_s=0.220)
+        state = learn(window, POLICY, InForce(1, 8, 0.005), State(), 0.0).state
+        assert state.before_s == pytest.approx(0.220)
+        assert state.overhead_s is not None
+        outside = state.outside_deadline_s
+        assert outside is not None
+        assert outside == pytest.approx(max(0.0, state.overhead_s - 0.220))
+        assert default_deadline_ms(sla_ms=400, outside_s=outside) >= 390
+        # it travels in the status, for the reconciler's deadline too
+        again = State.from_dict(state.to_dict())
+        assert again.before_s == pytest.approx(0.220)
+        assert learned_outside_s({"autopilot": state.to_dict()}) == pytest.approx(outside)
+
+    def test_runtimes_that_do_not_count_it_keep_the_whole_overhead(self) -> None:
+        window = replace(seen(at=0, qps=2, p99_ms=262, ready=1), outside_s=0.226)
+        state = learn(window, POLICY, InForce(1, 8, 0.005), State(), 0.0).state
+        assert state.before_s is None
+        assert state.outside_deadline_s == state.overhead_s

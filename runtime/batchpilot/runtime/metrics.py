@@ -26,6 +26,11 @@ environment), so one PromQL selector finds a service's replicas. What each metri
   answer (queued, then computing). The request durations' sum less this is the time spent
   outside the batcher (decoding, pre/post-processing, encoding): measured in every window, even
   one whose P99 is all queue, where the P99 tells nothing of it.
+- `batchpilot_before_batcher_seconds_total` (counter): of the time outside the batcher, the
+  seconds the same requests spent inside their deadline's clock before the batcher — from their
+  body's arrival, waiting for the decoder and the preprocess, and preprocessed. The deadline
+  already counts it: the operator takes only the rest of the time outside the batcher (encoding,
+  postprocessing, the body's receipt) off the SLA for the pods' default deadline.
 - `batchpilot_startup_batch_seconds` (gauge by `rows`): the mean time of the batches timed at
   start-up, of 1 row and of the largest batch limit allowed (`--calibration-rows`, 64 at most):
   t(b)'s slope before traffic has run two batch sizes. Absent where the start-up timing was
@@ -443,6 +448,13 @@ class RuntimeMetrics:
         self._recent_arrivals = {a: RecentArrivals() for a in attempts}
         for attempt, rate in self._recent_arrivals.items():
             recent.labels(**labels, attempt=attempt).set_function(rate.rate)
+        self.before_batcher_seconds = Counter(
+            "batchpilot_before_batcher_seconds",
+            "Seconds the timed requests spent inside their deadline before the batcher: waiting "
+            "for the decoder and the preprocess, and preprocessed",
+            names,
+            registry=r,
+        ).labels(**labels)
         self.batcher_seconds = Counter(
             "batchpilot_batcher_seconds",
             "Seconds the timed requests spent in the batcher, from the queue to their batch's "

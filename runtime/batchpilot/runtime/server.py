@@ -676,6 +676,8 @@ class ModelServer:
                 # Taken on, its time spent being served: admitted, then expired.
                 metrics.admitted.inc()
                 metrics.shed("expired")
+                if not background:
+                    metrics.before_batcher_seconds.inc(time.perf_counter() - arrived)
                 raise DeadlineExceeded(
                     f"the request's {timeout_s * 1e3:g} ms deadline passed while {where}"
                 )
@@ -692,8 +694,11 @@ class ModelServer:
             metrics.shed("draining")
             raise
         metrics.admitted.inc()
+        before_s = time.perf_counter() - arrived  # in its deadline, before the batcher
         try:
-            outputs = await self._served(future, timeout_s, remaining_s, background=background)
+            outputs = await self._served(
+                future, timeout_s, remaining_s, background=background, before_s=before_s
+            )
             names = request.requested_outputs or self._output_names
             if pipeline is not None and pipeline.postprocess is not None:
                 return await self._off_loop(
@@ -719,6 +724,7 @@ class ModelServer:
         remaining_s: float | None,
         *,
         background: bool = False,
+        before_s: float = 0.0,
     ) -> dict[str, np.ndarray[Any, Any]]:
         """The outputs of an admitted request, expired with 504 once `remaining_s` has passed;
         its time in the batcher counted, whatever became of it but a cancellation (a cancelled
@@ -746,10 +752,13 @@ class ModelServer:
         except BaseException:
             if not background:
                 metrics.batcher_seconds.inc(time.perf_counter() - queued)
+                metrics.before_batcher_seconds.inc(before_s)
             raise
-        # Whatever is answered, its time in the batcher: the rest of its duration is outside it.
+        # Whatever is answered, its time in the batcher: the rest of its duration is outside it
+        # — `before_s` of it inside its deadline, before the batcher (decode, preprocess).
         if not background:
             metrics.batcher_seconds.inc(time.perf_counter() - queued)
+            metrics.before_batcher_seconds.inc(before_s)
         return outputs
 
     @property

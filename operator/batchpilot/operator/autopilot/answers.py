@@ -151,6 +151,7 @@ def observation_from(
         request_rows_cv=number("rows_cv"),
         rows_per_request=number("rows_per_request"),
         outside_s=number("outside"),
+        before_s=number("before"),
         startup=startup,
         compute=points,
         ready_replicas=ready_replicas,

@@ -55,6 +55,8 @@ TREND_SIGNIFICANCE = 3.0
 Poisson noise (otherwise noise alone would add replicas)."""
 DEFAULT_COLD_START_S = 60.0
 """Until a scale-up has been watched, assume new replicas take a minute to take traffic."""
+BEFORE_SMOOTHING = 0.3
+"""Weight of a window's time before the batcher (`State.before_s`) against the running mean."""
 COLD_START_SMOOTHING = 0.3
 """Weight of a new cold-start measurement against the previous estimate."""
 COLD_START_GAP_S = 120.0
@@ -296,11 +298,20 @@ def learn(
                 else COLD_START_SMOOTHING * sample + (1 - COLD_START_SMOOTHING) * cold_start
             )
         pending = None
+    before = state.before_s
+    if observation.before_s is not None and observation.qps:
+        window_before = max(0.0, observation.before_s)
+        before = (
+            window_before
+            if before is None
+            else BEFORE_SMOOTHING * window_before + (1 - BEFORE_SMOOTHING) * before
+        )
     return Learned(
         state=replace(
             state,
             fit=model,
             overhead_s=overhead,
+            before_s=before,
             changed_at=changed_at,
             ready_changed_at=ready_changed_at,
             ready=ready,

@@ -93,6 +93,10 @@ class Observation:
     post-processing, encoding): its duration less its time queued and computing. Measured in
     every window, even one whose P99 is all queue; None from runtimes that do not count the
     time in the batcher, or without requests."""
+    before_s: float | None = None
+    """Of `outside_s`, the mean seconds inside the deadline's clock before the batcher: waiting
+    for the decoder and a preprocess, and preprocessed (`batchpilot_before_batcher_seconds_total`).
+    The runtime's deadline counts it already; None from runtimes that do not count it."""
     ready_replicas: int | None = None
     blocked_replicas: int = 0
     """Of the replicas asked for and not ready, those Kubernetes says cannot come up

@@ -63,7 +63,7 @@ def learned_outside_s(status: dict[str, Any]) -> float | None:
     """The latency learned to be spent outside the batcher, from the autopilot's memory in
     `status.autopilot` (None: not learned yet, or the memory is unreadable and starts afresh):
     reconcile keeps the pods' default deadline where the autopilot puts it."""
-    return State.from_dict(status.get("autopilot")).overhead_s
+    return State.from_dict(status.get("autopilot")).outside_deadline_s
 
 
 SERVING_FIELDS = (
@@ -269,7 +269,7 @@ class Autopilot:
         in_force_deadline = None if recorded is None else recorded.deadline_ms
         deadline = default_deadline_ms(
             sla_ms=spec.sla.latency_p99_ms,
-            outside_s=new_state.overhead_s,
+            outside_s=new_state.outside_deadline_s,
             in_force_ms=in_force_deadline,
         )
         if acting and (

@@ -221,6 +221,12 @@ def queries(
             ),
             # Rows run per request answered: the rates count requests, the fit t(b) rows.
             "rows_per_request": f"{rate('batchpilot_batch_size_sum')} / {served}",
+            # Of it, the time inside the deadline's clock before the batcher, per request timed
+            # (decode and preprocess waits, the preprocess): the deadline already counts it.
+            "before": (
+                f"{rate('batchpilot_before_batcher_seconds_total')} / "
+                f"{rate('batchpilot_request_duration_seconds_count')}"
+            ),
             # Time outside the batcher per request timed: duration less the time in the batcher.
             "outside": (
                 f"({rate('batchpilot_request_duration_seconds_sum')} - "

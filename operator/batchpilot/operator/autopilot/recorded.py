@@ -57,6 +57,7 @@ RECORDED = (
     "mean_batch",
     "rows_per_request",
     "outside",
+    "before",
     "startup",
     "compute_batches",
     "compute_rows",

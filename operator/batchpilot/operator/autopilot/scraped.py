@@ -106,6 +106,7 @@ def answers(before: Mapping[str, Read], after: Mapping[str, Read]) -> tuple[Raw,
     duration_sum = total("batchpilot_request_duration_seconds_sum")
     duration_count = total("batchpilot_request_duration_seconds_count")
     in_batcher = total("batchpilot_batcher_seconds_total")
+    before_batcher = total("batchpilot_before_batcher_seconds_total")
     startup: dict[str, list[float]] = defaultdict(list)
     for labels, value in gauges("batchpilot_startup_batch_seconds"):
         if (at_rows := dict(labels).get("rows")) is not None:
@@ -147,6 +148,7 @@ def answers(before: Mapping[str, Read], after: Mapping[str, Read]) -> tuple[Raw,
             if duration_sum is None or in_batcher is None
             else _ratio(duration_sum - in_batcher, duration_count)
         ),
+        "before": _one(None if before_batcher is None else _ratio(before_batcher, duration_count)),
         "startup": [
             _series({"rows": r}, sum(values) / len(values)) for r, values in startup.items()
         ],

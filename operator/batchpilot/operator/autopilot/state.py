@@ -47,6 +47,10 @@ class State:
     overhead_s: float | None = None
     """Latency spent outside the batcher (decoding, pre- and post-processing): observed P99 minus
     the model's prediction. None until learned."""
+    before_s: float | None = None
+    """Of it, what lies inside the deadline's clock before the batcher (`Observation.before_s`),
+    a running mean: the pods' default deadline takes only the rest off the SLA. None: not
+    measured (all of it taken off)."""
     recommendations: tuple[tuple[float, int], ...] = ()
     """(time, replicas) recommended within the scale-down window."""
     refusing: tuple[tuple[float, float], ...] = ()
@@ -100,6 +104,16 @@ class State:
     sla_s: float | None = None
     """The SLA the ceiling and the busy share's limits were found under; None: not recorded."""
 
+    @property
+    def outside_deadline_s(self) -> float | None:
+        """Of the latency outside the batcher, what the pods' deadline does not already count:
+        the overhead less its part inside the deadline's clock before the batcher (a
+        preprocess, decode waits). Taken off the SLA whole, a preprocess counted twice — with
+        one over half the SLA, the pods refused every request, even on an idle replica."""
+        if self.overhead_s is None:
+            return None
+        return max(0.0, self.overhead_s - (self.before_s or 0.0))
+
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
             "recommendations": [[round(t, 3), r] for t, r in self.recommendations],
@@ -130,6 +144,8 @@ class State:
                 doc["fit"]["unevenness"] = round(self.fit.unevenness, 4)
         if self.overhead_s is not None:
             doc["overheadMs"] = round(self.overhead_s * 1e3, 4)
+        if self.before_s is not None:
+            doc["beforeBatcherMs"] = round(self.before_s * 1e3, 4)
         if self.changed_at is not None:
             doc["changedAt"] = round(self.changed_at, 3)
         if self.ready_changed_at is not None:
@@ -260,6 +276,11 @@ class State:
             return cls(
                 fit=model,
                 overhead_s=None if overhead is None else _real(overhead) / 1e3,
+                before_s=(
+                    None
+                    if doc.get("beforeBatcherMs") is None
+                    else _real(doc["beforeBatcherMs"]) / 1e3
+                ),
                 recommendations=recs,
                 refusing=refusing,
                 changed_at=at(doc.get("changedAt")),

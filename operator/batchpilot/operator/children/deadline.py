@@ -3,10 +3,10 @@
 The runtime refuses at arrival, with 503 + Retry-After, a request it predicts cannot be answered
 within its deadline, and drops a queued request whose deadline passed before it reaches the
 device. Its default deadline is the InferenceService's latency SLA, less the part of each
-request's latency spent outside the deadline's clock (decoding the body, encoding the answer,
-postprocessing): the autopilot learns that as the latency outside the batcher, and the
-deadline follows it. It is conservative where a pipeline preprocesses, since preprocessing is
-inside the deadline's clock and inside the learned overhead both.
+request's latency spent outside the deadline's clock (receiving the body, encoding the answer,
+postprocessing): the autopilot learns the latency outside the batcher, and the part of it
+inside the deadline's clock before the batcher (a preprocess, the decode's and its waits), and
+hands the rest (`State.outside_deadline_s`); the deadline follows it.
 
 The value moves in steps of 2 % of the SLA, and only once the wanted value has left the one in
 force by more than a step, so that a learned overhead that wobbles by a millisecond does not
