@@ -99,7 +99,7 @@ from batchpilot.operator.autopilot.policy import (
     stored_delay_s,
 )
 from batchpilot.operator.autopilot.season import seasonal_forecast
-from batchpilot.operator.autopilot.service_model import LatencyFit
+from batchpilot.operator.autopilot.service_model import LatencyFit, sla_capacity
 from batchpilot.operator.autopilot.state import State
 from batchpilot.operator.autopilot.stragglers import hand_over
 from batchpilot.operator.autopilot.stragglers import judge as judge_pods
@@ -171,18 +171,38 @@ def _answering_nothing(
     slo = state.slo.for_objective(policy.objective).record(now, False, covers_s=covers)
     ready = observation.ready_replicas
     assert ready is not None
-    replicas = current.replicas
-    if ready >= current.replicas:
-        replicas = min(policy.max_replicas, current.replicas + 1)
     offered = observation.offered_qps or 0.0
     reason = f"every request refused or expired ({offered:.0f} rps offered, none answered)"
+    # Where the fit says the ready replicas carry the load, more would refuse it as well: the
+    # pods refuse for a reason of their own (a deadline below a stage's time before the model),
+    # and replicas up to maxReplicas would be a runaway that helps nothing.
+    carries = None
+    if state.fit is not None and state.fit.confident:
+        carries = ready * sla_capacity(
+            state.fit,
+            max_batch=policy.max_batch_size,
+            delay_s=current.max_queue_delay_s,
+            overhead_s=state.overhead_s or 0.0,
+            target_s=policy.sla_p99_s,
+        )
+    replicas = current.replicas
+    if carries is not None and offered <= carries:
+        reason += (
+            f"; the {ready} ready replicas carry {carries:.0f} rps inside the SLA by the fit: "
+            "they refuse for a reason of their own (their deadline, a stage before the model) "
+            "that more replicas would not change"
+        )
+    elif ready >= current.replicas:
+        replicas = min(policy.max_replicas, current.replicas + 1)
     if replicas > current.replicas:
         reason += f": {current.replicas}→{replicas} replicas"
+    elif carries is not None and offered <= carries:
+        pass
     elif ready < current.replicas:
         reason += f"; {current.replicas - ready} of the replicas asked for not ready yet"
     else:
         reason += f"; at maxReplicas ({policy.max_replicas})"
-    at_max = replicas >= policy.max_replicas
+    at_max = replicas >= policy.max_replicas and not (carries is not None and offered <= carries)
     return (
         Decision(
             replicas=replicas,
