@@ -2271,6 +2271,20 @@ class TestEveryRequestRefused:
         assert decision.replicas == 4
         assert decision.scaling_limited is not None
 
+    def test_where_the_ready_replicas_carry_the_load_it_adds_none(self) -> None:
+        # 2 rps against replicas that carry hundreds: they refuse for a reason of their own,
+        # which replicas up to maxReplicas would not change.
+        decision, _ = decide(
+            self.refused(ready=1),
+            POLICY,
+            InForce(1, 8, 0.005),
+            State(fit=MODEL),
+            0,
+        )
+        assert decision.replicas == 1
+        assert decision.sla_met is False
+        assert "a reason of their own" in decision.reason
+
 
 class TestTheDeadlineCountsThePreprocessOnce:
     """The pods' deadline counts from a request's arrival, its preprocess inside: of the time
@@ -2297,17 +2311,3 @@ class TestTheDeadlineCountsThePreprocessOnce:
         state = learn(window, POLICY, InForce(1, 8, 0.005), State(), 0.0).state
         assert state.before_s is None
         assert state.outside_deadline_s == state.overhead_s
-
-    def test_where_the_ready_replicas_carry_the_load_it_adds_none(self) -> None:
-        # 2 rps against replicas that carry hundreds: they refuse for a reason of their own,
-        # which replicas up to maxReplicas would not change.
-        decision, _ = decide(
-            TestEveryRequestRefused().refused(ready=1),
-            POLICY,
-            InForce(1, 8, 0.005),
-            State(fit=MODEL),
-            0,
-        )
-        assert decision.replicas == 1
-        assert decision.sla_met is False
-        assert "a reason of their own" in decision.reason
