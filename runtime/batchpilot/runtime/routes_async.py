@@ -71,7 +71,7 @@ from batchpilot.runtime.protocol.server_codec import InferRequest
 from batchpilot.runtime.responses import (
     CLIENT_CLOSED_REQUEST,
     EncodedResult,
-    encode_result,
+    encoded,
     error_response,
     json_response,
     result_response,
@@ -137,7 +137,7 @@ def add_async_routes(
             outputs = await server.infer(
                 parsed, retry=retry, arrived=arrived, kept=True, background=True
             )
-            result = encode_result(server, parsed, outputs)
+            result = await encoded(server, parsed, outputs)
         except InferenceError as exc:
             finished(status_of(exc)[1], started)
             jobs.fail(job, exc)

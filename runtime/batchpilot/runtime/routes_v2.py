@@ -46,7 +46,7 @@ from batchpilot.runtime.outcomes import (
 from batchpilot.runtime.responses import (
     CLIENT_CLOSED_REQUEST,
     EncodedResult,
-    encode_result,
+    encoded,
     error_response,
     json_response,
 )
@@ -230,13 +230,14 @@ def add_v2_routes(
                     kept=KEPT_WHILE_DRAINING in scope,
                     arrived=arrived,
                 )
+                # (a large answer is encoded in a thread: its client may go meanwhile)
+                answer = await encoded(server, parsed, outputs)
             except asyncio.CancelledError:
                 if not (watcher.done() and handler.uncancel() == 0):
                     raise
                 metrics.request_finished(RequestOutcome.CANCELLED)
                 failure = Response(status_code=CLIENT_CLOSED_REQUEST)
             else:
-                answer = encode_result(server, parsed, outputs)
                 metrics.request_finished(RequestOutcome.SUCCESS, time.perf_counter() - started)
         except InferenceError as exc:
             metrics.request_finished(status_of(exc)[1], time.perf_counter() - started)
