@@ -350,6 +350,15 @@ class TestAdmission:
             await asyncio.gather(running, large, mine)
             assert asyncio.get_running_loop().time() <= 0.100
 
+    async def test_what_a_request_put_now_would_take_is_told_before_it_is_put(self) -> None:
+        # (a pipeline's gate keeps that much for the batch after its preprocess)
+        async with Served() as s:
+            assert s.queue.predicted_s(1) == pytest.approx(0.021)  # alone: t(1)
+            ahead = [s.put(timeout_s=1.0) for _ in range(16)]
+            # two batches of 8 (28 ms each) ahead, then its own, full by then
+            assert s.queue.predicted_s(1) == pytest.approx(3 * 0.028)
+            await asyncio.gather(*ahead)
+
     async def test_requests_of_other_shapes_are_batches_ahead_not_rows(self) -> None:
         """A model whose inputs vary in length: eight one-row requests of eight lengths queued
         are eight batches (8 x 21 ms), not one of eight rows (28 ms)."""

@@ -810,9 +810,12 @@ class ModelServer:
             raise StageExpired() from None
 
     def _batch_reserve_s(self, rows: int) -> float:
-        """The least a request's batch takes after its preprocess: its rows alone, at the
-        fastest this device has run (0 before anything was measured)."""
-        return self.predictor.fastest_s(min(rows, self._in_force.ceiling)) or 0.0
+        """The least a request's batch takes after its preprocess: its rows alone at the fastest
+        this device has run, or the batch queue's backlog and its batch as they stand now, the
+        longer (0 before anything was measured). Where the device is the bottleneck its backlog
+        lasts: a request preprocessed without time for it was refused by the queue then."""
+        alone = self.predictor.fastest_s(min(rows, self._in_force.ceiling)) or 0.0
+        return max(alone, self._queue.predicted_s(rows) or 0.0)
 
     async def _off_loop(
         self, stage: str, func: Callable[..., _T], *args: Any, background: bool = False

@@ -315,6 +315,20 @@ class BatchQueue:
                 waiting.append(waiter)
         self._waiters = waiting
 
+    def predicted_s(self, rows: int) -> float | None:
+        """How long a request of `rows` rows put now would take to be answered, the queue and
+        the batches running ahead of it (every queued row counted as its shape's, in full
+        batches: the low reading), without admission's margin; None without a predictor or
+        before anything was measured."""
+        if self._predictor is None:
+            return None
+        now = self._clock()
+        limit = self._settings().max_batch_size
+        finish = self._predictor.finish_time(
+            queued_rows=self._queued_rows, rows=rows, max_batch_size=limit, now=now
+        )
+        return None if finish is None else finish - now
+
     def _everyone_here(self, now: float) -> bool:
         """Whether the requests outstanding are everyone recently seen at once (`population`):
         nobody else is coming, and a batch waiting to fill only adds latency."""
