@@ -124,7 +124,7 @@ class Reconciler:
     those this reconciler turns in place are counted, while it writes them.
 
     `read_owner`: the InferenceService as the API server has it now, not as a cache remembers it:
-    read before children are created or adopted (`plan.adoptable`), which a pass for a service
+    read before children are adopted (`plan.adoptable`), which a pass for a service
     already deleted must not do (the handlers hand the cache's read past its memory); None: the
     body each pass is given is taken as the service as it is."""
 
@@ -202,12 +202,11 @@ class Reconciler:
                     return self._refuse(
                         status, generation, now, str(exc), reason="UnsupportedModel"
                     )
-                if (todo.create or todo.adopted) and not self._alive(owner):
+                if todo.adopted and not self._alive(owner):
                     # Deleted while a pass read it from a cache behind the API (each kind's
-                    # watch is its own stream: the garbage collector's deletions of its children
-                    # can come before its own): children created again, or adopted again by its
-                    # gone uid, would be the garbage collector's — a Deployment whose pods start
-                    # for nothing, or an orphaned serving Deployment deleted.
+                    # watch is its own stream: the garbage collector's orphaning of its children
+                    # can come before its own deletion): adopted again by its gone uid, an
+                    # orphaned serving Deployment would be the garbage collector's to delete.
                     return outcome
                 try:
                     rest, exposure = todo.split(EXPOSURE_KINDS)
