@@ -23,7 +23,7 @@ from batchpilot.runtime.protocol.server_codec import InferRequest
 from batchpilot.runtime.responses import CLIENT_CLOSED_REQUEST
 from batchpilot.runtime.server import ModelServer
 from tests import onnx_models
-from tests.test_infer_dispatch import call, json_request, model_server
+from tests.test_infer_dispatch import call, json_request, model_server, post_scope
 
 
 def body_of(values: int) -> bytes:
@@ -161,20 +161,7 @@ async def gone_after_sending(
 ) -> int:
     """One request whose client goes away as soon as its body is sent (an HTTP client's timeout
     shorter than the decode): the status the app answered it with, to no one."""
-    scope: dict[str, Any] = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "root_path": "",
-        "query_string": b"",
-        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
-        "client": ("127.0.0.1", 5000),
-        "server": ("127.0.0.1", 8080),
-    }
+    scope = post_scope(path, headers)
     sent_body = False
     status = 0
 

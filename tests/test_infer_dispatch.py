@@ -44,12 +44,9 @@ def model_server(model: Path) -> ModelServer:
     )
 
 
-async def call(
-    app: RuntimeApp, path: str, body: bytes, headers: dict[str, str], *, root_path: str = ""
-) -> Answer:
-    """One HTTP request through the app's ASGI interface; the client stays connected until the
-    answer is complete. With a `root_path`, `path` includes it, as ASGI servers send it."""
-    scope: dict[str, Any] = {
+def post_scope(path: str, headers: dict[str, str], *, root_path: str = "") -> dict[str, Any]:
+    """The ASGI scope of an HTTP/1.1 POST to `path` with `headers`."""
+    return {
         "type": "http",
         "asgi": {"version": "3.0"},
         "http_version": "1.1",
@@ -63,6 +60,14 @@ async def call(
         "client": ("127.0.0.1", 5000),
         "server": ("127.0.0.1", 8080),
     }
+
+
+async def call(
+    app: RuntimeApp, path: str, body: bytes, headers: dict[str, str], *, root_path: str = ""
+) -> Answer:
+    """One HTTP request through the app's ASGI interface; the client stays connected until the
+    answer is complete. With a `root_path`, `path` includes it, as ASGI servers send it."""
+    scope = post_scope(path, headers, root_path=root_path)
     sent_body = False
     answered: list[dict[str, Any]] = []
     done = asyncio.Event()
